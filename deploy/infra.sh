@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# Local, throwaway infrastructure for tests, the demo and CI: a PostgreSQL cluster and a
+# single-node Apache Kafka (KRaft) on 127.0.0.1, both under target/infra/.
+#
+#   deploy/infra.sh up      install what is missing, start both, write target/infra/env
+#   deploy/infra.sh down    stop both (by the pids they wrote); data stays for the next `up`
+#   deploy/infra.sh clean   down, then delete target/infra
+#   deploy/infra.sh status  print what runs
+#
+# Every step is idempotent: `up` on a running setup only re-checks readiness and rewrites the env
+# file. DATABASE_URL / KAFKA_BOOTSTRAP in the environment replace the local service of that kind.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+infra="$root/target/infra"
+env_file="$infra/env"
+
+kafka_version="${REPLYD_KAFKA_VERSION:-4.1.1}"
+log4j_version="2.24.3"
+cache="${REPLYD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/replyd}"
+kafka_home="$cache/kafka-$kafka_version"
+
+say() { printf 'infra: %s\n' "$*" >&2; }
+die() { printf 'infra: error: %s\n' "$*" >&2; exit 1; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# First port at or above $1 with nobody listening.
+free_port() {
+  local p=$1
+  while port_open "$p"; do p=$((p + 1)); done
+  echo "$p"
+}
+
+pid_alive() { [ -f "$1" ] && kill -0 "$(head -n1 "$1")" 2>/dev/null; }
+
+as_root_or_sudo() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_install() {
+  say "installing Debian packages: $*"
+  as_root_or_sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root_or_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1; }
+
+# initdb and pg_ctl refuse to run as root: run them as the `postgres` system user then.
+pg_run() {
+  if [ "$(id -u)" -eq 0 ]; then
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+# The cluster lives in target/infra/pg. As root, initdb runs as `postgres`, which may not be able
+# to reach a checkout under a private home folder: then the folder lives under /var/tmp and
+# target/infra/pg links to it.
+pg_prepare_dir() {
+  [ "$(id -u)" -eq 0 ] || { mkdir -p "$infra/pg"; return; }
+  [ -e "$infra/pg" ] || mkdir -p "$infra/pg"
+  chown postgres: "$infra/pg" "$(readlink -f "$infra/pg")" 2>/dev/null || true
+  if ! runuser -u postgres -- test -w "$infra/pg/"; then
+    local outside
+    outside="/var/tmp/replyd-pg-$(echo "$root" | md5sum | cut -c1-12)"
+    say "postgres cannot reach $infra/pg; keeping the cluster in $outside"
+    mkdir -p "$outside" && chown postgres: "$outside" && chmod 700 "$outside"
+    rm -rf "$infra/pg" && ln -s "$outside" "$infra/pg"
+  fi
+}
+
+postgres_up() {
+  if [ -n "${DATABASE_URL:-}" ]; then
+    say "using DATABASE_URL from the environment"
+    echo "DATABASE_URL=$DATABASE_URL" >>"$env_file.tmp"
+    return
+  fi
+  [ -n "$(pg_bin)" ] || apt_install postgresql
+  local bin data port
+  bin=$(pg_bin)
+  [ -x "$bin/initdb" ] || die "no initdb under /usr/lib/postgresql/*/bin after installing postgresql"
+  pg_prepare_dir
+  data="$infra/pg/data"
+
+  if [ ! -f "$data/PG_VERSION" ]; then
+    say "initdb $data"
+    pg_run "$bin/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 >/dev/null
+  fi
+
+  if pg_run "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    port=$(cat "$infra/pg/port")
+  else
+    port=$(free_port "${REPLYD_PG_PORT:-54329}")
+    echo "$port" >"$infra/pg/port"
+    # Throwaway cluster: fsync off is safe against process crashes (the chaos tests kill the
+    # server, not the machine) and makes the test suite several times faster.
+    pg_run "$bin/pg_ctl" -D "$data" -l "$infra/pg/server.log" -w -t 60 start -o \
+      "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$infra/pg \
+       -c max_connections=400 -c fsync=off -c full_page_writes=off -c synchronous_commit=on" \
+      >/dev/null || { tail -n 30 "$infra/pg/server.log" >&2; die "PostgreSQL did not start"; }
+  fi
+  # Role and database, created once; superuser because each test creates its own schema.
+  local psql=("$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qtA -v ON_ERROR_STOP=1)
+  if [ "$("${psql[@]}" -c "select 1 from pg_roles where rolname = 'replyd'")" != 1 ]; then
+    "${psql[@]}" -c "create role replyd login superuser password 'replyd'"
+  fi
+  if [ "$("${psql[@]}" -c "select 1 from pg_database where datname = 'replyd'")" != 1 ]; then
+    "${psql[@]}" -c "create database replyd owner replyd"
+  fi
+  say "PostgreSQL ready on 127.0.0.1:$port"
+  echo "DATABASE_URL=postgres://replyd:replyd@127.0.0.1:$port/replyd" >>"$env_file.tmp"
+}
+
+postgres_down() {
+  local bin
+  bin=$(pg_bin)
+  if [ -n "$bin" ] && [ -f "$infra/pg/data/postmaster.pid" ]; then
+    pg_run "$bin/pg_ctl" -D "$infra/pg/data" -m fast -w stop >/dev/null 2>&1 || true
+    say "PostgreSQL stopped"
+  fi
+}
+
+# ---------------------------------------------------------------- Kafka
+
+kafka_classpath() { echo "$kafka_home/libs/*"; }
+
+# Fetch the broker, the tools and a log4j2 backend from Maven Central once per machine.
+kafka_fetch() {
+  if [ -f "$kafka_home/.complete" ]; then return; fi
+  command -v java >/dev/null || apt_install openjdk-17-jre-headless
+  command -v mvn >/dev/null || apt_install maven
+  say "fetching Apache Kafka $kafka_version jars into $kafka_home (once per machine)"
+  rm -rf "$kafka_home.tmp" && mkdir -p "$kafka_home.tmp"
+  cat >"$kafka_home.tmp/pom.xml" <<POM
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.replyd</groupId>
+  <artifactId>kafka-runtime</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$kafka_version</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>$kafka_version</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>$log4j_version</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>$log4j_version</version></dependency>
+  </dependencies>
+</project>
+POM
+  (cd "$kafka_home.tmp" && mvn -q -B org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$kafka_home.tmp/libs") \
+    || die "could not fetch the Kafka jars from Maven Central"
+  # Kafka's own POM drags in an slf4j 2 binding for log4j in some versions; keep one backend.
+  rm -f "$kafka_home.tmp/libs"/log4j-slf4j2-impl-*.jar
+  touch "$kafka_home.tmp/.complete"
+  rm -rf "$kafka_home" && mv "$kafka_home.tmp" "$kafka_home"
+}
+
+kafka_tool() { java -cp "$(kafka_classpath)" -Dlog4j2.configurationFile="$infra/kafka/log4j2.properties" "$@"; }
+
+kafka_ready() {
+  timeout 20 java -cp "$(kafka_classpath)" -Dlog4j2.configurationFile="$infra/kafka/log4j2-tools.properties" \
+    org.apache.kafka.tools.TopicCommand --bootstrap-server "$1" --list >/dev/null 2>&1
+}
+
+kafka_up() {
+  if [ -n "${KAFKA_BOOTSTRAP:-}" ]; then
+    say "using KAFKA_BOOTSTRAP from the environment"
+    echo "KAFKA_BOOTSTRAP=$KAFKA_BOOTSTRAP" >>"$env_file.tmp"
+    return
+  fi
+  kafka_fetch
+  local dir="$infra/kafka" port cport
+  mkdir -p "$dir/logs"
+  if pid_alive "$dir/pid"; then
+    port=$(cat "$dir/port")
+  else
+    port=$(free_port "${REPLYD_KAFKA_PORT:-19092}")
+    cport=$(free_port $((port + 1)))
+    echo "$port" >"$dir/port"
+    cat >"$dir/log4j2.properties" <<LOG
+status = error
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = $dir/logs/server.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.state.name = state.change.logger
+logger.state.level = WARN
+LOG
+    printf 'status = error\nrootLogger.level = ERROR\n' >"$dir/log4j2-tools.properties"
+    # The listeners move with the ports, so the config is rewritten on every start; the
+    # storage is formatted once (meta.properties) and kept.
+    cat >"$dir/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+controller.quorum.bootstrap.servers=127.0.0.1:$cport
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$dir/data
+num.partitions=1
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+# Fast failover for tests: classic groups may ask for short sessions, and KIP-848 sessions
+# (decided by the broker) are short by default here.
+group.min.session.timeout.ms=1000
+group.consumer.min.session.timeout.ms=1000
+group.consumer.session.timeout.ms=6000
+group.consumer.min.heartbeat.interval.ms=200
+group.consumer.heartbeat.interval.ms=500
+log.retention.hours=24
+PROPS
+    if [ ! -f "$dir/data/meta.properties" ]; then
+      local cluster_id
+      cluster_id=$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+      kafka_tool kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$dir/server.properties" >/dev/null \
+        || die "kafka storage format failed"
+    fi
+    say "starting Kafka $kafka_version on 127.0.0.1:$port"
+    nohup java -Xms512m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true \
+      -Dlog4j2.configurationFile="$dir/log4j2.properties" \
+      -cp "$(kafka_classpath)" kafka.Kafka "$dir/server.properties" >"$dir/logs/stdout.log" 2>&1 &
+    echo $! >"$dir/pid"
+  fi
+  local deadline=$((SECONDS + 90))
+  until kafka_ready "127.0.0.1:$port"; do
+    pid_alive "$dir/pid" || { tail -n 40 "$dir/logs/server.log" "$dir/logs/stdout.log" >&2 || true; die "Kafka exited during start-up"; }
+    [ $SECONDS -lt $deadline ] || die "Kafka did not answer a metadata request within 90 s"
+    sleep 1
+  done
+  say "Kafka ready on 127.0.0.1:$port"
+  echo "KAFKA_BOOTSTRAP=127.0.0.1:$port" >>"$env_file.tmp"
+}
+
+kafka_down() {
+  local pidf="$infra/kafka/pid" pid
+  if pid_alive "$pidf"; then
+    pid=$(cat "$pidf")
+    kill "$pid"
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -9 "$pid" 2>/dev/null || true
+    say "Kafka stopped"
+  fi
+  rm -f "$pidf"
+}
+
+# ---------------------------------------------------------------- main
+
+case "${1:-}" in
+  up)
+    mkdir -p "$infra"
+    : >"$env_file.tmp"
+    postgres_up
+    kafka_up
+    mv "$env_file.tmp" "$env_file"
+    cat "$env_file"
+    ;;
+  down)
+    kafka_down
+    postgres_down
+    ;;
+  clean)
+    kafka_down
+    postgres_down
+    [ -L "$infra/pg" ] && rm -rf "$(readlink -f "$infra/pg")"
+    rm -rf "$infra"
+    ;;
+  status)
+    [ -f "$env_file" ] && cat "$env_file"
+    pid_alive "$infra/kafka/pid" && echo "kafka: running (pid $(cat "$infra/kafka/pid"))" || echo "kafka: stopped"
+    [ -f "$infra/pg/data/postmaster.pid" ] && echo "postgres: running (pid $(head -n1 "$infra/pg/data/postmaster.pid"))" || echo "postgres: stopped"
+    ;;
+  *)
+    echo "usage: $0 up|down|clean|status" >&2
+    exit 2
+    ;;
+esac

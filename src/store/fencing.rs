@@ -1,0 +1,314 @@
+//! The fencing rules as pure functions over a snapshot of a task row taken under its row lock,
+//! with the database's `clock_timestamp()` read in the same statement. No I/O here: `tasks`
+//! reads the snapshot, asks these functions, and writes what they decide.
+//!
+//! Keeps I2 (a write is accepted only from the current assignment with a live lease) and I7
+//! (a claim never exceeds the attempt budget or the deadline).
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// Lifecycle of a task row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TaskStatus {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+}
+
+impl TaskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "pending",
+            TaskStatus::Running => "running",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "pending" => TaskStatus::Pending,
+            "running" => TaskStatus::Running,
+            "completed" => TaskStatus::Completed,
+            "failed" => TaskStatus::Failed,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskStatus::Completed | TaskStatus::Failed)
+    }
+}
+
+/// The columns of a task row that fencing decisions read, plus the database clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSnapshot {
+    pub status: TaskStatus,
+    pub assignment_version: i64,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub attempt_count: i32,
+    pub max_attempts: i32,
+    pub deadline: Option<DateTime<Utc>>,
+    pub has_response: bool,
+    /// `clock_timestamp()` when the snapshot was read, under the row lock.
+    pub now: DateTime<Utc>,
+}
+
+impl LeaseSnapshot {
+    fn lease_live(&self) -> bool {
+        self.lease_until.is_some_and(|until| until > self.now)
+    }
+}
+
+/// The right to work on a task: valid while `version` is the task's current
+/// `assignment_version` and the lease has not run out by the database clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub task_id: Uuid,
+    pub version: i64,
+    pub owner: String,
+    pub until: DateTime<Utc>,
+    /// 1-based number of this attempt (the task's `attempt_count` after the claim).
+    pub attempt: i32,
+}
+
+/// What a claim did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// This caller holds the task now.
+    Claimed(Lease),
+    /// Nothing to do: the task already has its reply (I5: no provider call).
+    AlreadyCompleted,
+    /// Nothing to do: the task failed for good.
+    AlreadyFailed,
+    /// Another assignment holds a live lease; come back after `until`.
+    LeasedByOther {
+        owner: String,
+        version: i64,
+        until: DateTime<Utc>,
+    },
+    /// The attempt budget was spent; the claim marked the task failed.
+    BudgetExhausted { attempts: i32 },
+    /// The deadline passed; the claim marked the task failed.
+    DeadlinePassed { deadline: DateTime<Utc> },
+    /// No such task.
+    NotFound,
+}
+
+/// What a claim should do, decided from the locked row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimDecision {
+    /// Take the task: `version + 1`, a new lease, one more attempt. `takes_over` when a
+    /// previous assignment's lease ran out without an outcome.
+    Claim { takes_over: bool },
+    /// Report without writing.
+    Refuse(ClaimOutcome),
+    /// Mark the task failed with `reason`, then report.
+    Fail {
+        reason: String,
+        outcome: ClaimOutcome,
+    },
+}
+
+/// Decides a claim: pending (or running with an expired lease), under budget and before the
+/// deadline → claim. A live lease of anyone, including an earlier assignment of the same
+/// worker, is respected: the lease is the only right to work.
+pub fn decide_claim(row: &LeaseSnapshot) -> ClaimDecision {
+    match row.status {
+        TaskStatus::Completed => return ClaimDecision::Refuse(ClaimOutcome::AlreadyCompleted),
+        TaskStatus::Failed => return ClaimDecision::Refuse(ClaimOutcome::AlreadyFailed),
+        TaskStatus::Running if row.lease_live() => {
+            return ClaimDecision::Refuse(ClaimOutcome::LeasedByOther {
+                owner: row.lease_owner.clone().unwrap_or_default(),
+                version: row.assignment_version,
+                // lease_live() implies lease_until is set.
+                until: row.lease_until.unwrap_or(row.now),
+            });
+        }
+        TaskStatus::Running | TaskStatus::Pending => {}
+    }
+    if let Some(deadline) = row.deadline.filter(|d| *d <= row.now) {
+        return ClaimDecision::Fail {
+            reason: format!(
+                "deadline exceeded: the deadline {deadline} passed before attempt {}",
+                row.attempt_count + 1
+            ),
+            outcome: ClaimOutcome::DeadlinePassed { deadline },
+        };
+    }
+    if row.attempt_count >= row.max_attempts {
+        return ClaimDecision::Fail {
+            reason: format!(
+                "attempt budget exhausted: {} of {} attempts used",
+                row.attempt_count, row.max_attempts
+            ),
+            outcome: ClaimOutcome::BudgetExhausted {
+                attempts: row.attempt_count,
+            },
+        };
+    }
+    ClaimDecision::Claim {
+        takes_over: row.status == TaskStatus::Running,
+    }
+}
+
+/// Why a fenced write (completion, renewal, failure) was refused. Read from the row after the
+/// guarded UPDATE matched nothing, under the same row lock, so the answer is the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The task already has its saved reply. `by_this_assignment` is true when it was this very
+    /// assignment's (an earlier write whose acknowledgement was lost).
+    AlreadySaved { by_this_assignment: bool },
+    /// The task failed for good.
+    Failed,
+    /// This assignment is still the current one, but its lease ran out by the database clock.
+    LeaseExpired,
+    /// A newer assignment exists: this caller is a zombie.
+    TakenOver { current_version: i64 },
+    /// The task row does not exist.
+    NotFound,
+}
+
+impl Refusal {
+    /// The `reply_attempts.outcome` that records this refusal.
+    pub fn attempt_outcome(&self) -> &'static str {
+        match self {
+            Refusal::AlreadySaved { .. } => "already_saved",
+            Refusal::Failed
+            | Refusal::LeaseExpired
+            | Refusal::TakenOver { .. }
+            | Refusal::NotFound => "fenced",
+        }
+    }
+}
+
+/// Classifies a refused fenced write by `my_version`. The order matters: a saved reply or a
+/// terminal failure is the most useful answer whatever else holds; only then does a version
+/// mismatch (takeover) or a dead lease explain it.
+pub fn classify_refusal(row: &LeaseSnapshot, my_version: i64) -> Refusal {
+    if row.has_response {
+        return Refusal::AlreadySaved {
+            by_this_assignment: row.assignment_version == my_version,
+        };
+    }
+    if row.status == TaskStatus::Failed {
+        return Refusal::Failed;
+    }
+    if row.assignment_version != my_version {
+        return Refusal::TakenOver {
+            current_version: row.assignment_version,
+        };
+    }
+    if row.status == TaskStatus::Running && !row.lease_live() {
+        return Refusal::LeaseExpired;
+    }
+    // Same version, running, live lease, no reply: the guarded UPDATE would have matched. A
+    // row in this state was changed by something other than replyd; refusing is the safe
+    // answer, and "taken over" tells the caller to stop.
+    Refusal::TakenOver {
+        current_version: row.assignment_version,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Duration;
+
+    fn running(version: i64, lease_left_ms: i64) -> LeaseSnapshot {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        LeaseSnapshot {
+            status: TaskStatus::Running,
+            assignment_version: version,
+            lease_owner: Some("w1".into()),
+            lease_until: Some(now + Duration::milliseconds(lease_left_ms)),
+            attempt_count: 1,
+            max_attempts: 3,
+            deadline: None,
+            has_response: false,
+            now,
+        }
+    }
+
+    #[test]
+    fn live_lease_is_respected_and_expired_lease_is_taken_over() {
+        assert!(matches!(
+            decide_claim(&running(1, 1)),
+            ClaimDecision::Refuse(ClaimOutcome::LeasedByOther { version: 1, .. })
+        ));
+        // Expiry is exclusive: a lease that ends exactly now is no longer live.
+        assert_eq!(
+            decide_claim(&running(1, 0)),
+            ClaimDecision::Claim { takes_over: true }
+        );
+    }
+
+    #[test]
+    fn claim_past_budget_or_deadline_fails_the_task() {
+        let mut row = running(3, -1);
+        row.attempt_count = 3;
+        assert!(matches!(
+            decide_claim(&row),
+            ClaimDecision::Fail {
+                outcome: ClaimOutcome::BudgetExhausted { attempts: 3 },
+                ..
+            }
+        ));
+        let mut row = running(1, -1);
+        row.deadline = Some(row.now);
+        assert!(matches!(
+            decide_claim(&row),
+            ClaimDecision::Fail {
+                outcome: ClaimOutcome::DeadlinePassed { .. },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn terminal_tasks_are_never_claimed() {
+        let mut row = running(2, -1);
+        row.status = TaskStatus::Completed;
+        row.has_response = true;
+        assert_eq!(
+            decide_claim(&row),
+            ClaimDecision::Refuse(ClaimOutcome::AlreadyCompleted)
+        );
+        row.status = TaskStatus::Failed;
+        row.has_response = false;
+        assert_eq!(
+            decide_claim(&row),
+            ClaimDecision::Refuse(ClaimOutcome::AlreadyFailed)
+        );
+    }
+
+    #[test]
+    fn refusals_name_the_reason_in_priority_order() {
+        let mut saved = running(2, 1000);
+        saved.status = TaskStatus::Completed;
+        saved.has_response = true;
+        assert_eq!(
+            classify_refusal(&saved, 1),
+            Refusal::AlreadySaved {
+                by_this_assignment: false
+            }
+        );
+        assert_eq!(
+            classify_refusal(&saved, 2),
+            Refusal::AlreadySaved {
+                by_this_assignment: true
+            }
+        );
+        assert_eq!(
+            classify_refusal(&running(2, 1000), 1),
+            Refusal::TakenOver { current_version: 2 }
+        );
+        assert_eq!(classify_refusal(&running(2, 0), 2), Refusal::LeaseExpired);
+        let mut failed = running(2, 1000);
+        failed.status = TaskStatus::Failed;
+        assert_eq!(classify_refusal(&failed, 1), Refusal::Failed);
+    }
+}

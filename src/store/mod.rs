@@ -1,0 +1,88 @@
+//! PostgreSQL: the task store. Every operation is one short statement or one short
+//! transaction, and every lease time comes from the database clock (`clock_timestamp()`).
+//! No transaction is held across a provider call (I4).
+//!
+//! - [`fencing`]: the pure decisions (may this claim proceed? why was this write refused?).
+//! - [`tasks`]: ensure, claim, renew, complete, fail, read.
+//! - [`migrate`]: the schema, from `migrations/`.
+
+pub mod fencing;
+pub mod migrate;
+pub mod tasks;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+use crate::config::DatabaseSettings;
+
+pub use fencing::{ClaimOutcome, Lease, Refusal, TaskStatus};
+pub use tasks::{CompletionOutcome, EnsureOutcome, FailOutcome, RenewOutcome, StoredTask};
+
+/// Errors of the store's I/O. Outcomes a caller branches on (refused, leased by another) are
+/// not errors: they are the `*Outcome` enums.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("no database connection: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("invalid database URL or settings: {0}")]
+    Config(String),
+    #[error("row of task {task_id} is not what replyd writes: {reason}")]
+    InvalidRow { task_id: uuid::Uuid, reason: String },
+    #[error("migration failed: {0}")]
+    Migration(#[from] refinery::Error),
+}
+
+/// The task store: a pool of worker sessions.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+}
+
+/// Parses the URL and adds the worker session settings (`lock_timeout`,
+/// `idle_in_transaction_session_timeout`, `statement_timeout`) to whatever `options` it has.
+pub fn session_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StoreError> {
+    let mut config: tokio_postgres::Config = settings
+        .url
+        .expose()
+        .parse()
+        .map_err(|e: tokio_postgres::Error| StoreError::Config(e.to_string()))?;
+    let mut options = config.get_options().unwrap_or_default().to_owned();
+    options.push_str(&format!(
+        " -c lock_timeout={} -c idle_in_transaction_session_timeout={} -c statement_timeout={}",
+        settings.lock_timeout_ms,
+        settings.idle_in_transaction_session_timeout_ms,
+        settings.statement_timeout_ms
+    ));
+    config.options(options.trim());
+    if config.get_application_name().is_none() {
+        config.application_name("replyd");
+    }
+    Ok(config)
+}
+
+impl Store {
+    /// Builds the pool. Connections are opened lazily, on first use.
+    pub fn connect(settings: &DatabaseSettings) -> Result<Self, StoreError> {
+        let config = session_config(settings)?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                // Fast recycling skips a round trip per checkout; a broken connection shows up
+                // as an error on the next statement, which callers already handle.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .build()
+            .map_err(|e| StoreError::Config(e.to_string()))?;
+        Ok(Self { pool })
+    }
+
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        Ok(self.pool.get().await?)
+    }
+}

@@ -1,0 +1,484 @@
+//! Task operations: ensure, claim, renew, complete, fail, read.
+//!
+//! Every fenced write (claim, renew, complete, fail) runs the seed's order inside one short
+//! transaction: lock the row (`SELECT ... FOR UPDATE`), then run the guarded UPDATE whose
+//! predicate reads `clock_timestamp()` *after* the lock is held. A single guarded UPDATE is not
+//! enough: PostgreSQL evaluates its predicate before waiting on a lock held by a transaction
+//! that only locked the row, and writes after the wait even if the lease ran out meanwhile.
+//! Locking first closes that window (I2). Saving the reply and completing the task are one
+//! UPDATE (I4); the reply is never overwritten (I1).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value as Json;
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
+
+use crate::domain::{ProviderRequest, TaskId, TaskSpec};
+
+use super::fencing::{
+    ClaimDecision, ClaimOutcome, Lease, LeaseSnapshot, Refusal, TaskStatus, classify_refusal,
+    decide_claim,
+};
+use super::{Store, StoreError};
+
+/// What `ensure_task` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnsureOutcome {
+    /// The record created the task.
+    Created,
+    /// The task existed with the same inputs (a redelivery or duplicate publication).
+    Exists,
+    /// The task existed with different inputs; the record was not applied. The fields name
+    /// where it disagrees.
+    Conflict { fields: Vec<&'static str> },
+}
+
+/// What a completion did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompletionOutcome {
+    /// The reply is saved and the task completed, by this assignment.
+    Accepted,
+    Refused(Refusal),
+}
+
+/// What a renewal did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// The lease now runs until this instant (database clock).
+    Renewed { until: DateTime<Utc> },
+    /// The lease is gone: stop the work.
+    Refused(Refusal),
+}
+
+/// What a terminal failure did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailOutcome {
+    Failed,
+    Refused(Refusal),
+}
+
+/// A task row as stored, for `read` and operators.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredTask {
+    pub spec: TaskSpec,
+    pub status: TaskStatus,
+    pub assignment_version: i64,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub attempt_count: i32,
+    pub provider_operation_id: Option<String>,
+    pub saved_response: Option<String>,
+    pub failure: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+// Lock the row before any check that reads the clock; see the module comment.
+const LOCK_ROW: &str = "SELECT 1 FROM reply_tasks WHERE task_id = $1 FOR UPDATE";
+
+const SNAPSHOT: &str = "SELECT status, assignment_version, lease_owner, lease_until, \
+     attempt_count, max_attempts, deadline, saved_response IS NOT NULL AS has_response, \
+     clock_timestamp() AS now \
+     FROM reply_tasks WHERE task_id = $1";
+
+const TASK_COLUMNS: &str = "task_id, workspace_id, conversation_id, message_id, \
+     document_version, request, max_attempts, deadline, status, assignment_version, lease_owner, \
+     lease_until, attempt_count, provider_operation_id, saved_response, failure, created_at, \
+     updated_at, finished_at";
+
+/// A lease length as the `secs` argument of `make_interval` (float8 seconds).
+fn seconds(duration: Duration) -> f64 {
+    duration.as_secs_f64()
+}
+
+fn invalid(task_id: Uuid, reason: impl Into<String>) -> StoreError {
+    StoreError::InvalidRow {
+        task_id,
+        reason: reason.into(),
+    }
+}
+
+fn snapshot_from(task_id: Uuid, row: &Row) -> Result<LeaseSnapshot, StoreError> {
+    let status: &str = row.get("status");
+    Ok(LeaseSnapshot {
+        status: TaskStatus::parse(status)
+            .ok_or_else(|| invalid(task_id, format!("unknown status {status:?}")))?,
+        assignment_version: row.get("assignment_version"),
+        lease_owner: row.get("lease_owner"),
+        lease_until: row.get("lease_until"),
+        attempt_count: row.get("attempt_count"),
+        max_attempts: row.get("max_attempts"),
+        deadline: row.get("deadline"),
+        has_response: row.get("has_response"),
+        now: row.get("now"),
+    })
+}
+
+fn task_from(row: &Row) -> Result<StoredTask, StoreError> {
+    let task_id: Uuid = row.get("task_id");
+    let request: Json = row.get("request");
+    let request: ProviderRequest = serde_json::from_value(request)
+        .map_err(|e| invalid(task_id, format!("request column: {e}")))?;
+    let status: &str = row.get("status");
+    let max_attempts: i32 = row.get("max_attempts");
+    Ok(StoredTask {
+        spec: TaskSpec {
+            task_id: TaskId::from(task_id),
+            workspace_id: row.get("workspace_id"),
+            conversation_id: row.get("conversation_id"),
+            message_id: row.get("message_id"),
+            document_version: row.get("document_version"),
+            request,
+            max_attempts: u32::try_from(max_attempts)
+                .map_err(|_| invalid(task_id, "negative max_attempts"))?,
+            deadline: row.get("deadline"),
+        },
+        status: TaskStatus::parse(status)
+            .ok_or_else(|| invalid(task_id, format!("unknown status {status:?}")))?,
+        assignment_version: row.get("assignment_version"),
+        lease_owner: row.get("lease_owner"),
+        lease_until: row.get("lease_until"),
+        attempt_count: row.get("attempt_count"),
+        provider_operation_id: row.get("provider_operation_id"),
+        saved_response: row.get("saved_response"),
+        failure: row.get("failure"),
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+        finished_at: row.get("finished_at"),
+    })
+}
+
+impl Store {
+    /// Inserts the task from a record if it is absent. A record that disagrees with the stored
+    /// task's inputs is reported as [`EnsureOutcome::Conflict`] and not applied.
+    pub async fn ensure_task(&self, spec: &TaskSpec) -> Result<EnsureOutcome, StoreError> {
+        let client = self.client().await?;
+        let request = serde_json::to_value(&spec.request)
+            .map_err(|e| invalid(spec.task_id.as_uuid(), format!("request: {e}")))?;
+        let max_attempts = i32::try_from(spec.max_attempts)
+            .map_err(|_| invalid(spec.task_id.as_uuid(), "max_attempts over i32"))?;
+        let statement = client
+            .prepare_cached(
+                "INSERT INTO reply_tasks (task_id, workspace_id, conversation_id, message_id, \
+                 document_version, request, max_attempts, deadline) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (task_id) DO NOTHING RETURNING task_id",
+            )
+            .await?;
+        let inserted = client
+            .query_opt(
+                &statement,
+                &[
+                    &spec.task_id.as_uuid(),
+                    &spec.workspace_id,
+                    &spec.conversation_id,
+                    &spec.message_id,
+                    &spec.document_version,
+                    &request,
+                    &max_attempts,
+                    &spec.deadline,
+                ],
+            )
+            .await?;
+        if inserted.is_some() {
+            return Ok(EnsureOutcome::Created);
+        }
+        drop(client);
+        // The row exists (inputs never change once written), so reading it after the failed
+        // insert sees the winner's inputs.
+        let stored = self
+            .read(spec.task_id)
+            .await?
+            .ok_or_else(|| invalid(spec.task_id.as_uuid(), "vanished after insert conflict"))?;
+        let fields = stored.spec.disagreements(spec);
+        Ok(if fields.is_empty() {
+            EnsureOutcome::Exists
+        } else {
+            EnsureOutcome::Conflict { fields }
+        })
+    }
+
+    /// Claims the task for `owner` with a lease of `lease` by the database clock: pending, or
+    /// running with an expired lease, under budget and before the deadline, becomes running
+    /// with `assignment_version + 1` and one more attempt (and an attempt row). A claim past the
+    /// budget or the deadline marks the task failed instead.
+    pub async fn claim(
+        &self,
+        task_id: TaskId,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let id = task_id.as_uuid();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let snapshot_sql = format!("{SNAPSHOT} FOR UPDATE");
+        let Some(row) = tx
+            .query_opt(&tx.prepare_cached(&snapshot_sql).await?, &[&id])
+            .await?
+        else {
+            return Ok(ClaimOutcome::NotFound);
+        };
+        let snapshot = snapshot_from(id, &row)?;
+        let outcome = match decide_claim(&snapshot) {
+            ClaimDecision::Refuse(outcome) => outcome,
+            ClaimDecision::Fail { reason, outcome } => {
+                tx.execute(
+                    "UPDATE reply_tasks SET status = 'failed', failure = $2, \
+                     finished_at = clock_timestamp(), updated_at = clock_timestamp() \
+                     WHERE task_id = $1",
+                    &[&id, &reason],
+                )
+                .await?;
+                close_open_attempt(&tx, id, "abandoned", Some(&reason)).await?;
+                outcome
+            }
+            ClaimDecision::Claim { takes_over } => {
+                if takes_over {
+                    // The previous assignment's lease ran out without an outcome. If it comes
+                    // back, its completion is refused and this row is rewritten as `fenced`.
+                    close_open_attempt(&tx, id, "abandoned", Some("lease expired; taken over"))
+                        .await?;
+                }
+                let row = tx
+                    .query_one(
+                        "UPDATE reply_tasks SET status = 'running', \
+                         assignment_version = assignment_version + 1, lease_owner = $2, \
+                         lease_until = clock_timestamp() + make_interval(secs => $3), \
+                         attempt_count = attempt_count + 1, updated_at = clock_timestamp() \
+                         WHERE task_id = $1 \
+                         RETURNING assignment_version, lease_until, attempt_count",
+                        &[&id, &owner, &seconds(lease)],
+                    )
+                    .await?;
+                let lease = Lease {
+                    task_id: id,
+                    version: row.get("assignment_version"),
+                    owner: owner.to_owned(),
+                    until: row.get("lease_until"),
+                    attempt: row.get("attempt_count"),
+                };
+                tx.execute(
+                    "INSERT INTO reply_attempts (task_id, attempt_no, assignment_version, worker, \
+                     lease_until) VALUES ($1, $2, $3, $4, $5)",
+                    &[&id, &lease.attempt, &lease.version, &owner, &lease.until],
+                )
+                .await?;
+                ClaimOutcome::Claimed(lease)
+            }
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// Extends a live lease of the current assignment by `lease` from now (database clock).
+    pub async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+        let result = self
+            .fenced_write(
+                lease,
+                "UPDATE reply_tasks SET lease_until = clock_timestamp() + make_interval(secs => $3), \
+                 updated_at = clock_timestamp() \
+                 WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
+                   AND lease_until > clock_timestamp() AND saved_response IS NULL \
+                 RETURNING lease_until",
+                &[&lease.task_id, &lease.version, &seconds(extend)],
+                AttemptRecord::Nothing,
+            )
+            .await?;
+        Ok(match result {
+            Ok(row) => RenewOutcome::Renewed {
+                until: row.get("lease_until"),
+            },
+            Err(refusal) => RenewOutcome::Refused(refusal),
+        })
+    }
+
+    /// Saves `response` and completes the task in one guarded UPDATE, accepted only from the
+    /// current assignment with a live lease and no saved reply (I1, I2, I4).
+    pub async fn complete(
+        &self,
+        lease: &Lease,
+        response: &str,
+        meta: Option<&Json>,
+    ) -> Result<CompletionOutcome, StoreError> {
+        let result = self
+            .fenced_write(
+                lease,
+                "UPDATE reply_tasks SET saved_response = $3, response_meta = $4, \
+                 status = 'completed', finished_at = clock_timestamp(), updated_at = clock_timestamp() \
+                 WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
+                   AND lease_until > clock_timestamp() AND saved_response IS NULL \
+                 RETURNING task_id",
+                &[&lease.task_id, &lease.version, &response, &meta],
+                AttemptRecord::Outcome {
+                    outcome: "accepted",
+                    detail: None,
+                },
+            )
+            .await?;
+        Ok(match result {
+            Ok(_) => CompletionOutcome::Accepted,
+            Err(refusal) => CompletionOutcome::Refused(refusal),
+        })
+    }
+
+    /// Marks the task failed for good with `reason`, fenced like a completion. `outcome` is the
+    /// attempt's outcome (`provider_error`, `timeout`, `ambiguous`, `failed`).
+    pub async fn fail(
+        &self,
+        lease: &Lease,
+        reason: &str,
+        outcome: &'static str,
+    ) -> Result<FailOutcome, StoreError> {
+        let result = self
+            .fenced_write(
+                lease,
+                "UPDATE reply_tasks SET status = 'failed', failure = $3, \
+                 finished_at = clock_timestamp(), updated_at = clock_timestamp() \
+                 WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
+                   AND lease_until > clock_timestamp() AND saved_response IS NULL \
+                 RETURNING task_id",
+                &[&lease.task_id, &lease.version, &reason],
+                AttemptRecord::Outcome {
+                    outcome,
+                    detail: Some(reason),
+                },
+            )
+            .await?;
+        Ok(match result {
+            Ok(_) => FailOutcome::Failed,
+            Err(refusal) => FailOutcome::Refused(refusal),
+        })
+    }
+
+    /// The task as stored, or `None`.
+    pub async fn read(&self, task_id: TaskId) -> Result<Option<StoredTask>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT {TASK_COLUMNS} FROM reply_tasks WHERE task_id = $1"
+            ))
+            .await?;
+        client
+            .query_opt(&statement, &[&task_id.as_uuid()])
+            .await?
+            .as_ref()
+            .map(task_from)
+            .transpose()
+    }
+
+    /// One fenced write: lock the row, run `guarded_update` (whose `$1` is the task id and `$2`
+    /// the assignment version), and on success record `on_success` as the attempt's outcome.
+    /// When the update matches no row, read the row under the same lock and say why; the
+    /// refusal is recorded on this assignment's attempt row unless it already has a final
+    /// outcome.
+    async fn fenced_write(
+        &self,
+        lease: &Lease,
+        guarded_update: &str,
+        params: &[&(dyn ToSql + Sync)],
+        records: AttemptRecord<'_>,
+    ) -> Result<Result<Row, Refusal>, StoreError> {
+        let id = lease.task_id;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        // Lock first, then check the lease in the guarded UPDATE (see the module comment).
+        if tx
+            .query_opt(&tx.prepare_cached(LOCK_ROW).await?, &[&id])
+            .await?
+            .is_none()
+        {
+            return Ok(Err(Refusal::NotFound));
+        }
+        let updated = tx
+            .query_opt(&tx.prepare_cached(guarded_update).await?, params)
+            .await?;
+        let result = match updated {
+            Some(row) => {
+                if let AttemptRecord::Outcome { outcome, detail } = records {
+                    record_attempt_outcome(&tx, id, lease.version, outcome, detail).await?;
+                }
+                Ok(row)
+            }
+            None => {
+                let row = tx
+                    .query_one(&tx.prepare_cached(SNAPSHOT).await?, &[&id])
+                    .await?;
+                let refusal = classify_refusal(&snapshot_from(id, &row)?, lease.version);
+                // A refused renewal records nothing: the worker stops and reports the attempt's
+                // end through complete or fail, or the next claim does. A retried write whose
+                // first try went through keeps that first outcome.
+                let own_earlier_write = refusal
+                    == Refusal::AlreadySaved {
+                        by_this_assignment: true,
+                    };
+                if matches!(records, AttemptRecord::Outcome { .. }) && !own_earlier_write {
+                    record_attempt_outcome(
+                        &tx,
+                        id,
+                        lease.version,
+                        refusal.attempt_outcome(),
+                        Some(&format!("{refusal:?}")),
+                    )
+                    .await?;
+                }
+                Err(refusal)
+            }
+        };
+        tx.commit().await?;
+        Ok(result)
+    }
+}
+
+/// What a fenced write writes on its assignment's `reply_attempts` row.
+#[derive(Clone, Copy)]
+enum AttemptRecord<'a> {
+    /// Renewals: the attempt goes on, nothing to record.
+    Nothing,
+    /// Completion or failure: the attempt's outcome on success; the refusal otherwise.
+    Outcome {
+        outcome: &'static str,
+        detail: Option<&'a str>,
+    },
+}
+
+/// Records the outcome of one assignment's attempt. An `abandoned` mark (written by a
+/// takeover) may be replaced by what the attempt's worker reports later; any other outcome is
+/// final, so a lost acknowledgement retried cannot rewrite history.
+async fn record_attempt_outcome(
+    tx: &deadpool_postgres::Transaction<'_>,
+    task_id: Uuid,
+    version: i64,
+    outcome: &str,
+    detail: Option<&str>,
+) -> Result<(), StoreError> {
+    let statement = tx
+        .prepare_cached(
+            "UPDATE reply_attempts SET outcome = $3, detail = $4, finished_at = clock_timestamp() \
+             WHERE task_id = $1 AND assignment_version = $2 \
+               AND (outcome IS NULL OR outcome = 'abandoned')",
+        )
+        .await?;
+    tx.execute(&statement, &[&task_id, &version, &outcome, &detail])
+        .await?;
+    Ok(())
+}
+
+/// Closes the attempt that is still open (no outcome) on a task, if any.
+async fn close_open_attempt(
+    tx: &deadpool_postgres::Transaction<'_>,
+    task_id: Uuid,
+    outcome: &str,
+    detail: Option<&str>,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE reply_attempts SET outcome = $2, detail = $3, finished_at = clock_timestamp() \
+         WHERE task_id = $1 AND outcome IS NULL",
+        &[&task_id, &outcome, &detail],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! Fixtures shared by the integration tests: the real PostgreSQL and Kafka started by
+//! `make infra-up` (addresses in `target/infra/env`, or `DATABASE_URL` / `KAFKA_BOOTSTRAP`),
+//! a fresh schema per test, and a random topic and group per test.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use replyd::config::{DatabaseSettings, Secret};
+use replyd::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
+use replyd::store::Store;
+use replyd::store::migrate::run_migrations;
+
+/// Addresses of the test infrastructure. A missing one is a setup error, not a skipped test:
+/// a suite that silently skips proves nothing.
+pub fn infra(name: &str) -> String {
+    if let Ok(value) = std::env::var(name) {
+        return value;
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/target/infra/env");
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!("{name} is not set and {path} is unreadable ({e}): run `make infra-up`")
+    });
+    let vars: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+    vars.get(name)
+        .unwrap_or_else(|| panic!("{name} missing from {path}: run `make infra-up`"))
+        .to_string()
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A schema of its own in the test database, migrated, with a store whose sessions use it.
+pub struct TestDb {
+    pub schema: String,
+    pub settings: DatabaseSettings,
+    pub store: Store,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        Self::with(|_| {}).await
+    }
+
+    /// A test database whose session settings `adjust` may change (timeouts, pool size).
+    pub async fn with(adjust: impl FnOnce(&mut DatabaseSettings)) -> Self {
+        let base = infra("DATABASE_URL");
+        let schema = unique("t");
+        let (client, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test database");
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .expect("create test schema");
+        let separator = if base.contains('?') { '&' } else { '?' };
+        let mut settings = DatabaseSettings {
+            url: Secret::new(format!(
+                "{base}{separator}options=-c%20search_path%3D{schema}"
+            )),
+            pool_size: 32,
+            ..DatabaseSettings::default()
+        };
+        adjust(&mut settings);
+        run_migrations(&settings).await.expect("migrations apply");
+        let store = Store::connect(&settings).expect("store");
+        Self {
+            schema,
+            settings,
+            store,
+        }
+    }
+
+    /// A plain session in this test's schema, outside the store (to play other transactions).
+    pub async fn raw_client(&self) -> tokio_postgres::Client {
+        let config = replyd::store::session_config(&self.settings).expect("config");
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        client
+    }
+}
+
+/// A valid task with the given budget.
+pub fn task_spec(max_attempts: u32) -> TaskSpec {
+    TaskSpec {
+        task_id: TaskId::new_random(),
+        workspace_id: "ws-test".into(),
+        conversation_id: "conv-1".into(),
+        message_id: format!("msg-{}", uuid::Uuid::new_v4().simple()),
+        document_version: "v1".into(),
+        request: ProviderRequest {
+            model: None,
+            messages: vec![ChatMessage {
+                role: Role::User,
+                content: "What are the key decisions in this document?".into(),
+            }],
+            max_output_tokens: None,
+        },
+        max_attempts,
+        deadline: None,
+    }
+}
+
+/// Polls `condition` until it holds or `limit` passes; panics naming `what` on timeout.
+/// Tests wait on conditions, never on bare sleeps.
+pub async fn wait_until<F, Fut>(what: &str, limit: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,531 @@
+//! The fenced-lease task store against a real PostgreSQL: claims race, leases expire, zombies
+//! come back, and completions wait on row locks. Each test names the invariant it attacks.
+
+mod helpers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use helpers::{TestDb, task_spec, wait_until};
+use replyd::domain::TaskId;
+use replyd::store::{
+    ClaimOutcome, CompletionOutcome, EnsureOutcome, FailOutcome, Lease, Refusal, RenewOutcome,
+    Store, TaskStatus,
+};
+use tokio::sync::Barrier;
+
+const SHORT_LEASE: Duration = Duration::from_millis(300);
+const LONG_LEASE: Duration = Duration::from_secs(60);
+
+async fn new_task(db: &TestDb, max_attempts: u32) -> TaskId {
+    let spec = task_spec(max_attempts);
+    assert_eq!(
+        db.store.ensure_task(&spec).await.unwrap(),
+        EnsureOutcome::Created
+    );
+    spec.task_id
+}
+
+async fn claim_ok(store: &Store, task: TaskId, owner: &str, lease: Duration) -> Lease {
+    match store.claim(task, owner, lease).await.unwrap() {
+        ClaimOutcome::Claimed(lease) => lease,
+        other => panic!("{owner} expected to claim, got {other:?}"),
+    }
+}
+
+/// Waits until the database clock is past `until` (never the test's own clock).
+async fn wait_for_expiry(db: &TestDb, until: DateTime<Utc>) {
+    let client = db.raw_client().await;
+    wait_until(
+        "the lease expired by the database clock",
+        Duration::from_secs(30),
+        || {
+            let client = &client;
+            async move {
+                let row = client
+                    .query_one("SELECT clock_timestamp() > $1", &[&until])
+                    .await
+                    .unwrap();
+                row.get::<_, bool>(0)
+            }
+        },
+    )
+    .await;
+}
+
+async fn attempt_outcomes(db: &TestDb, task: TaskId) -> Vec<(i64, Option<String>)> {
+    db.raw_client()
+        .await
+        .query(
+            "SELECT assignment_version, outcome FROM reply_attempts WHERE task_id = $1 ORDER BY assignment_version",
+            &[&task.as_uuid()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Runs 16 claims of one task at once, each on its own connection, released together.
+async fn claim_race(db: &TestDb, task: TaskId, round: usize) -> Vec<(String, ClaimOutcome)> {
+    let claimers = 16;
+    let barrier = Arc::new(Barrier::new(claimers));
+    let mut handles = Vec::new();
+    for i in 0..claimers {
+        let store = db.store.clone();
+        let barrier = barrier.clone();
+        let owner = format!("worker-{round}-{i}");
+        handles.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let outcome = store.claim(task, &owner, SHORT_LEASE).await.unwrap();
+            (owner, outcome)
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for handle in handles {
+        outcomes.push(handle.await.unwrap());
+    }
+    outcomes
+}
+
+#[tokio::test]
+async fn sixteen_concurrent_claimers_get_exactly_one_lease_per_round() {
+    // I2: one current assignment at a time, whatever the concurrency.
+    let db = TestDb::new().await;
+    let task = new_task(&db, 5).await;
+    let mut previous: Option<Lease> = None;
+    for round in 1..=3 {
+        let outcomes = claim_race(&db, task, round).await;
+        let winners: Vec<&Lease> = outcomes
+            .iter()
+            .filter_map(|(_, o)| match o {
+                ClaimOutcome::Claimed(lease) => Some(lease),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: {outcomes:?}");
+        let winner = winners[0].clone();
+        assert_eq!(winner.version, round as i64, "each claim is version + 1");
+        for (owner, outcome) in &outcomes {
+            if owner == &winner.owner {
+                continue;
+            }
+            // The losers are told why: the winner's live lease, with its version and end.
+            assert_eq!(
+                outcome,
+                &ClaimOutcome::LeasedByOther {
+                    owner: winner.owner.clone(),
+                    version: winner.version,
+                    until: winner.until,
+                },
+                "round {round}, {owner}"
+            );
+        }
+        if let Some(stale) = previous.take() {
+            assert_eq!(
+                db.store.complete(&stale, "stale", None).await.unwrap(),
+                CompletionOutcome::Refused(Refusal::TakenOver {
+                    current_version: winner.version
+                })
+            );
+        }
+        wait_for_expiry(&db, winner.until).await;
+        previous = Some(winner);
+    }
+    let task_row = db.store.read(task).await.unwrap().unwrap();
+    assert_eq!(task_row.attempt_count, 3);
+    assert_eq!(task_row.saved_response, None);
+}
+
+#[tokio::test]
+async fn zombie_completion_is_rejected_after_takeover() {
+    // I1 + I2: A stalls past its lease, B takes over; A's late answer must not win.
+    let db = TestDb::new().await;
+    let task = new_task(&db, 3).await;
+    let a = claim_ok(&db.store, task, "worker-a", SHORT_LEASE).await;
+    wait_for_expiry(&db, a.until).await;
+    let b = claim_ok(&db.store, task, "worker-b", LONG_LEASE).await;
+    assert_eq!(b.version, a.version + 1);
+
+    assert_eq!(
+        db.store.complete(&a, "answer from A", None).await.unwrap(),
+        CompletionOutcome::Refused(Refusal::TakenOver {
+            current_version: b.version
+        })
+    );
+    assert_eq!(
+        db.store.complete(&b, "answer from B", None).await.unwrap(),
+        CompletionOutcome::Accepted
+    );
+    // A, coming back once more after B saved, is still refused, now because the reply exists.
+    assert_eq!(
+        db.store.complete(&a, "answer from A", None).await.unwrap(),
+        CompletionOutcome::Refused(Refusal::AlreadySaved {
+            by_this_assignment: false
+        })
+    );
+
+    let stored = db.store.read(task).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Completed);
+    assert_eq!(stored.saved_response.as_deref(), Some("answer from B"));
+    // The zombie's refusal is on record; its first word (fenced) is kept.
+    assert_eq!(
+        attempt_outcomes(&db, task).await,
+        vec![
+            (a.version, Some("fenced".to_string())),
+            (b.version, Some("accepted".to_string()))
+        ]
+    );
+}
+
+/// Holds the task's row lock (`SELECT ... FOR UPDATE`, no change) on a separate session until
+/// the returned sender fires; returns that session's backend pid.
+async fn hold_row_lock(
+    db: &TestDb,
+    task: TaskId,
+) -> (
+    i32,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let mut blocker = db.raw_client().await;
+    let (pid_tx, pid_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(async move {
+        let tx = blocker.transaction().await.unwrap();
+        let pid: i32 = tx
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        tx.query_one(
+            "SELECT task_id FROM reply_tasks WHERE task_id = $1 FOR UPDATE",
+            &[&task.as_uuid()],
+        )
+        .await
+        .unwrap();
+        pid_tx.send(pid).unwrap();
+        let _ = release_rx.await;
+        tx.commit().await.unwrap();
+    });
+    (pid_rx.await.unwrap(), release_tx, handle)
+}
+
+async fn wait_until_blocked_by(db: &TestDb, blocker_pid: i32) {
+    let observer = db.raw_client().await;
+    wait_until(
+        "a session waits on the held row lock",
+        Duration::from_secs(10),
+        || {
+            let observer = &observer;
+            async move {
+                let row = observer
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                    &[&blocker_pid],
+                )
+                .await
+                .unwrap();
+                row.get::<_, i64>(0) > 0
+            }
+        },
+    )
+    .await;
+}
+
+async fn lease_is_live(db: &TestDb, lease: &Lease) -> bool {
+    db.raw_client()
+        .await
+        .query_one("SELECT clock_timestamp() < $1", &[&lease.until])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn completion_waiting_on_a_row_lock_is_refused_when_the_lease_expires_meanwhile() {
+    // I2, the lock-wait case: A's completion starts while A's lease is live, waits on a row
+    // lock held by a transaction that changes nothing, and the lease runs out during the wait.
+    let db = TestDb::new().await;
+    let task = new_task(&db, 3).await;
+    let a = claim_ok(&db.store, task, "worker-a", Duration::from_secs(3)).await;
+    let (blocker_pid, release, blocker) = hold_row_lock(&db, task).await;
+
+    let store = db.store.clone();
+    let lease = a.clone();
+    let completion =
+        tokio::spawn(async move { store.complete(&lease, "answer from A", None).await });
+    wait_until_blocked_by(&db, blocker_pid).await;
+    assert!(
+        lease_is_live(&db, &a).await,
+        "setup: the completion must start waiting while the lease is live, or the test proves nothing"
+    );
+    wait_for_expiry(&db, a.until).await;
+    release.send(()).unwrap();
+    blocker.await.unwrap();
+
+    assert_eq!(
+        completion.await.unwrap().unwrap(),
+        CompletionOutcome::Refused(Refusal::LeaseExpired)
+    );
+    let stored = db.store.read(task).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Running);
+    assert_eq!(stored.saved_response, None);
+}
+
+#[tokio::test]
+async fn a_guarded_update_without_locking_first_accepts_an_expired_lease() {
+    // Why the store locks first: the same race against the single-statement form writes. This
+    // shows the race above is real on this PostgreSQL, so the refusal there is earned.
+    let db = TestDb::new().await;
+    let task = new_task(&db, 3).await;
+    let a = claim_ok(&db.store, task, "worker-a", Duration::from_secs(3)).await;
+    let (blocker_pid, release, blocker) = hold_row_lock(&db, task).await;
+
+    let naive = db.raw_client().await;
+    let id = task.as_uuid();
+    let version = a.version;
+    let write = tokio::spawn(async move {
+        naive
+            .execute(
+                "UPDATE reply_tasks SET saved_response = 'naive', status = 'completed' \
+                 WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
+                   AND lease_until > clock_timestamp() AND saved_response IS NULL",
+                &[&id, &version],
+            )
+            .await
+            .unwrap()
+    });
+    wait_until_blocked_by(&db, blocker_pid).await;
+    assert!(lease_is_live(&db, &a).await, "setup: must wait while live");
+    wait_for_expiry(&db, a.until).await;
+    release.send(()).unwrap();
+    blocker.await.unwrap();
+    assert_eq!(
+        write.await.unwrap(),
+        1,
+        "the unlocked form wrote after expiry"
+    );
+}
+
+#[tokio::test]
+async fn completed_task_cannot_be_claimed_again() {
+    // I1 + I5: a redelivered record for a completed task gets no new attempt.
+    let db = TestDb::new().await;
+    let task = new_task(&db, 3).await;
+    let a = claim_ok(&db.store, task, "worker-a", LONG_LEASE).await;
+    assert_eq!(
+        db.store.complete(&a, "the reply", None).await.unwrap(),
+        CompletionOutcome::Accepted
+    );
+    assert_eq!(
+        db.store.claim(task, "worker-b", LONG_LEASE).await.unwrap(),
+        ClaimOutcome::AlreadyCompleted
+    );
+    // A lost acknowledgement retried: the worker learns its own save went through.
+    assert_eq!(
+        db.store.complete(&a, "the reply", None).await.unwrap(),
+        CompletionOutcome::Refused(Refusal::AlreadySaved {
+            by_this_assignment: true
+        })
+    );
+    let stored = db.store.read(task).await.unwrap().unwrap();
+    assert_eq!(stored.attempt_count, 1);
+    assert_eq!(stored.saved_response.as_deref(), Some("the reply"));
+}
+
+#[tokio::test]
+async fn failed_task_cannot_be_completed_or_claimed() {
+    let db = TestDb::new().await;
+    let task = new_task(&db, 3).await;
+    let a = claim_ok(&db.store, task, "worker-a", LONG_LEASE).await;
+    assert_eq!(
+        db.store
+            .fail(&a, "provider said 400: bad request", "provider_error")
+            .await
+            .unwrap(),
+        FailOutcome::Failed
+    );
+    assert_eq!(
+        db.store.complete(&a, "late answer", None).await.unwrap(),
+        CompletionOutcome::Refused(Refusal::Failed)
+    );
+    assert_eq!(
+        db.store.claim(task, "worker-b", LONG_LEASE).await.unwrap(),
+        ClaimOutcome::AlreadyFailed
+    );
+    let stored = db.store.read(task).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Failed);
+    assert_eq!(
+        stored.failure.as_deref(),
+        Some("provider said 400: bad request")
+    );
+    assert_eq!(stored.saved_response, None);
+    assert_eq!(
+        attempt_outcomes(&db, task).await,
+        vec![(a.version, Some("provider_error".to_string()))]
+    );
+}
+
+#[tokio::test]
+async fn renewal_extends_a_live_lease_and_refuses_a_stale_version() {
+    let db = TestDb::new().await;
+    let task = new_task(&db, 3).await;
+    let a = claim_ok(&db.store, task, "worker-a", SHORT_LEASE).await;
+    let RenewOutcome::Renewed { until } = db.store.renew(&a, LONG_LEASE).await.unwrap() else {
+        panic!("a live lease of the current version renews");
+    };
+    assert!(until > a.until);
+
+    let stale = Lease {
+        version: a.version - 1,
+        ..a.clone()
+    };
+    assert_eq!(
+        db.store.renew(&stale, LONG_LEASE).await.unwrap(),
+        RenewOutcome::Refused(Refusal::TakenOver {
+            current_version: a.version
+        })
+    );
+}
+
+#[tokio::test]
+async fn expired_lease_cannot_be_renewed_back_to_life() {
+    // I2: once the lease ran out, the only way back is a new claim (version + 1).
+    let db = TestDb::new().await;
+    let task = new_task(&db, 3).await;
+    let a = claim_ok(&db.store, task, "worker-a", SHORT_LEASE).await;
+    wait_for_expiry(&db, a.until).await;
+    assert_eq!(
+        db.store.renew(&a, LONG_LEASE).await.unwrap(),
+        RenewOutcome::Refused(Refusal::LeaseExpired)
+    );
+    assert_eq!(
+        db.store.complete(&a, "too late", None).await.unwrap(),
+        CompletionOutcome::Refused(Refusal::LeaseExpired)
+    );
+}
+
+#[tokio::test]
+async fn claim_past_the_attempt_budget_fails_the_task_with_a_reason() {
+    // I7: the budget lives in the row; expiring leases cannot buy extra attempts.
+    let db = TestDb::new().await;
+    let task = new_task(&db, 2).await;
+    for owner in ["worker-a", "worker-b"] {
+        let lease = claim_ok(&db.store, task, owner, SHORT_LEASE).await;
+        wait_for_expiry(&db, lease.until).await;
+    }
+    assert_eq!(
+        db.store.claim(task, "worker-c", SHORT_LEASE).await.unwrap(),
+        ClaimOutcome::BudgetExhausted { attempts: 2 }
+    );
+    let stored = db.store.read(task).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Failed);
+    assert_eq!(stored.attempt_count, 2);
+    assert!(
+        stored
+            .failure
+            .as_deref()
+            .is_some_and(|f| f.contains("attempt budget exhausted: 2 of 2")),
+        "{:?}",
+        stored.failure
+    );
+    // Both attempts ended without an answer and are recorded as such.
+    assert_eq!(
+        attempt_outcomes(&db, task).await,
+        vec![
+            (1, Some("abandoned".to_string())),
+            (2, Some("abandoned".to_string()))
+        ]
+    );
+}
+
+#[tokio::test]
+async fn claim_after_the_deadline_fails_the_task_without_an_attempt() {
+    let db = TestDb::new().await;
+    let mut spec = task_spec(3);
+    spec.deadline = Some(Utc::now() - chrono::Duration::seconds(60));
+    db.store.ensure_task(&spec).await.unwrap();
+    assert!(matches!(
+        db.store
+            .claim(spec.task_id, "worker-a", LONG_LEASE)
+            .await
+            .unwrap(),
+        ClaimOutcome::DeadlinePassed { .. }
+    ));
+    let stored = db.store.read(spec.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Failed);
+    assert_eq!(stored.attempt_count, 0);
+    assert!(stored.failure.unwrap().starts_with("deadline exceeded"));
+}
+
+#[tokio::test]
+async fn a_record_that_disagrees_with_the_stored_task_is_reported_not_applied() {
+    let db = TestDb::new().await;
+    let spec = task_spec(3);
+    assert_eq!(
+        db.store.ensure_task(&spec).await.unwrap(),
+        EnsureOutcome::Created
+    );
+    assert_eq!(
+        db.store.ensure_task(&spec).await.unwrap(),
+        EnsureOutcome::Exists
+    );
+
+    let mut other = spec.clone();
+    other.document_version = "v2".into();
+    other.max_attempts = 10;
+    assert_eq!(
+        db.store.ensure_task(&other).await.unwrap(),
+        EnsureOutcome::Conflict {
+            fields: vec!["document_version", "max_attempts"]
+        }
+    );
+    let stored = db.store.read(spec.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.spec, spec);
+}
+
+#[tokio::test]
+async fn concurrent_first_deliveries_create_the_task_once() {
+    let db = TestDb::new().await;
+    let spec = task_spec(3);
+    let barrier = Arc::new(Barrier::new(8));
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        let (store, spec, barrier) = (db.store.clone(), spec.clone(), barrier.clone());
+        handles.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store.ensure_task(&spec).await.unwrap()
+        }));
+    }
+    let mut created = 0;
+    for handle in handles {
+        match handle.await.unwrap() {
+            EnsureOutcome::Created => created += 1,
+            EnsureOutcome::Exists => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(created, 1);
+}
+
+#[tokio::test]
+async fn worker_sessions_carry_lock_and_idle_timeouts() {
+    // A stalled worker must not keep row locks forever, nor hang on one.
+    let db = TestDb::new().await;
+    let client = db.raw_client().await;
+    let lock: String = client
+        .query_one("SHOW lock_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let idle: String = client
+        .query_one("SHOW idle_in_transaction_session_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(lock, "5s");
+    assert_eq!(idle, "10s");
+}
