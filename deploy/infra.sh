@@ -46,7 +46,12 @@ apt_install() {
 
 # ---------------------------------------------------------------- PostgreSQL
 
-pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1; }
+# The newest installed server's bin folder (the client package alone has no initdb).
+pg_bin() {
+  local initdb
+  initdb=$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -n1)
+  [ -n "$initdb" ] && dirname "$initdb"
+}
 
 # initdb and pg_ctl refuse to run as root: run them as the `postgres` system user then.
 pg_run() {
@@ -150,7 +155,7 @@ kafka_fetch() {
   </dependencies>
 </project>
 POM
-  (cd "$kafka_home.tmp" && mvn -q -B org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+  (cd "$kafka_home.tmp" && mvn -q -B -Dstyle.color=never org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
     -DincludeScope=runtime -DoutputDirectory="$kafka_home.tmp/libs") \
     || die "could not fetch the Kafka jars from Maven Central"
   # Kafka's own POM drags in an slf4j 2 binding for log4j in some versions; keep one backend.
