@@ -56,7 +56,7 @@ pg_bin() {
 # initdb and pg_ctl refuse to run as root: run them as the `postgres` system user then.
 pg_run() {
   if [ "$(id -u)" -eq 0 ]; then
-    runuser -u postgres -- "$@"
+    (cd / && runuser -u postgres -- "$@")
   else
     "$@"
   fi
@@ -69,7 +69,7 @@ pg_prepare_dir() {
   [ "$(id -u)" -eq 0 ] || { mkdir -p "$infra/pg"; return; }
   [ -e "$infra/pg" ] || mkdir -p "$infra/pg"
   chown postgres: "$infra/pg" "$(readlink -f "$infra/pg")" 2>/dev/null || true
-  if ! runuser -u postgres -- test -w "$infra/pg/"; then
+  if ! pg_run test -w "$infra/pg/"; then
     local outside
     outside="/var/tmp/replyd-pg-$(echo "$root" | md5sum | cut -c1-12)"
     say "postgres cannot reach $infra/pg; keeping the cluster in $outside"
@@ -89,7 +89,10 @@ postgres_up() {
   bin=$(pg_bin)
   [ -x "$bin/initdb" ] || die "no initdb under /usr/lib/postgresql/*/bin after installing postgresql"
   pg_prepare_dir
-  data="$infra/pg/data"
+  # The real folder, so `postgres` never has to walk through a private checkout path.
+  local pgdir
+  pgdir=$(readlink -f "$infra/pg")
+  data="$pgdir/data"
 
   if [ ! -f "$data/PG_VERSION" ]; then
     say "initdb $data"
@@ -97,16 +100,16 @@ postgres_up() {
   fi
 
   if pg_run "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-    port=$(cat "$infra/pg/port")
+    port=$(cat "$pgdir/port")
   else
     port=$(free_port "${REPLYD_PG_PORT:-54329}")
-    echo "$port" >"$infra/pg/port"
+    echo "$port" >"$pgdir/port"
     # Throwaway cluster: fsync off is safe against process crashes (the chaos tests kill the
     # server, not the machine) and makes the test suite several times faster.
-    pg_run "$bin/pg_ctl" -D "$data" -l "$infra/pg/server.log" -w -t 60 start -o \
-      "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$infra/pg \
+    pg_run "$bin/pg_ctl" -D "$data" -l "$pgdir/server.log" -w -t 60 start -o \
+      "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$pgdir \
        -c max_connections=400 -c fsync=off -c full_page_writes=off -c synchronous_commit=on" \
-      >/dev/null || { tail -n 30 "$infra/pg/server.log" >&2; die "PostgreSQL did not start"; }
+      >/dev/null || { tail -n 30 "$pgdir/server.log" >&2; die "PostgreSQL did not start"; }
   fi
   # Role and database, created once; superuser because each test creates its own schema.
   local psql=("$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qtA -v ON_ERROR_STOP=1)
@@ -124,7 +127,7 @@ postgres_down() {
   local bin
   bin=$(pg_bin)
   if [ -n "$bin" ] && [ -f "$infra/pg/data/postmaster.pid" ]; then
-    pg_run "$bin/pg_ctl" -D "$infra/pg/data" -m fast -w stop >/dev/null 2>&1 || true
+    pg_run "$bin/pg_ctl" -D "$(readlink -f "$infra/pg")/data" -m fast -w stop >/dev/null 2>&1 || true
     say "PostgreSQL stopped"
   fi
 }
