@@ -39,6 +39,11 @@ create index reply_tasks_open on reply_tasks (status, lease_until) where status 
 
 -- One row per claim. The outcome is written by whoever learns it: the worker when it completes
 -- or fails the attempt, or the next claim when it takes over an attempt whose lease ran out.
+--   accepted   this attempt's reply was saved
+--   fenced     this attempt's write was refused (not the current assignment, or lease expired)
+--   abandoned  the lease ran out or was given back without a reply (may become fenced later)
+--   provider_error / timeout / ambiguous   the provider call failed in that way
+--   failed     the task failed for good in this attempt
 create table reply_attempts (
     task_id             uuid        not null references reply_tasks (task_id),
     attempt_no          integer     not null,
@@ -48,8 +53,8 @@ create table reply_attempts (
     lease_until         timestamptz not null,
     finished_at         timestamptz,
     outcome             text
-                        check (outcome in ('accepted', 'fenced', 'already_saved', 'abandoned',
-                                           'provider_error', 'timeout', 'ambiguous', 'failed')),
+                        check (outcome in ('accepted', 'fenced', 'abandoned', 'provider_error',
+                                           'timeout', 'ambiguous', 'failed')),
     detail              text,
     primary key (task_id, assignment_version)
 );

@@ -1,8 +1,12 @@
 //! Command-line interface: one subcommand per job the binary does.
 
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand};
 
-use crate::config::Secret;
+use crate::check::CheckArgs;
+use crate::mock_provider::MockProviderArgs;
+use crate::produce::ProduceArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -21,19 +25,22 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Join the consumer group and turn reply-task records into saved replies.
+    Worker {
+        /// Settings file (TOML); `REPLYD_*` environment variables override it.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
     /// Apply the database migrations and exit.
     Migrate {
         /// PostgreSQL URL (the password is never logged).
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
-}
-
-impl Command {
-    /// The database URL, wrapped so it cannot end up in a log line.
-    pub fn database_url(&self) -> Secret {
-        match self {
-            Command::Migrate { database_url } => Secret::new(database_url.clone()),
-        }
-    }
+    /// Run an OpenAI-compatible mock provider with latency and fault injection.
+    MockProvider(MockProviderArgs),
+    /// Publish reply-task records (with duplicates and malformed ones on request).
+    Produce(ProduceArgs),
+    /// Check the invariants against PostgreSQL, Kafka and the mock provider's counters.
+    Check(CheckArgs),
 }

@@ -2,8 +2,17 @@
 //! in PostgreSQL. See `docs/ARCHITECTURE.md` for the map of modules and the invariants
 //! (I1..I8) each one keeps.
 
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod domain;
+pub mod kafka;
+pub mod mock_provider;
+pub mod observability;
+pub mod pipeline;
+pub mod produce;
 pub mod proto;
+pub mod provider;
 pub mod store;
+pub mod telemetry;
+pub mod worker;

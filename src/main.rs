@@ -1,31 +1,86 @@
-//! The `replyd` binary: parses the command line, sets up logging, and hands over to the
-//! library. Nothing else lives here.
+//! The `replyd` binary: parses the command line, sets up logging and signal handling, and
+//! hands over to the library. Nothing else lives here.
+
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
+use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 use replyd::cli::{Cli, Command};
-use replyd::config::DatabaseSettings;
-use replyd::store::migrate::run_migrations;
+use replyd::config::{DatabaseSettings, Secret, Settings};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_json);
-    match &cli.command {
-        Command::Migrate { .. } => {
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "replyd failed");
+            eprintln!("replyd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Worker { config } => {
+            let settings = Settings::load(config.as_deref()).context("settings")?;
+            replyd::worker::run_worker(settings, shutdown_on_signal()).await?;
+        }
+        Command::Migrate { database_url } => {
             let settings = DatabaseSettings {
-                url: cli.command.database_url(),
+                url: Secret::new(database_url),
                 ..DatabaseSettings::default()
             };
-            let applied = run_migrations(&settings)
+            let applied = replyd::store::migrate::run_migrations(&settings)
                 .await
                 .context("applying migrations")?;
             tracing::info!(applied = applied.len(), migrations = ?applied, "schema is up to date");
         }
+        Command::MockProvider(args) => {
+            let shutdown = shutdown_on_signal();
+            replyd::mock_provider::run(args, async move { shutdown.cancelled().await })
+                .await
+                .context("mock provider")?;
+        }
+        Command::Produce(args) => {
+            let report = replyd::produce::run(&args).await.context("producing")?;
+            println!("{}", serde_json::to_string(&report)?);
+        }
+        Command::Check(args) => {
+            let report = replyd::check::run(&args).await.context("checking")?;
+            if args.json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!("{report:#?}");
+            }
+            if !report.violations.is_empty() {
+                return Ok(ExitCode::from(3));
+            }
+        }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A token cancelled on the first SIGTERM or SIGINT: the worker drains and leaves the group.
+fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Installing a handler only fails if the runtime has no signal driver; ours has.
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+        cancel.cancel();
+    });
+    token
 }
 
 fn init_logging(json: bool) {

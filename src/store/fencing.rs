@@ -173,15 +173,12 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// The `reply_attempts.outcome` that records this refusal.
+    /// The `reply_attempts.outcome` that records this refusal. Every refusal of a write is a
+    /// fencing: only the current assignment with a live lease may write, and a reply saved by
+    /// another assignment means this one is not current. (A repeat of this assignment's own
+    /// accepted write is not recorded at all; see `tasks::fenced_write`.)
     pub fn attempt_outcome(&self) -> &'static str {
-        match self {
-            Refusal::AlreadySaved { .. } => "already_saved",
-            Refusal::Failed
-            | Refusal::LeaseExpired
-            | Refusal::TakenOver { .. }
-            | Refusal::NotFound => "fenced",
-        }
+        "fenced"
     }
 }
 

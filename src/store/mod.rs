@@ -16,7 +16,9 @@ use tokio_postgres::NoTls;
 use crate::config::DatabaseSettings;
 
 pub use fencing::{ClaimOutcome, Lease, Refusal, TaskStatus};
-pub use tasks::{CompletionOutcome, EnsureOutcome, FailOutcome, RenewOutcome, StoredTask};
+pub use tasks::{
+    CompletionOutcome, EnsureOutcome, FailOutcome, ReleaseOutcome, RenewOutcome, StoredTask,
+};
 
 /// Errors of the store's I/O. Outcomes a caller branches on (refused, leased by another) are
 /// not errors: they are the `*Outcome` enums.
@@ -80,6 +82,12 @@ impl Store {
             .build()
             .map_err(|e| StoreError::Config(e.to_string()))?;
         Ok(Self { pool })
+    }
+
+    /// One round trip, for readiness probes.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.client().await?.simple_query("SELECT 1").await?;
+        Ok(())
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {

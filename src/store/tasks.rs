@@ -53,6 +53,14 @@ pub enum RenewOutcome {
     Refused(Refusal),
 }
 
+/// What giving a lease back did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The task is pending again; anyone may claim it now instead of waiting out the lease.
+    Released,
+    Refused(Refusal),
+}
+
 /// What a terminal failure did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FailOutcome {
@@ -351,6 +359,37 @@ impl Store {
         Ok(match result {
             Ok(_) => FailOutcome::Failed,
             Err(refusal) => FailOutcome::Refused(refusal),
+        })
+    }
+
+    /// Gives the lease back before it runs out: the task returns to pending so the next claim
+    /// (another worker after a revocation, or this one retrying) need not wait out the lease.
+    /// The attempt keeps its place in the budget (I7) and gets `outcome`. Fenced like a
+    /// completion.
+    pub async fn release(
+        &self,
+        lease: &Lease,
+        outcome: &'static str,
+        detail: &str,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let result = self
+            .fenced_write(
+                lease,
+                "UPDATE reply_tasks SET status = 'pending', lease_owner = NULL, lease_until = NULL, \
+                 updated_at = clock_timestamp() \
+                 WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
+                   AND lease_until > clock_timestamp() AND saved_response IS NULL \
+                 RETURNING task_id",
+                &[&lease.task_id, &lease.version],
+                AttemptRecord::Outcome {
+                    outcome,
+                    detail: Some(detail),
+                },
+            )
+            .await?;
+        Ok(match result {
+            Ok(_) => ReleaseOutcome::Released,
+            Err(refusal) => ReleaseOutcome::Refused(refusal),
         })
     }
 

@@ -3,6 +3,8 @@
 //! a fresh schema per test, and a random topic and group per test.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod app;
+
 use std::collections::HashMap;
 use std::time::Duration;
 

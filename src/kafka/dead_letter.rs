@@ -1,0 +1,82 @@
+//! The dead-letter topic: a copy of each record that cannot become a task, with headers that
+//! say where it came from and why it was refused. A record counts as done (its offset may be
+//! committed) only once the broker has acknowledged its copy (I3).
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use crate::config::KafkaSettings;
+use crate::domain::RecordError;
+
+/// Header names on dead-lettered records.
+pub mod headers {
+    pub const SOURCE_TOPIC: &str = "replyd.source.topic";
+    pub const SOURCE_PARTITION: &str = "replyd.source.partition";
+    pub const SOURCE_OFFSET: &str = "replyd.source.offset";
+    pub const ERROR_KIND: &str = "replyd.error.kind";
+    pub const ERROR_REASON: &str = "replyd.error.reason";
+}
+
+pub struct DeadLetters {
+    producer: FutureProducer,
+    topic: String,
+}
+
+impl DeadLetters {
+    pub fn new(kafka: &KafkaSettings) -> Result<Self, KafkaError> {
+        let mut config = ClientConfig::new();
+        for (key, value) in &kafka.producer_librdkafka {
+            config.set(key, value);
+        }
+        let producer = config
+            .set("bootstrap.servers", &kafka.bootstrap_servers)
+            // Idempotent, fully acknowledged writes: a copy is durable before the source
+            // offset is released, and producer retries never duplicate it.
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .create()?;
+        Ok(Self {
+            producer,
+            topic: kafka.dead_letter_topic(),
+        })
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Writes the copy and waits for the broker's acknowledgement.
+    pub async fn send(&self, record: &OwnedMessage, error: &RecordError) -> Result<(), KafkaError> {
+        let partition = record.partition().to_string();
+        let offset = record.offset().to_string();
+        let reason = error.to_string();
+        let mut headers = OwnedHeaders::new()
+            .insert(Header { key: headers::SOURCE_TOPIC, value: Some(record.topic()) })
+            .insert(Header { key: headers::SOURCE_PARTITION, value: Some(&partition) })
+            .insert(Header { key: headers::SOURCE_OFFSET, value: Some(&offset) })
+            .insert(Header { key: headers::ERROR_KIND, value: Some(error.kind()) })
+            .insert(Header { key: headers::ERROR_REASON, value: Some(&reason) });
+        // Keep the producer's own headers after ours, for tracing.
+        if let Some(original) = record.headers() {
+            for header in original.iter() {
+                headers = headers.insert(Header { key: header.key, value: header.value });
+            }
+        }
+        let mut copy = FutureRecord::<[u8], [u8]>::to(&self.topic).headers(headers);
+        if let Some(key) = record.key() {
+            copy = copy.key(key);
+        }
+        if let Some(payload) = record.payload() {
+            copy = copy.payload(payload);
+        }
+        self.producer
+            .send(copy, Duration::from_secs(30))
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| e)
+    }
+}

@@ -1,0 +1,356 @@
+//! What happens to one record: decode → ensure the task → read (terminal: done) → claim (leased
+//! by another live assignment: park until its lease ends, then read again) → provider call with
+//! the lease renewed in the background → guarded completion → classify → done.
+//!
+//! Keeps I5 (a terminal or foreign-leased task gets no provider call: the read and the claim
+//! both check), I4 (no transaction is open during the call: every store operation is one short
+//! statement or transaction), and I3 from the record's side: the handler says `Done` only when
+//! the task is terminal or the record's copy is in the dead-letter topic. I1 and I2 are the
+//! store's; a refused completion sends the record back to the read step.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use rdkafka::Message;
+use rdkafka::message::OwnedMessage;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::{RecordRules, TaskSpec};
+use crate::kafka::consumer::{RecordHandler, RecordOutcome};
+use crate::kafka::dead_letter::DeadLetters;
+use crate::kafka::tracker::PartitionKey;
+use crate::provider::{GenerationRequest, Provider, ProviderError};
+use crate::store::{
+    ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Refusal, ReleaseOutcome, RenewOutcome,
+    Store, StoreError, TaskStatus,
+};
+use crate::telemetry;
+
+/// Settings of the per-record pipeline.
+#[derive(Debug, Clone)]
+pub struct PipelineSettings {
+    pub worker_id: String,
+    pub rules: RecordRules,
+    pub lease: Duration,
+    pub renew_interval: Duration,
+    /// Wait before retrying a failed database or dead-letter write, and the shortest wait
+    /// before claiming again.
+    pub io_retry: Duration,
+    pub default_model: String,
+}
+
+/// The record handler the worker runs.
+pub struct Pipeline {
+    store: Store,
+    provider: Arc<dyn Provider>,
+    dead_letters: DeadLetters,
+    settings: PipelineSettings,
+}
+
+/// How one attempt (one claim) ended.
+enum AttemptEnd {
+    /// The task is terminal.
+    Terminal(&'static str),
+    /// The lease is gone (taken over, expired, released after a retryable error): go back to
+    /// reading the task.
+    Again { wait: Duration },
+    Cancelled,
+}
+
+impl RecordHandler for Pipeline {
+    fn handle(
+        self: Arc<Self>,
+        record: OwnedMessage,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = RecordOutcome> + Send + 'static {
+        async move { self.process(record, cancel).await }
+    }
+}
+
+impl Pipeline {
+    pub fn new(
+        store: Store,
+        provider: Arc<dyn Provider>,
+        dead_letters: DeadLetters,
+        settings: PipelineSettings,
+    ) -> Self {
+        Self {
+            store,
+            provider,
+            dead_letters,
+            settings,
+        }
+    }
+
+    async fn process(&self, record: OwnedMessage, cancel: CancellationToken) -> RecordOutcome {
+        let key = PartitionKey::new(record.topic(), record.partition());
+        let offset = record.offset();
+        let spec = match TaskSpec::from_record(record.payload().unwrap_or_default(), &self.settings.rules) {
+            Ok(spec) => spec,
+            Err(error) => {
+                // A bad record is done once its copy is durable in the dead-letter topic.
+                loop {
+                    match self.dead_letters.send(&record, &error).await {
+                        Ok(()) => {
+                            telemetry::record_dead_lettered(&key, offset, error.kind(), &error.to_string());
+                            return RecordOutcome::Done("dead_lettered");
+                        }
+                        Err(e) => telemetry::dead_letter_failed(&key, offset, &e),
+                    }
+                    if !self.pause(&cancel, self.settings.io_retry).await {
+                        return RecordOutcome::Cancelled;
+                    }
+                }
+            }
+        };
+        let task_id = spec.task_id;
+        let id = task_id.to_string();
+        let Some(ensured) = self
+            .with_retry("ensure_task", &cancel, || self.store.ensure_task(&spec))
+            .await
+        else {
+            return RecordOutcome::Cancelled;
+        };
+        if let crate::store::EnsureOutcome::Conflict { fields } = ensured {
+            // The stored task is the work; this record's different inputs are only reported.
+            telemetry::record_conflicts_with_task(&id, offset, &fields);
+        }
+
+        loop {
+            // I5: read right before deciding to call.
+            let Some(stored) = self
+                .with_retry("read", &cancel, || self.store.read(task_id))
+                .await
+            else {
+                return RecordOutcome::Cancelled;
+            };
+            let Some(stored) = stored else {
+                // Ensured above, and tasks are never deleted by replyd: someone removed it.
+                tracing::error!(task_id = %id, "task row disappeared; retrying");
+                if !self.pause(&cancel, self.settings.io_retry).await {
+                    return RecordOutcome::Cancelled;
+                }
+                continue;
+            };
+            match stored.status {
+                TaskStatus::Completed => return RecordOutcome::Done("already_completed"),
+                TaskStatus::Failed => return RecordOutcome::Done("already_failed"),
+                TaskStatus::Pending | TaskStatus::Running => {}
+            }
+            let Some(claim) = self
+                .with_retry("claim", &cancel, || {
+                    self.store
+                        .claim(task_id, &self.settings.worker_id, self.settings.lease)
+                })
+                .await
+            else {
+                return RecordOutcome::Cancelled;
+            };
+            let wait = match claim {
+                ClaimOutcome::Claimed(lease) => {
+                    telemetry::claim(&id, Some(lease.version), "claimed");
+                    match self.attempt(&stored.spec, &lease, &cancel).await {
+                        AttemptEnd::Terminal(how) => return RecordOutcome::Done(how),
+                        AttemptEnd::Cancelled => return RecordOutcome::Cancelled,
+                        AttemptEnd::Again { wait } => wait,
+                    }
+                }
+                ClaimOutcome::LeasedByOther { version, until, .. } => {
+                    telemetry::claim(&id, Some(version), "leased_by_other");
+                    // Park until the other lease ends, then look again. The lease end is
+                    // database time; a small skew only shifts when we look.
+                    (until - Utc::now())
+                        .to_std()
+                        .unwrap_or_default()
+                        .clamp(self.settings.io_retry / 4, self.settings.lease)
+                }
+                ClaimOutcome::AlreadyCompleted => {
+                    telemetry::claim(&id, None, "already_completed");
+                    return RecordOutcome::Done("already_completed");
+                }
+                ClaimOutcome::AlreadyFailed => {
+                    telemetry::claim(&id, None, "already_failed");
+                    return RecordOutcome::Done("already_failed");
+                }
+                ClaimOutcome::BudgetExhausted { .. } => {
+                    telemetry::claim(&id, None, "budget_exhausted");
+                    return RecordOutcome::Done("failed");
+                }
+                ClaimOutcome::DeadlinePassed { .. } => {
+                    telemetry::claim(&id, None, "deadline_passed");
+                    return RecordOutcome::Done("failed");
+                }
+                ClaimOutcome::NotFound => {
+                    telemetry::claim(&id, None, "not_found");
+                    self.settings.io_retry
+                }
+            };
+            if !self.pause(&cancel, wait).await {
+                return RecordOutcome::Cancelled;
+            }
+        }
+    }
+
+    /// One claimed attempt: the provider call raced against cancellation and the lease
+    /// renewer, then the fenced write of its result.
+    async fn attempt(&self, spec: &TaskSpec, lease: &Lease, cancel: &CancellationToken) -> AttemptEnd {
+        let id = spec.task_id.to_string();
+        let request = GenerationRequest::for_task(spec, &self.settings.default_model);
+        let started = Instant::now();
+        let result = tokio::select! {
+            // Cancellation first: a revoked partition's work stops before anything else.
+            biased;
+            _ = cancel.cancelled() => {
+                telemetry::provider_call(&id, lease.version, "cancelled", started.elapsed());
+                // Give the lease back so the partition's next owner need not wait it out.
+                let _ = self.store.release(lease, "abandoned", "cancelled: partition revoked or worker stopping").await;
+                return AttemptEnd::Cancelled;
+            }
+            refusal = self.renew_until_refused(lease) => {
+                telemetry::lease_renewal_refused(&id, lease.version, &format!("{refusal:?}"));
+                telemetry::provider_call(&id, lease.version, "lease_lost", started.elapsed());
+                return AttemptEnd::Again { wait: Duration::ZERO };
+            }
+            result = self.provider.generate(&request) => result,
+        };
+        match result {
+            Ok(generation) => {
+                telemetry::provider_call(&id, lease.version, "ok", started.elapsed());
+                let meta = serde_json::to_value(&generation).ok();
+                let Some(outcome) = self
+                    .with_retry("complete", cancel, || {
+                        self.store.complete(lease, &generation.text, meta.as_ref())
+                    })
+                    .await
+                else {
+                    return AttemptEnd::Cancelled;
+                };
+                match outcome {
+                    CompletionOutcome::Accepted => {
+                        telemetry::completion(&id, lease.version, "accepted");
+                        AttemptEnd::Terminal("completed")
+                    }
+                    CompletionOutcome::Refused(refusal) => self.refused(&id, lease, refusal, "completion"),
+                }
+            }
+            Err(error) => {
+                telemetry::provider_call(&id, lease.version, error.kind(), started.elapsed());
+                self.provider_failed(&id, lease, error, cancel).await
+            }
+        }
+    }
+
+    /// Acts on a provider error: a fatal one fails the task; any other gives the lease back
+    /// and tries again after a pause, within the task's attempt budget (I7), which the next
+    /// claim enforces.
+    async fn provider_failed(
+        &self,
+        id: &str,
+        lease: &Lease,
+        error: ProviderError,
+        cancel: &CancellationToken,
+    ) -> AttemptEnd {
+        let outcome = match &error {
+            ProviderError::Ambiguous { .. } => "ambiguous",
+            _ => "provider_error",
+        };
+        if let ProviderError::Fatal { .. } = error {
+            let reason = error.to_string();
+            let Some(failed) = self
+                .with_retry("fail", cancel, || self.store.fail(lease, &reason, outcome))
+                .await
+            else {
+                return AttemptEnd::Cancelled;
+            };
+            return match failed {
+                FailOutcome::Failed => {
+                    telemetry::completion(id, lease.version, "failed");
+                    AttemptEnd::Terminal("failed")
+                }
+                FailOutcome::Refused(refusal) => self.refused(id, lease, refusal, "failure"),
+            };
+        }
+        let wait = match &error {
+            ProviderError::Retryable {
+                retry_after: Some(after),
+                ..
+            } => (*after).max(self.settings.io_retry),
+            _ => self.settings.io_retry,
+        };
+        let detail = error.to_string();
+        match self
+            .with_retry("release", cancel, || self.store.release(lease, outcome, &detail))
+            .await
+        {
+            Some(ReleaseOutcome::Refused(refusal)) => self.refused(id, lease, refusal, "release"),
+            _ => AttemptEnd::Again { wait },
+        }
+    }
+
+    fn refused(&self, id: &str, lease: &Lease, refusal: Refusal, what: &'static str) -> AttemptEnd {
+        let label = match refusal {
+            Refusal::AlreadySaved { .. } => "already_saved",
+            Refusal::Failed => "already_failed",
+            Refusal::LeaseExpired => "fenced_lease_expired",
+            Refusal::TakenOver { .. } => "fenced_taken_over",
+            Refusal::NotFound => "not_found",
+        };
+        tracing::debug!(task_id = id, what, ?refusal, "fenced write refused");
+        telemetry::completion(id, lease.version, label);
+        match refusal {
+            Refusal::AlreadySaved { .. } => AttemptEnd::Terminal("already_completed"),
+            Refusal::Failed => AttemptEnd::Terminal("already_failed"),
+            // Someone else holds (or may take) the task: read it again, and park if leased.
+            Refusal::LeaseExpired | Refusal::TakenOver { .. } | Refusal::NotFound => {
+                AttemptEnd::Again { wait: Duration::ZERO }
+            }
+        }
+    }
+
+    /// Renews the lease every `renew_interval` until a renewal is refused; returns why. A
+    /// renewal that fails on I/O is retried at the next tick: if the database stays away past
+    /// the lease, the refusal comes once it is back.
+    async fn renew_until_refused(&self, lease: &Lease) -> Refusal {
+        let mut ticks = tokio::time::interval(self.settings.renew_interval);
+        ticks.tick().await; // the first tick is immediate; the claim just set the lease
+        loop {
+            ticks.tick().await;
+            match self.store.renew(lease, self.settings.lease).await {
+                Ok(RenewOutcome::Renewed { .. }) => {}
+                Ok(RenewOutcome::Refused(refusal)) => return refusal,
+                Err(e) => telemetry::store_error("renew", &e),
+            }
+        }
+    }
+
+    /// Runs a store operation until it succeeds or `cancel` fires (`None`). A write whose
+    /// outcome is unknown (the connection broke during COMMIT) is simply run again: every
+    /// fenced write answers a repeat with what the first one did (`AlreadySaved` by this
+    /// assignment, or a refusal), and a cancelled record is read again by the next owner.
+    async fn with_retry<T, F, Fut>(&self, operation: &'static str, cancel: &CancellationToken, mut op: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        loop {
+            match op().await {
+                Ok(value) => return Some(value),
+                Err(e) => telemetry::store_error(operation, &e),
+            }
+            if !self.pause(cancel, self.settings.io_retry).await {
+                return None;
+            }
+        }
+    }
+
+    /// Sleeps `wait` unless cancelled first; false when cancelled.
+    async fn pause(&self, cancel: &CancellationToken, wait: Duration) -> bool {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => false,
+            _ = tokio::time::sleep(wait) => true,
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! `replyd produce`: publishes reply-task records, for the demo, benchmarks and operators, with
+//! options to publish duplicates and each kind of malformed record.
+
+use std::time::Duration;
+
+use clap::Args;
+use futures_util::future::join_all;
+use prost::Message as _;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde::Serialize;
+
+use crate::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
+use crate::proto::v1;
+
+#[derive(Debug, Clone, Args)]
+pub struct ProduceArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_BOOTSTRAP", default_value = "127.0.0.1:9092")]
+    pub bootstrap: String,
+    /// Topic to publish to.
+    #[arg(long, default_value = "reply-tasks")]
+    pub topic: String,
+    /// Create the topic (and its `.dlq` twin) with this many partitions if missing.
+    #[arg(long)]
+    pub create_partitions: Option<i32>,
+    /// Number of distinct tasks.
+    #[arg(long, default_value_t = 100)]
+    pub count: usize,
+    /// Publish every task this many times (redeliveries by a producer that retried).
+    #[arg(long, default_value_t = 1)]
+    pub copies: usize,
+    /// Publish this many of the tasks once more, at the end (late duplicates).
+    #[arg(long, default_value_t = 0)]
+    pub duplicates: usize,
+    /// Also publish this many malformed records, cycling through the kinds: undecodable
+    /// bytes, a missing required field, an unknown schema version, an oversized prompt.
+    #[arg(long, default_value_t = 0)]
+    pub malformed: usize,
+    /// Attempt budget written into each task (0 = the worker's default).
+    #[arg(long, default_value_t = 0)]
+    pub max_attempts: u32,
+    /// Distinct conversations the tasks are spread over (the record key, so one conversation
+    /// stays in one partition).
+    #[arg(long, default_value_t = 50)]
+    pub conversations: usize,
+    /// Workspace of the tasks.
+    #[arg(long, default_value = "ws-demo")]
+    pub workspace: String,
+}
+
+/// What was published, printed as one JSON line.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ProduceReport {
+    pub tasks: usize,
+    pub records: usize,
+    pub malformed: usize,
+    pub task_ids: Vec<TaskId>,
+}
+
+/// Kinds of malformed records `produce` can make.
+pub const MALFORMED_KINDS: [&str; 4] = [
+    "undecodable",
+    "missing_field",
+    "unknown_schema_version",
+    "prompt_too_large",
+];
+
+/// A task of the demo workload: conversation `n % conversations`.
+pub fn demo_task(workspace: &str, n: usize, conversations: usize, max_attempts: u32) -> TaskSpec {
+    TaskSpec {
+        task_id: TaskId::new_random(),
+        workspace_id: workspace.to_owned(),
+        conversation_id: format!("conv-{}", n % conversations.max(1)),
+        message_id: format!("msg-{n}"),
+        document_version: "v1".into(),
+        request: ProviderRequest {
+            model: None,
+            messages: vec![
+                ChatMessage {
+                    role: Role::System,
+                    content: "Answer from the document only.".into(),
+                },
+                ChatMessage {
+                    role: Role::User,
+                    content: format!("Question {n}: what are the key decisions in this document?"),
+                },
+            ],
+            max_output_tokens: Some(256),
+        },
+        max_attempts,
+        deadline: None,
+    }
+}
+
+/// The value of malformed record number `n`, and its kind.
+pub fn malformed_record(n: usize) -> (&'static str, Vec<u8>) {
+    let kind = MALFORMED_KINDS[n % MALFORMED_KINDS.len()];
+    let mut record = demo_task("ws-demo", n, 1, 0).to_proto();
+    let bytes = match kind {
+        // A varint that never ends: not a protobuf message at all.
+        "undecodable" => vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+        "missing_field" => {
+            record.task_id.clear();
+            record.encode_to_vec()
+        }
+        "unknown_schema_version" => {
+            record.schema_version = 99;
+            record.encode_to_vec()
+        }
+        _ => {
+            record.messages = vec![v1::ChatMessage {
+                role: v1::Role::User as i32,
+                content: "x".repeat(1024 * 1024),
+            }];
+            record.encode_to_vec()
+        }
+    };
+    (kind, bytes)
+}
+
+/// Creates `topic` with `partitions` partitions unless it exists.
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<(), KafkaError> {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+    let results = admin
+        .create_topics(
+            [&NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+        )
+        .await?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => return Err(KafkaError::AdminOp(code)),
+        }
+    }
+    Ok(())
+}
+
+pub fn producer(bootstrap: &str) -> Result<FutureProducer, KafkaError> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .create()
+}
+
+/// Publishes `records` (key, value) and waits for every acknowledgement, a batch at a time so
+/// memory stays bounded.
+pub async fn publish(
+    producer: &FutureProducer,
+    topic: &str,
+    records: &[(String, Vec<u8>)],
+) -> Result<(), KafkaError> {
+    for batch in records.chunks(1000) {
+        let sends = batch.iter().map(|(key, value)| {
+            producer.send(
+                FutureRecord::to(topic).key(key).payload(value),
+                Duration::from_secs(30),
+            )
+        });
+        for result in join_all(sends).await {
+            result.map_err(|(e, _)| e)?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `replyd produce`.
+pub async fn run(args: &ProduceArgs) -> Result<ProduceReport, KafkaError> {
+    if let Some(partitions) = args.create_partitions {
+        create_topic(&args.bootstrap, &args.topic, partitions).await?;
+        create_topic(&args.bootstrap, &format!("{}.dlq", args.topic), partitions).await?;
+    }
+    let tasks: Vec<TaskSpec> = (0..args.count)
+        .map(|n| demo_task(&args.workspace, n, args.conversations, args.max_attempts))
+        .collect();
+    let encoded: Vec<(String, Vec<u8>)> = tasks
+        .iter()
+        .map(|t| (t.conversation_id.clone(), t.to_proto().encode_to_vec()))
+        .collect();
+    let mut records = Vec::with_capacity(encoded.len() * args.copies + args.duplicates + args.malformed);
+    for _ in 0..args.copies.max(1) {
+        records.extend(encoded.iter().cloned());
+    }
+    // Malformed records go in the middle of the stream, so later good records must still flow.
+    let at = records.len() / 2;
+    let bad: Vec<(String, Vec<u8>)> = (0..args.malformed)
+        .map(|n| (format!("malformed-{n}"), malformed_record(n).1))
+        .collect();
+    records.splice(at..at, bad);
+    records.extend(encoded.iter().take(args.duplicates).cloned());
+
+    let producer = producer(&args.bootstrap)?;
+    publish(&producer, &args.topic, &records).await?;
+    Ok(ProduceReport {
+        tasks: tasks.len(),
+        records: records.len(),
+        malformed: args.malformed,
+        task_ids: tasks.iter().map(|t| t.task_id).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{RecordError, RecordRules};
+
+    #[test]
+    fn each_malformed_kind_is_refused_as_that_kind() {
+        let rules = RecordRules::default();
+        for n in 0..MALFORMED_KINDS.len() {
+            let (kind, bytes) = malformed_record(n);
+            let err: RecordError = TaskSpec::from_record(&bytes, &rules).unwrap_err();
+            let expected = if kind == "missing_field" { "missing_field" } else { kind };
+            assert_eq!(err.kind(), expected, "{err}");
+        }
+    }
+
+    #[test]
+    fn demo_tasks_are_valid_records() {
+        let task = demo_task("ws", 7, 3, 4);
+        let back = TaskSpec::from_record(&task.to_proto().encode_to_vec(), &RecordRules::default()).unwrap();
+        assert_eq!(back, task);
+        assert_eq!(back.conversation_id, "conv-1");
+    }
+}

@@ -1,0 +1,129 @@
+//! Every metric and every notable event, in one place. Each event function writes its log line
+//! and bumps its counter together, so the names of all metrics live in this file.
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+
+use crate::kafka::tracker::PartitionKey;
+
+/// Names of the metrics, as Prometheus shows them.
+pub mod names {
+    pub const RECORDS_RECEIVED: &str = "replyd_records_received_total";
+    pub const RECORDS_DONE: &str = "replyd_records_done_total";
+    pub const RECORDS_DEAD_LETTERED: &str = "replyd_records_dead_lettered_total";
+    pub const RECORD_CONFLICTS: &str = "replyd_record_conflicts_total";
+    pub const CLAIMS: &str = "replyd_claims_total";
+    pub const COMPLETIONS: &str = "replyd_completions_total";
+    pub const PROVIDER_CALLS: &str = "replyd_provider_calls_total";
+    pub const PROVIDER_SECONDS: &str = "replyd_provider_call_seconds";
+    pub const LEASE_RENEWALS_REFUSED: &str = "replyd_lease_renewals_refused_total";
+    pub const STORE_ERRORS: &str = "replyd_store_errors_total";
+    pub const DEAD_LETTER_ERRORS: &str = "replyd_dead_letter_errors_total";
+    pub const IN_FLIGHT: &str = "replyd_in_flight_records";
+    pub const PAUSED_PARTITIONS: &str = "replyd_paused_partitions";
+    pub const ASSIGNED_PARTITIONS: &str = "replyd_assigned_partitions";
+    pub const COMMITS: &str = "replyd_offset_commits_total";
+    pub const COMMIT_ERRORS: &str = "replyd_offset_commit_errors_total";
+    pub const REBALANCES: &str = "replyd_rebalances_total";
+    pub const DRAIN_LEFTOVERS: &str = "replyd_drain_cancelled_records_total";
+    pub const CONSUMER_ERRORS: &str = "replyd_consumer_errors_total";
+}
+
+use names::*;
+
+pub fn record_received(key: &PartitionKey) {
+    counter!(RECORDS_RECEIVED, "partition" => key.partition.to_string()).increment(1);
+}
+
+/// A record is finished; `how` says why (completed, failed, dead_lettered, already_terminal).
+pub fn record_done(key: &PartitionKey, offset: i64, how: &'static str) {
+    tracing::debug!(partition = key.partition, offset, how, "record done");
+    counter!(RECORDS_DONE, "how" => how).increment(1);
+}
+
+pub fn record_dead_lettered(key: &PartitionKey, offset: i64, kind: &'static str, reason: &str) {
+    tracing::warn!(
+        topic = %key.topic, partition = key.partition, offset, kind, reason,
+        "bad record sent to the dead-letter topic"
+    );
+    counter!(RECORDS_DEAD_LETTERED, "kind" => kind).increment(1);
+}
+
+pub fn dead_letter_failed(key: &PartitionKey, offset: i64, error: &dyn std::error::Error) {
+    tracing::error!(partition = key.partition, offset, error = %error, "dead-letter write failed; will retry");
+    counter!(DEAD_LETTER_ERRORS).increment(1);
+}
+
+pub fn record_conflicts_with_task(task_id: &str, offset: i64, fields: &[&'static str]) {
+    tracing::warn!(task_id, offset, ?fields, "record disagrees with the stored task; stored inputs kept");
+    counter!(RECORD_CONFLICTS).increment(1);
+}
+
+/// `outcome`: claimed, leased_by_other, already_completed, already_failed, budget_exhausted,
+/// deadline_passed, not_found.
+pub fn claim(task_id: &str, version: Option<i64>, outcome: &'static str) {
+    tracing::debug!(task_id, assignment_version = version, outcome, "claim");
+    counter!(CLAIMS, "outcome" => outcome).increment(1);
+}
+
+/// `outcome`: accepted, already_saved, fenced_taken_over, fenced_lease_expired, failed, ...
+pub fn completion(task_id: &str, version: i64, outcome: &'static str) {
+    if outcome == "accepted" {
+        tracing::debug!(task_id, assignment_version = version, outcome, "completion");
+    } else {
+        tracing::info!(task_id, assignment_version = version, outcome, "completion refused");
+    }
+    counter!(COMPLETIONS, "outcome" => outcome).increment(1);
+}
+
+pub fn provider_call(task_id: &str, version: i64, outcome: &'static str, took: Duration) {
+    tracing::debug!(task_id, assignment_version = version, outcome, took_ms = took.as_millis() as u64, "provider call");
+    counter!(PROVIDER_CALLS, "outcome" => outcome).increment(1);
+    histogram!(PROVIDER_SECONDS).record(took.as_secs_f64());
+}
+
+pub fn lease_renewal_refused(task_id: &str, version: i64, why: &str) {
+    tracing::warn!(task_id, assignment_version = version, why, "lease renewal refused; stopping the call");
+    counter!(LEASE_RENEWALS_REFUSED).increment(1);
+}
+
+pub fn store_error(operation: &'static str, error: &dyn std::error::Error) {
+    tracing::warn!(operation, error = %error, "database operation failed; will retry");
+    counter!(STORE_ERRORS, "operation" => operation).increment(1);
+}
+
+pub fn in_flight(total: usize, paused: usize) {
+    gauge!(IN_FLIGHT).set(total as f64);
+    gauge!(PAUSED_PARTITIONS).set(paused as f64);
+}
+
+pub fn assigned(partitions: usize) {
+    gauge!(ASSIGNED_PARTITIONS).set(partitions as f64);
+}
+
+pub fn rebalance(kind: &'static str, partitions: &[PartitionKey]) {
+    let list: Vec<i32> = partitions.iter().map(|k| k.partition).collect();
+    tracing::info!(kind, partitions = ?list, "rebalance");
+    counter!(REBALANCES, "kind" => kind).increment(1);
+}
+
+pub fn drain_left_over(partition: &PartitionKey, records: usize) {
+    tracing::warn!(partition = partition.partition, records, "drain timeout: cancelling records still in flight");
+    counter!(DRAIN_LEFTOVERS).increment(records as u64);
+}
+
+pub fn committed(points: &[(PartitionKey, i64)], sync: bool) {
+    tracing::debug!(?points, sync, "committed offsets");
+    counter!(COMMITS, "mode" => if sync { "sync" } else { "async" }).increment(1);
+}
+
+pub fn commit_failed(error: &dyn std::error::Error) {
+    tracing::warn!(error = %error, "offset commit failed");
+    counter!(COMMIT_ERRORS).increment(1);
+}
+
+pub fn consumer_error(error: &dyn std::error::Error) {
+    tracing::warn!(error = %error, "consumer error");
+    counter!(CONSUMER_ERRORS).increment(1);
+}

@@ -1,0 +1,76 @@
+//! `replyd worker`: builds the store, the provider, the dead-letter producer and the pipeline,
+//! starts the observability server and the consumer thread, and runs until `shutdown`.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::kafka::consumer::{ConsumerStatus, run_consumer};
+use crate::kafka::dead_letter::DeadLetters;
+use crate::pipeline::{Pipeline, PipelineSettings};
+use crate::provider::{OpenAiChatProvider, Provider};
+use crate::store::Store;
+use crate::store::migrate::run_migrations;
+
+/// Runs one worker until `shutdown` fires, then drains, commits and leaves the group.
+pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let applied = run_migrations(&settings.database)
+        .await
+        .context("applying database migrations")?;
+    if !applied.is_empty() {
+        tracing::info!(?applied, "migrations applied");
+    }
+    let store = Store::connect(&settings.database).context("database settings")?;
+    let provider: Arc<dyn Provider> = Arc::new(
+        OpenAiChatProvider::new(settings.provider.clone()).context("provider settings")?,
+    );
+    let dead_letters = DeadLetters::new(&settings.kafka).context("dead-letter producer")?;
+    let worker_id = settings.worker.resolved_worker_id();
+    let pipeline = Arc::new(Pipeline::new(
+        store.clone(),
+        provider,
+        dead_letters,
+        PipelineSettings {
+            worker_id: worker_id.clone(),
+            rules: settings.worker.record_rules(),
+            lease: settings.worker.lease(),
+            renew_interval: settings.worker.renew_interval(),
+            io_retry: settings.worker.io_retry(),
+            default_model: settings.provider.default_model.clone(),
+        },
+    ));
+
+    let status = Arc::new(ConsumerStatus::default());
+    let addr = crate::observability::serve(
+        settings.observability.listen,
+        Arc::clone(&status),
+        store,
+        shutdown.clone(),
+    )
+    .await
+    .with_context(|| format!("binding {}", settings.observability.listen))?;
+    tracing::info!(%addr, worker_id = %worker_id, "worker started; /metrics, /healthz, /readyz served");
+
+    let runtime = tokio::runtime::Handle::current();
+    let consumer = std::thread::Builder::new()
+        .name("replyd-poll".into())
+        .spawn(move || {
+            run_consumer(
+                &settings.kafka,
+                &settings.worker,
+                pipeline,
+                runtime,
+                shutdown,
+                status,
+            )
+        })
+        .context("starting the poll thread")?;
+    tokio::task::spawn_blocking(move || consumer.join())
+        .await
+        .context("joining the poll thread")?
+        .map_err(|_| anyhow::anyhow!("the poll thread panicked"))?
+        .context("kafka consumer")?;
+    Ok(())
+}

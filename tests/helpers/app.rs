@@ -1,0 +1,343 @@
+//! An application under test: a fresh schema, a topic and group of its own, the mock provider
+//! on a free port, and `replyd worker` processes (the real binary) that can be killed, stopped
+//! and continued.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use prost::Message as _;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use replyd::domain::{TaskId, TaskSpec};
+use replyd::mock_provider::{MockHandle, MockSettings};
+use replyd::produce::{create_topic, producer, publish};
+
+use super::{TestDb, infra, unique, wait_until};
+
+/// Knobs of a test's workers.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub protocol: &'static str,
+    pub partition_window: usize,
+    pub global_window: usize,
+    pub lease_ms: u64,
+    pub renew_interval_ms: u64,
+    pub drain_timeout_ms: u64,
+    pub session_timeout_ms: u64,
+    pub default_max_attempts: u32,
+    pub request_timeout_ms: u64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            protocol: "classic",
+            partition_window: 16,
+            global_window: 64,
+            lease_ms: 4_000,
+            renew_interval_ms: 1_000,
+            drain_timeout_ms: 3_000,
+            session_timeout_ms: 6_000,
+            default_max_attempts: 5,
+            request_timeout_ms: 20_000,
+        }
+    }
+}
+
+pub struct TestApp {
+    pub db: TestDb,
+    pub bootstrap: String,
+    pub topic: String,
+    pub group: String,
+    pub partitions: i32,
+    pub mock: MockHandle,
+    pub config: WorkerConfig,
+    workers: HashMap<String, WorkerProcess>,
+    dir: PathBuf,
+}
+
+/// A `replyd worker` process. Dropping it kills it, so no test leaves processes behind.
+pub struct WorkerProcess {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl WorkerProcess {
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} failed");
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        // SIGCONT first: a stopped process ignores SIGKILL until continued on some kernels.
+        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl TestApp {
+    pub async fn start(partitions: i32, mock: MockSettings, config: WorkerConfig) -> Self {
+        let db = TestDb::new().await;
+        let bootstrap = infra("KAFKA_BOOTSTRAP");
+        let topic = unique("tasks");
+        create_topic(&bootstrap, &topic, partitions).await.expect("topic");
+        create_topic(&bootstrap, &format!("{topic}.dlq"), 1).await.expect("dlq topic");
+        let mock = replyd::mock_provider::spawn(mock, "127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("mock provider");
+        let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/test-runs")).join(&topic);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            db,
+            bootstrap,
+            group: unique("group"),
+            topic,
+            partitions,
+            mock,
+            config,
+            workers: HashMap::new(),
+            dir,
+        }
+    }
+
+    fn worker_toml(&self, name: &str) -> String {
+        let c = &self.config;
+        format!(
+            r#"
+[database]
+url = "{url}"
+pool_size = 16
+
+[kafka]
+bootstrap_servers = "{bootstrap}"
+topic = "{topic}"
+group_id = "{group}"
+group_protocol = "{protocol}"
+session_timeout_ms = {session}
+
+[kafka.librdkafka]
+"heartbeat.interval.ms" = "{heartbeat}"
+"topic.metadata.refresh.interval.ms" = "2000"
+
+[worker]
+worker_id = "{name}"
+partition_window = {pw}
+global_window = {gw}
+lease_ms = {lease}
+renew_interval_ms = {renew}
+drain_timeout_ms = {drain}
+commit_interval_ms = 200
+io_retry_ms = 100
+default_max_attempts = {attempts}
+
+[provider]
+base_url = "{mock}"
+request_timeout_ms = {timeout}
+
+[observability]
+listen = "127.0.0.1:0"
+"#,
+            url = self.db.settings.url.expose(),
+            bootstrap = self.bootstrap,
+            topic = self.topic,
+            group = self.group,
+            protocol = c.protocol,
+            session = c.session_timeout_ms,
+            heartbeat = if c.protocol == "classic" { "500" } else { "3000" },
+            name = name,
+            pw = c.partition_window,
+            gw = c.global_window,
+            lease = c.lease_ms,
+            renew = c.renew_interval_ms,
+            drain = c.drain_timeout_ms,
+            attempts = c.default_max_attempts,
+            mock = self.mock.base_url(),
+            timeout = c.request_timeout_ms,
+        )
+    }
+
+    /// Starts (or restarts) worker `name`.
+    pub fn spawn_worker(&mut self, name: &str) {
+        let config = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&config, self.worker_toml(name)).unwrap();
+        let log = self.dir.join(format!("{name}.log"));
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .args(["worker", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "info,replyd=debug,librdkafka=warn")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
+            .spawn()
+            .expect("worker starts");
+        self.workers.insert(name.to_owned(), WorkerProcess { child, log });
+    }
+
+    pub fn worker(&self, name: &str) -> &WorkerProcess {
+        &self.workers[name]
+    }
+
+    /// SIGKILL: a crash with work in flight.
+    pub fn kill(&mut self, name: &str) {
+        let mut worker = self.workers.remove(name).expect("worker exists");
+        worker.signal("-KILL");
+        let _ = worker.child.wait();
+    }
+
+    /// SIGSTOP: the process stalls, connections open, locks and leases held.
+    pub fn stop(&self, name: &str) {
+        self.workers[name].signal("-STOP");
+    }
+
+    /// SIGCONT: the stalled process resumes as a zombie.
+    pub fn resume(&self, name: &str) {
+        self.workers[name].signal("-CONT");
+    }
+
+    /// SIGTERM, then waits for a clean exit (drain, commit, leave).
+    pub async fn terminate(&mut self, name: &str) {
+        let mut worker = self.workers.remove(name).expect("worker exists");
+        worker.signal("-TERM");
+        let waited = tokio::task::spawn_blocking(move || {
+            let status = worker.child.wait();
+            (status, worker)
+        })
+        .await
+        .unwrap();
+        let status = waited.0.expect("wait");
+        assert!(status.success(), "worker exited with {status}; log {:?}", waited.1.log);
+    }
+
+    pub fn log_of(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Publishes tasks (key = conversation id) and returns once the broker acknowledged all.
+    pub async fn produce_tasks(&self, tasks: &[TaskSpec], copies: usize) {
+        let records: Vec<(String, Vec<u8>)> = (0..copies)
+            .flat_map(|_| tasks.iter())
+            .map(|t| (t.conversation_id.clone(), t.to_proto().encode_to_vec()))
+            .collect();
+        self.produce_raw(&records).await;
+    }
+
+    pub async fn produce_raw(&self, records: &[(String, Vec<u8>)]) {
+        let producer = producer(&self.bootstrap).expect("producer");
+        publish(&producer, &self.topic, records).await.expect("published");
+    }
+
+    /// Waits until every task in `ids` is completed or failed.
+    pub async fn wait_until_terminal(&self, ids: &[TaskId], limit: Duration) {
+        let client = self.db.raw_client().await;
+        let uuids: Vec<uuid::Uuid> = ids.iter().map(|t| t.as_uuid()).collect();
+        wait_until(&format!("{} tasks are terminal", ids.len()), limit, || {
+            let (client, uuids) = (&client, &uuids);
+            async move {
+                let row = client
+                    .query_one(
+                        "SELECT count(*) FROM reply_tasks WHERE task_id = ANY($1) AND status IN ('completed', 'failed')",
+                        &[uuids],
+                    )
+                    .await
+                    .unwrap();
+                row.get::<_, i64>(0) == uuids.len() as i64
+            }
+        })
+        .await;
+    }
+
+    /// The group's committed offsets, per partition.
+    pub async fn committed_offsets(&self) -> HashMap<i32, i64> {
+        let (bootstrap, group, topic, partitions) =
+            (self.bootstrap.clone(), self.group.clone(), self.topic.clone(), self.partitions);
+        tokio::task::spawn_blocking(move || {
+            let reader: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &bootstrap)
+                .set("group.id", &group)
+                .set("enable.auto.commit", "false")
+                .create()
+                .unwrap();
+            let mut list = TopicPartitionList::new();
+            for p in 0..partitions {
+                list.add_partition(&topic, p);
+            }
+            reader
+                .committed_offsets(list, Duration::from_secs(10))
+                .unwrap()
+                .elements()
+                .iter()
+                .filter_map(|e| match e.offset() {
+                    Offset::Offset(o) => Some((e.partition(), o)),
+                    _ => None,
+                })
+                .collect()
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Waits until the committed offset of every partition reaches its end.
+    pub async fn wait_until_committed_to_end(&self, limit: Duration) {
+        let ends = self.end_offsets().await;
+        wait_until("offsets committed to the end of every partition", limit, || async {
+            let committed = self.committed_offsets().await;
+            ends.iter().all(|(p, end)| *end == 0 || committed.get(p) == Some(end))
+        })
+        .await;
+    }
+
+    pub async fn end_offsets(&self) -> HashMap<i32, i64> {
+        let (bootstrap, topic, partitions) = (self.bootstrap.clone(), self.topic.clone(), self.partitions);
+        tokio::task::spawn_blocking(move || {
+            let reader: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &bootstrap)
+                .create()
+                .unwrap();
+            (0..partitions)
+                .map(|p| (p, reader.fetch_watermarks(&topic, p, Duration::from_secs(10)).unwrap().1))
+                .collect()
+        })
+        .await
+        .unwrap()
+    }
+
+    /// The checker's report over this test's schema, topic, group and mock.
+    pub async fn check(&self) -> replyd::check::Report {
+        replyd::check::run(&replyd::check::CheckArgs {
+            database_url: self.db.settings.url.expose().to_owned(),
+            bootstrap: self.bootstrap.clone(),
+            topic: self.topic.clone(),
+            dead_letter_topic: None,
+            group: self.group.clone(),
+            mock_url: Some(self.mock.base_url()),
+            json: true,
+        })
+        .await
+        .expect("check runs")
+    }
+
+    /// Attempt outcomes over all tasks, counted.
+    pub async fn attempt_outcomes(&self) -> HashMap<String, i64> {
+        self.db
+            .raw_client()
+            .await
+            .query(
+                "SELECT coalesce(outcome, 'open'), count(*) FROM reply_attempts GROUP BY 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+}

@@ -1,0 +1,363 @@
+//! `replyd worker` end to end: real worker processes in a real consumer group on the real
+//! broker, the real PostgreSQL, and the mock provider over HTTP. Each test names the failure it
+//! provokes and the invariants it checks from the durable state afterwards.
+
+mod helpers;
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use helpers::app::{TestApp, WorkerConfig};
+use helpers::{unique, wait_until};
+use prost::Message as _;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use replyd::domain::{ChatMessage, Role, TaskId, TaskSpec};
+use replyd::mock_provider::MockSettings;
+use replyd::produce::{demo_task, malformed_record};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn tasks(count: usize, conversations: usize) -> Vec<TaskSpec> {
+    let workspace = unique("ws");
+    (0..count)
+        .map(|n| demo_task(&workspace, n, conversations, 0))
+        .collect()
+}
+
+fn ids(tasks: &[TaskSpec]) -> Vec<TaskId> {
+    tasks.iter().map(|t| t.task_id).collect()
+}
+
+fn mock(latency_ms: u64) -> MockSettings {
+    MockSettings {
+        latency_ms,
+        ..MockSettings::default()
+    }
+}
+
+/// Asserts the invariants the checker reads back: one reply per task (I1), nothing committed
+/// past unfinished work (I3), attempts within budget (I7).
+async fn assert_invariants(app: &TestApp, tasks: usize) -> replyd::check::Report {
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!(report.duplicate_replies, 0, "{report:#?}");
+    assert_eq!(report.lost, 0, "{report:#?}");
+    assert_eq!(report.completed, tasks as i64, "{report:#?}");
+    assert_eq!(report.pending, 0, "{report:#?}");
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_record_published_three_times_gets_exactly_one_reply() {
+    let mut app = TestApp::start(3, mock(50), WorkerConfig::default()).await;
+    app.spawn_worker("w1");
+    let tasks = tasks(30, 10);
+    app.produce_tasks(&tasks, 3).await;
+
+    app.wait_until_terminal(&ids(&tasks), LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let report = assert_invariants(&app, 30).await;
+    assert_eq!(report.records, 90);
+    // I5: a redelivered record of a completed task costs no provider call.
+    assert_eq!(report.provider_calls, Some(30), "{report:#?}");
+    assert_eq!(report.provider_generations, Some(30));
+    assert_eq!(report.attempts, 30);
+}
+
+/// Reads the dead-letter topic: (source offset, kind, reason) of each copy.
+fn dead_letters(bootstrap: &str, topic: &str) -> Vec<(i64, String, String)> {
+    let reader: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("dlq-reader"))
+        .create()
+        .unwrap();
+    let (_, high) = reader.fetch_watermarks(topic, 0, Duration::from_secs(10)).unwrap();
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+    reader.assign(&list).unwrap();
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while (out.len() as i64) < high && std::time::Instant::now() < deadline {
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
+            let header = |name: &str| {
+                m.headers()
+                    .and_then(|h| h.iter().find(|h| h.key == name))
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default()
+            };
+            out.push((
+                header("replyd.source.offset").parse().unwrap(),
+                header("replyd.error.kind"),
+                header("replyd.error.reason"),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_records_of_each_kind_land_in_the_dlq_and_the_partition_keeps_moving() {
+    let mut app = TestApp::start(1, mock(20), WorkerConfig::default()).await;
+    app.spawn_worker("w1");
+    let good = tasks(2, 1);
+    let mut records = vec![("k".to_string(), good[0].to_proto().encode_to_vec())];
+    for n in 0..4 {
+        records.push(("k".to_string(), malformed_record(n).1));
+    }
+    records.push(("k".to_string(), good[1].to_proto().encode_to_vec()));
+    app.produce_raw(&records).await;
+
+    app.wait_until_terminal(&ids(&good), LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let (bootstrap, dlq) = (app.bootstrap.clone(), format!("{}.dlq", app.topic));
+    let copies = tokio::task::spawn_blocking(move || dead_letters(&bootstrap, &dlq))
+        .await
+        .unwrap();
+    let kinds: BTreeSet<(i64, String)> = copies.iter().map(|(o, k, _)| (*o, k.clone())).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from([
+            (1, "undecodable".to_string()),
+            (2, "missing_field".to_string()),
+            (3, "unknown_schema_version".to_string()),
+            (4, "prompt_too_large".to_string()),
+        ])
+    );
+    assert!(copies.iter().all(|(_, _, reason)| !reason.is_empty()));
+    let report = assert_invariants(&app, 2).await;
+    assert_eq!(report.dead_lettered, 4);
+    assert_eq!(report.bad_records, 4);
+    assert!(app.log_of("w1").contains("dead-letter"), "the worker logs each bad record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_first_record_does_not_hold_back_later_ones_but_holds_the_commit_point() {
+    let mut app = TestApp::start(1, mock(20), WorkerConfig::default()).await;
+    let mut all = tasks(11, 1);
+    // The mock answers this one after 8 s (a directive it reads from the prompt).
+    all[0].request.messages.push(ChatMessage {
+        role: Role::User,
+        content: "[mock:latency_ms=8000] take your time".into(),
+    });
+    app.produce_tasks(&all, 1).await;
+    app.spawn_worker("w1");
+
+    // The ten fast ones finish while the slow one is still running…
+    app.wait_until_terminal(&ids(&all[1..]), LIMIT).await;
+    let slow = app.db.store.read(all[0].task_id).await.unwrap().unwrap();
+    assert_eq!(slow.status, replyd::store::TaskStatus::Running, "setup: the slow one is still running");
+    // …and the commit point stays at the slow record: offset 0 is not committed past.
+    let committed = app.committed_offsets().await;
+    assert!(
+        committed.get(&0).is_none_or(|&c| c <= 0),
+        "committed {committed:?} past the unfinished record at offset 0"
+    );
+    app.wait_until_terminal(&ids(&all[..1]), LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    assert_invariants(&app, 11).await;
+}
+
+/// For every partition, every record below the committed offset has a terminal task.
+async fn committed_offsets_never_pass_unfinished_records(app: &TestApp, tasks: &[TaskSpec]) {
+    let committed = app.committed_offsets().await;
+    let (bootstrap, topic) = (app.bootstrap.clone(), app.topic.clone());
+    let records: Vec<(i32, i64, String)> = tokio::task::spawn_blocking(move || {
+        let reader: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", unique("reader"))
+            .create()
+            .unwrap();
+        let meta = reader.fetch_metadata(Some(&topic), Duration::from_secs(10)).unwrap();
+        let mut list = TopicPartitionList::new();
+        let mut total = 0;
+        for p in meta.topics()[0].partitions() {
+            list.add_partition_offset(&topic, p.id(), Offset::Beginning).unwrap();
+            total += reader.fetch_watermarks(&topic, p.id(), Duration::from_secs(10)).unwrap().1;
+        }
+        reader.assign(&list).unwrap();
+        let mut out = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while (out.len() as i64) < total && std::time::Instant::now() < deadline {
+            if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
+                let spec = TaskSpec::from_record(m.payload().unwrap(), &Default::default()).unwrap();
+                out.push((m.partition(), m.offset(), spec.task_id.to_string()));
+            }
+        }
+        out
+    })
+    .await
+    .unwrap();
+    let statuses: HashMap<String, String> = app
+        .db
+        .raw_client()
+        .await
+        .query("SELECT task_id::text, status FROM reply_tasks", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(!tasks.is_empty());
+    for (partition, offset, task) in records {
+        if committed.get(&partition).is_some_and(|&c| offset < c) {
+            let status = statuses.get(&task).map(String::as_str);
+            assert!(
+                matches!(status, Some("completed" | "failed")),
+                "partition {partition} committed past offset {offset} whose task is {status:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_partition_loses_nothing_and_saves_one_reply_each() {
+    let config = WorkerConfig {
+        partition_window: 8,
+        ..WorkerConfig::default()
+    };
+    let mut app = TestApp::start(2, mock(300), config).await;
+    let all = tasks(60, 12);
+    app.produce_tasks(&all, 1).await;
+    app.spawn_worker("w1");
+
+    // Kill while some tasks are done and others are in flight.
+    let client = app.db.raw_client().await;
+    wait_until("some tasks completed and some in flight", LIMIT, || {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'running') FROM reply_tasks",
+                    &[],
+                )
+                .await
+                .unwrap();
+            row.get::<_, i64>(0) >= 10 && row.get::<_, i64>(1) >= 2
+        }
+    })
+    .await;
+    app.kill("w1");
+    // At the kill, the committed offsets are never past an unfinished record.
+    committed_offsets_never_pass_unfinished_records(&app, &all).await;
+
+    app.spawn_worker("w1");
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let report = assert_invariants(&app, 60).await;
+    // The calls cut off by the kill were sent again with the same Idempotency-Key, so the
+    // provider generated once per task.
+    assert_eq!(report.provider_generations, Some(60), "{report:#?}");
+}
+
+async fn rebalance_one_two_one(protocol: &'static str) {
+    let config = WorkerConfig {
+        protocol,
+        partition_window: 4,
+        ..WorkerConfig::default()
+    };
+    let mut app = TestApp::start(4, mock(200), config).await;
+    let all = tasks(120, 24);
+    app.produce_tasks(&all, 1).await;
+    app.spawn_worker("w1");
+
+    let client = app.db.raw_client().await;
+    let completed_by = |worker: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT count(*) FROM reply_attempts WHERE worker = $1 AND outcome = 'accepted'",
+                    &[&worker],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    wait_until("w1 completed some tasks", LIMIT, || async { completed_by("w1").await >= 5 }).await;
+    app.spawn_worker("w2");
+    wait_until("w2 took partitions and completed tasks", LIMIT, || async {
+        completed_by("w2").await >= 5
+    })
+    .await;
+    // Back to one: w2 leaves gracefully (drain, commit, leave) with work in flight.
+    app.terminate("w2").await;
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    assert_invariants(&app, 120).await;
+    assert!(app.log_of("w1").contains("rebalance"), "w1 saw the rebalances");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebalance_one_two_one_under_the_classic_protocol() {
+    rebalance_one_two_one("classic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebalance_one_two_one_under_the_consumer_protocol() {
+    rebalance_one_two_one("consumer").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_stopped_past_its_lease_and_session_is_fenced_when_it_returns() {
+    let config = WorkerConfig {
+        lease_ms: 2_000,
+        renew_interval_ms: 500,
+        drain_timeout_ms: 1_000,
+        session_timeout_ms: 3_000,
+        partition_window: 8,
+        ..WorkerConfig::default()
+    };
+    let mut app = TestApp::start(2, mock(1_500), config).await;
+    app.spawn_worker("w1");
+    app.spawn_worker("w2");
+    let all = tasks(40, 8);
+    app.produce_tasks(&all, 1).await;
+
+    // Stop w1 while it holds leases with calls in flight.
+    let client = app.db.raw_client().await;
+    wait_until("w1 holds leases", LIMIT, || {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT count(*) FROM reply_tasks WHERE status = 'running' AND lease_owner = 'w1'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                >= 2
+        }
+    })
+    .await;
+    app.stop("w1");
+    // The group moves w1's partitions to w2, which takes the tasks over once the leases lapse.
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+    app.resume("w1");
+
+    // The zombie's completions are refused and recorded as fenced.
+    wait_until("w1's late completions are recorded as fenced", LIMIT, || {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT count(*) FROM reply_attempts WHERE worker = 'w1' AND outcome = 'fenced'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                > 0
+        }
+    })
+    .await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let report = assert_invariants(&app, 40).await;
+    assert!(report.fenced_rejections > 0);
+    let outcomes = app.attempt_outcomes().await;
+    assert_eq!(outcomes.get("accepted"), Some(&40), "{outcomes:?}");
+}
