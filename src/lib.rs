@@ -6,4 +6,5 @@ pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod proto;
+pub mod provider;
 pub mod store;
