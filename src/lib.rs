@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod config;
 pub mod domain;
+pub mod mock_provider;
 pub mod proto;
 pub mod provider;
 pub mod store;
