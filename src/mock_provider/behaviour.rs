@@ -19,10 +19,12 @@ pub struct FaultRng {
 }
 
 impl FaultRng {
+    /// A generator whose draws depend only on `seed`.
     pub fn new(seed: u64) -> Self {
         Self { state: seed }
     }
 
+    /// The next 64 uniformly distributed bits.
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.state;

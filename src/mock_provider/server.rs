@@ -40,6 +40,7 @@ pub struct StatsSnapshot {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyStats {
     pub key: String,
+    /// Replies generated under this key; 0 for a key never seen.
     pub generations: u64,
 }
 
