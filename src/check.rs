@@ -123,7 +123,8 @@ fn read_topic<T>(
     let mut assignment = TopicPartitionList::new();
     let mut remaining: HashMap<i32, i64> = HashMap::new();
     for partition in meta.partitions() {
-        let (low, high) = reader.fetch_watermarks(topic, partition.id(), Duration::from_secs(10))?;
+        let (low, high) =
+            reader.fetch_watermarks(topic, partition.id(), Duration::from_secs(10))?;
         if high > low {
             remaining.insert(partition.id(), high);
             assignment.add_partition_offset(topic, partition.id(), Offset::Offset(low))?;
@@ -137,7 +138,9 @@ fn read_topic<T>(
     let deadline = Instant::now() + Duration::from_secs(120);
     while !remaining.is_empty() {
         if Instant::now() > deadline {
-            return Err(CheckError::Other(format!("reading {topic} took over 120 s")));
+            return Err(CheckError::Other(format!(
+                "reading {topic} took over 120 s"
+            )));
         }
         match reader.poll(Duration::from_millis(200)) {
             Some(Ok(message)) => {
@@ -174,7 +177,11 @@ pub async fn run(args: &CheckArgs) -> Result<Report, CheckError> {
         .unwrap_or_else(|| format!("{}.dlq", args.topic));
 
     // Kafka: blocking client calls, off the runtime's threads.
-    let (bootstrap, topic, group) = (args.bootstrap.clone(), args.topic.clone(), args.group.clone());
+    let (bootstrap, topic, group) = (
+        args.bootstrap.clone(),
+        args.topic.clone(),
+        args.group.clone(),
+    );
     let kafka = tokio::task::spawn_blocking(move || -> Result<_, CheckError> {
         let rules = RecordRules::default();
         let source = read_topic(&bootstrap, &topic, |m| SourceRecord {
@@ -213,7 +220,10 @@ pub async fn run(args: &CheckArgs) -> Result<Report, CheckError> {
             for p in &partitions {
                 list.add_partition(&topic, *p);
             }
-            for element in reader.committed_offsets(list, Duration::from_secs(10))?.elements() {
+            for element in reader
+                .committed_offsets(list, Duration::from_secs(10))?
+                .elements()
+            {
                 if let Offset::Offset(o) = element.offset() {
                     committed.insert(element.partition(), o);
                 }
@@ -225,7 +235,8 @@ pub async fn run(args: &CheckArgs) -> Result<Report, CheckError> {
     .map_err(|e| CheckError::Other(format!("kafka reader: {e}")))??;
     let (source, dead, committed) = kafka;
 
-    let (client, connection) = tokio_postgres::connect(&args.database_url, tokio_postgres::NoTls).await?;
+    let (client, connection) =
+        tokio_postgres::connect(&args.database_url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
     let statuses: HashMap<Uuid, String> = client
         .query("SELECT task_id, status FROM reply_tasks", &[])
@@ -243,7 +254,10 @@ pub async fn run(args: &CheckArgs) -> Result<Report, CheckError> {
         .await?
         .get(0);
     let fenced_rejections: i64 = client
-        .query_one("SELECT count(*) FROM reply_attempts WHERE outcome = 'fenced'", &[])
+        .query_one(
+            "SELECT count(*) FROM reply_attempts WHERE outcome = 'fenced'",
+            &[],
+        )
         .await?
         .get(0);
     let mut attempts_per_task: Vec<i64> = client
@@ -269,7 +283,9 @@ pub async fn run(args: &CheckArgs) -> Result<Report, CheckError> {
     let mut lost = 0;
     let mut bad_records = 0;
     for record in &source {
-        let below_commit = committed.get(&record.partition).is_some_and(|c| record.offset < *c);
+        let below_commit = committed
+            .get(&record.partition)
+            .is_some_and(|c| record.offset < *c);
         let dead_lettered = dead.contains(&(record.partition, record.offset));
         if record.task.is_none() {
             bad_records += 1;
@@ -288,10 +304,11 @@ pub async fn run(args: &CheckArgs) -> Result<Report, CheckError> {
 
     let (provider_calls, provider_generations) = match &args.mock_url {
         Some(url) => {
-            let stats: serde_json::Value = reqwest::get(format!("{}/stats", url.trim_end_matches('/')))
-                .await?
-                .json()
-                .await?;
+            let stats: serde_json::Value =
+                reqwest::get(format!("{}/stats", url.trim_end_matches('/')))
+                    .await?
+                    .json()
+                    .await?;
             (stats["requests"].as_i64(), stats["generations"].as_i64())
         }
         None => (None, None),
@@ -321,13 +338,20 @@ pub async fn run(args: &CheckArgs) -> Result<Report, CheckError> {
         violations: Vec::new(),
     };
     if report.duplicate_replies > 0 {
-        report.violations.push("I1 one reply: tasks with more than one accepted reply".into());
+        report
+            .violations
+            .push("I1 one reply: tasks with more than one accepted reply".into());
     }
     if report.lost > 0 {
-        report.violations.push("I3 nothing lost: records committed past without a terminal task or dead-letter copy".into());
+        report.violations.push(
+            "I3 nothing lost: records committed past without a terminal task or dead-letter copy"
+                .into(),
+        );
     }
     if report.max_attempts_exceeded > 0 {
-        report.violations.push("I7 bounded effort: tasks with more attempts than max_attempts".into());
+        report
+            .violations
+            .push("I7 bounded effort: tasks with more attempts than max_attempts".into());
     }
     Ok(report)
 }

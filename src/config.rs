@@ -82,7 +82,6 @@ impl DatabaseSettings {
     }
 }
 
-
 /// Everything `replyd worker` reads.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -276,7 +275,10 @@ pub enum ConfigError {
     #[error("cannot read settings: {0}")]
     Load(#[from] Box<figment::Error>),
     #[error("{setting}: {reason}")]
-    Invalid { setting: &'static str, reason: String },
+    Invalid {
+        setting: &'static str,
+        reason: String,
+    },
 }
 
 fn invalid(setting: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -295,6 +297,13 @@ const RESERVED_LIBRDKAFKA: &[&str] = &[
     "bootstrap.servers",
 ];
 
+/// librdkafka properties of the classic protocol that KIP-848 moves to the broker.
+const CLASSIC_ONLY_LIBRDKAFKA: &[&str] = &[
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "partition.assignment.strategy",
+];
+
 impl Settings {
     /// Reads `file` (if given) and then `REPLYD_*` variables (`__` separates levels), and
     /// validates the result.
@@ -302,7 +311,10 @@ impl Settings {
         let mut figment = Figment::new();
         if let Some(file) = file {
             if !file.exists() {
-                return Err(invalid("--config", format!("{} does not exist", file.display())));
+                return Err(invalid(
+                    "--config",
+                    format!("{} does not exist", file.display()),
+                ));
             }
             figment = figment.merge(Toml::file(file));
         }
@@ -349,8 +361,24 @@ impl Settings {
                 format!("`{key}` is set by replyd itself and cannot be overridden"),
             ));
         }
+        if k.group_protocol == GroupProtocol::Consumer
+            && let Some(key) = k
+                .librdkafka
+                .keys()
+                .find(|key| CLASSIC_ONLY_LIBRDKAFKA.contains(&key.as_str()))
+        {
+            return Err(invalid(
+                "kafka.librdkafka",
+                format!(
+                    "`{key}` does not apply to group_protocol = \"consumer\" (KIP-848): the broker decides it"
+                ),
+            ));
+        }
         if w.partition_window == 0 || w.global_window == 0 {
-            return Err(invalid("worker.partition_window", "windows must be at least 1"));
+            return Err(invalid(
+                "worker.partition_window",
+                "windows must be at least 1",
+            ));
         }
         if w.partition_window > w.global_window {
             return Err(invalid(
@@ -370,7 +398,8 @@ impl Settings {
                 ),
             ));
         }
-        if k.group_protocol == GroupProtocol::Classic && w.drain_timeout_ms >= k.session_timeout_ms {
+        if k.group_protocol == GroupProtocol::Classic && w.drain_timeout_ms >= k.session_timeout_ms
+        {
             return Err(invalid(
                 "worker.drain_timeout_ms",
                 format!(
@@ -415,18 +444,48 @@ mod tests {
 
         let mut s = Settings::default();
         s.worker.renew_interval_ms = s.worker.lease_ms;
-        assert!(s.validate().unwrap_err().to_string().starts_with("worker.renew_interval_ms:"));
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("worker.renew_interval_ms:")
+        );
 
         let mut s = Settings::default();
-        s.kafka.librdkafka.insert("enable.auto.commit".into(), "true".into());
-        assert!(s.validate().unwrap_err().to_string().contains("enable.auto.commit"));
+        s.kafka
+            .librdkafka
+            .insert("enable.auto.commit".into(), "true".into());
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("enable.auto.commit")
+        );
+
+        let mut s = Settings::default();
+        s.kafka.group_protocol = GroupProtocol::Consumer;
+        s.kafka
+            .librdkafka
+            .insert("heartbeat.interval.ms".into(), "500".into());
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("heartbeat.interval.ms")
+        );
 
         let mut s = Settings::default();
         s.kafka.dead_letter_topic = s.kafka.topic.clone();
-        assert!(s.validate().unwrap_err().to_string().starts_with("kafka.dead_letter_topic:"));
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("kafka.dead_letter_topic:")
+        );
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's test jail returns its own error type
     fn file_then_environment_with_unknown_keys_refused() {
         figment::Jail::expect_with(|jail| {
             jail.create_file(
@@ -448,7 +507,9 @@ mod tests {
             assert_eq!(s.kafka.librdkafka["fetch.wait.max.ms"], "50");
 
             jail.create_file("bad.toml", "[worker]\nparition_window = 8\n")?;
-            let err = Settings::load(Some(Path::new("bad.toml"))).unwrap_err().to_string();
+            let err = Settings::load(Some(Path::new("bad.toml")))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("parition_window"), "{err}");
             Ok(())
         });

@@ -61,7 +61,10 @@ pub async fn serve(
 
 async fn ready(State(probe): State<Probe>) -> (StatusCode, String) {
     if !probe.status.polling.load(Ordering::Relaxed) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "consumer not polling".into());
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "consumer not polling".into(),
+        );
     }
     match tokio::time::timeout(Duration::from_secs(2), probe.store.ping()).await {
         Ok(Ok(())) => (
@@ -72,6 +75,9 @@ async fn ready(State(probe): State<Probe>) -> (StatusCode, String) {
             ),
         ),
         Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("database: {e}")),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "database: no answer in 2 s".into()),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database: no answer in 2 s".into(),
+        ),
     }
 }

@@ -55,17 +55,19 @@ enum AttemptEnd {
     Terminal(&'static str),
     /// The lease is gone (taken over, expired, released after a retryable error): go back to
     /// reading the task.
-    Again { wait: Duration },
+    Again {
+        wait: Duration,
+    },
     Cancelled,
 }
 
 impl RecordHandler for Pipeline {
-    fn handle(
+    async fn handle(
         self: Arc<Self>,
         record: OwnedMessage,
         cancel: CancellationToken,
-    ) -> impl Future<Output = RecordOutcome> + Send + 'static {
-        async move { self.process(record, cancel).await }
+    ) -> RecordOutcome {
+        self.process(record, cancel).await
     }
 }
 
@@ -87,24 +89,31 @@ impl Pipeline {
     async fn process(&self, record: OwnedMessage, cancel: CancellationToken) -> RecordOutcome {
         let key = PartitionKey::new(record.topic(), record.partition());
         let offset = record.offset();
-        let spec = match TaskSpec::from_record(record.payload().unwrap_or_default(), &self.settings.rules) {
-            Ok(spec) => spec,
-            Err(error) => {
-                // A bad record is done once its copy is durable in the dead-letter topic.
-                loop {
-                    match self.dead_letters.send(&record, &error).await {
-                        Ok(()) => {
-                            telemetry::record_dead_lettered(&key, offset, error.kind(), &error.to_string());
-                            return RecordOutcome::Done("dead_lettered");
+        let spec =
+            match TaskSpec::from_record(record.payload().unwrap_or_default(), &self.settings.rules)
+            {
+                Ok(spec) => spec,
+                Err(error) => {
+                    // A bad record is done once its copy is durable in the dead-letter topic.
+                    loop {
+                        match self.dead_letters.send(&record, &error).await {
+                            Ok(()) => {
+                                telemetry::record_dead_lettered(
+                                    &key,
+                                    offset,
+                                    error.kind(),
+                                    &error.to_string(),
+                                );
+                                return RecordOutcome::Done("dead_lettered");
+                            }
+                            Err(e) => telemetry::dead_letter_failed(&key, offset, &e),
                         }
-                        Err(e) => telemetry::dead_letter_failed(&key, offset, &e),
-                    }
-                    if !self.pause(&cancel, self.settings.io_retry).await {
-                        return RecordOutcome::Cancelled;
+                        if !self.pause(&cancel, self.settings.io_retry).await {
+                            return RecordOutcome::Cancelled;
+                        }
                     }
                 }
-            }
-        };
+            };
         let task_id = spec.task_id;
         let id = task_id.to_string();
         let Some(ensured) = self
@@ -195,7 +204,12 @@ impl Pipeline {
 
     /// One claimed attempt: the provider call raced against cancellation and the lease
     /// renewer, then the fenced write of its result.
-    async fn attempt(&self, spec: &TaskSpec, lease: &Lease, cancel: &CancellationToken) -> AttemptEnd {
+    async fn attempt(
+        &self,
+        spec: &TaskSpec,
+        lease: &Lease,
+        cancel: &CancellationToken,
+    ) -> AttemptEnd {
         let id = spec.task_id.to_string();
         let request = GenerationRequest::for_task(spec, &self.settings.default_model);
         let started = Instant::now();
@@ -232,7 +246,9 @@ impl Pipeline {
                         telemetry::completion(&id, lease.version, "accepted");
                         AttemptEnd::Terminal("completed")
                     }
-                    CompletionOutcome::Refused(refusal) => self.refused(&id, lease, refusal, "completion"),
+                    CompletionOutcome::Refused(refusal) => {
+                        self.refused(&id, lease, refusal, "completion")
+                    }
                 }
             }
             Err(error) => {
@@ -281,7 +297,9 @@ impl Pipeline {
         };
         let detail = error.to_string();
         match self
-            .with_retry("release", cancel, || self.store.release(lease, outcome, &detail))
+            .with_retry("release", cancel, || {
+                self.store.release(lease, outcome, &detail)
+            })
             .await
         {
             Some(ReleaseOutcome::Refused(refusal)) => self.refused(id, lease, refusal, "release"),
@@ -304,7 +322,9 @@ impl Pipeline {
             Refusal::Failed => AttemptEnd::Terminal("already_failed"),
             // Someone else holds (or may take) the task: read it again, and park if leased.
             Refusal::LeaseExpired | Refusal::TakenOver { .. } | Refusal::NotFound => {
-                AttemptEnd::Again { wait: Duration::ZERO }
+                AttemptEnd::Again {
+                    wait: Duration::ZERO,
+                }
             }
         }
     }
@@ -329,7 +349,12 @@ impl Pipeline {
     /// outcome is unknown (the connection broke during COMMIT) is simply run again: every
     /// fenced write answers a repeat with what the first one did (`AlreadySaved` by this
     /// assignment, or a refusal), and a cancelled record is read again by the next owner.
-    async fn with_retry<T, F, Fut>(&self, operation: &'static str, cancel: &CancellationToken, mut op: F) -> Option<T>
+    async fn with_retry<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        cancel: &CancellationToken,
+        mut op: F,
+    ) -> Option<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,

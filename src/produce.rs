@@ -102,7 +102,9 @@ pub fn malformed_record(n: usize) -> (&'static str, Vec<u8>) {
     let mut record = demo_task("ws-demo", n, 1, 0).to_proto();
     let bytes = match kind {
         // A varint that never ends: not a protobuf message at all.
-        "undecodable" => vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+        "undecodable" => vec![
+            0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        ],
         "missing_field" => {
             record.task_id.clear();
             record.encode_to_vec()
@@ -114,7 +116,8 @@ pub fn malformed_record(n: usize) -> (&'static str, Vec<u8>) {
         _ => {
             record.messages = vec![v1::ChatMessage {
                 role: v1::Role::User as i32,
-                content: "x".repeat(1024 * 1024),
+                // Over the default 256 KiB limit, under the broker's 1 MB record limit.
+                content: "x".repeat(300 * 1024),
             }];
             record.encode_to_vec()
         }
@@ -124,11 +127,16 @@ pub fn malformed_record(n: usize) -> (&'static str, Vec<u8>) {
 
 /// Creates `topic` with `partitions` partitions unless it exists.
 pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<(), KafkaError> {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
     let results = admin
         .create_topics(
-            [&NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            [&NewTopic::new(
+                topic,
+                partitions,
+                TopicReplication::Fixed(1),
+            )],
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
         )
         .await?;
@@ -184,7 +192,8 @@ pub async fn run(args: &ProduceArgs) -> Result<ProduceReport, KafkaError> {
         .iter()
         .map(|t| (t.conversation_id.clone(), t.to_proto().encode_to_vec()))
         .collect();
-    let mut records = Vec::with_capacity(encoded.len() * args.copies + args.duplicates + args.malformed);
+    let mut records =
+        Vec::with_capacity(encoded.len() * args.copies + args.duplicates + args.malformed);
     for _ in 0..args.copies.max(1) {
         records.extend(encoded.iter().cloned());
     }
@@ -217,7 +226,11 @@ mod tests {
         for n in 0..MALFORMED_KINDS.len() {
             let (kind, bytes) = malformed_record(n);
             let err: RecordError = TaskSpec::from_record(&bytes, &rules).unwrap_err();
-            let expected = if kind == "missing_field" { "missing_field" } else { kind };
+            let expected = if kind == "missing_field" {
+                "missing_field"
+            } else {
+                kind
+            };
             assert_eq!(err.kind(), expected, "{err}");
         }
     }
@@ -225,7 +238,8 @@ mod tests {
     #[test]
     fn demo_tasks_are_valid_records() {
         let task = demo_task("ws", 7, 3, 4);
-        let back = TaskSpec::from_record(&task.to_proto().encode_to_vec(), &RecordRules::default()).unwrap();
+        let back = TaskSpec::from_record(&task.to_proto().encode_to_vec(), &RecordRules::default())
+            .unwrap();
         assert_eq!(back, task);
         assert_eq!(back.conversation_id, "conv-1");
     }

@@ -56,7 +56,12 @@ pub fn dead_letter_failed(key: &PartitionKey, offset: i64, error: &dyn std::erro
 }
 
 pub fn record_conflicts_with_task(task_id: &str, offset: i64, fields: &[&'static str]) {
-    tracing::warn!(task_id, offset, ?fields, "record disagrees with the stored task; stored inputs kept");
+    tracing::warn!(
+        task_id,
+        offset,
+        ?fields,
+        "record disagrees with the stored task; stored inputs kept"
+    );
     counter!(RECORD_CONFLICTS).increment(1);
 }
 
@@ -72,19 +77,35 @@ pub fn completion(task_id: &str, version: i64, outcome: &'static str) {
     if outcome == "accepted" {
         tracing::debug!(task_id, assignment_version = version, outcome, "completion");
     } else {
-        tracing::info!(task_id, assignment_version = version, outcome, "completion refused");
+        tracing::info!(
+            task_id,
+            assignment_version = version,
+            outcome,
+            "completion refused"
+        );
     }
     counter!(COMPLETIONS, "outcome" => outcome).increment(1);
 }
 
 pub fn provider_call(task_id: &str, version: i64, outcome: &'static str, took: Duration) {
-    tracing::debug!(task_id, assignment_version = version, outcome, took_ms = took.as_millis() as u64, "provider call");
+    tracing::debug!(
+        task_id,
+        assignment_version = version,
+        outcome,
+        took_ms = took.as_millis() as u64,
+        "provider call"
+    );
     counter!(PROVIDER_CALLS, "outcome" => outcome).increment(1);
     histogram!(PROVIDER_SECONDS).record(took.as_secs_f64());
 }
 
 pub fn lease_renewal_refused(task_id: &str, version: i64, why: &str) {
-    tracing::warn!(task_id, assignment_version = version, why, "lease renewal refused; stopping the call");
+    tracing::warn!(
+        task_id,
+        assignment_version = version,
+        why,
+        "lease renewal refused; stopping the call"
+    );
     counter!(LEASE_RENEWALS_REFUSED).increment(1);
 }
 
@@ -109,7 +130,11 @@ pub fn rebalance(kind: &'static str, partitions: &[PartitionKey]) {
 }
 
 pub fn drain_left_over(partition: &PartitionKey, records: usize) {
-    tracing::warn!(partition = partition.partition, records, "drain timeout: cancelling records still in flight");
+    tracing::warn!(
+        partition = partition.partition,
+        records,
+        "drain timeout: cancelling records still in flight"
+    );
     counter!(DRAIN_LEFTOVERS).increment(records as u64);
 }
 

@@ -23,9 +23,8 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
         tracing::info!(?applied, "migrations applied");
     }
     let store = Store::connect(&settings.database).context("database settings")?;
-    let provider: Arc<dyn Provider> = Arc::new(
-        OpenAiChatProvider::new(settings.provider.clone()).context("provider settings")?,
-    );
+    let provider: Arc<dyn Provider> =
+        Arc::new(OpenAiChatProvider::new(&settings.provider).context("provider settings")?);
     let dead_letters = DeadLetters::new(&settings.kafka).context("dead-letter producer")?;
     let worker_id = settings.worker.resolved_worker_id();
     let pipeline = Arc::new(Pipeline::new(

@@ -73,9 +73,12 @@ fn dead_letters(bootstrap: &str, topic: &str) -> Vec<(i64, String, String)> {
         .set("group.id", unique("dlq-reader"))
         .create()
         .unwrap();
-    let (_, high) = reader.fetch_watermarks(topic, 0, Duration::from_secs(10)).unwrap();
+    let (_, high) = reader
+        .fetch_watermarks(topic, 0, Duration::from_secs(10))
+        .unwrap();
     let mut list = TopicPartitionList::new();
-    list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+    list.add_partition_offset(topic, 0, Offset::Beginning)
+        .unwrap();
     reader.assign(&list).unwrap();
     let mut out = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -130,7 +133,10 @@ async fn bad_records_of_each_kind_land_in_the_dlq_and_the_partition_keeps_moving
     let report = assert_invariants(&app, 2).await;
     assert_eq!(report.dead_lettered, 4);
     assert_eq!(report.bad_records, 4);
-    assert!(app.log_of("w1").contains("dead-letter"), "the worker logs each bad record");
+    assert!(
+        app.log_of("w1").contains("dead-letter"),
+        "the worker logs each bad record"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +154,11 @@ async fn a_slow_first_record_does_not_hold_back_later_ones_but_holds_the_commit_
     // The ten fast ones finish while the slow one is still running…
     app.wait_until_terminal(&ids(&all[1..]), LIMIT).await;
     let slow = app.db.store.read(all[0].task_id).await.unwrap().unwrap();
-    assert_eq!(slow.status, replyd::store::TaskStatus::Running, "setup: the slow one is still running");
+    assert_eq!(
+        slow.status,
+        replyd::store::TaskStatus::Running,
+        "setup: the slow one is still running"
+    );
     // …and the commit point stays at the slow record: offset 0 is not committed past.
     let committed = app.committed_offsets().await;
     assert!(
@@ -170,19 +180,26 @@ async fn committed_offsets_never_pass_unfinished_records(app: &TestApp, tasks: &
             .set("group.id", unique("reader"))
             .create()
             .unwrap();
-        let meta = reader.fetch_metadata(Some(&topic), Duration::from_secs(10)).unwrap();
+        let meta = reader
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .unwrap();
         let mut list = TopicPartitionList::new();
         let mut total = 0;
         for p in meta.topics()[0].partitions() {
-            list.add_partition_offset(&topic, p.id(), Offset::Beginning).unwrap();
-            total += reader.fetch_watermarks(&topic, p.id(), Duration::from_secs(10)).unwrap().1;
+            list.add_partition_offset(&topic, p.id(), Offset::Beginning)
+                .unwrap();
+            total += reader
+                .fetch_watermarks(&topic, p.id(), Duration::from_secs(10))
+                .unwrap()
+                .1;
         }
         reader.assign(&list).unwrap();
         let mut out = Vec::new();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while (out.len() as i64) < total && std::time::Instant::now() < deadline {
             if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
-                let spec = TaskSpec::from_record(m.payload().unwrap(), &Default::default()).unwrap();
+                let spec =
+                    TaskSpec::from_record(m.payload().unwrap(), &Default::default()).unwrap();
                 out.push((m.partition(), m.offset(), spec.task_id.to_string()));
             }
         }
@@ -277,7 +294,10 @@ async fn rebalance_one_two_one(protocol: &'static str) {
                 .get::<_, i64>(0)
         }
     };
-    wait_until("w1 completed some tasks", LIMIT, || async { completed_by("w1").await >= 5 }).await;
+    wait_until("w1 completed some tasks", LIMIT, || async {
+        completed_by("w1").await >= 5
+    })
+    .await;
     app.spawn_worker("w2");
     wait_until("w2 took partitions and completed tasks", LIMIT, || async {
         completed_by("w2").await >= 5
@@ -288,7 +308,10 @@ async fn rebalance_one_two_one(protocol: &'static str) {
     app.wait_until_terminal(&ids(&all), LIMIT).await;
     app.wait_until_committed_to_end(LIMIT).await;
     assert_invariants(&app, 120).await;
-    assert!(app.log_of("w1").contains("rebalance"), "w1 saw the rebalances");
+    assert!(
+        app.log_of("w1").contains("rebalance"),
+        "w1 saw the rebalances"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

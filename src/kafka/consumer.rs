@@ -110,7 +110,9 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock would be a bug in this module's bookkeeping; the
         // state is still consistent enough to drain and commit, so keep going.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// New partitions: fresh offsets and a fresh cancellation scope for each.
@@ -141,24 +143,31 @@ impl Shared {
     /// The drain path shared by revocation and shutdown: wait for the in-flight records of
     /// `keys` up to the drain timeout (none when `wait` is false: the partitions are already
     /// lost), cancel what is left, commit the done prefix synchronously, forget the partitions.
-    fn release<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, keys: &[PartitionKey], wait: bool) {
+    fn release<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        keys: &[PartitionKey],
+        wait: bool,
+    ) {
         let deadline = Instant::now() + self.drain_timeout;
         let mut state = self.lock();
-        while wait {
-            let left: usize = keys
-                .iter()
-                .filter_map(|k| state.offsets.partition(k))
-                .map(|p| p.in_flight())
-                .sum();
-            let now = Instant::now();
-            if left == 0 || now >= deadline {
-                break;
+        if wait {
+            loop {
+                let left: usize = keys
+                    .iter()
+                    .filter_map(|k| state.offsets.partition(k))
+                    .map(|p| p.in_flight())
+                    .sum();
+                let now = Instant::now();
+                if left == 0 || now >= deadline {
+                    break;
+                }
+                state = self
+                    .finished
+                    .wait_timeout(state, deadline - now)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .0;
             }
-            state = self
-                .finished
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .0;
         }
         let mut points = Vec::new();
         for key in keys {
@@ -206,7 +215,11 @@ impl Shared {
                 .get(&key)
                 .map(|run| (run.epoch, run.cancel.child_token()))
             else {
-                tracing::debug!(partition = key.partition, offset, "record of a partition no longer assigned; skipped");
+                tracing::debug!(
+                    partition = key.partition,
+                    offset,
+                    "record of a partition no longer assigned; skipped"
+                );
                 return;
             };
             if let Err(e) = state.offsets.begin(&key, offset) {
@@ -221,16 +234,21 @@ impl Shared {
         self.tasks.spawn_on(
             async move {
                 let outcome = loop {
-                    let attempt =
-                        AssertUnwindSafe(Arc::clone(&handler).handle(message.clone(), cancel.clone()))
-                            .catch_unwind()
-                            .await;
+                    let attempt = AssertUnwindSafe(
+                        Arc::clone(&handler).handle(message.clone(), cancel.clone()),
+                    )
+                    .catch_unwind()
+                    .await;
                     match attempt {
                         Ok(outcome) => break outcome,
                         Err(_) => {
                             // A handler bug must neither crash the process nor drop the record:
                             // the handler is idempotent, so run it again after a pause.
-                            tracing::error!(partition = key.partition, offset, "record handler panicked; retrying the record");
+                            tracing::error!(
+                                partition = key.partition,
+                                offset,
+                                "record handler panicked; retrying the record"
+                            );
                             tokio::select! {
                                 _ = cancel.cancelled() => break RecordOutcome::Cancelled,
                                 _ = tokio::time::sleep(retry_delay) => {}
@@ -272,7 +290,12 @@ impl Shared {
             let in_flight: HashMap<PartitionKey, usize> = state
                 .runs
                 .keys()
-                .map(|k| (k.clone(), state.offsets.partition(k).map_or(0, |p| p.in_flight())))
+                .map(|k| {
+                    (
+                        k.clone(),
+                        state.offsets.partition(k).map_or(0, |p| p.in_flight()),
+                    )
+                })
                 .collect();
             let mut paused = 0;
             for (key, run) in state.runs.iter_mut() {
@@ -289,15 +312,15 @@ impl Shared {
             telemetry::in_flight(total, paused);
             (to_pause, to_resume)
         };
-        if to_pause.count() > 0 {
-            if let Err(e) = consumer.pause(&to_pause) {
-                telemetry::consumer_error(&e);
-            }
+        if to_pause.count() > 0
+            && let Err(e) = consumer.pause(&to_pause)
+        {
+            telemetry::consumer_error(&e);
         }
-        if to_resume.count() > 0 {
-            if let Err(e) = consumer.resume(&to_resume) {
-                telemetry::consumer_error(&e);
-            }
+        if to_resume.count() > 0
+            && let Err(e) = consumer.resume(&to_resume)
+        {
+            telemetry::consumer_error(&e);
         }
     }
 
@@ -339,7 +362,8 @@ fn commit_points<C: ConsumerContext>(
     let mut list = TopicPartitionList::new();
     for (key, point) in points {
         // add_partition_offset fails only for an invalid offset; ours come from real records.
-        if let Err(e) = list.add_partition_offset(&key.topic, key.partition, Offset::Offset(*point)) {
+        if let Err(e) = list.add_partition_offset(&key.topic, key.partition, Offset::Offset(*point))
+        {
             telemetry::commit_failed(&e);
         }
     }
@@ -365,7 +389,9 @@ impl ClientContext for WorkerContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
         use rdkafka::config::RDKafkaLogLevel::*;
         match level {
-            Emerg | Alert | Critical | Error => tracing::error!(target: "librdkafka", fac, "{message}"),
+            Emerg | Alert | Critical | Error => {
+                tracing::error!(target: "librdkafka", fac, "{message}")
+            }
             Warning => tracing::warn!(target: "librdkafka", fac, "{message}"),
             Notice | Info => tracing::info!(target: "librdkafka", fac, "{message}"),
             Debug => tracing::debug!(target: "librdkafka", fac, "{message}"),
@@ -386,7 +412,10 @@ impl ConsumerContext for WorkerContext {
             // or committing for them is pointless, so cancel at once.
             let lost = consumer.assignment_lost();
             telemetry::rebalance(if lost { "lost" } else { "revoke" }, &keys);
-            self.shared.status.rebalances.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .status
+                .rebalances
+                .fetch_add(1, Ordering::Relaxed);
             self.shared.release(consumer, &keys, !lost);
         }
     }
@@ -396,7 +425,10 @@ impl ConsumerContext for WorkerContext {
             Rebalance::Assign(list) => {
                 let keys = keys_of(list);
                 telemetry::rebalance("assign", &keys);
-                self.shared.status.rebalances.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .status
+                    .rebalances
+                    .fetch_add(1, Ordering::Relaxed);
                 self.shared.adopt(&keys);
             }
             Rebalance::Error(e) => telemetry::consumer_error(e),
@@ -459,7 +491,9 @@ pub fn run_consumer<H: RecordHandler>(
     let mut next_commit = Instant::now() + commit_interval;
     while !shutdown.is_cancelled() {
         match consumer.poll(poll_timeout) {
-            Some(Ok(message)) => shared.dispatch(message.detach(), &handler, &runtime, worker.io_retry()),
+            Some(Ok(message)) => {
+                shared.dispatch(message.detach(), &handler, &runtime, worker.io_retry())
+            }
             Some(Err(e)) => telemetry::consumer_error(&e),
             None => {}
         }
@@ -472,7 +506,10 @@ pub fn run_consumer<H: RecordHandler>(
 
     // Shutdown: the same drain path as a revocation, for every partition, while still polling
     // so the group session and callbacks stay served.
-    tracing::info!(in_flight = shared.in_flight(), "shutting down: draining in-flight records");
+    tracing::info!(
+        in_flight = shared.in_flight(),
+        "shutting down: draining in-flight records"
+    );
     shared.lock().stopping = true;
     let deadline = Instant::now() + worker.drain_timeout();
     while shared.in_flight() > 0 && Instant::now() < deadline {

@@ -55,15 +55,33 @@ impl DeadLetters {
         let offset = record.offset().to_string();
         let reason = error.to_string();
         let mut headers = OwnedHeaders::new()
-            .insert(Header { key: headers::SOURCE_TOPIC, value: Some(record.topic()) })
-            .insert(Header { key: headers::SOURCE_PARTITION, value: Some(&partition) })
-            .insert(Header { key: headers::SOURCE_OFFSET, value: Some(&offset) })
-            .insert(Header { key: headers::ERROR_KIND, value: Some(error.kind()) })
-            .insert(Header { key: headers::ERROR_REASON, value: Some(&reason) });
+            .insert(Header {
+                key: headers::SOURCE_TOPIC,
+                value: Some(record.topic()),
+            })
+            .insert(Header {
+                key: headers::SOURCE_PARTITION,
+                value: Some(&partition),
+            })
+            .insert(Header {
+                key: headers::SOURCE_OFFSET,
+                value: Some(&offset),
+            })
+            .insert(Header {
+                key: headers::ERROR_KIND,
+                value: Some(error.kind()),
+            })
+            .insert(Header {
+                key: headers::ERROR_REASON,
+                value: Some(&reason),
+            });
         // Keep the producer's own headers after ours, for tracing.
         if let Some(original) = record.headers() {
             for header in original.iter() {
-                headers = headers.insert(Header { key: header.key, value: header.value });
+                headers = headers.insert(Header {
+                    key: header.key,
+                    value: header.value,
+                });
             }
         }
         let mut copy = FutureRecord::<[u8], [u8]>::to(&self.topic).headers(headers);

@@ -126,7 +126,10 @@ impl InFlightOffsets {
 
     /// Records in flight over all partitions.
     pub fn total_in_flight(&self) -> usize {
-        self.partitions.values().map(PartitionOffsets::in_flight).sum()
+        self.partitions
+            .values()
+            .map(PartitionOffsets::in_flight)
+            .sum()
     }
 
     pub fn assigned(&self) -> impl Iterator<Item = &PartitionKey> {
@@ -187,7 +190,10 @@ mod tests {
         assert_eq!(p.in_flight(), 1);
         let mut all = InFlightOffsets::default();
         let key = PartitionKey::new("t", 0);
-        assert_eq!(all.begin(&key, 1), Err(TrackerError::NotAssigned(key.clone())));
+        assert_eq!(
+            all.begin(&key, 1),
+            Err(TrackerError::NotAssigned(key.clone()))
+        );
     }
 
     #[test]

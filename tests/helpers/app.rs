@@ -77,7 +77,9 @@ impl WorkerProcess {
 impl Drop for WorkerProcess {
     fn drop(&mut self) {
         // SIGCONT first: a stopped process ignores SIGKILL until continued on some kernels.
-        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -88,12 +90,17 @@ impl TestApp {
         let db = TestDb::new().await;
         let bootstrap = infra("KAFKA_BOOTSTRAP");
         let topic = unique("tasks");
-        create_topic(&bootstrap, &topic, partitions).await.expect("topic");
-        create_topic(&bootstrap, &format!("{topic}.dlq"), 1).await.expect("dlq topic");
+        create_topic(&bootstrap, &topic, partitions)
+            .await
+            .expect("topic");
+        create_topic(&bootstrap, &format!("{topic}.dlq"), 1)
+            .await
+            .expect("dlq topic");
         let mock = replyd::mock_provider::spawn(mock, "127.0.0.1:0".parse().unwrap())
             .await
             .expect("mock provider");
-        let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/test-runs")).join(&topic);
+        let dir =
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/test-runs")).join(&topic);
         std::fs::create_dir_all(&dir).unwrap();
         Self {
             db,
@@ -124,8 +131,8 @@ group_protocol = "{protocol}"
 session_timeout_ms = {session}
 
 [kafka.librdkafka]
-"heartbeat.interval.ms" = "{heartbeat}"
 "topic.metadata.refresh.interval.ms" = "2000"
+{heartbeat}
 
 [worker]
 worker_id = "{name}"
@@ -151,7 +158,12 @@ listen = "127.0.0.1:0"
             group = self.group,
             protocol = c.protocol,
             session = c.session_timeout_ms,
-            heartbeat = if c.protocol == "classic" { "500" } else { "3000" },
+            // KIP-848 heartbeats are the broker's to set (see deploy/infra.sh).
+            heartbeat = if c.protocol == "classic" {
+                r#""heartbeat.interval.ms" = "500""#
+            } else {
+                ""
+            },
             name = name,
             pw = c.partition_window,
             gw = c.global_window,
@@ -169,7 +181,11 @@ listen = "127.0.0.1:0"
         let config = self.dir.join(format!("{name}.toml"));
         std::fs::write(&config, self.worker_toml(name)).unwrap();
         let log = self.dir.join(format!("{name}.log"));
-        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_replyd"))
             .args(["worker", "--config"])
             .arg(&config)
@@ -179,7 +195,8 @@ listen = "127.0.0.1:0"
             .stderr(log_file)
             .spawn()
             .expect("worker starts");
-        self.workers.insert(name.to_owned(), WorkerProcess { child, log });
+        self.workers
+            .insert(name.to_owned(), WorkerProcess { child, log });
     }
 
     pub fn worker(&self, name: &str) -> &WorkerProcess {
@@ -214,7 +231,11 @@ listen = "127.0.0.1:0"
         .await
         .unwrap();
         let status = waited.0.expect("wait");
-        assert!(status.success(), "worker exited with {status}; log {:?}", waited.1.log);
+        assert!(
+            status.success(),
+            "worker exited with {status}; log {:?}",
+            waited.1.log
+        );
     }
 
     pub fn log_of(&self, name: &str) -> String {
@@ -232,7 +253,9 @@ listen = "127.0.0.1:0"
 
     pub async fn produce_raw(&self, records: &[(String, Vec<u8>)]) {
         let producer = producer(&self.bootstrap).expect("producer");
-        publish(&producer, &self.topic, records).await.expect("published");
+        publish(&producer, &self.topic, records)
+            .await
+            .expect("published");
     }
 
     /// Waits until every task in `ids` is completed or failed.
@@ -257,8 +280,12 @@ listen = "127.0.0.1:0"
 
     /// The group's committed offsets, per partition.
     pub async fn committed_offsets(&self) -> HashMap<i32, i64> {
-        let (bootstrap, group, topic, partitions) =
-            (self.bootstrap.clone(), self.group.clone(), self.topic.clone(), self.partitions);
+        let (bootstrap, group, topic, partitions) = (
+            self.bootstrap.clone(),
+            self.group.clone(),
+            self.topic.clone(),
+            self.partitions,
+        );
         tokio::task::spawn_blocking(move || {
             let reader: BaseConsumer = ClientConfig::new()
                 .set("bootstrap.servers", &bootstrap)
@@ -288,22 +315,36 @@ listen = "127.0.0.1:0"
     /// Waits until the committed offset of every partition reaches its end.
     pub async fn wait_until_committed_to_end(&self, limit: Duration) {
         let ends = self.end_offsets().await;
-        wait_until("offsets committed to the end of every partition", limit, || async {
-            let committed = self.committed_offsets().await;
-            ends.iter().all(|(p, end)| *end == 0 || committed.get(p) == Some(end))
-        })
+        wait_until(
+            "offsets committed to the end of every partition",
+            limit,
+            || async {
+                let committed = self.committed_offsets().await;
+                ends.iter()
+                    .all(|(p, end)| *end == 0 || committed.get(p) == Some(end))
+            },
+        )
         .await;
     }
 
     pub async fn end_offsets(&self) -> HashMap<i32, i64> {
-        let (bootstrap, topic, partitions) = (self.bootstrap.clone(), self.topic.clone(), self.partitions);
+        let (bootstrap, topic, partitions) =
+            (self.bootstrap.clone(), self.topic.clone(), self.partitions);
         tokio::task::spawn_blocking(move || {
             let reader: BaseConsumer = ClientConfig::new()
                 .set("bootstrap.servers", &bootstrap)
                 .create()
                 .unwrap();
             (0..partitions)
-                .map(|p| (p, reader.fetch_watermarks(&topic, p, Duration::from_secs(10)).unwrap().1))
+                .map(|p| {
+                    (
+                        p,
+                        reader
+                            .fetch_watermarks(&topic, p, Duration::from_secs(10))
+                            .unwrap()
+                            .1,
+                    )
+                })
                 .collect()
         })
         .await

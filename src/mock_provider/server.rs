@@ -1,0 +1,457 @@
+//! The mock provider's HTTP routes and shared state: the OpenAI-compatible chat endpoint with
+//! its idempotency store, the counters behind `/stats`, and the run-time fault switch.
+//!
+//! The counters are what the tests and the chaos harness check I6 against: `generations` per key
+//! is the number of replies the provider "billed" for that task.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::behaviour::{
+    Fault, FaultRng, choose_fault, count_tokens, latency_directive, reply_text, sample_latency,
+};
+use super::settings::{FaultSettings, MockSettings};
+
+/// What `GET /stats` answers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsSnapshot {
+    /// Chat-completion requests received, malformed ones included.
+    pub requests: u64,
+    /// Replies generated (the work a real provider bills for).
+    pub generations: u64,
+    /// Chat-completion requests being handled right now.
+    pub in_flight: u64,
+    /// Requests whose client went away before they were answered.
+    pub cancelled: u64,
+    /// Generations per `Idempotency-Key`.
+    pub per_key: BTreeMap<String, u64>,
+}
+
+/// What `GET /stats/{key}` answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyStats {
+    pub key: String,
+    /// Replies generated under this key; 0 for a key never seen.
+    pub generations: u64,
+}
+
+/// State shared by all requests. Every lock is a `std` mutex held for a few field updates and
+/// never across an `.await`, so it cannot stall the runtime.
+pub(crate) struct MockState {
+    settings: MockSettings,
+    faults: Mutex<FaultSettings>,
+    rng: Mutex<FaultRng>,
+    stats: Mutex<StatsSnapshot>,
+    keys: Mutex<HashMap<String, KeyState>>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// A finished reply, stored as the exact bytes sent so a replay is identical.
+type Reply = Bytes;
+
+enum KeyState {
+    /// The first request with this key is generating; later ones wait on this.
+    InFlight(watch::Receiver<Option<Reply>>),
+    Done(Reply),
+}
+
+impl MockState {
+    pub(crate) fn new(settings: MockSettings, shutdown: watch::Receiver<bool>) -> Self {
+        Self {
+            faults: Mutex::new(settings.faults.clone()),
+            rng: Mutex::new(FaultRng::new(settings.seed)),
+            stats: Mutex::new(StatsSnapshot::default()),
+            keys: Mutex::new(HashMap::new()),
+            shutdown,
+            settings,
+        }
+    }
+
+    pub(crate) fn stats(&self) -> StatsSnapshot {
+        lock(&self.stats).clone()
+    }
+
+    /// One fault and one latency per request, drawn together under one lock so a run's draws
+    /// depend only on the seed and the order of arrival.
+    fn draw(&self) -> (Fault, Duration) {
+        let faults = lock(&self.faults).clone();
+        let mut rng = lock(&self.rng);
+        let fault = choose_fault(rng.next_unit(), &faults);
+        let latency = sample_latency(
+            self.settings.latency_ms,
+            self.settings.latency_jitter_ms,
+            rng.next_unit(),
+        );
+        (fault, latency)
+    }
+
+    /// Sleeps, unless the server is shutting down first (then `Err`), so a hanging request
+    /// cannot hold up a graceful shutdown.
+    async fn pause(&self, duration: Duration) -> Result<(), ShuttingDown> {
+        let mut shutdown = self.shutdown.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(duration) => Ok(()),
+            _ = shutdown.wait_for(|&down| down) => Err(ShuttingDown),
+        }
+    }
+}
+
+struct ShuttingDown;
+
+/// Poisoning only means another request panicked mid-update of plain counters; the data is still
+/// usable, and a mock that stops answering would hide the real failure.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub(crate) fn router(state: Arc<MockState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/stats", get(stats))
+        .route("/stats/{key}", get(key_stats))
+        .route("/faults", get(get_faults).put(put_faults))
+        .route("/healthz", get(|| async { "ok" }))
+        .fallback(|| async { openai_error(StatusCode::NOT_FOUND, "no such route") })
+        .with_state(state)
+}
+
+async fn stats(State(state): State<Arc<MockState>>) -> Response {
+    axum::Json(state.stats()).into_response()
+}
+
+async fn key_stats(State(state): State<Arc<MockState>>, Path(key): Path<String>) -> Response {
+    let generations = lock(&state.stats).per_key.get(&key).copied().unwrap_or(0);
+    axum::Json(KeyStats { key, generations }).into_response()
+}
+
+async fn get_faults(State(state): State<Arc<MockState>>) -> Response {
+    axum::Json(lock(&state.faults).clone()).into_response()
+}
+
+async fn put_faults(State(state): State<Arc<MockState>>, body: Bytes) -> Response {
+    let faults: FaultSettings = match serde_json::from_slice(&body) {
+        Ok(faults) => faults,
+        Err(e) => return openai_error(StatusCode::BAD_REQUEST, &format!("bad faults: {e}")),
+    };
+    if let Err(e) = faults.validate() {
+        return openai_error(StatusCode::BAD_REQUEST, &e.to_string());
+    }
+    *lock(&state.faults) = faults.clone();
+    axum::Json(faults).into_response()
+}
+
+/// The part of a chat-completion request the mock reads; other fields are accepted and ignored,
+/// as OpenAI-compatible servers do.
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    model: Option<String>,
+    messages: Vec<ChatRequestMessage>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatRequestMessage {
+    role: String,
+    content: String,
+}
+
+fn parse_request(body: &[u8]) -> Result<ChatRequest, String> {
+    let request: ChatRequest =
+        serde_json::from_slice(body).map_err(|e| format!("invalid request body: {e}"))?;
+    if request.messages.is_empty() {
+        return Err("'messages' must contain at least one message".into());
+    }
+    Ok(request)
+}
+
+/// Counts a chat request in and out of `in_flight`. Dropped without [`InFlight::answered`] means
+/// the handler future was dropped: hyper does that when the client closes the connection, which
+/// is how the tests see a cancelled call.
+struct InFlight<'a> {
+    state: &'a MockState,
+    answered: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(state: &'a MockState) -> Self {
+        let mut stats = lock(&state.stats);
+        stats.requests += 1;
+        stats.in_flight += 1;
+        Self {
+            state,
+            answered: false,
+        }
+    }
+
+    fn answered(mut self, response: Response) -> Response {
+        self.answered = true;
+        response
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut stats = lock(&self.state.stats);
+        stats.in_flight -= 1;
+        if !self.answered {
+            stats.cancelled += 1;
+        }
+    }
+}
+
+async fn chat_completions(
+    State(state): State<Arc<MockState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let in_flight = InFlight::enter(&state);
+    let request = match parse_request(&body) {
+        Ok(request) => request,
+        Err(message) => {
+            return in_flight.answered(openai_error(StatusCode::BAD_REQUEST, &message));
+        }
+    };
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned);
+
+    let (fault, latency) = state.draw();
+    let latency =
+        latency_directive(request.messages.iter().map(|m| m.content.as_str())).unwrap_or(latency);
+    match fault {
+        Fault::Error { status } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return in_flight.answered(openai_error(status, "injected fault: server error"));
+        }
+        Fault::RateLimit { retry_after_s } => {
+            let mut response = openai_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "injected fault: rate limited",
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+            return in_flight.answered(response);
+        }
+        Fault::Hang { hang_ms } => {
+            if state.pause(Duration::from_millis(hang_ms)).await.is_err() {
+                return in_flight.answered(shutting_down());
+            }
+        }
+        Fault::None | Fault::DropAfterWork => {}
+    }
+
+    let reply = match key {
+        Some(key) if state.settings.honour_idempotency_key => {
+            reply_once(&state, key, &request, latency).await
+        }
+        key => generate(&state, key.as_deref(), &request, latency).await,
+    };
+    let Ok(reply) = reply else {
+        return in_flight.answered(shutting_down());
+    };
+    if fault == Fault::DropAfterWork {
+        in_flight.answered(broken_response(reply))
+    } else {
+        in_flight.answered(
+            (
+                [(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                )],
+                reply,
+            )
+                .into_response(),
+        )
+    }
+}
+
+/// The reply stored under `key`, generating it only if no request with this key has: a request
+/// that finds the first one still in flight waits for it and returns the same bytes.
+async fn reply_once(
+    state: &MockState,
+    key: String,
+    request: &ChatRequest,
+    latency: Duration,
+) -> Result<Reply, ShuttingDown> {
+    // Bounded by the number of leaders that are cancelled before finishing; each pass either
+    // returns, waits for a leader, or becomes the leader.
+    let leader = loop {
+        let waiting = {
+            let mut keys = lock(&state.keys);
+            match keys.get(&key) {
+                Some(KeyState::Done(reply)) => return Ok(reply.clone()),
+                Some(KeyState::InFlight(rx)) => rx.clone(),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    keys.insert(key.clone(), KeyState::InFlight(rx));
+                    break tx;
+                }
+            }
+        };
+        let mut waiting = waiting;
+        if let Ok(reply) = waiting.wait_for(Option::is_some).await {
+            // `wait_for` only returns once the value is `Some`.
+            return Ok(reply.clone().expect("waited for Some"));
+        }
+        // The leader was dropped (its client went away) before finishing: its guard removed
+        // the entry, so the next pass finds no entry or a new leader.
+    };
+    let mut guard = LeaderGuard {
+        state,
+        key: &key,
+        leader: Some(leader),
+    };
+    let reply = generate(state, Some(&key), request, latency).await?;
+    guard.complete(reply.clone());
+    Ok(reply)
+}
+
+/// Removes an unfinished in-flight entry when its leader is dropped, so the waiters (woken by
+/// the dropped sender) start over instead of waiting forever.
+struct LeaderGuard<'a> {
+    state: &'a MockState,
+    key: &'a str,
+    leader: Option<watch::Sender<Option<Reply>>>,
+}
+
+impl LeaderGuard<'_> {
+    fn complete(&mut self, reply: Reply) {
+        // Store before waking the waiters, so a waiter that starts over finds `Done`.
+        lock(&self.state.keys).insert(self.key.to_owned(), KeyState::Done(reply.clone()));
+        if let Some(leader) = self.leader.take() {
+            leader.send_replace(Some(reply));
+        }
+    }
+}
+
+impl Drop for LeaderGuard<'_> {
+    fn drop(&mut self) {
+        if self.leader.is_some() {
+            lock(&self.state.keys).remove(self.key);
+        }
+    }
+}
+
+/// The work: wait the latency, then count a generation and build its reply.
+async fn generate(
+    state: &MockState,
+    key: Option<&str>,
+    request: &ChatRequest,
+    latency: Duration,
+) -> Result<Reply, ShuttingDown> {
+    state.pause(latency).await?;
+    let generation = {
+        let mut stats = lock(&state.stats);
+        stats.generations += 1;
+        if let Some(key) = key {
+            *stats.per_key.entry(key.to_owned()).or_default() += 1;
+        }
+        stats.generations
+    };
+    let last_user = request
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "user")
+        .map(|m| m.content.as_str());
+    let text = reply_text(key, last_user, generation);
+    let prompt_tokens: u32 = request
+        .messages
+        .iter()
+        .map(|m| count_tokens(&m.content))
+        .sum();
+    let completion_tokens = count_tokens(&text);
+    let created = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let body = json!({
+        "id": format!("chatcmpl-mock-{generation}"),
+        "object": "chat.completion",
+        "created": created,
+        "model": request.model.as_deref().unwrap_or("mock-model"),
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": text },
+            "finish_reason": "stop",
+        }],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    });
+    Ok(Bytes::from(body.to_string()))
+}
+
+/// "Did the work, lost the answer": status 200 and the headers go out with the first half of the
+/// body, then the body stream fails and hyper closes the connection. The client sees a success
+/// status and then a body that ends early (reqwest: a body error), so it cannot know the reply
+/// that was generated, counted and stored under its key.
+fn broken_response(reply: Reply) -> Response {
+    let half = reply.slice(..reply.len() / 2);
+    let chunks = futures_util::stream::unfold(0u8, move |step| {
+        let half = half.clone();
+        async move {
+            match step {
+                0 => Some((Ok(half), 1)),
+                1 => {
+                    // Lets hyper flush the headers and the first half before the failure, so
+                    // the client sees a broken body rather than a connection closed before any
+                    // answer.
+                    tokio::task::yield_now().await;
+                    Some((
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionAborted,
+                            "mock provider: response dropped after the work was done",
+                        )),
+                        2,
+                    ))
+                }
+                _ => None,
+            }
+        }
+    });
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        Body::from_stream(chunks),
+    )
+        .into_response()
+}
+
+fn shutting_down() -> Response {
+    openai_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "mock provider is shutting down",
+    )
+}
+
+/// An error in OpenAI's shape, so clients read the message where they read a real provider's.
+fn openai_error(status: StatusCode, message: &str) -> Response {
+    let kind = match status.as_u16() {
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    };
+    let body = json!({
+        "error": { "message": message, "type": kind, "param": null, "code": null }
+    });
+    (status, axum::Json(body)).into_response()
+}

@@ -1,0 +1,187 @@
+//! The provider boundary: one LLM call, and a typed error that tells the caller what it may do
+//! next.
+//!
+//! A [`Provider`] makes exactly one HTTP request per [`Provider::generate`] call and never
+//! retries: retries, their budget (I7) and the recovery of ambiguous calls belong to the caller,
+//! which is the only place that knows how many attempts a task has left. What the caller needs to
+//! decide is whether the provider may have done (and billed) the work, so [`ProviderError`] is
+//! split along that line: [`ProviderError::NotSent`] surely did nothing,
+//! [`ProviderError::MaybeExecuted`] and [`ProviderError::Ambiguous`] may have. Every request
+//! carries the task id as its idempotency key, so a provider that honours the key answers a
+//! retried call with the first call's reply instead of generating (and billing) a second (I6).
+//!
+//! Cancellation is by dropping the future returned by `generate`: the caller selects it against
+//! its cancellation signal, and dropping it aborts the in-flight HTTP request.
+
+pub mod classify;
+pub mod openai;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::domain::{ChatMessage, TaskSpec};
+
+pub use classify::classify_status;
+pub use openai::{OpenAiChatProvider, OpenAiSettings};
+
+/// One call to make: what to ask, and the key under which the provider deduplicates it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerationRequest {
+    /// The task id. Sent as `Idempotency-Key`, so every attempt of one task is one logical
+    /// request to the provider (I6).
+    pub idempotency_key: String,
+    /// Model name, already resolved (never empty when built by [`GenerationRequest::for_task`]).
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    /// Upper bound on the reply's length in tokens; `None` leaves it to the provider.
+    pub max_output_tokens: Option<u32>,
+}
+
+impl GenerationRequest {
+    /// The request for `task`, with `default_model` standing in when the record names none.
+    pub fn for_task(task: &TaskSpec, default_model: &str) -> Self {
+        Self {
+            idempotency_key: task.task_id.to_string(),
+            model: task
+                .request
+                .model
+                .clone()
+                .unwrap_or_else(|| default_model.to_owned()),
+            messages: task.request.messages.clone(),
+            max_output_tokens: task.request.max_output_tokens,
+        }
+    }
+}
+
+/// A reply the provider produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Generation {
+    pub text: String,
+    /// The model that answered, as the provider names it (may differ from the one asked for).
+    pub model: String,
+    pub usage: Option<Usage>,
+    /// The provider's id of the response (OpenAI's `id`), kept for support and audits.
+    pub provider_response_id: Option<String>,
+}
+
+/// Tokens a generation cost, as the provider reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// An LLM provider. Implementations make one request per call and never retry.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync {
+    /// Asks for one reply. Dropping the returned future aborts the request.
+    async fn generate(&self, request: &GenerationRequest) -> Result<Generation, ProviderError>;
+
+    /// Short stable name for logs and metrics (`"openai"`).
+    fn name(&self) -> &str;
+}
+
+/// Why a call produced no reply, split by what the caller may do next. `kind()` is the stable
+/// label for metrics and the attempt history.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderError {
+    /// The request never reached the provider (connection refused, DNS failure, connect
+    /// timeout): surely not executed, safe to retry.
+    #[error("request not sent: {message}")]
+    NotSent { message: String },
+    /// The provider refused the request for now (429, 503) and did not execute it; retry, no
+    /// sooner than `retry_after` when it says so.
+    #[error("provider asked to retry (status {status}, retry after {retry_after:?}): {message}")]
+    Retryable {
+        status: u16,
+        retry_after: Option<Duration>,
+        message: String,
+    },
+    /// The provider failed after accepting the request (500, 502, 504): it may have generated
+    /// (and billed) a reply that we never saw.
+    #[error("provider failed and may have executed the request (status {status}): {message}")]
+    MaybeExecuted { status: u16, message: String },
+    /// The request was sent but no complete answer came back (timeout, connection reset, broken
+    /// body): the provider may have executed it.
+    #[error("no complete answer to a sent request: {message}")]
+    Ambiguous { message: String },
+    /// The provider will never accept this request (400, 401, 403, 404, 422, a content refusal).
+    /// `status` is the HTTP status seen, or 0 when the request was refused before sending.
+    #[error("provider refused the request (status {status}): {message}")]
+    Fatal { status: u16, message: String },
+    /// A success status whose body is not a chat completion with a reply in it.
+    #[error("malformed provider response: {message}")]
+    MalformedResponse { message: String },
+}
+
+impl ProviderError {
+    /// Short stable label for metrics and the attempt history.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProviderError::NotSent { .. } => "not_sent",
+            ProviderError::Retryable { .. } => "retryable",
+            ProviderError::MaybeExecuted { .. } => "maybe_executed",
+            ProviderError::Ambiguous { .. } => "ambiguous",
+            ProviderError::Fatal { .. } => "fatal",
+            ProviderError::MalformedResponse { .. } => "malformed_response",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{ProviderRequest, Role, TaskId};
+
+    #[test]
+    fn every_error_kind_has_a_distinct_label() {
+        let errors = [
+            ProviderError::NotSent { message: "".into() },
+            ProviderError::Retryable {
+                status: 429,
+                retry_after: None,
+                message: "".into(),
+            },
+            ProviderError::MaybeExecuted {
+                status: 500,
+                message: "".into(),
+            },
+            ProviderError::Ambiguous { message: "".into() },
+            ProviderError::Fatal {
+                status: 400,
+                message: "".into(),
+            },
+            ProviderError::MalformedResponse { message: "".into() },
+        ];
+        let mut labels: Vec<_> = errors.iter().map(ProviderError::kind).collect();
+        labels.sort();
+        labels.dedup();
+        assert_eq!(labels.len(), errors.len());
+    }
+
+    #[test]
+    fn a_task_without_a_model_is_asked_of_the_default_model_under_its_own_id() {
+        let task = TaskSpec {
+            task_id: TaskId::new_random(),
+            workspace_id: "ws".into(),
+            conversation_id: "c".into(),
+            message_id: "m".into(),
+            document_version: String::new(),
+            request: ProviderRequest {
+                model: None,
+                messages: vec![ChatMessage {
+                    role: Role::User,
+                    content: "hi".into(),
+                }],
+                max_output_tokens: Some(64),
+            },
+            max_attempts: 3,
+            deadline: None,
+        };
+        let request = GenerationRequest::for_task(&task, "small-model");
+        assert_eq!(request.idempotency_key, task.task_id.to_string());
+        assert_eq!(request.model, "small-model");
+        assert_eq!(request.max_output_tokens, Some(64));
+    }
+}

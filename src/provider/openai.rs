@@ -1,0 +1,402 @@
+//! [`OpenAiChatProvider`]: one `POST {base_url}/v1/chat/completions` per call to an
+//! OpenAI-compatible server, with the task id as `Idempotency-Key` (I6).
+//!
+//! The client is built so that one `generate` is exactly one request: reqwest's own retry policy
+//! is switched off and redirects are not followed, because re-sending is the caller's decision
+//! (I7). The one re-send left is hyper's, for a request that was never written to a pooled
+//! connection that had just closed; that request cannot have run, so it is not a second call.
+
+use std::time::Duration;
+
+use reqwest::header::{AUTHORIZATION, HeaderValue};
+use reqwest::{Client, StatusCode, Url};
+use serde::{Deserialize, Serialize};
+
+use super::{Generation, GenerationRequest, Provider, ProviderError, Usage, classify_status};
+use crate::config::Secret;
+use crate::domain::Role;
+
+/// Most bytes of a non-success body kept for the error message.
+const MAX_ERROR_BODY_BYTES: usize = 4 * 1024;
+
+/// How replyd reaches an OpenAI-compatible chat-completions server.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OpenAiSettings {
+    /// Scheme, host and port (and any path prefix) of the server, without `/v1`; the adapter
+    /// posts to `{base_url}/v1/chat/completions`. Default `https://api.openai.com`.
+    pub base_url: String,
+    /// Sent as `Authorization: Bearer <key>` when set; never logged. Servers without
+    /// authentication (the mock provider, a local vLLM) need none. Default: none.
+    pub api_key: Option<Secret>,
+    /// Whole-call limit, from sending the request to the last byte of the answer. A call that
+    /// runs out of it is `Ambiguous`: the provider may still finish and bill the work. Default
+    /// 60000.
+    pub request_timeout_ms: u64,
+    /// Limit on opening the TCP (and TLS) connection. A call that runs out of it is `NotSent`.
+    /// Default 3000.
+    pub connect_timeout_ms: u64,
+    /// Model asked for when a task names none. Default `gpt-4o-mini`.
+    pub default_model: String,
+}
+
+impl Default for OpenAiSettings {
+    fn default() -> Self {
+        Self {
+            base_url: "https://api.openai.com".into(),
+            api_key: None,
+            request_timeout_ms: 60_000,
+            connect_timeout_ms: 3_000,
+            default_model: "gpt-4o-mini".into(),
+        }
+    }
+}
+
+/// The adapter. Cheap to share: hold it in an `Arc` and call `generate` from many tasks; they
+/// share one connection pool.
+#[derive(Debug, Clone)]
+pub struct OpenAiChatProvider {
+    client: Client,
+    endpoint: Url,
+    api_key: Option<Secret>,
+    default_model: String,
+    request_timeout: Duration,
+}
+
+/// Why an [`OpenAiChatProvider`] could not be built from its settings.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenAiBuildError {
+    #[error("provider base_url `{base_url}` is not a URL: {reason}")]
+    BadBaseUrl { base_url: String, reason: String },
+    #[error("building the HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+}
+
+impl OpenAiChatProvider {
+    /// Builds the adapter; fails on a base URL that is not an `http(s)` URL.
+    pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
+        let bad = |reason: String| OpenAiBuildError::BadBaseUrl {
+            base_url: settings.base_url.clone(),
+            reason,
+        };
+        let base = settings.base_url.trim_end_matches('/');
+        let endpoint =
+            Url::parse(&format!("{base}/v1/chat/completions")).map_err(|e| bad(e.to_string()))?;
+        if !matches!(endpoint.scheme(), "http" | "https") {
+            return Err(bad(format!(
+                "scheme `{}` is not http or https",
+                endpoint.scheme()
+            )));
+        }
+        let request_timeout = Duration::from_millis(settings.request_timeout_ms);
+        let client = Client::builder()
+            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
+            .timeout(request_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .retry(reqwest::retry::never())
+            .build()?;
+        Ok(Self {
+            client,
+            endpoint,
+            api_key: settings.api_key.clone(),
+            default_model: settings.default_model.clone(),
+            request_timeout,
+        })
+    }
+
+    /// The URL every call is posted to.
+    pub fn endpoint(&self) -> &Url {
+        &self.endpoint
+    }
+
+    fn wire_request<'a>(&'a self, request: &'a GenerationRequest) -> WireRequest<'a> {
+        WireRequest {
+            model: if request.model.is_empty() {
+                &self.default_model
+            } else {
+                &request.model
+            },
+            messages: request
+                .messages
+                .iter()
+                .map(|m| WireMessage {
+                    role: match m.role {
+                        Role::System => "system",
+                        Role::User => "user",
+                        Role::Assistant => "assistant",
+                    },
+                    content: &m.content,
+                })
+                .collect(),
+            max_tokens: request.max_output_tokens,
+        }
+    }
+
+    /// Maps an error of the exchange to what it means for the caller.
+    fn transport_error(&self, error: reqwest::Error) -> ProviderError {
+        let message = describe(&error);
+        if error.is_connect() {
+            // Includes connect timeouts: no byte of the request left this process.
+            ProviderError::NotSent { message }
+        } else if error.is_timeout() {
+            ProviderError::Ambiguous {
+                message: format!(
+                    "no answer within {} ms: {message}",
+                    self.request_timeout.as_millis()
+                ),
+            }
+        } else {
+            // Reset, closed or broken after the request was (maybe partly) written.
+            ProviderError::Ambiguous { message }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for OpenAiChatProvider {
+    async fn generate(&self, request: &GenerationRequest) -> Result<Generation, ProviderError> {
+        let key =
+            HeaderValue::from_str(&request.idempotency_key).map_err(|_| ProviderError::Fatal {
+                status: 0,
+                message: "idempotency key is not a valid header value; request not sent".into(),
+            })?;
+        let body = self.wire_request(request);
+        let mut builder = self
+            .client
+            .post(self.endpoint.clone())
+            .header("Idempotency-Key", key)
+            .json(&body);
+        if let Some(api_key) = &self.api_key {
+            let mut value = HeaderValue::from_str(&format!("Bearer {}", api_key.expose()))
+                .map_err(|_| ProviderError::Fatal {
+                    status: 0,
+                    message: "API key is not a valid header value; request not sent".into(),
+                })?;
+            // Keeps the key out of any debug output of the request (hyper and reqwest honour it).
+            value.set_sensitive(true);
+            builder = builder.header(AUTHORIZATION, value);
+        }
+
+        let response = builder.send().await.map_err(|e| self.transport_error(e))?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        if !status.is_success() {
+            // The status already decides the class; a body that fails to arrive only costs us
+            // the provider's message.
+            let snippet = match response.bytes().await {
+                Ok(bytes) => {
+                    let cut = bytes.len().min(MAX_ERROR_BODY_BYTES);
+                    String::from_utf8_lossy(&bytes[..cut]).into_owned()
+                }
+                Err(_) => String::new(),
+            };
+            return Err(classify_status(status, &headers, &snippet));
+        }
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| self.transport_error(e))?;
+        parse_completion(status, &bytes, body.model)
+    }
+
+    fn name(&self) -> &str {
+        "openai"
+    }
+}
+
+/// Reads a success body as a chat completion. Pure.
+fn parse_completion(
+    status: StatusCode,
+    bytes: &[u8],
+    asked_model: &str,
+) -> Result<Generation, ProviderError> {
+    let malformed = |message: String| ProviderError::MalformedResponse { message };
+    let completion: WireCompletion = serde_json::from_slice(bytes)
+        .map_err(|e| malformed(format!("body is not a chat completion: {e}")))?;
+    let choice = completion
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| malformed("completion has no choices".into()))?;
+    let message = choice
+        .message
+        .ok_or_else(|| malformed("first choice has no message".into()))?;
+    if let Some(refusal) = message.refusal.filter(|r| !r.is_empty()) {
+        return Err(ProviderError::Fatal {
+            status: status.as_u16(),
+            message: format!("content refused: {refusal}"),
+        });
+    }
+    if choice.finish_reason.as_deref() == Some("content_filter") {
+        return Err(ProviderError::Fatal {
+            status: status.as_u16(),
+            message: "content refused: finish_reason is content_filter".into(),
+        });
+    }
+    let text = message
+        .content
+        .ok_or_else(|| malformed("first choice's message has no content".into()))?;
+    Ok(Generation {
+        text,
+        model: completion
+            .model
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| asked_model.to_owned()),
+        usage: completion.usage.map(|u| Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+        }),
+        provider_response_id: completion.id,
+    })
+}
+
+/// The error and its causes on one line: reqwest's own `Display` hides the cause (refused,
+/// reset, timed out) that an operator needs.
+fn describe(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[derive(Debug, Serialize)]
+struct WireRequest<'a> {
+    model: &'a str,
+    messages: Vec<WireMessage<'a>>,
+    // `max_tokens` rather than the newer `max_completion_tokens`: it is the one that every
+    // OpenAI-compatible server accepts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireCompletion {
+    id: Option<String>,
+    model: Option<String>,
+    #[serde(default)]
+    choices: Vec<WireChoice>,
+    usage: Option<WireUsage>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireChoice {
+    message: Option<WireReply>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireReply {
+    content: Option<String>,
+    refusal: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireUsage {
+    prompt_tokens: u32,
+    completion_tokens: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<Generation, ProviderError> {
+        parse_completion(StatusCode::OK, body.as_bytes(), "asked")
+    }
+
+    #[test]
+    fn a_chat_completion_becomes_a_generation() {
+        let body = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"m-2024",
+            "choices":[{"index":0,"message":{"role":"assistant","content":"hello"},
+            "finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,
+            "total_tokens":4}}"#;
+        assert_eq!(
+            parse(body).unwrap(),
+            Generation {
+                text: "hello".into(),
+                model: "m-2024".into(),
+                usage: Some(Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 1
+                }),
+                provider_response_id: Some("chatcmpl-1".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn bodies_without_a_reply_are_malformed() {
+        for body in [
+            "not json",
+            "{}",
+            r#"{"choices":[]}"#,
+            r#"{"choices":[{"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"message":{"role":"assistant","content":null}}]}"#,
+        ] {
+            let error = parse(body).unwrap_err();
+            assert_eq!(error.kind(), "malformed_response", "{body}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_content_refusal_is_fatal() {
+        let refused = r#"{"choices":[{"message":{"content":null,"refusal":"I can't"}}]}"#;
+        let filtered =
+            r#"{"choices":[{"message":{"content":""},"finish_reason":"content_filter"}]}"#;
+        for body in [refused, filtered] {
+            assert_eq!(parse(body).unwrap_err().kind(), "fatal", "{body}");
+        }
+    }
+
+    #[test]
+    fn a_missing_model_in_the_answer_falls_back_to_the_one_asked_for() {
+        let generation = parse(r#"{"choices":[{"message":{"content":"x"}}]}"#).unwrap();
+        assert_eq!(generation.model, "asked");
+        assert_eq!(generation.usage, None);
+    }
+
+    #[test]
+    fn the_endpoint_is_the_base_url_plus_the_chat_path() {
+        for base in ["http://127.0.0.1:9/", "http://127.0.0.1:9"] {
+            let provider = OpenAiChatProvider::new(&OpenAiSettings {
+                base_url: base.into(),
+                ..OpenAiSettings::default()
+            })
+            .unwrap();
+            assert_eq!(
+                provider.endpoint().as_str(),
+                "http://127.0.0.1:9/v1/chat/completions"
+            );
+        }
+        let error = OpenAiChatProvider::new(&OpenAiSettings {
+            base_url: "ftp://example".into(),
+            ..OpenAiSettings::default()
+        })
+        .unwrap_err();
+        assert!(
+            matches!(error, OpenAiBuildError::BadBaseUrl { .. }),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn settings_refuse_unknown_fields_and_hide_the_key() {
+        let parsed: Result<OpenAiSettings, _> =
+            serde_json::from_str(r#"{"base_url":"http://x","api_kye":"k"}"#);
+        assert!(parsed.is_err());
+        let settings: OpenAiSettings = serde_json::from_str(r#"{"api_key":"sk-hunter2"}"#).unwrap();
+        assert_eq!(settings.request_timeout_ms, 60_000);
+        let provider = OpenAiChatProvider::new(&settings).unwrap();
+        assert!(!format!("{settings:?} {provider:?}").contains("hunter2"));
+    }
+}
