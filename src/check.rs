@@ -46,6 +46,9 @@ pub struct CheckArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Print one `key=value` line of the headline figures instead (for `make demo`).
+    #[arg(long, conflicts_with = "json")]
+    pub summary: bool,
 }
 
 /// Percentiles of provider calls (attempts) per task.
@@ -91,6 +94,23 @@ pub enum CheckError {
     Mock(#[from] reqwest::Error),
     #[error("{0}")]
     Other(String),
+}
+
+impl Report {
+    /// The headline figures as one `key=value` line.
+    pub fn summary_line(&self) -> String {
+        format!(
+            "tasks={} completed={} failed={} dead_lettered={} duplicate_replies={} lost={} provider_calls={}",
+            self.tasks,
+            self.completed,
+            self.failed,
+            self.dead_lettered,
+            self.duplicate_replies,
+            self.lost,
+            self.provider_calls
+                .map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+        )
+    }
 }
 
 /// One record of the source topic, as the checker sees it.

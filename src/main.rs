@@ -56,6 +56,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let report = replyd::check::run(&args).await.context("checking")?;
             if args.json {
                 println!("{}", serde_json::to_string(&report)?);
+            } else if args.summary {
+                println!("{}", report.summary_line());
             } else {
                 println!("{report:#?}");
             }

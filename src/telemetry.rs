@@ -32,6 +32,22 @@ pub mod names {
 
 use names::*;
 
+/// An error with its causes, `outer: inner: innermost`: tokio-postgres, for one, says only
+/// "db error" at the top and puts PostgreSQL's message in the source.
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 pub fn record_received(key: &PartitionKey) {
     counter!(RECORDS_RECEIVED, "partition" => key.partition.to_string()).increment(1);
 }
@@ -51,7 +67,7 @@ pub fn record_dead_lettered(key: &PartitionKey, offset: i64, kind: &'static str,
 }
 
 pub fn dead_letter_failed(key: &PartitionKey, offset: i64, error: &dyn std::error::Error) {
-    tracing::error!(partition = key.partition, offset, error = %error, "dead-letter write failed; will retry");
+    tracing::error!(partition = key.partition, offset, error = %chain(error), "dead-letter write failed; will retry");
     counter!(DEAD_LETTER_ERRORS).increment(1);
 }
 
@@ -110,7 +126,7 @@ pub fn lease_renewal_refused(task_id: &str, version: i64, why: &str) {
 }
 
 pub fn store_error(operation: &'static str, error: &dyn std::error::Error) {
-    tracing::warn!(operation, error = %error, "database operation failed; will retry");
+    tracing::warn!(operation, error = %chain(error), "database operation failed; will retry");
     counter!(STORE_ERRORS, "operation" => operation).increment(1);
 }
 
@@ -129,11 +145,19 @@ pub fn rebalance(kind: &'static str, partitions: &[PartitionKey]) {
     counter!(REBALANCES, "kind" => kind).increment(1);
 }
 
-pub fn drain_left_over(partition: &PartitionKey, records: usize) {
+/// Records of a released partition that had not finished: after the drain timeout (`drained`)
+/// or at once, when the partition was lost to another member.
+pub fn cancelling_left_over(partition: &PartitionKey, records: usize, drained: bool) {
+    let why = if drained {
+        "drain timeout"
+    } else {
+        "partition lost"
+    };
     tracing::warn!(
         partition = partition.partition,
         records,
-        "drain timeout: cancelling records still in flight"
+        why,
+        "cancelling records still in flight"
     );
     counter!(DRAIN_LEFTOVERS).increment(records as u64);
 }
@@ -144,11 +168,11 @@ pub fn committed(points: &[(PartitionKey, i64)], sync: bool) {
 }
 
 pub fn commit_failed(error: &dyn std::error::Error) {
-    tracing::warn!(error = %error, "offset commit failed");
+    tracing::warn!(error = %chain(error), "offset commit failed");
     counter!(COMMIT_ERRORS).increment(1);
 }
 
 pub fn consumer_error(error: &dyn std::error::Error) {
-    tracing::warn!(error = %error, "consumer error");
+    tracing::warn!(error = %chain(error), "consumer error");
     counter!(CONSUMER_ERRORS).increment(1);
 }

@@ -173,7 +173,7 @@ impl Shared {
         for key in keys {
             if let Some(offsets) = state.offsets.revoke(key) {
                 if offsets.in_flight() > 0 {
-                    telemetry::drain_left_over(key, offsets.in_flight());
+                    telemetry::cancelling_left_over(key, offsets.in_flight(), wait);
                 }
                 if let Some(point) = offsets.commit_point() {
                     points.push((key.clone(), point));
@@ -342,6 +342,13 @@ impl Shared {
         commit_points(consumer, &points, mode);
     }
 
+    fn forget_commits(&self, keys: &[PartitionKey]) {
+        let mut state = self.lock();
+        for key in keys {
+            state.last_committed.remove(key);
+        }
+    }
+
     fn in_flight(&self) -> usize {
         self.lock().offsets.total_in_flight()
     }
@@ -367,6 +374,7 @@ fn commit_points<C: ConsumerContext>(
             telemetry::commit_failed(&e);
         }
     }
+    // An async commit's failure arrives in `commit_callback`; a sync one's here.
     match consumer.commit(&list, mode) {
         Ok(()) => telemetry::committed(points, matches!(mode, CommitMode::Sync)),
         Err(e) => telemetry::commit_failed(&e),
@@ -436,9 +444,12 @@ impl ConsumerContext for WorkerContext {
         }
     }
 
-    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
         if let Err(e) = result {
             telemetry::commit_failed(&e);
+            // Forget what we believed committed, so the next tick sends it again even if no
+            // record finishes in between (otherwise an idle partition would stay behind).
+            self.shared.forget_commits(&keys_of(offsets));
         }
     }
 }

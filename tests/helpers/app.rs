@@ -79,6 +79,7 @@ impl Drop for WorkerProcess {
         // SIGCONT first: a stopped process ignores SIGKILL until continued on some kernels.
         let _ = Command::new("kill")
             .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
             .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -361,6 +362,7 @@ listen = "127.0.0.1:0"
             group: self.group.clone(),
             mock_url: Some(self.mock.base_url()),
             json: true,
+            summary: false,
         })
         .await
         .expect("check runs")
