@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo
+.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench
 
 build:
 	$(CARGO) build --release
@@ -36,3 +36,7 @@ infra-status:
 ## demo: the main job end to end on local, throwaway infrastructure (see deploy/demo.sh).
 demo:
 	bash deploy/demo.sh
+
+## bench: one worker, one partition, mock at 500 ms: throughput for windows 1, 16, 64, 256.
+bench:
+	bash deploy/bench-window.sh 500 1 16 64 256

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Benchmark: throughput of one worker on ONE partition against the mock provider at a fixed
+# latency, for several in-flight windows, next to the ideal (window / latency). Figures come
+# from the database clock: tasks / (last completion - first claim), so start-up and group join
+# are not counted. Prints a Markdown table. Usage:
+#   deploy/bench-window.sh [latency_ms] [windows...]      (default: 500 1 16 64 256)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+latency_ms=${1:-500}
+shift || true
+windows=("$@")
+[ ${#windows[@]} -gt 0 ] || windows=(1 16 64 256)
+
+bash deploy/infra.sh up >/dev/null
+set -a && . target/infra/env && set +a
+cargo build --release --quiet
+bin="$root/target/release/replyd"
+dir="$root/target/bench/window-$(date +%Y%m%d%H%M%S)"
+mkdir -p "$dir"
+
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+"$bin" mock-provider --listen 127.0.0.1:0 --latency-ms "$latency_ms" >"$dir/mock.out" 2>"$dir/mock.log" &
+pids+=($!)
+for _ in $(seq 1 100); do
+  mock_url=$(sed -n 's/^mock-provider listening on //p' "$dir/mock.out")
+  [ -n "$mock_url" ] && break
+  sleep 0.1
+done
+[ -n "${mock_url:-}" ] || { echo "bench: mock provider did not start" >&2; exit 1; }
+
+echo "| window | tasks | seconds | replies/s | ideal/s (window / latency) | ratio |"
+echo "|---:|---:|---:|---:|---:|---:|"
+for w in "${windows[@]}"; do
+  tasks=$(( w * 6 < 24 ? 24 : w * 6 ))
+  id="w${w}-$$"
+  schema="bench_$(echo "$id" | tr -c 'a-zA-Z0-9\n' '_')"
+  psql -q "$DATABASE_URL" -c "create schema $schema" >/dev/null
+  sep='?'; case "$DATABASE_URL" in *\?*) sep='&' ;; esac
+  db_url="${DATABASE_URL}${sep}options=-c%20search_path%3D${schema}"
+  topic="bench-$id"
+  "$bin" produce --bootstrap "$KAFKA_BOOTSTRAP" --topic "$topic" --create-partitions 1 \
+    --count "$tasks" --conversations 1 >/dev/null
+  cat >"$dir/$id.toml" <<TOML
+[database]
+url = "$db_url"
+pool_size = 32
+[kafka]
+bootstrap_servers = "$KAFKA_BOOTSTRAP"
+topic = "$topic"
+group_id = "bench-$id"
+session_timeout_ms = 10000
+[worker]
+worker_id = "$id"
+partition_window = $w
+global_window = $w
+lease_ms = 30000
+renew_interval_ms = 10000
+drain_timeout_ms = 5000
+[provider]
+base_url = "$mock_url"
+[observability]
+listen = "127.0.0.1:0"
+TOML
+  "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &
+  worker=$!
+  pids+=($worker)
+  deadline=$(( $(date +%s) + 600 ))
+  until [ "$(psql -qtA "$db_url" -c "select count(*) from reply_tasks where status = 'completed'" 2>/dev/null || echo 0)" -ge "$tasks" ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || { echo "bench: window $w did not finish" >&2; exit 1; }
+    sleep 0.5
+  done
+  kill -TERM "$worker"; wait "$worker" || true
+  seconds=$(psql -qtA "$db_url" -c "select extract(epoch from max(finished_at) - min(claimed_at)) from reply_attempts")
+  awk -v w="$w" -v n="$tasks" -v s="$seconds" -v l="$latency_ms" 'BEGIN {
+    rate = n / s; ideal = w / (l / 1000.0)
+    printf "| %d | %d | %.2f | %.1f | %.1f | %.2f |\n", w, n, s, rate, ideal, rate / ideal
+  }'
+done
