@@ -516,6 +516,16 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_is_valid_and_shows_the_defaults() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/replyd.example.toml");
+        let from_file: Settings = Figment::new()
+            .merge(Toml::file(path))
+            .extract()
+            .expect("the example parses");
+        assert_eq!(from_file, Settings::default());
+    }
+
+    #[test]
     fn secrets_never_print_their_value() {
         let settings = DatabaseSettings {
             url: Secret::new("postgres://u:hunter2@db/replyd"),

@@ -116,6 +116,7 @@ impl Pipeline {
             };
         let task_id = spec.task_id;
         let id = task_id.to_string();
+        tracing::Span::current().record("task_id", id.as_str());
         let Some(ensured) = self
             .with_retry("ensure_task", &cancel, || self.store.ensure_task(&spec))
             .await
@@ -159,6 +160,7 @@ impl Pipeline {
             };
             let wait = match claim {
                 ClaimOutcome::Claimed(lease) => {
+                    tracing::Span::current().record("assignment_version", lease.version);
                     telemetry::claim(&id, Some(lease.version), "claimed");
                     match self.attempt(&stored.spec, &lease, &cancel).await {
                         AttemptEnd::Terminal(how) => return RecordOutcome::Done(how),

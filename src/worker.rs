@@ -26,6 +26,11 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
     let provider: Arc<dyn Provider> =
         Arc::new(OpenAiChatProvider::new(&settings.provider).context("provider settings")?);
     let dead_letters = DeadLetters::new(&settings.kafka).context("dead-letter producer")?;
+    // A metadata request blocks: keep it off the runtime's threads.
+    let dead_letters =
+        tokio::task::spawn_blocking(move || dead_letters.verify_topic().map(|()| dead_letters))
+            .await
+            .context("checking the dead-letter topic")??;
     let worker_id = settings.worker.resolved_worker_id();
     let pipeline = Arc::new(Pipeline::new(
         store.clone(),

@@ -64,6 +64,65 @@ async fn every_record_published_three_times_gets_exactly_one_reply() {
     assert_eq!(report.provider_calls, Some(30), "{report:#?}");
     assert_eq!(report.provider_generations, Some(30));
     assert_eq!(report.attempts, 30);
+
+    // The worker serves its metrics and probes on the port it logged.
+    let log = app.log_of("w1");
+    let addr = log
+        .split("addr=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the worker logs its observability address");
+    let get = |path: &str| reqwest::get(format!("http://{addr}{path}"));
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("replyd_records_done_total"), "{metrics}");
+    assert!(metrics.contains("replyd_completions_total"), "{metrics}");
+    assert_eq!(get("/healthz").await.unwrap().status(), 200);
+    assert_eq!(get("/readyz").await.unwrap().status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_window_pauses_the_partition_so_in_flight_work_stays_bounded() {
+    let config = WorkerConfig {
+        partition_window: 3,
+        ..WorkerConfig::default()
+    };
+    let mut app = TestApp::start(1, mock(200), config).await;
+    let all = tasks(30, 1);
+    app.produce_tasks(&all, 1).await;
+    app.spawn_worker("w1");
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let stats = app.mock.stats();
+    // The window was used (records of one partition ran concurrently) and never exceeded,
+    // whatever the backlog behind it.
+    assert_eq!(stats.max_in_flight, 3, "{stats:?}");
+    assert_invariants(&app, 30).await;
+}
+
+#[tokio::test]
+async fn a_worker_with_contradictory_settings_refuses_to_start_and_names_the_setting() {
+    let dir = std::env::temp_dir().join(unique("bad-config"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        (
+            "[kafka]\nsession_timeout_ms = 6000\n[worker]\ndrain_timeout_ms = 6000\n",
+            "worker.drain_timeout_ms",
+        ),
+        ("[worker]\nparition_window = 8\n", "parition_window"),
+        ("[kafka]\ngroup_protocol = \"eager\"\n", "group_protocol"),
+    ];
+    for (text, named) in cases {
+        let path = dir.join("replyd.toml");
+        std::fs::write(&path, text).unwrap();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .args(["worker", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{text}");
+        assert!(stderr.contains(named), "{named} not named in: {stderr}");
+    }
 }
 
 /// Reads the dead-letter topic: (source offset, kind, reason) of each copy.
@@ -383,4 +442,23 @@ async fn a_zombie_stopped_past_its_lease_and_session_is_fenced_when_it_returns()
     assert!(report.fenced_rejections > 0);
     let outcomes = app.attempt_outcomes().await;
     assert_eq!(outcomes.get("accepted"), Some(&40), "{outcomes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_to_start_without_its_dead_letter_topic() {
+    let config = WorkerConfig {
+        dead_letter_topic: unique("missing-dlq"),
+        ..WorkerConfig::default()
+    };
+    let mut app = TestApp::start(1, mock(10), config).await;
+    app.spawn_worker("w1");
+    assert!(
+        !app.wait_for_exit("w1", LIMIT).await,
+        "the worker must not run"
+    );
+    let log = app.log_of("w1");
+    assert!(
+        log.contains("dead-letter topic") && log.contains("does not exist"),
+        "{log}"
+    );
 }

@@ -28,6 +28,7 @@ use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::config::{GroupProtocol, KafkaSettings, WorkerSettings};
 use crate::kafka::tracker::{InFlightOffsets, PartitionKey};
@@ -229,6 +230,15 @@ impl Shared {
             (epoch, cancel)
         };
         telemetry::record_received(&key);
+        // Every log line of this record carries where it came from; the pipeline adds the
+        // task id and assignment version once it knows them.
+        let span = tracing::info_span!(
+            "record",
+            partition = key.partition,
+            offset,
+            task_id = tracing::field::Empty,
+            assignment_version = tracing::field::Empty,
+        );
         let shared = Arc::clone(self);
         let handler = Arc::clone(handler);
         self.tasks.spawn_on(
@@ -259,7 +269,8 @@ impl Shared {
                 if let RecordOutcome::Done(how) = outcome {
                     shared.finish(&key, epoch, offset, how);
                 }
-            },
+            }
+            .instrument(span),
             runtime,
         );
     }

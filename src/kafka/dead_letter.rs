@@ -7,7 +7,7 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use crate::config::KafkaSettings;
 use crate::domain::RecordError;
@@ -19,6 +19,16 @@ pub mod headers {
     pub const SOURCE_OFFSET: &str = "replyd.source.offset";
     pub const ERROR_KIND: &str = "replyd.error.kind";
     pub const ERROR_REASON: &str = "replyd.error.reason";
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeadLetterError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error(
+        "dead-letter topic `{0}` does not exist: create it (or set kafka.dead_letter_topic) before starting workers"
+    )]
+    MissingTopic(String),
 }
 
 pub struct DeadLetters {
@@ -38,11 +48,31 @@ impl DeadLetters {
             // offset is released, and producer retries never duplicate it.
             .set("enable.idempotence", "true")
             .set("acks", "all")
+            // Checking for the topic must not create it behind the operator's back.
+            .set("allow.auto.create.topics", "false")
             .create()?;
         Ok(Self {
             producer,
             topic: kafka.dead_letter_topic(),
         })
+    }
+
+    /// Fails unless the dead-letter topic exists: without it every bad record would be retried
+    /// forever and hold its partition's commit point, so a worker refuses to start instead.
+    pub fn verify_topic(&self) -> Result<(), DeadLetterError> {
+        let metadata = self
+            .producer
+            .client()
+            .fetch_metadata(Some(&self.topic), Duration::from_secs(10))?;
+        let exists = metadata
+            .topics()
+            .iter()
+            .any(|t| t.name() == self.topic && t.error().is_none() && !t.partitions().is_empty());
+        if exists {
+            Ok(())
+        } else {
+            Err(DeadLetterError::MissingTopic(self.topic.clone()))
+        }
     }
 
     pub fn topic(&self) -> &str {

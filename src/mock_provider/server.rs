@@ -32,6 +32,8 @@ pub struct StatsSnapshot {
     pub generations: u64,
     /// Chat-completion requests being handled right now.
     pub in_flight: u64,
+    /// The most requests ever handled at once (a client's concurrency, seen from here).
+    pub max_in_flight: u64,
     /// Requests whose client went away before they were answered.
     pub cancelled: u64,
     /// Generations per `Idempotency-Key`.
@@ -189,6 +191,7 @@ impl<'a> InFlight<'a> {
         let mut stats = lock(&state.stats);
         stats.requests += 1;
         stats.in_flight += 1;
+        stats.max_in_flight = stats.max_in_flight.max(stats.in_flight);
         Self {
             state,
             answered: false,

@@ -28,6 +28,8 @@ pub struct WorkerConfig {
     pub session_timeout_ms: u64,
     pub default_max_attempts: u32,
     pub request_timeout_ms: u64,
+    /// Empty: `<topic>.dlq`, which `TestApp::start` creates.
+    pub dead_letter_topic: String,
 }
 
 impl Default for WorkerConfig {
@@ -42,6 +44,7 @@ impl Default for WorkerConfig {
             session_timeout_ms: 6_000,
             default_max_attempts: 5,
             request_timeout_ms: 20_000,
+            dead_letter_topic: String::new(),
         }
     }
 }
@@ -130,6 +133,7 @@ topic = "{topic}"
 group_id = "{group}"
 group_protocol = "{protocol}"
 session_timeout_ms = {session}
+dead_letter_topic = "{dlq}"
 
 [kafka.librdkafka]
 "topic.metadata.refresh.interval.ms" = "2000"
@@ -159,6 +163,7 @@ listen = "127.0.0.1:0"
             group = self.group,
             protocol = c.protocol,
             session = c.session_timeout_ms,
+            dlq = c.dead_letter_topic,
             // KIP-848 heartbeats are the broker's to set (see deploy/infra.sh).
             heartbeat = if c.protocol == "classic" {
                 r#""heartbeat.interval.ms" = "500""#
@@ -198,6 +203,22 @@ listen = "127.0.0.1:0"
             .expect("worker starts");
         self.workers
             .insert(name.to_owned(), WorkerProcess { child, log });
+    }
+
+    /// Waits for worker `name` to exit by itself (bounded) and returns whether it succeeded.
+    pub async fn wait_for_exit(&mut self, name: &str, limit: Duration) -> bool {
+        let mut worker = self.workers.remove(name).expect("worker exists");
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = worker.child.try_wait().expect("try_wait") {
+                return status.success();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} did not exit within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub fn worker(&self, name: &str) -> &WorkerProcess {
