@@ -16,6 +16,11 @@ partitions=${DEMO_PARTITIONS:-6}
 limit_s=${DEMO_LIMIT_S:-600}
 
 bash deploy/infra.sh up >/dev/null
+if ! command -v psql >/dev/null; then
+  echo "demo: installing postgresql-client (psql, for progress)" >&2
+  sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_=sudo
+  $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client >/dev/null
+fi
 # shellcheck disable=SC1091
 set -a && . target/infra/env && set +a
 
@@ -91,6 +96,9 @@ while :; do
   rate=$(awk -v n="$done_count" -v s="$start" -v now="$(date +%s.%N)" 'BEGIN { printf "%.1f", n / (now - s) }')
   printf 'demo: %s/%s tasks terminal, %s replies/s\n' "$done_count" "$tasks" "$rate" >&2
   [ "$done_count" -ge "$tasks" ] && break
+  for pid in "${pids[@]}"; do
+    kill -0 "$pid" 2>/dev/null || { echo "demo: a process exited early; logs in $dir" >&2; tail -n 5 "$dir"/*.log >&2; exit 1; }
+  done
   if [ "$(date +%s)" -ge "$deadline" ]; then
     echo "demo: not finished within ${limit_s}s; see $dir" >&2
     exit 1

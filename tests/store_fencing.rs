@@ -529,3 +529,37 @@ async fn worker_sessions_carry_lock_and_idle_timeouts() {
     assert_eq!(lock, "5s");
     assert_eq!(idle, "10s");
 }
+
+#[tokio::test]
+async fn workers_starting_together_migrate_one_schema_without_racing() {
+    // Every worker migrates at start; a fresh schema must survive eight at once.
+    let db = TestDb::new().await;
+    let client = db.raw_client().await;
+    let fresh = helpers::unique("t");
+    client
+        .batch_execute(&format!("CREATE SCHEMA {fresh}"))
+        .await
+        .unwrap();
+    let base = helpers::infra("DATABASE_URL");
+    let separator = if base.contains('?') { '&' } else { '?' };
+    let settings = replyd::config::DatabaseSettings {
+        url: replyd::config::Secret::new(format!(
+            "{base}{separator}options=-c%20search_path%3D{fresh}"
+        )),
+        ..replyd::config::DatabaseSettings::default()
+    };
+    let barrier = Arc::new(Barrier::new(8));
+    let mut runs = Vec::new();
+    for _ in 0..8 {
+        let (settings, barrier) = (settings.clone(), barrier.clone());
+        runs.push(tokio::spawn(async move {
+            barrier.wait().await;
+            replyd::store::migrate::run_migrations(&settings).await
+        }));
+    }
+    let mut applied = 0;
+    for run in runs {
+        applied += run.await.unwrap().expect("migration succeeds").len();
+    }
+    assert_eq!(applied, 1, "V1 applied exactly once");
+}
