@@ -57,6 +57,7 @@ bootstrap_servers = "$KAFKA_BOOTSTRAP"
 topic = "$topic"
 group_id = "bench-$id"
 session_timeout_ms = 10000
+${BENCH_LIBRDKAFKA:-}
 [worker]
 worker_id = "$id"
 partition_window = $w
@@ -64,6 +65,7 @@ global_window = $w
 lease_ms = 30000
 renew_interval_ms = 10000
 drain_timeout_ms = 5000
+${BENCH_WORKER:-}
 [provider]
 base_url = "$mock_url"
 [observability]

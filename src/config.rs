@@ -172,8 +172,13 @@ pub struct WorkerSettings {
     pub worker_id: String,
     /// Records of one partition processed at once; the partition is paused when full.
     pub partition_window: usize,
-    /// Records processed at once over all partitions; every partition is paused when full.
+    /// Records processed at once over all partitions.
     pub global_window: usize,
+    /// Records of one partition received and waiting for a window slot. When this many wait,
+    /// the partition is paused; it resumes when half have started. Memory stays bounded by
+    /// window + read-ahead records per partition, and the read-ahead hides the refetch delay
+    /// after a resume.
+    pub read_ahead: usize,
     /// Length of a task lease. A worker that stalls longer loses the task to another.
     pub lease_ms: u64,
     /// How often a running call renews its lease; well under `lease_ms`.
@@ -200,6 +205,7 @@ impl Default for WorkerSettings {
             worker_id: String::new(),
             partition_window: 64,
             global_window: 256,
+            read_ahead: 64,
             lease_ms: 30_000,
             renew_interval_ms: 10_000,
             drain_timeout_ms: 10_000,

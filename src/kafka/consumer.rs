@@ -13,7 +13,7 @@
 //! callback blocks while it drains. On a tokio worker thread that would stall the very tasks it
 //! waits for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -21,6 +21,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::OwnedMessage;
@@ -65,10 +66,27 @@ pub struct ConsumerStatus {
 /// One assignment of one partition.
 struct PartitionRun {
     /// Distinguishes this assignment from an earlier one of the same partition, so a record
-    /// that finishes late cannot mark an offset of the new assignment done.
+    /// that finishes late cannot touch the new assignment's bookkeeping.
     epoch: u64,
     cancel: CancellationToken,
+    /// Records being processed now (at most `partition_window`).
+    running: usize,
+    /// Records received but waiting for a window slot, in offset order. They are begun in the
+    /// tracker (so never committed past) and bounded by `read_ahead`.
+    backlog: VecDeque<OwnedMessage>,
     paused: bool,
+}
+
+impl PartitionRun {
+    fn new(epoch: u64) -> Self {
+        Self {
+            epoch,
+            cancel: CancellationToken::new(),
+            running: 0,
+            backlog: VecDeque::new(),
+            paused: false,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -82,29 +100,62 @@ struct State {
     stopping: bool,
 }
 
+impl State {
+    fn running(&self) -> usize {
+        self.runs.values().map(|r| r.running).sum()
+    }
+}
+
+/// Starts the handler on one record; type-erased so the shared state needs no type parameter.
+type Starter =
+    Arc<dyn Fn(OwnedMessage, CancellationToken) -> BoxFuture<'static, RecordOutcome> + Send + Sync>;
+
+/// A record ready to start, taken out of the state under its lock and spawned after it.
+struct Start {
+    key: PartitionKey,
+    epoch: u64,
+    cancel: CancellationToken,
+    message: OwnedMessage,
+}
+
 /// State shared by the poll thread, the rebalance callbacks (on the poll thread too) and the
 /// record tasks (on the runtime).
 pub struct Shared {
     state: Mutex<State>,
-    /// Signalled whenever a record finishes, for drains waiting on in-flight counts.
+    /// Signalled whenever a record stops running, for drains waiting on the running count.
     finished: Condvar,
     partition_window: usize,
     global_window: usize,
+    read_ahead: usize,
     drain_timeout: Duration,
     pub status: Arc<ConsumerStatus>,
     tasks: TaskTracker,
+    starter: Starter,
+    runtime: Handle,
+    retry_delay: Duration,
 }
 
 impl Shared {
-    fn new(worker: &WorkerSettings, status: Arc<ConsumerStatus>) -> Arc<Self> {
+    fn new<H: RecordHandler>(
+        worker: &WorkerSettings,
+        status: Arc<ConsumerStatus>,
+        handler: Arc<H>,
+        runtime: Handle,
+    ) -> Arc<Self> {
+        let starter: Starter =
+            Arc::new(move |message, cancel| Arc::clone(&handler).handle(message, cancel).boxed());
         Arc::new(Self {
             state: Mutex::new(State::default()),
             finished: Condvar::new(),
             partition_window: worker.partition_window,
             global_window: worker.global_window,
+            read_ahead: worker.read_ahead,
             drain_timeout: worker.drain_timeout(),
             status,
             tasks: TaskTracker::new(),
+            starter,
+            runtime,
+            retry_delay: worker.io_retry(),
         })
     }
 
@@ -124,14 +175,7 @@ impl Shared {
             let epoch = state.next_epoch;
             state.offsets.assign(key.clone());
             state.last_committed.remove(key);
-            if let Some(old) = state.runs.insert(
-                key.clone(),
-                PartitionRun {
-                    epoch,
-                    cancel: CancellationToken::new(),
-                    paused: false,
-                },
-            ) {
+            if let Some(old) = state.runs.insert(key.clone(), PartitionRun::new(epoch)) {
                 old.cancel.cancel();
             }
         }
@@ -141,9 +185,10 @@ impl Shared {
         telemetry::assigned(state.runs.len());
     }
 
-    /// The drain path shared by revocation and shutdown: wait for the in-flight records of
-    /// `keys` up to the drain timeout (none when `wait` is false: the partitions are already
-    /// lost), cancel what is left, commit the done prefix synchronously, forget the partitions.
+    /// The drain path shared by revocation and shutdown: drop the backlog of `keys` (never
+    /// started, so never committed past), wait for their running records up to the drain
+    /// timeout (not at all when `wait` is false: the partitions are already lost), cancel what
+    /// is left, commit the done prefix synchronously, forget the partitions.
     fn release<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,
@@ -152,15 +197,20 @@ impl Shared {
     ) {
         let deadline = Instant::now() + self.drain_timeout;
         let mut state = self.lock();
+        for key in keys {
+            if let Some(run) = state.runs.get_mut(key) {
+                run.backlog.clear();
+            }
+        }
         if wait {
             loop {
-                let left: usize = keys
+                let running: usize = keys
                     .iter()
-                    .filter_map(|k| state.offsets.partition(k))
-                    .map(|p| p.in_flight())
+                    .filter_map(|k| state.runs.get(k))
+                    .map(|r| r.running)
                     .sum();
                 let now = Instant::now();
-                if left == 0 || now >= deadline {
+                if running == 0 || now >= deadline {
                     break;
                 }
                 state = self
@@ -172,16 +222,14 @@ impl Shared {
         }
         let mut points = Vec::new();
         for key in keys {
-            if let Some(offsets) = state.offsets.revoke(key) {
-                if offsets.in_flight() > 0 {
-                    telemetry::cancelling_left_over(key, offsets.in_flight(), wait);
-                }
-                if let Some(point) = offsets.commit_point() {
-                    points.push((key.clone(), point));
-                }
-            }
             if let Some(run) = state.runs.remove(key) {
+                if run.running > 0 {
+                    telemetry::cancelling_left_over(key, run.running, wait);
+                }
                 run.cancel.cancel();
+            }
+            if let Some(point) = state.offsets.revoke(key).and_then(|o| o.commit_point()) {
+                points.push((key.clone(), point));
             }
             state.last_committed.remove(key);
         }
@@ -190,49 +238,114 @@ impl Shared {
             .store(state.runs.len(), Ordering::Relaxed);
         telemetry::assigned(state.runs.len());
         drop(state);
+        // Cancelled records free no slot for anyone: their partitions are gone.
+        self.finished.notify_all();
         if wait {
             commit_points(consumer, &points, CommitMode::Sync);
         }
     }
 
-    /// Hands one record to the handler, unless its partition is not (or no longer) ours.
-    fn dispatch<H: RecordHandler>(
-        self: &Arc<Self>,
-        message: OwnedMessage,
-        handler: &Arc<H>,
-        runtime: &Handle,
-        retry_delay: Duration,
-    ) {
+    /// Takes one record: starts it if its partition's window and the global window have room,
+    /// else queues it in the partition's backlog. Skips records of partitions not (or no
+    /// longer) ours, and everything once stopping.
+    fn dispatch(self: &Arc<Self>, message: OwnedMessage) {
         let key = PartitionKey::new(message.topic(), message.partition());
         let offset = message.offset();
-        let (epoch, cancel) = {
+        let start = {
             let mut state = self.lock();
             if state.stopping {
                 // Not begun, so never committed past: the next owner reads it.
                 return;
             }
-            let Some((epoch, cancel)) = state
-                .runs
-                .get(&key)
-                .map(|run| (run.epoch, run.cancel.child_token()))
-            else {
+            if !state.runs.contains_key(&key) {
                 tracing::debug!(
                     partition = key.partition,
                     offset,
                     "record of a partition no longer assigned; skipped"
                 );
                 return;
-            };
+            }
             if let Err(e) = state.offsets.begin(&key, offset) {
                 tracing::warn!(partition = key.partition, offset, error = %e, "record out of order; skipped");
                 return;
             }
-            (epoch, cancel)
+            let room = state.running() < self.global_window;
+            // Checked above: the partition is assigned.
+            let Some(run) = state.runs.get_mut(&key) else {
+                return;
+            };
+            if room && run.running < self.partition_window && run.backlog.is_empty() {
+                run.running += 1;
+                Some(Start {
+                    key: key.clone(),
+                    epoch: run.epoch,
+                    cancel: run.cancel.child_token(),
+                    message,
+                })
+            } else {
+                run.backlog.push_back(message);
+                None
+            }
         };
         telemetry::record_received(&key);
+        if let Some(start) = start {
+            self.spawn(start);
+        }
+    }
+
+    /// Pops backlog records into free window slots, partitions taken in turn so one busy
+    /// partition cannot starve the others of the global window.
+    fn take_ready(&self, state: &mut State) -> Vec<Start> {
+        let mut ready = Vec::new();
+        let mut keys: Vec<PartitionKey> = state
+            .runs
+            .iter()
+            .filter(|(_, r)| !r.backlog.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort();
+        let mut running = state.running();
+        while running < self.global_window && !keys.is_empty() {
+            keys.retain(|key| {
+                if running >= self.global_window {
+                    return false;
+                }
+                let Some(run) = state.runs.get_mut(key) else {
+                    return false;
+                };
+                if run.running >= self.partition_window {
+                    return false;
+                }
+                let Some(message) = run.backlog.pop_front() else {
+                    return false;
+                };
+                run.running += 1;
+                running += 1;
+                ready.push(Start {
+                    key: key.clone(),
+                    epoch: run.epoch,
+                    cancel: run.cancel.child_token(),
+                    message,
+                });
+                !run.backlog.is_empty()
+            });
+        }
+        ready
+    }
+
+    fn spawn(self: &Arc<Self>, start: Start) {
+        let Start {
+            key,
+            epoch,
+            cancel,
+            message,
+        } = start;
+        let offset = message.offset();
         // Every log line of this record carries where it came from; the pipeline adds the
         // task id and assignment version once it knows them.
+        // No parent: a record started from another record's finish is not part of it.
         let span = tracing::info_span!(
+            parent: None,
             "record",
             partition = key.partition,
             offset,
@@ -240,87 +353,84 @@ impl Shared {
             assignment_version = tracing::field::Empty,
         );
         let shared = Arc::clone(self);
-        let handler = Arc::clone(handler);
         self.tasks.spawn_on(
             async move {
                 let outcome = loop {
-                    let attempt = AssertUnwindSafe(
-                        Arc::clone(&handler).handle(message.clone(), cancel.clone()),
-                    )
-                    .catch_unwind()
-                    .await;
+                    let attempt =
+                        AssertUnwindSafe((shared.starter)(message.clone(), cancel.clone()))
+                            .catch_unwind()
+                            .await;
                     match attempt {
                         Ok(outcome) => break outcome,
                         Err(_) => {
                             // A handler bug must neither crash the process nor drop the record:
                             // the handler is idempotent, so run it again after a pause.
-                            tracing::error!(
-                                partition = key.partition,
-                                offset,
-                                "record handler panicked; retrying the record"
-                            );
+                            tracing::error!("record handler panicked; retrying the record");
                             tokio::select! {
                                 _ = cancel.cancelled() => break RecordOutcome::Cancelled,
-                                _ = tokio::time::sleep(retry_delay) => {}
+                                _ = tokio::time::sleep(shared.retry_delay) => {}
                             }
                         }
                     }
                 };
-                if let RecordOutcome::Done(how) = outcome {
-                    shared.finish(&key, epoch, offset, how);
-                }
+                shared.finish(&key, epoch, offset, outcome);
             }
             .instrument(span),
-            runtime,
+            &self.runtime,
         );
     }
 
-    fn finish(&self, key: &PartitionKey, epoch: u64, offset: i64, how: &'static str) {
-        let mut state = self.lock();
-        if state.runs.get(key).is_some_and(|run| run.epoch == epoch) {
-            if let Err(e) = state.offsets.done(key, offset) {
-                tracing::error!(partition = key.partition, offset, error = %e, "offset bookkeeping error");
+    /// A record stopped running: done (its offset may be committed) or cancelled (not). Its
+    /// slot goes to the next waiting record.
+    fn finish(
+        self: &Arc<Self>,
+        key: &PartitionKey,
+        epoch: u64,
+        offset: i64,
+        outcome: RecordOutcome,
+    ) {
+        let ready = {
+            let mut state = self.lock();
+            let current = state.runs.get_mut(key).filter(|run| run.epoch == epoch);
+            if let Some(run) = current {
+                run.running -= 1;
+                if let RecordOutcome::Done(how) = outcome {
+                    if let Err(e) = state.offsets.done(key, offset) {
+                        tracing::error!(partition = key.partition, offset, error = %e, "offset bookkeeping error");
+                    }
+                    telemetry::record_done(key, offset, how);
+                }
             }
-            telemetry::record_done(key, offset, how);
-        }
-        drop(state);
+            self.take_ready(&mut state)
+        };
         self.finished.notify_all();
+        for start in ready {
+            self.spawn(start);
+        }
     }
 
-    /// Pauses partitions whose window is full (or all, when the global window is) and resumes
-    /// them once they have drained to half their window: pausing drops librdkafka's prefetched
-    /// records, so a partition is not flipped on every record.
+    /// Pauses partitions whose backlog is full and resumes them once it has drained to half:
+    /// memory stays bounded by window + read-ahead records per partition whatever the backlog
+    /// in Kafka, and the read-ahead hides the refetch delay after a resume (pausing drops
+    /// librdkafka's prefetched records).
     fn apply_back_pressure<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
         let (to_pause, to_resume) = {
             let mut state = self.lock();
-            let total = state.offsets.total_in_flight();
-            let global_full = total >= self.global_window;
-            let global_room = total <= self.global_window / 2;
             let mut to_pause = TopicPartitionList::new();
             let mut to_resume = TopicPartitionList::new();
-            let in_flight: HashMap<PartitionKey, usize> = state
-                .runs
-                .keys()
-                .map(|k| {
-                    (
-                        k.clone(),
-                        state.offsets.partition(k).map_or(0, |p| p.in_flight()),
-                    )
-                })
-                .collect();
             let mut paused = 0;
             for (key, run) in state.runs.iter_mut() {
-                let n = in_flight[key];
-                if !run.paused && (global_full || n >= self.partition_window) {
+                let queued = run.backlog.len();
+                if !run.paused && queued >= self.read_ahead {
                     run.paused = true;
                     to_pause.add_partition(&key.topic, key.partition);
-                } else if run.paused && global_room && n <= self.partition_window / 2 {
+                } else if run.paused && queued <= self.read_ahead / 2 {
                     run.paused = false;
                     to_resume.add_partition(&key.topic, key.partition);
                 }
                 paused += usize::from(run.paused);
             }
-            telemetry::in_flight(total, paused);
+            telemetry::in_flight(state.running(), paused);
             (to_pause, to_resume)
         };
         if to_pause.count() > 0
@@ -353,6 +463,10 @@ impl Shared {
         commit_points(consumer, &points, mode);
     }
 
+    fn forget_all_commits(&self) {
+        self.lock().last_committed.clear();
+    }
+
     fn forget_commits(&self, keys: &[PartitionKey]) {
         let mut state = self.lock();
         for key in keys {
@@ -360,8 +474,17 @@ impl Shared {
         }
     }
 
-    fn in_flight(&self) -> usize {
-        self.lock().offsets.total_in_flight()
+    /// Stops taking records: backlogs are dropped (never started, so never committed past).
+    fn stop_taking(&self) {
+        let mut state = self.lock();
+        state.stopping = true;
+        for run in state.runs.values_mut() {
+            run.backlog.clear();
+        }
+    }
+
+    fn running(&self) -> usize {
+        self.lock().running()
     }
 
     fn assigned(&self) -> Vec<PartitionKey> {
@@ -456,12 +579,28 @@ impl ConsumerContext for WorkerContext {
     }
 
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        if let Err(e) = result {
-            telemetry::commit_failed(&e);
-            // Forget what we believed committed, so the next tick sends it again even if no
-            // record finishes in between (otherwise an idle partition would stay behind).
-            self.shared.forget_commits(&keys_of(offsets));
-        }
+        // A commit can fail as a whole or per partition (a generation error during a
+        // rebalance is reported on each partition).
+        let failed: Vec<PartitionKey> = match &result {
+            Err(e) => {
+                telemetry::commit_failed(e);
+                keys_of(offsets)
+            }
+            Ok(()) => offsets
+                .elements()
+                .iter()
+                .filter_map(|e| match e.error() {
+                    Ok(()) => None,
+                    Err(error) => {
+                        telemetry::commit_failed(&error);
+                        Some(PartitionKey::new(e.topic(), e.partition()))
+                    }
+                })
+                .collect(),
+        };
+        // Forget what we believed committed, so the next tick sends it again even if no
+        // record finishes in between (otherwise an idle partition would stay behind).
+        self.shared.forget_commits(&failed);
     }
 }
 
@@ -489,6 +628,9 @@ pub fn consumer_config(kafka: &KafkaSettings) -> ClientConfig {
     config
 }
 
+/// How often every partition's commit point is sent again even if it did not move.
+const FULL_COMMIT_INTERVAL: Duration = Duration::from_secs(5);
+
 /// Runs the consumer until `shutdown` fires, then drains, commits and leaves the group.
 /// Blocking: call it on a thread of its own (see the module comment).
 pub fn run_consumer<H: RecordHandler>(
@@ -499,7 +641,7 @@ pub fn run_consumer<H: RecordHandler>(
     shutdown: CancellationToken,
     status: Arc<ConsumerStatus>,
 ) -> Result<(), KafkaError> {
-    let shared = Shared::new(worker, status);
+    let shared = Shared::new(worker, status, handler, runtime.clone());
     let consumer: BaseConsumer<WorkerContext> =
         consumer_config(kafka).create_with_context(WorkerContext {
             shared: Arc::clone(&shared),
@@ -511,16 +653,21 @@ pub fn run_consumer<H: RecordHandler>(
     let poll_timeout = Duration::from_millis(100);
     let commit_interval = worker.commit_interval();
     let mut next_commit = Instant::now() + commit_interval;
+    let mut next_full_commit = Instant::now() + FULL_COMMIT_INTERVAL;
     while !shutdown.is_cancelled() {
         match consumer.poll(poll_timeout) {
-            Some(Ok(message)) => {
-                shared.dispatch(message.detach(), &handler, &runtime, worker.io_retry())
-            }
+            Some(Ok(message)) => shared.dispatch(message.detach()),
             Some(Err(e)) => telemetry::consumer_error(&e),
             None => {}
         }
         shared.apply_back_pressure(&consumer);
         if Instant::now() >= next_commit {
+            // Now and then every point is sent again, moved or not: a commit whose failure
+            // went unreported must not leave an idle partition behind for good.
+            if Instant::now() >= next_full_commit {
+                shared.forget_all_commits();
+                next_full_commit = Instant::now() + FULL_COMMIT_INTERVAL;
+            }
             shared.commit_progress(&consumer, CommitMode::Async);
             next_commit = Instant::now() + commit_interval;
         }
@@ -529,12 +676,12 @@ pub fn run_consumer<H: RecordHandler>(
     // Shutdown: the same drain path as a revocation, for every partition, while still polling
     // so the group session and callbacks stay served.
     tracing::info!(
-        in_flight = shared.in_flight(),
-        "shutting down: draining in-flight records"
+        running = shared.running(),
+        "shutting down: draining running records"
     );
-    shared.lock().stopping = true;
+    shared.stop_taking();
     let deadline = Instant::now() + worker.drain_timeout();
-    while shared.in_flight() > 0 && Instant::now() < deadline {
+    while shared.running() > 0 && Instant::now() < deadline {
         // A record returned now is dropped unbegun, so it is never committed past: the
         // next owner of its partition reads it.
         let _ = consumer.poll(poll_timeout);
