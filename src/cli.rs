@@ -43,4 +43,15 @@ pub enum Command {
     Produce(ProduceArgs),
     /// Check the invariants against PostgreSQL, Kafka and the mock provider's counters.
     Check(CheckArgs),
+    /// Show a task: state, attempts with outcomes and timings, saved reply.
+    Inspect {
+        /// The task id (UUID).
+        task_id: String,
+        /// PostgreSQL URL.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }

@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use crate::domain::RecordRules;
 use crate::provider::OpenAiSettings;
+use crate::retry::RetrySettings;
 
 /// A value that must never be logged (database URLs with passwords, API keys).
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -91,6 +92,7 @@ pub struct Settings {
     pub worker: WorkerSettings,
     pub observability: ObservabilitySettings,
     pub provider: OpenAiSettings,
+    pub retry: RetrySettings,
 }
 
 /// Kafka: where the records come from and how the group behaves.
@@ -420,6 +422,15 @@ impl Settings {
                 format!(
                     "{} must be between 1 and worker.max_attempts_limit ({})",
                     w.default_max_attempts, w.max_attempts_limit
+                ),
+            ));
+        }
+        if self.retry.base_delay_ms == 0 || self.retry.base_delay_ms > self.retry.max_delay_ms {
+            return Err(invalid(
+                "retry.base_delay_ms",
+                format!(
+                    "{} must be positive and at most retry.max_delay_ms ({})",
+                    self.retry.base_delay_ms, self.retry.max_delay_ms
                 ),
             ));
         }

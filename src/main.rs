@@ -52,6 +52,45 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let report = replyd::produce::run(&args).await.context("producing")?;
             println!("{}", serde_json::to_string(&report)?);
         }
+        Command::Inspect {
+            task_id,
+            database_url,
+            json,
+        } => {
+            let id = replyd::domain::TaskId::parse(&task_id)
+                .with_context(|| format!("task id {task_id:?} is not a UUID"))?;
+            let store = replyd::store::Store::connect(&DatabaseSettings {
+                url: Secret::new(database_url),
+                ..DatabaseSettings::default()
+            })?;
+            let Some(task) = store.read(id).await? else {
+                eprintln!("replyd: no task {id}");
+                return Ok(ExitCode::from(4));
+            };
+            let attempts = store.attempts(id).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "task_id": id,
+                        "status": task.status.as_str(),
+                        "attempt_count": task.attempt_count,
+                        "max_attempts": task.spec.max_attempts,
+                        "deadline": task.spec.deadline,
+                        "assignment_version": task.assignment_version,
+                        "next_attempt_at": task.next_attempt_at,
+                        "last_error_class": task.last_error_class,
+                        "last_error": task.last_error,
+                        "provider_operation_id": task.provider_operation_id,
+                        "failure": task.failure,
+                        "saved_response": task.saved_response,
+                        "attempts": attempts,
+                    })
+                );
+            } else {
+                print!("{}", replyd::inspect::render(&task, &attempts));
+            }
+        }
         Command::Check(args) => {
             let report = replyd::check::run(&args).await.context("checking")?;
             if args.json {

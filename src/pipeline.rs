@@ -22,9 +22,10 @@ use crate::kafka::consumer::{RecordHandler, RecordOutcome};
 use crate::kafka::dead_letter::DeadLetters;
 use crate::kafka::tracker::PartitionKey;
 use crate::provider::{GenerationRequest, Provider, ProviderError};
+use crate::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
 use crate::store::{
     ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Refusal, ReleaseOutcome, RenewOutcome,
-    Store, StoreError, TaskStatus,
+    Store, StoreError, StoredTask, TaskStatus,
 };
 use crate::telemetry;
 
@@ -39,6 +40,10 @@ pub struct PipelineSettings {
     /// before claiming again.
     pub io_retry: Duration,
     pub default_model: String,
+    pub retry: RetrySettings,
+    /// Whether an ambiguous call can be recovered by the provider (it honours
+    /// Idempotency-Key, or looks operations up by id) instead of generating again.
+    pub recoverable: bool,
 }
 
 /// The record handler the worker runs.
@@ -162,7 +167,7 @@ impl Pipeline {
                 ClaimOutcome::Claimed(lease) => {
                     tracing::Span::current().record("assignment_version", lease.version);
                     telemetry::claim(&id, Some(lease.version), "claimed");
-                    match self.attempt(&stored.spec, &lease, &cancel).await {
+                    match self.attempt(&stored, &lease, &cancel).await {
                         AttemptEnd::Terminal(how) => return RecordOutcome::Done(how),
                         AttemptEnd::Cancelled => return RecordOutcome::Cancelled,
                         AttemptEnd::Again { wait } => wait,
@@ -193,6 +198,13 @@ impl Pipeline {
                     telemetry::claim(&id, None, "deadline_passed");
                     return RecordOutcome::Done("failed");
                 }
+                ClaimOutcome::NotBefore { at } => {
+                    telemetry::claim(&id, None, "backing_off");
+                    (at - Utc::now())
+                        .to_std()
+                        .unwrap_or_default()
+                        .max(self.settings.io_retry / 4)
+                }
                 ClaimOutcome::NotFound => {
                     telemetry::claim(&id, None, "not_found");
                     self.settings.io_retry
@@ -208,12 +220,12 @@ impl Pipeline {
     /// renewer, then the fenced write of its result.
     async fn attempt(
         &self,
-        spec: &TaskSpec,
+        stored: &StoredTask,
         lease: &Lease,
         cancel: &CancellationToken,
     ) -> AttemptEnd {
-        let id = spec.task_id.to_string();
-        let request = GenerationRequest::for_task(spec, &self.settings.default_model);
+        let id = stored.spec.task_id.to_string();
+        let request = GenerationRequest::for_task(&stored.spec, &self.settings.default_model);
         let started = Instant::now();
         let result = tokio::select! {
             // Cancellation first: a revoked partition's work stops before anything else.
@@ -255,57 +267,71 @@ impl Pipeline {
             }
             Err(error) => {
                 telemetry::provider_call(&id, lease.version, error.kind(), started.elapsed());
-                self.provider_failed(&id, lease, error, cancel).await
+                self.provider_failed(stored, lease, error, cancel).await
             }
         }
     }
 
-    /// Acts on a provider error: a fatal one fails the task; any other gives the lease back
-    /// and tries again after a pause, within the task's attempt budget (I7), which the next
-    /// claim enforces.
+    /// Acts on a provider error as the retry policy decides: fail the task for good, or give
+    /// the lease back with the backoff written into the row (so any worker, after any restart,
+    /// keeps to it) and come back after it.
     async fn provider_failed(
         &self,
-        id: &str,
+        stored: &StoredTask,
         lease: &Lease,
         error: ProviderError,
         cancel: &CancellationToken,
     ) -> AttemptEnd {
-        let outcome = match &error {
-            ProviderError::Ambiguous { .. } => "ambiguous",
-            _ => "provider_error",
+        let id = stored.spec.task_id.to_string();
+        let attempt = Attempt {
+            number: lease.attempt,
+            max_attempts: i32::try_from(stored.spec.max_attempts).unwrap_or(i32::MAX),
+            deadline_left: stored
+                .spec
+                .deadline
+                .map(|d| (d - Utc::now()).to_std().unwrap_or_default()),
+            previous_error: stored.last_error_class.as_deref(),
+            recoverable: self.settings.recoverable,
         };
-        if let ProviderError::Fatal { .. } = error {
-            let reason = error.to_string();
-            let Some(failed) = self
-                .with_retry("fail", cancel, || self.store.fail(lease, &reason, outcome))
-                .await
-            else {
-                return AttemptEnd::Cancelled;
-            };
-            return match failed {
-                FailOutcome::Failed => {
-                    telemetry::completion(id, lease.version, "failed");
-                    AttemptEnd::Terminal("failed")
+        let outcome = attempt_outcome(&error);
+        match retry::decide(&error, attempt, &self.settings.retry, fastrand::f64()) {
+            Action::Fail { reason, outcome } => {
+                let Some(failed) = self
+                    .with_retry("fail", cancel, || self.store.fail(lease, &reason, outcome))
+                    .await
+                else {
+                    return AttemptEnd::Cancelled;
+                };
+                match failed {
+                    FailOutcome::Failed => {
+                        telemetry::task_failed(&id, lease.version, &reason);
+                        AttemptEnd::Terminal("failed")
+                    }
+                    FailOutcome::Refused(refusal) => self.refused(&id, lease, refusal, "failure"),
                 }
-                FailOutcome::Refused(refusal) => self.refused(id, lease, refusal, "failure"),
-            };
-        }
-        let wait = match &error {
-            ProviderError::Retryable {
-                retry_after: Some(after),
-                ..
-            } => (*after).max(self.settings.io_retry),
-            _ => self.settings.io_retry,
-        };
-        let detail = error.to_string();
-        match self
-            .with_retry("release", cancel, || {
-                self.store.release(lease, outcome, &detail)
-            })
-            .await
-        {
-            Some(ReleaseOutcome::Refused(refusal)) => self.refused(id, lease, refusal, "release"),
-            _ => AttemptEnd::Again { wait },
+            }
+            Action::Retry { after } => {
+                telemetry::retry_planned(&id, lease.version, error.kind(), after);
+                let detail = error.to_string();
+                match self
+                    .with_retry("release", cancel, || {
+                        self.store.release_for_retry(
+                            lease,
+                            outcome,
+                            &detail,
+                            after,
+                            Some(error.kind()),
+                        )
+                    })
+                    .await
+                {
+                    None => AttemptEnd::Cancelled,
+                    Some(ReleaseOutcome::Refused(refusal)) => {
+                        self.refused(&id, lease, refusal, "release")
+                    }
+                    Some(ReleaseOutcome::Released) => AttemptEnd::Again { wait: after },
+                }
+            }
         }
     }
 

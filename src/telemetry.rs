@@ -17,6 +17,7 @@ pub mod names {
     pub const COMPLETIONS: &str = "replyd_completions_total";
     pub const PROVIDER_CALLS: &str = "replyd_provider_calls_total";
     pub const PROVIDER_SECONDS: &str = "replyd_provider_call_seconds";
+    pub const RETRIES: &str = "replyd_retries_total";
     pub const LEASE_RENEWALS_REFUSED: &str = "replyd_lease_renewals_refused_total";
     pub const STORE_ERRORS: &str = "replyd_store_errors_total";
     pub const DEAD_LETTER_ERRORS: &str = "replyd_dead_letter_errors_total";
@@ -113,6 +114,27 @@ pub fn provider_call(task_id: &str, version: i64, outcome: &'static str, took: D
     );
     counter!(PROVIDER_CALLS, "outcome" => outcome).increment(1);
     histogram!(PROVIDER_SECONDS).record(took.as_secs_f64());
+}
+
+pub fn task_failed(task_id: &str, version: i64, reason: &str) {
+    tracing::warn!(
+        task_id,
+        assignment_version = version,
+        reason,
+        "task failed for good"
+    );
+    counter!(COMPLETIONS, "outcome" => "failed").increment(1);
+}
+
+pub fn retry_planned(task_id: &str, version: i64, error_class: &'static str, after: Duration) {
+    tracing::info!(
+        task_id,
+        assignment_version = version,
+        error_class,
+        after_ms = after.as_millis() as u64,
+        "provider call failed; retrying after backoff"
+    );
+    counter!(RETRIES, "class" => error_class).increment(1);
 }
 
 pub fn lease_renewal_refused(task_id: &str, version: i64, why: &str) {

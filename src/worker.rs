@@ -43,6 +43,8 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
             renew_interval: settings.worker.renew_interval(),
             io_retry: settings.worker.io_retry(),
             default_model: settings.provider.default_model.clone(),
+            retry: settings.retry.clone(),
+            recoverable: settings.retry.provider_honours_idempotency_key,
         },
     ));
 

@@ -52,6 +52,8 @@ pub struct LeaseSnapshot {
     pub attempt_count: i32,
     pub max_attempts: i32,
     pub deadline: Option<DateTime<Utc>>,
+    /// No claim before this instant (a backoff chosen by the previous attempt).
+    pub next_attempt_at: Option<DateTime<Utc>>,
     pub has_response: bool,
     /// `clock_timestamp()` when the snapshot was read, under the row lock.
     pub now: DateTime<Utc>,
@@ -94,6 +96,8 @@ pub enum ClaimOutcome {
     BudgetExhausted { attempts: i32 },
     /// The deadline passed; the claim marked the task failed.
     DeadlinePassed { deadline: DateTime<Utc> },
+    /// The task is backing off after a failed attempt; come back at `at`.
+    NotBefore { at: DateTime<Utc> },
     /// No such task.
     NotFound,
 }
@@ -131,6 +135,8 @@ pub fn decide_claim(row: &LeaseSnapshot) -> ClaimDecision {
         TaskStatus::Running | TaskStatus::Pending => {}
     }
     if let Some(deadline) = row.deadline.filter(|d| *d <= row.now) {
+        // Checked before the backoff: a task whose deadline passed while it waited fails now,
+        // with no further call.
         return ClaimDecision::Fail {
             reason: format!(
                 "deadline exceeded: the deadline {deadline} passed before attempt {}",
@@ -138,6 +144,9 @@ pub fn decide_claim(row: &LeaseSnapshot) -> ClaimDecision {
             ),
             outcome: ClaimOutcome::DeadlinePassed { deadline },
         };
+    }
+    if let Some(at) = row.next_attempt_at.filter(|at| *at > row.now) {
+        return ClaimDecision::Refuse(ClaimOutcome::NotBefore { at });
     }
     if row.attempt_count >= row.max_attempts {
         return ClaimDecision::Fail {
@@ -225,6 +234,7 @@ mod tests {
             attempt_count: 1,
             max_attempts: 3,
             deadline: None,
+            next_attempt_at: None,
             has_response: false,
             now,
         }
@@ -255,6 +265,31 @@ mod tests {
             }
         ));
         let mut row = running(1, -1);
+        row.deadline = Some(row.now);
+        assert!(matches!(
+            decide_claim(&row),
+            ClaimDecision::Fail {
+                outcome: ClaimOutcome::DeadlinePassed { .. },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_backing_off_task_is_not_claimed_before_its_time_unless_its_deadline_passed() {
+        let mut row = running(1, -1);
+        row.status = TaskStatus::Pending;
+        row.next_attempt_at = Some(row.now + Duration::milliseconds(500));
+        assert!(matches!(
+            decide_claim(&row),
+            ClaimDecision::Refuse(ClaimOutcome::NotBefore { .. })
+        ));
+        row.next_attempt_at = Some(row.now);
+        assert_eq!(
+            decide_claim(&row),
+            ClaimDecision::Claim { takes_over: false }
+        );
+        row.next_attempt_at = Some(row.now + Duration::milliseconds(500));
         row.deadline = Some(row.now);
         assert!(matches!(
             decide_claim(&row),

@@ -17,7 +17,8 @@ use crate::config::DatabaseSettings;
 
 pub use fencing::{ClaimOutcome, Lease, Refusal, TaskStatus};
 pub use tasks::{
-    CompletionOutcome, EnsureOutcome, FailOutcome, ReleaseOutcome, RenewOutcome, StoredTask,
+    AttemptRecord, CompletionOutcome, EnsureOutcome, FailOutcome, ReleaseOutcome, RenewOutcome,
+    StoredTask,
 };
 
 /// Errors of the store's I/O. Outcomes a caller branches on (refused, leased by another) are

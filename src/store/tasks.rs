@@ -61,6 +61,19 @@ pub enum ReleaseOutcome {
     Refused(Refusal),
 }
 
+/// One row of a task's attempt history.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AttemptRecord {
+    pub attempt_no: i32,
+    pub assignment_version: i64,
+    pub worker: String,
+    pub claimed_at: DateTime<Utc>,
+    pub lease_until: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub outcome: Option<String>,
+    pub detail: Option<String>,
+}
+
 /// What a terminal failure did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FailOutcome {
@@ -80,6 +93,11 @@ pub struct StoredTask {
     pub provider_operation_id: Option<String>,
     pub saved_response: Option<String>,
     pub failure: Option<String>,
+    /// No claim before this instant (backoff after a failed attempt).
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Class of the last attempt's failure (`ProviderError::kind`), and its message.
+    pub last_error_class: Option<String>,
+    pub last_error: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -89,14 +107,14 @@ pub struct StoredTask {
 const LOCK_ROW: &str = "SELECT 1 FROM reply_tasks WHERE task_id = $1 FOR UPDATE";
 
 const SNAPSHOT: &str = "SELECT status, assignment_version, lease_owner, lease_until, \
-     attempt_count, max_attempts, deadline, saved_response IS NOT NULL AS has_response, \
-     clock_timestamp() AS now \
+     attempt_count, max_attempts, deadline, next_attempt_at, \
+     saved_response IS NOT NULL AS has_response, clock_timestamp() AS now \
      FROM reply_tasks WHERE task_id = $1";
 
 const TASK_COLUMNS: &str = "task_id, workspace_id, conversation_id, message_id, \
      document_version, request, max_attempts, deadline, status, assignment_version, lease_owner, \
      lease_until, attempt_count, provider_operation_id, saved_response, failure, created_at, \
-     updated_at, finished_at";
+     updated_at, finished_at, next_attempt_at, last_error_class, last_error";
 
 /// A lease length as the `secs` argument of `make_interval` (float8 seconds).
 fn seconds(duration: Duration) -> f64 {
@@ -121,6 +139,7 @@ fn snapshot_from(task_id: Uuid, row: &Row) -> Result<LeaseSnapshot, StoreError> 
         attempt_count: row.get("attempt_count"),
         max_attempts: row.get("max_attempts"),
         deadline: row.get("deadline"),
+        next_attempt_at: row.get("next_attempt_at"),
         has_response: row.get("has_response"),
         now: row.get("now"),
     })
@@ -154,6 +173,9 @@ fn task_from(row: &Row) -> Result<StoredTask, StoreError> {
         provider_operation_id: row.get("provider_operation_id"),
         saved_response: row.get("saved_response"),
         failure: row.get("failure"),
+        next_attempt_at: row.get("next_attempt_at"),
+        last_error_class: row.get("last_error_class"),
+        last_error: row.get("last_error"),
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
         finished_at: row.get("finished_at"),
@@ -293,7 +315,7 @@ impl Store {
                    AND lease_until > clock_timestamp() AND saved_response IS NULL \
                  RETURNING lease_until",
                 &[&lease.task_id, &lease.version, &seconds(extend)],
-                AttemptRecord::Nothing,
+                AttemptWrite::Nothing,
             )
             .await?;
         Ok(match result {
@@ -321,7 +343,7 @@ impl Store {
                    AND lease_until > clock_timestamp() AND saved_response IS NULL \
                  RETURNING task_id",
                 &[&lease.task_id, &lease.version, &response, &meta],
-                AttemptRecord::Outcome {
+                AttemptWrite::Outcome {
                     outcome: "accepted",
                     detail: None,
                 },
@@ -350,7 +372,7 @@ impl Store {
                    AND lease_until > clock_timestamp() AND saved_response IS NULL \
                  RETURNING task_id",
                 &[&lease.task_id, &lease.version, &reason],
-                AttemptRecord::Outcome {
+                AttemptWrite::Outcome {
                     outcome,
                     detail: Some(reason),
                 },
@@ -372,16 +394,40 @@ impl Store {
         outcome: &'static str,
         detail: &str,
     ) -> Result<ReleaseOutcome, StoreError> {
+        self.release_for_retry(lease, outcome, detail, Duration::ZERO, None)
+            .await
+    }
+
+    /// Gives the lease back after a failed attempt and sets the backoff in the row: no claim
+    /// (by anyone, after any restart) before `clock_timestamp() + retry_after`. `error_class`
+    /// is remembered for the next attempt's decision.
+    pub async fn release_for_retry(
+        &self,
+        lease: &Lease,
+        outcome: &'static str,
+        detail: &str,
+        retry_after: Duration,
+        error_class: Option<&str>,
+    ) -> Result<ReleaseOutcome, StoreError> {
         let result = self
             .fenced_write(
                 lease,
                 "UPDATE reply_tasks SET status = 'pending', lease_owner = NULL, lease_until = NULL, \
+                 next_attempt_at = clock_timestamp() + make_interval(secs => $3), \
+                 last_error_class = coalesce($4, last_error_class), \
+                 last_error = CASE WHEN $4::text IS NULL THEN last_error ELSE $5 END, \
                  updated_at = clock_timestamp() \
                  WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
                    AND lease_until > clock_timestamp() AND saved_response IS NULL \
                  RETURNING task_id",
-                &[&lease.task_id, &lease.version],
-                AttemptRecord::Outcome {
+                &[
+                    &lease.task_id,
+                    &lease.version,
+                    &seconds(retry_after),
+                    &error_class,
+                    &detail,
+                ],
+                AttemptWrite::Outcome {
                     outcome,
                     detail: Some(detail),
                 },
@@ -409,6 +455,32 @@ impl Store {
             .transpose()
     }
 
+    /// A task's attempts, oldest first.
+    pub async fn attempts(&self, task_id: TaskId) -> Result<Vec<AttemptRecord>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT attempt_no, assignment_version, worker, claimed_at, lease_until, \
+                 finished_at, outcome, detail FROM reply_attempts WHERE task_id = $1 \
+                 ORDER BY assignment_version",
+                &[&task_id.as_uuid()],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| AttemptRecord {
+                attempt_no: r.get(0),
+                assignment_version: r.get(1),
+                worker: r.get(2),
+                claimed_at: r.get(3),
+                lease_until: r.get(4),
+                finished_at: r.get(5),
+                outcome: r.get(6),
+                detail: r.get(7),
+            })
+            .collect())
+    }
+
     /// One fenced write: lock the row, run `guarded_update` (whose `$1` is the task id and `$2`
     /// the assignment version), and on success record `on_success` as the attempt's outcome.
     /// When the update matches no row, read the row under the same lock and say why; the
@@ -419,7 +491,7 @@ impl Store {
         lease: &Lease,
         guarded_update: &str,
         params: &[&(dyn ToSql + Sync)],
-        records: AttemptRecord<'_>,
+        records: AttemptWrite<'_>,
     ) -> Result<Result<Row, Refusal>, StoreError> {
         let id = lease.task_id;
         let mut client = self.client().await?;
@@ -437,7 +509,7 @@ impl Store {
             .await?;
         let result = match updated {
             Some(row) => {
-                if let AttemptRecord::Outcome { outcome, detail } = records {
+                if let AttemptWrite::Outcome { outcome, detail } = records {
                     record_attempt_outcome(&tx, id, lease.version, outcome, detail).await?;
                 }
                 Ok(row)
@@ -454,7 +526,7 @@ impl Store {
                     == Refusal::AlreadySaved {
                         by_this_assignment: true,
                     };
-                if matches!(records, AttemptRecord::Outcome { .. }) && !own_earlier_write {
+                if matches!(records, AttemptWrite::Outcome { .. }) && !own_earlier_write {
                     record_attempt_outcome(
                         &tx,
                         id,
@@ -474,7 +546,7 @@ impl Store {
 
 /// What a fenced write writes on its assignment's `reply_attempts` row.
 #[derive(Clone, Copy)]
-enum AttemptRecord<'a> {
+enum AttemptWrite<'a> {
     /// Renewals: the attempt goes on, nothing to record.
     Nothing,
     /// Completion or failure: the attempt's outcome on success; the refusal otherwise.

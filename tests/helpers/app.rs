@@ -30,6 +30,10 @@ pub struct WorkerConfig {
     pub request_timeout_ms: u64,
     /// Empty: `<topic>.dlq`, which `TestApp::start` creates.
     pub dead_letter_topic: String,
+    pub retry_base_delay_ms: u64,
+    /// `retry` or `stop`.
+    pub ambiguous: &'static str,
+    pub provider_honours_idempotency_key: bool,
 }
 
 impl Default for WorkerConfig {
@@ -45,6 +49,9 @@ impl Default for WorkerConfig {
             default_max_attempts: 5,
             request_timeout_ms: 20_000,
             dead_letter_topic: String::new(),
+            retry_base_delay_ms: 100,
+            ambiguous: "retry",
+            provider_honours_idempotency_key: true,
         }
     }
 }
@@ -154,6 +161,12 @@ default_max_attempts = {attempts}
 base_url = "{mock}"
 request_timeout_ms = {timeout}
 
+[retry]
+base_delay_ms = {retry_base}
+max_delay_ms = 5000
+ambiguous = "{ambiguous}"
+provider_honours_idempotency_key = {honours}
+
 [observability]
 listen = "127.0.0.1:0"
 "#,
@@ -179,6 +192,9 @@ listen = "127.0.0.1:0"
             attempts = c.default_max_attempts,
             mock = self.mock.base_url(),
             timeout = c.request_timeout_ms,
+            retry_base = c.retry_base_delay_ms,
+            ambiguous = c.ambiguous,
+            honours = c.provider_honours_idempotency_key,
         )
     }
 
@@ -371,6 +387,21 @@ listen = "127.0.0.1:0"
         })
         .await
         .unwrap()
+    }
+
+    /// Replaces the mock provider's faults (`PUT /faults`), e.g. `{"error_rate": 1.0}`.
+    pub async fn set_faults(&self, faults: serde_json::Value) {
+        let response = reqwest::Client::new()
+            .put(format!("{}/faults", self.mock.base_url()))
+            .json(&faults)
+            .send()
+            .await
+            .expect("mock answers");
+        assert!(
+            response.status().is_success(),
+            "faults refused: {}",
+            response.text().await.unwrap_or_default()
+        );
     }
 
     /// The checker's report over this test's schema, topic, group and mock.

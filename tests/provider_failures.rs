@@ -1,0 +1,353 @@
+//! Provider failures end to end: the worker classifies each failure, retries within the budget
+//! kept in the task row, and stops when the budget, the deadline or the ambiguity policy says
+//! so. Real worker processes, the real broker and PostgreSQL, the mock provider over HTTP with
+//! faults switched at run time.
+
+mod helpers;
+
+use std::time::Duration;
+
+use chrono::Utc;
+use helpers::app::{TestApp, WorkerConfig};
+use helpers::{unique, wait_until};
+use replyd::domain::TaskSpec;
+use replyd::mock_provider::MockSettings;
+use replyd::produce::demo_task;
+use replyd::store::{AttemptRecord, TaskStatus};
+use serde_json::json;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn one_task(max_attempts: u32) -> TaskSpec {
+    demo_task(&unique("ws"), 0, 1, max_attempts)
+}
+
+fn mock(latency_ms: u64, honour_key: bool) -> MockSettings {
+    MockSettings {
+        latency_ms,
+        honour_idempotency_key: honour_key,
+        ..MockSettings::default()
+    }
+}
+
+async fn attempts(app: &TestApp, task: &TaskSpec) -> Vec<AttemptRecord> {
+    app.db.store.attempts(task.task_id).await.unwrap()
+}
+
+/// Waits until the task has at least `n` attempts with an outcome.
+async fn wait_for_finished_attempts(app: &TestApp, task: &TaskSpec, n: usize) {
+    wait_until(&format!("{n} finished attempts"), LIMIT, || async {
+        attempts(app, task)
+            .await
+            .iter()
+            .filter(|a| a.outcome.is_some())
+            .count()
+            >= n
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_with_retry_after_delays_the_next_attempt_at_least_that_long() {
+    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    app.set_faults(json!({"rate_limit_rate": 1.0, "retry_after_s": 2}))
+        .await;
+    let task = one_task(5);
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    wait_for_finished_attempts(&app, &task, 1).await;
+    app.set_faults(json!({})).await;
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+
+    let history = attempts(&app, &task).await;
+    assert!(history.len() >= 2, "{history:?}");
+    assert_eq!(history[0].outcome.as_deref(), Some("provider_error"));
+    assert_eq!(history.last().unwrap().outcome.as_deref(), Some("accepted"));
+    // The provider's Retry-After is a floor under the backoff, by the database clock.
+    let gap = history[1].claimed_at - history[0].finished_at.unwrap();
+    assert!(
+        gap >= chrono::Duration::seconds(2),
+        "next attempt after {gap}"
+    );
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_server_errors_then_success_gives_one_reply_with_every_attempt_recorded() {
+    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    app.set_faults(json!({"error_rate": 1.0, "error_status": 502}))
+        .await;
+    let task = one_task(5);
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    wait_for_finished_attempts(&app, &task, 2).await;
+    app.set_faults(json!({})).await;
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+
+    let history = attempts(&app, &task).await;
+    let outcomes: Vec<_> = history.iter().map(|a| a.outcome.clone().unwrap()).collect();
+    assert!(outcomes.len() >= 3 && outcomes.len() <= 5, "{outcomes:?}");
+    assert!(
+        outcomes[..outcomes.len() - 1]
+            .iter()
+            .all(|o| o == "provider_error"),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes.last().unwrap(), "accepted");
+    let report = app.check().await;
+    assert_eq!(report.duplicate_replies, 0);
+    assert_eq!(report.completed, 1);
+    assert_eq!(report.provider_calls, Some(history.len() as i64));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_400_costs_one_call_and_fails_the_task_with_the_providers_message() {
+    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    app.set_faults(json!({"error_rate": 1.0, "error_status": 400}))
+        .await;
+    let task = one_task(5);
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Failed);
+    let failure = stored.failure.unwrap();
+    assert!(
+        failure.contains("400") && failure.contains("injected fault"),
+        "{failure}"
+    );
+    assert_eq!(app.mock.stats().requests, 1);
+    assert_eq!(attempts(&app, &task).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_passing_during_a_backoff_fails_the_task_without_another_call() {
+    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    app.set_faults(json!({"rate_limit_rate": 1.0, "retry_after_s": 30}))
+        .await;
+    let mut task = one_task(5);
+    task.deadline = Some(Utc::now() + chrono::Duration::seconds(10));
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Failed);
+    assert!(
+        stored
+            .failure
+            .as_deref()
+            .unwrap()
+            .starts_with("deadline exceeded"),
+        "{:?}",
+        stored.failure
+    );
+    assert_eq!(
+        app.mock.stats().requests,
+        1,
+        "no call after the one that was rate limited"
+    );
+}
+
+async fn ambiguous_without_recovery(policy: &'static str) -> (TestApp, TaskSpec) {
+    let config = WorkerConfig {
+        ambiguous: policy,
+        provider_honours_idempotency_key: false,
+        request_timeout_ms: 5_000,
+        ..WorkerConfig::default()
+    };
+    let mut app = TestApp::start(1, mock(20, false), config).await;
+    app.set_faults(json!({"drop_after_work_rate": 1.0})).await;
+    let task = one_task(3);
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    wait_for_finished_attempts(&app, &task, 1).await;
+    app.set_faults(json!({})).await;
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+    (app, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrecoverable_ambiguous_call_is_retried_within_the_budget_under_retry() {
+    let (app, task) = ambiguous_without_recovery("retry").await;
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Completed);
+    let stats = app.mock.stats();
+    // The provider did the work of the dropped call too: paid twice, but within the budget.
+    assert!(
+        stats.generations >= 2 && stats.generations <= 3,
+        "{stats:?}"
+    );
+    assert_eq!(
+        attempts(&app, &task).await[0].outcome.as_deref(),
+        Some("ambiguous")
+    );
+    assert_eq!(app.check().await.duplicate_replies, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrecoverable_ambiguous_call_fails_the_task_under_stop_after_one_generation() {
+    let (app, task) = ambiguous_without_recovery("stop").await;
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Failed);
+    assert!(
+        stored.failure.as_deref().unwrap().starts_with("ambiguous"),
+        "{:?}",
+        stored.failure
+    );
+    assert_eq!(app.mock.stats().generations, 1);
+    let history = attempts(&app, &task).await;
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].outcome.as_deref(), Some("ambiguous"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_answer_resent_with_the_same_key_costs_one_generation() {
+    // The provider honours Idempotency-Key: the retry gets the stored result, not a new one.
+    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    app.set_faults(json!({"drop_after_work_rate": 1.0})).await;
+    let task = one_task(3);
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    wait_for_finished_attempts(&app, &task, 1).await;
+    app.set_faults(json!({})).await;
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Completed);
+    assert_eq!(app.mock.stats().generations, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attempt_budget_survives_a_kill_during_backoff() {
+    let config = WorkerConfig {
+        retry_base_delay_ms: 1_500,
+        ..WorkerConfig::default()
+    };
+    let mut app = TestApp::start(1, mock(20, true), config).await;
+    app.set_faults(json!({"error_rate": 1.0, "error_status": 503}))
+        .await;
+    let task = one_task(3);
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    wait_for_finished_attempts(&app, &task, 1).await;
+    // Killed while backing off: the record is redelivered to the restarted worker.
+    app.kill("w1");
+    app.spawn_worker("w1");
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Failed);
+    assert!(
+        stored
+            .failure
+            .as_deref()
+            .unwrap()
+            .contains("budget exhausted"),
+        "{:?}",
+        stored.failure
+    );
+    assert_eq!(stored.attempt_count, 3);
+    assert_eq!(
+        app.mock.stats().requests,
+        3,
+        "calls never exceed max_attempts"
+    );
+    assert_eq!(app.check().await.max_attempts_exceeded, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_a_hung_call_cancels_it_and_hands_the_task_over_at_once() {
+    let config = WorkerConfig {
+        lease_ms: 60_000,
+        renew_interval_ms: 20_000,
+        drain_timeout_ms: 1_000,
+        ..WorkerConfig::default()
+    };
+    let mut app = TestApp::start(2, mock(20, true), config).await;
+    app.set_faults(json!({"hang_rate": 1.0})).await;
+    let task = one_task(3);
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    wait_until("w1's call is in flight at the provider", LIMIT, || async {
+        app.mock.stats().in_flight == 1
+    })
+    .await;
+    app.set_faults(json!({})).await;
+    app.spawn_worker("w2");
+    app.terminate("w1").await;
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+
+    let history = attempts(&app, &task).await;
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_eq!(
+        (history[0].worker.as_str(), history[0].outcome.as_deref()),
+        ("w1", Some("abandoned"))
+    );
+    assert_eq!(
+        (history[1].worker.as_str(), history[1].outcome.as_deref()),
+        ("w2", Some("accepted"))
+    );
+    // Handed over, not waited out: w2 finished long before w1's lease would have expired.
+    assert!(
+        history[1].finished_at.unwrap() < history[0].lease_until,
+        "{history:?}"
+    );
+    assert!(
+        app.mock.stats().cancelled >= 1,
+        "the hung request was cancelled"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_state_the_attempts_and_the_reply() {
+    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    app.set_faults(json!({"error_rate": 1.0, "error_status": 500}))
+        .await;
+    let task = one_task(5);
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    wait_for_finished_attempts(&app, &task, 1).await;
+    app.set_faults(json!({})).await;
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+
+    let run = |json: bool| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"));
+        command
+            .args(["inspect", &task.task_id.to_string(), "--database-url"])
+            .arg(app.db.settings.url.expose());
+        if json {
+            command.arg("--json");
+        }
+        command.output().unwrap()
+    };
+    let text = String::from_utf8(run(false).stdout).unwrap();
+    assert!(text.contains("status      completed"), "{text}");
+    assert!(
+        text.contains("provider_error") && text.contains("accepted"),
+        "{text}"
+    );
+    assert!(
+        text.contains("reply to"),
+        "the saved reply is shown: {text}"
+    );
+    let value: serde_json::Value = serde_json::from_slice(&run(true).stdout).unwrap();
+    assert_eq!(value["status"], "completed");
+    assert_eq!(
+        value["attempts"].as_array().unwrap().len() as i64,
+        value["attempt_count"].as_i64().unwrap()
+    );
+
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+        .args([
+            "inspect",
+            &replyd::domain::TaskId::new_random().to_string(),
+            "--database-url",
+        ])
+        .arg(app.db.settings.url.expose())
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(4));
+}
