@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench
+.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery
 
 build:
 	$(CARGO) build --release
@@ -40,3 +40,7 @@ demo:
 ## bench: one worker, one partition, mock at 500 ms: throughput for windows 1, 16, 64, 256.
 bench:
 	bash deploy/bench-window.sh 500 1 16 64 256
+
+## bench-recovery: 1,000 tasks, 20% of calls dropped after the work: calls per task, recovery on/off.
+bench-recovery:
+	bash deploy/bench-recovery.sh 1000 0.2

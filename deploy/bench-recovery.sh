@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Benchmark: provider calls and generations per completed task when a share of calls end
+# ambiguously ("work done, connection dropped"), with recovery by Idempotency-Key on (the mock
+# honours the key) and off (it does not; the worker's ambiguous policy is "retry"). Figures
+# come from the mock's counters and PostgreSQL. Prints a Markdown table. Usage:
+#   deploy/bench-recovery.sh [tasks] [drop_rate]      (default: 1000 0.2)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+tasks=${1:-1000}
+drop_rate=${2:-0.2}
+
+bash deploy/infra.sh up >/dev/null
+set -a && . target/infra/env && set +a
+cargo build --release --quiet
+bin="$root/target/release/replyd"
+dir="$root/target/bench/recovery-$(date +%Y%m%d%H%M%S)"
+mkdir -p "$dir"
+
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+echo "| recovery | tasks | completed | failed | calls | generations | calls/completed | generations/completed |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+for mode in on off; do
+  honour=$([ "$mode" = on ] && echo true || echo false)
+  id="rec-$mode-$$"
+  "$bin" mock-provider --listen 127.0.0.1:0 --latency-ms 50 --drop-after-work-rate "$drop_rate" \
+    --honour-idempotency-key "$honour" --seed 7 >"$dir/$id-mock.out" 2>"$dir/$id-mock.log" &
+  mock=$!
+  pids+=($mock)
+  mock_url=""
+  for _ in $(seq 1 100); do
+    mock_url=$(sed -n 's/^mock-provider listening on //p' "$dir/$id-mock.out")
+    [ -n "$mock_url" ] && break
+    sleep 0.1
+  done
+  [ -n "$mock_url" ] || { echo "bench: mock provider did not start" >&2; exit 1; }
+  schema="bench_$(echo "$id" | tr -c 'a-zA-Z0-9\n' '_')"
+  psql -q "$DATABASE_URL" -c "create schema $schema" >/dev/null
+  sep='?'; case "$DATABASE_URL" in *\?*) sep='&' ;; esac
+  db_url="${DATABASE_URL}${sep}options=-c%20search_path%3D${schema}"
+  topic="bench-$id"
+  "$bin" produce --bootstrap "$KAFKA_BOOTSTRAP" --topic "$topic" --create-partitions 4 \
+    --count "$tasks" --max-attempts 5 >/dev/null
+  cat >"$dir/$id.toml" <<TOML
+[database]
+url = "$db_url"
+pool_size = 32
+[kafka]
+bootstrap_servers = "$KAFKA_BOOTSTRAP"
+topic = "$topic"
+group_id = "bench-$id"
+session_timeout_ms = 10000
+[worker]
+worker_id = "$id"
+partition_window = 32
+global_window = 128
+drain_timeout_ms = 5000
+[provider]
+base_url = "$mock_url"
+request_timeout_ms = 10000
+[retry]
+base_delay_ms = 50
+max_delay_ms = 1000
+ambiguous = "retry"
+provider_honours_idempotency_key = $honour
+[observability]
+listen = "127.0.0.1:0"
+TOML
+  "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &
+  worker=$!
+  pids+=($worker)
+  deadline=$(( $(date +%s) + 900 ))
+  until [ "$(psql -qtA "$db_url" -c "select count(*) from reply_tasks where status in ('completed','failed')" 2>/dev/null || echo 0)" -ge "$tasks" ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || { echo "bench: recovery $mode did not finish" >&2; exit 1; }
+    sleep 1
+  done
+  kill -TERM "$worker"; wait "$worker" || true
+  read -r completed failed < <(psql -qtA -F ' ' "$db_url" -c \
+    "select count(*) filter (where status = 'completed'), count(*) filter (where status = 'failed') from reply_tasks")
+  stats=$(curl -s "$mock_url/stats" 2>/dev/null || true)
+  if [ -z "$stats" ]; then
+    stats=$(exec 3<>"/dev/tcp/${mock_url#http://}" && printf 'GET /stats HTTP/1.0\r\n\r\n' >&3 && cat <&3 | tail -n 1)
+    stats=$(echo "$stats" | tr -d '\r')
+  fi
+  calls=$(echo "$stats" | sed -n 's/.*"requests":\([0-9]*\).*/\1/p')
+  generations=$(echo "$stats" | sed -n 's/.*"generations":\([0-9]*\).*/\1/p')
+  kill -TERM "$mock"; wait "$mock" || true
+  awk -v m="$mode" -v n="$tasks" -v c="$completed" -v f="$failed" -v k="$calls" -v g="$generations" 'BEGIN {
+    printf "| %s | %d | %d | %d | %d | %d | %.3f | %.3f |\n", m, n, c, f, k, g, k / c, g / c
+  }'
+done
