@@ -439,6 +439,29 @@ impl Store {
         })
     }
 
+    /// Stores the provider's id of the operation this assignment started, before waiting on
+    /// it, so any later attempt (this worker, a restarted one, a taker-over) looks the
+    /// operation up instead of generating again. `None` forgets it (the provider no longer
+    /// knows the operation). Fenced like a completion; records nothing on the attempt row.
+    pub async fn record_operation(
+        &self,
+        lease: &Lease,
+        operation_id: Option<&str>,
+    ) -> Result<Result<(), Refusal>, StoreError> {
+        let result = self
+            .fenced_write(
+                lease,
+                "UPDATE reply_tasks SET provider_operation_id = $3, updated_at = clock_timestamp() \
+                 WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
+                   AND lease_until > clock_timestamp() AND saved_response IS NULL \
+                 RETURNING task_id",
+                &[&lease.task_id, &lease.version, &operation_id],
+                AttemptWrite::Nothing,
+            )
+            .await?;
+        Ok(result.map(|_| ()))
+    }
+
     /// The task as stored, or `None`.
     pub async fn read(&self, task_id: TaskId) -> Result<Option<StoredTask>, StoreError> {
         let client = self.client().await?;
