@@ -557,9 +557,20 @@ async fn workers_starting_together_migrate_one_schema_without_racing() {
             replyd::store::migrate::run_migrations(&settings).await
         }));
     }
-    let mut applied = 0;
+    let mut applied = Vec::new();
     for run in runs {
-        applied += run.await.unwrap().expect("migration succeeds").len();
+        applied.extend(run.await.unwrap().expect("migration succeeds"));
     }
-    assert_eq!(applied, 1, "V1 applied exactly once");
+    applied.sort();
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+        .unwrap()
+        .count();
+    let mut unique = applied.clone();
+    unique.dedup();
+    assert_eq!(unique, applied, "no migration applied twice");
+    assert_eq!(
+        applied.len(),
+        files,
+        "every migration applied once: {applied:?}"
+    );
 }
