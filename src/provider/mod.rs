@@ -14,6 +14,7 @@
 //! its cancellation signal, and dropping it aborts the in-flight HTTP request.
 
 pub mod classify;
+mod http;
 pub mod openai;
 
 use std::time::Duration;
