@@ -34,6 +34,7 @@ fn provider_for(base_url: &str, request_timeout_ms: u64) -> OpenAiChatProvider {
         request_timeout_ms,
         connect_timeout_ms: 2_000,
         default_model: "mock-model".into(),
+        ..OpenAiSettings::default()
     })
     .expect("a loopback base URL is valid")
 }

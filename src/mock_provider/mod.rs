@@ -2,10 +2,14 @@
 //! harness. It counts every generation per `Idempotency-Key`, which is how a run proves one
 //! logical request per task (I6) and bounded effort (I7) from the provider's side.
 //!
-//! Routes: `POST /v1/chat/completions`, `GET /stats`, `GET /stats/{key}`, `GET|PUT /faults`,
-//! `GET /healthz`. The decisions (fault, latency, reply text) live in [`behaviour`], pure; the
-//! routes and state in `server`; this file starts and stops the server.
+//! Routes: `POST /v1/chat/completions`; `POST /v1/responses` (background create: answers the
+//! id at once, generates in a spawned task, honours `Idempotency-Key`) and
+//! `GET /v1/responses/{id}` (both 404 when `background_responses` is off); `GET /stats`,
+//! `GET /stats/{key}`, `GET|PUT /faults`, `GET /healthz`. The decisions (fault, latency, reply
+//! text) live in [`behaviour`] and the background responses' state machine in [`background`],
+//! both pure; the routes and state in `server`; this file starts and stops the server.
 
+pub mod background;
 pub mod behaviour;
 mod server;
 pub mod settings;

@@ -1,8 +1,9 @@
 //! The mock provider's HTTP routes and shared state: the OpenAI-compatible chat endpoint with
-//! its idempotency store, the counters behind `/stats`, and the run-time fault switch.
+//! its idempotency store, the background responses endpoints around the pure
+//! [`ResponseBook`], the counters behind `/stats`, and the run-time fault switch.
 //!
 //! The counters are what the tests and the chaos harness check I6 against: `generations` per key
-//! is the number of replies the provider "billed" for that task.
+//! is the number of replies the provider "billed" for that task, through either API.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,6 +19,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
 
+use super::background::{
+    Creation, Output, ResponseBook, ResponseState, parse_create, response_object,
+};
 use super::behaviour::{
     Fault, FaultRng, choose_fault, count_tokens, latency_directive, reply_text, sample_latency,
 };
@@ -36,8 +40,15 @@ pub struct StatsSnapshot {
     pub max_in_flight: u64,
     /// Requests whose client went away before they were answered.
     pub cancelled: u64,
-    /// Generations per `Idempotency-Key`.
+    /// Generations per `Idempotency-Key`, chat and background ones together.
     pub per_key: BTreeMap<String, u64>,
+    /// Background responses created by `POST /v1/responses` (a create that found the key's
+    /// earlier response is not counted).
+    #[serde(default)]
+    pub responses_created: u64,
+    /// `GET /v1/responses/{id}` requests received, unknown ids and faulted ones included.
+    #[serde(default)]
+    pub responses_polled: u64,
 }
 
 /// What `GET /stats/{key}` answers.
@@ -56,6 +67,7 @@ pub(crate) struct MockState {
     rng: Mutex<FaultRng>,
     stats: Mutex<StatsSnapshot>,
     keys: Mutex<HashMap<String, KeyState>>,
+    responses: Mutex<ResponseBook>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -75,6 +87,7 @@ impl MockState {
             rng: Mutex::new(FaultRng::new(settings.seed)),
             stats: Mutex::new(StatsSnapshot::default()),
             keys: Mutex::new(HashMap::new()),
+            responses: Mutex::new(ResponseBook::default()),
             shutdown,
             settings,
         }
@@ -122,6 +135,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) fn router(state: Arc<MockState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(create_response))
+        .route("/v1/responses/{id}", get(get_response))
         .route("/stats", get(stats))
         .route("/stats/{key}", get(key_stats))
         .route("/faults", get(get_faults).put(put_faults))
@@ -226,36 +241,13 @@ async fn chat_completions(
             return in_flight.answered(openai_error(StatusCode::BAD_REQUEST, &message));
         }
     };
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .filter(|k| !k.is_empty())
-        .map(str::to_owned);
+    let key = idempotency_key(&headers);
 
     let (fault, latency) = state.draw();
     let latency =
         latency_directive(request.messages.iter().map(|m| m.content.as_str())).unwrap_or(latency);
-    match fault {
-        Fault::Error { status } => {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            return in_flight.answered(openai_error(status, "injected fault: server error"));
-        }
-        Fault::RateLimit { retry_after_s } => {
-            let mut response = openai_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "injected fault: rate limited",
-            );
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
-            return in_flight.answered(response);
-        }
-        Fault::Hang { hang_ms } => {
-            if state.pause(Duration::from_millis(hang_ms)).await.is_err() {
-                return in_flight.answered(shutting_down());
-            }
-        }
-        Fault::None | Fault::DropAfterWork => {}
+    if let Err(response) = apply_fault_before_work(&state, fault).await {
+        return in_flight.answered(response);
     }
 
     let reply = match key {
@@ -267,19 +259,174 @@ async fn chat_completions(
     let Ok(reply) = reply else {
         return in_flight.answered(shutting_down());
     };
+    in_flight.answered(answer(fault, reply))
+}
+
+/// The request's `Idempotency-Key`, when it has a non-empty one.
+fn idempotency_key(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+}
+
+/// The part of a fault that comes before the work: an error or a 429 answered at once
+/// (`Err`), or a hang; `None` and `DropAfterWork` go on to the work.
+async fn apply_fault_before_work(state: &MockState, fault: Fault) -> Result<(), Response> {
+    match fault {
+        Fault::Error { status } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            Err(openai_error(status, "injected fault: server error"))
+        }
+        Fault::RateLimit { retry_after_s } => {
+            let mut response = openai_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "injected fault: rate limited",
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+            Err(response)
+        }
+        Fault::Hang { hang_ms } => match state.pause(Duration::from_millis(hang_ms)).await {
+            Ok(()) => Ok(()),
+            Err(ShuttingDown) => Err(shutting_down()),
+        },
+        Fault::None | Fault::DropAfterWork => Ok(()),
+    }
+}
+
+/// A JSON success answer, broken mid-body when the fault is `DropAfterWork`.
+fn answer(fault: Fault, body: Bytes) -> Response {
     if fault == Fault::DropAfterWork {
-        in_flight.answered(broken_response(reply))
+        broken_response(body)
     } else {
-        in_flight.answered(
-            (
-                [(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                )],
-                reply,
-            )
-                .into_response(),
+        (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body,
         )
+            .into_response()
+    }
+}
+
+/// The answer of a provider without background responses (`background_responses = false`).
+fn no_background_responses() -> Response {
+    openai_error(
+        StatusCode::NOT_FOUND,
+        "no such route: this provider has no background responses",
+    )
+}
+
+/// `POST /v1/responses`: validates the body, draws a fault, then creates a response (or finds
+/// the key's earlier one) and answers its object at once, `queued` when new. The generation runs
+/// in a spawned task, so it goes on whatever happens to this answer: with `DropAfterWork` the
+/// response exists and is generating but the client never learns its id.
+async fn create_response(
+    State(state): State<Arc<MockState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !state.settings.background_responses {
+        return no_background_responses();
+    }
+    let request = match parse_create(&body) {
+        Ok(request) => request,
+        Err(message) => return openai_error(StatusCode::BAD_REQUEST, &message),
+    };
+    let key = idempotency_key(&headers);
+    let (fault, latency) = state.draw();
+    let latency =
+        latency_directive(request.input.iter().map(|m| m.content.as_str())).unwrap_or(latency);
+    if let Err(response) = apply_fault_before_work(&state, fault).await {
+        return response;
+    }
+
+    let model = request.model.clone().unwrap_or_else(|| "mock-model".into());
+    let (id, object) = {
+        let mut book = lock(&state.responses);
+        let creation = book.create(
+            key.as_deref(),
+            state.settings.honour_idempotency_key,
+            &model,
+        );
+        let (Creation::New(id) | Creation::Existing(id)) = &creation;
+        // Rendered under the same lock as the create, so a new response is answered `queued`
+        // even if its generation starts before this answer is sent.
+        let object = book
+            .get(id)
+            .map(|entry| response_object(id, entry))
+            .expect("the book holds the response it just created or found");
+        match creation {
+            Creation::New(id) => (Some(id), object),
+            Creation::Existing(_) => (None, object),
+        }
+    };
+    if let Some(id) = id {
+        lock(&state.stats).responses_created += 1;
+        let chat = ChatRequest {
+            model: request.model,
+            messages: request
+                .input
+                .into_iter()
+                .map(|m| ChatRequestMessage {
+                    role: m.role,
+                    content: m.content,
+                })
+                .collect(),
+        };
+        tokio::spawn(run_background(Arc::clone(&state), id, key, chat, latency));
+    }
+    answer(fault, Bytes::from(object.to_string()))
+}
+
+/// The generation of one background response: `in_progress`, the latency, then `completed`
+/// (counted like a chat generation, under the key), or `failed` if the mock shuts down first.
+async fn run_background(
+    state: Arc<MockState>,
+    id: String,
+    key: Option<String>,
+    request: ChatRequest,
+    latency: Duration,
+) {
+    lock(&state.responses).begin(&id);
+    let end = match produce(&state, key.as_deref(), &request, latency).await {
+        Ok(produced) => ResponseState::Completed(Output {
+            text: produced.text,
+            model: produced.model,
+            input_tokens: produced.prompt_tokens,
+            output_tokens: produced.completion_tokens,
+        }),
+        Err(ShuttingDown) => ResponseState::Failed {
+            message: "mock provider shut down before the response was done".into(),
+        },
+    };
+    lock(&state.responses).finish(&id, end);
+}
+
+/// `GET /v1/responses/{id}`: the response object as it is now; 404 for an unknown id. Faults
+/// apply as to any request; `DropAfterWork` loses this poll's answer, not the response.
+async fn get_response(State(state): State<Arc<MockState>>, Path(id): Path<String>) -> Response {
+    if !state.settings.background_responses {
+        return no_background_responses();
+    }
+    lock(&state.stats).responses_polled += 1;
+    let (fault, _latency) = state.draw();
+    if let Err(response) = apply_fault_before_work(&state, fault).await {
+        return response;
+    }
+    let object = lock(&state.responses)
+        .get(&id)
+        .map(|entry| response_object(&id, entry));
+    match object {
+        Some(object) => answer(fault, Bytes::from(object.to_string())),
+        None => openai_error(
+            StatusCode::NOT_FOUND,
+            &format!("No response found with id '{id}'."),
+        ),
     }
 }
 
@@ -350,13 +497,22 @@ impl Drop for LeaderGuard<'_> {
     }
 }
 
-/// The work: wait the latency, then count a generation and build its reply.
-async fn generate(
+/// What one generation produced, before either API wraps it.
+struct Produced {
+    generation: u64,
+    text: String,
+    model: String,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+}
+
+/// The work: wait the latency, then count a generation (under the key) and build its text.
+async fn produce(
     state: &MockState,
     key: Option<&str>,
     request: &ChatRequest,
     latency: Duration,
-) -> Result<Reply, ShuttingDown> {
+) -> Result<Produced, ShuttingDown> {
     state.pause(latency).await?;
     let generation = {
         let mut stats = lock(&state.stats);
@@ -379,6 +535,29 @@ async fn generate(
         .map(|m| count_tokens(&m.content))
         .sum();
     let completion_tokens = count_tokens(&text);
+    Ok(Produced {
+        generation,
+        text,
+        model: request.model.as_deref().unwrap_or("mock-model").to_owned(),
+        prompt_tokens,
+        completion_tokens,
+    })
+}
+
+/// A chat generation: [`produce`], wrapped as a chat completion.
+async fn generate(
+    state: &MockState,
+    key: Option<&str>,
+    request: &ChatRequest,
+    latency: Duration,
+) -> Result<Reply, ShuttingDown> {
+    let Produced {
+        generation,
+        text,
+        model,
+        prompt_tokens,
+        completion_tokens,
+    } = produce(state, key, request, latency).await?;
     let created = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -386,7 +565,7 @@ async fn generate(
         "id": format!("chatcmpl-mock-{generation}"),
         "object": "chat.completion",
         "created": created,
-        "model": request.model.as_deref().unwrap_or("mock-model"),
+        "model": model,
         "choices": [{
             "index": 0,
             "message": { "role": "assistant", "content": text },

@@ -1,11 +1,17 @@
-//! Settings of the mock provider: latency, fault rates, idempotency, seed; and the command-line
-//! flags that carry them.
+//! Settings of the mock provider: latency, fault rates, idempotency, the background-responses
+//! capability, seed; and the command-line flags that carry them.
+//!
+//! What the provider *is* (honours keys, has background responses) is fixed at start in
+//! [`MockSettings`]; what goes wrong with it ([`FaultSettings`]) can change at run time.
 
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-/// Faults injected into chat-completion requests. Replaceable at run time with `PUT /faults`.
+/// Faults injected into chat-completion requests and into background-response creates and polls
+/// alike. Replaceable at run time with `PUT /faults`. On a create, `drop_after_work_rate` creates
+/// the response and starts its generation, then breaks the answer, so the client never sees the
+/// id; on a poll, it loses that poll's answer.
 /// Each rate is the share of requests, in `[0, 1]`, that get the fault; together they may not
 /// exceed 1.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,8 +98,12 @@ pub struct MockSettings {
     /// Injected faults; `PUT /faults` replaces them while the mock runs.
     pub faults: FaultSettings,
     /// Whether a repeated `Idempotency-Key` gets the first request's reply instead of a new
-    /// generation. Default true; false imitates a provider that ignores the header.
+    /// generation. Default true; false imitates a provider that ignores the header. Applies to
+    /// background-response creates too: a repeated key gets the first response's id.
     pub honour_idempotency_key: bool,
+    /// Whether `POST /v1/responses` and `GET /v1/responses/{id}` exist. Default true; false
+    /// answers them 404, like a provider without background responses.
+    pub background_responses: bool,
     /// Seed of the fault and latency draws, so a run can be replayed.
     pub seed: u64,
 }
@@ -105,6 +115,7 @@ impl Default for MockSettings {
             latency_jitter_ms: 0,
             faults: FaultSettings::default(),
             honour_idempotency_key: true,
+            background_responses: true,
             seed: 0,
         }
     }
@@ -146,6 +157,9 @@ pub struct MockProviderArgs {
     /// Whether a repeated Idempotency-Key returns the first reply instead of generating anew.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub honour_idempotency_key: bool,
+    /// Whether the background-responses endpoints exist (false: they answer 404).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub background_responses: bool,
     /// Seed of the fault and latency draws.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -166,6 +180,7 @@ impl From<MockProviderArgs> for MockSettings {
                 drop_after_work_rate: args.drop_after_work_rate,
             },
             honour_idempotency_key: args.honour_idempotency_key,
+            background_responses: args.background_responses,
             seed: args.seed,
         }
     }
@@ -208,6 +223,7 @@ mod tests {
             "--error-rate=0.25",
             "--error-status=502",
             "--honour-idempotency-key=false",
+            "--background-responses=false",
             "--seed=9",
         ])
         .unwrap();
@@ -216,6 +232,7 @@ mod tests {
         assert_eq!(settings.faults.error_rate, 0.25);
         assert_eq!(settings.faults.error_status, 502);
         assert!(!settings.honour_idempotency_key);
+        assert!(!settings.background_responses);
         assert_eq!(settings.seed, 9);
         assert!(Cli::try_parse_from(["mock", "--hang-rate=1.5"]).is_err());
     }

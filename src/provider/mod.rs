@@ -12,10 +12,22 @@
 //!
 //! Cancellation is by dropping the future returned by `generate`: the caller selects it against
 //! its cancellation signal, and dropping it aborts the in-flight HTTP request.
+//!
+//! Some providers can do better than an idempotency key after an ambiguous call: a
+//! [`BackgroundProvider`] splits the call into [`BackgroundProvider::start`], which returns an
+//! [`OperationId`] as soon as the provider has accepted the work, and
+//! [`BackgroundProvider::wait`], which can be called again, by any process, with the stored id
+//! instead of generating a second time (I6). [`Provider::recovery`] says which of these an
+//! adapter offers, and [`Provider::as_background`] hands out the capability, so the caller can
+//! hold one `Arc<dyn Provider>` whatever the adapter. [`build_provider`] picks the adapter from
+//! the settings.
 
 pub mod classify;
+mod http;
 pub mod openai;
+pub mod responses;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -23,7 +35,8 @@ use serde::{Deserialize, Serialize};
 use crate::domain::{ChatMessage, TaskSpec};
 
 pub use classify::classify_status;
-pub use openai::{OpenAiChatProvider, OpenAiSettings};
+pub use openai::{OpenAiBuildError, OpenAiChatProvider, OpenAiSettings, ProviderApi};
+pub use responses::OpenAiResponsesProvider;
 
 /// One call to make: what to ask, and the key under which the provider deduplicates it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +85,31 @@ pub struct Usage {
     pub completion_tokens: u32,
 }
 
+/// What an adapter can do to recover the reply of a call whose outcome it did not learn
+/// (`Ambiguous`, `MaybeExecuted`), instead of paying for a second generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Nothing: a retry may generate (and bill) a second reply.
+    None,
+    /// A retry sends the same `Idempotency-Key`; a provider that honours it answers with the
+    /// first reply.
+    IdempotencyKey,
+    /// The adapter is a [`BackgroundProvider`]: store the [`OperationId`] that `start` returned
+    /// and `wait` on it again.
+    OperationId,
+}
+
+/// The provider's id of a background operation (OpenAI's response id, `resp_...`). Store it
+/// durably between `start` and `wait`: it is what lets any later attempt pick up the reply.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OperationId(pub String);
+
+impl std::fmt::Display for OperationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// An LLM provider. Implementations make one request per call and never retry.
 #[async_trait::async_trait]
 pub trait Provider: Send + Sync {
@@ -80,6 +118,53 @@ pub trait Provider: Send + Sync {
 
     /// Short stable name for logs and metrics (`"openai"`).
     fn name(&self) -> &str;
+
+    /// What this adapter can do about an ambiguous call. The default fits adapters that send
+    /// the task id as `Idempotency-Key`, as [`OpenAiChatProvider`] does.
+    fn recovery(&self) -> Recovery {
+        Recovery::IdempotencyKey
+    }
+
+    /// This adapter as a [`BackgroundProvider`], when it is one.
+    fn as_background(&self) -> Option<&dyn BackgroundProvider> {
+        None
+    }
+}
+
+/// A provider that runs a generation as a background operation with an id, so an attempt that
+/// lost track of a call can find its reply again instead of generating another (I6).
+///
+/// Errors, for the caller's decision. From `start`: the same classes as
+/// [`Provider::generate`]; an `Ambiguous` create may have started an operation whose id we never
+/// saw, and re-sending `start` with the same idempotency key finds it on a provider that honours
+/// the key. From `wait`:
+/// - a failed poll (`NotSent`, `Retryable`, `Ambiguous`, `MaybeExecuted` with a 5xx status,
+///   `MalformedResponse`) leaves the operation id valid: `wait` may be called again;
+/// - `Fatal { status: 404, .. }`: the operation is gone (unknown id, cancelled, expired); only
+///   a new `start` can produce a reply;
+/// - the operation's own failure carries status 200, the status of the poll that reported it:
+///   `MaybeExecuted { status: 200, .. }` when the provider calls it a server error (a new
+///   `start` may be billed again), else `Fatal { status: 200, .. }`.
+#[async_trait::async_trait]
+pub trait BackgroundProvider: Provider {
+    /// Creates the background operation and returns its id as soon as the provider has
+    /// accepted it, without waiting for the generation. The request's idempotency key is sent
+    /// with the create.
+    async fn start(&self, request: &GenerationRequest) -> Result<OperationId, ProviderError>;
+
+    /// Polls `operation` until it reaches a terminal status and returns its generation. A
+    /// `failed` operation is `Fatal` with the provider's message, or `MaybeExecuted` when the
+    /// provider says the failure was a server error; a cancelled, expired or unknown one is
+    /// `Fatal { status: 404, .. }`. Dropping the future stops the polling.
+    async fn wait(&self, operation: &OperationId) -> Result<Generation, ProviderError>;
+}
+
+/// The adapter `settings.api` names, behind the one trait the caller holds.
+pub fn build_provider(settings: &OpenAiSettings) -> Result<Arc<dyn Provider>, OpenAiBuildError> {
+    Ok(match settings.api {
+        ProviderApi::ChatCompletions => Arc::new(OpenAiChatProvider::new(settings)?),
+        ProviderApi::BackgroundResponses => Arc::new(OpenAiResponsesProvider::new(settings)?),
+    })
 }
 
 /// Why a call produced no reply, split by what the caller may do next. `kind()` is the stable
@@ -110,7 +195,7 @@ pub enum ProviderError {
     /// `status` is the HTTP status seen, or 0 when the request was refused before sending.
     #[error("provider refused the request (status {status}): {message}")]
     Fatal { status: u16, message: String },
-    /// A success status whose body is not a chat completion with a reply in it.
+    /// A success status whose body is not a completion (or response object) with a reply in it.
     #[error("malformed provider response: {message}")]
     MalformedResponse { message: String },
 }

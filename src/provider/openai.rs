@@ -1,5 +1,6 @@
 //! [`OpenAiChatProvider`]: one `POST {base_url}/v1/chat/completions` per call to an
-//! OpenAI-compatible server, with the task id as `Idempotency-Key` (I6).
+//! OpenAI-compatible server, with the task id as `Idempotency-Key` (I6); and the settings both
+//! OpenAI adapters read ([`OpenAiSettings`]).
 //!
 //! The client is built so that one `generate` is exactly one request: reqwest's own retry policy
 //! is switched off and redirects are not followed, because re-sending is the caller's decision
@@ -8,29 +9,43 @@
 
 use std::time::Duration;
 
-use reqwest::header::{AUTHORIZATION, HeaderValue};
 use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use super::{Generation, GenerationRequest, Provider, ProviderError, Usage, classify_status};
+use super::http::{
+    build_client, endpoint, status_error, transport_error, with_api_key, with_idempotency_key,
+};
+use super::{Generation, GenerationRequest, Provider, ProviderError, Usage};
 use crate::config::Secret;
 use crate::domain::Role;
 
-/// Most bytes of a non-success body kept for the error message.
-const MAX_ERROR_BODY_BYTES: usize = 4 * 1024;
+/// Which of the provider's APIs replyd calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderApi {
+    /// `POST /v1/chat/completions`: one request per call; an ambiguous call is recovered only
+    /// if the provider honours `Idempotency-Key`.
+    #[default]
+    ChatCompletions,
+    /// `POST /v1/responses` with `"background": true`, then `GET /v1/responses/{id}` until the
+    /// response is done: the operation id survives an ambiguous call and a restart.
+    BackgroundResponses,
+}
 
-/// How replyd reaches an OpenAI-compatible chat-completions server.
+/// How replyd reaches an OpenAI-compatible server.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct OpenAiSettings {
     /// Scheme, host and port (and any path prefix) of the server, without `/v1`; the adapter
-    /// posts to `{base_url}/v1/chat/completions`. Default `https://api.openai.com`.
+    /// posts to `{base_url}/v1/chat/completions` (or `{base_url}/v1/responses`). Default
+    /// `https://api.openai.com`.
     pub base_url: String,
     /// Sent as `Authorization: Bearer <key>` when set; never logged. Servers without
     /// authentication (the mock provider, a local vLLM) need none. Default: none.
     pub api_key: Option<Secret>,
     /// Whole-call limit, from sending the request to the last byte of the answer. A call that
-    /// runs out of it is `Ambiguous`: the provider may still finish and bill the work. Default
+    /// runs out of it is `Ambiguous`: the provider may still finish and bill the work. With
+    /// `background_responses` it also bounds one `wait` as a whole (all its polls). Default
     /// 60000.
     pub request_timeout_ms: u64,
     /// Limit on opening the TCP (and TLS) connection. A call that runs out of it is `NotSent`.
@@ -38,6 +53,13 @@ pub struct OpenAiSettings {
     pub connect_timeout_ms: u64,
     /// Model asked for when a task names none. Default `gpt-4o-mini`.
     pub default_model: String,
+    /// `chat_completions` or `background_responses` (see [`ProviderApi`]). Default
+    /// `chat_completions`.
+    #[serde(default)]
+    pub api: ProviderApi,
+    /// `background_responses` only: pause between two polls of a response that is not done
+    /// yet. Values below 1 are taken as 1. Default 500.
+    pub poll_interval_ms: u64,
 }
 
 impl Default for OpenAiSettings {
@@ -48,6 +70,8 @@ impl Default for OpenAiSettings {
             request_timeout_ms: 60_000,
             connect_timeout_ms: 3_000,
             default_model: "gpt-4o-mini".into(),
+            api: ProviderApi::ChatCompletions,
+            poll_interval_ms: 500,
         }
     }
 }
@@ -63,7 +87,7 @@ pub struct OpenAiChatProvider {
     request_timeout: Duration,
 }
 
-/// Why an [`OpenAiChatProvider`] could not be built from its settings.
+/// Why an OpenAI adapter could not be built from its settings.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenAiBuildError {
     #[error("provider base_url `{base_url}` is not a URL: {reason}")]
@@ -75,32 +99,13 @@ pub enum OpenAiBuildError {
 impl OpenAiChatProvider {
     /// Builds the adapter; fails on a base URL that is not an `http(s)` URL.
     pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
-        let bad = |reason: String| OpenAiBuildError::BadBaseUrl {
-            base_url: settings.base_url.clone(),
-            reason,
-        };
-        let base = settings.base_url.trim_end_matches('/');
-        let endpoint =
-            Url::parse(&format!("{base}/v1/chat/completions")).map_err(|e| bad(e.to_string()))?;
-        if !matches!(endpoint.scheme(), "http" | "https") {
-            return Err(bad(format!(
-                "scheme `{}` is not http or https",
-                endpoint.scheme()
-            )));
-        }
-        let request_timeout = Duration::from_millis(settings.request_timeout_ms);
-        let client = Client::builder()
-            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
-            .timeout(request_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .retry(reqwest::retry::never())
-            .build()?;
+        let endpoint = endpoint(settings, "/v1/chat/completions")?;
         Ok(Self {
-            client,
+            client: build_client(settings)?,
             endpoint,
             api_key: settings.api_key.clone(),
             default_model: settings.default_model.clone(),
-            request_timeout,
+            request_timeout: Duration::from_millis(settings.request_timeout_ms),
         })
     }
 
@@ -120,82 +125,44 @@ impl OpenAiChatProvider {
                 .messages
                 .iter()
                 .map(|m| WireMessage {
-                    role: match m.role {
-                        Role::System => "system",
-                        Role::User => "user",
-                        Role::Assistant => "assistant",
-                    },
+                    role: role_name(m.role),
                     content: &m.content,
                 })
                 .collect(),
             max_tokens: request.max_output_tokens,
         }
     }
+}
 
-    /// Maps an error of the exchange to what it means for the caller.
-    fn transport_error(&self, error: reqwest::Error) -> ProviderError {
-        let message = describe(&error);
-        if error.is_connect() {
-            // Includes connect timeouts: no byte of the request left this process.
-            ProviderError::NotSent { message }
-        } else if error.is_timeout() {
-            ProviderError::Ambiguous {
-                message: format!(
-                    "no answer within {} ms: {message}",
-                    self.request_timeout.as_millis()
-                ),
-            }
-        } else {
-            // Reset, closed or broken after the request was (maybe partly) written.
-            ProviderError::Ambiguous { message }
-        }
+/// The role as OpenAI's APIs spell it.
+pub(crate) fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
     }
 }
 
 #[async_trait::async_trait]
 impl Provider for OpenAiChatProvider {
     async fn generate(&self, request: &GenerationRequest) -> Result<Generation, ProviderError> {
-        let key =
-            HeaderValue::from_str(&request.idempotency_key).map_err(|_| ProviderError::Fatal {
-                status: 0,
-                message: "idempotency key is not a valid header value; request not sent".into(),
-            })?;
         let body = self.wire_request(request);
-        let mut builder = self
-            .client
-            .post(self.endpoint.clone())
-            .header("Idempotency-Key", key)
-            .json(&body);
-        if let Some(api_key) = &self.api_key {
-            let mut value = HeaderValue::from_str(&format!("Bearer {}", api_key.expose()))
-                .map_err(|_| ProviderError::Fatal {
-                    status: 0,
-                    message: "API key is not a valid header value; request not sent".into(),
-                })?;
-            // Keeps the key out of any debug output of the request (hyper and reqwest honour it).
-            value.set_sensitive(true);
-            builder = builder.header(AUTHORIZATION, value);
-        }
+        let builder = self.client.post(self.endpoint.clone()).json(&body);
+        let builder = with_idempotency_key(builder, &request.idempotency_key)?;
+        let builder = with_api_key(builder, self.api_key.as_ref())?;
 
-        let response = builder.send().await.map_err(|e| self.transport_error(e))?;
+        let response = builder
+            .send()
+            .await
+            .map_err(|e| transport_error(e, self.request_timeout))?;
         let status = response.status();
-        let headers = response.headers().clone();
         if !status.is_success() {
-            // The status already decides the class; a body that fails to arrive only costs us
-            // the provider's message.
-            let snippet = match response.bytes().await {
-                Ok(bytes) => {
-                    let cut = bytes.len().min(MAX_ERROR_BODY_BYTES);
-                    String::from_utf8_lossy(&bytes[..cut]).into_owned()
-                }
-                Err(_) => String::new(),
-            };
-            return Err(classify_status(status, &headers, &snippet));
+            return Err(status_error(response).await);
         }
         let bytes = response
             .bytes()
             .await
-            .map_err(|e| self.transport_error(e))?;
+            .map_err(|e| transport_error(e, self.request_timeout))?;
         parse_completion(status, &bytes, body.model)
     }
 
@@ -248,19 +215,6 @@ fn parse_completion(
         }),
         provider_response_id: completion.id,
     })
-}
-
-/// The error and its causes on one line: reqwest's own `Display` hides the cause (refused,
-/// reset, timed out) that an operator needs.
-fn describe(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[derive(Debug, Serialize)]

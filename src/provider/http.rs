@@ -1,0 +1,123 @@
+//! The HTTP plumbing both OpenAI adapters share: one way to build the client (no retries, no
+//! redirects), to name an endpoint, to set the key and idempotency headers, and to turn a failed
+//! exchange into a [`ProviderError`]. Sharing it keeps the chat and the responses adapters from
+//! drifting apart on the question that matters to the caller: may the provider have run the
+//! request (I6, I7)?
+
+use std::time::Duration;
+
+use reqwest::header::{AUTHORIZATION, HeaderValue};
+use reqwest::{Client, RequestBuilder, Response, Url};
+
+use super::openai::{OpenAiBuildError, OpenAiSettings};
+use super::{ProviderError, classify_status};
+use crate::config::Secret;
+
+/// Most bytes of a non-success body kept for the error message.
+const MAX_ERROR_BODY_BYTES: usize = 4 * 1024;
+
+/// A client that sends each request once: reqwest's retry policy is off and redirects are not
+/// followed, because re-sending is the caller's decision (I7).
+pub(crate) fn build_client(settings: &OpenAiSettings) -> Result<Client, reqwest::Error> {
+    Client::builder()
+        .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
+        .timeout(Duration::from_millis(settings.request_timeout_ms))
+        .redirect(reqwest::redirect::Policy::none())
+        .retry(reqwest::retry::never())
+        .build()
+}
+
+/// `{base_url}{path}`, refusing a base URL that is not `http(s)`. `path` starts with `/v1/`.
+pub(crate) fn endpoint(settings: &OpenAiSettings, path: &str) -> Result<Url, OpenAiBuildError> {
+    let bad = |reason: String| OpenAiBuildError::BadBaseUrl {
+        base_url: settings.base_url.clone(),
+        reason,
+    };
+    let base = settings.base_url.trim_end_matches('/');
+    let url = Url::parse(&format!("{base}{path}")).map_err(|e| bad(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad(format!(
+            "scheme `{}` is not http or https",
+            url.scheme()
+        )));
+    }
+    Ok(url)
+}
+
+/// Adds `Idempotency-Key: <key>`; a key that cannot be a header value is refused before sending.
+pub(crate) fn with_idempotency_key(
+    builder: RequestBuilder,
+    key: &str,
+) -> Result<RequestBuilder, ProviderError> {
+    let value = HeaderValue::from_str(key).map_err(|_| ProviderError::Fatal {
+        status: 0,
+        message: "idempotency key is not a valid header value; request not sent".into(),
+    })?;
+    Ok(builder.header("Idempotency-Key", value))
+}
+
+/// Adds `Authorization: Bearer <key>` when a key is configured.
+pub(crate) fn with_api_key(
+    builder: RequestBuilder,
+    api_key: Option<&Secret>,
+) -> Result<RequestBuilder, ProviderError> {
+    let Some(api_key) = api_key else {
+        return Ok(builder);
+    };
+    let mut value =
+        HeaderValue::from_str(&format!("Bearer {}", api_key.expose())).map_err(|_| {
+            ProviderError::Fatal {
+                status: 0,
+                message: "API key is not a valid header value; request not sent".into(),
+            }
+        })?;
+    // Keeps the key out of any debug output of the request (hyper and reqwest honour it).
+    value.set_sensitive(true);
+    Ok(builder.header(AUTHORIZATION, value))
+}
+
+/// Maps an error of the exchange to what it means for the caller; `timeout` is the limit the
+/// request ran under, named in the message.
+pub(crate) fn transport_error(error: reqwest::Error, timeout: Duration) -> ProviderError {
+    let message = describe(&error);
+    if error.is_connect() {
+        // Includes connect timeouts: no byte of the request left this process.
+        ProviderError::NotSent { message }
+    } else if error.is_timeout() {
+        ProviderError::Ambiguous {
+            message: format!("no answer within {} ms: {message}", timeout.as_millis()),
+        }
+    } else {
+        // Reset, closed or broken after the request was (maybe partly) written.
+        ProviderError::Ambiguous { message }
+    }
+}
+
+/// Classifies a non-success answer from its status, headers and the start of its body.
+pub(crate) async fn status_error(response: Response) -> ProviderError {
+    let status = response.status();
+    let headers = response.headers().clone();
+    // The status already decides the class; a body that fails to arrive only costs us the
+    // provider's message.
+    let snippet = match response.bytes().await {
+        Ok(bytes) => {
+            let cut = bytes.len().min(MAX_ERROR_BODY_BYTES);
+            String::from_utf8_lossy(&bytes[..cut]).into_owned()
+        }
+        Err(_) => String::new(),
+    };
+    classify_status(status, &headers, &snippet)
+}
+
+/// The error and its causes on one line: reqwest's own `Display` hides the cause (refused,
+/// reset, timed out) that an operator needs.
+fn describe(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

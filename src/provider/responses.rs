@@ -1,0 +1,594 @@
+//! [`OpenAiResponsesProvider`]: OpenAI's Responses API in background mode. `start` posts
+//! `{base_url}/v1/responses` with `"background": true` and the task id as `Idempotency-Key`, and
+//! returns the response id at once; `wait` polls `GET {base_url}/v1/responses/{id}` until the
+//! response is done. The id is what makes an ambiguous call recoverable (I6): the caller stores
+//! it, and any later attempt waits on it instead of generating again.
+//!
+//! Like the chat adapter, every request is sent once (no retries, no redirects, the shared
+//! client in `http`): re-sending a create or a poll is the caller's decision (I7). The reading of
+//! a response object is pure ([`parse_response`]) so each status is tested without a server.
+
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode, Url};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::http::{
+    build_client, endpoint, status_error, transport_error, with_api_key, with_idempotency_key,
+};
+use super::openai::{OpenAiBuildError, OpenAiSettings, role_name};
+use super::{
+    BackgroundProvider, Generation, GenerationRequest, OperationId, Provider, ProviderError,
+    Recovery, Usage,
+};
+use crate::config::Secret;
+
+/// The adapter. Cheap to share: hold it in an `Arc`; all calls share one connection pool. Holds
+/// no state about operations, so a second instance (another worker, a restarted one) can `wait`
+/// on an id the first one started.
+#[derive(Debug, Clone)]
+pub struct OpenAiResponsesProvider {
+    client: Client,
+    endpoint: Url,
+    api_key: Option<Secret>,
+    default_model: String,
+    request_timeout: Duration,
+    poll_interval: Duration,
+}
+
+impl OpenAiResponsesProvider {
+    /// Builds the adapter; fails on a base URL that is not an `http(s)` URL.
+    pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
+        let endpoint = endpoint(settings, "/v1/responses")?;
+        Ok(Self {
+            client: build_client(settings)?,
+            endpoint,
+            api_key: settings.api_key.clone(),
+            default_model: settings.default_model.clone(),
+            request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            // A zero interval would poll as fast as the provider answers.
+            poll_interval: Duration::from_millis(settings.poll_interval_ms.max(1)),
+        })
+    }
+
+    /// The URL responses are created at; an operation lives at `{endpoint}/{id}`.
+    pub fn endpoint(&self) -> &Url {
+        &self.endpoint
+    }
+
+    fn operation_url(&self, operation: &OperationId) -> Result<Url, ProviderError> {
+        if operation.0.is_empty() {
+            return Err(gone(operation, "the operation id is empty"));
+        }
+        let mut url = self.endpoint.clone();
+        // `new` only accepts http(s) URLs, which always have a path to extend.
+        url.path_segments_mut()
+            .expect("an http(s) URL has path segments")
+            .push(&operation.0);
+        Ok(url)
+    }
+
+    fn wire_request<'a>(&'a self, request: &'a GenerationRequest) -> WireCreate<'a> {
+        WireCreate {
+            model: if request.model.is_empty() {
+                &self.default_model
+            } else {
+                &request.model
+            },
+            input: request
+                .messages
+                .iter()
+                .map(|m| WireInput {
+                    role: role_name(m.role),
+                    content: &m.content,
+                })
+                .collect(),
+            background: true,
+            max_output_tokens: request.max_output_tokens,
+        }
+    }
+
+    /// One poll: the response object as it is now.
+    async fn poll(
+        &self,
+        url: &Url,
+        operation: &OperationId,
+        limit: Duration,
+    ) -> Result<Polled, ProviderError> {
+        let builder = self.client.get(url.clone()).timeout(limit);
+        let builder = with_api_key(builder, self.api_key.as_ref())?;
+        let response = builder
+            .send()
+            .await
+            .map_err(|e| transport_error(e, limit))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(match status_error(response).await {
+                ProviderError::Fatal {
+                    status: 404,
+                    message,
+                } => gone(
+                    operation,
+                    &format!("the provider does not know it ({message})"),
+                ),
+                other => other,
+            });
+        }
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| transport_error(e, limit))?;
+        parse_response(status, &bytes, &self.default_model)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for OpenAiResponsesProvider {
+    /// `start` then `wait`, for callers that do not store the operation id; a retry of such a
+    /// call still finds the first operation through the idempotency key.
+    async fn generate(&self, request: &GenerationRequest) -> Result<Generation, ProviderError> {
+        let operation = self.start(request).await?;
+        self.wait(&operation).await
+    }
+
+    fn name(&self) -> &str {
+        "openai-responses"
+    }
+
+    fn recovery(&self) -> Recovery {
+        Recovery::OperationId
+    }
+
+    fn as_background(&self) -> Option<&dyn BackgroundProvider> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl BackgroundProvider for OpenAiResponsesProvider {
+    async fn start(&self, request: &GenerationRequest) -> Result<OperationId, ProviderError> {
+        let body = self.wire_request(request);
+        let builder = self.client.post(self.endpoint.clone()).json(&body);
+        let builder = with_idempotency_key(builder, &request.idempotency_key)?;
+        let builder = with_api_key(builder, self.api_key.as_ref())?;
+        let response = builder
+            .send()
+            .await
+            .map_err(|e| transport_error(e, self.request_timeout))?;
+        if !response.status().is_success() {
+            return Err(status_error(response).await);
+        }
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| transport_error(e, self.request_timeout))?;
+        parse_created(&bytes)
+    }
+
+    async fn wait(&self, operation: &OperationId) -> Result<Generation, ProviderError> {
+        let url = self.operation_url(operation)?;
+        // One wait is bounded by the whole-call limit; every pass of the loop either returns
+        // or sleeps at least one poll interval, so the number of polls is bounded too.
+        let deadline = Instant::now() + self.request_timeout;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(still_running(operation, self.request_timeout));
+            }
+            if let Polled::Done(generation) = self.poll(&url, operation, remaining).await? {
+                return Ok(generation);
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(still_running(operation, self.request_timeout));
+            }
+            tokio::time::sleep(self.poll_interval.min(remaining)).await;
+        }
+    }
+}
+
+/// What one poll found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Polled {
+    /// `queued` or `in_progress`: poll again.
+    Pending,
+    /// Done with a reply.
+    Done(Generation),
+}
+
+/// The documented "operation is gone" error: only a new `start` can produce a reply.
+fn gone(operation: &OperationId, why: &str) -> ProviderError {
+    ProviderError::Fatal {
+        status: 404,
+        message: format!("operation {operation} is gone: {why}; start a new one"),
+    }
+}
+
+fn still_running(operation: &OperationId, limit: Duration) -> ProviderError {
+    ProviderError::Ambiguous {
+        message: format!(
+            "operation {operation} not done within {} ms; it may still finish, wait on it again",
+            limit.as_millis()
+        ),
+    }
+}
+
+/// Reads the answer to a create: the new response's id. Pure.
+pub(crate) fn parse_created(bytes: &[u8]) -> Result<OperationId, ProviderError> {
+    let response: WireResponse =
+        serde_json::from_slice(bytes).map_err(|e| ProviderError::MalformedResponse {
+            message: format!("body is not a response object: {e}"),
+        })?;
+    match response.id {
+        Some(id) if !id.is_empty() => Ok(OperationId(id)),
+        _ => Err(ProviderError::MalformedResponse {
+            message: "created response has no id".into(),
+        }),
+    }
+}
+
+/// Reads a polled response object into "not yet", a generation, or the error its status means
+/// (see [`BackgroundProvider`] for the classes). `http_status` is the poll's status, carried by
+/// the errors of the operation's own failure. Pure.
+pub(crate) fn parse_response(
+    http_status: StatusCode,
+    bytes: &[u8],
+    asked_model: &str,
+) -> Result<Polled, ProviderError> {
+    let malformed = |message: String| ProviderError::MalformedResponse { message };
+    let response: WireResponse = serde_json::from_slice(bytes)
+        .map_err(|e| malformed(format!("body is not a response object: {e}")))?;
+    let id = OperationId(response.id.clone().unwrap_or_default());
+    let status = response
+        .status
+        .as_deref()
+        .ok_or_else(|| malformed("response object has no status".into()))?;
+    let code = http_status.as_u16();
+    match status {
+        "queued" | "in_progress" => Ok(Polled::Pending),
+        "completed" => {
+            let text = reply_text(&response, code)?
+                .ok_or_else(|| malformed("completed response has no output_text".into()))?;
+            Ok(Polled::Done(generation(response, text, asked_model)))
+        }
+        // Cut short (say, at max_output_tokens): the chat adapter keeps a reply cut by
+        // `finish_reason: length`, and so does this one.
+        "incomplete" => match reply_text(&response, code)? {
+            Some(text) => Ok(Polled::Done(generation(response, text, asked_model))),
+            None => Err(ProviderError::Fatal {
+                status: code,
+                message: format!(
+                    "response incomplete without output: {}",
+                    response
+                        .incomplete_details
+                        .and_then(|d| d.reason)
+                        .unwrap_or_else(|| "no reason given".into())
+                ),
+            }),
+        },
+        "failed" => {
+            let error = response.error.unwrap_or_default();
+            let message = format!(
+                "operation {id} failed: {}",
+                error.message.as_deref().unwrap_or("no message given")
+            );
+            if error.code.as_deref() == Some("server_error") {
+                Err(ProviderError::MaybeExecuted {
+                    status: code,
+                    message,
+                })
+            } else {
+                Err(ProviderError::Fatal {
+                    status: code,
+                    message,
+                })
+            }
+        }
+        "cancelled" | "expired" => Err(gone(&id, &format!("it was {status}"))),
+        other => Err(malformed(format!("unknown response status `{other}`"))),
+    }
+}
+
+/// The text of every `output_text` part of every message, in order; `None` when there is none.
+/// A refusal part is a content refusal, as in the chat adapter.
+fn reply_text(response: &WireResponse, http_status: u16) -> Result<Option<String>, ProviderError> {
+    let mut text: Option<String> = None;
+    let parts = response
+        .output
+        .iter()
+        .filter(|item| item.kind == "message")
+        .flat_map(|item| &item.content);
+    for part in parts {
+        match part.kind.as_str() {
+            "output_text" => text
+                .get_or_insert_with(String::new)
+                .push_str(part.text.as_deref().unwrap_or("")),
+            "refusal" => {
+                return Err(ProviderError::Fatal {
+                    status: http_status,
+                    message: format!(
+                        "content refused: {}",
+                        part.refusal.as_deref().unwrap_or("no reason given")
+                    ),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(text)
+}
+
+fn generation(response: WireResponse, text: String, asked_model: &str) -> Generation {
+    Generation {
+        text,
+        model: response
+            .model
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| asked_model.to_owned()),
+        usage: response.usage.map(|u| Usage {
+            prompt_tokens: u.input_tokens,
+            completion_tokens: u.output_tokens,
+        }),
+        provider_response_id: response.id,
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct WireCreate<'a> {
+    model: &'a str,
+    input: Vec<WireInput<'a>>,
+    background: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_output_tokens: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+struct WireInput<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireResponse {
+    id: Option<String>,
+    status: Option<String>,
+    model: Option<String>,
+    // `null` and absent both mean no output yet.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    output: Vec<WireOutputItem>,
+    usage: Option<WireUsage>,
+    error: Option<WireError>,
+    incomplete_details: Option<WireIncomplete>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireOutputItem {
+    #[serde(rename = "type")]
+    kind: String,
+    // Items other than messages (reasoning, tool calls) may have no content.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    content: Vec<WireContent>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireContent {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+    refusal: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireUsage {
+    input_tokens: u32,
+    output_tokens: u32,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct WireError {
+    code: Option<String>,
+    message: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireIncomplete {
+    reason: Option<String>,
+}
+
+fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{ChatMessage, Role};
+
+    fn parse(body: &str) -> Result<Polled, ProviderError> {
+        parse_response(StatusCode::OK, body.as_bytes(), "asked")
+    }
+
+    #[test]
+    fn a_completed_response_becomes_a_generation() {
+        let body = r#"{"id":"resp_1","object":"response","status":"completed","model":"m-2025",
+            "output":[{"type":"reasoning","summary":[]},
+                      {"type":"message","role":"assistant","content":[
+                          {"type":"output_text","text":"hel","annotations":[]},
+                          {"type":"output_text","text":"lo"}]}],
+            "usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4},"error":null}"#;
+        assert_eq!(
+            parse(body).unwrap(),
+            Polled::Done(Generation {
+                text: "hello".into(),
+                model: "m-2025".into(),
+                usage: Some(Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 1
+                }),
+                provider_response_id: Some("resp_1".into()),
+            })
+        );
+    }
+
+    #[test]
+    fn queued_and_in_progress_responses_are_pending() {
+        for status in ["queued", "in_progress"] {
+            let body = format!(r#"{{"id":"resp_1","status":"{status}","output":null}}"#);
+            assert_eq!(parse(&body).unwrap(), Polled::Pending, "{status}");
+        }
+    }
+
+    #[test]
+    fn a_failed_response_is_fatal_with_the_providers_message() {
+        let body = r#"{"id":"resp_7","status":"failed",
+            "error":{"code":"invalid_prompt","message":"prompt flagged"}}"#;
+        assert_eq!(
+            parse(body).unwrap_err(),
+            ProviderError::Fatal {
+                status: 200,
+                message: "operation resp_7 failed: prompt flagged".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_response_failed_by_a_server_error_may_have_executed() {
+        let body = r#"{"id":"resp_7","status":"failed",
+            "error":{"code":"server_error","message":"boom"}}"#;
+        assert_eq!(
+            parse(body).unwrap_err(),
+            ProviderError::MaybeExecuted {
+                status: 200,
+                message: "operation resp_7 failed: boom".into()
+            }
+        );
+    }
+
+    #[test]
+    fn cancelled_and_expired_operations_are_gone() {
+        for status in ["cancelled", "expired"] {
+            let body = format!(r#"{{"id":"resp_2","status":"{status}"}}"#);
+            let error = parse(&body).unwrap_err();
+            let ProviderError::Fatal {
+                status: 404,
+                message,
+            } = &error
+            else {
+                panic!("{status}: {error:?}");
+            };
+            assert!(message.contains("operation resp_2 is gone"), "{message}");
+        }
+    }
+
+    #[test]
+    fn an_incomplete_response_keeps_its_text_or_is_fatal_without_it() {
+        let cut = r#"{"id":"r","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},
+            "output":[{"type":"message","content":[{"type":"output_text","text":"half"}]}]}"#;
+        let Polled::Done(generation) = parse(cut).unwrap() else {
+            panic!("a cut reply is a reply");
+        };
+        assert_eq!(generation.text, "half");
+        assert_eq!(generation.model, "asked");
+        let empty = r#"{"id":"r","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"}}"#;
+        let error = parse(empty).unwrap_err();
+        assert_eq!(error.kind(), "fatal");
+        assert!(error.to_string().contains("max_output_tokens"), "{error}");
+    }
+
+    #[test]
+    fn a_refusal_is_fatal() {
+        let body = r#"{"id":"r","status":"completed",
+            "output":[{"type":"message","content":[{"type":"refusal","refusal":"I can't"}]}]}"#;
+        let error = parse(body).unwrap_err();
+        assert_eq!(error.kind(), "fatal");
+        assert!(error.to_string().contains("I can't"), "{error}");
+    }
+
+    #[test]
+    fn objects_without_a_usable_status_or_output_are_malformed() {
+        for body in [
+            "not json",
+            "{}",
+            r#"{"id":"r","status":"thinking"}"#,
+            r#"{"id":"r","status":"completed","output":[]}"#,
+            r#"{"id":"r","status":"completed","output":[{"type":"reasoning"}]}"#,
+        ] {
+            let error = parse(body).unwrap_err();
+            assert_eq!(error.kind(), "malformed_response", "{body}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_create_answer_yields_the_operation_id() {
+        assert_eq!(
+            parse_created(br#"{"id":"resp_3","status":"queued"}"#).unwrap(),
+            OperationId("resp_3".into())
+        );
+        for body in [&b"{}"[..], br#"{"id":""}"#, b"<html>"] {
+            assert_eq!(
+                parse_created(body).unwrap_err().kind(),
+                "malformed_response"
+            );
+        }
+    }
+
+    #[test]
+    fn the_create_body_asks_for_a_background_response() {
+        let provider = OpenAiResponsesProvider::new(&OpenAiSettings {
+            base_url: "http://127.0.0.1:9/".into(),
+            default_model: "fallback".into(),
+            ..OpenAiSettings::default()
+        })
+        .unwrap();
+        let request = GenerationRequest {
+            idempotency_key: "k".into(),
+            model: String::new(),
+            messages: vec![ChatMessage {
+                role: Role::User,
+                content: "hi".into(),
+            }],
+            max_output_tokens: Some(16),
+        };
+        let body = serde_json::to_value(provider.wire_request(&request)).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "model": "fallback",
+                "input": [{"role": "user", "content": "hi"}],
+                "background": true,
+                "max_output_tokens": 16,
+            })
+        );
+        assert_eq!(
+            provider.endpoint().as_str(),
+            "http://127.0.0.1:9/v1/responses"
+        );
+        let url = provider
+            .operation_url(&OperationId("resp_1/../x".into()))
+            .unwrap();
+        assert_eq!(
+            url.as_str(),
+            "http://127.0.0.1:9/v1/responses/resp_1%2F..%2Fx"
+        );
+        assert_eq!(
+            provider
+                .operation_url(&OperationId(String::new()))
+                .unwrap_err()
+                .kind(),
+            "fatal"
+        );
+    }
+
+    #[test]
+    fn the_adapter_offers_recovery_by_operation_id() {
+        let provider = OpenAiResponsesProvider::new(&OpenAiSettings::default()).unwrap();
+        assert_eq!(provider.recovery(), Recovery::OperationId);
+        assert!(provider.as_background().is_some());
+        assert_eq!(provider.name(), "openai-responses");
+    }
+}

@@ -1,0 +1,511 @@
+//! The background-responses adapter against the mock provider over real HTTP on 127.0.0.1 (mock
+//! on port 0): start then wait, recovery of a lost create or a lost poll by the operation id or
+//! the idempotency key without a second generation (I6), the errors a caller branches on, and
+//! cancellation by dropping `wait`. Faults are forced with `PUT /faults` at rate 1.0, so no test
+//! depends on chance. Needs no PostgreSQL or Kafka, and shares nothing with other test files.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use replyd::domain::{ChatMessage, Role};
+use replyd::mock_provider::{self, FaultSettings, MockHandle, MockSettings, StatsSnapshot};
+use replyd::provider::{
+    BackgroundProvider, GenerationRequest, OpenAiResponsesProvider, OpenAiSettings, OperationId,
+    ProviderApi, ProviderError, Recovery, build_provider,
+};
+
+/// Limit of one call (and of one whole `wait`) for tests that expect an answer: generous, since
+/// no test waits on it.
+const PATIENT_MS: u64 = 30_000;
+
+/// Longest any condition in these tests is waited for.
+const CONDITION_LIMIT: Duration = Duration::from_secs(10);
+
+async fn start_mock(settings: MockSettings) -> MockHandle {
+    let loopback: SocketAddr = "127.0.0.1:0".parse().expect("a literal socket address");
+    mock_provider::spawn(settings, loopback)
+        .await
+        .expect("the mock provider binds a free loopback port")
+}
+
+fn settings_for(base_url: &str, request_timeout_ms: u64) -> OpenAiSettings {
+    OpenAiSettings {
+        base_url: base_url.to_owned(),
+        api_key: Some(replyd::config::Secret::new("sk-test")),
+        request_timeout_ms,
+        connect_timeout_ms: 2_000,
+        default_model: "mock-model".into(),
+        api: ProviderApi::BackgroundResponses,
+        poll_interval_ms: 10,
+    }
+}
+
+fn provider_for(base_url: &str, request_timeout_ms: u64) -> OpenAiResponsesProvider {
+    OpenAiResponsesProvider::new(&settings_for(base_url, request_timeout_ms))
+        .expect("a loopback base URL is valid")
+}
+
+fn request(key: &str, prompt: &str) -> GenerationRequest {
+    GenerationRequest {
+        idempotency_key: key.to_owned(),
+        model: "mock-model".into(),
+        messages: vec![
+            ChatMessage {
+                role: Role::System,
+                content: "Be brief.".into(),
+            },
+            ChatMessage {
+                role: Role::User,
+                content: prompt.to_owned(),
+            },
+        ],
+        max_output_tokens: Some(64),
+    }
+}
+
+async fn stats(mock: &MockHandle) -> StatsSnapshot {
+    reqwest::get(format!("{}/stats", mock.base_url()))
+        .await
+        .expect("GET /stats")
+        .json()
+        .await
+        .expect("/stats is JSON")
+}
+
+async fn set_faults(mock: &MockHandle, faults: FaultSettings) {
+    let response = reqwest::Client::new()
+        .put(format!("{}/faults", mock.base_url()))
+        .json(&faults)
+        .send()
+        .await
+        .expect("PUT /faults");
+    assert!(response.status().is_success(), "{}", response.status());
+}
+
+fn drop_after_work() -> FaultSettings {
+    FaultSettings {
+        drop_after_work_rate: 1.0,
+        ..FaultSettings::default()
+    }
+}
+
+/// Polls `check` every 10 ms until it holds, for at most `limit`; panics naming `what` if it
+/// never does. The sleep paces the polling; the condition is what the test waits on.
+async fn wait_until<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn start_then_wait_returns_the_generation_and_costs_one() {
+    let mock = start_mock(MockSettings {
+        latency_ms: 50,
+        ..MockSettings::default()
+    })
+    .await;
+    let provider = provider_for(&mock.base_url(), PATIENT_MS);
+
+    let operation = provider
+        .start(&request("task-1", "hello there"))
+        .await
+        .expect("the mock accepts the create");
+    let generation = provider
+        .wait(&operation)
+        .await
+        .expect("the response completes");
+
+    assert_eq!(operation, OperationId("resp_1".into()));
+    assert_eq!(
+        generation.text,
+        "reply to task-1: hello there [generation 1]"
+    );
+    assert_eq!(generation.model, "mock-model");
+    assert_eq!(generation.provider_response_id.as_deref(), Some("resp_1"));
+    assert!(generation.usage.is_some());
+    let stats = stats(&mock).await;
+    assert_eq!((stats.generations, stats.responses_created), (1, 1));
+    assert_eq!(stats.per_key.get("task-1"), Some(&1));
+    assert!(stats.responses_polled >= 1, "{stats:?}");
+    assert_eq!(stats.requests, 0, "no chat request was made");
+    mock.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test]
+async fn a_restarted_worker_waits_on_the_stored_id_and_gets_the_same_reply_without_a_new_generation()
+ {
+    let mock = start_mock(MockSettings {
+        latency_ms: 50,
+        ..MockSettings::default()
+    })
+    .await;
+    // The first worker starts the operation, stores its id, and is gone.
+    let stored = {
+        let first_worker = provider_for(&mock.base_url(), PATIENT_MS);
+        let operation = first_worker
+            .start(&request("task-restart", "q"))
+            .await
+            .unwrap();
+        serde_json::to_string(&operation).expect("an operation id serialises")
+    };
+
+    let operation: OperationId = serde_json::from_str(&stored).expect("and reads back");
+    let restarted = provider_for(&mock.base_url(), PATIENT_MS);
+    let recovered = restarted.wait(&operation).await.unwrap();
+    let again = provider_for(&mock.base_url(), PATIENT_MS)
+        .wait(&operation)
+        .await
+        .unwrap();
+
+    assert_eq!(recovered, again);
+    assert_eq!(recovered.text, "reply to task-restart: q [generation 1]");
+    let stats = stats(&mock).await;
+    assert_eq!((stats.generations, stats.responses_created), (1, 1));
+}
+
+#[tokio::test]
+async fn a_lost_poll_answer_is_ambiguous_and_waiting_again_recovers_the_reply() {
+    let mock = start_mock(MockSettings::default()).await;
+    let provider = provider_for(&mock.base_url(), PATIENT_MS);
+    let operation = provider.start(&request("task-poll", "q")).await.unwrap();
+    set_faults(&mock, drop_after_work()).await;
+
+    let error = provider.wait(&operation).await.unwrap_err();
+
+    assert_eq!(error.kind(), "ambiguous", "{error:?}");
+    set_faults(&mock, FaultSettings::default()).await;
+    let recovered = provider.wait(&operation).await.unwrap();
+    assert_eq!(recovered.text, "reply to task-poll: q [generation 1]");
+    let stats = stats(&mock).await;
+    assert_eq!(stats.generations, 1);
+    assert_eq!(stats.per_key.get("task-poll"), Some(&1));
+}
+
+#[tokio::test]
+async fn a_create_lost_after_the_work_is_found_again_by_its_idempotency_key() {
+    let mock = start_mock(MockSettings::default()).await;
+    let provider = provider_for(&mock.base_url(), PATIENT_MS);
+    set_faults(&mock, drop_after_work()).await;
+
+    let error = provider
+        .start(&request("task-lost", "q"))
+        .await
+        .unwrap_err();
+
+    assert_eq!(error.kind(), "ambiguous", "{error:?}");
+    assert_eq!(mock.stats().responses_created, 1, "the response exists");
+    set_faults(&mock, FaultSettings::default()).await;
+    let operation = provider.start(&request("task-lost", "q")).await.unwrap();
+    assert_eq!(operation, OperationId("resp_1".into()));
+    let generation = provider.wait(&operation).await.unwrap();
+    assert_eq!(generation.text, "reply to task-lost: q [generation 1]");
+    let stats = stats(&mock).await;
+    assert_eq!((stats.generations, stats.responses_created), (1, 1));
+    assert_eq!(stats.per_key.get("task-lost"), Some(&1));
+}
+
+#[tokio::test]
+async fn waiting_on_an_unknown_id_says_the_operation_is_gone() {
+    let mock = start_mock(MockSettings::default()).await;
+    let provider = provider_for(&mock.base_url(), PATIENT_MS);
+
+    let error = provider
+        .wait(&OperationId("resp_never".into()))
+        .await
+        .unwrap_err();
+
+    let ProviderError::Fatal {
+        status: 404,
+        message,
+    } = &error
+    else {
+        panic!("expected Fatal 404, got {error:?}");
+    };
+    assert!(
+        message.contains("operation resp_never is gone"),
+        "{message}"
+    );
+    assert!(message.contains("No response found"), "{message}");
+    assert_eq!(stats(&mock).await.generations, 0);
+}
+
+#[tokio::test]
+async fn a_provider_without_background_responses_refuses_the_create_with_404() {
+    let mock = start_mock(MockSettings {
+        background_responses: false,
+        ..MockSettings::default()
+    })
+    .await;
+    let provider = provider_for(&mock.base_url(), PATIENT_MS);
+
+    let start = provider
+        .start(&request("task-none", "q"))
+        .await
+        .unwrap_err();
+    let wait = provider
+        .wait(&OperationId("resp_1".into()))
+        .await
+        .unwrap_err();
+
+    assert!(
+        matches!(&start, ProviderError::Fatal { status: 404, message }
+            if message.contains("no background responses")),
+        "{start:?}"
+    );
+    assert!(
+        matches!(wait, ProviderError::Fatal { status: 404, .. }),
+        "{wait:?}"
+    );
+    let stats = stats(&mock).await;
+    assert_eq!((stats.generations, stats.responses_created), (0, 0));
+}
+
+#[tokio::test]
+async fn generate_on_the_responses_adapter_works_end_to_end_and_once_per_key() {
+    let mock = start_mock(MockSettings {
+        latency_ms: 20,
+        ..MockSettings::default()
+    })
+    .await;
+    let provider = build_provider(&settings_for(&mock.base_url(), PATIENT_MS)).unwrap();
+
+    let first = provider.generate(&request("task-gen", "q")).await.unwrap();
+    let second = provider.generate(&request("task-gen", "q")).await.unwrap();
+
+    assert_eq!(provider.name(), "openai-responses");
+    assert_eq!(provider.recovery(), Recovery::OperationId);
+    assert!(provider.as_background().is_some());
+    assert_eq!(first.text, "reply to task-gen: q [generation 1]");
+    assert_eq!(first, second, "a re-sent create finds the first response");
+    let stats = stats(&mock).await;
+    assert_eq!((stats.generations, stats.responses_created), (1, 1));
+}
+
+#[tokio::test]
+async fn build_provider_chooses_the_chat_adapter_by_default() {
+    let settings = OpenAiSettings {
+        api: ProviderApi::default(),
+        ..settings_for("http://127.0.0.1:9", PATIENT_MS)
+    };
+
+    let provider = build_provider(&settings).unwrap();
+
+    assert_eq!(provider.name(), "openai");
+    assert_eq!(provider.recovery(), Recovery::IdempotencyKey);
+    assert!(provider.as_background().is_none());
+}
+
+#[tokio::test]
+async fn the_background_capability_is_reachable_through_the_shared_provider() {
+    let mock = start_mock(MockSettings::default()).await;
+    let provider = build_provider(&settings_for(&mock.base_url(), PATIENT_MS)).unwrap();
+    let background = provider
+        .as_background()
+        .expect("the responses adapter is a background provider");
+
+    let operation = background.start(&request("task-dyn", "q")).await.unwrap();
+    let generation = background.wait(&operation).await.unwrap();
+
+    assert_eq!(generation.text, "reply to task-dyn: q [generation 1]");
+}
+
+#[tokio::test]
+async fn injected_errors_on_create_and_poll_are_classified_like_chat() {
+    let mock = start_mock(MockSettings::default()).await;
+    let provider = provider_for(&mock.base_url(), PATIENT_MS);
+    set_faults(
+        &mock,
+        FaultSettings {
+            rate_limit_rate: 1.0,
+            retry_after_s: 7,
+            ..FaultSettings::default()
+        },
+    )
+    .await;
+
+    let limited = provider.start(&request("task-f", "q")).await.unwrap_err();
+
+    assert!(
+        matches!(
+            limited,
+            ProviderError::Retryable { status: 429, retry_after: Some(after), .. }
+                if after == Duration::from_secs(7)
+        ),
+        "{limited:?}"
+    );
+    set_faults(
+        &mock,
+        FaultSettings {
+            error_rate: 1.0,
+            ..FaultSettings::default()
+        },
+    )
+    .await;
+    let failed_create = provider.start(&request("task-f", "q")).await.unwrap_err();
+    assert_eq!(
+        failed_create,
+        ProviderError::MaybeExecuted {
+            status: 500,
+            message: "injected fault: server error".into()
+        }
+    );
+    assert_eq!(
+        mock.stats().responses_created,
+        0,
+        "faults came before the work"
+    );
+
+    set_faults(&mock, FaultSettings::default()).await;
+    let operation = provider.start(&request("task-f", "q")).await.unwrap();
+    set_faults(
+        &mock,
+        FaultSettings {
+            error_rate: 1.0,
+            ..FaultSettings::default()
+        },
+    )
+    .await;
+    let failed_poll = provider.wait(&operation).await.unwrap_err();
+    assert_eq!(failed_poll.kind(), "maybe_executed", "{failed_poll:?}");
+    set_faults(&mock, FaultSettings::default()).await;
+    provider
+        .wait(&operation)
+        .await
+        .expect("the operation outlives a failed poll");
+    assert_eq!(stats(&mock).await.generations, 1);
+}
+
+#[tokio::test]
+async fn a_hanging_poll_is_ambiguous_within_the_wait_limit() {
+    let mock = start_mock(MockSettings::default()).await;
+    let operation = provider_for(&mock.base_url(), PATIENT_MS)
+        .start(&request("task-hang", "q"))
+        .await
+        .unwrap();
+    set_faults(
+        &mock,
+        FaultSettings {
+            hang_rate: 1.0,
+            ..FaultSettings::default()
+        },
+    )
+    .await;
+    let impatient = provider_for(&mock.base_url(), 300);
+
+    let error = impatient.wait(&operation).await.unwrap_err();
+
+    assert_eq!(error.kind(), "ambiguous", "{error:?}");
+    // The hanging poll must not hold up a graceful shutdown.
+    mock.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test]
+async fn a_malformed_create_gets_a_400_naming_the_problem() {
+    let mock = start_mock(MockSettings::default()).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/responses", mock.base_url());
+    let cases = [
+        ("{not json", "invalid request body"),
+        (
+            r#"{"model":"m","background":true}"#,
+            "missing field `input`",
+        ),
+        (
+            r#"{"input":[],"background":true}"#,
+            "'input' must contain at least one message",
+        ),
+        (
+            r#"{"input":[{"role":"user","content":"hi"}]}"#,
+            "'background' must be true",
+        ),
+    ];
+
+    for (body, problem) in cases {
+        let response = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{body}");
+        let error: serde_json::Value = response.json().await.unwrap();
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(problem), "{body}: {error}");
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+    }
+
+    let mut empty = request("task-empty", "q");
+    empty.messages.clear();
+    let error = provider_for(&mock.base_url(), PATIENT_MS)
+        .start(&empty)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error,
+        ProviderError::Fatal {
+            status: 400,
+            message: "'input' must contain at least one message".into()
+        }
+    );
+    let stats = stats(&mock).await;
+    assert_eq!((stats.generations, stats.responses_created), (0, 0));
+}
+
+#[tokio::test]
+async fn dropping_wait_stops_the_polling() {
+    // Ten minutes of latency: neither response completes within the test. The second mock is a
+    // witness: while a live wait on it polls twenty more times, the dropped wait must not poll.
+    let slow = || MockSettings {
+        latency_ms: 600_000,
+        ..MockSettings::default()
+    };
+    let dropped_mock = start_mock(slow()).await;
+    let witness_mock = start_mock(slow()).await;
+    let dropped = provider_for(&dropped_mock.base_url(), PATIENT_MS);
+    let witness = provider_for(&witness_mock.base_url(), PATIENT_MS);
+    let dropped_op = dropped.start(&request("task-drop", "q")).await.unwrap();
+    let witness_op = witness.start(&request("task-witness", "q")).await.unwrap();
+
+    tokio::select! {
+        result = dropped.wait(&dropped_op) => {
+            panic!("the response cannot complete within the latency: {result:?}")
+        }
+        () = wait_until("the dropped wait has polled a few times", CONDITION_LIMIT, || async {
+            dropped_mock.stats().responses_polled >= 3
+        }) => {}
+    }
+    // `select!` has dropped the wait future here.
+    let polled_at_drop = dropped_mock.stats().responses_polled;
+
+    let witness_start = witness_mock.stats().responses_polled;
+    tokio::select! {
+        result = witness.wait(&witness_op) => {
+            panic!("the witness cannot complete within the latency: {result:?}")
+        }
+        () = wait_until("the witness has polled twenty times", CONDITION_LIMIT, || async {
+            witness_mock.stats().responses_polled >= witness_start + 20
+        }) => {}
+    }
+
+    // A poll already on the wire when the future was dropped may still be counted.
+    let polled_after = dropped_mock.stats().responses_polled;
+    assert!(
+        polled_after <= polled_at_drop + 1,
+        "polled {polled_at_drop} at the drop, {polled_after} after"
+    );
+    assert_eq!(dropped_mock.stats().generations, 0);
+}
