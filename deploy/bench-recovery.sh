@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Benchmark: provider calls and generations per completed task when a share of calls end
-# ambiguously ("work done, connection dropped"), with recovery by Idempotency-Key on (the mock
-# honours the key) and off (it does not; the worker's ambiguous policy is "retry"). Figures
-# come from the mock's counters and PostgreSQL. Prints a Markdown table. Usage:
+# ambiguously ("work done, connection dropped"), with recovery by Idempotency-Key (the mock
+# honours the key), by operation id (background responses: the id is stored before waiting),
+# and with no recovery (the mock ignores the key; the worker's ambiguous policy is "retry").
+# Calls are chat requests plus background creates (polls are not counted). Figures come from
+# the mock's counters and PostgreSQL. Prints a Markdown table. Usage:
 #   deploy/bench-recovery.sh [tasks] [drop_rate]      (default: 1000 0.2)
 set -euo pipefail
 
@@ -27,8 +29,9 @@ trap cleanup EXIT
 
 echo "| recovery | tasks | completed | failed | calls | generations | calls/completed | generations/completed |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|"
-for mode in on off; do
-  honour=$([ "$mode" = on ] && echo true || echo false)
+for mode in idempotency-key operation-id none; do
+  honour=$([ "$mode" = none ] && echo false || echo true)
+  api=$([ "$mode" = operation-id ] && echo background_responses || echo chat_completions)
   id="rec-$mode-$$"
   "$bin" mock-provider --listen 127.0.0.1:0 --latency-ms 50 --drop-after-work-rate "$drop_rate" \
     --honour-idempotency-key "$honour" --seed 7 >"$dir/$id-mock.out" 2>"$dir/$id-mock.log" &
@@ -65,6 +68,8 @@ drain_timeout_ms = 5000
 [provider]
 base_url = "$mock_url"
 request_timeout_ms = 10000
+api = "$api"
+poll_interval_ms = 50
 [retry]
 base_delay_ms = 50
 max_delay_ms = 1000
@@ -89,7 +94,9 @@ TOML
     stats=$(exec 3<>"/dev/tcp/${mock_url#http://}" && printf 'GET /stats HTTP/1.0\r\n\r\n' >&3 && cat <&3 | tail -n 1)
     stats=$(echo "$stats" | tr -d '\r')
   fi
-  calls=$(echo "$stats" | sed -n 's/.*"requests":\([0-9]*\).*/\1/p')
+  requests=$(echo "$stats" | sed -n 's/.*"requests":\([0-9]*\).*/\1/p')
+  creates=$(echo "$stats" | sed -n 's/.*"responses_created":\([0-9]*\).*/\1/p')
+  calls=$(( requests + ${creates:-0} ))
   generations=$(echo "$stats" | sed -n 's/.*"generations":\([0-9]*\).*/\1/p')
   kill -TERM "$mock"; wait "$mock" || true
   awk -v m="$mode" -v n="$tasks" -v c="$completed" -v f="$failed" -v k="$calls" -v g="$generations" 'BEGIN {

@@ -21,7 +21,9 @@ use crate::domain::{RecordRules, TaskSpec};
 use crate::kafka::consumer::{RecordHandler, RecordOutcome};
 use crate::kafka::dead_letter::DeadLetters;
 use crate::kafka::tracker::PartitionKey;
-use crate::provider::{GenerationRequest, Provider, ProviderError};
+use crate::provider::{
+    BackgroundProvider, Generation, GenerationRequest, OperationId, Provider, ProviderError,
+};
 use crate::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
 use crate::store::{
     ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Refusal, ReleaseOutcome, RenewOutcome,
@@ -52,6 +54,14 @@ pub struct Pipeline {
     provider: Arc<dyn Provider>,
     dead_letters: DeadLetters,
     settings: PipelineSettings,
+}
+
+/// How a provider future raced against cancellation and the lease ended.
+enum Guarded<T> {
+    Done(T),
+    Cancelled,
+    /// The lease is gone (a renewal or a fenced write was refused).
+    Refused(Refusal),
 }
 
 /// How one attempt (one claim) ended.
@@ -227,21 +237,23 @@ impl Pipeline {
         let id = stored.spec.task_id.to_string();
         let request = GenerationRequest::for_task(&stored.spec, &self.settings.default_model);
         let started = Instant::now();
-        let result = tokio::select! {
-            // Cancellation first: a revoked partition's work stops before anything else.
-            biased;
-            _ = cancel.cancelled() => {
-                telemetry::provider_call(&id, lease.version, "cancelled", started.elapsed());
-                // Give the lease back so the partition's next owner need not wait it out.
-                let _ = self.store.release(lease, "abandoned", "cancelled: partition revoked or worker stopping").await;
-                return AttemptEnd::Cancelled;
+        let result = match self.provider.as_background() {
+            Some(background) => {
+                match self
+                    .call_background(background, stored, &request, lease, cancel)
+                    .await
+                {
+                    Guarded::Done(result) => result,
+                    other => return self.interrupted(&id, lease, other, started).await,
+                }
             }
-            refusal = self.renew_until_refused(lease) => {
-                telemetry::lease_renewal_refused(&id, lease.version, &format!("{refusal:?}"));
-                telemetry::provider_call(&id, lease.version, "lease_lost", started.elapsed());
-                return AttemptEnd::Again { wait: Duration::ZERO };
-            }
-            result = self.provider.generate(&request) => result,
+            None => match self
+                .guarded(lease, cancel, self.provider.generate(&request))
+                .await
+            {
+                Guarded::Done(result) => result,
+                other => return self.interrupted(&id, lease, other, started).await,
+            },
         };
         match result {
             Ok(generation) => {
@@ -269,6 +281,107 @@ impl Pipeline {
                 telemetry::provider_call(&id, lease.version, error.kind(), started.elapsed());
                 self.provider_failed(stored, lease, error, cancel).await
             }
+        }
+    }
+
+    /// A provider with background operations: look up the operation an earlier attempt
+    /// started (any worker, any restart) instead of generating again; otherwise start one and
+    /// store its id in the task row *before* waiting, so an ambiguous end of this attempt can
+    /// be recovered by the next.
+    async fn call_background(
+        &self,
+        background: &dyn BackgroundProvider,
+        stored: &StoredTask,
+        request: &GenerationRequest,
+        lease: &Lease,
+        cancel: &CancellationToken,
+    ) -> Guarded<Result<Generation, ProviderError>> {
+        let operation = match &stored.provider_operation_id {
+            Some(known) => OperationId(known.clone()),
+            None => {
+                let started = match self.guarded(lease, cancel, background.start(request)).await {
+                    Guarded::Done(Ok(operation)) => operation,
+                    Guarded::Done(Err(error)) => return Guarded::Done(Err(error)),
+                    Guarded::Cancelled => return Guarded::Cancelled,
+                    Guarded::Refused(refusal) => return Guarded::Refused(refusal),
+                };
+                match self
+                    .with_retry("record_operation", cancel, || {
+                        self.store.record_operation(lease, Some(&started.0))
+                    })
+                    .await
+                {
+                    Some(Ok(())) => started,
+                    Some(Err(refusal)) => return Guarded::Refused(refusal),
+                    None => return Guarded::Cancelled,
+                }
+            }
+        };
+        let waited = self
+            .guarded(lease, cancel, background.wait(&operation))
+            .await;
+        if let Guarded::Done(Err(ProviderError::Fatal { status: 404, .. })) = &waited {
+            // The provider no longer knows the operation (expired, cancelled): forget it so
+            // the next attempt starts a new one. Best effort: if this write is refused, the
+            // attempt is over anyway.
+            let _ = self.store.record_operation(lease, None).await;
+            return Guarded::Done(Err(ProviderError::NotSent {
+                message: format!(
+                    "operation {operation} is gone at the provider; a new one will be started"
+                ),
+            }));
+        }
+        waited
+    }
+
+    /// Runs one provider future against cancellation and the lease renewer.
+    async fn guarded<T>(
+        &self,
+        lease: &Lease,
+        cancel: &CancellationToken,
+        call: impl Future<Output = T>,
+    ) -> Guarded<T> {
+        tokio::select! {
+            // Cancellation first: a revoked partition's work stops before anything else.
+            biased;
+            _ = cancel.cancelled() => Guarded::Cancelled,
+            refusal = self.renew_until_refused(lease) => Guarded::Refused(refusal),
+            result = call => Guarded::Done(result),
+        }
+    }
+
+    /// Ends an attempt whose call was cut short by cancellation or a lost lease.
+    async fn interrupted<T>(
+        &self,
+        id: &str,
+        lease: &Lease,
+        how: Guarded<T>,
+        started: Instant,
+    ) -> AttemptEnd {
+        match how {
+            Guarded::Cancelled => {
+                telemetry::provider_call(id, lease.version, "cancelled", started.elapsed());
+                // Give the lease back so the partition's next owner need not wait it out.
+                let _ = self
+                    .store
+                    .release(
+                        lease,
+                        "abandoned",
+                        "cancelled: partition revoked or worker stopping",
+                    )
+                    .await;
+                AttemptEnd::Cancelled
+            }
+            Guarded::Refused(refusal) => {
+                telemetry::lease_renewal_refused(id, lease.version, &format!("{refusal:?}"));
+                telemetry::provider_call(id, lease.version, "lease_lost", started.elapsed());
+                AttemptEnd::Again {
+                    wait: Duration::ZERO,
+                }
+            }
+            Guarded::Done(_) => AttemptEnd::Again {
+                wait: Duration::ZERO,
+            },
         }
     }
 

@@ -10,7 +10,7 @@ use crate::config::Settings;
 use crate::kafka::consumer::{ConsumerStatus, run_consumer};
 use crate::kafka::dead_letter::DeadLetters;
 use crate::pipeline::{Pipeline, PipelineSettings};
-use crate::provider::{OpenAiChatProvider, Provider};
+use crate::provider::{Recovery, build_provider};
 use crate::store::Store;
 use crate::store::migrate::run_migrations;
 
@@ -23,8 +23,13 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
         tracing::info!(?applied, "migrations applied");
     }
     let store = Store::connect(&settings.database).context("database settings")?;
-    let provider: Arc<dyn Provider> =
-        Arc::new(OpenAiChatProvider::new(&settings.provider).context("provider settings")?);
+    let provider = build_provider(&settings.provider).context("provider settings")?;
+    // Whether an ambiguous call can be recovered without a second generation.
+    let recoverable = match provider.recovery() {
+        Recovery::OperationId => true,
+        Recovery::IdempotencyKey => settings.retry.provider_honours_idempotency_key,
+        Recovery::None => false,
+    };
     let dead_letters = DeadLetters::new(&settings.kafka).context("dead-letter producer")?;
     // A metadata request blocks: keep it off the runtime's threads.
     let dead_letters =
@@ -44,7 +49,7 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
             io_retry: settings.worker.io_retry(),
             default_model: settings.provider.default_model.clone(),
             retry: settings.retry.clone(),
-            recoverable: settings.retry.provider_honours_idempotency_key,
+            recoverable,
         },
     ));
 

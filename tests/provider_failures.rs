@@ -351,3 +351,78 @@ async fn inspect_shows_the_state_the_attempts_and_the_reply() {
         .unwrap();
     assert_eq!(missing.status.code(), Some(4));
 }
+
+fn background() -> WorkerConfig {
+    WorkerConfig {
+        provider_api: "background_responses",
+        ..WorkerConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_is_recovered_by_operation_id_with_one_generation() {
+    let mut app = TestApp::start(1, mock(500, true), background()).await;
+    let task = one_task(5);
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    // The provider accepted the request; from now on every answer is lost on the way back.
+    wait_until("the background response was created", LIMIT, || async {
+        app.mock.stats().responses_created == 1
+    })
+    .await;
+    app.set_faults(json!({"drop_after_work_rate": 1.0})).await;
+    wait_for_finished_attempts(&app, &task, 1).await;
+    app.set_faults(json!({})).await;
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Completed);
+    let stats = app.mock.stats();
+    assert_eq!(
+        (stats.responses_created, stats.generations),
+        (1, 1),
+        "{stats:?}"
+    );
+    let history = attempts(&app, &task).await;
+    assert_eq!(history[0].outcome.as_deref(), Some("ambiguous"));
+    assert_eq!(history.last().unwrap().outcome.as_deref(), Some("accepted"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_after_the_provider_accepted_is_finished_by_another_without_a_second_generation()
+ {
+    let config = WorkerConfig {
+        lease_ms: 3_000,
+        ..background()
+    };
+    let mut app = TestApp::start(1, mock(4_000, true), config).await;
+    let task = one_task(5);
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    // The operation id is in the task row before anyone waits on it.
+    wait_until("the operation id is stored", LIMIT, || async {
+        app.db
+            .store
+            .read(task.task_id)
+            .await
+            .unwrap()
+            .is_some_and(|t| t.provider_operation_id.is_some())
+    })
+    .await;
+    app.kill("w1");
+    app.spawn_worker("w2");
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Completed);
+    let stats = app.mock.stats();
+    assert_eq!(
+        (stats.responses_created, stats.generations),
+        (1, 1),
+        "{stats:?}"
+    );
+    let history = attempts(&app, &task).await;
+    assert_eq!(history.last().unwrap().worker, "w2");
+    assert_eq!(history.last().unwrap().outcome.as_deref(), Some("accepted"));
+    assert_eq!(app.check().await.duplicate_replies, 0);
+}

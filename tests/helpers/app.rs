@@ -34,6 +34,8 @@ pub struct WorkerConfig {
     /// `retry` or `stop`.
     pub ambiguous: &'static str,
     pub provider_honours_idempotency_key: bool,
+    /// `chat_completions` or `background_responses`.
+    pub provider_api: &'static str,
 }
 
 impl Default for WorkerConfig {
@@ -52,6 +54,7 @@ impl Default for WorkerConfig {
             retry_base_delay_ms: 100,
             ambiguous: "retry",
             provider_honours_idempotency_key: true,
+            provider_api: "chat_completions",
         }
     }
 }
@@ -160,6 +163,8 @@ default_max_attempts = {attempts}
 [provider]
 base_url = "{mock}"
 request_timeout_ms = {timeout}
+api = "{api}"
+poll_interval_ms = 100
 
 [retry]
 base_delay_ms = {retry_base}
@@ -195,6 +200,7 @@ listen = "127.0.0.1:0"
             retry_base = c.retry_base_delay_ms,
             ambiguous = c.ambiguous,
             honours = c.provider_honours_idempotency_key,
+            api = c.provider_api,
         )
     }
 
