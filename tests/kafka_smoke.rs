@@ -8,35 +8,13 @@ use std::time::{Duration, Instant};
 
 use helpers::{infra, task_spec, unique};
 use prost::Message as _;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use replyd::domain::{RecordRules, TaskSpec};
-
-async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("admin client");
-    let results = admin
-        .create_topics(
-            [&NewTopic::new(
-                topic,
-                partitions,
-                TopicReplication::Fixed(1),
-            )],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .expect("create topics request");
-    for result in results {
-        result.expect("topic created");
-    }
-}
+use replyd::produce::create_topic;
 
 fn group_consumer(bootstrap: &str, group: &str, protocol: &str) -> BaseConsumer {
     let mut config = ClientConfig::new();
@@ -106,7 +84,9 @@ async fn produce_consume_commit(protocol: &'static str) {
     let bootstrap = infra("KAFKA_BOOTSTRAP");
     let topic = unique("smoke");
     let group = unique("group");
-    create_topic(&bootstrap, &topic, 1).await;
+    create_topic(&bootstrap, &topic, 1)
+        .await
+        .expect("topic created");
 
     let spec = task_spec(3);
     let producer: FutureProducer = ClientConfig::new()

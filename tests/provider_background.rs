@@ -2,17 +2,19 @@
 //! on port 0): start then wait, recovery of a lost create or a lost poll by the operation id or
 //! the idempotency key without a second generation (I6), the errors a caller branches on, and
 //! cancellation by dropping `wait`. Faults are forced with `PUT /faults` at rate 1.0, so no test
-//! depends on chance. Needs no PostgreSQL or Kafka, and shares nothing with other test files.
+//! depends on chance. Needs no PostgreSQL or Kafka, and shares only
+//! `helpers::provider` with other test files.
+
+mod helpers;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use replyd::domain::{ChatMessage, Role};
-use replyd::mock_provider::{self, FaultSettings, MockHandle, MockSettings, StatsSnapshot};
+use helpers::provider::{request, start_mock, stats};
+use replyd::mock_provider::{FaultSettings, MockHandle, MockSettings};
 use replyd::provider::{
-    BackgroundProvider, GenerationRequest, OpenAiResponsesProvider, OpenAiSettings, OperationId,
-    ProviderApi, ProviderError, Recovery, build_provider,
+    BackgroundProvider, OpenAiResponsesProvider, OpenAiSettings, OperationId, ProviderApi,
+    ProviderError, Recovery, build_provider,
 };
 
 /// Limit of one call (and of one whole `wait`) for tests that expect an answer: generous, since
@@ -21,13 +23,6 @@ const PATIENT_MS: u64 = 30_000;
 
 /// Longest any condition in these tests is waited for.
 const CONDITION_LIMIT: Duration = Duration::from_secs(10);
-
-async fn start_mock(settings: MockSettings) -> MockHandle {
-    let loopback: SocketAddr = "127.0.0.1:0".parse().expect("a literal socket address");
-    mock_provider::spawn(settings, loopback)
-        .await
-        .expect("the mock provider binds a free loopback port")
-}
 
 fn settings_for(base_url: &str, request_timeout_ms: u64) -> OpenAiSettings {
     OpenAiSettings {
@@ -44,33 +39,6 @@ fn settings_for(base_url: &str, request_timeout_ms: u64) -> OpenAiSettings {
 fn provider_for(base_url: &str, request_timeout_ms: u64) -> OpenAiResponsesProvider {
     OpenAiResponsesProvider::new(&settings_for(base_url, request_timeout_ms))
         .expect("a loopback base URL is valid")
-}
-
-fn request(key: &str, prompt: &str) -> GenerationRequest {
-    GenerationRequest {
-        idempotency_key: key.to_owned(),
-        model: "mock-model".into(),
-        messages: vec![
-            ChatMessage {
-                role: Role::System,
-                content: "Be brief.".into(),
-            },
-            ChatMessage {
-                role: Role::User,
-                content: prompt.to_owned(),
-            },
-        ],
-        max_output_tokens: Some(64),
-    }
-}
-
-async fn stats(mock: &MockHandle) -> StatsSnapshot {
-    reqwest::get(format!("{}/stats", mock.base_url()))
-        .await
-        .expect("GET /stats")
-        .json()
-        .await
-        .expect("/stats is JSON")
 }
 
 async fn set_faults(mock: &MockHandle, faults: FaultSettings) {

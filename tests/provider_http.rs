@@ -1,31 +1,21 @@
 //! The OpenAI adapter against the mock provider over real HTTP on 127.0.0.1 (mock on port 0):
 //! each error class the caller branches on, one generation per idempotency key (I6), and
 //! cancellation by dropping the call. Faults are forced with `PUT /faults` at rate 1.0, so no
-//! test depends on chance. Needs no PostgreSQL or Kafka, and shares nothing with other test
-//! files.
+//! test depends on chance. Needs no PostgreSQL or Kafka, and shares only
+//! `helpers::provider` with other test files.
+
+mod helpers;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use replyd::domain::{ChatMessage, Role};
-use replyd::mock_provider::{
-    self, FaultSettings, KeyStats, MockHandle, MockSettings, StatsSnapshot,
-};
-use replyd::provider::{
-    GenerationRequest, OpenAiChatProvider, OpenAiSettings, Provider, ProviderError,
-};
+use helpers::provider::{request, start_mock, stats};
+use replyd::mock_provider::{FaultSettings, KeyStats, MockHandle, MockSettings};
+use replyd::provider::{OpenAiChatProvider, OpenAiSettings, Provider, ProviderError};
 
 /// Client timeout for tests that expect an answer: generous, since no test waits on it.
 const PATIENT_MS: u64 = 30_000;
-
-async fn start_mock(settings: MockSettings) -> MockHandle {
-    let loopback: SocketAddr = "127.0.0.1:0".parse().expect("a literal socket address");
-    mock_provider::spawn(settings, loopback)
-        .await
-        .expect("the mock provider binds a free loopback port")
-}
 
 fn provider_for(base_url: &str, request_timeout_ms: u64) -> OpenAiChatProvider {
     OpenAiChatProvider::new(&OpenAiSettings {
@@ -37,33 +27,6 @@ fn provider_for(base_url: &str, request_timeout_ms: u64) -> OpenAiChatProvider {
         ..OpenAiSettings::default()
     })
     .expect("a loopback base URL is valid")
-}
-
-fn request(key: &str, prompt: &str) -> GenerationRequest {
-    GenerationRequest {
-        idempotency_key: key.to_owned(),
-        model: "mock-model".into(),
-        messages: vec![
-            ChatMessage {
-                role: Role::System,
-                content: "Be brief.".into(),
-            },
-            ChatMessage {
-                role: Role::User,
-                content: prompt.to_owned(),
-            },
-        ],
-        max_output_tokens: Some(64),
-    }
-}
-
-async fn stats(mock: &MockHandle) -> StatsSnapshot {
-    reqwest::get(format!("{}/stats", mock.base_url()))
-        .await
-        .expect("GET /stats")
-        .json()
-        .await
-        .expect("/stats is JSON")
 }
 
 async fn key_stats(mock: &MockHandle, key: &str) -> KeyStats {

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod app;
+pub mod provider;
 
 use std::collections::HashMap;
 use std::time::Duration;
