@@ -13,19 +13,11 @@ cd "$root"
 tasks=${1:-1000}
 drop_rate=${2:-0.2}
 
-bash deploy/infra.sh up >/dev/null
-set -a && . target/infra/env && set +a
-cargo build --release --quiet
-bin="$root/target/release/replyd"
+# shellcheck source=deploy/lib.sh
+. deploy/lib.sh
+prepare
 dir="$root/target/bench/recovery-$(date +%Y%m%d%H%M%S)"
 mkdir -p "$dir"
-
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
 
 echo "| recovery | tasks | completed | failed | calls | generations | calls/completed | generations/completed |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|"
@@ -33,21 +25,10 @@ for mode in idempotency-key operation-id none; do
   honour=$([ "$mode" = none ] && echo false || echo true)
   api=$([ "$mode" = operation-id ] && echo background_responses || echo chat_completions)
   id="rec-$mode-$$"
-  "$bin" mock-provider --listen 127.0.0.1:0 --latency-ms 50 --drop-after-work-rate "$drop_rate" \
-    --honour-idempotency-key "$honour" --seed 7 >"$dir/$id-mock.out" 2>"$dir/$id-mock.log" &
-  mock=$!
-  pids+=($mock)
-  mock_url=""
-  for _ in $(seq 1 100); do
-    mock_url=$(sed -n 's/^mock-provider listening on //p' "$dir/$id-mock.out")
-    [ -n "$mock_url" ] && break
-    sleep 0.1
-  done
-  [ -n "$mock_url" ] || { echo "bench: mock provider did not start" >&2; exit 1; }
-  schema="bench_$(echo "$id" | tr -c 'a-zA-Z0-9\n' '_')"
-  psql -q "$DATABASE_URL" -c "create schema $schema" >/dev/null
-  sep='?'; case "$DATABASE_URL" in *\?*) sep='&' ;; esac
-  db_url="${DATABASE_URL}${sep}options=-c%20search_path%3D${schema}"
+  start_mock "$dir/$id-mock" --latency-ms 50 --drop-after-work-rate "$drop_rate" \
+    --honour-idempotency-key "$honour" --seed 7
+  mock=$mock_pid
+  db_url=$(schema_url "bench_$id")
   topic="bench-$id"
   "$bin" produce --bootstrap "$KAFKA_BOOTSTRAP" --topic "$topic" --create-partitions 4 \
     --count "$tasks" --max-attempts 5 >/dev/null
@@ -82,7 +63,7 @@ TOML
   worker=$!
   pids+=($worker)
   deadline=$(( $(date +%s) + 900 ))
-  until [ "$(psql -qtA "$db_url" -c "select count(*) from reply_tasks where status in ('completed','failed')" 2>/dev/null || echo 0)" -ge "$tasks" ]; do
+  until [ "$(terminal_count "$db_url")" -ge "$tasks" ]; do
     [ "$(date +%s)" -lt "$deadline" ] || { echo "bench: recovery $mode did not finish" >&2; exit 1; }
     sleep 1
   done

@@ -13,38 +13,19 @@ shift || true
 windows=("$@")
 [ ${#windows[@]} -gt 0 ] || windows=(1 16 64 256)
 
-bash deploy/infra.sh up >/dev/null
-set -a && . target/infra/env && set +a
-cargo build --release --quiet
-bin="$root/target/release/replyd"
+# shellcheck source=deploy/lib.sh
+. deploy/lib.sh
+prepare
 dir="$root/target/bench/window-$(date +%Y%m%d%H%M%S)"
 mkdir -p "$dir"
-
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-"$bin" mock-provider --listen 127.0.0.1:0 --latency-ms "$latency_ms" >"$dir/mock.out" 2>"$dir/mock.log" &
-pids+=($!)
-for _ in $(seq 1 100); do
-  mock_url=$(sed -n 's/^mock-provider listening on //p' "$dir/mock.out")
-  [ -n "$mock_url" ] && break
-  sleep 0.1
-done
-[ -n "${mock_url:-}" ] || { echo "bench: mock provider did not start" >&2; exit 1; }
+start_mock "$dir/mock" --latency-ms "$latency_ms"
 
 echo "| window | tasks | seconds | replies/s | ideal/s (window / latency) | ratio |"
 echo "|---:|---:|---:|---:|---:|---:|"
 for w in "${windows[@]}"; do
   tasks=$(( w * 6 < 24 ? 24 : w * 6 ))
   id="w${w}-$$"
-  schema="bench_$(echo "$id" | tr -c 'a-zA-Z0-9\n' '_')"
-  psql -q "$DATABASE_URL" -c "create schema $schema" >/dev/null
-  sep='?'; case "$DATABASE_URL" in *\?*) sep='&' ;; esac
-  db_url="${DATABASE_URL}${sep}options=-c%20search_path%3D${schema}"
+  db_url=$(schema_url "bench_$id")
   topic="bench-$id"
   "$bin" produce --bootstrap "$KAFKA_BOOTSTRAP" --topic "$topic" --create-partitions 1 \
     --count "$tasks" --conversations 1 >/dev/null

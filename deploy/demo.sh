@@ -15,45 +15,18 @@ malformed=${DEMO_MALFORMED:-8}
 partitions=${DEMO_PARTITIONS:-6}
 limit_s=${DEMO_LIMIT_S:-600}
 
-bash deploy/infra.sh up >/dev/null
-if ! command -v psql >/dev/null; then
-  echo "demo: installing postgresql-client (psql, for progress)" >&2
-  sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_=sudo
-  $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client >/dev/null
-fi
-# shellcheck disable=SC1091
-set -a && . target/infra/env && set +a
-
-echo "demo: building replyd (release)" >&2
-cargo build --release --quiet
-bin="$root/target/release/replyd"
+# shellcheck source=deploy/lib.sh
+. deploy/lib.sh
+echo "demo: starting infrastructure, building replyd (release)" >&2
+prepare
 
 run_id="$(date +%Y%m%d%H%M%S)-$$"
 dir="$root/target/demo/$run_id"
 mkdir -p "$dir"
 topic="demo-$run_id"
 group="demo-$run_id"
-schema="demo_$(echo "$run_id" | tr -c 'a-zA-Z0-9\n' '_')"
-psql -q "$DATABASE_URL" -c "create schema $schema" >/dev/null
-sep='?'
-case "$DATABASE_URL" in *\?*) sep='&' ;; esac
-db_url="${DATABASE_URL}${sep}options=-c%20search_path%3D${schema}"
-
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-"$bin" mock-provider --listen 127.0.0.1:0 --latency-ms 200 --latency-jitter-ms 50 >"$dir/mock.out" 2>"$dir/mock.log" &
-pids+=($!)
-for _ in $(seq 1 100); do
-  mock_url=$(sed -n 's/^mock-provider listening on //p' "$dir/mock.out")
-  [ -n "$mock_url" ] && break
-  sleep 0.1
-done
-[ -n "${mock_url:-}" ] || { cat "$dir/mock.log" >&2; echo "demo: the mock provider did not start" >&2; exit 1; }
+db_url=$(schema_url "demo_$run_id")
+start_mock "$dir/mock" --latency-ms 200 --latency-jitter-ms 50
 
 "$bin" produce --bootstrap "$KAFKA_BOOTSTRAP" --topic "$topic" --create-partitions "$partitions" \
   --count 0 >/dev/null
@@ -92,7 +65,7 @@ echo "demo: published $(echo "$produced" | sed 's/,"task_ids".*/}/')" >&2
 
 deadline=$(( $(date +%s) + limit_s ))
 while :; do
-  done_count=$(psql -qtA "$db_url" -c "select count(*) from reply_tasks where status in ('completed','failed')" 2>/dev/null || echo 0)
+  done_count=$(terminal_count "$db_url")
   rate=$(awk -v n="$done_count" -v s="$start" -v now="$(date +%s.%N)" 'BEGIN { printf "%.1f", n / (now - s) }')
   printf 'demo: %s/%s tasks terminal, %s replies/s\n' "$done_count" "$tasks" "$rate" >&2
   [ "$done_count" -ge "$tasks" ] && break

@@ -1,0 +1,62 @@
+# Shared by demo.sh and the bench scripts (sourced, not run): local infrastructure, a release
+# build, processes stopped by their pids on exit, the mock provider, a schema per run.
+
+# Starts the infrastructure, exports DATABASE_URL and KAFKA_BOOTSTRAP, builds replyd (release)
+# and sets $bin. Installs psql when missing (the scripts read progress with it).
+prepare() {
+  bash deploy/infra.sh up >/dev/null
+  if ! command -v psql >/dev/null; then
+    echo "installing postgresql-client (psql)" >&2
+    local sudo_=""
+    [ "$(id -u)" -eq 0 ] || sudo_=sudo
+    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client >/dev/null
+  fi
+  set -a
+  # shellcheck disable=SC1091
+  . target/infra/env
+  set +a
+  cargo build --release --quiet
+  bin="$PWD/target/release/replyd"
+}
+
+# Processes this script started; all get SIGTERM (their drain path) and are waited for on exit.
+pids=()
+stop_started() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap stop_started EXIT
+
+# start_mock LOG_PREFIX [mock-provider flags...]: starts the mock on a free port, records its
+# pid in $mock_pid and its base URL in $mock_url.
+start_mock() {
+  local prefix=$1
+  shift
+  "$bin" mock-provider --listen 127.0.0.1:0 "$@" >"$prefix.out" 2>"$prefix.log" &
+  mock_pid=$!
+  pids+=("$mock_pid")
+  mock_url=""
+  for _ in $(seq 1 100); do
+    mock_url=$(sed -n 's/^mock-provider listening on //p' "$prefix.out")
+    [ -n "$mock_url" ] && return 0
+    sleep 0.1
+  done
+  cat "$prefix.log" >&2
+  echo "the mock provider did not start" >&2
+  exit 1
+}
+
+# schema_url NAME: creates schema NAME and prints a database URL whose sessions use it.
+schema_url() {
+  local schema
+  schema=$(echo "$1" | tr -c 'a-zA-Z0-9\n' '_')
+  psql -q "$DATABASE_URL" -c "create schema $schema" >/dev/null
+  local sep='?'
+  case "$DATABASE_URL" in *\?*) sep='&' ;; esac
+  echo "${DATABASE_URL}${sep}options=-c%20search_path%3D${schema}"
+}
+
+# terminal_count URL: tasks completed or failed.
+terminal_count() {
+  psql -qtA "$1" -c "select count(*) from reply_tasks where status in ('completed','failed')" 2>/dev/null || echo 0
+}
