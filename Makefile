@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery
+.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery chaos
 
 build:
 	$(CARGO) build --release
@@ -44,3 +44,10 @@ bench:
 ## bench-recovery: 1,000 tasks, 20% of calls dropped after the work: calls per task, recovery on/off.
 bench-recovery:
 	bash deploy/bench-recovery.sh 1000 0.2
+
+## chaos: every fault scenario for CHAOS_SECONDS (default 180) each, or one: make chaos SCENARIO=kill.
+## Reports in target/chaos/<scenario>.json and target/chaos/summary.json. (make test runs a
+## 20-second version of each.)
+CHAOS_SECONDS ?= 180
+chaos: infra-up
+	CHAOS_SECONDS=$(CHAOS_SECONDS) SCENARIO=$(SCENARIO) $(CARGO) test --release --test chaos -- --test-threads=1 --nocapture

@@ -29,8 +29,11 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Worker { config } => {
+            // Listen for SIGTERM before anything else: a worker stopped during start-up then
+            // leaves through its drain path too, instead of dying of the signal.
+            let shutdown = shutdown_on_signal();
             let settings = Settings::load(config.as_deref()).context("settings")?;
-            replyd::worker::run_worker(settings, shutdown_on_signal()).await?;
+            replyd::worker::run_worker(settings, shutdown).await?;
         }
         Command::Migrate { database_url } => {
             let settings = DatabaseSettings {

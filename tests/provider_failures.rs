@@ -49,7 +49,7 @@ async fn wait_for_finished_attempts(app: &TestApp, task: &TaskSpec, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_with_retry_after_delays_the_next_attempt_at_least_that_long() {
-    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
     app.set_faults(json!({"rate_limit_rate": 1.0, "retry_after_s": 2}))
         .await;
     let task = one_task(5);
@@ -75,7 +75,7 @@ async fn a_rate_limit_with_retry_after_delays_the_next_attempt_at_least_that_lon
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_server_errors_then_success_gives_one_reply_with_every_attempt_recorded() {
-    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
     app.set_faults(json!({"error_rate": 1.0, "error_status": 502}))
         .await;
     let task = one_task(5);
@@ -103,7 +103,7 @@ async fn a_burst_of_server_errors_then_success_gives_one_reply_with_every_attemp
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fatal_400_costs_one_call_and_fails_the_task_with_the_providers_message() {
-    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
     app.set_faults(json!({"error_rate": 1.0, "error_status": 400}))
         .await;
     let task = one_task(5);
@@ -125,7 +125,7 @@ async fn a_fatal_400_costs_one_call_and_fails_the_task_with_the_providers_messag
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_passing_during_a_backoff_fails_the_task_without_another_call() {
-    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
     app.set_faults(json!({"rate_limit_rate": 1.0, "retry_after_s": 30}))
         .await;
     let mut task = one_task(5);
@@ -159,7 +159,7 @@ async fn ambiguous_without_recovery(policy: &'static str) -> (TestApp, TaskSpec)
         request_timeout_ms: 5_000,
         ..WorkerConfig::default()
     };
-    let mut app = TestApp::start(1, mock(20, false), config).await;
+    let app = TestApp::start(1, mock(20, false), config).await;
     app.set_faults(json!({"drop_after_work_rate": 1.0})).await;
     let task = one_task(3);
     app.produce_tasks(std::slice::from_ref(&task), 1).await;
@@ -207,7 +207,7 @@ async fn an_unrecoverable_ambiguous_call_fails_the_task_under_stop_after_one_gen
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_answer_resent_with_the_same_key_costs_one_generation() {
     // The provider honours Idempotency-Key: the retry gets the stored result, not a new one.
-    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
     app.set_faults(json!({"drop_after_work_rate": 1.0})).await;
     let task = one_task(3);
     app.produce_tasks(std::slice::from_ref(&task), 1).await;
@@ -226,7 +226,7 @@ async fn the_attempt_budget_survives_a_kill_during_backoff() {
         retry_base_delay_ms: 1_500,
         ..WorkerConfig::default()
     };
-    let mut app = TestApp::start(1, mock(20, true), config).await;
+    let app = TestApp::start(1, mock(20, true), config).await;
     app.set_faults(json!({"error_rate": 1.0, "error_status": 503}))
         .await;
     let task = one_task(3);
@@ -266,7 +266,7 @@ async fn shutdown_during_a_hung_call_cancels_it_and_hands_the_task_over_at_once(
         drain_timeout_ms: 1_000,
         ..WorkerConfig::default()
     };
-    let mut app = TestApp::start(2, mock(20, true), config).await;
+    let app = TestApp::start(2, mock(20, true), config).await;
     app.set_faults(json!({"hang_rate": 1.0})).await;
     let task = one_task(3);
     app.produce_tasks(std::slice::from_ref(&task), 1).await;
@@ -303,7 +303,7 @@ async fn shutdown_during_a_hung_call_cancels_it_and_hands_the_task_over_at_once(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_shows_the_state_the_attempts_and_the_reply() {
-    let mut app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
+    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
     app.set_faults(json!({"error_rate": 1.0, "error_status": 500}))
         .await;
     let task = one_task(5);
@@ -361,7 +361,7 @@ fn background() -> WorkerConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_answer_is_recovered_by_operation_id_with_one_generation() {
-    let mut app = TestApp::start(1, mock(500, true), background()).await;
+    let app = TestApp::start(1, mock(500, true), background()).await;
     let task = one_task(5);
     app.produce_tasks(std::slice::from_ref(&task), 1).await;
     app.spawn_worker("w1");
@@ -395,7 +395,7 @@ async fn a_worker_killed_after_the_provider_accepted_is_finished_by_another_with
         lease_ms: 3_000,
         ..background()
     };
-    let mut app = TestApp::start(1, mock(4_000, true), config).await;
+    let app = TestApp::start(1, mock(4_000, true), config).await;
     let task = one_task(5);
     app.produce_tasks(std::slice::from_ref(&task), 1).await;
     app.spawn_worker("w1");

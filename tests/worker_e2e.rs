@@ -51,7 +51,7 @@ async fn assert_invariants(app: &TestApp, tasks: usize) -> replyd::check::Report
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_record_published_three_times_gets_exactly_one_reply() {
-    let mut app = TestApp::start(3, mock(50), WorkerConfig::default()).await;
+    let app = TestApp::start(3, mock(50), WorkerConfig::default()).await;
     app.spawn_worker("w1");
     let tasks = tasks(30, 10);
     app.produce_tasks(&tasks, 3).await;
@@ -86,7 +86,7 @@ async fn a_full_window_pauses_the_partition_so_in_flight_work_stays_bounded() {
         partition_window: 3,
         ..WorkerConfig::default()
     };
-    let mut app = TestApp::start(1, mock(200), config).await;
+    let app = TestApp::start(1, mock(200), config).await;
     let all = tasks(30, 1);
     app.produce_tasks(&all, 1).await;
     app.spawn_worker("w1");
@@ -162,7 +162,7 @@ fn dead_letters(bootstrap: &str, topic: &str) -> Vec<(i64, String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_records_of_each_kind_land_in_the_dlq_and_the_partition_keeps_moving() {
-    let mut app = TestApp::start(1, mock(20), WorkerConfig::default()).await;
+    let app = TestApp::start(1, mock(20), WorkerConfig::default()).await;
     app.spawn_worker("w1");
     let good = tasks(2, 1);
     let mut records = vec![("k".to_string(), good[0].to_proto().encode_to_vec())];
@@ -200,7 +200,7 @@ async fn bad_records_of_each_kind_land_in_the_dlq_and_the_partition_keeps_moving
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_first_record_does_not_hold_back_later_ones_but_holds_the_commit_point() {
-    let mut app = TestApp::start(1, mock(20), WorkerConfig::default()).await;
+    let app = TestApp::start(1, mock(20), WorkerConfig::default()).await;
     let mut all = tasks(11, 1);
     // The mock answers this one after 8 s (a directive it reads from the prompt).
     all[0].request.messages.push(ChatMessage {
@@ -294,7 +294,7 @@ async fn a_worker_killed_mid_partition_loses_nothing_and_saves_one_reply_each() 
         partition_window: 8,
         ..WorkerConfig::default()
     };
-    let mut app = TestApp::start(2, mock(300), config).await;
+    let app = TestApp::start(2, mock(300), config).await;
     let all = tasks(60, 12);
     app.produce_tasks(&all, 1).await;
     app.spawn_worker("w1");
@@ -334,7 +334,7 @@ async fn rebalance_one_two_one(protocol: &'static str) {
         partition_window: 4,
         ..WorkerConfig::default()
     };
-    let mut app = TestApp::start(4, mock(200), config).await;
+    let app = TestApp::start(4, mock(200), config).await;
     let all = tasks(120, 24);
     app.produce_tasks(&all, 1).await;
     app.spawn_worker("w1");
@@ -393,7 +393,7 @@ async fn a_zombie_stopped_past_its_lease_and_session_is_fenced_when_it_returns()
         partition_window: 8,
         ..WorkerConfig::default()
     };
-    let mut app = TestApp::start(2, mock(1_500), config).await;
+    let app = TestApp::start(2, mock(1_500), config).await;
     app.spawn_worker("w1");
     app.spawn_worker("w2");
     let all = tasks(40, 8);
@@ -450,7 +450,7 @@ async fn a_worker_refuses_to_start_without_its_dead_letter_topic() {
         dead_letter_topic: unique("missing-dlq"),
         ..WorkerConfig::default()
     };
-    let mut app = TestApp::start(1, mock(10), config).await;
+    let app = TestApp::start(1, mock(10), config).await;
     app.spawn_worker("w1");
     assert!(
         !app.wait_for_exit("w1", LIMIT).await,

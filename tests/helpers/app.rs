@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use prost::Message as _;
@@ -67,7 +68,10 @@ pub struct TestApp {
     pub partitions: i32,
     pub mock: MockHandle,
     pub config: WorkerConfig,
-    workers: HashMap<String, WorkerProcess>,
+    /// Behind a lock so a test can produce and inject faults at once through `&TestApp`.
+    workers: Mutex<HashMap<String, WorkerProcess>>,
+    /// Incarnations per worker name; each writes its own log file.
+    spawns: Mutex<HashMap<String, usize>>,
     dir: PathBuf,
 }
 
@@ -75,6 +79,7 @@ pub struct TestApp {
 pub struct WorkerProcess {
     pub child: Child,
     pub log: PathBuf,
+    stopped: bool,
 }
 
 impl WorkerProcess {
@@ -124,7 +129,8 @@ impl TestApp {
             partitions,
             mock,
             config,
-            workers: HashMap::new(),
+            workers: Mutex::new(HashMap::new()),
+            spawns: Mutex::new(HashMap::new()),
             dir,
         }
     }
@@ -204,11 +210,28 @@ listen = "127.0.0.1:0"
         )
     }
 
+    fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, WorkerProcess>> {
+        // A panic elsewhere in the test poisons nothing we rely on: the map is still right.
+        self.workers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self, name: &str) -> WorkerProcess {
+        self.workers()
+            .remove(name)
+            .unwrap_or_else(|| panic!("worker {name} is not running"))
+    }
+
     /// Starts (or restarts) worker `name`.
-    pub fn spawn_worker(&mut self, name: &str) {
+    pub fn spawn_worker(&self, name: &str) {
         let config = self.dir.join(format!("{name}.toml"));
         std::fs::write(&config, self.worker_toml(name)).unwrap();
-        let log = self.dir.join(format!("{name}.log"));
+        let incarnation = {
+            let mut spawns = self.spawns.lock().unwrap_or_else(|p| p.into_inner());
+            let n = spawns.entry(name.to_owned()).or_default();
+            *n += 1;
+            *n
+        };
+        let log = self.dir.join(format!("{name}.{incarnation}.log"));
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -223,13 +246,42 @@ listen = "127.0.0.1:0"
             .stderr(log_file)
             .spawn()
             .expect("worker starts");
-        self.workers
-            .insert(name.to_owned(), WorkerProcess { child, log });
+        self.workers().insert(
+            name.to_owned(),
+            WorkerProcess {
+                child,
+                log,
+                stopped: false,
+            },
+        );
+    }
+
+    /// Waits until the latest incarnation of worker `name` has joined (its consumer polls).
+    pub async fn wait_until_ready(&self, name: &str) {
+        let log = self.workers()[name].log.clone();
+        super::wait_until(
+            &format!("{name} is ready"),
+            Duration::from_secs(60),
+            || async {
+                std::fs::read_to_string(&log).is_ok_and(|text| text.contains("consumer started"))
+            },
+        )
+        .await;
+    }
+
+    /// Starts worker `name` if it is not running, continues it if it is stopped.
+    pub fn ensure_running(&self, name: &str) {
+        let stopped = self.workers().get(name).map(|w| w.stopped);
+        match stopped {
+            None => self.spawn_worker(name),
+            Some(true) => self.resume(name),
+            Some(false) => {}
+        }
     }
 
     /// Waits for worker `name` to exit by itself (bounded) and returns whether it succeeded.
-    pub async fn wait_for_exit(&mut self, name: &str, limit: Duration) -> bool {
-        let mut worker = self.workers.remove(name).expect("worker exists");
+    pub async fn wait_for_exit(&self, name: &str, limit: Duration) -> bool {
+        let mut worker = self.take(name);
         let deadline = std::time::Instant::now() + limit;
         loop {
             if let Some(status) = worker.child.try_wait().expect("try_wait") {
@@ -243,30 +295,32 @@ listen = "127.0.0.1:0"
         }
     }
 
-    pub fn worker(&self, name: &str) -> &WorkerProcess {
-        &self.workers[name]
-    }
-
     /// SIGKILL: a crash with work in flight.
-    pub fn kill(&mut self, name: &str) {
-        let mut worker = self.workers.remove(name).expect("worker exists");
+    pub fn kill(&self, name: &str) {
+        let mut worker = self.take(name);
         worker.signal("-KILL");
         let _ = worker.child.wait();
     }
 
     /// SIGSTOP: the process stalls, connections open, locks and leases held.
     pub fn stop(&self, name: &str) {
-        self.workers[name].signal("-STOP");
+        let mut workers = self.workers();
+        let worker = workers.get_mut(name).expect("worker exists");
+        worker.signal("-STOP");
+        worker.stopped = true;
     }
 
     /// SIGCONT: the stalled process resumes as a zombie.
     pub fn resume(&self, name: &str) {
-        self.workers[name].signal("-CONT");
+        let mut workers = self.workers();
+        let worker = workers.get_mut(name).expect("worker exists");
+        worker.signal("-CONT");
+        worker.stopped = false;
     }
 
     /// SIGTERM, then waits for a clean exit (drain, commit, leave).
-    pub async fn terminate(&mut self, name: &str) {
-        let mut worker = self.workers.remove(name).expect("worker exists");
+    pub async fn terminate(&self, name: &str) {
+        let mut worker = self.take(name);
         worker.signal("-TERM");
         let waited = tokio::task::spawn_blocking(move || {
             let status = worker.child.wait();
@@ -282,8 +336,18 @@ listen = "127.0.0.1:0"
         );
     }
 
+    /// Everything worker `name` logged, over all its incarnations.
     pub fn log_of(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+        let count = self
+            .spawns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied()
+            .unwrap_or(0);
+        (1..=count)
+            .filter_map(|n| std::fs::read_to_string(self.dir.join(format!("{name}.{n}.log"))).ok())
+            .collect()
     }
 
     /// Publishes tasks (key = conversation id) and returns once the broker acknowledged all.

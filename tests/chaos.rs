@@ -1,0 +1,422 @@
+//! The chaos harness: three `replyd worker` processes on a 6-partition topic, tasks produced at
+//! a steady rate, faults injected every few seconds from a recorded seed, then heal, drain and
+//! check every invariant from the durable state (`replyd check`). Each scenario writes
+//! `target/chaos/<scenario>.json`; `summary.json` gathers them.
+//!
+//! `cargo test --test chaos` runs the short version of every scenario (CI). `make chaos` runs
+//! the long one: `CHAOS_SECONDS=180 cargo test --release --test chaos -- --test-threads=1`,
+//! and `make chaos SCENARIO=kill` one of them. A scenario that injected no fault fails: a run
+//! must prove the fault fired.
+
+mod helpers;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use helpers::app::{TestApp, WorkerConfig};
+use helpers::{unique, wait_until};
+use prost::Message as _;
+use replyd::mock_provider::MockSettings;
+use replyd::produce::{demo_task, malformed_record, producer, publish};
+use serde_json::json;
+
+const PARTITIONS: i32 = 6;
+const WORKERS: [&str; 3] = ["w1", "w2", "w3"];
+
+/// How long faults are injected; short by default (CI), longer for `make chaos`.
+fn fault_window() -> Duration {
+    let seconds = std::env::var("CHAOS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    Duration::from_secs(seconds)
+}
+
+fn seed() -> u64 {
+    std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..))
+}
+
+/// Runs only the scenario named in `SCENARIO`, when set.
+fn selected(name: &str) -> bool {
+    std::env::var("SCENARIO").map_or(true, |s| s.is_empty() || s == name)
+}
+
+/// What a scenario did, for its report.
+#[derive(Default)]
+struct Faults {
+    counts: BTreeMap<&'static str, u64>,
+    /// Seconds from a worker's SIGKILL until the group had all partitions assigned again.
+    reassign_s: Vec<f64>,
+}
+
+impl Faults {
+    fn fired(&mut self, kind: &'static str) {
+        *self.counts.entry(kind).or_default() += 1;
+    }
+}
+
+fn config(protocol: &'static str) -> WorkerConfig {
+    WorkerConfig {
+        protocol,
+        partition_window: 16,
+        global_window: 48,
+        lease_ms: 3_000,
+        renew_interval_ms: 1_000,
+        drain_timeout_ms: 1_500,
+        session_timeout_ms: 3_000,
+        default_max_attempts: 8,
+        request_timeout_ms: 3_000,
+        retry_base_delay_ms: 100,
+        ..WorkerConfig::default()
+    }
+}
+
+fn mock() -> MockSettings {
+    MockSettings {
+        latency_ms: 80,
+        latency_jitter_ms: 60,
+        ..MockSettings::default()
+    }
+}
+
+/// Partitions assigned over the live workers, read from their `/readyz`.
+async fn assigned_partitions(app: &TestApp, live: &[&str]) -> usize {
+    let mut total = 0;
+    for name in live {
+        let log = app.log_of(name);
+        let Some(addr) = log
+            .rsplit("addr=")
+            .next()
+            .and_then(|rest| rest.split_whitespace().next())
+            .filter(|_| log.contains("addr="))
+        else {
+            continue;
+        };
+        if let Ok(response) = reqwest::get(format!("http://{addr}/readyz")).await
+            && let Ok(text) = response.text().await
+        {
+            total += text
+                .split_whitespace()
+                .find_map(|word| word.parse::<usize>().ok())
+                .unwrap_or(0);
+        }
+    }
+    total
+}
+
+/// Produces tasks at a steady rate until `until`; a share `poison` of the records is
+/// malformed. Returns the good tasks' count.
+async fn produce_steadily(
+    app: &TestApp,
+    until: Instant,
+    per_second: u32,
+    poison: f64,
+    seed: u64,
+) -> (usize, usize) {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
+    let workspace = unique("ws");
+    let (mut good, mut bad) = (0usize, 0usize);
+    let tick = Duration::from_millis(100);
+    let per_tick = (per_second / 10).max(1) as usize;
+    let producer = producer(&app.bootstrap).expect("producer");
+    let mut next = Instant::now();
+    while Instant::now() < until {
+        let mut records = Vec::with_capacity(per_tick);
+        for _ in 0..per_tick {
+            if rng.f64() < poison {
+                records.push((format!("bad-{bad}"), malformed_record(bad).1));
+                bad += 1;
+            } else {
+                let task = demo_task(&workspace, good, 60, 0);
+                records.push((
+                    task.conversation_id.clone(),
+                    task.to_proto().encode_to_vec(),
+                ));
+                good += 1;
+            }
+        }
+        publish(&producer, &app.topic, &records)
+            .await
+            .expect("published");
+        // A steady rate: the next batch is due one tick after the last was due.
+        next += tick;
+        tokio::time::sleep_until(next.into()).await;
+    }
+    (good, bad)
+}
+
+/// Drives one scenario: start, produce while `inject` fires faults, heal, drain, check, report.
+async fn run_scenario<F, Fut>(
+    name: &str,
+    protocol: &'static str,
+    poison: f64,
+    inject: F,
+) -> replyd::check::Report
+where
+    F: FnOnce(Arc<TestApp>, Instant, fastrand::Rng) -> Fut,
+    Fut: std::future::Future<Output = Faults>,
+{
+    // One scenario at a time, whatever the test runner's threads: each loads the machine (three
+    // workers, a producer) and its timings are part of its report.
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _serial = SERIAL.lock().await;
+    let seed = seed();
+    eprintln!("chaos {name}: seed {seed}");
+    let app = Arc::new(TestApp::start(PARTITIONS, mock(), config(protocol)).await);
+    for worker in WORKERS {
+        app.spawn_worker(worker);
+    }
+    for worker in WORKERS {
+        app.wait_until_ready(worker).await;
+    }
+    let started = Instant::now();
+    let until = started + fault_window();
+    let producer = {
+        let app = Arc::clone(&app);
+        tokio::spawn(async move { produce_steadily(&app, until, 40, poison, seed).await })
+    };
+    let mut faults = inject(Arc::clone(&app), until, fastrand::Rng::with_seed(seed)).await;
+    let (good, bad) = producer.await.unwrap();
+    if bad > 0 {
+        // Poison is a fault of the stream itself.
+        faults.counts.insert("malformed_records", bad as u64);
+    }
+
+    // Heal: faults off, every worker running and continued.
+    app.set_faults(json!({})).await;
+    for worker in WORKERS {
+        app.ensure_running(worker);
+    }
+    let healed = Instant::now();
+    let drained_limit = Duration::from_secs(240);
+    let client = app.db.raw_client().await;
+    wait_until("every produced task is terminal", drained_limit, || {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT count(*) FROM reply_tasks WHERE status IN ('completed', 'failed')",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                >= good as i64
+        }
+    })
+    .await;
+    app.wait_until_committed_to_end(drained_limit).await;
+    let recovery_s = healed.elapsed().as_secs_f64();
+    let report = app.check().await;
+
+    let total_faults: u64 = faults.counts.values().sum();
+    let out = json!({
+        "scenario": name,
+        "protocol": protocol,
+        "seed": seed,
+        "fault_window_s": fault_window().as_secs(),
+        "duration_s": started.elapsed().as_secs_f64(),
+        "recovery_s": recovery_s,
+        "reassign_s": faults.reassign_s,
+        "faults": faults.counts,
+        "produced": {"tasks": good, "malformed": bad},
+        "check": report,
+    });
+    write_report(name, &out);
+
+    assert!(total_faults > 0, "{name}: no fault was injected");
+    assert_eq!(report.violations, Vec::<String>::new(), "{name}: {out:#}");
+    assert_eq!(report.duplicate_replies, 0, "{name}: {out:#}");
+    assert_eq!(report.lost, 0, "{name}: {out:#}");
+    assert_eq!(report.pending, 0, "{name}: {out:#}");
+    assert_eq!(report.tasks, good as i64, "{name}: {out:#}");
+    assert_eq!(report.dead_lettered, bad as i64, "{name}: {out:#}");
+    assert!(report.provider_calls_per_task.max <= 8, "{name}: {out:#}");
+    report
+}
+
+fn write_report(name: &str, report: &serde_json::Value) {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/chaos"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.json")),
+        serde_json::to_vec_pretty(report).unwrap(),
+    )
+    .unwrap();
+    // summary.json gathers every scenario's latest report.
+    let mut summary = serde_json::Map::new();
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let path = entry.path();
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        if path.extension().is_some_and(|e| e == "json")
+            && stem != "summary"
+            && let Ok(value) = serde_json::from_slice(&std::fs::read(&path).unwrap())
+        {
+            summary.insert(stem, value);
+        }
+    }
+    std::fs::write(
+        dir.join("summary.json"),
+        serde_json::to_vec_pretty(&summary).unwrap(),
+    )
+    .unwrap();
+}
+
+async fn pause(rng: &mut fastrand::Rng, from_ms: u64, to_ms: u64) {
+    tokio::time::sleep(Duration::from_millis(rng.u64(from_ms..to_ms))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_kill() {
+    if !selected("kill") {
+        return;
+    }
+    run_scenario("kill", "classic", 0.0, |app, until, mut rng| async move {
+        let mut faults = Faults::default();
+        while Instant::now() < until {
+            pause(&mut rng, 2_000, 4_000).await;
+            let victim = WORKERS[rng.usize(..WORKERS.len())];
+            app.kill(victim);
+            faults.fired("sigkill");
+            let killed = Instant::now();
+            let others: Vec<&str> = WORKERS.iter().copied().filter(|w| *w != victim).collect();
+            wait_until(
+                "the others own every partition",
+                Duration::from_secs(60),
+                || async { assigned_partitions(&app, &others).await == PARTITIONS as usize },
+            )
+            .await;
+            faults.reassign_s.push(killed.elapsed().as_secs_f64());
+            pause(&mut rng, 500, 2_000).await;
+            app.spawn_worker(victim);
+        }
+        faults
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_zombie() {
+    if !selected("zombie") {
+        return;
+    }
+    let report = run_scenario("zombie", "classic", 0.0, |app, until, mut rng| async move {
+        let mut faults = Faults::default();
+        while Instant::now() < until {
+            pause(&mut rng, 1_000, 3_000).await;
+            let victim = WORKERS[rng.usize(..WORKERS.len())];
+            app.stop(victim);
+            faults.fired("sigstop");
+            // Past the lease (3 s) and the session (3 s): the group moves on, leases lapse.
+            tokio::time::sleep(Duration::from_millis(rng.u64(5_000..7_000))).await;
+            app.resume(victim);
+            faults.fired("sigcont");
+        }
+        faults
+    })
+    .await;
+    // The zombies came back and were refused: the fault really fired.
+    assert!(report.fenced_rejections > 0, "{report:#?}");
+}
+
+async fn rebalance(protocol: &'static str) {
+    let name = if protocol == "classic" {
+        "rebalance"
+    } else {
+        "rebalance_consumer"
+    };
+    if !selected(name) && !selected("rebalance") {
+        return;
+    }
+    run_scenario(name, protocol, 0.0, |app, until, mut rng| async move {
+        let mut faults = Faults::default();
+        // 3 → 1 → 3 → 2, repeatedly: graceful leaves (SIGTERM) and joins.
+        while Instant::now() < until {
+            for worker in ["w2", "w3"] {
+                app.terminate(worker).await;
+                faults.fired("leave");
+            }
+            pause(&mut rng, 1_000, 2_500).await;
+            for worker in ["w2", "w3"] {
+                app.spawn_worker(worker);
+                faults.fired("join");
+            }
+            for worker in ["w2", "w3"] {
+                app.wait_until_ready(worker).await;
+            }
+            pause(&mut rng, 1_500, 3_000).await;
+            app.terminate("w3").await;
+            faults.fired("leave");
+            pause(&mut rng, 1_000, 2_500).await;
+            app.spawn_worker("w3");
+            faults.fired("join");
+            app.wait_until_ready("w3").await;
+        }
+        faults
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_rebalance_classic() {
+    rebalance("classic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_rebalance_consumer_protocol() {
+    rebalance("consumer").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_provider() {
+    if !selected("provider") {
+        return;
+    }
+    run_scenario(
+        "provider",
+        "classic",
+        0.0,
+        |app, until, mut rng| async move {
+            let mut faults = Faults::default();
+            let kinds = [
+                ("5xx", json!({"error_rate": 0.3, "error_status": 502})),
+                ("429", json!({"rate_limit_rate": 0.3, "retry_after_s": 1})),
+                ("hang", json!({"hang_rate": 0.1, "hang_ms": 600000})),
+                ("ambiguous_drop", json!({"drop_after_work_rate": 0.3})),
+            ];
+            while Instant::now() < until {
+                let (kind, faults_json) = &kinds[rng.usize(..kinds.len())];
+                app.set_faults(faults_json.clone()).await;
+                faults.fired(kind);
+                pause(&mut rng, 1_500, 3_000).await;
+                app.set_faults(json!({})).await;
+                pause(&mut rng, 500, 1_500).await;
+            }
+            faults
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_poison() {
+    if !selected("poison") {
+        return;
+    }
+    // 1% malformed, truncated or oversized records, mixed into the steady stream.
+    run_scenario("poison", "classic", 0.01, |_app, until, _rng| async move {
+        // The faults are in the stream (counted as malformed_records).
+        tokio::time::sleep(until.saturating_duration_since(Instant::now())).await;
+        Faults::default()
+    })
+    .await;
+}
