@@ -6,6 +6,9 @@
 #   deploy/infra.sh down    stop both (by the pids they wrote); data stays for the next `up`
 #   deploy/infra.sh clean   down, then delete target/infra
 #   deploy/infra.sh status  print what runs
+#   deploy/infra.sh postgres-crash   immediate-mode stop (a crash), then start on the same port
+#   deploy/infra.sh kafka-crash      SIGKILL the broker, then start it on the same ports
+#                                    (both for the chaos harness; local services only)
 #
 # Every step is idempotent: `up` on a running setup only re-checks readiness and rewrites the env
 # file. DATABASE_URL / KAFKA_BOOTSTRAP in the environment replace the local service of that kind.
@@ -289,13 +292,28 @@ case "${1:-}" in
     [ -L "$infra/pg" ] && rm -rf "$(readlink -f "$infra/pg")"
     rm -rf "$infra"
     ;;
+  postgres-crash)
+    [ -z "${DATABASE_URL:-}" ] || die "DATABASE_URL names an external server: not crashing it"
+    pgdir=$(readlink -f "$infra/pg")
+    pg_run "$(pg_bin)/pg_ctl" -D "$pgdir/data" -m immediate -w stop >/dev/null 2>&1 || true
+    say "PostgreSQL crashed (immediate stop)"
+    REPLYD_PG_PORT=$(cat "$pgdir/port") "$0" up >/dev/null
+    ;;
+  kafka-crash)
+    [ -z "${KAFKA_BOOTSTRAP:-}" ] || die "KAFKA_BOOTSTRAP names an external broker: not crashing it"
+    pid_alive "$infra/kafka/pid" && kill -9 "$(cat "$infra/kafka/pid")"
+    for _ in $(seq 1 100); do pid_alive "$infra/kafka/pid" || break; sleep 0.1; done
+    rm -f "$infra/kafka/pid"
+    say "Kafka crashed (SIGKILL)"
+    REPLYD_KAFKA_PORT=$(cat "$infra/kafka/port") "$0" up >/dev/null
+    ;;
   status)
     [ -f "$env_file" ] && cat "$env_file"
     pid_alive "$infra/kafka/pid" && echo "kafka: running (pid $(cat "$infra/kafka/pid"))" || echo "kafka: stopped"
     [ -f "$infra/pg/data/postmaster.pid" ] && echo "postgres: running (pid $(head -n1 "$infra/pg/data/postmaster.pid"))" || echo "postgres: stopped"
     ;;
   *)
-    echo "usage: $0 up|down|clean|status" >&2
+    echo "usage: $0 up|down|clean|status|postgres-crash|kafka-crash" >&2
     exit 2
     ;;
 esac
