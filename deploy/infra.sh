@@ -8,6 +8,7 @@
 #   deploy/infra.sh status  print what runs
 #   deploy/infra.sh postgres-crash   immediate-mode stop (a crash), then start on the same port
 #   deploy/infra.sh kafka-crash      SIGKILL the broker, then start it on the same ports
+#   deploy/infra.sh toxiproxy        build Toxiproxy once per machine, print its path
 #                                    (both for the chaos harness; local services only)
 #
 # Every step is idempotent: `up` on a running setup only re-checks readiness and rewrites the env
@@ -291,6 +292,21 @@ case "${1:-}" in
     postgres_down
     [ -L "$infra/pg" ] && rm -rf "$(readlink -f "$infra/pg")"
     rm -rf "$infra"
+    ;;
+  toxiproxy)
+    # Toxiproxy, built once per machine from the Go module proxy; prints the binary's path.
+    version=2.12.0
+    bin_dir="$cache/toxiproxy-$version"
+    if [ ! -x "$bin_dir/toxiproxy-server" ]; then
+      command -v go >/dev/null || die "Go is needed to build toxiproxy (the network chaos scenario)"
+      say "building toxiproxy $version into $bin_dir (once per machine)"
+      mkdir -p "$bin_dir.tmp"
+      GOBIN="$bin_dir.tmp" go install "github.com/Shopify/toxiproxy/v2/cmd/server@v$version" >&2 \
+        || die "could not build toxiproxy"
+      mv "$bin_dir.tmp/server" "$bin_dir.tmp/toxiproxy-server"
+      rm -rf "$bin_dir" && mv "$bin_dir.tmp" "$bin_dir"
+    fi
+    echo "$bin_dir/toxiproxy-server"
     ;;
   postgres-crash)
     [ -z "${DATABASE_URL:-}" ] || die "DATABASE_URL names an external server: not crashing it"

@@ -161,6 +161,26 @@ where
     F: FnOnce(Arc<TestApp>, Instant, fastrand::Rng) -> Fut,
     Fut: std::future::Future<Output = Faults>,
 {
+    run_scenario_with(name, protocol, poison, |_app| async { None }, inject).await
+}
+
+/// Something a scenario keeps alive until its check is done (a proxy process).
+type Keep = Option<Box<dyn std::any::Any + Send>>;
+
+/// [`run_scenario`] with a `setup` that runs after the app starts and before its workers do.
+async fn run_scenario_with<S, SFut, F, Fut>(
+    name: &str,
+    protocol: &'static str,
+    poison: f64,
+    setup: S,
+    inject: F,
+) -> replyd::check::Report
+where
+    S: FnOnce(Arc<TestApp>) -> SFut,
+    SFut: std::future::Future<Output = Keep>,
+    F: FnOnce(Arc<TestApp>, Instant, fastrand::Rng) -> Fut,
+    Fut: std::future::Future<Output = Faults>,
+{
     // One scenario at a time, whatever the test runner's threads: each loads the machine (three
     // workers, a producer) and its timings are part of its report.
     static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -168,6 +188,7 @@ where
     let seed = seed();
     eprintln!("chaos {name}: seed {seed}");
     let app = Arc::new(TestApp::start(PARTITIONS, mock(), config(protocol)).await);
+    let _keep = setup(Arc::clone(&app)).await;
     for worker in WORKERS {
         app.spawn_worker(worker);
     }
@@ -551,6 +572,161 @@ async fn chaos_mixed() {
                         faults.fired("leave");
                         app.spawn_worker(victim);
                         app.wait_until_ready(victim).await;
+                    }
+                }
+            }
+            faults
+        },
+    )
+    .await;
+}
+
+/// A Toxiproxy server of this test, stopped (by its pid) when dropped.
+struct Toxiproxy {
+    child: std::process::Child,
+    api: String,
+}
+
+impl Drop for Toxiproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Toxiproxy {
+    async fn start() -> Self {
+        let output = std::process::Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/infra.sh"))
+            .arg("toxiproxy")
+            .output()
+            .expect("infra.sh runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let binary = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+        let port = {
+            // A free port: bind, read, release.
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let child = std::process::Command::new(binary)
+            .args(["-host", "127.0.0.1", "-port", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("toxiproxy starts");
+        let proxy = Self {
+            child,
+            api: format!("http://127.0.0.1:{port}"),
+        };
+        wait_until("toxiproxy answers", Duration::from_secs(20), || async {
+            reqwest::get(format!("{}/version", proxy.api)).await.is_ok()
+        })
+        .await;
+        proxy
+    }
+
+    /// A proxy on a free loopback port in front of `upstream`; returns its `host:port`.
+    async fn proxy(&self, name: &str, upstream: &str) -> String {
+        let created: serde_json::Value = reqwest::Client::new()
+            .post(format!("{}/proxies", self.api))
+            .json(&json!({"name": name, "listen": "127.0.0.1:0", "upstream": upstream, "enabled": true}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        created["listen"]
+            .as_str()
+            .expect("the proxy's address")
+            .to_owned()
+    }
+
+    async fn add_toxic(&self, proxy: &str, toxic: &str, kind: &str, attributes: serde_json::Value) {
+        let response = reqwest::Client::new()
+            .post(format!("{}/proxies/{proxy}/toxics", self.api))
+            .json(&json!({"name": toxic, "type": kind, "stream": "downstream", "toxicity": 1.0, "attributes": attributes}))
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_success(), "toxic {toxic} refused");
+    }
+
+    async fn remove_toxic(&self, proxy: &str, toxic: &str) {
+        let _ = reqwest::Client::new()
+            .delete(format!("{}/proxies/{proxy}/toxics/{toxic}", self.api))
+            .send()
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_network() {
+    if !selected("network") {
+        return;
+    }
+    // The broker is not proxied: a proxy in front of Kafka needs the broker to advertise it.
+    let toxiproxy = Arc::new(Toxiproxy::start().await);
+    let proxies = Arc::clone(&toxiproxy);
+    let setup = move |app: Arc<TestApp>| async move {
+        let db = helpers::infra("DATABASE_URL");
+        let at = db.find('@').unwrap() + 1;
+        let upstream = &db[at..at + db[at..].find('/').unwrap()];
+        let database = proxies.proxy("postgres", upstream).await;
+        let provider = proxies
+            .proxy("provider", &app.mock.addr().to_string())
+            .await;
+        app.route(helpers::app::Routes {
+            database: Some(database),
+            provider: Some(format!("http://{provider}")),
+        });
+        let keep: Keep = Some(Box::new(proxies));
+        keep
+    };
+    let black_hole = (fault_window() / 4).clamp(Duration::from_secs(3), Duration::from_secs(20));
+    run_scenario_with(
+        "network",
+        "classic",
+        0.0,
+        setup,
+        |_app, until, mut rng| async move {
+            let mut faults = Faults::default();
+            while Instant::now() < until {
+                pause(&mut rng, 1_000, 3_000).await;
+                let proxy = if rng.bool() { "postgres" } else { "provider" };
+                match rng.u8(..3) {
+                    0 => {
+                        toxiproxy
+                            .add_toxic(
+                                proxy,
+                                "latency",
+                                "latency",
+                                json!({"latency": 300, "jitter": 200}),
+                            )
+                            .await;
+                        faults.fired("latency");
+                        pause(&mut rng, 2_000, 4_000).await;
+                        toxiproxy.remove_toxic(proxy, "latency").await;
+                    }
+                    1 => {
+                        toxiproxy
+                            .add_toxic(proxy, "black_hole", "timeout", json!({"timeout": 0}))
+                            .await;
+                        faults.fired("black_hole");
+                        tokio::time::sleep(black_hole).await;
+                        toxiproxy.remove_toxic(proxy, "black_hole").await;
+                    }
+                    _ => {
+                        toxiproxy
+                            .add_toxic(proxy, "reset", "reset_peer", json!({"timeout": 0}))
+                            .await;
+                        faults.fired("reset_peer");
+                        pause(&mut rng, 300, 1_000).await;
+                        toxiproxy.remove_toxic(proxy, "reset").await;
                     }
                 }
             }

@@ -60,6 +60,15 @@ impl Default for WorkerConfig {
     }
 }
 
+/// Addresses that replace the direct ones in the workers' settings.
+#[derive(Debug, Clone, Default)]
+pub struct Routes {
+    /// `host:port` of PostgreSQL as the workers should reach it.
+    pub database: Option<String>,
+    /// Base URL of the provider as the workers should reach it.
+    pub provider: Option<String>,
+}
+
 pub struct TestApp {
     pub db: TestDb,
     pub bootstrap: String,
@@ -72,6 +81,8 @@ pub struct TestApp {
     workers: Mutex<HashMap<String, WorkerProcess>>,
     /// Incarnations per worker name; each writes its own log file.
     spawns: Mutex<HashMap<String, usize>>,
+    /// Where workers reach PostgreSQL and the provider, when not directly (a fault proxy).
+    routes: Mutex<Routes>,
     dir: PathBuf,
 }
 
@@ -131,6 +142,7 @@ impl TestApp {
             config,
             workers: Mutex::new(HashMap::new()),
             spawns: Mutex::new(HashMap::new()),
+            routes: Mutex::new(Routes::default()),
             dir,
         }
     }
@@ -181,7 +193,7 @@ provider_honours_idempotency_key = {honours}
 [observability]
 listen = "127.0.0.1:0"
 "#,
-            url = self.db.settings.url.expose(),
+            url = self.worker_database_url(),
             bootstrap = self.bootstrap,
             topic = self.topic,
             group = self.group,
@@ -201,13 +213,39 @@ listen = "127.0.0.1:0"
             renew = c.renew_interval_ms,
             drain = c.drain_timeout_ms,
             attempts = c.default_max_attempts,
-            mock = self.mock.base_url(),
+            mock = self
+                .routes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .provider
+                .clone()
+                .unwrap_or_else(|| self.mock.base_url()),
             timeout = c.request_timeout_ms,
             retry_base = c.retry_base_delay_ms,
             ambiguous = c.ambiguous,
             honours = c.provider_honours_idempotency_key,
             api = c.provider_api,
         )
+    }
+
+    /// Routes the workers started from now on through other addresses (a fault proxy).
+    pub fn route(&self, routes: Routes) {
+        *self.routes.lock().unwrap_or_else(|p| p.into_inner()) = routes;
+    }
+
+    /// The test database's URL, with the host and port the workers should use.
+    fn worker_database_url(&self) -> String {
+        let url = self.db.settings.url.expose().to_owned();
+        let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        match &routes.database {
+            Some(via) => {
+                // postgres://user:pass@HOST:PORT/db?... → the same with `via` as HOST:PORT.
+                let at = url.find('@').expect("the test URL has credentials") + 1;
+                let end = at + url[at..].find('/').expect("the test URL names a database");
+                format!("{}{via}{}", &url[..at], &url[end..])
+            }
+            None => url,
+        }
     }
 
     fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, WorkerProcess>> {
