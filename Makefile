@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery chaos
+.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -51,3 +51,9 @@ bench-recovery:
 CHAOS_SECONDS ?= 180
 chaos: infra-up
 	CHAOS_SECONDS=$(CHAOS_SECONDS) SCENARIO=$(SCENARIO) $(CARGO) test --release --test chaos -- --test-threads=1 --nocapture
+
+## fuzz: the record decoder under libFuzzer (needs the nightly toolchain; installs cargo-fuzz).
+FUZZ_SECONDS ?= 60
+fuzz:
+	command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	cd fuzz && $(CARGO) +nightly fuzz run decode_record -- -max_total_time=$(FUZZ_SECONDS)
