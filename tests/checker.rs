@@ -1,0 +1,144 @@
+//! `replyd check` must fail when an invariant is broken, naming it: the harness's verdicts are
+//! only worth something if the checker can say no. Each test breaks one invariant by hand in
+//! the durable state and runs the real binary.
+
+mod helpers;
+
+use std::time::Duration;
+
+use helpers::app::{TestApp, WorkerConfig};
+use helpers::unique;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use replyd::mock_provider::MockSettings;
+use replyd::produce::demo_task;
+
+fn check(app: &TestApp) -> (Option<i32>, serde_json::Value) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+        .args(["check", "--json", "--database-url"])
+        .arg(app.db.settings.url.expose())
+        .args([
+            "--bootstrap",
+            &app.bootstrap,
+            "--topic",
+            &app.topic,
+            "--group",
+            &app.group,
+        ])
+        .args(["--mock-url", &app.mock.base_url()])
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "check printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output.status.code(), report)
+}
+
+async fn app_with_completed_tasks(count: usize) -> (TestApp, Vec<replyd::domain::TaskSpec>) {
+    let app = TestApp::start(
+        1,
+        MockSettings {
+            latency_ms: 10,
+            ..MockSettings::default()
+        },
+        WorkerConfig::default(),
+    )
+    .await;
+    let workspace = unique("ws");
+    let tasks: Vec<_> = (0..count).map(|n| demo_task(&workspace, n, 1, 0)).collect();
+    app.produce_tasks(&tasks, 1).await;
+    app.spawn_worker("w1");
+    let ids: Vec<_> = tasks.iter().map(|t| t.task_id).collect();
+    app.wait_until_terminal(&ids, Duration::from_secs(120))
+        .await;
+    app.wait_until_committed_to_end(Duration::from_secs(120))
+        .await;
+    app.terminate("w1").await;
+    (app, tasks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_run_passes_and_a_second_accepted_reply_fails_as_i1() {
+    let (app, tasks) = app_with_completed_tasks(3).await;
+    let (code, report) = check(&app);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(report["duplicate_replies"], 0);
+
+    // A second accepted attempt for one task, as a broken store would write it.
+    app.db
+        .raw_client()
+        .await
+        .execute(
+            "INSERT INTO reply_attempts (task_id, attempt_no, assignment_version, worker, lease_until, outcome) \
+             VALUES ($1, 2, 99, 'intruder', clock_timestamp(), 'accepted')",
+            &[&tasks[0].task_id.as_uuid()],
+        )
+        .await
+        .unwrap();
+    let (code, report) = check(&app);
+    assert_eq!(code, Some(3), "{report:#}");
+    assert_eq!(report["duplicate_replies"], 1);
+    let violations = report["violations"].to_string();
+    assert!(violations.contains("I1"), "{violations}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offset_committed_past_an_unfinished_task_fails_as_i3() {
+    let (app, tasks) = app_with_completed_tasks(3).await;
+    // One more record, never processed, committed past by hand.
+    let unfinished = demo_task(&unique("ws"), 9, 1, 0);
+    app.produce_tasks(std::slice::from_ref(&unfinished), 1)
+        .await;
+    let (bootstrap, group, topic) = (app.bootstrap.clone(), app.group.clone(), app.topic.clone());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(&topic, 0, Offset::Offset(4))
+            .unwrap();
+        consumer.commit(&list, CommitMode::Sync).unwrap();
+    })
+    .await
+    .unwrap();
+    let (code, report) = check(&app);
+    assert_eq!(code, Some(3), "{report:#}");
+    assert_eq!(report["lost"], 1, "{report:#}");
+    assert!(report["violations"].to_string().contains("I3"));
+    assert_eq!(tasks.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_beyond_the_budget_fail_as_i7() {
+    let (app, tasks) = app_with_completed_tasks(1).await;
+    let client = app.db.raw_client().await;
+    // As many extra attempt rows as the budget: one more attempt than it allows in all.
+    let budget: i32 = client
+        .query_one(
+            "SELECT max_attempts FROM reply_tasks WHERE task_id = $1",
+            &[&tasks[0].task_id.as_uuid()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for version in 10..10 + budget {
+        client
+            .execute(
+                "INSERT INTO reply_attempts (task_id, attempt_no, assignment_version, worker, lease_until, outcome) \
+                 VALUES ($1, 2, $2, 'intruder', clock_timestamp(), 'abandoned')",
+                &[&tasks[0].task_id.as_uuid(), &(version as i64)],
+            )
+            .await
+            .unwrap();
+    }
+    let (code, report) = check(&app);
+    assert_eq!(code, Some(3), "{report:#}");
+    assert_eq!(report["max_attempts_exceeded"], 1);
+    assert!(report["violations"].to_string().contains("I7"));
+}
