@@ -692,9 +692,23 @@ pub fn run_consumer<H: RecordHandler>(
     // Cancelled records return promptly; wait for them so no task outlives the consumer.
     shared.tasks.close();
     runtime.block_on(shared.tasks.wait());
-    // Unsubscribing revokes what is left (our callback finds nothing in flight) and the
-    // consumer leaves the group when dropped, so the partitions move on at once.
+    // Unsubscribing revokes what is left (our callback finds nothing in flight) and closing
+    // leaves the group, so the partitions move on at once.
     consumer.unsubscribe();
+    // Close within a bound: librdkafka's close can wait without end on a group in the middle
+    // of a rebalance (seen after a SIGTERM right after a join), and a worker that never exits
+    // cannot be replaced. Dropping an unclosed consumer would wait again, unbounded, so such a
+    // consumer is leaked instead; the process is about to exit.
+    if consumer.close_queue().is_ok() {
+        let deadline = Instant::now() + worker.drain_timeout();
+        while !consumer.closed() && Instant::now() < deadline {
+            let _ = consumer.poll(poll_timeout);
+        }
+    }
+    if !consumer.closed() {
+        tracing::warn!("the consumer did not close within the drain timeout; exiting without it");
+        std::mem::forget(consumer);
+    }
     shared.status.polling.store(false, Ordering::Relaxed);
     tracing::info!("consumer stopped");
     Ok(())
