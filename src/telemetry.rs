@@ -167,6 +167,12 @@ pub fn rebalance(kind: &'static str, partitions: &[PartitionKey]) {
     counter!(REBALANCES, "kind" => kind).increment(1);
 }
 
+/// A partition let go while paused for back-pressure. librdkafka keeps a partition's pause
+/// across assignments, so it is resumed when it comes back (see `kafka::consumer`).
+pub fn released_while_paused(partition: &PartitionKey) {
+    tracing::info!(partition = partition.partition, "released while paused");
+}
+
 /// Records of a released partition that had not finished: after the drain timeout (`drained`)
 /// or at once, when the partition was lost to another member.
 pub fn cancelling_left_over(partition: &PartitionKey, records: usize, drained: bool) {

@@ -373,6 +373,49 @@ async fn rebalance_one_two_one(protocol: &'static str) {
     );
 }
 
+/// librdkafka keeps a partition's pause across assignments. A partition paused for
+/// back-pressure when it is revoked, and later assigned back to the same member, would never
+/// be fetched again unless resumed: a stalled partition whose records are never done.
+async fn a_partition_paused_when_revoked_is_read_again_when_it_comes_back(protocol: &'static str) {
+    // One record in flight in all, one per partition, two queued behind it: every partition
+    // but the one whose record just started is paused nearly all the time.
+    let config = WorkerConfig {
+        protocol,
+        partition_window: 1,
+        global_window: 1,
+        read_ahead: 2,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start(4, mock(100), config).await;
+    let all = tasks(60, 60);
+    app.produce_tasks(&all, 1).await;
+    app.spawn_worker("w1");
+    wait_until("w1 paused its partitions", LIMIT, || async {
+        app.metric("w1", "replyd_paused_partitions").await >= Some(3.0)
+    })
+    .await;
+    // w2 takes partitions from w1 (paused ones among them), then leaves: they come back.
+    app.spawn_worker("w2");
+    wait_until("w1 let go of a paused partition", LIMIT, || async {
+        app.log_of("w1").contains("released while paused")
+    })
+    .await;
+    app.terminate("w2").await;
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    assert_invariants(&app, 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_partition_revoked_and_assigned_back_is_read_again_classic() {
+    a_partition_paused_when_revoked_is_read_again_when_it_comes_back("classic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_partition_revoked_and_assigned_back_is_read_again_consumer() {
+    a_partition_paused_when_revoked_is_read_again_when_it_comes_back("consumer").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebalance_one_two_one_under_the_classic_protocol() {
     rebalance_one_two_one("classic").await;

@@ -223,6 +223,9 @@ impl Shared {
         let mut points = Vec::new();
         for key in keys {
             if let Some(run) = state.runs.remove(key) {
+                if run.paused {
+                    telemetry::released_while_paused(key);
+                }
                 if run.running > 0 {
                     telemetry::cancelling_left_over(key, run.running, wait);
                 }
@@ -562,7 +565,7 @@ impl ConsumerContext for WorkerContext {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(list) => {
                 let keys = keys_of(list);
@@ -572,6 +575,14 @@ impl ConsumerContext for WorkerContext {
                     .rebalances
                     .fetch_add(1, Ordering::Relaxed);
                 self.shared.adopt(&keys);
+                // librdkafka keeps a partition's pause across assignments: one we paused for
+                // back-pressure, lost or revoked, then given back would never be fetched
+                // again. Our state starts an adopted partition unpaused; make librdkafka agree.
+                if list.count() > 0
+                    && let Err(e) = consumer.resume(list)
+                {
+                    telemetry::consumer_error(&e);
+                }
             }
             Rebalance::Error(e) => telemetry::consumer_error(e),
             Rebalance::Revoke(_) => {}

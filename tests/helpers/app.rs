@@ -23,6 +23,8 @@ pub struct WorkerConfig {
     pub protocol: &'static str,
     pub partition_window: usize,
     pub global_window: usize,
+    /// Records queued per partition beyond its window before the partition is paused.
+    pub read_ahead: usize,
     pub lease_ms: u64,
     pub renew_interval_ms: u64,
     pub drain_timeout_ms: u64,
@@ -45,6 +47,7 @@ impl Default for WorkerConfig {
             protocol: "classic",
             partition_window: 16,
             global_window: 64,
+            read_ahead: 64,
             lease_ms: 4_000,
             renew_interval_ms: 1_000,
             drain_timeout_ms: 3_000,
@@ -171,6 +174,7 @@ dead_letter_topic = "{dlq}"
 worker_id = "{name}"
 partition_window = {pw}
 global_window = {gw}
+read_ahead = {ra}
 lease_ms = {lease}
 renew_interval_ms = {renew}
 drain_timeout_ms = {drain}
@@ -209,6 +213,7 @@ listen = "127.0.0.1:0"
             name = name,
             pw = c.partition_window,
             gw = c.global_window,
+            ra = c.read_ahead,
             lease = c.lease_ms,
             renew = c.renew_interval_ms,
             drain = c.drain_timeout_ms,
@@ -386,6 +391,27 @@ listen = "127.0.0.1:0"
         (1..=count)
             .filter_map(|n| std::fs::read_to_string(self.dir.join(format!("{name}.{n}.log"))).ok())
             .collect()
+    }
+
+    /// The value of an unlabelled gauge or counter on the `/metrics` page of the running
+    /// incarnation of worker `name` (None before it serves the page or names the metric).
+    pub async fn metric(&self, name: &str, metric: &str) -> Option<f64> {
+        let log = self.log_of(name);
+        let addr = log
+            .rsplit("addr=")
+            .next()
+            .filter(|_| log.contains("addr="))?
+            .split_whitespace()
+            .next()?
+            .to_owned();
+        let page = reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        page.lines()
+            .find_map(|line| line.strip_prefix(metric)?.strip_prefix(' ')?.parse().ok())
     }
 
     /// Publishes tasks (key = conversation id) and returns once the broker acknowledged all.
