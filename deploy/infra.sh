@@ -185,7 +185,7 @@ kafka_up() {
     return
   fi
   kafka_fetch
-  local dir="$infra/kafka" port cport
+  local dir="$infra/kafka" port cport pport aport
   mkdir -p "$dir/logs"
   if pid_alive "$dir/pid"; then
     port=$(cat "$dir/port")
@@ -193,6 +193,18 @@ kafka_up() {
     port=$(free_port "${REPLYD_KAFKA_PORT:-19092}")
     cport=$(free_port $((port + 1)))
     echo "$port" >"$dir/port"
+    # A third listener for fault injection: it advertises `aport`, where a Toxiproxy proxy
+    # in front of `pport` listens during the network chaos scenario, so clients that
+    # bootstrap through the proxy keep talking through it. Kept across restarts (the proxy
+    # may outlive a broker crash); `pport` moves only if something else took it.
+    if [ -f "$dir/proxied" ]; then
+      read -r pport aport <"$dir/proxied"
+      port_open "$pport" && pport=$(free_port $((cport + 1)))
+    else
+      pport=$(free_port $((cport + 1)))
+      aport=$(free_port $((pport + 1)))
+    fi
+    echo "$pport $aport" >"$dir/proxied"
     cat >"$dir/log4j2.properties" <<LOG
 status = error
 appender.file.type = File
@@ -213,12 +225,12 @@ LOG
     cat >"$dir/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,PROXIED://127.0.0.1:$pport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,PROXIED://127.0.0.1:$aport
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 controller.quorum.bootstrap.servers=127.0.0.1:$cport
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT
 log.dirs=$dir/data
 num.partitions=1
 auto.create.topics.enable=true
@@ -258,6 +270,11 @@ PROPS
   done
   say "Kafka ready on 127.0.0.1:$port"
   echo "KAFKA_BOOTSTRAP=127.0.0.1:$port" >>"$env_file.tmp"
+  if [ -f "$dir/proxied" ]; then
+    read -r pport aport <"$dir/proxied"
+    echo "KAFKA_PROXIED_UPSTREAM=127.0.0.1:$pport" >>"$env_file.tmp"
+    echo "KAFKA_PROXIED_BOOTSTRAP=127.0.0.1:$aport" >>"$env_file.tmp"
+  fi
 }
 
 kafka_down() {

@@ -543,7 +543,7 @@ async fn chaos_mixed() {
             while Instant::now() < until {
                 pause(&mut rng, 1_500, 3_500).await;
                 let victim = WORKERS[rng.usize(..WORKERS.len())];
-                match rng.u8(..5) {
+                match rng.u8(..6) {
                     0 => {
                         app.kill(victim);
                         faults.fired("sigkill");
@@ -566,6 +566,10 @@ async fn chaos_mixed() {
                     3 if local => {
                         infra_crash("postgres-crash").await;
                         faults.fired("postgres_restart");
+                    }
+                    4 if local => {
+                        infra_crash("kafka-crash").await;
+                        faults.fired("broker_restart");
                     }
                     _ => {
                         app.terminate(victim).await;
@@ -629,17 +633,18 @@ impl Toxiproxy {
         proxy
     }
 
-    /// A proxy on a free loopback port in front of `upstream`; returns its `host:port`.
-    async fn proxy(&self, name: &str, upstream: &str) -> String {
-        let created: serde_json::Value = reqwest::Client::new()
+    /// A proxy listening on `listen` (port 0: a free one) in front of `upstream`; returns
+    /// its `host:port`.
+    async fn proxy(&self, name: &str, listen: &str, upstream: &str) -> String {
+        let response = reqwest::Client::new()
             .post(format!("{}/proxies", self.api))
-            .json(&json!({"name": name, "listen": "127.0.0.1:0", "upstream": upstream, "enabled": true}))
+            .json(&json!({"name": name, "listen": listen, "upstream": upstream, "enabled": true}))
             .send()
             .await
-            .unwrap()
-            .json()
-            .await
             .unwrap();
+        let status = response.status();
+        let created: serde_json::Value = response.json().await.unwrap();
+        assert!(status.is_success(), "proxy {name} on {listen}: {created}");
         created["listen"]
             .as_str()
             .expect("the proxy's address")
@@ -669,20 +674,40 @@ async fn chaos_network() {
     if !selected("network") {
         return;
     }
-    // The broker is not proxied: a proxy in front of Kafka needs the broker to advertise it.
     let toxiproxy = Arc::new(Toxiproxy::start().await);
+    // Kafka is proxied through the broker's third listener, which advertises the address the
+    // proxy listens on (deploy/infra.sh); an external broker has no such listener.
+    let kafka = match (
+        helpers::infra_opt("KAFKA_PROXIED_BOOTSTRAP"),
+        helpers::infra_opt("KAFKA_PROXIED_UPSTREAM"),
+    ) {
+        (Some(listen), Some(upstream)) => Some((listen, upstream)),
+        _ => {
+            eprintln!("network: no proxied Kafka listener (external broker): Kafka is not proxied");
+            None
+        }
+    };
+    let mut targets = vec!["postgres", "provider"];
+    if kafka.is_some() {
+        targets.insert(0, "kafka");
+    }
     let proxies = Arc::clone(&toxiproxy);
     let setup = move |app: Arc<TestApp>| async move {
         let db = helpers::infra("DATABASE_URL");
         let at = db.find('@').unwrap() + 1;
         let upstream = &db[at..at + db[at..].find('/').unwrap()];
-        let database = proxies.proxy("postgres", upstream).await;
+        let database = proxies.proxy("postgres", "127.0.0.1:0", upstream).await;
         let provider = proxies
-            .proxy("provider", &app.mock.addr().to_string())
+            .proxy("provider", "127.0.0.1:0", &app.mock.addr().to_string())
             .await;
+        let kafka = match kafka {
+            Some((listen, upstream)) => Some(proxies.proxy("kafka", &listen, &upstream).await),
+            None => None,
+        };
         app.route(helpers::app::Routes {
             database: Some(database),
             provider: Some(format!("http://{provider}")),
+            kafka,
         });
         let keep: Keep = Some(Box::new(proxies));
         keep
@@ -695,9 +720,20 @@ async fn chaos_network() {
         setup,
         |_app, until, mut rng| async move {
             let mut faults = Faults::default();
+            let mut round = 0;
             while Instant::now() < until {
                 pause(&mut rng, 1_000, 3_000).await;
-                let proxy = if rng.bool() { "postgres" } else { "provider" };
+                // Every target once first, so even a short run hits each connection.
+                let proxy = targets
+                    .get(round)
+                    .copied()
+                    .unwrap_or_else(|| targets[rng.usize(..targets.len())]);
+                round += 1;
+                faults.fired(match proxy {
+                    "kafka" => "on_kafka",
+                    "postgres" => "on_postgres",
+                    _ => "on_provider",
+                });
                 match rng.u8(..3) {
                     0 => {
                         toxiproxy

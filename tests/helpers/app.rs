@@ -70,6 +70,10 @@ pub struct Routes {
     pub database: Option<String>,
     /// Base URL of the provider as the workers should reach it.
     pub provider: Option<String>,
+    /// Bootstrap `host:port` of Kafka as the workers should reach it. The broker must
+    /// advertise it too (deploy/infra.sh's proxied listener), or clients leave the proxy
+    /// after their first metadata answer.
+    pub kafka: Option<String>,
 }
 
 pub struct TestApp {
@@ -152,6 +156,12 @@ impl TestApp {
 
     fn worker_toml(&self, name: &str) -> String {
         let c = &self.config;
+        // A copy: a guard held across the arguments below would deadlock the next lock.
+        let routes = self
+            .routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         format!(
             r#"
 [database]
@@ -198,7 +208,7 @@ provider_honours_idempotency_key = {honours}
 listen = "127.0.0.1:0"
 "#,
             url = self.worker_database_url(),
-            bootstrap = self.bootstrap,
+            bootstrap = routes.kafka.as_deref().unwrap_or(&self.bootstrap),
             topic = self.topic,
             group = self.group,
             protocol = c.protocol,
@@ -218,13 +228,7 @@ listen = "127.0.0.1:0"
             renew = c.renew_interval_ms,
             drain = c.drain_timeout_ms,
             attempts = c.default_max_attempts,
-            mock = self
-                .routes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .provider
-                .clone()
-                .unwrap_or_else(|| self.mock.base_url()),
+            mock = routes.provider.unwrap_or_else(|| self.mock.base_url()),
             timeout = c.request_timeout_ms,
             retry_base = c.retry_base_delay_ms,
             ambiguous = c.ambiguous,

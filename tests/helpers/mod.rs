@@ -17,17 +17,22 @@ use replyd::store::migrate::run_migrations;
 /// Addresses of the test infrastructure. A missing one is a setup error, not a skipped test:
 /// a suite that silently skips proves nothing.
 pub fn infra(name: &str) -> String {
+    infra_opt(name)
+        .unwrap_or_else(|| panic!("{name} missing from {INFRA_ENV}: run `make infra-up`"))
+}
+
+const INFRA_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/infra/env");
+
+/// Like `infra`, for what only local infrastructure provides (None with an external one).
+pub fn infra_opt(name: &str) -> Option<String> {
     if let Ok(value) = std::env::var(name) {
-        return value;
+        return Some(value);
     }
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/target/infra/env");
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
-        panic!("{name} is not set and {path} is unreadable ({e}): run `make infra-up`")
+    let text = std::fs::read_to_string(INFRA_ENV).unwrap_or_else(|e| {
+        panic!("{name} is not set and {INFRA_ENV} is unreadable ({e}): run `make infra-up`")
     });
     let vars: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
-    vars.get(name)
-        .unwrap_or_else(|| panic!("{name} missing from {path}: run `make infra-up`"))
-        .to_string()
+    vars.get(name).map(|v| v.to_string())
 }
 
 pub fn unique(prefix: &str) -> String {
