@@ -2,7 +2,8 @@
 //! effort), with the `stateright` checker.
 //!
 //! One task row, a few workers that claim, renew, call the provider, complete, crash, restart
-//! and stall, and a discrete database clock. Claims are decided by replyd's own
+//! and stall, whose provider calls may also fail (retryable: the lease is given back with a
+//! backoff; fatal: the task fails), a task deadline, and a discrete database clock. Claims are decided by replyd's own
 //! `decide_claim` and refused writes are classified by its own `classify_refusal`, so the check
 //! covers the code the store runs, not a paraphrase of it. What is modelled by hand is what
 //! lives in SQL (`store::tasks`): the guarded UPDATE's predicate and the columns each statement
@@ -48,8 +49,13 @@ enum LeaseCheck {
 #[derive(Debug, Clone)]
 struct LeaseProtocol {
     workers: u8,
-    /// One initial state per budget.
+    /// One initial state per budget and deadline.
     max_attempts: &'static [u8],
+    deadlines: &'static [Option<Tick>],
+    /// Whether provider calls may fail (`Action::CallFails`).
+    call_failures: bool,
+    /// A retryable failure gives the lease back with `next_attempt_at = now + backoff_ticks`.
+    backoff_ticks: u8,
     /// A claim or renewal leases the task until `now + lease_ticks`.
     lease_ticks: u8,
     /// The clock stops here; the checker explores every interleaving up to it.
@@ -70,6 +76,8 @@ struct TaskRow {
     lease_until: Option<Tick>,
     attempt_count: u8,
     max_attempts: u8,
+    deadline: Option<Tick>,
+    next_attempt_at: Option<Tick>,
     saved: Option<SavedReply>,
 }
 
@@ -108,7 +116,8 @@ struct Worker {
     stalled: bool,
 }
 
-/// One accepted completion, with what held at the instant it was written.
+/// One accepted fenced write (completion, release or failure), with what held at the instant it
+/// was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Acceptance {
     worker: WorkerId,
@@ -125,6 +134,16 @@ struct Acceptance {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 struct History {
     accepted: Vec<Acceptance>,
+    /// Accepted releases (retryable failures) and failures, in order.
+    gave_up: Vec<Acceptance>,
+    /// The first claim decided against the backoff or the deadline, as text.
+    bad_claim: Option<String>,
+    /// A completed or failed task became something else.
+    left_terminal: bool,
+    released: bool,
+    claimed_after_release: bool,
+    failed_on_deadline: bool,
+    failed_on_budget: bool,
     /// The first refused write whose `classify_refusal` answer disagrees with the row it was
     /// read from (`Refusal` has no `Hash`, so it is kept as text).
     misclassified: Option<String>,
@@ -152,6 +171,13 @@ enum Action {
     Renew(WorkerId),
     /// The provider call returns a reply.
     FinishCall(WorkerId),
+    /// The provider call fails. Retryable: the lease is given back with a backoff
+    /// (`release_for_retry`); otherwise the task fails (`fail`). Both are fenced writes,
+    /// atomic at the current clock like a renewal.
+    CallFails {
+        worker: WorkerId,
+        retryable: bool,
+    },
     /// The completion statement is sent (and may wait for the row lock).
     StartCompletion(WorkerId),
     /// The completion gets the row lock and runs the guarded UPDATE. `ack_lost`: the commit
@@ -177,7 +203,6 @@ fn owner_name(worker: WorkerId) -> String {
 }
 
 /// The row as `tasks::SNAPSHOT` reads it under the row lock, with `clock_timestamp()`.
-/// Deadlines and backoffs are not modelled: the model's tasks have neither.
 fn snapshot(row: &TaskRow, now: Tick) -> LeaseSnapshot {
     LeaseSnapshot {
         status: row.status,
@@ -186,8 +211,8 @@ fn snapshot(row: &TaskRow, now: Tick) -> LeaseSnapshot {
         lease_until: row.lease_until.map(instant),
         attempt_count: i32::from(row.attempt_count),
         max_attempts: i32::from(row.max_attempts),
-        deadline: None,
-        next_attempt_at: None,
+        deadline: row.deadline.map(instant),
+        next_attempt_at: row.next_attempt_at.map(instant),
         has_response: row.saved.is_some(),
         now: instant(now),
     }
@@ -243,7 +268,16 @@ impl LeaseProtocol {
     /// `decide_claim`, and write what it decides.
     fn claim(&self, state: &mut State, worker: WorkerId) {
         let now = state.now;
-        let phase = match decide_claim(&snapshot(&state.row, now)) {
+        let decision = decide_claim(&snapshot(&state.row, now));
+        let early = state.row.next_attempt_at.is_some_and(|at| now < at);
+        let late = state.row.deadline.is_some_and(|d| now >= d);
+        if matches!(decision, ClaimDecision::Claim { .. }) && (early || late) {
+            state
+                .history
+                .bad_claim
+                .get_or_insert_with(|| format!("w{worker} claimed at {now}: {:?}", state.row));
+        }
+        let phase = match decision {
             ClaimDecision::Claim { takes_over } => {
                 // UPDATE ... SET status = 'running', assignment_version = assignment_version + 1,
                 // lease_owner = $2, lease_until = clock_timestamp() + lease,
@@ -255,15 +289,21 @@ impl LeaseProtocol {
                 row.lease_until = Some(now + self.lease_ticks);
                 row.attempt_count += 1;
                 state.history.taken_over |= takes_over;
+                state.history.claimed_after_release |= state.history.released;
                 Phase::Calling {
                     version: row.assignment_version,
                 }
             }
             ClaimDecision::Fail { outcome, .. } => {
-                assert!(
-                    matches!(outcome, ClaimOutcome::BudgetExhausted { .. }),
-                    "the model has no deadline, so only the budget can fail a claim: {outcome:?}"
-                );
+                match outcome {
+                    ClaimOutcome::BudgetExhausted { .. } => {
+                        state.history.failed_on_budget = true;
+                    }
+                    ClaimOutcome::DeadlinePassed { .. } => {
+                        state.history.failed_on_deadline = true;
+                    }
+                    other => panic!("a claim failed for a reason it cannot have: {other:?}"),
+                }
                 // UPDATE ... SET status = 'failed' (lease columns untouched).
                 state.row.status = TaskStatus::Failed;
                 Phase::Done
@@ -271,10 +311,12 @@ impl LeaseProtocol {
             ClaimDecision::Refuse(ClaimOutcome::AlreadyCompleted | ClaimOutcome::AlreadyFailed) => {
                 Phase::Done
             }
-            // Parks until the lease ends, then claims again: stays idle.
-            ClaimDecision::Refuse(ClaimOutcome::LeasedByOther { .. }) => Phase::Idle,
+            // Parks until the lease or the backoff ends, then claims again: stays idle.
+            ClaimDecision::Refuse(
+                ClaimOutcome::LeasedByOther { .. } | ClaimOutcome::NotBefore { .. },
+            ) => Phase::Idle,
             ClaimDecision::Refuse(outcome) => {
-                panic!("the model has no backoff or missing row, yet the claim said {outcome:?}")
+                panic!("the row always exists in the model, yet the claim said {outcome:?}")
             }
         };
         state.workers[usize::from(worker)].phase = phase;
@@ -291,6 +333,41 @@ impl LeaseProtocol {
             Self::refuse(state, worker, version);
             state.workers[usize::from(worker)].phase = Phase::Idle;
         }
+    }
+
+    /// `Store::release_for_retry` (retryable) or `Store::fail` after a failed provider call,
+    /// evaluated atomically at the current clock (row lock first, like a renewal).
+    fn give_up(&self, state: &mut State, worker: WorkerId, version: u8, retryable: bool) {
+        let now = state.now;
+        let phase = if guarded_update_matches(&state.row, version, now) {
+            state.history.gave_up.push(Acceptance {
+                worker,
+                version,
+                current_version: state.row.assignment_version,
+                lease_until: state.row.lease_until,
+                at: now,
+            });
+            let row = &mut state.row;
+            if retryable {
+                // SET status = 'pending', lease_owner = NULL, lease_until = NULL,
+                // next_attempt_at = clock_timestamp() + backoff
+                row.status = TaskStatus::Pending;
+                row.lease_owner = None;
+                row.lease_until = None;
+                row.next_attempt_at = Some(now + self.backoff_ticks);
+                state.history.released = true;
+                // The pipeline loops back to read and claim (which waits out the backoff).
+                Phase::Idle
+            } else {
+                // SET status = 'failed'
+                row.status = TaskStatus::Failed;
+                Phase::Done
+            }
+        } else {
+            Self::refuse(state, worker, version);
+            Phase::Idle
+        };
+        state.workers[usize::from(worker)].phase = phase;
     }
 
     /// `Store::complete` once the row lock is held: the guarded UPDATE, and on zero rows the
@@ -354,7 +431,8 @@ impl Model for LeaseProtocol {
     fn init_states(&self) -> Vec<State> {
         self.max_attempts
             .iter()
-            .map(|&max_attempts| State {
+            .flat_map(|&max_attempts| self.deadlines.iter().map(move |&d| (max_attempts, d)))
+            .map(|(max_attempts, deadline)| State {
                 now: 0,
                 row: TaskRow {
                     status: TaskStatus::Pending,
@@ -363,6 +441,8 @@ impl Model for LeaseProtocol {
                     lease_until: None,
                     attempt_count: 0,
                     max_attempts,
+                    deadline,
+                    next_attempt_at: None,
                     saved: None,
                 },
                 workers: vec![
@@ -395,6 +475,12 @@ impl Model for LeaseProtocol {
                 Phase::Calling { .. } => {
                     actions.push(Action::Renew(id));
                     actions.push(Action::FinishCall(id));
+                    for retryable in [true, false].into_iter().filter(|_| self.call_failures) {
+                        actions.push(Action::CallFails {
+                            worker: id,
+                            retryable,
+                        });
+                    }
                 }
                 Phase::HasReply { .. } => actions.push(Action::StartCompletion(id)),
                 Phase::Completing { .. } => {
@@ -443,6 +529,12 @@ impl Model for LeaseProtocol {
                 };
                 worker.phase = Phase::HasReply { version };
             }
+            Action::CallFails { worker, retryable } => {
+                let Phase::Calling { version } = state.workers[usize::from(worker)].phase else {
+                    return None;
+                };
+                self.give_up(&mut state, worker, version, retryable);
+            }
             Action::StartCompletion(id) => {
                 let now = state.now;
                 let worker = &mut state.workers[usize::from(id)];
@@ -476,6 +568,10 @@ impl Model for LeaseProtocol {
             }
             Action::Resume(id) => state.workers[usize::from(id)].stalled = false,
         }
+        let terminal = |status| matches!(status, TaskStatus::Completed | TaskStatus::Failed);
+        if terminal(last.row.status) && state.row.status != last.row.status {
+            state.history.left_terminal = true;
+        }
         Some(state)
     }
 
@@ -485,7 +581,7 @@ impl Model for LeaseProtocol {
     // acyclic paths while this model has cycles (a parked claim, a renewal at the same tick)
     // and no fairness constraints. Reachability of completion is checked instead.
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut properties = vec![
             Property::always("I1: at most one reply is ever accepted", |_, s: &State| {
                 s.history.accepted.len() <= 1
             }),
@@ -514,9 +610,28 @@ impl Model for LeaseProtocol {
                     .iter()
                     .all(|a| a.lease_until.is_some_and(|until| until > a.at))
             }),
+            Property::always(
+                "I2: no release or failure is written from a superseded or lapsed assignment",
+                |_, s: &State| {
+                    s.history.gave_up.iter().all(|a| {
+                        a.version == a.current_version
+                            && a.lease_until.is_some_and(|until| until > a.at)
+                    })
+                },
+            ),
+            Property::always("a failed task has no saved reply", |_, s: &State| {
+                s.row.status != TaskStatus::Failed || s.row.saved.is_none()
+            }),
+            Property::always("a completed or failed task stays so", |_, s: &State| {
+                !s.history.left_terminal
+            }),
             Property::always("I7: attempts never exceed the budget", |_, s: &State| {
                 s.row.attempt_count <= s.row.max_attempts
             }),
+            Property::always(
+                "I7: no claim before the backoff ends or after the deadline",
+                |_, s: &State| s.history.bad_claim.is_none(),
+            ),
             Property::always(
                 "every refused write is classified by its real reason",
                 |_, s: &State| s.history.misclassified.is_none(),
@@ -525,7 +640,7 @@ impl Model for LeaseProtocol {
                 s.row.status == TaskStatus::Completed
             }),
             Property::sometimes("the task fails on its attempt budget", |_, s: &State| {
-                s.row.status == TaskStatus::Failed
+                s.history.failed_on_budget
             }),
             Property::sometimes("a lapsed lease is taken over", |_, s: &State| {
                 s.history.taken_over
@@ -548,7 +663,22 @@ impl Model for LeaseProtocol {
                 "a retried completion finds its own saved reply",
                 |_, s: &State| s.history.own_write_recognised,
             ),
-        ]
+        ];
+        // What only some configurations can reach: a `sometimes` that cannot be reached fails
+        // the check, which is the point (the behaviour must be explored, not assumed).
+        if self.deadlines.iter().any(Option::is_some) {
+            properties.push(Property::sometimes(
+                "the task fails on its deadline",
+                |_, s: &State| s.history.failed_on_deadline,
+            ));
+        }
+        if self.call_failures {
+            properties.push(Property::sometimes(
+                "a released task is claimed again after its backoff",
+                |_, s: &State| s.history.claimed_after_release,
+            ));
+        }
+        properties
     }
 }
 
@@ -577,6 +707,9 @@ fn replyd_protocol() -> LeaseProtocol {
     LeaseProtocol {
         workers: 3,
         max_attempts: &[2, 3],
+        deadlines: &[None],
+        call_failures: false,
+        backoff_ticks: 1,
         lease_ticks: 2,
         last_tick: 6,
         max_crashes: 1,
@@ -600,6 +733,26 @@ fn the_lease_protocol_accepts_one_reply_only_from_a_live_current_assignment() {
         "only {} unique states were explored",
         checker.unique_state_count()
     );
+}
+
+/// Failed calls and deadlines, with one worker fewer to keep the search small: a retryable
+/// failure gives the lease back with a backoff no claim may jump, a fatal one fails the task,
+/// both only from the live current assignment, and the deadline fails the task at the next
+/// claim.
+fn replyd_protocol_with_failures() -> LeaseProtocol {
+    LeaseProtocol {
+        workers: 2,
+        deadlines: &[None, Some(5)],
+        call_failures: true,
+        ..replyd_protocol()
+    }
+}
+
+#[test]
+fn failed_calls_give_the_lease_back_or_fail_the_task_only_from_a_live_assignment() {
+    let checker = check(replyd_protocol_with_failures(), HasDiscoveries::All);
+    assert!(checker.is_done());
+    checker.assert_properties();
 }
 
 #[test]
