@@ -129,6 +129,20 @@ struct Acceptance {
     at: Tick,
 }
 
+impl Acceptance {
+    /// A write by `worker` holding `version`, accepted on `row` (as it was before the write)
+    /// at `now`.
+    fn of(worker: WorkerId, version: u8, row: &TaskRow, now: Tick) -> Self {
+        Self {
+            worker,
+            version,
+            current_version: row.assignment_version,
+            lease_until: row.lease_until,
+            at: now,
+        }
+    }
+}
+
 /// What happened so far, for the properties. Kept in the state so that a property can speak
 /// about the past (every acceptance ever, not just the row's one slot).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -340,13 +354,10 @@ impl LeaseProtocol {
     fn give_up(&self, state: &mut State, worker: WorkerId, version: u8, retryable: bool) {
         let now = state.now;
         let phase = if guarded_update_matches(&state.row, version, now) {
-            state.history.gave_up.push(Acceptance {
-                worker,
-                version,
-                current_version: state.row.assignment_version,
-                lease_until: state.row.lease_until,
-                at: now,
-            });
+            state
+                .history
+                .gave_up
+                .push(Acceptance::of(worker, version, &state.row, now));
             let row = &mut state.row;
             if retryable {
                 // SET status = 'pending', lease_owner = NULL, lease_until = NULL,
@@ -388,13 +399,10 @@ impl LeaseProtocol {
             LeaseCheck::WhenStatementStarted => started_at,
         };
         let phase = if guarded_update_matches(&state.row, version, lease_clock) {
-            state.history.accepted.push(Acceptance {
-                worker,
-                version,
-                current_version: state.row.assignment_version,
-                lease_until: state.row.lease_until,
-                at: now,
-            });
+            state
+                .history
+                .accepted
+                .push(Acceptance::of(worker, version, &state.row, now));
             // UPDATE ... SET saved_response = $3, status = 'completed' (one statement, I4).
             state.row.saved = Some(SavedReply { worker, version });
             state.row.status = TaskStatus::Completed;

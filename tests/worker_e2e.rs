@@ -66,11 +66,8 @@ async fn every_record_published_three_times_gets_exactly_one_reply() {
     assert_eq!(report.attempts, 30);
 
     // The worker serves its metrics and probes on the port it logged.
-    let log = app.log_of("w1");
-    let addr = log
-        .split("addr=")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
+    let addr = app
+        .observability_addr("w1")
         .expect("the worker logs its observability address");
     let get = |path: &str| reqwest::get(format!("http://{addr}{path}"));
     let metrics = get("/metrics").await.unwrap().text().await.unwrap();

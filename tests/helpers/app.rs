@@ -397,17 +397,18 @@ listen = "127.0.0.1:0"
             .collect()
     }
 
+    /// Where the latest incarnation of worker `name` serves `/metrics`, `/healthz` and
+    /// `/readyz`, from its start-up log line (None before it logged it).
+    pub fn observability_addr(&self, name: &str) -> Option<String> {
+        let log = self.log_of(name);
+        let (_, rest) = log.rsplit_once("addr=")?;
+        Some(rest.split_whitespace().next()?.to_owned())
+    }
+
     /// The value of an unlabelled gauge or counter on the `/metrics` page of the running
     /// incarnation of worker `name` (None before it serves the page or names the metric).
     pub async fn metric(&self, name: &str, metric: &str) -> Option<f64> {
-        let log = self.log_of(name);
-        let addr = log
-            .rsplit("addr=")
-            .next()
-            .filter(|_| log.contains("addr="))?
-            .split_whitespace()
-            .next()?
-            .to_owned();
+        let addr = self.observability_addr(name)?;
         let page = reqwest::get(format!("http://{addr}/metrics"))
             .await
             .ok()?
