@@ -129,6 +129,32 @@ fn consumer(bootstrap: &str, group: &str) -> Result<BaseConsumer, CheckError> {
         .create()?)
 }
 
+/// The offsets `group` has committed on `partitions` of `topic` (partitions without one are
+/// left out). Blocking: call it off the runtime's threads.
+pub fn committed_offsets(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    partitions: impl IntoIterator<Item = i32>,
+) -> Result<HashMap<i32, i64>, CheckError> {
+    let mut list = TopicPartitionList::new();
+    for p in partitions {
+        list.add_partition(topic, p);
+    }
+    if list.count() == 0 {
+        return Ok(HashMap::new());
+    }
+    Ok(consumer(bootstrap, group)?
+        .committed_offsets(list, Duration::from_secs(10))?
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect())
+}
+
 /// Reads every record of `topic` from the beginning up to the high watermarks seen at start.
 fn read_topic<T>(
     bootstrap: &str,
@@ -233,22 +259,7 @@ pub async fn run(args: &CheckArgs) -> Result<Report, CheckError> {
         .flatten()
         .collect();
         let partitions: HashSet<i32> = source.iter().map(|r| r.partition).collect();
-        let mut committed = HashMap::new();
-        if !partitions.is_empty() {
-            let reader = consumer(&bootstrap, &group)?;
-            let mut list = TopicPartitionList::new();
-            for p in &partitions {
-                list.add_partition(&topic, *p);
-            }
-            for element in reader
-                .committed_offsets(list, Duration::from_secs(10))?
-                .elements()
-            {
-                if let Offset::Offset(o) = element.offset() {
-                    committed.insert(element.partition(), o);
-                }
-            }
-        }
+        let committed = committed_offsets(&bootstrap, &group, &topic, partitions)?;
         Ok((source, dead, committed))
     })
     .await

@@ -2,16 +2,15 @@
 //! on port 0): start then wait, recovery of a lost create or a lost poll by the operation id or
 //! the idempotency key without a second generation (I6), the errors a caller branches on, and
 //! cancellation by dropping `wait`. Faults are forced with `PUT /faults` at rate 1.0, so no test
-//! depends on chance. Needs no PostgreSQL or Kafka, and shares only
-//! `helpers::provider` with other test files.
+//! depends on chance. Needs no PostgreSQL or Kafka.
 
 mod helpers;
 
-use std::future::Future;
 use std::time::Duration;
 
-use helpers::provider::{request, start_mock, stats};
-use replyd::mock_provider::{FaultSettings, MockHandle, MockSettings};
+use helpers::provider::{assert_bad_requests_refused, request, set_faults, start_mock, stats};
+use helpers::wait_until;
+use replyd::mock_provider::{FaultSettings, MockSettings};
 use replyd::provider::{
     BackgroundProvider, OpenAiResponsesProvider, OpenAiSettings, OperationId, ProviderApi,
     ProviderError, Recovery, build_provider,
@@ -41,40 +40,10 @@ fn provider_for(base_url: &str, request_timeout_ms: u64) -> OpenAiResponsesProvi
         .expect("a loopback base URL is valid")
 }
 
-async fn set_faults(mock: &MockHandle, faults: FaultSettings) {
-    let response = reqwest::Client::new()
-        .put(format!("{}/faults", mock.base_url()))
-        .json(&faults)
-        .send()
-        .await
-        .expect("PUT /faults");
-    assert!(response.status().is_success(), "{}", response.status());
-}
-
 fn drop_after_work() -> FaultSettings {
     FaultSettings {
         drop_after_work_rate: 1.0,
         ..FaultSettings::default()
-    }
-}
-
-/// Polls `check` every 10 ms until it holds, for at most `limit`; panics naming `what` if it
-/// never does. The sleep paces the polling; the condition is what the test waits on.
-async fn wait_until<F, Fut>(what: &str, limit: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -383,7 +352,6 @@ async fn a_hanging_poll_is_ambiguous_within_the_wait_limit() {
 #[tokio::test]
 async fn a_malformed_create_gets_a_400_naming_the_problem() {
     let mock = start_mock(MockSettings::default()).await;
-    let client = reqwest::Client::new();
     let url = format!("{}/v1/responses", mock.base_url());
     let cases = [
         ("{not json", "invalid request body"),
@@ -401,20 +369,7 @@ async fn a_malformed_create_gets_a_400_naming_the_problem() {
         ),
     ];
 
-    for (body, problem) in cases {
-        let response = client
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 400, "{body}");
-        let error: serde_json::Value = response.json().await.unwrap();
-        let message = error["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains(problem), "{body}: {error}");
-        assert_eq!(error["error"]["type"], "invalid_request_error");
-    }
+    assert_bad_requests_refused(&url, &cases).await;
 
     let mut empty = request("task-empty", "q");
     empty.messages.clear();

@@ -34,6 +34,30 @@ async fn attempts(app: &TestApp, task: &TaskSpec) -> Vec<AttemptRecord> {
     app.db.store.attempts(task.task_id).await.unwrap()
 }
 
+/// Starts an app whose mock provider has `faults` on, publishes `task` and starts worker w1
+/// on it.
+async fn work_under_faults(
+    partitions: i32,
+    mock: MockSettings,
+    config: WorkerConfig,
+    faults: serde_json::Value,
+    task: &TaskSpec,
+) -> TestApp {
+    let app = TestApp::start(partitions, mock, config).await;
+    app.set_faults(faults).await;
+    app.produce_tasks(std::slice::from_ref(task), 1).await;
+    app.spawn_worker("w1");
+    app
+}
+
+/// Lets `n` attempts of the task end under the faults, then switches them off and waits
+/// until the task is terminal.
+async fn heal_after_attempts(app: &TestApp, task: &TaskSpec, n: usize) {
+    wait_for_finished_attempts(app, task, n).await;
+    app.set_faults(json!({})).await;
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+}
+
 /// Waits until the task has at least `n` attempts with an outcome.
 async fn wait_for_finished_attempts(app: &TestApp, task: &TaskSpec, n: usize) {
     wait_until(&format!("{n} finished attempts"), LIMIT, || async {
@@ -49,15 +73,16 @@ async fn wait_for_finished_attempts(app: &TestApp, task: &TaskSpec, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_with_retry_after_delays_the_next_attempt_at_least_that_long() {
-    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
-    app.set_faults(json!({"rate_limit_rate": 1.0, "retry_after_s": 2}))
-        .await;
     let task = one_task(5);
-    app.produce_tasks(std::slice::from_ref(&task), 1).await;
-    app.spawn_worker("w1");
-    wait_for_finished_attempts(&app, &task, 1).await;
-    app.set_faults(json!({})).await;
-    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+    let app = work_under_faults(
+        1,
+        mock(20, true),
+        WorkerConfig::default(),
+        json!({"rate_limit_rate": 1.0, "retry_after_s": 2}),
+        &task,
+    )
+    .await;
+    heal_after_attempts(&app, &task, 1).await;
 
     let history = attempts(&app, &task).await;
     assert!(history.len() >= 2, "{history:?}");
@@ -75,15 +100,16 @@ async fn a_rate_limit_with_retry_after_delays_the_next_attempt_at_least_that_lon
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_server_errors_then_success_gives_one_reply_with_every_attempt_recorded() {
-    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
-    app.set_faults(json!({"error_rate": 1.0, "error_status": 502}))
-        .await;
     let task = one_task(5);
-    app.produce_tasks(std::slice::from_ref(&task), 1).await;
-    app.spawn_worker("w1");
-    wait_for_finished_attempts(&app, &task, 2).await;
-    app.set_faults(json!({})).await;
-    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+    let app = work_under_faults(
+        1,
+        mock(20, true),
+        WorkerConfig::default(),
+        json!({"error_rate": 1.0, "error_status": 502}),
+        &task,
+    )
+    .await;
+    heal_after_attempts(&app, &task, 2).await;
 
     let history = attempts(&app, &task).await;
     let outcomes: Vec<_> = history.iter().map(|a| a.outcome.clone().unwrap()).collect();
@@ -103,12 +129,15 @@ async fn a_burst_of_server_errors_then_success_gives_one_reply_with_every_attemp
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fatal_400_costs_one_call_and_fails_the_task_with_the_providers_message() {
-    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
-    app.set_faults(json!({"error_rate": 1.0, "error_status": 400}))
-        .await;
     let task = one_task(5);
-    app.produce_tasks(std::slice::from_ref(&task), 1).await;
-    app.spawn_worker("w1");
+    let app = work_under_faults(
+        1,
+        mock(20, true),
+        WorkerConfig::default(),
+        json!({"error_rate": 1.0, "error_status": 400}),
+        &task,
+    )
+    .await;
     app.wait_until_terminal(&[task.task_id], LIMIT).await;
     app.wait_until_committed_to_end(LIMIT).await;
 
@@ -125,13 +154,10 @@ async fn a_fatal_400_costs_one_call_and_fails_the_task_with_the_providers_messag
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_passing_during_a_backoff_fails_the_task_without_another_call() {
-    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
-    app.set_faults(json!({"rate_limit_rate": 1.0, "retry_after_s": 30}))
-        .await;
     let mut task = one_task(5);
     task.deadline = Some(Utc::now() + chrono::Duration::seconds(10));
-    app.produce_tasks(std::slice::from_ref(&task), 1).await;
-    app.spawn_worker("w1");
+    let faults = json!({"rate_limit_rate": 1.0, "retry_after_s": 30});
+    let app = work_under_faults(1, mock(20, true), WorkerConfig::default(), faults, &task).await;
     app.wait_until_terminal(&[task.task_id], LIMIT).await;
 
     let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
@@ -159,14 +185,16 @@ async fn ambiguous_without_recovery(policy: &'static str) -> (TestApp, TaskSpec)
         request_timeout_ms: 5_000,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(1, mock(20, false), config).await;
-    app.set_faults(json!({"drop_after_work_rate": 1.0})).await;
     let task = one_task(3);
-    app.produce_tasks(std::slice::from_ref(&task), 1).await;
-    app.spawn_worker("w1");
-    wait_for_finished_attempts(&app, &task, 1).await;
-    app.set_faults(json!({})).await;
-    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+    let app = work_under_faults(
+        1,
+        mock(20, false),
+        config,
+        json!({"drop_after_work_rate": 1.0}),
+        &task,
+    )
+    .await;
+    heal_after_attempts(&app, &task, 1).await;
     (app, task)
 }
 
@@ -207,14 +235,16 @@ async fn an_unrecoverable_ambiguous_call_fails_the_task_under_stop_after_one_gen
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_answer_resent_with_the_same_key_costs_one_generation() {
     // The provider honours Idempotency-Key: the retry gets the stored result, not a new one.
-    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
-    app.set_faults(json!({"drop_after_work_rate": 1.0})).await;
     let task = one_task(3);
-    app.produce_tasks(std::slice::from_ref(&task), 1).await;
-    app.spawn_worker("w1");
-    wait_for_finished_attempts(&app, &task, 1).await;
-    app.set_faults(json!({})).await;
-    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+    let app = work_under_faults(
+        1,
+        mock(20, true),
+        WorkerConfig::default(),
+        json!({"drop_after_work_rate": 1.0}),
+        &task,
+    )
+    .await;
+    heal_after_attempts(&app, &task, 1).await;
     let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
     assert_eq!(stored.status, TaskStatus::Completed);
     assert_eq!(app.mock.stats().generations, 1);
@@ -226,12 +256,15 @@ async fn the_attempt_budget_survives_a_kill_during_backoff() {
         retry_base_delay_ms: 1_500,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(1, mock(20, true), config).await;
-    app.set_faults(json!({"error_rate": 1.0, "error_status": 503}))
-        .await;
     let task = one_task(3);
-    app.produce_tasks(std::slice::from_ref(&task), 1).await;
-    app.spawn_worker("w1");
+    let app = work_under_faults(
+        1,
+        mock(20, true),
+        config,
+        json!({"error_rate": 1.0, "error_status": 503}),
+        &task,
+    )
+    .await;
     wait_for_finished_attempts(&app, &task, 1).await;
     // Killed while backing off: the record is redelivered to the restarted worker.
     app.kill("w1");
@@ -266,11 +299,8 @@ async fn shutdown_during_a_hung_call_cancels_it_and_hands_the_task_over_at_once(
         drain_timeout_ms: 1_000,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(2, mock(20, true), config).await;
-    app.set_faults(json!({"hang_rate": 1.0})).await;
     let task = one_task(3);
-    app.produce_tasks(std::slice::from_ref(&task), 1).await;
-    app.spawn_worker("w1");
+    let app = work_under_faults(2, mock(20, true), config, json!({"hang_rate": 1.0}), &task).await;
     wait_until("w1's call is in flight at the provider", LIMIT, || async {
         app.mock.stats().in_flight == 1
     })
@@ -303,15 +333,16 @@ async fn shutdown_during_a_hung_call_cancels_it_and_hands_the_task_over_at_once(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_shows_the_state_the_attempts_and_the_reply() {
-    let app = TestApp::start(1, mock(20, true), WorkerConfig::default()).await;
-    app.set_faults(json!({"error_rate": 1.0, "error_status": 500}))
-        .await;
     let task = one_task(5);
-    app.produce_tasks(std::slice::from_ref(&task), 1).await;
-    app.spawn_worker("w1");
-    wait_for_finished_attempts(&app, &task, 1).await;
-    app.set_faults(json!({})).await;
-    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+    let app = work_under_faults(
+        1,
+        mock(20, true),
+        WorkerConfig::default(),
+        json!({"error_rate": 1.0, "error_status": 500}),
+        &task,
+    )
+    .await;
+    heal_after_attempts(&app, &task, 1).await;
 
     let run = |json: bool| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"));
@@ -371,9 +402,7 @@ async fn a_lost_answer_is_recovered_by_operation_id_with_one_generation() {
     })
     .await;
     app.set_faults(json!({"drop_after_work_rate": 1.0})).await;
-    wait_for_finished_attempts(&app, &task, 1).await;
-    app.set_faults(json!({})).await;
-    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+    heal_after_attempts(&app, &task, 1).await;
 
     let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
     assert_eq!(stored.status, TaskStatus::Completed);

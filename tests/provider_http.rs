@@ -1,16 +1,15 @@
 //! The OpenAI adapter against the mock provider over real HTTP on 127.0.0.1 (mock on port 0):
 //! each error class the caller branches on, one generation per idempotency key (I6), and
 //! cancellation by dropping the call. Faults are forced with `PUT /faults` at rate 1.0, so no
-//! test depends on chance. Needs no PostgreSQL or Kafka, and shares only
-//! `helpers::provider` with other test files.
+//! test depends on chance. Needs no PostgreSQL or Kafka.
 
 mod helpers;
 
-use std::future::Future;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use helpers::provider::{request, start_mock, stats};
+use helpers::provider::{assert_bad_requests_refused, request, set_faults, start_mock, stats};
+use helpers::wait_until;
 use replyd::mock_provider::{FaultSettings, KeyStats, MockHandle, MockSettings};
 use replyd::provider::{OpenAiChatProvider, OpenAiSettings, Provider, ProviderError};
 
@@ -36,36 +35,6 @@ async fn key_stats(mock: &MockHandle, key: &str) -> KeyStats {
         .json()
         .await
         .expect("/stats/{key} is JSON")
-}
-
-async fn set_faults(mock: &MockHandle, faults: FaultSettings) {
-    let response = reqwest::Client::new()
-        .put(format!("{}/faults", mock.base_url()))
-        .json(&faults)
-        .send()
-        .await
-        .expect("PUT /faults");
-    assert!(response.status().is_success(), "{}", response.status());
-}
-
-/// Polls `check` every 10 ms until it holds, for at most `limit`; panics naming `what` if it
-/// never does. The sleep paces the polling; the condition is what the test waits on.
-async fn wait_until<F, Fut>(what: &str, limit: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test]
@@ -352,20 +321,7 @@ async fn a_malformed_body_gets_a_400_naming_the_problem_and_the_mock_keeps_servi
         ),
     ];
 
-    for (body, problem) in cases {
-        let response = client
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 400, "{body}");
-        let error: serde_json::Value = response.json().await.unwrap();
-        let message = error["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains(problem), "{body}: {error}");
-        assert_eq!(error["error"]["type"], "invalid_request_error");
-    }
+    assert_bad_requests_refused(&url, &cases).await;
 
     let health = client
         .get(format!("{}/healthz", mock.base_url()))

@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use prost::Message as _;
+use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use replyd::domain::{TaskId, TaskSpec};
 use replyd::mock_provider::{MockHandle, MockSettings};
 use replyd::produce::{create_topic, producer, publish};
@@ -464,26 +464,8 @@ listen = "127.0.0.1:0"
             self.partitions,
         );
         tokio::task::spawn_blocking(move || {
-            let reader: BaseConsumer = ClientConfig::new()
-                .set("bootstrap.servers", &bootstrap)
-                .set("group.id", &group)
-                .set("enable.auto.commit", "false")
-                .create()
-                .unwrap();
-            let mut list = TopicPartitionList::new();
-            for p in 0..partitions {
-                list.add_partition(&topic, p);
-            }
-            reader
-                .committed_offsets(list, Duration::from_secs(10))
-                .unwrap()
-                .elements()
-                .iter()
-                .filter_map(|e| match e.offset() {
-                    Offset::Offset(o) => Some((e.partition(), o)),
-                    _ => None,
-                })
-                .collect()
+            replyd::check::committed_offsets(&bootstrap, &group, &topic, 0..partitions)
+                .expect("the group's committed offsets")
         })
         .await
         .unwrap()
@@ -530,17 +512,7 @@ listen = "127.0.0.1:0"
 
     /// Replaces the mock provider's faults (`PUT /faults`), e.g. `{"error_rate": 1.0}`.
     pub async fn set_faults(&self, faults: serde_json::Value) {
-        let response = reqwest::Client::new()
-            .put(format!("{}/faults", self.mock.base_url()))
-            .json(&faults)
-            .send()
-            .await
-            .expect("mock answers");
-        assert!(
-            response.status().is_success(),
-            "faults refused: {}",
-            response.text().await.unwrap_or_default()
-        );
+        super::provider::set_faults(&self.mock, faults).await;
     }
 
     /// The checker's report over this test's schema, topic, group and mock.

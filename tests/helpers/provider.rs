@@ -33,6 +33,43 @@ pub fn request(key: &str, prompt: &str) -> GenerationRequest {
     }
 }
 
+/// Switches the mock's faults over HTTP (`PUT /faults`), as a test harness outside the
+/// process would; `faults` is a `FaultSettings` or any JSON of its shape.
+pub async fn set_faults(mock: &MockHandle, faults: impl serde::Serialize) {
+    let response = reqwest::Client::new()
+        .put(format!("{}/faults", mock.base_url()))
+        .json(&faults)
+        .send()
+        .await
+        .expect("PUT /faults");
+    let status = response.status();
+    assert!(
+        status.is_success(),
+        "faults refused ({status}): {}",
+        response.text().await.unwrap_or_default()
+    );
+}
+
+/// Posts each `(body, problem)` case to `url` and asserts an OpenAI-style 400
+/// `invalid_request_error` whose message names the problem.
+pub async fn assert_bad_requests_refused(url: &str, cases: &[(&str, &str)]) {
+    let client = reqwest::Client::new();
+    for (body, problem) in cases {
+        let response = client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{body}");
+        let error: serde_json::Value = response.json().await.unwrap();
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(problem), "{body}: {error}");
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+    }
+}
+
 /// The mock's counters, read over HTTP as any client would.
 pub async fn stats(mock: &MockHandle) -> StatsSnapshot {
     reqwest::get(format!("{}/stats", mock.base_url()))
