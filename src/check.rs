@@ -235,10 +235,15 @@ pub async fn run(args: &CheckArgs) -> Result<Report, CheckError> {
             offset: m.offset(),
             // Any record that decodes into a task with a valid id is a task record; the
             // worker's own size limit may still refuse it, which the DLQ side accounts for.
-            task: m
-                .payload()
-                .and_then(|p| TaskSpec::from_record(p, &rules).ok())
-                .map(|t| t.task_id.as_uuid()),
+            task: TaskSpec::from_record(
+                m.payload(),
+                m.timestamp()
+                    .to_millis()
+                    .and_then(chrono::DateTime::from_timestamp_millis),
+                &rules,
+            )
+            .ok()
+            .map(|t| t.task_id.as_uuid()),
         })?;
         let dead: HashSet<(i32, i64)> = read_topic(&bootstrap, &dlq_topic, |m| {
             let mut partition = None;

@@ -63,6 +63,12 @@ pub struct DatabaseSettings {
     pub idle_in_transaction_session_timeout_ms: u64,
     /// `statement_timeout` of every session.
     pub statement_timeout_ms: u64,
+    /// Keep one session that `LISTEN`s for task status changes, so a record parked on a task
+    /// leased elsewhere wakes as soon as that task is done. Turn off where LISTEN cannot work
+    /// (behind a transaction-pooling PgBouncer): parked records then wait out the lease.
+    pub listen: bool,
+    /// How long start-up keeps retrying to reach PostgreSQL before giving up.
+    pub startup_retry_ms: u64,
 }
 
 impl Default for DatabaseSettings {
@@ -73,6 +79,8 @@ impl Default for DatabaseSettings {
             lock_timeout_ms: 5_000,
             idle_in_transaction_session_timeout_ms: 10_000,
             statement_timeout_ms: 30_000,
+            listen: true,
+            startup_retry_ms: 60_000,
         }
     }
 }

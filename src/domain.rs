@@ -127,6 +127,14 @@ pub enum RecordError {
     InvalidField { field: &'static str, reason: String },
     #[error("prompt is {bytes} bytes, over the limit of {limit} bytes")]
     PromptTooLarge { bytes: usize, limit: usize },
+    /// No value at all (a tombstone, `null`) or a value of zero bytes. Neither can be a task:
+    /// a valid record always carries its schema version.
+    #[error("{}", if *tombstone {
+        "record has no value (a tombstone): a reply task record always carries a replyd.v1.ReplyTask"
+    } else {
+        "record value is empty (0 bytes): a reply task record always carries a replyd.v1.ReplyTask"
+    })]
+    Empty { tombstone: bool },
 }
 
 impl RecordError {
@@ -138,16 +146,46 @@ impl RecordError {
             RecordError::MissingField(_) => "missing_field",
             RecordError::InvalidField { .. } => "invalid_field",
             RecordError::PromptTooLarge { .. } => "prompt_too_large",
+            RecordError::Empty { .. } => "empty_record",
         }
     }
 }
 
+/// A deadline this long before the record's own timestamp is not a deadline but a unit
+/// mistake: `deadline_unix_ms` written in seconds lands in January 1970.
+pub const DEADLINE_BEFORE_RECORD_LIMIT: chrono::TimeDelta = chrono::TimeDelta::days(1);
+
 impl TaskSpec {
-    /// Decodes and validates one record's value.
-    pub fn from_record(bytes: &[u8], rules: &RecordRules) -> Result<Self, RecordError> {
+    /// Decodes and validates one record: its value (`None` for a tombstone) and, when the
+    /// record has one, its own timestamp (against which the deadline's unit is checked).
+    pub fn from_record(
+        value: Option<&[u8]>,
+        written_at: Option<DateTime<Utc>>,
+        rules: &RecordRules,
+    ) -> Result<Self, RecordError> {
+        let bytes = match value {
+            None => return Err(RecordError::Empty { tombstone: true }),
+            Some([]) => return Err(RecordError::Empty { tombstone: false }),
+            Some(bytes) => bytes,
+        };
         let record =
             v1::ReplyTask::decode(bytes).map_err(|e| RecordError::Undecodable(e.to_string()))?;
-        Self::from_proto(record, rules)
+        let spec = Self::from_proto(record, rules)?;
+        if let (Some(deadline), Some(written)) = (spec.deadline, written_at)
+            && deadline < written - DEADLINE_BEFORE_RECORD_LIMIT
+        {
+            return Err(RecordError::InvalidField {
+                field: "deadline_unix_ms",
+                reason: format!(
+                    "{} is {}, more than a day before the record was written ({}); the field is \
+                     milliseconds since the Unix epoch (was it written in seconds?)",
+                    deadline.timestamp_millis(),
+                    deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                    written.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                ),
+            });
+        }
+        Ok(spec)
     }
 
     /// Validates an already decoded record.
@@ -333,10 +371,12 @@ mod tests {
     #[test]
     fn valid_record_round_trips_through_the_wire_format() {
         let rules = RecordRules::default();
-        let spec = TaskSpec::from_record(&valid_record().encode_to_vec(), &rules).unwrap();
+        let spec =
+            TaskSpec::from_record(Some(&valid_record().encode_to_vec()), None, &rules).unwrap();
         assert_eq!(spec.max_attempts, rules.default_max_attempts);
         assert_eq!(spec.request.model, None);
-        let again = TaskSpec::from_record(&spec.to_proto().encode_to_vec(), &rules).unwrap();
+        let again =
+            TaskSpec::from_record(Some(&spec.to_proto().encode_to_vec()), None, &rules).unwrap();
         assert_eq!(spec, again);
     }
 
@@ -439,11 +479,55 @@ mod tests {
         );
     }
 
+    #[test]
+    fn tombstones_and_empty_values_have_their_own_kind() {
+        let rules = RecordRules::default();
+        let tombstone = TaskSpec::from_record(None, None, &rules).unwrap_err();
+        assert_eq!(tombstone, RecordError::Empty { tombstone: true });
+        assert_eq!(tombstone.kind(), "empty_record");
+        assert!(tombstone.to_string().contains("tombstone"), "{tombstone}");
+        let empty = TaskSpec::from_record(Some(&[]), None, &rules).unwrap_err();
+        assert_eq!(empty, RecordError::Empty { tombstone: false });
+        assert!(empty.to_string().contains("0 bytes"), "{empty}");
+    }
+
+    #[test]
+    fn a_deadline_in_seconds_is_refused_as_a_unit_mistake() {
+        let rules = RecordRules::default();
+        let written = DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let mut record = valid_record();
+        // Seconds where milliseconds belong: 1970-01-21.
+        record.deadline_unix_ms = written.timestamp() + 60;
+        let err = TaskSpec::from_record(Some(&record.encode_to_vec()), Some(written), &rules)
+            .unwrap_err();
+        let RecordError::InvalidField { field, reason } = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(*field, "deadline_unix_ms");
+        assert!(
+            reason.contains("milliseconds since the Unix epoch"),
+            "{reason}"
+        );
+        assert!(reason.contains("1970-01-21"), "{reason}");
+
+        // A deadline that passed a little before the record was written is a real (if
+        // hopeless) deadline: the task is made, and fails at its first claim.
+        record.deadline_unix_ms = (written - chrono::TimeDelta::hours(1)).timestamp_millis();
+        let spec =
+            TaskSpec::from_record(Some(&record.encode_to_vec()), Some(written), &rules).unwrap();
+        assert!(spec.deadline.unwrap() < written);
+        // Without the record's timestamp nothing can be compared.
+        record.deadline_unix_ms = written.timestamp() + 60;
+        assert!(TaskSpec::from_record(Some(&record.encode_to_vec()), None, &rules).is_ok());
+    }
+
     proptest! {
         /// Whatever bytes arrive, parsing returns a value or a typed error; it never panics.
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let _ = TaskSpec::from_record(&bytes, &RecordRules::default());
+            let _ = TaskSpec::from_record(Some(&bytes), None, &RecordRules::default());
         }
 
         /// A valid record with any byte flipped still yields a value or a typed error.
@@ -452,7 +536,7 @@ mod tests {
             let mut bytes = valid_record().encode_to_vec();
             let i = index % bytes.len();
             bytes[i] ^= flip;
-            let _ = TaskSpec::from_record(&bytes, &RecordRules::default());
+            let _ = TaskSpec::from_record(Some(&bytes), None, &RecordRules::default());
         }
     }
 }

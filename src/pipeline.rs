@@ -17,10 +17,11 @@ use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{RecordRules, TaskSpec};
+use crate::domain::{RecordRules, TaskId, TaskSpec};
 use crate::kafka::consumer::{RecordHandler, RecordOutcome};
 use crate::kafka::dead_letter::DeadLetters;
 use crate::kafka::tracker::PartitionKey;
+use crate::parking::{ParkedTasks, TaskWatch, WakeSource};
 use crate::provider::{
     BackgroundProvider, Generation, GenerationRequest, OperationId, Provider, ProviderError,
 };
@@ -53,6 +54,7 @@ pub struct Pipeline {
     store: Store,
     provider: Arc<dyn Provider>,
     dead_letters: DeadLetters,
+    parked: ParkedTasks,
     settings: PipelineSettings,
 }
 
@@ -91,12 +93,14 @@ impl Pipeline {
         store: Store,
         provider: Arc<dyn Provider>,
         dead_letters: DeadLetters,
+        parked: ParkedTasks,
         settings: PipelineSettings,
     ) -> Self {
         Self {
             store,
             provider,
             dead_letters,
+            parked,
             settings,
         }
     }
@@ -104,31 +108,33 @@ impl Pipeline {
     async fn process(&self, record: OwnedMessage, cancel: CancellationToken) -> RecordOutcome {
         let key = PartitionKey::new(record.topic(), record.partition());
         let offset = record.offset();
-        let spec =
-            match TaskSpec::from_record(record.payload().unwrap_or_default(), &self.settings.rules)
-            {
-                Ok(spec) => spec,
-                Err(error) => {
-                    // A bad record is done once its copy is durable in the dead-letter topic.
-                    loop {
-                        match self.dead_letters.send(&record, &error).await {
-                            Ok(()) => {
-                                telemetry::record_dead_lettered(
-                                    &key,
-                                    offset,
-                                    error.kind(),
-                                    &error.to_string(),
-                                );
-                                return RecordOutcome::Done("dead_lettered");
-                            }
-                            Err(e) => telemetry::dead_letter_failed(&key, offset, &e),
+        let written_at = record
+            .timestamp()
+            .to_millis()
+            .and_then(chrono::DateTime::from_timestamp_millis);
+        let spec = match TaskSpec::from_record(record.payload(), written_at, &self.settings.rules) {
+            Ok(spec) => spec,
+            Err(error) => {
+                // A bad record is done once its copy is durable in the dead-letter topic.
+                loop {
+                    match self.dead_letters.send(&record, &error).await {
+                        Ok(()) => {
+                            telemetry::record_dead_lettered(
+                                &key,
+                                offset,
+                                error.kind(),
+                                &error.to_string(),
+                            );
+                            return RecordOutcome::Done("dead_lettered");
                         }
-                        if !self.pause(&cancel, self.settings.io_retry).await {
-                            return RecordOutcome::Cancelled;
-                        }
+                        Err(e) => telemetry::dead_letter_failed(&key, offset, &e),
+                    }
+                    if !self.pause(&cancel, self.settings.io_retry).await {
+                        return RecordOutcome::Cancelled;
                     }
                 }
-            };
+            }
+        };
         let task_id = spec.task_id;
         let id = task_id.to_string();
         tracing::Span::current().record("task_id", id.as_str());
@@ -142,6 +148,9 @@ impl Pipeline {
             // The stored task is the work; this record's different inputs are only reported.
             telemetry::record_conflicts_with_task(&id, offset, &fields);
         }
+        // Watched from before the first read, so a lease that ends between a read and the
+        // park below still wakes this record.
+        let mut watch = self.parked.watch(task_id);
 
         loop {
             // I5: read right before deciding to call.
@@ -185,12 +194,17 @@ impl Pipeline {
                 }
                 ClaimOutcome::LeasedByOther { version, until, .. } => {
                     telemetry::claim(&id, Some(version), "leased_by_other");
-                    // Park until the other lease ends, then look again. The lease end is
-                    // database time; a small skew only shifts when we look.
-                    (until - Utc::now())
+                    // Park until the other lease ends or the task's status changes (woken by
+                    // `parked`), then look again. The lease end is database time; a small
+                    // skew only shifts when we look.
+                    let wait = (until - Utc::now())
                         .to_std()
                         .unwrap_or_default()
-                        .clamp(self.settings.io_retry / 4, self.settings.lease)
+                        .clamp(self.settings.io_retry / 4, self.settings.lease);
+                    if !self.park(&cancel, wait, &mut watch).await {
+                        return RecordOutcome::Cancelled;
+                    }
+                    continue;
                 }
                 ClaimOutcome::AlreadyCompleted => {
                     telemetry::claim(&id, None, "already_completed");
@@ -200,20 +214,44 @@ impl Pipeline {
                     telemetry::claim(&id, None, "already_failed");
                     return RecordOutcome::Done("already_failed");
                 }
-                ClaimOutcome::BudgetExhausted { .. } => {
+                ClaimOutcome::BudgetExhausted { attempts } => {
                     telemetry::claim(&id, None, "budget_exhausted");
+                    telemetry::task_failed_at_claim(
+                        &id,
+                        "budget_exhausted",
+                        &format!(
+                            "attempt budget exhausted: {attempts} of {} attempts used",
+                            stored.spec.max_attempts
+                        ),
+                    );
+                    self.parked.wake(task_id, WakeSource::Local);
                     return RecordOutcome::Done("failed");
                 }
-                ClaimOutcome::DeadlinePassed { .. } => {
+                ClaimOutcome::DeadlinePassed { deadline } => {
                     telemetry::claim(&id, None, "deadline_passed");
+                    telemetry::task_failed_at_claim(
+                        &id,
+                        "deadline_passed",
+                        &format!(
+                            "deadline {} passed before attempt {}",
+                            deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                            stored.attempt_count + 1
+                        ),
+                    );
+                    self.parked.wake(task_id, WakeSource::Local);
                     return RecordOutcome::Done("failed");
                 }
                 ClaimOutcome::NotBefore { at } => {
                     telemetry::claim(&id, None, "backing_off");
-                    (at - Utc::now())
+                    let wait = (at - Utc::now())
                         .to_std()
                         .unwrap_or_default()
-                        .max(self.settings.io_retry / 4)
+                        .max(self.settings.io_retry / 4);
+                    // Woken early too: a copy elsewhere may finish the task meanwhile.
+                    if !self.park(&cancel, wait, &mut watch).await {
+                        return RecordOutcome::Cancelled;
+                    }
+                    continue;
                 }
                 ClaimOutcome::NotFound => {
                     telemetry::claim(&id, None, "not_found");
@@ -270,6 +308,7 @@ impl Pipeline {
                 match outcome {
                     CompletionOutcome::Accepted => {
                         telemetry::completion(&id, lease.version, "accepted");
+                        self.lease_ended(lease);
                         AttemptEnd::Terminal("completed")
                     }
                     CompletionOutcome::Refused(refusal) => {
@@ -362,14 +401,17 @@ impl Pipeline {
             Guarded::Cancelled => {
                 telemetry::provider_call(id, lease.version, "cancelled", started.elapsed());
                 // Give the lease back so the partition's next owner need not wait it out.
-                let _ = self
+                if let Ok(ReleaseOutcome::Released) = self
                     .store
                     .release(
                         lease,
                         "abandoned",
                         "cancelled: partition revoked or worker stopping",
                     )
-                    .await;
+                    .await
+                {
+                    self.lease_ended(lease);
+                }
                 AttemptEnd::Cancelled
             }
             Guarded::Refused(refusal) => {
@@ -418,6 +460,7 @@ impl Pipeline {
                 match failed {
                     FailOutcome::Failed => {
                         telemetry::task_failed(&id, lease.version, &reason);
+                        self.lease_ended(lease);
                         AttemptEnd::Terminal("failed")
                     }
                     FailOutcome::Refused(refusal) => self.refused(&id, lease, refusal, "failure"),
@@ -442,7 +485,10 @@ impl Pipeline {
                     Some(ReleaseOutcome::Refused(refusal)) => {
                         self.refused(&id, lease, refusal, "release")
                     }
-                    Some(ReleaseOutcome::Released) => AttemptEnd::Again { wait: after },
+                    Some(ReleaseOutcome::Released) => {
+                        self.lease_ended(lease);
+                        AttemptEnd::Again { wait: after }
+                    }
                 }
             }
         }
@@ -456,8 +502,12 @@ impl Pipeline {
             Refusal::TakenOver { .. } => "fenced_taken_over",
             Refusal::NotFound => "not_found",
         };
-        tracing::debug!(task_id = id, what, ?refusal, "fenced write refused");
-        telemetry::completion(id, lease.version, label);
+        let current_version = match refusal {
+            Refusal::TakenOver { current_version } => Some(current_version),
+            Refusal::LeaseExpired => Some(lease.version),
+            _ => None,
+        };
+        telemetry::write_refused(id, what, lease.version, label, current_version);
         match refusal {
             Refusal::AlreadySaved { .. } => AttemptEnd::Terminal("already_completed"),
             Refusal::Failed => AttemptEnd::Terminal("already_failed"),
@@ -467,6 +517,29 @@ impl Pipeline {
                     wait: Duration::ZERO,
                 }
             }
+        }
+    }
+
+    /// This process ended `lease` (saved, failed or gave it back): wake its own records parked
+    /// on the task at once, without waiting for the notification to come back round.
+    fn lease_ended(&self, lease: &Lease) {
+        self.parked
+            .wake(TaskId::from(lease.task_id), WakeSource::Local);
+    }
+
+    /// Parks a record for `wait`, or until its task is woken, or cancellation; false when
+    /// cancelled.
+    async fn park(
+        &self,
+        cancel: &CancellationToken,
+        wait: Duration,
+        watch: &mut TaskWatch,
+    ) -> bool {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => false,
+            _ = watch.changed() => true,
+            _ = tokio::time::sleep(wait) => true,
         }
     }
 

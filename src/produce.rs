@@ -37,7 +37,8 @@ pub struct ProduceArgs {
     #[arg(long, default_value_t = 0)]
     pub duplicates: usize,
     /// Also publish this many malformed records, cycling through the kinds: undecodable
-    /// bytes, a missing required field, an unknown schema version, an oversized prompt.
+    /// bytes, a missing required field, an unknown schema version, an oversized prompt, an
+    /// empty value.
     #[arg(long, default_value_t = 0)]
     pub malformed: usize,
     /// Attempt budget written into each task (0 = the worker's default).
@@ -62,11 +63,12 @@ pub struct ProduceReport {
 }
 
 /// Kinds of malformed records `produce` can make.
-pub const MALFORMED_KINDS: [&str; 4] = [
+pub const MALFORMED_KINDS: [&str; 5] = [
     "undecodable",
     "missing_field",
     "unknown_schema_version",
     "prompt_too_large",
+    "empty_record",
 ];
 
 /// A task of the demo workload: conversation `n % conversations`.
@@ -113,6 +115,7 @@ pub fn malformed_record(n: usize) -> (&'static str, Vec<u8>) {
             record.schema_version = 99;
             record.encode_to_vec()
         }
+        "empty_record" => Vec::new(),
         _ => {
             record.messages = vec![v1::ChatMessage {
                 role: v1::Role::User as i32,
@@ -179,6 +182,22 @@ pub async fn publish(
     Ok(())
 }
 
+/// Publishes one record with no value (a tombstone) and waits for its acknowledgement.
+pub async fn publish_tombstone(
+    producer: &FutureProducer,
+    topic: &str,
+    key: &str,
+) -> Result<(), KafkaError> {
+    producer
+        .send(
+            FutureRecord::<str, [u8]>::to(topic).key(key),
+            Duration::from_secs(30),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|(e, _)| e)
+}
+
 /// Runs `replyd produce`.
 pub async fn run(args: &ProduceArgs) -> Result<ProduceReport, KafkaError> {
     if let Some(partitions) = args.create_partitions {
@@ -225,7 +244,7 @@ mod tests {
         let rules = RecordRules::default();
         for n in 0..MALFORMED_KINDS.len() {
             let (kind, bytes) = malformed_record(n);
-            let err: RecordError = TaskSpec::from_record(&bytes, &rules).unwrap_err();
+            let err: RecordError = TaskSpec::from_record(Some(&bytes), None, &rules).unwrap_err();
             let expected = if kind == "missing_field" {
                 "missing_field"
             } else {
@@ -238,8 +257,12 @@ mod tests {
     #[test]
     fn demo_tasks_are_valid_records() {
         let task = demo_task("ws", 7, 3, 4);
-        let back = TaskSpec::from_record(&task.to_proto().encode_to_vec(), &RecordRules::default())
-            .unwrap();
+        let back = TaskSpec::from_record(
+            Some(&task.to_proto().encode_to_vec()),
+            None,
+            &RecordRules::default(),
+        )
+        .unwrap();
         assert_eq!(back, task);
         assert_eq!(back.conversation_id, "conv-1");
     }

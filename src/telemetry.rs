@@ -29,6 +29,11 @@ pub mod names {
     pub const REBALANCES: &str = "replyd_rebalances_total";
     pub const DRAIN_LEFTOVERS: &str = "replyd_drain_cancelled_records_total";
     pub const CONSUMER_ERRORS: &str = "replyd_consumer_errors_total";
+    pub const WATCHED_TASKS: &str = "replyd_watched_tasks";
+    pub const WAKE_UPS: &str = "replyd_parked_wake_ups_total";
+    pub const LISTENER_CONNECTS: &str = "replyd_listener_connects_total";
+    pub const LISTENER_LOSSES: &str = "replyd_listener_losses_total";
+    pub const TASKS_FAILED_AT_CLAIM: &str = "replyd_tasks_failed_at_claim_total";
 }
 
 use names::*;
@@ -47,6 +52,56 @@ pub fn chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// Logs a failure that may repeat many times (a connection retried every few hundred
+/// milliseconds) once per distinct message, and the recovery once, with how many it hid.
+pub struct RepeatedFailure {
+    what: &'static str,
+    last: Option<String>,
+    count: u64,
+}
+
+impl RepeatedFailure {
+    pub fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            last: None,
+            count: 0,
+        }
+    }
+
+    /// Failures since the last success.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub fn failed(&mut self, error: &str) {
+        self.count += 1;
+        if self.last.as_deref() != Some(error) {
+            tracing::warn!(
+                what = self.what,
+                error,
+                "{} failed; retrying (logged once until it changes)",
+                self.what
+            );
+            self.last = Some(error.to_owned());
+        }
+    }
+
+    pub fn recovered(&mut self) {
+        if self.count > 0 {
+            tracing::info!(
+                what = self.what,
+                failures = self.count,
+                "{} succeeded after {} failed attempts",
+                self.what,
+                self.count
+            );
+        }
+        self.count = 0;
+        self.last = None;
+    }
 }
 
 pub fn record_received(key: &PartitionKey) {
@@ -114,6 +169,62 @@ pub fn provider_call(task_id: &str, version: i64, outcome: &'static str, took: D
     );
     counter!(PROVIDER_CALLS, "outcome" => outcome).increment(1);
     histogram!(PROVIDER_SECONDS).record(took.as_secs_f64());
+}
+
+/// A fenced write was refused: one INFO line with the refusal's class and both versions.
+/// `current_version` is the task's version when the refusal knows it (a takeover).
+pub fn write_refused(
+    task_id: &str,
+    what: &'static str,
+    version: i64,
+    refusal: &'static str,
+    current_version: Option<i64>,
+) {
+    tracing::info!(
+        task_id,
+        what,
+        refusal,
+        assignment_version = version,
+        current_version,
+        "fenced write refused"
+    );
+    counter!(COMPLETIONS, "outcome" => refusal).increment(1);
+}
+
+/// A claim found the task out of budget or past its deadline and failed it, before any call
+/// of this attempt: a producer mistake (a deadline in seconds) shows here.
+pub fn task_failed_at_claim(task_id: &str, why: &'static str, reason: &str) {
+    tracing::warn!(
+        task_id,
+        why,
+        reason,
+        "task failed at claim, with no provider call"
+    );
+    counter!(TASKS_FAILED_AT_CLAIM, "why" => why).increment(1);
+}
+
+pub fn watched_tasks(tasks: usize) {
+    gauge!(WATCHED_TASKS).set(tasks as f64);
+}
+
+pub fn wake_up(source: crate::parking::WakeSource, records: usize) {
+    if records > 0 {
+        tracing::debug!(source = source.as_str(), records, "parked records woken");
+    }
+    counter!(WAKE_UPS, "source" => source.as_str()).increment(records as u64);
+}
+
+pub fn listener_connected() {
+    tracing::info!("listening for task status notifications");
+    counter!(LISTENER_CONNECTS).increment(1);
+}
+
+pub fn listener_lost() {
+    counter!(LISTENER_LOSSES).increment(1);
+}
+
+pub fn bad_notification(payload: &str) {
+    tracing::warn!(payload, "task status notification not understood; ignored");
 }
 
 pub fn task_failed(task_id: &str, version: i64, reason: &str) {

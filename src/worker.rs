@@ -9,9 +9,11 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::kafka::consumer::{ConsumerStatus, run_consumer};
 use crate::kafka::dead_letter::DeadLetters;
+use crate::parking::ParkedTasks;
 use crate::pipeline::{Pipeline, PipelineSettings};
 use crate::provider::{Recovery, build_provider};
 use crate::store::Store;
+use crate::store::listen::relay_task_notifications;
 use crate::store::migrate::run_migrations;
 
 /// Runs one worker until `shutdown` fires, then drains, commits and leaves the group.
@@ -37,10 +39,20 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
             .await
             .context("checking the dead-letter topic")??;
     let worker_id = settings.worker.resolved_worker_id();
+    let parked = ParkedTasks::default();
+    if settings.database.listen {
+        tokio::spawn(relay_task_notifications(
+            settings.database.clone(),
+            format!("replyd-listener {worker_id} {}", std::process::id()),
+            parked.clone(),
+            shutdown.clone(),
+        ));
+    }
     let pipeline = Arc::new(Pipeline::new(
         store.clone(),
         provider,
         dead_letters,
+        parked,
         PipelineSettings {
             worker_id: worker_id.clone(),
             rules: settings.worker.record_rules(),

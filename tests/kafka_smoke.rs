@@ -111,8 +111,8 @@ async fn produce_consume_commit(protocol: &'static str) {
             .await
             .unwrap();
     assert_eq!(offset, 0);
-    let decoded =
-        TaskSpec::from_record(&received, &RecordRules::default()).expect("the record decodes");
+    let decoded = TaskSpec::from_record(Some(&received), None, &RecordRules::default())
+        .expect("the record decodes");
     assert_eq!(decoded, spec);
 
     // A fresh member of the group reads the committed position back from the broker.

@@ -254,8 +254,7 @@ async fn committed_offsets_never_pass_unfinished_records(app: &TestApp, tasks: &
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while (out.len() as i64) < total && std::time::Instant::now() < deadline {
             if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
-                let spec =
-                    TaskSpec::from_record(m.payload().unwrap(), &Default::default()).unwrap();
+                let spec = TaskSpec::from_record(m.payload(), None, &Default::default()).unwrap();
                 out.push((m.partition(), m.offset(), spec.task_id.to_string()));
             }
         }
@@ -502,4 +501,151 @@ async fn a_worker_refuses_to_start_without_its_dead_letter_topic() {
         log.contains("dead-letter topic") && log.contains("does not exist"),
         "{log}"
     );
+}
+
+/// Workers whose lease is far longer than the work: a record parked on a task leased elsewhere
+/// can only finish early if it is woken when the task is done.
+fn long_lease(listen: bool) -> WorkerConfig {
+    WorkerConfig {
+        lease_ms: 60_000,
+        renew_interval_ms: 10_000,
+        listen,
+        ..WorkerConfig::default()
+    }
+}
+
+/// How long a test waits for the commit point after the last task finished: far below the
+/// 60 s lease, so only a woken record can meet it.
+const WELL_BEFORE_THE_LEASE_ENDS: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_in_the_same_worker_is_woken_when_its_twin_completes() {
+    // No notifications: only the in-process wake-up can end the parking early.
+    let app = TestApp::start(1, mock(500), long_lease(false)).await;
+    app.spawn_worker("w1");
+    app.wait_until_assigned(&["w1"]).await;
+    let all = tasks(20, 4);
+    app.produce_tasks(&all, 3).await;
+
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+    app.wait_until_committed_to_end(WELL_BEFORE_THE_LEASE_ENDS)
+        .await;
+    assert!(
+        app.log_lines_with("w1", &["leased_by_other"]) > 0,
+        "no copy ever parked: the test proved nothing"
+    );
+    let report = assert_invariants(&app, 20).await;
+    assert_eq!(report.provider_generations, Some(20), "{report:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_on_another_worker_is_woken_by_the_completion_notification() {
+    let app = TestApp::start(2, mock(500), long_lease(true)).await;
+    app.spawn_worker("w1");
+    app.spawn_worker("w2");
+    app.wait_until_assigned(&["w1", "w2"]).await;
+    // Every task has a copy in each partition: the two workers race for every task, and the
+    // loser parks on the winner's lease.
+    let all = tasks(30, 6);
+    app.produce_to_partitions(&all, &[0, 1]).await;
+
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+    app.wait_until_committed_to_end(WELL_BEFORE_THE_LEASE_ENDS)
+        .await;
+    let parked = app.log_lines_with("w1", &["leased_by_other"])
+        + app.log_lines_with("w2", &["leased_by_other"]);
+    assert!(parked > 0, "no copy ever parked: the test proved nothing");
+    let report = assert_invariants(&app, 30).await;
+    assert_eq!(report.provider_generations, Some(30), "{report:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_listening_session_killed_parked_records_still_finish() {
+    let config = WorkerConfig {
+        lease_ms: 6_000,
+        renew_interval_ms: 2_000,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start(2, mock(800), config).await;
+    app.spawn_worker("w1");
+    app.spawn_worker("w2");
+    app.wait_until_assigned(&["w1", "w2"]).await;
+    let all = tasks(30, 6);
+    let client = app.db.raw_client().await;
+    let listeners = format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name IN ('replyd-listener w1 {}', 'replyd-listener w2 {}')",
+        app.pid("w1"),
+        app.pid("w2")
+    );
+    // The listeners must exist before they can be killed.
+    wait_until("both listeners are connected", LIMIT, || {
+        let (client, sql) = (
+            &client,
+            listeners.replace("count(pg_terminate_backend(pid))", "count(*)"),
+        );
+        async move { client.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0) == 2 }
+    })
+    .await;
+    app.produce_to_partitions(&all, &[0, 1]).await;
+
+    // Kill the listening sessions again and again while the work runs (bounded: until every
+    // task is terminal, at most LIMIT): notifications are lost while they are down.
+    let killed = std::sync::atomic::AtomicI64::new(0);
+    wait_until(
+        "every task is terminal while listeners are killed",
+        LIMIT,
+        || {
+            let (client, listeners, ids, killed) = (&client, &listeners, ids(&all), &killed);
+            async move {
+                let n: i64 = client.query_one(listeners, &[]).await.unwrap().get(0);
+                killed.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                let terminal: i64 = client
+                    .query_one(
+                        "SELECT count(*) FROM reply_tasks WHERE task_id = ANY($1) \
+                     AND status IN ('completed', 'failed')",
+                        &[&ids.iter().map(|t| t.as_uuid()).collect::<Vec<_>>()],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                terminal == ids.len() as i64
+            }
+        },
+    )
+    .await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    assert!(
+        killed.into_inner() > 0,
+        "no listener was killed: the test proved nothing"
+    );
+    let reconnects = app.log_lines_with("w1", &["listening for task status notifications"])
+        + app.log_lines_with("w2", &["listening for task status notifications"]);
+    assert!(reconnects > 2, "the listeners came back {reconnects} times");
+    let report = assert_invariants(&app, 30).await;
+    assert_eq!(report.provider_generations, Some(30), "{report:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_notifications_parked_records_finish_at_the_lease_end() {
+    let config = WorkerConfig {
+        lease_ms: 5_000,
+        renew_interval_ms: 2_000,
+        listen: false,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start(2, mock(500), config).await;
+    app.spawn_worker("w1");
+    app.spawn_worker("w2");
+    app.wait_until_assigned(&["w1", "w2"]).await;
+    let all = tasks(10, 2);
+    app.produce_to_partitions(&all, &[0, 1]).await;
+
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let parked = app.log_lines_with("w1", &["leased_by_other"])
+        + app.log_lines_with("w2", &["leased_by_other"]);
+    assert!(parked > 0, "no copy ever parked: the test proved nothing");
+    assert_invariants(&app, 10).await;
 }

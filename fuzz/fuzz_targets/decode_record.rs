@@ -9,9 +9,9 @@ use replyd::domain::{RecordRules, TaskSpec};
 
 fuzz_target!(|bytes: &[u8]| {
     let rules = RecordRules::default();
-    match TaskSpec::from_record(bytes, &rules) {
+    match TaskSpec::from_record(Some(bytes), None, &rules) {
         Ok(spec) => {
-            let again = TaskSpec::from_record(&spec.to_proto().encode_to_vec(), &rules)
+            let again = TaskSpec::from_record(Some(&spec.to_proto().encode_to_vec()), None, &rules)
                 .expect("a decoded task encodes to a valid record");
             assert_eq!(again, spec);
         }

@@ -3,7 +3,7 @@
 
 use crate::config::DatabaseSettings;
 
-use super::{StoreError, session_config};
+use super::{StoreError, connect_error, session_config};
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -15,7 +15,10 @@ const MIGRATION_LOCK: i64 = 0x7265_706c_7964;
 /// Brings the schema up to date; returns the names of the migrations it applied.
 pub async fn run_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, StoreError> {
     let config = session_config(settings)?;
-    let (mut client, connection) = config.connect(tokio_postgres::NoTls).await?;
+    let (mut client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| connect_error(settings, &e))?;
     let connection = tokio::spawn(connection);
     // Workers start together and each migrates at start-up: without a lock, two runners race
     // on refinery's own history table (CREATE TABLE IF NOT EXISTS is not safe concurrently).

@@ -5,8 +5,10 @@
 //! - [`fencing`]: the pure decisions (may this claim proceed? why was this write refused?).
 //! - [`tasks`]: ensure, claim, renew, complete, fail, read.
 //! - [`migrate`]: the schema, from `migrations/`.
+//! - [`listen`]: the session that relays task-status notifications to parked records.
 
 pub mod fencing;
+pub mod listen;
 pub mod migrate;
 pub mod tasks;
 
@@ -31,6 +33,9 @@ pub enum StoreError {
     Pool(#[from] deadpool_postgres::PoolError),
     #[error("invalid database URL or settings: {0}")]
     Config(String),
+    /// No connection could be made: says where (never the password) and from which setting.
+    #[error("cannot connect to PostgreSQL at {target} (database.url): {reason}")]
+    Connect { target: String, reason: String },
     #[error("row of task {task_id} is not what replyd writes: {reason}")]
     InvalidRow { task_id: uuid::Uuid, reason: String },
     #[error("migration failed: {0}")]
@@ -41,6 +46,8 @@ pub enum StoreError {
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
+    /// Where the pool connects, for error messages (no credentials).
+    target: String,
 }
 
 /// Parses the URL and adds the worker session settings (`lock_timeout`,
@@ -65,6 +72,46 @@ pub fn session_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Con
     Ok(config)
 }
 
+/// Where `settings.database.url` points, as `host:port[,host:port]/dbname`: for error
+/// messages, so it never carries the user or the password.
+pub fn target_of(settings: &DatabaseSettings) -> String {
+    let Ok(config) = settings.url.expose().parse::<tokio_postgres::Config>() else {
+        return "an unparsable URL".into();
+    };
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let host = match host {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            };
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            format!("{host}:{port}")
+        })
+        .collect();
+    let hosts = if hosts.is_empty() {
+        "localhost:5432".to_owned()
+    } else {
+        hosts.join(",")
+    };
+    match config.get_dbname() {
+        Some(db) => format!("{hosts}/{db}"),
+        None => hosts,
+    }
+}
+
+/// A connection error as [`StoreError::Connect`], naming the target. tokio-postgres puts the
+/// cause both in its message and in its source; the chain keeps one copy.
+pub fn connect_error(settings: &DatabaseSettings, error: &dyn std::error::Error) -> StoreError {
+    StoreError::Connect {
+        target: target_of(settings),
+        reason: crate::telemetry::chain(error),
+    }
+}
+
 impl Store {
     /// Builds the pool. Connections are opened lazily, on first use.
     pub fn connect(settings: &DatabaseSettings) -> Result<Self, StoreError> {
@@ -82,7 +129,10 @@ impl Store {
             .max_size(settings.pool_size)
             .build()
             .map_err(|e| StoreError::Config(e.to_string()))?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            target: target_of(settings),
+        })
     }
 
     /// One round trip, for readiness probes.
@@ -91,7 +141,15 @@ impl Store {
         Ok(())
     }
 
+    /// A pooled session. With fast recycling a checkout only fails when a new connection
+    /// cannot be made, so every failure here says where it tried.
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        Ok(self.pool.get().await?)
+        self.pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(e) => StoreError::Connect {
+                target: self.target.clone(),
+                reason: crate::telemetry::chain(&e),
+            },
+            other => StoreError::Pool(other),
+        })
     }
 }

@@ -39,6 +39,8 @@ pub struct WorkerConfig {
     pub provider_honours_idempotency_key: bool,
     /// `chat_completions` or `background_responses`.
     pub provider_api: &'static str,
+    /// `database.listen`: wake parked records on task status notifications.
+    pub listen: bool,
 }
 
 impl Default for WorkerConfig {
@@ -59,6 +61,7 @@ impl Default for WorkerConfig {
             ambiguous: "retry",
             provider_honours_idempotency_key: true,
             provider_api: "chat_completions",
+            listen: true,
         }
     }
 }
@@ -167,6 +170,7 @@ impl TestApp {
 [database]
 url = "{url}"
 pool_size = 16
+listen = {listen}
 
 [kafka]
 bootstrap_servers = "{bootstrap}"
@@ -234,6 +238,7 @@ listen = "127.0.0.1:0"
             ambiguous = c.ambiguous,
             honours = c.provider_honours_idempotency_key,
             api = c.provider_api,
+            listen = c.listen,
         )
     }
 
@@ -301,6 +306,70 @@ listen = "127.0.0.1:0"
                 stopped: false,
             },
         );
+    }
+
+    /// The process id of the running incarnation of worker `name`.
+    pub fn pid(&self, name: &str) -> u32 {
+        self.workers()
+            .get(name)
+            .unwrap_or_else(|| panic!("worker {name} is not running"))
+            .child
+            .id()
+    }
+
+    /// Waits until every named worker has at least one partition assigned (from its
+    /// `/metrics`), so work published next is spread over all of them.
+    pub async fn wait_until_assigned(&self, names: &[&str]) {
+        super::wait_until(
+            &format!("{names:?} each hold partitions"),
+            Duration::from_secs(60),
+            || async {
+                for name in names {
+                    if self
+                        .metric(name, "replyd_assigned_partitions")
+                        .await
+                        .unwrap_or(0.0)
+                        < 1.0
+                    {
+                        return false;
+                    }
+                }
+                true
+            },
+        )
+        .await;
+    }
+
+    /// Publishes each task once to each of `partitions` (keys differ, so each copy is a record
+    /// of its own partition, processed by whichever worker holds it).
+    pub async fn produce_to_partitions(&self, tasks: &[TaskSpec], partitions: &[i32]) {
+        let producer = producer(&self.bootstrap).expect("producer");
+        for task in tasks {
+            let value = task.to_proto().encode_to_vec();
+            for &partition in partitions {
+                let key = format!("{}-{partition}", task.conversation_id);
+                producer
+                    .send(
+                        rdkafka::producer::FutureRecord::to(&self.topic)
+                            .key(&key)
+                            .payload(&value)
+                            .partition(partition),
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .map_err(|(e, _)| e)
+                    .expect("published");
+            }
+        }
+    }
+
+    /// A `key=value` count from the worker's logs: how many lines of `name`'s logs contain
+    /// every one of `needles`.
+    pub fn log_lines_with(&self, name: &str, needles: &[&str]) -> usize {
+        self.log_of(name)
+            .lines()
+            .filter(|line| needles.iter().all(|n| line.contains(n)))
+            .count()
     }
 
     /// Waits until the latest incarnation of worker `name` has joined (its consumer polls).

@@ -1,0 +1,195 @@
+//! Wake-ups for parked records. A record whose task is leased by another assignment parks
+//! until that lease ends; it is woken early when the task's status changes (completed, failed,
+//! or the lease given back), so a duplicate does not hold its partition's commit point (I3) or
+//! a window slot for a whole lease after the work is done.
+//!
+//! Two sources wake a parked record: this process, when one of its own records ends the lease
+//! (the same worker holding both copies), and [`crate::store::listen`], which relays the
+//! PostgreSQL notifications the task table's trigger sends from every worker. A wake-up is
+//! only a hint to read the row again; the lease end stays the fallback, so a lost notification
+//! costs time, never correctness.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+use crate::domain::TaskId;
+use crate::telemetry;
+
+/// Where a wake-up came from, for the metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeSource {
+    /// A record of this process ended the lease.
+    Local,
+    /// A notification from PostgreSQL (any worker).
+    Notification,
+    /// The notification listener (re)connected and may have missed some: everyone looks again.
+    Resync,
+}
+
+impl WakeSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WakeSource::Local => "local",
+            WakeSource::Notification => "notification",
+            WakeSource::Resync => "resync",
+        }
+    }
+}
+
+struct Entry {
+    wake: watch::Sender<u64>,
+    watchers: usize,
+}
+
+/// The tasks records of this process wait on, each with a counter bumped by every wake-up.
+#[derive(Default, Clone)]
+pub struct ParkedTasks {
+    entries: Arc<Mutex<HashMap<TaskId, Entry>>>,
+}
+
+/// A record's interest in one task. Taken *before* the record reads the task, so a change that
+/// lands between the read and the park is not missed: [`TaskWatch::changed`] then returns at
+/// once.
+pub struct TaskWatch {
+    task: TaskId,
+    receiver: watch::Receiver<u64>,
+    parked: ParkedTasks,
+}
+
+impl ParkedTasks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, Entry>> {
+        // Every critical section below is a map insert/remove with no panicking call inside;
+        // a poisoned lock still holds a consistent map.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts watching `task`.
+    pub fn watch(&self, task: TaskId) -> TaskWatch {
+        let mut entries = self.lock();
+        let entry = entries.entry(task).or_insert_with(|| Entry {
+            wake: watch::channel(0).0,
+            watchers: 0,
+        });
+        entry.watchers += 1;
+        let receiver = entry.wake.subscribe();
+        telemetry::watched_tasks(entries.len());
+        TaskWatch {
+            task,
+            receiver,
+            parked: self.clone(),
+        }
+    }
+
+    /// Wakes every record watching `task`; true if there was one.
+    pub fn wake(&self, task: TaskId, source: WakeSource) -> bool {
+        let entries = self.lock();
+        let Some(entry) = entries.get(&task) else {
+            return false;
+        };
+        entry.wake.send_modify(|n| *n += 1);
+        telemetry::wake_up(source, 1);
+        true
+    }
+
+    /// Wakes every watching record.
+    pub fn wake_all(&self, source: WakeSource) {
+        let entries = self.lock();
+        for entry in entries.values() {
+            entry.wake.send_modify(|n| *n += 1);
+        }
+        telemetry::wake_up(source, entries.len());
+    }
+
+    fn unwatch(&self, task: TaskId) {
+        let mut entries = self.lock();
+        if let Some(entry) = entries.get_mut(&task) {
+            entry.watchers -= 1;
+            if entry.watchers == 0 {
+                entries.remove(&task);
+            }
+        }
+        telemetry::watched_tasks(entries.len());
+    }
+}
+
+impl TaskWatch {
+    /// Returns once the task was woken since this watch was taken or last returned. Pending
+    /// for ever if nobody wakes it: always race it against the lease end.
+    pub async fn changed(&mut self) {
+        if self.receiver.changed().await.is_err() {
+            // The sender lives in the map while this watch exists, so it cannot be dropped;
+            // were it ever, waiting for the lease end is the correct fallback.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for TaskWatch {
+    fn drop(&mut self) {
+        self.parked.unwatch(self.task);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn changed_within(watch: &mut TaskWatch, ms: u64) -> bool {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            tokio::time::timeout(Duration::from_millis(ms), watch.changed())
+                .await
+                .is_ok()
+        })
+    }
+
+    #[test]
+    fn a_wake_before_the_wait_is_not_lost() {
+        let parked = ParkedTasks::default();
+        let task = TaskId::new_random();
+        let mut watch = parked.watch(task);
+        assert!(parked.wake(task, WakeSource::Local));
+        assert!(changed_within(&mut watch, 1_000));
+        // Seen once: the next wait needs a new wake-up.
+        assert!(!changed_within(&mut watch, 20));
+    }
+
+    #[test]
+    fn only_the_woken_task_wakes_and_resync_wakes_all() {
+        let parked = ParkedTasks::default();
+        let (a, b) = (TaskId::new_random(), TaskId::new_random());
+        let (mut wa, mut wb) = (parked.watch(a), parked.watch(b));
+        parked.wake(a, WakeSource::Notification);
+        assert!(changed_within(&mut wa, 1_000));
+        assert!(!changed_within(&mut wb, 20));
+        parked.wake_all(WakeSource::Resync);
+        assert!(changed_within(&mut wa, 1_000));
+        assert!(changed_within(&mut wb, 1_000));
+    }
+
+    #[test]
+    fn the_entry_lives_while_someone_watches() {
+        let parked = ParkedTasks::default();
+        let task = TaskId::new_random();
+        let first = parked.watch(task);
+        let mut second = parked.watch(task);
+        drop(first);
+        assert!(
+            parked.wake(task, WakeSource::Local),
+            "still watched by the second"
+        );
+        assert!(changed_within(&mut second, 1_000));
+        drop(second);
+        assert!(
+            !parked.wake(task, WakeSource::Local),
+            "forgotten once nobody watches"
+        );
+        assert!(parked.lock().is_empty());
+    }
+}

@@ -1,0 +1,129 @@
+//! Start-up connections: PostgreSQL and Kafka may come up after replyd (a pod scheduled first,
+//! a broker restarting). Each start-up step that connects is retried with a bounded backoff
+//! for a bounded time, and logs one line per distinct failure instead of one per attempt.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::telemetry::RepeatedFailure;
+
+/// Why a start-up step gave up.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError<E: std::error::Error + 'static> {
+    /// The last error, after retrying for `waited`.
+    #[error("{error} (gave up after {waited:?} of retrying)")]
+    GaveUp { error: E, waited: Duration },
+    /// An error retrying cannot mend (bad credentials, a missing topic).
+    #[error(transparent)]
+    Permanent(E),
+    #[error("stopped while waiting to connect")]
+    Cancelled,
+}
+
+/// Runs `step` until it succeeds, fails with an error `transient` refuses, `limit` passes, or
+/// `shutdown` fires. Backoff from 200 ms doubling to 5 s.
+pub async fn retry_connecting<T, E, F, Fut>(
+    what: &'static str,
+    limit: Duration,
+    shutdown: &CancellationToken,
+    transient: impl Fn(&E) -> bool,
+    mut step: F,
+) -> Result<T, StartupError<E>>
+where
+    E: std::error::Error + 'static,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let started = Instant::now();
+    let mut failures = RepeatedFailure::new(what);
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match step().await {
+            Ok(value) => {
+                failures.recovered();
+                return Ok(value);
+            }
+            Err(error) if !transient(&error) => return Err(StartupError::Permanent(error)),
+            Err(error) => {
+                let waited = started.elapsed();
+                if waited >= limit {
+                    return Err(StartupError::GaveUp { error, waited });
+                }
+                failures.failed(&crate::telemetry::chain(&error));
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Err(StartupError::Cancelled),
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[derive(Debug, thiserror::Error, PartialEq)]
+    enum Failure {
+        #[error("refused")]
+        Refused,
+        #[error("denied")]
+        Denied,
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transient_failures_are_retried_until_success() {
+        let calls = Cell::new(0);
+        let out = retry_connecting(
+            "test",
+            Duration::from_secs(60),
+            &CancellationToken::new(),
+            |e| *e == Failure::Refused,
+            || {
+                calls.set(calls.get() + 1);
+                let n = calls.get();
+                async move { if n < 4 { Err(Failure::Refused) } else { Ok(n) } }
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn permanent_failures_and_the_limit_end_the_retries() {
+        let err = retry_connecting(
+            "test",
+            Duration::from_secs(60),
+            &CancellationToken::new(),
+            |e| *e == Failure::Refused,
+            || async { Err::<(), _>(Failure::Denied) },
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, StartupError::Permanent(Failure::Denied)));
+
+        let calls = Cell::new(0);
+        let err = retry_connecting(
+            "test",
+            Duration::from_secs(10),
+            &CancellationToken::new(),
+            |_| true,
+            || {
+                calls.set(calls.get() + 1);
+                async { Err::<(), _>(Failure::Refused) }
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, StartupError::GaveUp { .. }), "{err}");
+        // 0.2 + 0.4 + 0.8 + 1.6 + 3.2 + 5 s of backoff pass 10 s: bounded, not one per tick.
+        assert!(calls.get() <= 8, "{} attempts", calls.get());
+    }
+}

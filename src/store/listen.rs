@@ -1,0 +1,144 @@
+//! The notification listener: one PostgreSQL session per worker that `LISTEN`s on
+//! `replyd_task_status` (sent by the task table's trigger, see `migrations/V3`) and wakes the
+//! records parked on a task whose lease ended ([`ParkedTasks`]).
+//!
+//! Notifications are hints. A lost one (the session dropped, the server restarted) costs only
+//! time: parked records still wake at their lease end, and every (re)connection wakes all
+//! parked records once, because notifications sent while nobody listened are gone.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::DatabaseSettings;
+use crate::domain::TaskId;
+use crate::parking::{ParkedTasks, WakeSource};
+use crate::store::fencing::TaskStatus;
+use crate::store::{StoreError, session_config, target_of};
+use crate::telemetry::{self, RepeatedFailure};
+
+/// The channel the trigger notifies.
+pub const TASK_STATUS_CHANNEL: &str = "replyd_task_status";
+
+/// Parses a notification payload, `<task_id> <status>`.
+pub fn parse_status_payload(payload: &str) -> Option<(TaskId, TaskStatus)> {
+    let (id, status) = payload.split_once(' ')?;
+    Some((TaskId::parse(id).ok()?, TaskStatus::parse(status)?))
+}
+
+/// Listens until `shutdown`, reconnecting with a bounded backoff. `name` becomes the
+/// session's `application_name`, so an operator can tell the listener from the pool.
+pub async fn relay_task_notifications(
+    settings: DatabaseSettings,
+    name: String,
+    parked: ParkedTasks,
+    shutdown: CancellationToken,
+) {
+    let target = target_of(&settings);
+    let mut failures = RepeatedFailure::new("notification listener");
+    let mut backoff = Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        match listen_once(&settings, &name, &parked, &shutdown).await {
+            Ok(()) => return, // shut down
+            Err(e) => {
+                failures.failed(&format!(
+                    "PostgreSQL at {target} (database.url): {}",
+                    telemetry::chain(&e)
+                ));
+                telemetry::listener_lost();
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+        if failures.count() == 0 {
+            backoff = Duration::from_millis(100);
+        }
+    }
+}
+
+/// Why a listening session ended.
+#[derive(Debug, thiserror::Error)]
+enum SessionEnd {
+    #[error(transparent)]
+    Settings(#[from] StoreError),
+    #[error(transparent)]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("the server closed the session")]
+    Closed,
+}
+
+/// One listening session: connect, LISTEN, wake everyone (anything sent before was missed),
+/// then relay notifications until the session ends (an error) or `shutdown` (Ok).
+async fn listen_once(
+    settings: &DatabaseSettings,
+    name: &str,
+    parked: &ParkedTasks,
+    shutdown: &CancellationToken,
+) -> Result<(), SessionEnd> {
+    let mut config = session_config(settings)?;
+    config.application_name(name);
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    // The connection yields notifications only while polled as a message stream.
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            let end = message.is_err();
+            if tx.send(message).is_err() || end {
+                break;
+            }
+        }
+    });
+    let result = async {
+        client
+            .batch_execute(&format!("LISTEN {TASK_STATUS_CHANNEL}"))
+            .await?;
+        telemetry::listener_connected();
+        parked.wake_all(WakeSource::Resync);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                message = rx.recv() => match message {
+                    Some(Ok(AsyncMessage::Notification(n))) => {
+                        match parse_status_payload(n.payload()) {
+                            // A claim (to running) ends nobody's wait.
+                            Some((_, TaskStatus::Running)) => {}
+                            Some((task, _)) => {
+                                parked.wake(task, WakeSource::Notification);
+                            }
+                            None => telemetry::bad_notification(n.payload()),
+                        }
+                    }
+                    Some(Ok(_)) => {} // notices
+                    Some(Err(e)) => return Err(e.into()),
+                    None => return Err(SessionEnd::Closed),
+                },
+            }
+        }
+    }
+    .await;
+    driver.abort();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_carry_the_task_and_its_new_status() {
+        let id = TaskId::new_random();
+        assert_eq!(
+            parse_status_payload(&format!("{id} completed")),
+            Some((id, TaskStatus::Completed))
+        );
+        assert_eq!(parse_status_payload("not-a-task completed"), None);
+        assert_eq!(parse_status_payload(&format!("{id} exploded")), None);
+        assert_eq!(parse_status_payload(""), None);
+    }
+}
