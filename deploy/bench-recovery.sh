@@ -30,8 +30,6 @@ for mode in idempotency-key operation-id none; do
   mock=$mock_pid
   db_url=$(schema_url "bench_$id")
   topic="bench-$id"
-  "$bin" produce --bootstrap "$KAFKA_BOOTSTRAP" --topic "$topic" --create-partitions 4 \
-    --count "$tasks" --max-attempts 5 >/dev/null
   cat >"$dir/$id.toml" <<TOML
 [database]
 url = "$db_url"
@@ -59,6 +57,8 @@ provider_honours_idempotency_key = $honour
 [observability]
 listen = "127.0.0.1:0"
 TOML
+  "$bin" produce --config "$dir/$id.toml" --create-partitions 4 \
+    --count "$tasks" --max-attempts 5 >/dev/null
   "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &
   worker=$!
   pids+=($worker)

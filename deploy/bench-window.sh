@@ -27,8 +27,6 @@ for w in "${windows[@]}"; do
   id="w${w}-$$"
   db_url=$(schema_url "bench_$id")
   topic="bench-$id"
-  "$bin" produce --bootstrap "$KAFKA_BOOTSTRAP" --topic "$topic" --create-partitions 1 \
-    --count "$tasks" --conversations 1 >/dev/null
   cat >"$dir/$id.toml" <<TOML
 [database]
 url = "$db_url"
@@ -52,6 +50,8 @@ base_url = "$mock_url"
 [observability]
 listen = "127.0.0.1:0"
 TOML
+  "$bin" produce --config "$dir/$id.toml" --create-partitions 1 \
+    --count "$tasks" --conversations 1 >/dev/null
   "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &
   worker=$!
   pids+=($worker)

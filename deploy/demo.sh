@@ -28,9 +28,6 @@ group="demo-$run_id"
 db_url=$(schema_url "demo_$run_id")
 start_mock "$dir/mock" --latency-ms 200 --latency-jitter-ms 50
 
-"$bin" produce --bootstrap "$KAFKA_BOOTSTRAP" --topic "$topic" --create-partitions "$partitions" \
-  --count 0 >/dev/null
-
 for w in w1 w2; do
   cat >"$dir/$w.toml" <<TOML
 [database]
@@ -54,14 +51,22 @@ request_timeout_ms = 30000
 [observability]
 listen = "127.0.0.1:0"
 TOML
+done
+# The operator commands (produce, check) read the same settings as the workers.
+"$bin" produce --config "$dir/w1.toml" --create-partitions "$partitions" --count 0 >/dev/null
+for w in w1 w2; do
   "$bin" worker --config "$dir/$w.toml" 2>"$dir/$w.log" &
   pids+=($!)
 done
+# Publish only once every worker holds partitions, so the demo shows two workers sharing
+# the work, not one doing all of it while the other is still joining.
+wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log" || { tail -n 5 "$dir"/w*.log >&2; exit 1; }
+echo "demo: both workers hold partitions" >&2
 
 start=$(date +%s.%N)
-produced=$("$bin" produce --bootstrap "$KAFKA_BOOTSTRAP" --topic "$topic" --count "$tasks" \
-  --duplicates "$duplicates" --malformed "$malformed")
-echo "demo: published $(echo "$produced" | sed 's/,"task_ids".*/}/')" >&2
+produced=$("$bin" produce --config "$dir/w1.toml" --count "$tasks" \
+  --duplicates "$duplicates" --malformed "$malformed" --ids-file "$dir/task-ids")
+echo "demo: published $produced" >&2
 
 deadline=$(( $(date +%s) + limit_s ))
 while :; do
@@ -85,12 +90,11 @@ for pid in "${pids[@]:1}"; do kill -TERM "$pid"; done
 for pid in "${pids[@]:1}"; do wait "$pid" || true; done
 pids=("${pids[0]}")
 
-summary=$("$bin" check --database-url "$db_url" --bootstrap "$KAFKA_BOOTSTRAP" --topic "$topic" \
-  --group "$group" --mock-url "$mock_url" --summary) || {
+summary=$("$bin" check --config "$dir/w1.toml" --mock-url "$mock_url" --summary) || {
   echo "demo: an invariant is broken:" >&2
-  "$bin" check --database-url "$db_url" --bootstrap "$KAFKA_BOOTSTRAP" --topic "$topic" \
-    --group "$group" --mock-url "$mock_url" >&2 || true
+  "$bin" check --config "$dir/w1.toml" --mock-url "$mock_url" >&2 || true
   exit 1
 }
+"$bin" check --config "$dir/w1.toml" --mock-url "$mock_url" >"$dir/check.txt" || true
 echo "demo: logs in $dir" >&2
 echo "demo: $summary elapsed_s=$elapsed"

@@ -13,6 +13,7 @@
 #
 # Every step is idempotent: `up` on a running setup only re-checks readiness and rewrites the env
 # file. DATABASE_URL / KAFKA_BOOTSTRAP in the environment replace the local service of that kind.
+# Chosen ports are reserved in ${REPLYD_PORTS_DIR:-/tmp/replyd-ports}/<port>: other checkouts skip them.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,18 +24,12 @@ kafka_version="${REPLYD_KAFKA_VERSION:-4.1.1}"
 log4j_version="2.24.3"
 cache="${REPLYD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/replyd}"
 kafka_home="$cache/kafka-$kafka_version"
+ports_dir="${REPLYD_PORTS_DIR:-/tmp/replyd-ports}"
 
 say() { printf 'infra: %s\n' "$*" >&2; }
 die() { printf 'infra: error: %s\n' "$*" >&2; exit 1; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-# First port at or above $1 with nobody listening.
-free_port() {
-  local p=$1
-  while port_open "$p"; do p=$((p + 1)); done
-  echo "$p"
-}
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(head -n1 "$1")" 2>/dev/null; }
 
@@ -46,6 +41,99 @@ apt_install() {
   say "installing Debian packages: $*"
   as_root_or_sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   as_root_or_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# ---------------------------------------------------------------- port reservations
+#
+# Listening is not enough to tell a port is in use: the advertised proxy port is idle until the
+# network chaos scenario starts Toxiproxy there, and a chosen port is idle until its server is
+# up. So each chosen port gets a file $ports_dir/<port>: line 1 the owner's target/infra, line 2
+# its role there (pg, kafka, controller, proxied, advertised).
+
+# Symlinks resolved, so two paths to one checkout are one owner.
+ports_owner() { readlink -m "$infra"; }
+
+# Choosing and reserving happen under one machine-wide lock, so two checkouts running `up` at once
+# never pick the same port. Unlock before starting a server: it would inherit the descriptor.
+ports_lock() {
+  if [ ! -d "$ports_dir" ]; then
+    mkdir -p "$ports_dir"
+    # Like /tmp: every user's checkouts reserve here.
+    chmod 1777 "$ports_dir" 2>/dev/null || true
+  fi
+  [ -e "$ports_dir/.lock" ] || : >>"$ports_dir/.lock"
+  # Read-only is enough for flock, and works on a lock file another user created.
+  exec 9<"$ports_dir/.lock"
+  flock -w 120 9 || die "no lock on $ports_dir/.lock within 120 s"
+}
+ports_unlock() { flock -u 9; exec 9<&-; }
+
+# Whether port $1 is reserved for someone other than role $2 of this checkout: another checkout,
+# or another role here (Kafka's ports must differ from each other and from PostgreSQL's).
+port_reserved() {
+  local f="$ports_dir/$1" owner='' role=''
+  [ -f "$f" ] || return 1
+  { read -r owner; read -r role; } <"$f" || true
+  # A deleted checkout frees its ports: nobody has to clean up after it.
+  [ -d "$owner" ] || return 1
+  [ "$owner" != "$(ports_owner)" ] || [ "$role" != "$2" ]
+}
+
+port_taken() { port_open "$1" || port_reserved "$1" "$2"; }
+
+# First port at or above $1 usable for role $2: nobody listens, nobody else reserved it.
+# Only under ports_lock, followed by reserve_port.
+free_port() {
+  local p=$1
+  while port_taken "$p" "$2"; do p=$((p + 1)); done
+  echo "$p"
+}
+
+# Reserve port $1 for role $2 of this checkout; fails if it is someone else's. An older
+# reservation for the same role (the port moved) is given back.
+reserve_port() {
+  local me f owner role
+  me=$(ports_owner)
+  ! port_reserved "$1" "$2" || return 1
+  for f in "$ports_dir"/[0-9]*; do
+    if [ ! -f "$f" ] || [ "${f##*/}" = "$1" ]; then continue; fi
+    owner='' role=''
+    { read -r owner; read -r role; } <"$f" || true
+    if [ "$owner" = "$me" ] && [ "$role" = "$2" ]; then rm -f "$f"; fi
+  done
+  printf '%s\n%s\n' "$me" "$2" >"$ports_dir/$1"
+}
+
+# free_port + reserve_port: print a port at or above $1, now reserved for role $2.
+claim_port() {
+  local p
+  p=$(free_port "$1" "$2") && reserve_port "$p" "$2" && echo "$p"
+}
+
+# Reserve ports a running setup already uses ("role port" pairs): one started before
+# reservations existed, or whose reservations went with a wiped /tmp, gets them back.
+reserve_running() {
+  ports_lock
+  while [ $# -ge 2 ]; do
+    if [ -n "$2" ] && ! reserve_port "$2" "$1"; then
+      say "warning: port $2 ($1) in use here is reserved by another checkout too"
+    fi
+    shift 2
+  done
+  ports_unlock
+}
+
+# `clean`: this checkout's reservations go with its target/infra.
+release_ports() {
+  local me f owner
+  [ -d "$ports_dir" ] || return 0
+  me=$(ports_owner)
+  for f in "$ports_dir"/[0-9]*; do
+    [ -f "$f" ] || continue
+    owner=''
+    read -r owner <"$f" || true
+    if [ "$owner" = "$me" ]; then rm -f "$f"; fi
+  done
 }
 
 # ---------------------------------------------------------------- PostgreSQL
@@ -105,8 +193,11 @@ postgres_up() {
 
   if pg_run "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
     port=$(cat "$pgdir/port")
+    reserve_running pg "$port"
   else
-    port=$(free_port "${REPLYD_PG_PORT:-54329}")
+    ports_lock
+    port=$(claim_port "${REPLYD_PG_PORT:-54329}" pg)
+    ports_unlock
     echo "$port" >"$pgdir/port"
     # Throwaway cluster: fsync off is safe against process crashes (the chaos tests kill the
     # server, not the machine) and makes the test suite several times faster.
@@ -189,21 +280,30 @@ kafka_up() {
   mkdir -p "$dir/logs"
   if pid_alive "$dir/pid"; then
     port=$(cat "$dir/port")
+    pport='' aport=''
+    [ ! -f "$dir/proxied" ] || read -r pport aport <"$dir/proxied"
+    cport=$(sed -n 's/^controller\.quorum\.bootstrap\.servers=127\.0\.0\.1://p' "$dir/server.properties")
+    reserve_running kafka "$port" controller "$cport" proxied "$pport" advertised "$aport"
   else
-    port=$(free_port "${REPLYD_KAFKA_PORT:-19092}")
-    cport=$(free_port $((port + 1)))
-    echo "$port" >"$dir/port"
     # A third listener for fault injection: it advertises `aport`, where a Toxiproxy proxy
     # in front of `pport` listens during the network chaos scenario, so clients that
     # bootstrap through the proxy keep talking through it. Kept across restarts (the proxy
     # may outlive a broker crash); `pport` moves only if something else took it.
+    ports_lock
+    pport='' aport=''
     if [ -f "$dir/proxied" ]; then
       read -r pport aport <"$dir/proxied"
-      port_open "$pport" && pport=$(free_port $((cport + 1)))
-    else
-      pport=$(free_port $((cport + 1)))
-      aport=$(free_port $((pport + 1)))
+      # Reserved before the broker's own ports are chosen, so those go around them. Our proxy
+      # may be listening on aport, so only another owner's reservation moves it.
+      if [ -z "$aport" ] || port_reserved "$aport" advertised; then aport=''; else reserve_port "$aport" advertised; fi
+      if [ -z "$pport" ] || port_taken "$pport" proxied; then pport=''; else reserve_port "$pport" proxied; fi
     fi
+    port=$(claim_port "${REPLYD_KAFKA_PORT:-19092}" kafka)
+    cport=$(claim_port $((port + 1)) controller)
+    [ -n "$pport" ] || pport=$(claim_port $((cport + 1)) proxied)
+    [ -n "$aport" ] || aport=$(claim_port $((pport + 1)) advertised)
+    ports_unlock
+    echo "$port" >"$dir/port"
     echo "$pport $aport" >"$dir/proxied"
     cat >"$dir/log4j2.properties" <<LOG
 status = error
@@ -291,6 +391,9 @@ kafka_down() {
 
 # ---------------------------------------------------------------- main
 
+# Sourced (to test the functions above): define them, run nothing.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
+
 case "${1:-}" in
   up)
     mkdir -p "$infra"
@@ -307,6 +410,7 @@ case "${1:-}" in
   clean)
     kafka_down
     postgres_down
+    release_ports
     [ -L "$infra/pg" ] && rm -rf "$(readlink -f "$infra/pg")"
     rm -rf "$infra"
     ;;

@@ -15,7 +15,12 @@ prepare() {
   # shellcheck disable=SC1091
   . target/infra/env
   set +a
-  cargo build --release --quiet
+  # Progress shown: a first build compiles librdkafka and about 300 crates (about 9 minutes
+  # on 2 cores); later builds take seconds.
+  if [ ! -x target/release/replyd ]; then
+    echo "building replyd (release); the first build takes about 9 minutes on 2 cores" >&2
+  fi
+  cargo build --release
   bin="$PWD/target/release/replyd"
 }
 
@@ -54,6 +59,28 @@ schema_url() {
   local sep='?'
   case "$DATABASE_URL" in *\?*) sep='&' ;; esac
   echo "${DATABASE_URL}${sep}options=-c%20search_path%3D${schema}"
+}
+
+# wait_until_assigned TIMEOUT_S LOG...: waits until every worker whose log is given holds at
+# least one partition (its /metrics, at the address its start-up line names).
+wait_until_assigned() {
+  local limit=$1
+  shift
+  local deadline=$(( $(date +%s) + limit )) log addr n
+  for log in "$@"; do
+    until addr=$(sed -n 's/.*addr=\([0-9.:]*\).*/\1/p' "$log" | tail -n 1) && [ -n "$addr" ] \
+      && n=$(metric "$addr" replyd_assigned_partitions) && [ "${n%.*}" -ge 1 ] 2>/dev/null; do
+      [ "$(date +%s)" -lt "$deadline" ] || { echo "no partitions for the worker of $log within ${limit}s" >&2; return 1; }
+      sleep 0.5
+    done
+  done
+}
+
+# metric ADDR NAME: the value of an unlabelled metric on ADDR's /metrics page.
+metric() {
+  local page
+  page=$(exec 3<>"/dev/tcp/${1%:*}/${1##*:}" && printf 'GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n' >&3 && cat <&3) || return 1
+  echo "$page" | tr -d '\r' | sed -n "s/^$2 //p" | head -n 1 | grep . || return 1
 }
 
 # terminal_count URL: tasks completed or failed.

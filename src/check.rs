@@ -1,8 +1,10 @@
 //! `replyd check`: reads the durable state — PostgreSQL, the topic and its dead-letter twin, the
 //! group's committed offsets, and (when given) the mock provider's counters — and reports
 //! whether the invariants hold. Every figure is read back, none is taken from what a producer
-//! meant to do.
+//! meant to do. Every rule comes from the same settings as the worker's (`--config`), so a
+//! record the worker refuses is a bad record here too.
 //!
+//! [`read_facts`] does the I/O; [`verdict`] is pure and judges:
 //! - I1: `duplicate_replies` counts tasks with more than one accepted attempt in the history
 //!   (the schema's constraints make a second saved reply impossible; the history is the
 //!   independent witness).
@@ -10,7 +12,9 @@
 //!   never created) and bad records below it with no dead-letter copy.
 //! - I7: `max_attempts_exceeded` counts tasks with more attempts than their budget.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -20,30 +24,20 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::config::Settings;
 use crate::domain::{RecordRules, TaskSpec};
 use crate::kafka::dead_letter::headers;
+use crate::store::{TaskStatus, connect_error, session_config};
+
+/// Exit code when an invariant is broken.
+pub const INVARIANT_BROKEN: u8 = 3;
 
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
-    /// PostgreSQL URL.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BOOTSTRAP")]
-    pub bootstrap: String,
-    /// Topic of reply-task records.
-    #[arg(long, default_value = "reply-tasks")]
-    pub topic: String,
-    /// Dead-letter topic (default `<topic>.dlq`).
-    #[arg(long)]
-    pub dead_letter_topic: Option<String>,
-    /// Consumer group whose committed offsets are checked.
-    #[arg(long, default_value = "replyd")]
-    pub group: String,
-    /// Base URL of the mock provider, to read its call counters.
+    /// Base URL of the mock provider, to read its request counters.
     #[arg(long)]
     pub mock_url: Option<String>,
-    /// Print one JSON object instead of text.
+    /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
     /// Print one `key=value` line of the headline figures instead (for `make demo`).
@@ -51,15 +45,15 @@ pub struct CheckArgs {
     pub summary: bool,
 }
 
-/// Percentiles of provider calls (attempts) per task.
+/// Percentiles of attempts (claims, each one provider call at most) per task.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-pub struct CallsPerTask {
+pub struct Percentiles {
     pub p50: i64,
     pub p99: i64,
     pub max: i64,
 }
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Report {
     pub tasks: i64,
     pub completed: i64,
@@ -69,55 +63,186 @@ pub struct Report {
     /// Records in the topic (all partitions), good and bad.
     pub records: i64,
     pub bad_records: i64,
+    /// Records at or above their partition's committed offset (not yet committed past).
+    pub uncommitted_records: i64,
     pub duplicate_replies: i64,
     pub lost: i64,
     pub fenced_rejections: i64,
+    /// Attempt rows: one per claim. An attempt makes at most one provider call (a claim
+    /// refused later, or cancelled before its call, makes none).
     pub attempts: i64,
-    pub provider_calls_per_task: CallsPerTask,
+    pub attempts_per_task: Percentiles,
     pub max_attempts_exceeded: i64,
     pub reservations_unsettled: i64,
-    /// Requests the mock provider received (when `--mock-url` is given).
-    pub provider_calls: Option<i64>,
-    /// Generations the mock provider ran (when `--mock-url` is given).
-    pub provider_generations: Option<i64>,
+    /// Accepted replies per worker id: how the work was shared.
+    pub replies_by_worker: BTreeMap<String, i64>,
+    /// HTTP requests the mock provider received (when `--mock-url` is given).
+    pub mock_requests: Option<i64>,
+    /// Generations the mock ran. The mock honours `Idempotency-Key` by default, so a resent
+    /// request for work already done is a request but not a generation: compare the two.
+    pub mock_generations: Option<i64>,
+    /// `mock_requests / tasks`.
+    pub mock_requests_per_task: Option<f64>,
     /// Names of the broken invariants; empty when all hold.
     pub violations: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
     #[error("database: {0}")]
     Database(#[from] tokio_postgres::Error),
-    #[error("kafka: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("kafka at {bootstrap} (kafka.bootstrap_servers): {error}")]
+    Kafka {
+        bootstrap: String,
+        error: rdkafka::error::KafkaError,
+    },
     #[error("mock provider: {0}")]
     Mock(#[from] reqwest::Error),
     #[error("{0}")]
     Other(String),
 }
 
+impl From<rdkafka::error::KafkaError> for CheckError {
+    fn from(error: rdkafka::error::KafkaError) -> Self {
+        CheckError::Kafka {
+            bootstrap: String::new(),
+            error,
+        }
+    }
+}
+
 impl Report {
     /// The headline figures as one `key=value` line.
     pub fn summary_line(&self) -> String {
+        let workers: Vec<String> = self
+            .replies_by_worker
+            .iter()
+            .map(|(w, n)| format!("{w}:{n}"))
+            .collect();
         format!(
-            "tasks={} completed={} failed={} dead_lettered={} duplicate_replies={} lost={} provider_calls={}",
+            "tasks={} completed={} failed={} dead_lettered={} duplicate_replies={} lost={} provider_requests={} generations={} replies_by_worker={}",
             self.tasks,
             self.completed,
             self.failed,
             self.dead_lettered,
             self.duplicate_replies,
             self.lost,
-            self.provider_calls
+            self.mock_requests
                 .map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+            self.mock_generations
+                .map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+            if workers.is_empty() {
+                "none".to_string()
+            } else {
+                workers.join(",")
+            },
         )
+    }
+
+    /// The report as a table for operators.
+    pub fn render_table(&self) -> String {
+        let mut out = String::new();
+        let mut row = |name: &str, value: String, note: &str| {
+            // Writing to a String cannot fail.
+            let _ = writeln!(out, "{name:<26} {value:>10}  {note}");
+        };
+        row("tasks", self.tasks.to_string(), "");
+        row("  completed", self.completed.to_string(), "");
+        row("  failed", self.failed.to_string(), "");
+        row("  pending or running", self.pending.to_string(), "");
+        row("records in the topic", self.records.to_string(), "");
+        row("  bad records", self.bad_records.to_string(), "");
+        row("  dead-lettered", self.dead_lettered.to_string(), "");
+        row(
+            "  not yet committed past",
+            self.uncommitted_records.to_string(),
+            "",
+        );
+        row(
+            "duplicate replies",
+            self.duplicate_replies.to_string(),
+            "I1: must be 0",
+        );
+        row(
+            "lost records",
+            self.lost.to_string(),
+            "I3: committed past without an outcome; must be 0",
+        );
+        row(
+            "fenced rejections",
+            self.fenced_rejections.to_string(),
+            "I2: zombie writes refused",
+        );
+        row("attempts", self.attempts.to_string(), "one per claim");
+        row(
+            "attempts per task",
+            format!(
+                "{}/{}/{}",
+                self.attempts_per_task.p50, self.attempts_per_task.p99, self.attempts_per_task.max
+            ),
+            "p50/p99/max",
+        );
+        row(
+            "over their budget",
+            self.max_attempts_exceeded.to_string(),
+            "I7: must be 0",
+        );
+        for (worker, replies) in &self.replies_by_worker {
+            row(&format!("replies by {worker}"), replies.to_string(), "");
+        }
+        if let (Some(requests), Some(generations)) = (self.mock_requests, self.mock_generations) {
+            row(
+                "mock: requests",
+                requests.to_string(),
+                &format!(
+                    "{:.3} per task",
+                    self.mock_requests_per_task.unwrap_or_default()
+                ),
+            );
+            row(
+                "mock: generations",
+                generations.to_string(),
+                "a resent Idempotency-Key is a request, not a generation",
+            );
+        }
+        if self.violations.is_empty() {
+            let _ = writeln!(out, "\nevery invariant holds");
+        } else {
+            let _ = writeln!(out, "\nBROKEN:");
+            for v in &self.violations {
+                let _ = writeln!(out, "  {v}");
+            }
+        }
+        out
     }
 }
 
+/// Runs `replyd check` and prints the report; exit 3 when an invariant is broken.
+pub async fn run_command(settings: &Settings, args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let report = run(settings, args.mock_url.as_deref()).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else if args.summary {
+        println!("{}", report.summary_line());
+    } else {
+        print!("{}", report.render_table());
+    }
+    Ok(if report.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(INVARIANT_BROKEN)
+    })
+}
+
 /// One record of the source topic, as the checker sees it.
-struct SourceRecord {
-    partition: i32,
-    offset: i64,
-    task: Option<Uuid>,
+#[derive(Debug, Clone)]
+pub struct SourceRecord {
+    pub partition: i32,
+    pub offset: i64,
+    /// The task it carries, when the worker's rules make one of it.
+    pub task: Option<Uuid>,
 }
 
 fn consumer(bootstrap: &str, group: &str) -> Result<BaseConsumer, CheckError> {
@@ -215,162 +340,238 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
     sorted[rank - 1]
 }
 
-/// Runs every check and returns the report.
-pub async fn run(args: &CheckArgs) -> Result<Report, CheckError> {
-    let dlq_topic = args
-        .dead_letter_topic
-        .clone()
-        .unwrap_or_else(|| format!("{}.dlq", args.topic));
+/// Counters of the mock provider.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MockCounts {
+    pub requests: i64,
+    pub generations: i64,
+}
 
+/// Everything the checker reads, as plain values.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    pub source: Vec<SourceRecord>,
+    /// (partition, offset) of each dead-letter copy's source record.
+    pub dead: HashSet<(i32, i64)>,
+    pub committed: HashMap<i32, i64>,
+    pub statuses: HashMap<Uuid, TaskStatus>,
+    pub duplicate_replies: i64,
+    pub fenced_rejections: i64,
+    /// Attempts of each task.
+    pub attempts_per_task: Vec<i64>,
+    pub max_attempts_exceeded: i64,
+    pub replies_by_worker: BTreeMap<String, i64>,
+    pub mock: Option<MockCounts>,
+}
+
+/// Runs every check and returns the report.
+pub async fn run(settings: &Settings, mock_url: Option<&str>) -> Result<Report, CheckError> {
+    Ok(verdict(read_facts(settings, mock_url).await?))
+}
+
+/// Reads the topic, its dead-letter twin, the committed offsets, the task tables and the
+/// mock's counters.
+pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<Facts, CheckError> {
+    let kafka = settings.kafka.clone();
+    let rules = settings.worker.record_rules();
     // Kafka: blocking client calls, off the runtime's threads.
-    let (bootstrap, topic, group) = (
-        args.bootstrap.clone(),
-        args.topic.clone(),
-        args.group.clone(),
-    );
-    let kafka = tokio::task::spawn_blocking(move || -> Result<_, CheckError> {
-        let rules = RecordRules::default();
-        let source = read_topic(&bootstrap, &topic, |m| SourceRecord {
-            partition: m.partition(),
-            offset: m.offset(),
-            // Any record that decodes into a task with a valid id is a task record; the
-            // worker's own size limit may still refuse it, which the DLQ side accounts for.
-            task: TaskSpec::from_record(
-                m.payload(),
-                m.timestamp()
-                    .to_millis()
-                    .and_then(chrono::DateTime::from_timestamp_millis),
-                &rules,
-            )
-            .ok()
-            .map(|t| t.task_id.as_uuid()),
-        })?;
-        let dead: HashSet<(i32, i64)> = read_topic(&bootstrap, &dlq_topic, |m| {
-            let mut partition = None;
-            let mut offset = None;
-            if let Some(hs) = m.headers() {
-                for h in hs.iter() {
-                    let value = h.value.and_then(|v| std::str::from_utf8(v).ok());
-                    match h.key {
-                        headers::SOURCE_PARTITION => partition = value.and_then(|v| v.parse().ok()),
-                        headers::SOURCE_OFFSET => offset = value.and_then(|v| v.parse().ok()),
-                        _ => {}
-                    }
-                }
-            }
-            partition.zip(offset)
-        })?
-        .into_iter()
-        .flatten()
-        .collect();
-        let partitions: HashSet<i32> = source.iter().map(|r| r.partition).collect();
-        let committed = committed_offsets(&bootstrap, &group, &topic, partitions)?;
-        Ok((source, dead, committed))
+    let (source, dead, committed) = tokio::task::spawn_blocking(move || {
+        read_kafka(&kafka, &rules).map_err(|e| match e {
+            CheckError::Kafka { error, .. } => CheckError::Kafka {
+                bootstrap: kafka.bootstrap_servers.clone(),
+                error,
+            },
+            other => other,
+        })
     })
     .await
     .map_err(|e| CheckError::Other(format!("kafka reader: {e}")))??;
-    let (source, dead, committed) = kafka;
 
-    let (client, connection) =
-        tokio_postgres::connect(&args.database_url, tokio_postgres::NoTls).await?;
+    let config = session_config(&settings.database)?;
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| connect_error(&settings.database, &e))?;
     tokio::spawn(connection);
-    let statuses: HashMap<Uuid, String> = client
+    let mut statuses = HashMap::new();
+    for row in client
         .query("SELECT task_id, status FROM reply_tasks", &[])
         .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let count = |status: &str| statuses.values().filter(|s| *s == status).count() as i64;
-    let duplicate_replies: i64 = client
-        .query_one(
-            "SELECT count(*) FROM (SELECT task_id FROM reply_attempts WHERE outcome = 'accepted' \
-             GROUP BY task_id HAVING count(*) > 1) d",
-            &[],
-        )
-        .await?
-        .get(0);
-    let fenced_rejections: i64 = client
-        .query_one(
-            "SELECT count(*) FROM reply_attempts WHERE outcome = 'fenced'",
-            &[],
-        )
-        .await?
-        .get(0);
-    let mut attempts_per_task: Vec<i64> = client
+    {
+        let status: &str = row.get(1);
+        let status = TaskStatus::parse(status)
+            .ok_or_else(|| CheckError::Other(format!("unknown task status {status:?}")))?;
+        statuses.insert(row.get(0), status);
+    }
+    let count = |sql: &'static str| {
+        let client = &client;
+        async move { client.query_one(sql, &[]).await.map(|r| r.get::<_, i64>(0)) }
+    };
+    let duplicate_replies = count(
+        "SELECT count(*) FROM (SELECT task_id FROM reply_attempts WHERE outcome = 'accepted' \
+         GROUP BY task_id HAVING count(*) > 1) d",
+    )
+    .await?;
+    let fenced_rejections =
+        count("SELECT count(*) FROM reply_attempts WHERE outcome = 'fenced'").await?;
+    let max_attempts_exceeded = count(
+        "SELECT count(*) FROM reply_tasks t WHERE attempt_count > max_attempts \
+         OR (SELECT count(*) FROM reply_attempts a WHERE a.task_id = t.task_id) > max_attempts",
+    )
+    .await?;
+    let attempts_per_task = client
         .query(
-            "SELECT t.task_id, count(a.task_id) FROM reply_tasks t \
+            "SELECT count(a.task_id) FROM reply_tasks t \
              LEFT JOIN reply_attempts a USING (task_id) GROUP BY t.task_id",
             &[],
         )
         .await?
         .iter()
-        .map(|r| r.get::<_, i64>(1))
+        .map(|r| r.get::<_, i64>(0))
         .collect();
-    attempts_per_task.sort_unstable();
-    let max_attempts_exceeded: i64 = client
-        .query_one(
-            "SELECT count(*) FROM reply_tasks t WHERE attempt_count > max_attempts \
-             OR (SELECT count(*) FROM reply_attempts a WHERE a.task_id = t.task_id) > max_attempts",
+    let replies_by_worker = client
+        .query(
+            "SELECT worker, count(*) FROM reply_attempts WHERE outcome = 'accepted' GROUP BY worker",
             &[],
         )
         .await?
-        .get(0);
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
 
-    let mut lost = 0;
-    let mut bad_records = 0;
-    for record in &source {
-        let below_commit = committed
-            .get(&record.partition)
-            .is_some_and(|c| record.offset < *c);
-        let dead_lettered = dead.contains(&(record.partition, record.offset));
-        if record.task.is_none() {
-            bad_records += 1;
-        }
-        if !below_commit || dead_lettered {
-            continue;
-        }
-        let terminal = record
-            .task
-            .and_then(|id| statuses.get(&id))
-            .is_some_and(|s| s == "completed" || s == "failed");
-        if !terminal {
-            lost += 1;
-        }
-    }
-
-    let (provider_calls, provider_generations) = match &args.mock_url {
+    let mock = match mock_url {
         Some(url) => {
             let stats: serde_json::Value =
                 reqwest::get(format!("{}/stats", url.trim_end_matches('/')))
                     .await?
                     .json()
                     .await?;
-            (stats["requests"].as_i64(), stats["generations"].as_i64())
+            Some(MockCounts {
+                requests: stats["requests"].as_i64().unwrap_or_default(),
+                generations: stats["generations"].as_i64().unwrap_or_default(),
+            })
         }
-        None => (None, None),
+        None => None,
     };
-
-    let mut report = Report {
-        tasks: statuses.len() as i64,
-        completed: count("completed"),
-        failed: count("failed"),
-        pending: count("pending") + count("running"),
-        dead_lettered: dead.len() as i64,
-        records: source.len() as i64,
-        bad_records,
+    Ok(Facts {
+        source,
+        dead,
+        committed,
+        statuses,
         duplicate_replies,
-        lost,
         fenced_rejections,
+        attempts_per_task,
+        max_attempts_exceeded,
+        replies_by_worker,
+        mock,
+    })
+}
+
+type KafkaFacts = (Vec<SourceRecord>, HashSet<(i32, i64)>, HashMap<i32, i64>);
+
+fn read_kafka(
+    kafka: &crate::config::KafkaSettings,
+    rules: &RecordRules,
+) -> Result<KafkaFacts, CheckError> {
+    let bootstrap = &kafka.bootstrap_servers;
+    let source = read_topic(bootstrap, &kafka.topic, |m| SourceRecord {
+        partition: m.partition(),
+        offset: m.offset(),
+        // The worker's own rules, the record's own timestamp: a record is a task here
+        // exactly when the worker would have made one of it.
+        task: TaskSpec::from_record(
+            m.payload(),
+            m.timestamp()
+                .to_millis()
+                .and_then(chrono::DateTime::from_timestamp_millis),
+            rules,
+        )
+        .ok()
+        .map(|t| t.task_id.as_uuid()),
+    })?;
+    let dead = read_topic(bootstrap, &kafka.dead_letter_topic(), |m| {
+        let mut partition = None;
+        let mut offset = None;
+        if let Some(hs) = m.headers() {
+            for h in hs.iter() {
+                let value = h.value.and_then(|v| std::str::from_utf8(v).ok());
+                match h.key {
+                    headers::SOURCE_PARTITION => partition = value.and_then(|v| v.parse().ok()),
+                    headers::SOURCE_OFFSET => offset = value.and_then(|v| v.parse().ok()),
+                    _ => {}
+                }
+            }
+        }
+        partition.zip(offset)
+    })?
+    .into_iter()
+    .flatten()
+    .collect();
+    let partitions: HashSet<i32> = source.iter().map(|r| r.partition).collect();
+    let committed = committed_offsets(bootstrap, &kafka.group_id, &kafka.topic, partitions)?;
+    Ok((source, dead, committed))
+}
+
+/// Judges the facts. Pure.
+pub fn verdict(facts: Facts) -> Report {
+    let mut lost = 0;
+    let mut bad_records = 0;
+    let mut uncommitted_records = 0;
+    for record in &facts.source {
+        let below_commit = facts
+            .committed
+            .get(&record.partition)
+            .is_some_and(|c| record.offset < *c);
+        let dead_lettered = facts.dead.contains(&(record.partition, record.offset));
+        if record.task.is_none() {
+            bad_records += 1;
+        }
+        if !below_commit {
+            uncommitted_records += 1;
+        }
+        if !below_commit || dead_lettered {
+            continue;
+        }
+        let terminal = record
+            .task
+            .and_then(|id| facts.statuses.get(&id))
+            .is_some_and(|s| s.is_terminal());
+        if !terminal {
+            lost += 1;
+        }
+    }
+    let count =
+        |status: TaskStatus| facts.statuses.values().filter(|s| **s == status).count() as i64;
+    let mut attempts_per_task = facts.attempts_per_task;
+    attempts_per_task.sort_unstable();
+    let tasks = facts.statuses.len() as i64;
+    let mut report = Report {
+        tasks,
+        completed: count(TaskStatus::Completed),
+        failed: count(TaskStatus::Failed),
+        pending: count(TaskStatus::Pending) + count(TaskStatus::Running),
+        dead_lettered: facts.dead.len() as i64,
+        records: facts.source.len() as i64,
+        bad_records,
+        uncommitted_records,
+        duplicate_replies: facts.duplicate_replies,
+        lost,
+        fenced_rejections: facts.fenced_rejections,
         attempts: attempts_per_task.iter().sum(),
-        provider_calls_per_task: CallsPerTask {
+        attempts_per_task: Percentiles {
             p50: percentile(&attempts_per_task, 0.50),
             p99: percentile(&attempts_per_task, 0.99),
             max: attempts_per_task.last().copied().unwrap_or(0),
         },
-        max_attempts_exceeded,
+        max_attempts_exceeded: facts.max_attempts_exceeded,
         reservations_unsettled: 0,
-        provider_calls,
-        provider_generations,
+        replies_by_worker: facts.replies_by_worker,
+        mock_requests: facts.mock.map(|m| m.requests),
+        mock_generations: facts.mock.map(|m| m.generations),
+        mock_requests_per_task: facts
+            .mock
+            .filter(|_| tasks > 0)
+            .map(|m| m.requests as f64 / tasks as f64),
         violations: Vec::new(),
     };
     if report.duplicate_replies > 0 {
@@ -389,5 +590,85 @@ pub async fn run(args: &CheckArgs) -> Result<Report, CheckError> {
             .violations
             .push("I7 bounded effort: tasks with more attempts than max_attempts".into());
     }
-    Ok(report)
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(partition: i32, offset: i64, task: Option<Uuid>) -> SourceRecord {
+        SourceRecord {
+            partition,
+            offset,
+            task,
+        }
+    }
+
+    #[test]
+    fn a_record_committed_past_without_an_outcome_is_lost() {
+        let (done, open) = (Uuid::new_v4(), Uuid::new_v4());
+        let facts = Facts {
+            source: vec![
+                record(0, 0, Some(done)),
+                record(0, 1, None),
+                record(0, 2, Some(open)),
+                record(0, 3, Some(open)),
+            ],
+            // Offset 1 is a bad record with its dead-letter copy; 2 is committed past while
+            // its task is still running; 3 is not committed past yet.
+            dead: HashSet::from([(0, 1)]),
+            committed: HashMap::from([(0, 3)]),
+            statuses: HashMap::from([(done, TaskStatus::Completed), (open, TaskStatus::Running)]),
+            ..Facts::default()
+        };
+        let report = verdict(facts);
+        assert_eq!(report.lost, 1);
+        assert_eq!(report.bad_records, 1);
+        assert_eq!(report.uncommitted_records, 1);
+        assert_eq!((report.completed, report.pending), (1, 1));
+        assert_eq!(report.violations.len(), 1);
+        assert!(
+            report.violations[0].starts_with("I3"),
+            "{:?}",
+            report.violations
+        );
+    }
+
+    #[test]
+    fn duplicates_and_budget_overruns_name_i1_and_i7() {
+        let report = verdict(Facts {
+            duplicate_replies: 1,
+            max_attempts_exceeded: 2,
+            ..Facts::default()
+        });
+        let named: Vec<&str> = report.violations.iter().map(|v| &v[..2]).collect();
+        assert_eq!(named, ["I1", "I7"]);
+        assert!(report.render_table().contains("BROKEN"));
+    }
+
+    #[test]
+    fn the_table_and_the_summary_show_the_mock_beside_the_attempts() {
+        let task = Uuid::new_v4();
+        let report = verdict(Facts {
+            statuses: HashMap::from([(task, TaskStatus::Completed)]),
+            attempts_per_task: vec![2],
+            replies_by_worker: BTreeMap::from([("w1".to_string(), 1)]),
+            mock: Some(MockCounts {
+                requests: 2,
+                generations: 1,
+            }),
+            ..Facts::default()
+        });
+        assert_eq!(report.mock_requests_per_task, Some(2.0));
+        let table = report.render_table();
+        assert!(table.contains("every invariant holds"), "{table}");
+        assert!(table.contains("2.000 per task"), "{table}");
+        assert!(!table.contains("Report {"), "{table}");
+        let line = report.summary_line();
+        assert!(
+            line.contains("provider_requests=2 generations=1 replies_by_worker=w1:1"),
+            "{line}"
+        );
+    }
 }

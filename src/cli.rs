@@ -1,4 +1,6 @@
-//! Command-line interface: one subcommand per job the binary does.
+//! Command-line interface: one subcommand per job the binary does. Every command that reads
+//! settings reads them the same way: `--config FILE` (or `REPLYD_CONFIG`), then the
+//! `REPLYD_<SECTION>__<KEY>` environment variables.
 
 use std::path::PathBuf;
 
@@ -19,6 +21,11 @@ pub struct Cli {
     #[arg(long, global = true, env = "REPLYD_LOG_JSON")]
     pub log_json: bool,
 
+    /// Settings file (TOML); `REPLYD_<SECTION>__<KEY>` environment variables override it
+    /// (e.g. `REPLYD_DATABASE__URL`). Every key is optional (see deploy/replyd.example.toml).
+    #[arg(long, short, global = true, env = "REPLYD_CONFIG")]
+    pub config: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -26,32 +33,40 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Join the consumer group and turn reply-task records into saved replies.
-    Worker {
-        /// Settings file (TOML); `REPLYD_*` environment variables override it.
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-    },
-    /// Apply the database migrations and exit.
-    Migrate {
-        /// PostgreSQL URL (the password is never logged).
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
-    },
+    Worker,
+    /// Apply the database migrations (database.url) and exit.
+    Migrate,
     /// Run an OpenAI-compatible mock provider with latency and fault injection.
     MockProvider(MockProviderArgs),
-    /// Publish reply-task records (with duplicates and malformed ones on request).
+    /// Publish reply-task records to kafka.topic (with duplicates and malformed ones on
+    /// request).
     Produce(ProduceArgs),
-    /// Check the invariants against PostgreSQL, Kafka and the mock provider's counters.
+    /// Check the invariants against PostgreSQL, Kafka (kafka.topic, kafka.group_id) and the
+    /// mock provider's counters.
+    #[command(
+        after_help = "Exit codes: 0 every invariant holds; 3 an invariant is broken \
+        (named in the output); 1 the check could not run (settings, connection)."
+    )]
     Check(CheckArgs),
     /// Show a task: state, attempts with outcomes and timings, saved reply.
+    #[command(after_help = "Exit codes: 0 shown; 4 no such task; 1 could not read it.")]
     Inspect {
         /// The task id (UUID).
         task_id: String,
-        /// PostgreSQL URL.
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// Validate or print the settings.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate the settings (file and environment) and name every problem.
+    #[command(after_help = "Exit codes: 0 valid; 2 invalid (every problem printed).")]
+    Check,
+    /// Print the effective settings as TOML, secrets shown as ***.
+    Show,
 }

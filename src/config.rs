@@ -9,9 +9,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use figment::Figment;
 use figment::providers::{Env, Format, Toml};
-use serde::Deserialize;
+use figment::{Figment, Provider as _};
+use serde::{Deserialize, Serialize};
 
 use crate::domain::RecordRules;
 use crate::provider::OpenAiSettings;
@@ -21,6 +21,13 @@ use crate::retry::RetrySettings;
 #[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
 pub struct Secret(String);
+
+/// Shown redacted: `replyd config show` prints the effective settings without their secrets.
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("***")
+    }
+}
 
 impl Secret {
     pub fn new(value: impl Into<String>) -> Self {
@@ -46,7 +53,7 @@ impl fmt::Display for Secret {
 }
 
 /// How replyd talks to PostgreSQL.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseSettings {
     /// libpq-style URL, e.g. `postgres://user:pass@127.0.0.1:5432/replyd`. A `?options=-c
@@ -92,7 +99,7 @@ impl DatabaseSettings {
 }
 
 /// Everything `replyd worker` reads.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
     pub database: DatabaseSettings,
@@ -104,7 +111,7 @@ pub struct Settings {
 }
 
 /// Kafka: where the records come from and how the group behaves.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaSettings {
     /// `bootstrap.servers`.
@@ -116,10 +123,12 @@ pub struct KafkaSettings {
     /// Group protocol: `classic` (with the cooperative-sticky assignor) or `consumer`
     /// (KIP-848, where the broker decides the session timeout). librdkafka default: classic.
     pub group_protocol: GroupProtocol,
-    /// `session.timeout.ms` for the classic protocol (librdkafka default 45000). Ignored by
-    /// the `consumer` protocol, whose session timeout is the broker's
+    /// `session.timeout.ms` for the classic protocol (unset: librdkafka's default, 45000).
+    /// Refused with the `consumer` protocol, whose session timeout is the broker's
     /// `group.consumer.session.timeout.ms`.
-    pub session_timeout_ms: u64,
+    pub session_timeout_ms: Option<u64>,
+    /// How long start-up keeps retrying to reach the brokers before giving up.
+    pub startup_retry_ms: u64,
     /// Where records that cannot become tasks go. Empty means `<topic>.dlq`.
     pub dead_letter_topic: String,
     /// Any other librdkafka consumer property, passed through as is (e.g.
@@ -132,7 +141,7 @@ pub struct KafkaSettings {
 }
 
 /// Group protocol choice.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum GroupProtocol {
     #[default]
@@ -156,7 +165,8 @@ impl Default for KafkaSettings {
             topic: "reply-tasks".into(),
             group_id: "replyd".into(),
             group_protocol: GroupProtocol::Classic,
-            session_timeout_ms: 45_000,
+            session_timeout_ms: None,
+            startup_retry_ms: 60_000,
             dead_letter_topic: String::new(),
             librdkafka: BTreeMap::new(),
             producer_librdkafka: BTreeMap::new(),
@@ -164,7 +174,16 @@ impl Default for KafkaSettings {
     }
 }
 
+/// librdkafka's `session.timeout.ms` default.
+pub const DEFAULT_SESSION_TIMEOUT_MS: u64 = 45_000;
+
 impl KafkaSettings {
+    /// The classic protocol's session timeout: the setting, or librdkafka's default.
+    pub fn session_timeout_ms(&self) -> u64 {
+        self.session_timeout_ms
+            .unwrap_or(DEFAULT_SESSION_TIMEOUT_MS)
+    }
+
     pub fn dead_letter_topic(&self) -> String {
         if self.dead_letter_topic.is_empty() {
             format!("{}.dlq", self.topic)
@@ -175,7 +194,7 @@ impl KafkaSettings {
 }
 
 /// How the worker processes records.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerSettings {
     /// Name of this worker in leases and attempt rows. Empty means `<hostname>-<pid>`.
@@ -270,7 +289,7 @@ impl WorkerSettings {
 }
 
 /// Metrics and health endpoints, logs.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ObservabilitySettings {
     /// Address of `/metrics`, `/healthz` and `/readyz`. Port 0 picks a free port (logged).
@@ -285,22 +304,36 @@ impl Default for ObservabilitySettings {
     }
 }
 
-/// A setting that contradicts another or cannot work; the message names the setting.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read settings: {0}")]
-    Load(#[from] Box<figment::Error>),
-    #[error("{setting}: {reason}")]
-    Invalid {
-        setting: &'static str,
-        reason: String,
-    },
+/// One problem with the settings: which setting, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted path (`worker.lease_ms`), or `--config` for the file itself.
+    pub setting: String,
+    pub message: String,
 }
 
-fn invalid(setting: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        setting,
-        reason: reason.into(),
+/// Every problem found in the settings, reported together so one run shows them all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", render_problems(&self.0))]
+pub struct ConfigError(pub Vec<Problem>);
+
+fn render_problems(problems: &[Problem]) -> String {
+    match problems {
+        [one] => format!("{}: {}", one.setting, one.message),
+        many => {
+            let mut text = format!("{} problems in the settings:", many.len());
+            for p in many {
+                text.push_str(&format!("\n  - {}: {}", p.setting, p.message));
+            }
+            text
+        }
+    }
+}
+
+fn problem(setting: impl Into<String>, message: impl Into<String>) -> Problem {
+    Problem {
+        setting: setting.into(),
+        message: message.into(),
     }
 }
 
@@ -320,136 +353,366 @@ const CLASSIC_ONLY_LIBRDKAFKA: &[&str] = &[
     "partition.assignment.strategy",
 ];
 
+/// Settings whose keys are free-form (librdkafka property names), not fields.
+const FREE_FORM: &[&str] = &["kafka.librdkafka", "kafka.producer_librdkafka"];
+
+/// Environment variables that set settings: `REPLYD_<SECTION>__<KEY>`.
+pub const ENV_PREFIX: &str = "REPLYD_";
+
+type Dict = figment::value::Dict;
+type Value = figment::value::Value;
+
 impl Settings {
     /// Reads `file` (if given) and then `REPLYD_*` variables (`__` separates levels), and
-    /// validates the result.
+    /// validates the result. Every problem is reported at once.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         let mut figment = Figment::new();
         if let Some(file) = file {
             if !file.exists() {
-                return Err(invalid(
+                return Err(ConfigError(vec![problem(
                     "--config",
                     format!("{} does not exist", file.display()),
-                ));
+                )]));
             }
             figment = figment.merge(Toml::file(file));
         }
         // Only nested keys (`REPLYD_KAFKA__TOPIC`) are settings; other `REPLYD_*` variables
         // (`REPLYD_LOG_JSON` for the CLI, the infra script's) are not ours to refuse.
-        let settings: Settings = figment
-            .merge(
-                Env::prefixed("REPLYD_")
-                    .filter(|key| key.as_str().contains("__"))
-                    .split("__"),
-            )
-            .extract()
-            .map_err(Box::new)?;
-        settings.validate()?;
-        Ok(settings)
+        figment = figment.merge(
+            Env::prefixed(ENV_PREFIX)
+                .filter(|key| key.as_str().contains("__"))
+                .split("__"),
+        );
+        Self::from_figment(&figment)
     }
 
-    /// Refuses settings that contradict each other or cannot work.
+    /// Settings from TOML text alone (tests, tools), checked like [`Settings::load`].
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        Self::from_figment(&Figment::from(Toml::string(text)))
+    }
+
+    /// Extracts and validates: unknown keys (with the nearest known one), values of the wrong
+    /// type (each one, not only the first) and contradictions, all in one report.
+    pub fn from_figment(figment: &Figment) -> Result<Self, ConfigError> {
+        let mut given = match figment.data() {
+            Ok(mut profiles) => profiles
+                .remove(&figment::Profile::Default)
+                .unwrap_or_default(),
+            Err(e) => return Err(ConfigError(figment_problems(e, figment))),
+        };
+        let known = serde_json::to_value(Settings::default())
+            .expect("the settings tree serializes: plain fields only");
+        let mut problems = Vec::new();
+        let mut unknown = Vec::new();
+        unknown_keys(&given, &known, "", &mut unknown);
+        for path in &unknown {
+            remove_path(&mut given, path);
+            let mut message = format!("unknown setting{}", source_of(figment, path));
+            if let Some(near) = nearest_key(path, &known) {
+                message.push_str(&format!("; did you mean `{near}`?"));
+            }
+            problems.push(problem(path.clone(), message));
+        }
+        // serde stops at the first bad value; take it out and try again, so every bad value
+        // is named in one run. Bounded by the number of keys given.
+        let mut settings = None;
+        for _ in 0..=count_keys(&given) {
+            match Figment::from(figment::providers::Serialized::defaults(&given))
+                .extract::<Settings>()
+            {
+                Ok(s) => {
+                    settings = Some(s);
+                    break;
+                }
+                Err(errors) => {
+                    let mut removed = false;
+                    for e in errors {
+                        let path = e.path.join(".");
+                        problems.push(problem(
+                            if path.is_empty() {
+                                "settings".into()
+                            } else {
+                                path.clone()
+                            },
+                            format!("{}{}", e.kind, source_of(figment, &path)),
+                        ));
+                        removed |= !path.is_empty() && remove_path(&mut given, &path);
+                    }
+                    if !removed {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(settings) = &settings {
+            problems.extend(settings.problems());
+        }
+        match settings {
+            Some(settings) if problems.is_empty() => Ok(settings),
+            _ => Err(ConfigError(problems)),
+        }
+    }
+
+    /// Refuses settings that contradict each other or cannot work, naming every problem.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError(problems))
+        }
+    }
+
+    fn problems(&self) -> Vec<Problem> {
         let w = &self.worker;
         let k = &self.kafka;
+        let mut out = Vec::new();
+        let mut refuse = |setting: &str, message: String| out.push(problem(setting, message));
         if k.bootstrap_servers.trim().is_empty() {
-            return Err(invalid("kafka.bootstrap_servers", "is empty"));
+            refuse("kafka.bootstrap_servers", "is empty".into());
         }
         if k.topic.trim().is_empty() {
-            return Err(invalid("kafka.topic", "is empty"));
+            refuse("kafka.topic", "is empty".into());
         }
         if k.dead_letter_topic() == k.topic {
-            return Err(invalid(
+            refuse(
                 "kafka.dead_letter_topic",
-                "must differ from kafka.topic, or bad records would be read again",
-            ));
+                "must differ from kafka.topic, or bad records would be read again".into(),
+            );
         }
         if k.group_id.trim().is_empty() {
-            return Err(invalid("kafka.group_id", "is empty"));
+            refuse("kafka.group_id", "is empty".into());
         }
-        if let Some(key) = k
-            .librdkafka
-            .keys()
-            .find(|key| RESERVED_LIBRDKAFKA.contains(&key.as_str()))
-        {
-            return Err(invalid(
-                "kafka.librdkafka",
-                format!("`{key}` is set by replyd itself and cannot be overridden"),
-            ));
+        for key in k.librdkafka.keys() {
+            if RESERVED_LIBRDKAFKA.contains(&key.as_str()) {
+                refuse(
+                    "kafka.librdkafka",
+                    format!("`{key}` is set by replyd itself and cannot be overridden"),
+                );
+            } else if k.group_protocol == GroupProtocol::Consumer
+                && CLASSIC_ONLY_LIBRDKAFKA.contains(&key.as_str())
+            {
+                refuse(
+                    "kafka.librdkafka",
+                    format!(
+                        "`{key}` does not apply to group_protocol = \"consumer\" (KIP-848): the broker decides it"
+                    ),
+                );
+            }
         }
-        if k.group_protocol == GroupProtocol::Consumer
-            && let Some(key) = k
-                .librdkafka
-                .keys()
-                .find(|key| CLASSIC_ONLY_LIBRDKAFKA.contains(&key.as_str()))
-        {
-            return Err(invalid(
-                "kafka.librdkafka",
-                format!(
-                    "`{key}` does not apply to group_protocol = \"consumer\" (KIP-848): the broker decides it"
-                ),
-            ));
+        for (setting, map) in [
+            ("kafka.librdkafka", &k.librdkafka),
+            ("kafka.producer_librdkafka", &k.producer_librdkafka),
+        ] {
+            for (key, value) in map {
+                if RESERVED_LIBRDKAFKA.contains(&key.as_str()) && setting == "kafka.librdkafka" {
+                    continue; // reported above
+                }
+                // librdkafka checks names and values when a configuration is built, with no
+                // client and no network: a typo is refused here, before anything connects.
+                if let Err(e) = rdkafka::ClientConfig::new()
+                    .set(key, value)
+                    .create_native_config()
+                {
+                    refuse(setting, format!("`{key}` = {value:?}: {e}"));
+                }
+            }
+        }
+        if k.group_protocol == GroupProtocol::Consumer && k.session_timeout_ms.is_some() {
+            refuse(
+                "kafka.session_timeout_ms",
+                "does not apply to group_protocol = \"consumer\" (KIP-848): the broker's group.consumer.session.timeout.ms decides it; remove the setting".into(),
+            );
         }
         if w.partition_window == 0 || w.global_window == 0 {
-            return Err(invalid(
+            refuse(
                 "worker.partition_window",
-                "windows must be at least 1",
-            ));
+                "windows must be at least 1".into(),
+            );
         }
         if w.partition_window > w.global_window {
-            return Err(invalid(
+            refuse(
                 "worker.partition_window",
                 format!(
                     "{} is larger than worker.global_window ({})",
                     w.partition_window, w.global_window
                 ),
-            ));
+            );
         }
         if w.renew_interval_ms == 0 || w.renew_interval_ms * 2 > w.lease_ms {
-            return Err(invalid(
+            refuse(
                 "worker.renew_interval_ms",
                 format!(
                     "{} must be positive and at most half of worker.lease_ms ({}), so one lost renewal does not lose the lease",
                     w.renew_interval_ms, w.lease_ms
                 ),
-            ));
+            );
         }
-        if k.group_protocol == GroupProtocol::Classic && w.drain_timeout_ms >= k.session_timeout_ms
+        if k.group_protocol == GroupProtocol::Classic
+            && w.drain_timeout_ms >= k.session_timeout_ms()
         {
-            return Err(invalid(
+            refuse(
                 "worker.drain_timeout_ms",
                 format!(
                     "{} must be below kafka.session_timeout_ms ({}): a revoke that drains longer than the session is fenced by the group anyway",
-                    w.drain_timeout_ms, k.session_timeout_ms
+                    w.drain_timeout_ms,
+                    k.session_timeout_ms()
                 ),
-            ));
+            );
         }
         if w.default_max_attempts == 0 || w.default_max_attempts > w.max_attempts_limit {
-            return Err(invalid(
+            refuse(
                 "worker.default_max_attempts",
                 format!(
                     "{} must be between 1 and worker.max_attempts_limit ({})",
                     w.default_max_attempts, w.max_attempts_limit
                 ),
-            ));
+            );
         }
         if self.retry.base_delay_ms == 0 || self.retry.base_delay_ms > self.retry.max_delay_ms {
-            return Err(invalid(
+            refuse(
                 "retry.base_delay_ms",
                 format!(
                     "{} must be positive and at most retry.max_delay_ms ({})",
                     self.retry.base_delay_ms, self.retry.max_delay_ms
                 ),
-            ));
+            );
         }
         if w.commit_interval_ms == 0 {
-            return Err(invalid("worker.commit_interval_ms", "must be positive"));
+            refuse("worker.commit_interval_ms", "must be positive".into());
         }
         if self.database.pool_size == 0 {
-            return Err(invalid("database.pool_size", "must be at least 1"));
+            refuse("database.pool_size", "must be at least 1".into());
         }
-        Ok(())
+        if let Err(e) = self.database.url.expose().parse::<tokio_postgres::Config>() {
+            // The parser's message never quotes the URL, so no password leaks through it.
+            refuse("database.url", format!("not a PostgreSQL URL: {e}"));
+        }
+        out
     }
+
+    /// The effective settings as TOML, secrets shown as `***`.
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
+    }
+}
+
+/// Figment's own errors (a file that does not parse) as problems.
+fn figment_problems(errors: figment::Error, figment: &Figment) -> Vec<Problem> {
+    errors
+        .into_iter()
+        .map(|e| {
+            let path = e.path.join(".");
+            problem(
+                if path.is_empty() {
+                    "--config".into()
+                } else {
+                    path.clone()
+                },
+                format!("{}{}", e.kind, source_of(figment, &path)),
+            )
+        })
+        .collect()
+}
+
+/// ` (in FILE)` or ` (from REPLYD_A__B)`: where a key was given.
+fn source_of(figment: &Figment, path: &str) -> String {
+    if path.is_empty() {
+        return String::new();
+    }
+    match figment.find_metadata(path) {
+        Some(meta) if meta.name.contains("environment") => format!(
+            " (from {ENV_PREFIX}{})",
+            path.replace('.', "__").to_uppercase()
+        ),
+        Some(meta) => match &meta.source {
+            Some(source) => format!(" (in {source})"),
+            None => format!(" (in {})", meta.name),
+        },
+        None => String::new(),
+    }
+}
+
+/// Paths of `given` that `known` (the default settings, serialized) has no field for.
+fn unknown_keys(given: &Dict, known: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+    for (key, value) in given {
+        let path = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match known.get(key) {
+            None => out.push(path),
+            Some(inner) if !FREE_FORM.contains(&path.as_str()) => {
+                if let (Value::Dict(_, dict), serde_json::Value::Object(_)) = (value, inner) {
+                    unknown_keys(dict, inner, &path, out);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// The known setting nearest to an unknown `path`: a close spelling in the same section, or
+/// the same name in another section (`worker.session_timeout_ms` → `kafka.session_timeout_ms`).
+fn nearest_key(path: &str, known: &serde_json::Value) -> Option<String> {
+    let mut all = Vec::new();
+    collect_paths(known, "", &mut all);
+    let (section, leaf) = path.rsplit_once('.').unwrap_or(("", path));
+    let score = |candidate: &str| {
+        let (c_section, c_leaf) = candidate.rsplit_once('.').unwrap_or(("", candidate));
+        let leaf_score = strsim::jaro_winkler(leaf, c_leaf);
+        let same_section = c_section == section;
+        if same_section && leaf_score >= 0.85 {
+            Some(leaf_score + 1.0)
+        } else if c_leaf == leaf {
+            Some(1.0)
+        } else if strsim::jaro_winkler(path, candidate) >= 0.9 {
+            Some(strsim::jaro_winkler(path, candidate))
+        } else {
+            None
+        }
+    };
+    all.into_iter()
+        .filter_map(|c| score(&c).map(|s| (s, c)))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c)
+}
+
+fn collect_paths(value: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+    if let serde_json::Value::Object(map) = value {
+        for (key, inner) in map {
+            let path = if prefix.is_empty() {
+                key.clone()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            // Sections are suggestions too (`[wroker]` → `worker`).
+            out.push(path.clone());
+            if !FREE_FORM.contains(&path.as_str()) {
+                collect_paths(inner, &path, out);
+            }
+        }
+    }
+}
+
+fn remove_path(dict: &mut Dict, path: &str) -> bool {
+    match path.split_once('.') {
+        None => dict.remove(path).is_some(),
+        Some((head, rest)) => match dict.get_mut(head) {
+            Some(Value::Dict(_, inner)) => remove_path(inner, rest),
+            _ => false,
+        },
+    }
+}
+
+fn count_keys(dict: &Dict) -> usize {
+    dict.values()
+        .map(|v| match v {
+            Value::Dict(_, inner) => 1 + count_keys(inner),
+            _ => 1,
+        })
+        .sum()
 }
 #[cfg(test)]
 mod tests {
@@ -463,7 +726,7 @@ mod tests {
     #[test]
     fn contradictions_name_the_setting() {
         let mut s = Settings::default();
-        s.worker.drain_timeout_ms = s.kafka.session_timeout_ms;
+        s.worker.drain_timeout_ms = s.kafka.session_timeout_ms();
         let err = s.validate().unwrap_err().to_string();
         assert!(err.starts_with("worker.drain_timeout_ms:"), "{err}");
 
@@ -535,9 +798,106 @@ mod tests {
             let err = Settings::load(Some(Path::new("bad.toml")))
                 .unwrap_err()
                 .to_string();
-            assert!(err.contains("parition_window"), "{err}");
+            assert_eq!(
+                err,
+                "worker.parition_window: unknown setting (in bad.toml); did you mean `worker.partition_window`?"
+            );
+
+            jail.set_env("REPLYD_WORKER__LEASE_MSS", "100");
+            let err = Settings::load(Some(Path::new("replyd.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("worker.lease_mss: unknown setting (from REPLYD_WORKER__LEASE_MSS); did you mean `worker.lease_ms`?"),
+                "{err}"
+            );
             Ok(())
         });
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once_with_a_suggestion() {
+        let err = Settings::from_toml(
+            r#"
+            [wroker]
+            lease_ms = 1
+            [worker]
+            session_timeout_ms = 1000
+            partition_window = "many"
+            global_window = "all"
+            renew_interval_ms = 900000
+            [kafka]
+            group_protocol = "consumer"
+            session_timeout_ms = 10000
+            [kafka.librdkafka]
+            "fetch.wait.max.mss" = "50"
+            [kafka.producer_librdkafka]
+            "linger.ms" = "soon"
+            "#,
+        )
+        .unwrap_err();
+        let settings: Vec<&str> = err.0.iter().map(|p| p.setting.as_str()).collect();
+        for expected in [
+            "wroker",
+            "worker.session_timeout_ms",
+            "worker.partition_window",
+            "worker.global_window",
+            "worker.renew_interval_ms",
+            "kafka.session_timeout_ms",
+            "kafka.librdkafka",
+            "kafka.producer_librdkafka",
+        ] {
+            assert!(settings.contains(&expected), "{expected} not in {err}");
+        }
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("{} problems in the settings:", err.0.len())),
+            "{text}"
+        );
+        assert!(text.contains("did you mean `worker`?"), "{text}");
+        assert!(
+            text.contains("did you mean `kafka.session_timeout_ms`?"),
+            "{text}"
+        );
+        assert!(text.contains("fetch.wait.max.mss"), "{text}");
+        assert!(
+            !text.contains("default."),
+            "no figment profile in the paths: {text}"
+        );
+    }
+
+    #[test]
+    fn the_session_timeout_is_refused_only_with_the_consumer_protocol() {
+        let classic = Settings::from_toml(
+            "[kafka]
+session_timeout_ms = 20000
+",
+        )
+        .unwrap();
+        assert_eq!(classic.kafka.session_timeout_ms(), 20_000);
+        let err = Settings::from_toml(
+            "[kafka]
+group_protocol = \"consumer\"
+session_timeout_ms = 10000
+",
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 1, "{err}");
+        assert_eq!(err.0[0].setting, "kafka.session_timeout_ms");
+    }
+
+    #[test]
+    fn the_redacted_view_shows_every_setting_but_no_secret() {
+        let mut s = Settings::default();
+        s.database.url = Secret::new("postgres://u:hunter2@db/replyd");
+        s.provider.api_key = Some(Secret::new("sk-live-123"));
+        let shown = s.to_redacted_toml();
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("sk-live-123"),
+            "{shown}"
+        );
+        assert!(shown.contains("partition_window = 64"), "{shown}");
+        assert!(shown.contains("url = \"***\""), "{shown}");
     }
 
     #[test]

@@ -2,8 +2,53 @@
 //! saved reply, for operators.
 
 use std::fmt::Write as _;
+use std::process::ExitCode;
 
-use crate::store::{AttemptRecord, StoredTask};
+use anyhow::Context;
+
+use crate::config::Settings;
+use crate::domain::TaskId;
+use crate::store::{AttemptRecord, Store, StoredTask};
+
+/// Exit code when the task does not exist.
+pub const NO_SUCH_TASK: u8 = 4;
+
+/// Runs `replyd inspect`: prints the task as text or JSON.
+pub async fn run(settings: &Settings, task_id: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let id =
+        TaskId::parse(task_id).with_context(|| format!("task id {task_id:?} is not a UUID"))?;
+    let store = Store::connect(&settings.database)?;
+    let Some(task) = store.read(id).await? else {
+        eprintln!("replyd: no task {id}");
+        return Ok(ExitCode::from(NO_SUCH_TASK));
+    };
+    let attempts = store.attempts(id).await?;
+    if json {
+        println!("{}", render_json(&task, &attempts));
+    } else {
+        print!("{}", render(&task, &attempts));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The task and its history as one JSON object.
+pub fn render_json(task: &StoredTask, attempts: &[AttemptRecord]) -> serde_json::Value {
+    serde_json::json!({
+        "task_id": task.spec.task_id,
+        "status": task.status.as_str(),
+        "attempt_count": task.attempt_count,
+        "max_attempts": task.spec.max_attempts,
+        "deadline": task.spec.deadline,
+        "assignment_version": task.assignment_version,
+        "next_attempt_at": task.next_attempt_at,
+        "last_error_class": task.last_error_class,
+        "last_error": task.last_error,
+        "provider_operation_id": task.provider_operation_id,
+        "failure": task.failure,
+        "saved_response": task.saved_response,
+        "attempts": attempts,
+    })
+}
 
 /// Renders a task and its history as text.
 pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {

@@ -9,104 +9,68 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-use replyd::cli::{Cli, Command};
-use replyd::config::{DatabaseSettings, Secret, Settings};
+use replyd::cli::{Cli, Command, ConfigCommand};
+use replyd::config::{ConfigError, Settings};
+
+/// Exit code of settings that do not validate.
+const INVALID_SETTINGS: u8 = 2;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_json);
+    let json = cli.log_json;
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "replyd failed");
-            eprintln!("replyd: {e:#}");
-            ExitCode::FAILURE
+            // Once: a JSON log line for machines, or plain text for people.
+            let text = replyd::telemetry::chain(e.as_ref());
+            if json {
+                tracing::error!(error = text, "replyd failed");
+            } else {
+                eprintln!("replyd: {text}");
+            }
+            match e.downcast_ref::<ConfigError>() {
+                Some(_) => ExitCode::from(INVALID_SETTINGS),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    // Listen for SIGTERM before anything else: a worker stopped during start-up then leaves
+    // through its drain path too, instead of dying of the signal.
+    let shutdown = shutdown_on_signal();
+    let settings = || Settings::load(cli.config.as_deref()).map_err(anyhow::Error::from);
     match cli.command {
-        Command::Worker { config } => {
-            // Listen for SIGTERM before anything else: a worker stopped during start-up then
-            // leaves through its drain path too, instead of dying of the signal.
-            let shutdown = shutdown_on_signal();
-            let settings = Settings::load(config.as_deref()).context("settings")?;
-            replyd::worker::run_worker(settings, shutdown).await?;
-        }
-        Command::Migrate { database_url } => {
-            let settings = DatabaseSettings {
-                url: Secret::new(database_url),
-                ..DatabaseSettings::default()
-            };
-            let applied = replyd::store::migrate::run_migrations(&settings)
+        Command::Worker => replyd::worker::run_worker(settings()?, shutdown).await?,
+        Command::Migrate => {
+            let applied = replyd::store::migrate::run_migrations(&settings()?.database)
                 .await
                 .context("applying migrations")?;
             tracing::info!(applied = applied.len(), migrations = ?applied, "schema is up to date");
         }
         Command::MockProvider(args) => {
-            let shutdown = shutdown_on_signal();
             replyd::mock_provider::run(args, async move { shutdown.cancelled().await })
                 .await
                 .context("mock provider")?;
         }
         Command::Produce(args) => {
-            let report = replyd::produce::run(&args).await.context("producing")?;
+            let report = replyd::produce::run(&settings()?, &args)
+                .await
+                .context("producing")?;
             println!("{}", serde_json::to_string(&report)?);
         }
-        Command::Inspect {
-            task_id,
-            database_url,
-            json,
-        } => {
-            let id = replyd::domain::TaskId::parse(&task_id)
-                .with_context(|| format!("task id {task_id:?} is not a UUID"))?;
-            let store = replyd::store::Store::connect(&DatabaseSettings {
-                url: Secret::new(database_url),
-                ..DatabaseSettings::default()
-            })?;
-            let Some(task) = store.read(id).await? else {
-                eprintln!("replyd: no task {id}");
-                return Ok(ExitCode::from(4));
-            };
-            let attempts = store.attempts(id).await?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "task_id": id,
-                        "status": task.status.as_str(),
-                        "attempt_count": task.attempt_count,
-                        "max_attempts": task.spec.max_attempts,
-                        "deadline": task.spec.deadline,
-                        "assignment_version": task.assignment_version,
-                        "next_attempt_at": task.next_attempt_at,
-                        "last_error_class": task.last_error_class,
-                        "last_error": task.last_error,
-                        "provider_operation_id": task.provider_operation_id,
-                        "failure": task.failure,
-                        "saved_response": task.saved_response,
-                        "attempts": attempts,
-                    })
-                );
-            } else {
-                print!("{}", replyd::inspect::render(&task, &attempts));
-            }
+        Command::Inspect { task_id, json } => {
+            return replyd::inspect::run(&settings()?, &task_id, json).await;
         }
-        Command::Check(args) => {
-            let report = replyd::check::run(&args).await.context("checking")?;
-            if args.json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else if args.summary {
-                println!("{}", report.summary_line());
-            } else {
-                println!("{report:#?}");
-            }
-            if !report.violations.is_empty() {
-                return Ok(ExitCode::from(3));
-            }
+        Command::Check(args) => return replyd::check::run_command(&settings()?, &args).await,
+        Command::Config(ConfigCommand::Check) => {
+            settings()?;
+            println!("settings are valid");
         }
+        Command::Config(ConfigCommand::Show) => print!("{}", settings()?.to_redacted_toml()),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -16,15 +16,11 @@ use serde::Serialize;
 use crate::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
 use crate::proto::v1;
 
+/// Publishes to `kafka.topic` at `kafka.bootstrap_servers` with `kafka.producer_librdkafka`,
+/// from the same settings as the worker.
 #[derive(Debug, Clone, Args)]
 pub struct ProduceArgs {
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BOOTSTRAP", default_value = "127.0.0.1:9092")]
-    pub bootstrap: String,
-    /// Topic to publish to.
-    #[arg(long, default_value = "reply-tasks")]
-    pub topic: String,
-    /// Create the topic (and its `.dlq` twin) with this many partitions if missing.
+    /// Create the topic (and its dead-letter twin) with this many partitions if missing.
     #[arg(long)]
     pub create_partitions: Option<i32>,
     /// Number of distinct tasks.
@@ -51,15 +47,32 @@ pub struct ProduceArgs {
     /// Workspace of the tasks.
     #[arg(long, default_value = "ws-demo")]
     pub workspace: String,
+    /// Write the task ids to this file, one a line (standard output gets only the summary).
+    #[arg(long)]
+    pub ids_file: Option<std::path::PathBuf>,
 }
 
 /// What was published, printed as one JSON line.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct ProduceReport {
+    pub topic: String,
     pub tasks: usize,
     pub records: usize,
     pub malformed: usize,
-    pub task_ids: Vec<TaskId>,
+    /// Where the task ids went, when asked.
+    pub ids_file: Option<String>,
+}
+
+/// Why `replyd produce` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ProduceError {
+    #[error("kafka at {bootstrap} (kafka.bootstrap_servers): {error}")]
+    Kafka {
+        bootstrap: String,
+        error: KafkaError,
+    },
+    #[error("writing the task ids to {path}: {error}")]
+    Ids { path: String, error: std::io::Error },
 }
 
 /// Kinds of malformed records `produce` can make.
@@ -153,11 +166,23 @@ pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Resu
 }
 
 pub fn producer(bootstrap: &str) -> Result<FutureProducer, KafkaError> {
-    ClientConfig::new()
+    producer_with(bootstrap, &Default::default())
+}
+
+/// An idempotent producer (`acks=all`) with the pass-through properties (security, say).
+pub fn producer_with(
+    bootstrap: &str,
+    properties: &std::collections::BTreeMap<String, String>,
+) -> Result<FutureProducer, KafkaError> {
+    let mut config = ClientConfig::new();
+    config.set("linger.ms", "5");
+    for (key, value) in properties {
+        config.set(key, value);
+    }
+    config
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", "5")
         .create()
 }
 
@@ -199,10 +224,23 @@ pub async fn publish_tombstone(
 }
 
 /// Runs `replyd produce`.
-pub async fn run(args: &ProduceArgs) -> Result<ProduceReport, KafkaError> {
+pub async fn run(
+    settings: &crate::config::Settings,
+    args: &ProduceArgs,
+) -> Result<ProduceReport, ProduceError> {
+    let kafka = &settings.kafka;
+    let bootstrap = &kafka.bootstrap_servers;
+    let at_kafka = |error| ProduceError::Kafka {
+        bootstrap: bootstrap.clone(),
+        error,
+    };
     if let Some(partitions) = args.create_partitions {
-        create_topic(&args.bootstrap, &args.topic, partitions).await?;
-        create_topic(&args.bootstrap, &format!("{}.dlq", args.topic), partitions).await?;
+        create_topic(bootstrap, &kafka.topic, partitions)
+            .await
+            .map_err(at_kafka)?;
+        create_topic(bootstrap, &kafka.dead_letter_topic(), partitions)
+            .await
+            .map_err(at_kafka)?;
     }
     let tasks: Vec<TaskSpec> = (0..args.count)
         .map(|n| demo_task(&args.workspace, n, args.conversations, args.max_attempts))
@@ -224,13 +262,27 @@ pub async fn run(args: &ProduceArgs) -> Result<ProduceReport, KafkaError> {
     records.splice(at..at, bad);
     records.extend(encoded.iter().take(args.duplicates).cloned());
 
-    let producer = producer(&args.bootstrap)?;
-    publish(&producer, &args.topic, &records).await?;
+    let producer = producer_with(bootstrap, &kafka.producer_librdkafka).map_err(at_kafka)?;
+    publish(&producer, &kafka.topic, &records)
+        .await
+        .map_err(at_kafka)?;
+    let ids_file = match &args.ids_file {
+        Some(path) => {
+            let ids: String = tasks.iter().map(|t| format!("{}\n", t.task_id)).collect();
+            std::fs::write(path, ids).map_err(|error| ProduceError::Ids {
+                path: path.display().to_string(),
+                error,
+            })?;
+            Some(path.display().to_string())
+        }
+        None => None,
+    };
     Ok(ProduceReport {
+        topic: kafka.topic.clone(),
         tasks: tasks.len(),
         records: records.len(),
         malformed: args.malformed,
-        task_ids: tasks.iter().map(|t| t.task_id).collect(),
+        ids_file,
     })
 }
 

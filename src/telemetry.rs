@@ -34,6 +34,7 @@ pub mod names {
     pub const LISTENER_CONNECTS: &str = "replyd_listener_connects_total";
     pub const LISTENER_LOSSES: &str = "replyd_listener_losses_total";
     pub const TASKS_FAILED_AT_CLAIM: &str = "replyd_tasks_failed_at_claim_total";
+    pub const LIBRDKAFKA_LOGS: &str = "replyd_librdkafka_logs_total";
 }
 
 use names::*;
@@ -306,9 +307,119 @@ pub fn committed(points: &[(PartitionKey, i64)], sync: bool) {
     counter!(COMMITS, "mode" => if sync { "sync" } else { "async" }).increment(1);
 }
 
-pub fn commit_failed(error: &dyn std::error::Error) {
-    tracing::warn!(error = %chain(error), "offset commit failed");
-    counter!(COMMIT_ERRORS).increment(1);
+/// Whether a Kafka error is the expected, self-healing kind of a group in motion (a commit
+/// from a generation the group has left, a coordinator still loading): counted, logged once a
+/// minute at INFO, never paged on. Anything else is a real failure and stays a WARN.
+pub fn is_expected_in_rebalance(error: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode::*;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            IllegalGeneration
+                | RebalanceInProgress
+                | UnknownMemberId
+                | FencedMemberEpoch
+                | StaleMemberEpoch
+                | CoordinatorLoadInProgress
+                | NotCoordinator
+                | State
+                | AssignmentLost
+        )
+    )
+}
+
+/// An offset commit failed. `sync` says which path: a synchronous commit returns its error to
+/// the caller (the drain of a revoke); an asynchronous one reports in `commit_callback`.
+pub fn commit_failed(error: &rdkafka::error::KafkaError, sync: bool) {
+    let expected = is_expected_in_rebalance(error);
+    counter!(COMMIT_ERRORS, "expected" => if expected { "true" } else { "false" }).increment(1);
+    if expected {
+        if once_a_minute("commit-expected") {
+            tracing::info!(error = %chain(error), sync, "offset commit refused while the group moves on; the next owner resumes from the last committed offset (logged once a minute)");
+        }
+    } else {
+        tracing::warn!(error = %chain(error), sync, "offset commit failed");
+    }
+}
+
+/// True at most once a minute per `key`: for conditions that repeat while they last.
+fn once_a_minute(key: &str) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::Instant;
+    static LAST: OnceLock<Mutex<HashMap<String, Instant>>> = OnceLock::new();
+    let mut last = LAST
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let now = Instant::now();
+    match last.get(key) {
+        Some(at) if now.duration_since(*at) < Duration::from_secs(60) => false,
+        _ => {
+            last.insert(key.to_owned(), now);
+            true
+        }
+    }
+}
+
+/// Expected conditions librdkafka logs at WARN or ERROR while a group moves or a coordinator
+/// starts; they heal by themselves.
+const EXPECTED_LIBRDKAFKA: &[&str] = &[
+    "generation id is not valid",
+    "Coordinator load in progress",
+    "rebalance in progress",
+    "Unknown member",
+    "Broker: Not coordinator",
+    "member epoch",
+];
+
+/// One librdkafka log line. A broker that is down makes librdkafka log the same failure
+/// several times a second: each distinct line (numbers aside) is logged once a minute, with
+/// how many were held back counted in `replyd_librdkafka_logs_total`. Expected conditions of
+/// a moving group are INFO, not paged on.
+pub fn librdkafka_log(level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+    use rdkafka::config::RDKafkaLogLevel::*;
+    let expected = EXPECTED_LIBRDKAFKA.iter().any(|e| message.contains(e));
+    let severity = match level {
+        _ if expected => "info",
+        Emerg | Alert | Critical | Error => "error",
+        Warning => "warn",
+        Notice | Info => "info",
+        Debug => "debug",
+    };
+    counter!(LIBRDKAFKA_LOGS, "level" => severity).increment(1);
+    if severity == "debug" {
+        tracing::debug!(target: "librdkafka", fac, "{message}");
+        return;
+    }
+    let shape: String = message
+        .chars()
+        .map(|c| if c.is_ascii_digit() { '#' } else { c })
+        .collect();
+    if !once_a_minute(&format!("{fac}:{shape}")) {
+        return;
+    }
+    match severity {
+        "error" => {
+            tracing::error!(target: "librdkafka", fac, "{message} (repeats are held back for a minute)")
+        }
+        "warn" => {
+            tracing::warn!(target: "librdkafka", fac, "{message} (repeats are held back for a minute)")
+        }
+        _ => tracing::info!(target: "librdkafka", fac, "{message}"),
+    }
+}
+
+/// A client error event (librdkafka's error callback): expected ones at INFO, once a minute.
+pub fn kafka_client_error(error: &rdkafka::error::KafkaError, reason: &str) {
+    counter!(CONSUMER_ERRORS).increment(1);
+    if is_expected_in_rebalance(error) {
+        if once_a_minute("client-expected") {
+            tracing::info!(target: "librdkafka", error = %error, reason, "expected while the group moves (logged once a minute)");
+        }
+    } else if once_a_minute(&format!("client:{reason}")) {
+        tracing::warn!(target: "librdkafka", error = %error, reason, "client error (repeats are held back for a minute)");
+    }
 }
 
 pub fn consumer_error(error: &dyn std::error::Error) {

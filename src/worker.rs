@@ -2,25 +2,35 @@
 //! starts the observability server and the consumer thread, and runs until `shutdown`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::kafka::consumer::{ConsumerStatus, run_consumer};
-use crate::kafka::dead_letter::DeadLetters;
+use crate::kafka::dead_letter::{DeadLetterError, DeadLetters};
 use crate::parking::ParkedTasks;
 use crate::pipeline::{Pipeline, PipelineSettings};
 use crate::provider::{Recovery, build_provider};
-use crate::store::Store;
+use crate::startup::retry_connecting;
 use crate::store::listen::relay_task_notifications;
 use crate::store::migrate::run_migrations;
+use crate::store::{Store, StoreError};
 
 /// Runs one worker until `shutdown` fires, then drains, commits and leaves the group.
 pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let applied = run_migrations(&settings.database)
-        .await
-        .context("applying database migrations")?;
+    // PostgreSQL and Kafka may come up after us: retry for a bounded time, one log line per
+    // distinct failure.
+    let applied = retry_connecting(
+        "connecting to PostgreSQL",
+        Duration::from_millis(settings.database.startup_retry_ms),
+        &shutdown,
+        |e: &StoreError| matches!(e, StoreError::Connect { .. }),
+        || run_migrations(&settings.database),
+    )
+    .await
+    .context("applying database migrations")?;
     if !applied.is_empty() {
         tracing::info!(?applied, "migrations applied");
     }
@@ -32,12 +42,26 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
         Recovery::IdempotencyKey => settings.retry.provider_honours_idempotency_key,
         Recovery::None => false,
     };
-    let dead_letters = DeadLetters::new(&settings.kafka).context("dead-letter producer")?;
-    // A metadata request blocks: keep it off the runtime's threads.
-    let dead_letters =
-        tokio::task::spawn_blocking(move || dead_letters.verify_topic().map(|()| dead_letters))
-            .await
-            .context("checking the dead-letter topic")??;
+    let dead_letters = Arc::new(DeadLetters::new(&settings.kafka).context("dead-letter producer")?);
+    retry_connecting(
+        "reaching Kafka",
+        Duration::from_millis(settings.kafka.startup_retry_ms),
+        &shutdown,
+        |e: &DeadLetterError| matches!(e, DeadLetterError::Unreachable { .. }),
+        || {
+            let dead_letters = Arc::clone(&dead_letters);
+            async move {
+                // A metadata request blocks: keep it off the runtime's threads.
+                tokio::task::spawn_blocking(move || dead_letters.verify_topic())
+                    .await
+                    .unwrap_or_else(|e| Err(DeadLetterError::Panicked(e.to_string())))
+            }
+        },
+    )
+    .await
+    .context("checking the dead-letter topic")?;
+    let dead_letters = Arc::into_inner(dead_letters)
+        .ok_or_else(|| anyhow::anyhow!("the dead-letter check still holds the producer"))?;
     let worker_id = settings.worker.resolved_worker_id();
     let parked = ParkedTasks::default();
     if settings.database.listen {

@@ -257,7 +257,7 @@ where
     assert_eq!(report.pending, 0, "{name}: {out:#}");
     assert_eq!(report.tasks, good as i64, "{name}: {out:#}");
     assert_eq!(report.dead_lettered, bad as i64, "{name}: {out:#}");
-    assert!(report.provider_calls_per_task.max <= 8, "{name}: {out:#}");
+    assert!(report.attempts_per_task.max <= 8, "{name}: {out:#}");
     report
 }
 

@@ -15,16 +15,8 @@ use replyd::produce::demo_task;
 
 fn check(app: &TestApp) -> (Option<i32>, serde_json::Value) {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
-        .args(["check", "--json", "--database-url"])
-        .arg(app.db.settings.url.expose())
-        .args([
-            "--bootstrap",
-            &app.bootstrap,
-            "--topic",
-            &app.topic,
-            "--group",
-            &app.group,
-        ])
+        .args(["check", "--json", "--config"])
+        .arg(app.settings_file())
         .args(["--mock-url", &app.mock.base_url()])
         .output()
         .unwrap();

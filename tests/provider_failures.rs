@@ -124,7 +124,7 @@ async fn a_burst_of_server_errors_then_success_gives_one_reply_with_every_attemp
     let report = app.check().await;
     assert_eq!(report.duplicate_replies, 0);
     assert_eq!(report.completed, 1);
-    assert_eq!(report.provider_calls, Some(history.len() as i64));
+    assert_eq!(report.mock_requests, Some(history.len() as i64));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,8 +347,8 @@ async fn inspect_shows_the_state_the_attempts_and_the_reply() {
     let run = |json: bool| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"));
         command
-            .args(["inspect", &task.task_id.to_string(), "--database-url"])
-            .arg(app.db.settings.url.expose());
+            .args(["inspect", &task.task_id.to_string(), "--config"])
+            .arg(app.settings_file());
         if json {
             command.arg("--json");
         }
@@ -375,9 +375,9 @@ async fn inspect_shows_the_state_the_attempts_and_the_reply() {
         .args([
             "inspect",
             &replyd::domain::TaskId::new_random().to_string(),
-            "--database-url",
+            "--config",
         ])
-        .arg(app.db.settings.url.expose())
+        .arg(app.settings_file())
         .output()
         .unwrap();
     assert_eq!(missing.status.code(), Some(4));

@@ -61,8 +61,8 @@ async fn every_record_published_three_times_gets_exactly_one_reply() {
     let report = assert_invariants(&app, 30).await;
     assert_eq!(report.records, 90);
     // I5: a redelivered record of a completed task costs no provider call.
-    assert_eq!(report.provider_calls, Some(30), "{report:#?}");
-    assert_eq!(report.provider_generations, Some(30));
+    assert_eq!(report.mock_requests, Some(30), "{report:#?}");
+    assert_eq!(report.mock_generations, Some(30));
     assert_eq!(report.attempts, 30);
 
     // The worker serves its metrics and probes on the port it logged.
@@ -105,8 +105,21 @@ async fn a_worker_with_contradictory_settings_refuses_to_start_and_names_the_set
             "[kafka]\nsession_timeout_ms = 6000\n[worker]\ndrain_timeout_ms = 6000\n",
             "worker.drain_timeout_ms",
         ),
-        ("[worker]\nparition_window = 8\n", "parition_window"),
+        (
+            "[worker]\nparition_window = 8\n",
+            "did you mean `worker.partition_window`?",
+        ),
         ("[kafka]\ngroup_protocol = \"eager\"\n", "group_protocol"),
+        (
+            "[kafka]\ngroup_protocol = \"consumer\"\nsession_timeout_ms = 10000\n",
+            "kafka.session_timeout_ms",
+        ),
+        // Refused before anything connects: nothing listens at the default database URL, so
+        // reaching the migrations would mean a minute of retries, not a prompt refusal.
+        (
+            "[kafka.librdkafka]\n\"fetch.wait.max.mss\" = \"50\"\n",
+            "fetch.wait.max.mss",
+        ),
     ];
     for (text, named) in cases {
         let path = dir.join("replyd.toml");
@@ -117,9 +130,97 @@ async fn a_worker_with_contradictory_settings_refuses_to_start_and_names_the_set
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "{text}");
+        assert_eq!(output.status.code(), Some(2), "{text}: {stderr}");
         assert!(stderr.contains(named), "{named} not named in: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "said once: {stderr}");
+        assert!(!stderr.contains("default."), "{stderr}");
     }
+
+    // `config check` names every problem at once; `config show` prints the effective settings
+    // (file, then environment) without their secrets.
+    let path = dir.join("many.toml");
+    std::fs::write(
+        &path,
+        "[database]\nurl = \"postgres://u:hunter2@127.0.0.1:1/db\"\n[wroker]\nlease_ms = 1\n\
+         [worker]\nrenew_interval_ms = 900000\n",
+    )
+    .unwrap();
+    let run = |args: &[&str], config: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .args(args)
+            .arg("--config")
+            .arg(config)
+            .env("REPLYD_WORKER__PARTITION_WINDOW", "32")
+            .output()
+            .unwrap()
+    };
+    let checked = run(&["config", "check"], &path);
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert_eq!(checked.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("2 problems in the settings"), "{stderr}");
+    assert!(stderr.contains("did you mean `worker`?"), "{stderr}");
+    assert!(stderr.contains("worker.renew_interval_ms"), "{stderr}");
+    std::fs::write(
+        &path,
+        "[database]\nurl = \"postgres://u:hunter2@127.0.0.1:1/db\"\n",
+    )
+    .unwrap();
+    let shown = run(&["config", "show"], &path);
+    let stdout = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    assert!(stdout.contains("partition_window = 32"), "{stdout}");
+    assert!(
+        !stdout.contains("hunter2") && stdout.contains("url = \"***\""),
+        "{stdout}"
+    );
+    assert!(run(&["config", "check"], &path).status.success());
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_named_with_its_setting_and_logged_once_per_failure() {
+    let dir = std::env::temp_dir().join(unique("no-db"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("replyd.toml");
+    // Port 1: nothing listens. Short retry, so the test ends soon.
+    std::fs::write(
+        &path,
+        "[database]\nurl = \"postgres://replyd:hunter2@127.0.0.1:1/replyd\"\nstartup_retry_ms = 3000\n",
+    )
+    .unwrap();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .args(["worker", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cannot connect to PostgreSQL at 127.0.0.1:1/replyd (database.url)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    let retries = stderr
+        .lines()
+        .filter(|l| l.contains("failed; retrying"))
+        .count();
+    assert_eq!(
+        retries, 1,
+        "one line per distinct failure, not per attempt: {stderr}"
+    );
+    let last = stderr.lines().last().unwrap_or_default();
+    assert_eq!(
+        last.matches("Connection refused").count(),
+        1,
+        "the cause is said once: {last}"
+    );
 }
 
 /// Reads the dead-letter topic: (source offset, kind, reason) of each copy.
@@ -163,13 +264,30 @@ async fn bad_records_of_each_kind_land_in_the_dlq_and_the_partition_keeps_moving
     app.spawn_worker("w1");
     let good = tasks(2, 1);
     let mut records = vec![("k".to_string(), good[0].to_proto().encode_to_vec())];
-    for n in 0..4 {
+    for n in 0..replyd::produce::MALFORMED_KINDS.len() {
         records.push(("k".to_string(), malformed_record(n).1));
     }
-    records.push(("k".to_string(), good[1].to_proto().encode_to_vec()));
     app.produce_raw(&records).await;
+    // Offset 6: a tombstone (no value at all).
+    let producer = replyd::produce::producer(&app.bootstrap).unwrap();
+    replyd::produce::publish_tombstone(&producer, &app.topic, "k")
+        .await
+        .unwrap();
+    // Offset 7: a deadline written in seconds instead of milliseconds (January 1970).
+    let mut in_seconds = tasks(1, 1).remove(0);
+    in_seconds.deadline = chrono::DateTime::from_timestamp_millis(chrono::Utc::now().timestamp());
+    // Offset 8: a deadline that passed an hour ago: a task, failed at its first claim.
+    let mut too_late = tasks(1, 1).remove(0);
+    too_late.deadline = Some(chrono::Utc::now() - chrono::TimeDelta::hours(1));
+    app.produce_raw(&[
+        ("k".to_string(), in_seconds.to_proto().encode_to_vec()),
+        ("k".to_string(), too_late.to_proto().encode_to_vec()),
+        ("k".to_string(), good[1].to_proto().encode_to_vec()),
+    ])
+    .await;
 
     app.wait_until_terminal(&ids(&good), LIMIT).await;
+    app.wait_until_terminal(&[too_late.task_id], LIMIT).await;
     app.wait_until_committed_to_end(LIMIT).await;
     let (bootstrap, dlq) = (app.bootstrap.clone(), format!("{}.dlq", app.topic));
     let copies = tokio::task::spawn_blocking(move || dead_letters(&bootstrap, &dlq))
@@ -183,15 +301,38 @@ async fn bad_records_of_each_kind_land_in_the_dlq_and_the_partition_keeps_moving
             (2, "missing_field".to_string()),
             (3, "unknown_schema_version".to_string()),
             (4, "prompt_too_large".to_string()),
+            (5, "empty_record".to_string()),
+            (6, "empty_record".to_string()),
+            (7, "invalid_field".to_string()),
         ])
     );
     assert!(copies.iter().all(|(_, _, reason)| !reason.is_empty()));
-    let report = assert_invariants(&app, 2).await;
-    assert_eq!(report.dead_lettered, 4);
-    assert_eq!(report.bad_records, 4);
+    let reason_of = |offset: i64| {
+        copies
+            .iter()
+            .find(|(o, _, _)| *o == offset)
+            .map(|(_, _, r)| r.clone())
+            .unwrap()
+    };
+    assert!(reason_of(6).contains("tombstone"), "{}", reason_of(6));
+    assert!(
+        reason_of(7).contains("milliseconds since the Unix epoch"),
+        "{}",
+        reason_of(7)
+    );
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!((report.completed, report.failed), (2, 1), "{report:#?}");
+    assert_eq!(report.dead_lettered, 7);
+    assert_eq!(report.bad_records, 7);
     assert!(
         app.log_of("w1").contains("dead-letter"),
         "the worker logs each bad record"
+    );
+    let warned = app.log_lines_with("w1", &["WARN", "task failed at claim", "deadline"]);
+    assert_eq!(
+        warned, 1,
+        "the late task's failure is logged at WARN with its reason"
     );
 }
 
@@ -321,7 +462,7 @@ async fn a_worker_killed_mid_partition_loses_nothing_and_saves_one_reply_each() 
     let report = assert_invariants(&app, 60).await;
     // The calls cut off by the kill were sent again with the same Idempotency-Key, so the
     // provider generated once per task.
-    assert_eq!(report.provider_generations, Some(60), "{report:#?}");
+    assert_eq!(report.mock_generations, Some(60), "{report:#?}");
 }
 
 async fn rebalance_one_two_one(protocol: &'static str) {
@@ -535,7 +676,7 @@ async fn a_duplicate_in_the_same_worker_is_woken_when_its_twin_completes() {
         "no copy ever parked: the test proved nothing"
     );
     let report = assert_invariants(&app, 20).await;
-    assert_eq!(report.provider_generations, Some(20), "{report:#?}");
+    assert_eq!(report.mock_generations, Some(20), "{report:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -556,7 +697,7 @@ async fn a_duplicate_on_another_worker_is_woken_by_the_completion_notification()
         + app.log_lines_with("w2", &["leased_by_other"]);
     assert!(parked > 0, "no copy ever parked: the test proved nothing");
     let report = assert_invariants(&app, 30).await;
-    assert_eq!(report.provider_generations, Some(30), "{report:#?}");
+    assert_eq!(report.mock_generations, Some(30), "{report:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -624,7 +765,7 @@ async fn with_the_listening_session_killed_parked_records_still_finish() {
         + app.log_lines_with("w2", &["listening for task status notifications"]);
     assert!(reconnects > 2, "the listeners came back {reconnects} times");
     let report = assert_invariants(&app, 30).await;
-    assert_eq!(report.provider_generations, Some(30), "{report:#?}");
+    assert_eq!(report.mock_generations, Some(30), "{report:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

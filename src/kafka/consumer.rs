@@ -508,13 +508,13 @@ fn commit_points<C: ConsumerContext>(
         // add_partition_offset fails only for an invalid offset; ours come from real records.
         if let Err(e) = list.add_partition_offset(&key.topic, key.partition, Offset::Offset(*point))
         {
-            telemetry::commit_failed(&e);
+            telemetry::commit_failed(&e, matches!(mode, CommitMode::Sync));
         }
     }
     // An async commit's failure arrives in `commit_callback`; a sync one's here.
     match consumer.commit(&list, mode) {
         Ok(()) => telemetry::committed(points, matches!(mode, CommitMode::Sync)),
-        Err(e) => telemetry::commit_failed(&e),
+        Err(e) => telemetry::commit_failed(&e, matches!(mode, CommitMode::Sync)),
     }
 }
 
@@ -532,20 +532,11 @@ pub struct WorkerContext {
 
 impl ClientContext for WorkerContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        use rdkafka::config::RDKafkaLogLevel::*;
-        match level {
-            Emerg | Alert | Critical | Error => {
-                tracing::error!(target: "librdkafka", fac, "{message}")
-            }
-            Warning => tracing::warn!(target: "librdkafka", fac, "{message}"),
-            Notice | Info => tracing::info!(target: "librdkafka", fac, "{message}"),
-            Debug => tracing::debug!(target: "librdkafka", fac, "{message}"),
-        }
+        telemetry::librdkafka_log(level, fac, message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(target: "librdkafka", error = %error, reason, "client error");
-        telemetry::consumer_error(&error);
+        telemetry::kafka_client_error(&error, reason);
     }
 }
 
@@ -594,7 +585,7 @@ impl ConsumerContext for WorkerContext {
         // rebalance is reported on each partition).
         let failed: Vec<PartitionKey> = match &result {
             Err(e) => {
-                telemetry::commit_failed(e);
+                telemetry::commit_failed(e, false);
                 keys_of(offsets)
             }
             Ok(()) => offsets
@@ -603,7 +594,7 @@ impl ConsumerContext for WorkerContext {
                 .filter_map(|e| match e.error() {
                     Ok(()) => None,
                     Err(error) => {
-                        telemetry::commit_failed(&error);
+                        telemetry::commit_failed(&error, false);
                         Some(PartitionKey::new(e.topic(), e.partition()))
                     }
                 })
@@ -624,7 +615,7 @@ pub fn consumer_config(kafka: &KafkaSettings) -> ClientConfig {
     if kafka.group_protocol == GroupProtocol::Classic {
         config
             .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("session.timeout.ms", kafka.session_timeout_ms.to_string());
+            .set("session.timeout.ms", kafka.session_timeout_ms().to_string());
     }
     for (key, value) in &kafka.librdkafka {
         config.set(key, value);
@@ -716,7 +707,12 @@ pub fn run_consumer<H: RecordHandler>(
             let _ = consumer.poll(poll_timeout);
         }
     }
-    if !consumer.closed() {
+    if consumer.closed() {
+        // Closed: the group is left and the last commits are made. Dropping it would close
+        // its queue a second time, which rdkafka reports as an error (`BrokerDestroy`) on
+        // every clean shutdown; the process exits next, so let it go as it is.
+        std::mem::forget(consumer);
+    } else {
         tracing::warn!("the consumer did not close within the drain timeout; exiting without it");
         std::mem::forget(consumer);
     }

@@ -25,15 +25,23 @@ pub mod headers {
 pub enum DeadLetterError {
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
+    #[error("cannot reach Kafka at {bootstrap} (kafka.bootstrap_servers): {error}")]
+    Unreachable {
+        bootstrap: String,
+        error: KafkaError,
+    },
     #[error(
         "dead-letter topic `{0}` does not exist: create it (or set kafka.dead_letter_topic) before starting workers"
     )]
     MissingTopic(String),
+    #[error("the metadata request did not finish: {0}")]
+    Panicked(String),
 }
 
 pub struct DeadLetters {
-    producer: FutureProducer,
+    producer: FutureProducer<super::KafkaLogs>,
     topic: String,
+    bootstrap: String,
 }
 
 impl DeadLetters {
@@ -50,10 +58,11 @@ impl DeadLetters {
             .set("acks", "all")
             // Checking for the topic must not create it behind the operator's back.
             .set("allow.auto.create.topics", "false")
-            .create()?;
+            .create_with_context(super::KafkaLogs)?;
         Ok(Self {
             producer,
             topic: kafka.dead_letter_topic(),
+            bootstrap: kafka.bootstrap_servers.clone(),
         })
     }
 
@@ -63,7 +72,11 @@ impl DeadLetters {
         let metadata = self
             .producer
             .client()
-            .fetch_metadata(Some(&self.topic), Duration::from_secs(10))?;
+            .fetch_metadata(Some(&self.topic), Duration::from_secs(10))
+            .map_err(|error| DeadLetterError::Unreachable {
+                bootstrap: self.bootstrap.clone(),
+                error,
+            })?;
         let exists = metadata
             .topics()
             .iter()

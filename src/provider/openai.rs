@@ -33,7 +33,7 @@ pub enum ProviderApi {
 }
 
 /// How replyd reaches an OpenAI-compatible server.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct OpenAiSettings {
     /// Scheme, host and port (and any path prefix) of the server, without `/v1`; the adapter

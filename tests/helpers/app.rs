@@ -177,7 +177,7 @@ bootstrap_servers = "{bootstrap}"
 topic = "{topic}"
 group_id = "{group}"
 group_protocol = "{protocol}"
-session_timeout_ms = {session}
+{session}
 dead_letter_topic = "{dlq}"
 
 [kafka.librdkafka]
@@ -216,7 +216,12 @@ listen = "127.0.0.1:0"
             topic = self.topic,
             group = self.group,
             protocol = c.protocol,
-            session = c.session_timeout_ms,
+            // KIP-848 sessions are the broker's; the setting is refused with that protocol.
+            session = if c.protocol == "classic" {
+                format!("session_timeout_ms = {}", c.session_timeout_ms)
+            } else {
+                String::new()
+            },
             dlq = c.dead_letter_topic,
             // KIP-848 heartbeats are the broker's to set (see deploy/infra.sh).
             heartbeat = if c.protocol == "classic" {
@@ -584,20 +589,31 @@ listen = "127.0.0.1:0"
         super::provider::set_faults(&self.mock, faults).await;
     }
 
+    /// The settings file the workers use (direct routes), for operator commands
+    /// (`replyd check --config`, `replyd inspect --config`).
+    pub fn settings_file(&self) -> PathBuf {
+        let path = self.dir.join("operator.toml");
+        std::fs::write(&path, self.direct_toml()).unwrap();
+        path
+    }
+
+    /// The workers' settings with direct routes, as the library reads them.
+    pub fn settings(&self) -> replyd::config::Settings {
+        replyd::config::Settings::from_toml(&self.direct_toml()).expect("test settings are valid")
+    }
+
+    fn direct_toml(&self) -> String {
+        let routes = std::mem::take(&mut *self.routes.lock().unwrap_or_else(|p| p.into_inner()));
+        let text = self.worker_toml("operator");
+        *self.routes.lock().unwrap_or_else(|p| p.into_inner()) = routes;
+        text
+    }
+
     /// The checker's report over this test's schema, topic, group and mock.
     pub async fn check(&self) -> replyd::check::Report {
-        replyd::check::run(&replyd::check::CheckArgs {
-            database_url: self.db.settings.url.expose().to_owned(),
-            bootstrap: self.bootstrap.clone(),
-            topic: self.topic.clone(),
-            dead_letter_topic: None,
-            group: self.group.clone(),
-            mock_url: Some(self.mock.base_url()),
-            json: true,
-            summary: false,
-        })
-        .await
-        .expect("check runs")
+        replyd::check::run(&self.settings(), Some(&self.mock.base_url()))
+            .await
+            .expect("check runs")
     }
 
     /// Attempt outcomes over all tasks, counted.
