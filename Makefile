@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery chaos fuzz
+.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -44,6 +44,11 @@ bench:
 ## bench-recovery: 1,000 tasks, 20% of calls dropped after the work: calls per task, recovery on/off.
 bench-recovery:
 	bash deploy/bench-recovery.sh 1000 0.2
+
+## bench-duplicates: 300 tasks published 3 times, two workers: the commit lag after the last
+## task finished (a duplicate parked on a lease is woken when its task is done).
+bench-duplicates:
+	bash deploy/bench-duplicates.sh 300 3
 
 ## chaos: every fault scenario for CHAOS_SECONDS (default 180) each, or one: make chaos SCENARIO=kill.
 ## Reports in target/chaos/<scenario>.json and target/chaos/summary.json. (make test runs a
