@@ -362,6 +362,15 @@ fn once_a_minute(key: &str) -> bool {
     }
 }
 
+/// A log line's shape: numbers and librdkafka's own "(after 3ms in state CONNECT, 2 identical
+/// error(s) suppressed)" tail taken out, so repeats of one condition share a key.
+fn shape_of(message: &str) -> String {
+    let head = message.split(" (after ").next().unwrap_or(message);
+    head.chars()
+        .map(|c| if c.is_ascii_digit() { '#' } else { c })
+        .collect()
+}
+
 /// Expected conditions librdkafka logs at WARN or ERROR while a group moves or a coordinator
 /// starts; they heal by themselves.
 const EXPECTED_LIBRDKAFKA: &[&str] = &[
@@ -392,11 +401,7 @@ pub fn librdkafka_log(level: rdkafka::config::RDKafkaLogLevel, fac: &str, messag
         tracing::debug!(target: "librdkafka", fac, "{message}");
         return;
     }
-    let shape: String = message
-        .chars()
-        .map(|c| if c.is_ascii_digit() { '#' } else { c })
-        .collect();
-    if !once_a_minute(&format!("{fac}:{shape}")) {
+    if !once_a_minute(&format!("{fac}:{}", shape_of(message))) {
         return;
     }
     match severity {
@@ -417,7 +422,7 @@ pub fn kafka_client_error(error: &rdkafka::error::KafkaError, reason: &str) {
         if once_a_minute("client-expected") {
             tracing::info!(target: "librdkafka", error = %error, reason, "expected while the group moves (logged once a minute)");
         }
-    } else if once_a_minute(&format!("client:{reason}")) {
+    } else if once_a_minute(&format!("client:{}", shape_of(reason))) {
         tracing::warn!(target: "librdkafka", error = %error, reason, "client error (repeats are held back for a minute)");
     }
 }
@@ -425,4 +430,43 @@ pub fn kafka_client_error(error: &rdkafka::error::KafkaError, reason: &str) {
 pub fn consumer_error(error: &dyn std::error::Error) {
     tracing::warn!(error = %chain(error), "consumer error");
     counter!(CONSUMER_ERRORS).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeats_of_one_condition_share_a_shape() {
+        let first = "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after 0ms in state CONNECT)";
+        let again = "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after 12ms in state CONNECT, 3 identical error(s) suppressed)";
+        assert_eq!(shape_of(first), shape_of(again));
+        assert_eq!(
+            shape_of("1/1 brokers are down"),
+            shape_of("0/1 brokers are down")
+        );
+        assert_ne!(
+            shape_of("Connect to ipv4#127.0.0.1:1 failed"),
+            shape_of("Failed to resolve 'kafka.internal:9092'")
+        );
+    }
+
+    #[test]
+    fn a_repeated_line_passes_once_a_minute() {
+        let key = format!("test-{}", uuid::Uuid::new_v4());
+        assert!(once_a_minute(&key));
+        assert!(!once_a_minute(&key));
+    }
+
+    #[test]
+    fn the_chain_says_each_cause_once() {
+        let inner = std::io::Error::other("Connection refused (os error 111)");
+        #[derive(Debug, thiserror::Error)]
+        #[error("error connecting to server: {0}")]
+        struct Outer(#[source] std::io::Error);
+        assert_eq!(
+            chain(&Outer(inner)),
+            "error connecting to server: Connection refused (os error 111)"
+        );
+    }
 }

@@ -180,6 +180,42 @@ async fn a_worker_with_contradictory_settings_refuses_to_start_and_names_the_set
     assert!(run(&["config", "check"], &path).status.success());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_broker_is_named_with_its_setting_and_not_logged_per_attempt() {
+    let db = helpers::TestDb::new().await;
+    let dir = std::env::temp_dir().join(unique("no-kafka"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("replyd.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[database]\nurl = \"{}\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\nstartup_retry_ms = 8000\n",
+            db.settings.url.expose()
+        ),
+    )
+    .unwrap();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .args(["worker", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cannot reach Kafka at 127.0.0.1:1 (kafka.bootstrap_servers)"),
+        "{stderr}"
+    );
+    // librdkafka retries the connection several times a second for the 8 s; each distinct
+    // line is logged once.
+    let errors = stderr.lines().filter(|l| l.contains("ERROR")).count();
+    assert!(errors <= 6, "{errors} ERROR lines in 8 s:\n{stderr}");
+}
+
 #[tokio::test]
 async fn an_unreachable_database_is_named_with_its_setting_and_logged_once_per_failure() {
     let dir = std::env::temp_dir().join(unique("no-db"));
@@ -334,6 +370,34 @@ async fn bad_records_of_each_kind_land_in_the_dlq_and_the_partition_keeps_moving
         warned, 1,
         "the late task's failure is logged at WARN with its reason"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_judges_records_by_the_workers_own_prompt_limit() {
+    let config = WorkerConfig {
+        max_prompt_bytes: 65_536,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start(1, mock(10), config).await;
+    app.spawn_worker("w1");
+    let mut all = tasks(3, 1);
+    // One byte over this worker's limit, far under the built-in one.
+    all[1].request.messages = vec![ChatMessage {
+        role: Role::User,
+        content: "x".repeat(65_537),
+    }];
+    app.produce_tasks(&all, 1).await;
+    let good = [all[0].task_id, all[2].task_id];
+    app.wait_until_terminal(&good, LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!(
+        (report.dead_lettered, report.bad_records),
+        (1, 1),
+        "{report:#?}"
+    );
+    assert_eq!(report.tasks, 2, "{report:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -504,6 +568,19 @@ async fn rebalance_one_two_one(protocol: &'static str) {
     app.wait_until_terminal(&ids(&all), LIMIT).await;
     app.wait_until_committed_to_end(LIMIT).await;
     assert_invariants(&app, 120).await;
+    // A clean shutdown is nothing to page on: no ERROR line, no warning about a commit that
+    // the group refused because the worker was leaving.
+    let w2 = app.log_of("w2");
+    for noise in [
+        " ERROR ",
+        "BrokerDestroy",
+        "WARN replyd::telemetry: offset commit failed",
+    ] {
+        assert!(
+            !w2.contains(noise),
+            "{noise:?} in the log of a clean shutdown:\n{w2}"
+        );
+    }
     assert!(
         app.log_of("w1").contains("rebalance"),
         "w1 saw the rebalances"
@@ -789,4 +866,39 @@ async fn without_notifications_parked_records_finish_at_the_lease_end() {
         + app.log_lines_with("w2", &["leased_by_other"]);
     assert!(parked > 0, "no copy ever parked: the test proved nothing");
     assert_invariants(&app, 10).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_prints_a_summary_and_writes_the_ids_only_when_asked() {
+    let app = TestApp::start(2, mock(10), WorkerConfig::default()).await;
+    let ids_file = std::env::temp_dir().join(unique("ids"));
+    let (config, ids) = (app.settings_file(), ids_file.clone());
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .args(["produce", "--count", "2000", "--config"])
+            .arg(&config)
+            .arg("--ids-file")
+            .arg(&ids)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["tasks"], 2000);
+    assert_eq!(summary["topic"], app.topic.as_str());
+    assert!(
+        output.stdout.len() < 512,
+        "a summary, not the ids: {} bytes",
+        output.stdout.len()
+    );
+    let written = std::fs::read_to_string(&ids_file).unwrap();
+    assert_eq!(written.lines().count(), 2000);
+    assert!(written.lines().all(|l| TaskId::parse(l).is_ok()));
+    assert_eq!(app.end_offsets().await.values().sum::<i64>(), 2000);
 }

@@ -581,8 +581,13 @@ impl ConsumerContext for WorkerContext {
     }
 
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        // A commit can fail as a whole or per partition (a generation error during a
-        // rebalance is reported on each partition).
+        // Only some commits report here. librdkafka hands the result of an application's
+        // async commit (`rd_kafka_commit(.., async)`) to a configured `offset_commit_cb` or a
+        // reply queue only (rd_kafka_cgrp_propagate_commit_result); the OFFSET_COMMIT event
+        // rdkafka enables is used for librdkafka's own auto-commits. rdkafka sets neither, so
+        // a failed async commit is only librdkafka's COMMITFAIL log line, never this call:
+        // hence the periodic full re-commit (FULL_COMMIT_INTERVAL). A commit can fail as a
+        // whole or per partition (a generation error during a rebalance is reported on each).
         let failed: Vec<PartitionKey> = match &result {
             Err(e) => {
                 telemetry::commit_failed(e, false);
@@ -630,7 +635,9 @@ pub fn consumer_config(kafka: &KafkaSettings) -> ClientConfig {
     config
 }
 
-/// How often every partition's commit point is sent again even if it did not move.
+/// How often every partition's commit point is sent again even if it did not move: the result
+/// of an async commit is not reported back (see `commit_callback`), so a failed one is mended
+/// by sending every point again.
 const FULL_COMMIT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Runs the consumer until `shutdown` fires, then drains, commits and leaves the group.

@@ -72,7 +72,8 @@ impl DeadLetters {
         let metadata = self
             .producer
             .client()
-            .fetch_metadata(Some(&self.topic), Duration::from_secs(10))
+            // Short: start-up retries this, and each try should fit well inside its budget.
+            .fetch_metadata(Some(&self.topic), Duration::from_secs(3))
             .map_err(|error| DeadLetterError::Unreachable {
                 bootstrap: self.bootstrap.clone(),
                 error,

@@ -41,6 +41,8 @@ pub struct WorkerConfig {
     pub provider_api: &'static str,
     /// `database.listen`: wake parked records on task status notifications.
     pub listen: bool,
+    /// `worker.max_prompt_bytes`.
+    pub max_prompt_bytes: usize,
 }
 
 impl Default for WorkerConfig {
@@ -62,6 +64,7 @@ impl Default for WorkerConfig {
             provider_honours_idempotency_key: true,
             provider_api: "chat_completions",
             listen: true,
+            max_prompt_bytes: 256 * 1024,
         }
     }
 }
@@ -195,6 +198,7 @@ drain_timeout_ms = {drain}
 commit_interval_ms = 200
 io_retry_ms = 100
 default_max_attempts = {attempts}
+max_prompt_bytes = {max_prompt}
 
 [provider]
 base_url = "{mock}"
@@ -244,6 +248,7 @@ listen = "127.0.0.1:0"
             honours = c.provider_honours_idempotency_key,
             api = c.provider_api,
             listen = c.listen,
+            max_prompt = c.max_prompt_bytes,
         )
     }
 
