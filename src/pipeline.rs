@@ -307,7 +307,7 @@ impl Pipeline {
                 };
                 match outcome {
                     CompletionOutcome::Accepted => {
-                        telemetry::completion(&id, lease.version, "accepted");
+                        telemetry::reply_accepted(&id, lease.version);
                         self.lease_ended(lease);
                         AttemptEnd::Terminal("completed")
                     }

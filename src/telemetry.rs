@@ -145,19 +145,10 @@ pub fn claim(task_id: &str, version: Option<i64>, outcome: &'static str) {
     counter!(CLAIMS, "outcome" => outcome).increment(1);
 }
 
-/// `outcome`: accepted, already_saved, fenced_taken_over, fenced_lease_expired, failed, ...
-pub fn completion(task_id: &str, version: i64, outcome: &'static str) {
-    if outcome == "accepted" {
-        tracing::debug!(task_id, assignment_version = version, outcome, "completion");
-    } else {
-        tracing::info!(
-            task_id,
-            assignment_version = version,
-            outcome,
-            "completion refused"
-        );
-    }
-    counter!(COMPLETIONS, "outcome" => outcome).increment(1);
+/// A reply saved by this assignment (refusals are [`write_refused`]).
+pub fn reply_accepted(task_id: &str, version: i64) {
+    tracing::debug!(task_id, assignment_version = version, "completion accepted");
+    counter!(COMPLETIONS, "outcome" => "accepted").increment(1);
 }
 
 pub fn provider_call(task_id: &str, version: i64, outcome: &'static str, took: Duration) {
@@ -427,9 +418,10 @@ pub fn kafka_client_error(error: &rdkafka::error::KafkaError, reason: &str) {
     }
 }
 
-pub fn consumer_error(error: &dyn std::error::Error) {
-    tracing::warn!(error = %chain(error), "consumer error");
-    counter!(CONSUMER_ERRORS).increment(1);
+/// An error the consumer's poll returned (a broker connection lost, say): librdkafka raises
+/// the same one on every retry, so it is logged like its client errors, once a minute.
+pub fn consumer_error(error: &rdkafka::error::KafkaError) {
+    kafka_client_error(error, &error.to_string());
 }
 
 #[cfg(test)]

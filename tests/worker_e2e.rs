@@ -732,6 +732,21 @@ fn long_lease(listen: bool) -> WorkerConfig {
     }
 }
 
+/// Two workers holding one of two partitions each: a task published to both partitions is
+/// raced for by both, and the loser parks on the winner's lease.
+async fn two_workers_on_two_partitions(latency_ms: u64, config: WorkerConfig) -> TestApp {
+    let app = TestApp::start(2, mock(latency_ms), config).await;
+    app.spawn_worker("w1");
+    app.spawn_worker("w2");
+    app.wait_until_assigned(&["w1", "w2"]).await;
+    app
+}
+
+/// Claims that found the task leased by another assignment, over both workers' logs.
+fn parked_claims(app: &TestApp) -> usize {
+    app.log_lines_with("w1", &["leased_by_other"]) + app.log_lines_with("w2", &["leased_by_other"])
+}
+
 /// How long a test waits for the commit point after the last task finished: far below the
 /// 60 s lease, so only a woken record can meet it.
 const WELL_BEFORE_THE_LEASE_ENDS: Duration = Duration::from_secs(20);
@@ -758,21 +773,17 @@ async fn a_duplicate_in_the_same_worker_is_woken_when_its_twin_completes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_on_another_worker_is_woken_by_the_completion_notification() {
-    let app = TestApp::start(2, mock(500), long_lease(true)).await;
-    app.spawn_worker("w1");
-    app.spawn_worker("w2");
-    app.wait_until_assigned(&["w1", "w2"]).await;
-    // Every task has a copy in each partition: the two workers race for every task, and the
-    // loser parks on the winner's lease.
+    let app = two_workers_on_two_partitions(500, long_lease(true)).await;
     let all = tasks(30, 6);
     app.produce_to_partitions(&all, &[0, 1]).await;
 
     app.wait_until_terminal(&ids(&all), LIMIT).await;
     app.wait_until_committed_to_end(WELL_BEFORE_THE_LEASE_ENDS)
         .await;
-    let parked = app.log_lines_with("w1", &["leased_by_other"])
-        + app.log_lines_with("w2", &["leased_by_other"]);
-    assert!(parked > 0, "no copy ever parked: the test proved nothing");
+    assert!(
+        parked_claims(&app) > 0,
+        "no copy ever parked: the test proved nothing"
+    );
     let report = assert_invariants(&app, 30).await;
     assert_eq!(report.mock_generations, Some(30), "{report:#?}");
 }
@@ -784,10 +795,7 @@ async fn with_the_listening_session_killed_parked_records_still_finish() {
         renew_interval_ms: 2_000,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(2, mock(800), config).await;
-    app.spawn_worker("w1");
-    app.spawn_worker("w2");
-    app.wait_until_assigned(&["w1", "w2"]).await;
+    let app = two_workers_on_two_partitions(800, config).await;
     let all = tasks(30, 6);
     let client = app.db.raw_client().await;
     let listeners = format!(
@@ -853,18 +861,16 @@ async fn without_notifications_parked_records_finish_at_the_lease_end() {
         listen: false,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(2, mock(500), config).await;
-    app.spawn_worker("w1");
-    app.spawn_worker("w2");
-    app.wait_until_assigned(&["w1", "w2"]).await;
+    let app = two_workers_on_two_partitions(500, config).await;
     let all = tasks(10, 2);
     app.produce_to_partitions(&all, &[0, 1]).await;
 
     app.wait_until_terminal(&ids(&all), LIMIT).await;
     app.wait_until_committed_to_end(LIMIT).await;
-    let parked = app.log_lines_with("w1", &["leased_by_other"])
-        + app.log_lines_with("w2", &["leased_by_other"]);
-    assert!(parked > 0, "no copy ever parked: the test proved nothing");
+    assert!(
+        parked_claims(&app) > 0,
+        "no copy ever parked: the test proved nothing"
+    );
     assert_invariants(&app, 10).await;
 }
 

@@ -38,9 +38,14 @@ pub async fn relay_task_notifications(
 ) {
     let target = target_of(&settings);
     let mut failures = RepeatedFailure::new("notification listener");
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = INITIAL_BACKOFF;
     while !shutdown.is_cancelled() {
-        match listen_once(&settings, &name, &parked, &shutdown).await {
+        let session = listen_once(&settings, &name, &parked, &shutdown, || {
+            // Listening again: the next loss starts over from the shortest wait.
+            failures.recovered();
+            backoff = INITIAL_BACKOFF;
+        });
+        match session.await {
             Ok(()) => return, // shut down
             Err(e) => {
                 failures.failed(&format!(
@@ -55,11 +60,10 @@ pub async fn relay_task_notifications(
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
-        if failures.count() == 0 {
-            backoff = Duration::from_millis(100);
-        }
     }
 }
+
+const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Why a listening session ended.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +83,7 @@ async fn listen_once(
     name: &str,
     parked: &ParkedTasks,
     shutdown: &CancellationToken,
+    listening: impl FnOnce(),
 ) -> Result<(), SessionEnd> {
     let mut config = session_config(settings)?;
     config.application_name(name);
@@ -99,6 +104,7 @@ async fn listen_once(
             .batch_execute(&format!("LISTEN {TASK_STATUS_CHANNEL}"))
             .await?;
         telemetry::listener_connected();
+        listening();
         parked.wake_all(WakeSource::Resync);
         loop {
             tokio::select! {
