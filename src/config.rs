@@ -4,7 +4,6 @@
 //! `Debug` and `Display` never show the value, so a settings dump cannot leak a password.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -16,41 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::domain::RecordRules;
 use crate::provider::OpenAiSettings;
 use crate::retry::RetrySettings;
-
-/// A value that must never be logged (database URLs with passwords, API keys).
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-/// Shown redacted: `replyd config show` prints the effective settings without their secrets.
-impl Serialize for Secret {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str("***")
-    }
-}
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The value itself, for the one place that needs it (a connection, a request header).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
+pub use crate::secret::Secret;
 
 /// How replyd talks to PostgreSQL.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]

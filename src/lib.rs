@@ -16,6 +16,7 @@ pub mod produce;
 pub mod proto;
 pub mod provider;
 pub mod retry;
+pub mod secret;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

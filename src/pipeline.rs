@@ -359,16 +359,11 @@ impl Pipeline {
         let waited = self
             .guarded(lease, cancel, background.wait(&operation))
             .await;
-        if let Guarded::Done(Err(ProviderError::Fatal { status: 404, .. })) = &waited {
+        if let Guarded::Done(Err(ProviderError::OperationGone { .. })) = &waited {
             // The provider no longer knows the operation (expired, cancelled): forget it so
             // the next attempt starts a new one. Best effort: if this write is refused, the
             // attempt is over anyway.
             let _ = self.store.record_operation(lease, None).await;
-            return Guarded::Done(Err(ProviderError::NotSent {
-                message: format!(
-                    "operation {operation} is gone at the provider; a new one will be started"
-                ),
-            }));
         }
         waited
     }

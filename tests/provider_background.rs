@@ -164,18 +164,11 @@ async fn waiting_on_an_unknown_id_says_the_operation_is_gone() {
         .await
         .unwrap_err();
 
-    let ProviderError::Fatal {
-        status: 404,
-        message,
-    } = &error
-    else {
-        panic!("expected Fatal 404, got {error:?}");
+    let ProviderError::OperationGone { operation, why } = &error else {
+        panic!("expected OperationGone, got {error:?}");
     };
-    assert!(
-        message.contains("operation resp_never is gone"),
-        "{message}"
-    );
-    assert!(message.contains("No response found"), "{message}");
+    assert_eq!(operation, "resp_never");
+    assert!(why.contains("No response found"), "{why}");
     assert_eq!(stats(&mock).await.generations, 0);
 }
 
@@ -203,7 +196,7 @@ async fn a_provider_without_background_responses_refuses_the_create_with_404() {
         "{start:?}"
     );
     assert!(
-        matches!(wait, ProviderError::Fatal { status: 404, .. }),
+        matches!(wait, ProviderError::OperationGone { .. }),
         "{wait:?}"
     );
     let stats = stats(&mock).await;

@@ -9,9 +9,10 @@ use std::time::Duration;
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use reqwest::{Client, RequestBuilder, Response, Url};
 
-use super::openai::{OpenAiBuildError, OpenAiSettings};
+use super::openai::OpenAiBuildError;
+use super::settings::OpenAiSettings;
 use super::{ProviderError, classify_status};
-use crate::config::Secret;
+use crate::secret::Secret;
 
 /// Most bytes of a non-success body kept for the error message.
 const MAX_ERROR_BODY_BYTES: usize = 4 * 1024;

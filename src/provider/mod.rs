@@ -26,6 +26,7 @@ pub mod classify;
 mod http;
 pub mod openai;
 pub mod responses;
+pub mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,8 +36,9 @@ use serde::{Deserialize, Serialize};
 use crate::domain::{ChatMessage, TaskSpec};
 
 pub use classify::classify_status;
-pub use openai::{OpenAiBuildError, OpenAiChatProvider, OpenAiSettings, ProviderApi};
+pub use openai::{OpenAiBuildError, OpenAiChatProvider};
 pub use responses::OpenAiResponsesProvider;
+pub use settings::{OpenAiSettings, ProviderApi};
 
 /// One call to make: what to ask, and the key under which the provider deduplicates it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,8 +142,8 @@ pub trait Provider: Send + Sync {
 /// the key. From `wait`:
 /// - a failed poll (`NotSent`, `Retryable`, `Ambiguous`, `MaybeExecuted` with a 5xx status,
 ///   `MalformedResponse`) leaves the operation id valid: `wait` may be called again;
-/// - `Fatal { status: 404, .. }`: the operation is gone (unknown id, cancelled, expired); only
-///   a new `start` can produce a reply;
+/// - `OperationGone`: the operation is gone (unknown id, cancelled, expired); only a new
+///   `start` can produce a reply;
 /// - the operation's own failure carries status 200, the status of the poll that reported it:
 ///   `MaybeExecuted { status: 200, .. }` when the provider calls it a server error (a new
 ///   `start` may be billed again), else `Fatal { status: 200, .. }`.
@@ -155,7 +157,7 @@ pub trait BackgroundProvider: Provider {
     /// Polls `operation` until it reaches a terminal status and returns its generation. A
     /// `failed` operation is `Fatal` with the provider's message, or `MaybeExecuted` when the
     /// provider says the failure was a server error; a cancelled, expired or unknown one is
-    /// `Fatal { status: 404, .. }`. Dropping the future stops the polling.
+    /// `OperationGone`. Dropping the future stops the polling.
     async fn wait(&self, operation: &OperationId) -> Result<Generation, ProviderError>;
 }
 
@@ -198,6 +200,10 @@ pub enum ProviderError {
     /// A success status whose body is not a completion (or response object) with a reply in it.
     #[error("malformed provider response: {message}")]
     MalformedResponse { message: String },
+    /// A background operation the provider no longer has (unknown id, cancelled, expired):
+    /// nothing runs for it, and only a new `start` can produce a reply.
+    #[error("operation {operation} is gone: {why}; start a new one")]
+    OperationGone { operation: String, why: String },
 }
 
 impl ProviderError {
@@ -210,6 +216,7 @@ impl ProviderError {
             ProviderError::Ambiguous { .. } => "ambiguous",
             ProviderError::Fatal { .. } => "fatal",
             ProviderError::MalformedResponse { .. } => "malformed_response",
+            ProviderError::OperationGone { .. } => "operation_gone",
         }
     }
 }

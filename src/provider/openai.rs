@@ -1,6 +1,5 @@
 //! [`OpenAiChatProvider`]: one `POST {base_url}/v1/chat/completions` per call to an
-//! OpenAI-compatible server, with the task id as `Idempotency-Key` (I6); and the settings both
-//! OpenAI adapters read ([`OpenAiSettings`]).
+//! OpenAI-compatible server, with the task id as `Idempotency-Key` (I6).
 //!
 //! The client is built so that one `generate` is exactly one request: reqwest's own retry policy
 //! is switched off and redirects are not followed, because re-sending is the caller's decision
@@ -15,66 +14,10 @@ use serde::{Deserialize, Serialize};
 use super::http::{
     build_client, endpoint, status_error, transport_error, with_api_key, with_idempotency_key,
 };
+use super::settings::OpenAiSettings;
 use super::{Generation, GenerationRequest, Provider, ProviderError, Usage};
-use crate::config::Secret;
 use crate::domain::Role;
-
-/// Which of the provider's APIs replyd calls.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ProviderApi {
-    /// `POST /v1/chat/completions`: one request per call; an ambiguous call is recovered only
-    /// if the provider honours `Idempotency-Key`.
-    #[default]
-    ChatCompletions,
-    /// `POST /v1/responses` with `"background": true`, then `GET /v1/responses/{id}` until the
-    /// response is done: the operation id survives an ambiguous call and a restart.
-    BackgroundResponses,
-}
-
-/// How replyd reaches an OpenAI-compatible server.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
-pub struct OpenAiSettings {
-    /// Scheme, host and port (and any path prefix) of the server, without `/v1`; the adapter
-    /// posts to `{base_url}/v1/chat/completions` (or `{base_url}/v1/responses`). Default
-    /// `https://api.openai.com`.
-    pub base_url: String,
-    /// Sent as `Authorization: Bearer <key>` when set; never logged. Servers without
-    /// authentication (the mock provider, a local vLLM) need none. Default: none.
-    pub api_key: Option<Secret>,
-    /// Whole-call limit, from sending the request to the last byte of the answer. A call that
-    /// runs out of it is `Ambiguous`: the provider may still finish and bill the work. With
-    /// `background_responses` it also bounds one `wait` as a whole (all its polls). Default
-    /// 60000.
-    pub request_timeout_ms: u64,
-    /// Limit on opening the TCP (and TLS) connection. A call that runs out of it is `NotSent`.
-    /// Default 3000.
-    pub connect_timeout_ms: u64,
-    /// Model asked for when a task names none. Default `gpt-4o-mini`.
-    pub default_model: String,
-    /// `chat_completions` or `background_responses` (see [`ProviderApi`]). Default
-    /// `chat_completions`.
-    #[serde(default)]
-    pub api: ProviderApi,
-    /// `background_responses` only: pause between two polls of a response that is not done
-    /// yet. Values below 1 are taken as 1. Default 500.
-    pub poll_interval_ms: u64,
-}
-
-impl Default for OpenAiSettings {
-    fn default() -> Self {
-        Self {
-            base_url: "https://api.openai.com".into(),
-            api_key: None,
-            request_timeout_ms: 60_000,
-            connect_timeout_ms: 3_000,
-            default_model: "gpt-4o-mini".into(),
-            api: ProviderApi::ChatCompletions,
-            poll_interval_ms: 500,
-        }
-    }
-}
+use crate::secret::Secret;
 
 /// The adapter. Cheap to share: hold it in an `Arc` and call `generate` from many tasks; they
 /// share one connection pool.

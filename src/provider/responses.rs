@@ -17,12 +17,13 @@ use tokio::time::Instant;
 use super::http::{
     build_client, endpoint, status_error, transport_error, with_api_key, with_idempotency_key,
 };
-use super::openai::{OpenAiBuildError, OpenAiSettings, role_name};
+use super::openai::{OpenAiBuildError, role_name};
+use super::settings::OpenAiSettings;
 use super::{
     BackgroundProvider, Generation, GenerationRequest, OperationId, Provider, ProviderError,
     Recovery, Usage,
 };
-use crate::config::Secret;
+use crate::secret::Secret;
 
 /// The adapter. Cheap to share: hold it in an `Arc`; all calls share one connection pool. Holds
 /// no state about operations, so a second instance (another worker, a restarted one) can `wait`
@@ -199,9 +200,9 @@ pub(crate) enum Polled {
 
 /// The documented "operation is gone" error: only a new `start` can produce a reply.
 fn gone(operation: &OperationId, why: &str) -> ProviderError {
-    ProviderError::Fatal {
-        status: 404,
-        message: format!("operation {operation} is gone: {why}; start a new one"),
+    ProviderError::OperationGone {
+        operation: operation.to_string(),
+        why: why.to_owned(),
     }
 }
 
@@ -474,14 +475,13 @@ mod tests {
         for status in ["cancelled", "expired"] {
             let body = format!(r#"{{"id":"resp_2","status":"{status}"}}"#);
             let error = parse(&body).unwrap_err();
-            let ProviderError::Fatal {
-                status: 404,
-                message,
-            } = &error
-            else {
+            let ProviderError::OperationGone { .. } = &error else {
                 panic!("{status}: {error:?}");
             };
-            assert!(message.contains("operation resp_2 is gone"), "{message}");
+            assert!(
+                error.to_string().contains("operation resp_2 is gone"),
+                "{error}"
+            );
         }
     }
 
@@ -580,7 +580,7 @@ mod tests {
                 .operation_url(&OperationId(String::new()))
                 .unwrap_err()
                 .kind(),
-            "fatal"
+            "operation_gone"
         );
     }
 
