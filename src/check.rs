@@ -25,9 +25,9 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::config::Settings;
-use crate::domain::{RecordRules, TaskSpec};
+use crate::domain::{AttemptOutcome, RecordRules, TaskSpec, TaskStatus};
 use crate::kafka::dead_letter::headers;
-use crate::store::{TaskStatus, connect_error, session_config};
+use crate::store::{connect_error, session_config};
 
 /// Exit code when an invariant is broken.
 pub const INVARIANT_BROKEN: u8 = 3;
@@ -403,20 +403,32 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
             .ok_or_else(|| CheckError::Other(format!("unknown task status {status:?}")))?;
         statuses.insert(row.get(0), status);
     }
-    let count = |sql: &'static str| {
+    // Outcomes are bound as parameters from the one enum that writes them.
+    let count = |sql: &'static str, outcome: Option<AttemptOutcome>| {
         let client = &client;
-        async move { client.query_one(sql, &[]).await.map(|r| r.get::<_, i64>(0)) }
+        async move {
+            match outcome {
+                Some(o) => client.query_one(sql, &[&o.as_str()]).await,
+                None => client.query_one(sql, &[]).await,
+            }
+            .map(|r| r.get::<_, i64>(0))
+        }
     };
     let duplicate_replies = count(
-        "SELECT count(*) FROM (SELECT task_id FROM reply_attempts WHERE outcome = 'accepted' \
+        "SELECT count(*) FROM (SELECT task_id FROM reply_attempts WHERE outcome = $1 \
          GROUP BY task_id HAVING count(*) > 1) d",
+        Some(AttemptOutcome::Accepted),
     )
     .await?;
-    let fenced_rejections =
-        count("SELECT count(*) FROM reply_attempts WHERE outcome = 'fenced'").await?;
+    let fenced_rejections = count(
+        "SELECT count(*) FROM reply_attempts WHERE outcome = $1",
+        Some(AttemptOutcome::Fenced),
+    )
+    .await?;
     let max_attempts_exceeded = count(
         "SELECT count(*) FROM reply_tasks t WHERE attempt_count > max_attempts \
          OR (SELECT count(*) FROM reply_attempts a WHERE a.task_id = t.task_id) > max_attempts",
+        None,
     )
     .await?;
     let attempts_per_task = client
@@ -431,8 +443,8 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         .collect();
     let replies_by_worker = client
         .query(
-            "SELECT worker, count(*) FROM reply_attempts WHERE outcome = 'accepted' GROUP BY worker",
-            &[],
+            "SELECT worker, count(*) FROM reply_attempts WHERE outcome = $1 GROUP BY worker",
+            &[&AttemptOutcome::Accepted.as_str()],
         )
         .await?
         .iter()

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::config::Settings;
-use crate::domain::TaskId;
-use crate::store::{AttemptRecord, Store, StoredTask};
+use crate::domain::{AttemptRecord, StoredTask, TaskId};
+use crate::store::Store;
 
 /// Exit code when the task does not exist.
 pub const NO_SUCH_TASK: u8 = 4;
@@ -117,7 +117,7 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
             a.worker,
             a.claimed_at.to_string(),
             took,
-            a.outcome.as_deref().unwrap_or("(open)"),
+            a.outcome.map_or("(open)", |o| o.as_str()),
             a.detail
                 .as_deref()
                 .map(|d| format!(" — {d}"))

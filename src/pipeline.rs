@@ -17,7 +17,9 @@ use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{RecordRules, TaskId, TaskSpec};
+use crate::domain::{
+    AttemptOutcome, RecordEnd, RecordRules, StoredTask, TaskId, TaskSpec, TaskStatus,
+};
 use crate::kafka::consumer::{RecordHandler, RecordOutcome};
 use crate::kafka::dead_letter::DeadLetters;
 use crate::kafka::tracker::PartitionKey;
@@ -28,7 +30,7 @@ use crate::provider::{
 use crate::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
 use crate::store::{
     ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Refusal, ReleaseOutcome, RenewOutcome,
-    Store, StoreError, StoredTask, TaskStatus,
+    Store, StoreError,
 };
 use crate::telemetry;
 
@@ -69,7 +71,7 @@ enum Guarded<T> {
 /// How one attempt (one claim) ended.
 enum AttemptEnd {
     /// The task is terminal.
-    Terminal(&'static str),
+    Terminal(RecordEnd),
     /// The lease is gone (taken over, expired, released after a retryable error): go back to
     /// reading the task.
     Again {
@@ -125,7 +127,7 @@ impl Pipeline {
                                 error.kind(),
                                 &error.to_string(),
                             );
-                            return RecordOutcome::Done("dead_lettered");
+                            return RecordOutcome::Done(RecordEnd::DeadLettered);
                         }
                         Err(e) => telemetry::dead_letter_failed(&key, offset, &e),
                     }
@@ -169,8 +171,8 @@ impl Pipeline {
                 continue;
             };
             match stored.status {
-                TaskStatus::Completed => return RecordOutcome::Done("already_completed"),
-                TaskStatus::Failed => return RecordOutcome::Done("already_failed"),
+                TaskStatus::Completed => return RecordOutcome::Done(RecordEnd::AlreadyCompleted),
+                TaskStatus::Failed => return RecordOutcome::Done(RecordEnd::AlreadyFailed),
                 TaskStatus::Pending | TaskStatus::Running => {}
             }
             let Some(claim) = self
@@ -208,11 +210,11 @@ impl Pipeline {
                 }
                 ClaimOutcome::AlreadyCompleted => {
                     telemetry::claim(&id, None, "already_completed");
-                    return RecordOutcome::Done("already_completed");
+                    return RecordOutcome::Done(RecordEnd::AlreadyCompleted);
                 }
                 ClaimOutcome::AlreadyFailed => {
                     telemetry::claim(&id, None, "already_failed");
-                    return RecordOutcome::Done("already_failed");
+                    return RecordOutcome::Done(RecordEnd::AlreadyFailed);
                 }
                 ClaimOutcome::BudgetExhausted { attempts } => {
                     telemetry::claim(&id, None, "budget_exhausted");
@@ -225,7 +227,7 @@ impl Pipeline {
                         ),
                     );
                     self.parked.wake(task_id, WakeSource::Local);
-                    return RecordOutcome::Done("failed");
+                    return RecordOutcome::Done(RecordEnd::Failed);
                 }
                 ClaimOutcome::DeadlinePassed { deadline } => {
                     telemetry::claim(&id, None, "deadline_passed");
@@ -239,7 +241,7 @@ impl Pipeline {
                         ),
                     );
                     self.parked.wake(task_id, WakeSource::Local);
-                    return RecordOutcome::Done("failed");
+                    return RecordOutcome::Done(RecordEnd::Failed);
                 }
                 ClaimOutcome::NotBefore { at } => {
                     telemetry::claim(&id, None, "backing_off");
@@ -309,7 +311,7 @@ impl Pipeline {
                     CompletionOutcome::Accepted => {
                         telemetry::reply_accepted(&id, lease.version);
                         self.lease_ended(lease);
-                        AttemptEnd::Terminal("completed")
+                        AttemptEnd::Terminal(RecordEnd::Completed)
                     }
                     CompletionOutcome::Refused(refusal) => {
                         self.refused(&id, lease, refusal, "completion")
@@ -400,7 +402,7 @@ impl Pipeline {
                     .store
                     .release(
                         lease,
-                        "abandoned",
+                        AttemptOutcome::Abandoned,
                         "cancelled: partition revoked or worker stopping",
                     )
                     .await
@@ -456,7 +458,7 @@ impl Pipeline {
                     FailOutcome::Failed => {
                         telemetry::task_failed(&id, lease.version, &reason);
                         self.lease_ended(lease);
-                        AttemptEnd::Terminal("failed")
+                        AttemptEnd::Terminal(RecordEnd::Failed)
                     }
                     FailOutcome::Refused(refusal) => self.refused(&id, lease, refusal, "failure"),
                 }
@@ -504,8 +506,8 @@ impl Pipeline {
         };
         telemetry::write_refused(id, what, lease.version, label, current_version);
         match refusal {
-            Refusal::AlreadySaved { .. } => AttemptEnd::Terminal("already_completed"),
-            Refusal::Failed => AttemptEnd::Terminal("already_failed"),
+            Refusal::AlreadySaved { .. } => AttemptEnd::Terminal(RecordEnd::AlreadyCompleted),
+            Refusal::Failed => AttemptEnd::Terminal(RecordEnd::AlreadyFailed),
             // Someone else holds (or may take) the task: read it again, and park if leased.
             Refusal::LeaseExpired | Refusal::TakenOver { .. } | Refusal::NotFound => {
                 AttemptEnd::Again {

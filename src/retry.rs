@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::domain::AttemptOutcome;
 use crate::provider::ProviderError;
 
 /// What to do when a call may have run at the provider and nothing can recover it.
@@ -61,7 +62,7 @@ pub enum Action {
     /// Fail the task for good with `reason`; `outcome` is the attempt's recorded outcome.
     Fail {
         reason: String,
-        outcome: &'static str,
+        outcome: AttemptOutcome,
     },
 }
 
@@ -81,10 +82,10 @@ pub struct Attempt<'a> {
 }
 
 /// The recorded outcome of an attempt that failed with `error`.
-pub fn attempt_outcome(error: &ProviderError) -> &'static str {
+pub fn attempt_outcome(error: &ProviderError) -> AttemptOutcome {
     match error {
-        ProviderError::Ambiguous { .. } => "ambiguous",
-        _ => "provider_error",
+        ProviderError::Ambiguous { .. } => AttemptOutcome::Ambiguous,
+        _ => AttemptOutcome::ProviderError,
     }
 }
 
@@ -235,7 +236,7 @@ mod tests {
             panic!("fatal must fail");
         };
         assert!(reason.contains("model `x` does not exist"), "{reason}");
-        assert_eq!(outcome, "provider_error");
+        assert_eq!(outcome, AttemptOutcome::ProviderError);
     }
 
     #[test]
@@ -266,7 +267,7 @@ mod tests {
         assert!(matches!(
             decide(&ambiguous(), none, &stop, 0.5),
             Action::Fail {
-                outcome: "ambiguous",
+                outcome: AttemptOutcome::Ambiguous,
                 ..
             }
         ));

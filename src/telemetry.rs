@@ -109,10 +109,15 @@ pub fn record_received(key: &PartitionKey) {
     counter!(RECORDS_RECEIVED, "partition" => key.partition.to_string()).increment(1);
 }
 
-/// A record is finished; `how` says why (completed, failed, dead_lettered, already_terminal).
-pub fn record_done(key: &PartitionKey, offset: i64, how: &'static str) {
-    tracing::debug!(partition = key.partition, offset, how, "record done");
-    counter!(RECORDS_DONE, "how" => how).increment(1);
+/// A record is finished; `how` says why.
+pub fn record_done(key: &PartitionKey, offset: i64, how: crate::domain::RecordEnd) {
+    tracing::debug!(
+        partition = key.partition,
+        offset,
+        how = how.as_str(),
+        "record done"
+    );
+    counter!(RECORDS_DONE, "how" => how.as_str()).increment(1);
 }
 
 pub fn record_dead_lettered(key: &PartitionKey, offset: i64, kind: &'static str, reason: &str) {

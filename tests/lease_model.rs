@@ -20,8 +20,9 @@
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
+use replyd::domain::TaskStatus;
 use replyd::store::fencing::{
-    ClaimDecision, ClaimOutcome, LeaseSnapshot, Refusal, TaskStatus, classify_refusal, decide_claim,
+    ClaimDecision, ClaimOutcome, LeaseSnapshot, Refusal, classify_refusal, decide_claim,
 };
 use stateright::{Checker, HasDiscoveries, Model, Property};
 

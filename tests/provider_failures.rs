@@ -11,9 +11,9 @@ use chrono::Utc;
 use helpers::app::{TestApp, WorkerConfig};
 use helpers::{unique, wait_until};
 use replyd::domain::TaskSpec;
+use replyd::domain::{AttemptOutcome, AttemptRecord, TaskStatus};
 use replyd::mock_provider::MockSettings;
 use replyd::produce::demo_task;
-use replyd::store::{AttemptRecord, TaskStatus};
 use serde_json::json;
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -86,8 +86,11 @@ async fn a_rate_limit_with_retry_after_delays_the_next_attempt_at_least_that_lon
 
     let history = attempts(&app, &task).await;
     assert!(history.len() >= 2, "{history:?}");
-    assert_eq!(history[0].outcome.as_deref(), Some("provider_error"));
-    assert_eq!(history.last().unwrap().outcome.as_deref(), Some("accepted"));
+    assert_eq!(history[0].outcome, Some(AttemptOutcome::ProviderError));
+    assert_eq!(
+        history.last().unwrap().outcome,
+        Some(AttemptOutcome::Accepted)
+    );
     // The provider's Retry-After is a floor under the backoff, by the database clock.
     let gap = history[1].claimed_at - history[0].finished_at.unwrap();
     assert!(
@@ -112,15 +115,15 @@ async fn a_burst_of_server_errors_then_success_gives_one_reply_with_every_attemp
     heal_after_attempts(&app, &task, 2).await;
 
     let history = attempts(&app, &task).await;
-    let outcomes: Vec<_> = history.iter().map(|a| a.outcome.clone().unwrap()).collect();
+    let outcomes: Vec<_> = history.iter().map(|a| a.outcome.unwrap()).collect();
     assert!(outcomes.len() >= 3 && outcomes.len() <= 5, "{outcomes:?}");
     assert!(
         outcomes[..outcomes.len() - 1]
             .iter()
-            .all(|o| o == "provider_error"),
+            .all(|o| *o == AttemptOutcome::ProviderError),
         "{outcomes:?}"
     );
-    assert_eq!(outcomes.last().unwrap(), "accepted");
+    assert_eq!(outcomes.last(), Some(&AttemptOutcome::Accepted));
     let report = app.check().await;
     assert_eq!(report.duplicate_replies, 0);
     assert_eq!(report.completed, 1);
@@ -210,8 +213,8 @@ async fn an_unrecoverable_ambiguous_call_is_retried_within_the_budget_under_retr
         "{stats:?}"
     );
     assert_eq!(
-        attempts(&app, &task).await[0].outcome.as_deref(),
-        Some("ambiguous")
+        attempts(&app, &task).await[0].outcome,
+        Some(AttemptOutcome::Ambiguous)
     );
     assert_eq!(app.check().await.duplicate_replies, 0);
 }
@@ -229,7 +232,7 @@ async fn an_unrecoverable_ambiguous_call_fails_the_task_under_stop_after_one_gen
     assert_eq!(app.mock.stats().generations, 1);
     let history = attempts(&app, &task).await;
     assert_eq!(history.len(), 1);
-    assert_eq!(history[0].outcome.as_deref(), Some("ambiguous"));
+    assert_eq!(history[0].outcome, Some(AttemptOutcome::Ambiguous));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,12 +316,12 @@ async fn shutdown_during_a_hung_call_cancels_it_and_hands_the_task_over_at_once(
     let history = attempts(&app, &task).await;
     assert_eq!(history.len(), 2, "{history:?}");
     assert_eq!(
-        (history[0].worker.as_str(), history[0].outcome.as_deref()),
-        ("w1", Some("abandoned"))
+        (history[0].worker.as_str(), history[0].outcome),
+        ("w1", Some(AttemptOutcome::Abandoned))
     );
     assert_eq!(
-        (history[1].worker.as_str(), history[1].outcome.as_deref()),
-        ("w2", Some("accepted"))
+        (history[1].worker.as_str(), history[1].outcome),
+        ("w2", Some(AttemptOutcome::Accepted))
     );
     // Handed over, not waited out: w2 finished long before w1's lease would have expired.
     assert!(
@@ -413,8 +416,11 @@ async fn a_lost_answer_is_recovered_by_operation_id_with_one_generation() {
         "{stats:?}"
     );
     let history = attempts(&app, &task).await;
-    assert_eq!(history[0].outcome.as_deref(), Some("ambiguous"));
-    assert_eq!(history.last().unwrap().outcome.as_deref(), Some("accepted"));
+    assert_eq!(history[0].outcome, Some(AttemptOutcome::Ambiguous));
+    assert_eq!(
+        history.last().unwrap().outcome,
+        Some(AttemptOutcome::Accepted)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -452,6 +458,9 @@ async fn a_worker_killed_after_the_provider_accepted_is_finished_by_another_with
     );
     let history = attempts(&app, &task).await;
     assert_eq!(history.last().unwrap().worker, "w2");
-    assert_eq!(history.last().unwrap().outcome.as_deref(), Some("accepted"));
+    assert_eq!(
+        history.last().unwrap().outcome,
+        Some(AttemptOutcome::Accepted)
+    );
     assert_eq!(app.check().await.duplicate_replies, 0);
 }

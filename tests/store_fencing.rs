@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use helpers::{TestDb, task_spec, wait_until};
-use replyd::domain::TaskId;
+use replyd::domain::{AttemptOutcome, TaskId, TaskStatus};
 use replyd::store::{
     ClaimOutcome, CompletionOutcome, EnsureOutcome, FailOutcome, Lease, Refusal, RenewOutcome,
-    Store, TaskStatus,
+    Store,
 };
 use tokio::sync::Barrier;
 
@@ -343,7 +343,11 @@ async fn failed_task_cannot_be_completed_or_claimed() {
     let a = claim_ok(&db.store, task, "worker-a", LONG_LEASE).await;
     assert_eq!(
         db.store
-            .fail(&a, "provider said 400: bad request", "provider_error")
+            .fail(
+                &a,
+                "provider said 400: bad request",
+                AttemptOutcome::ProviderError,
+            )
             .await
             .unwrap(),
         FailOutcome::Failed

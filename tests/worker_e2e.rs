@@ -417,7 +417,7 @@ async fn a_slow_first_record_does_not_hold_back_later_ones_but_holds_the_commit_
     let slow = app.db.store.read(all[0].task_id).await.unwrap().unwrap();
     assert_eq!(
         slow.status,
-        replyd::store::TaskStatus::Running,
+        replyd::domain::TaskStatus::Running,
         "setup: the slow one is still running"
     );
     // …and the commit point stays at the slow record: offset 0 is not committed past.

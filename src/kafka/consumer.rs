@@ -32,6 +32,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::config::{GroupProtocol, KafkaSettings, WorkerSettings};
+use crate::domain::RecordEnd;
 use crate::kafka::tracker::{InFlightOffsets, PartitionKey};
 use crate::telemetry;
 
@@ -39,8 +40,8 @@ use crate::telemetry;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordOutcome {
     /// The record's outcome is durable (task terminal, or copy in the dead-letter topic); its
-    /// offset may be committed. The label says how, for metrics.
-    Done(&'static str),
+    /// offset may be committed. Says how, for metrics.
+    Done(RecordEnd),
     /// The work was cancelled (revoke, shutdown) before a durable outcome: the offset must not
     /// be committed past, so the next owner of the partition reads the record again.
     Cancelled,

@@ -8,39 +8,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-/// Lifecycle of a task row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TaskStatus {
-    Pending,
-    Running,
-    Completed,
-    Failed,
-}
-
-impl TaskStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Pending => "pending",
-            TaskStatus::Running => "running",
-            TaskStatus::Completed => "completed",
-            TaskStatus::Failed => "failed",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "pending" => TaskStatus::Pending,
-            "running" => TaskStatus::Running,
-            "completed" => TaskStatus::Completed,
-            "failed" => TaskStatus::Failed,
-            _ => return None,
-        })
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(self, TaskStatus::Completed | TaskStatus::Failed)
-    }
-}
+use crate::domain::{AttemptOutcome, TaskStatus};
 
 /// The columns of a task row that fencing decisions read, plus the database clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,8 +154,8 @@ impl Refusal {
     /// fencing: only the current assignment with a live lease may write, and a reply saved by
     /// another assignment means this one is not current. (A repeat of this assignment's own
     /// accepted write is not recorded at all; see `tasks::fenced_write`.)
-    pub fn attempt_outcome(&self) -> &'static str {
-        "fenced"
+    pub fn attempt_outcome(&self) -> AttemptOutcome {
+        AttemptOutcome::Fenced
     }
 }
 

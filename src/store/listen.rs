@@ -13,9 +13,8 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DatabaseSettings;
-use crate::domain::TaskId;
+use crate::domain::{TaskId, TaskStatus};
 use crate::parking::{ParkedTasks, WakeSource};
-use crate::store::fencing::TaskStatus;
 use crate::store::{StoreError, session_config, target_of};
 use crate::telemetry::{self, RepeatedFailure};
 

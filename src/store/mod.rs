@@ -17,11 +17,8 @@ use tokio_postgres::NoTls;
 
 use crate::config::DatabaseSettings;
 
-pub use fencing::{ClaimOutcome, Lease, Refusal, TaskStatus};
-pub use tasks::{
-    AttemptRecord, CompletionOutcome, EnsureOutcome, FailOutcome, ReleaseOutcome, RenewOutcome,
-    StoredTask,
-};
+pub use fencing::{ClaimOutcome, Lease, Refusal};
+pub use tasks::{CompletionOutcome, EnsureOutcome, FailOutcome, ReleaseOutcome, RenewOutcome};
 
 /// Errors of the store's I/O. Outcomes a caller branches on (refused, leased by another) are
 /// not errors: they are the `*Outcome` enums.

@@ -16,11 +16,12 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use crate::domain::{ProviderRequest, TaskId, TaskSpec};
+use crate::domain::{
+    AttemptOutcome, AttemptRecord, ProviderRequest, StoredTask, TaskId, TaskSpec, TaskStatus,
+};
 
 use super::fencing::{
-    ClaimDecision, ClaimOutcome, Lease, LeaseSnapshot, Refusal, TaskStatus, classify_refusal,
-    decide_claim,
+    ClaimDecision, ClaimOutcome, Lease, LeaseSnapshot, Refusal, classify_refusal, decide_claim,
 };
 use super::{Store, StoreError};
 
@@ -61,46 +62,11 @@ pub enum ReleaseOutcome {
     Refused(Refusal),
 }
 
-/// One row of a task's attempt history.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct AttemptRecord {
-    pub attempt_no: i32,
-    pub assignment_version: i64,
-    pub worker: String,
-    pub claimed_at: DateTime<Utc>,
-    pub lease_until: DateTime<Utc>,
-    pub finished_at: Option<DateTime<Utc>>,
-    pub outcome: Option<String>,
-    pub detail: Option<String>,
-}
-
 /// What a terminal failure did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FailOutcome {
     Failed,
     Refused(Refusal),
-}
-
-/// A task row as stored, for `read` and operators.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredTask {
-    pub spec: TaskSpec,
-    pub status: TaskStatus,
-    pub assignment_version: i64,
-    pub lease_owner: Option<String>,
-    pub lease_until: Option<DateTime<Utc>>,
-    pub attempt_count: i32,
-    pub provider_operation_id: Option<String>,
-    pub saved_response: Option<String>,
-    pub failure: Option<String>,
-    /// No claim before this instant (backoff after a failed attempt).
-    pub next_attempt_at: Option<DateTime<Utc>>,
-    /// Class of the last attempt's failure (`ProviderError::kind`), and its message.
-    pub last_error_class: Option<String>,
-    pub last_error: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub finished_at: Option<DateTime<Utc>>,
 }
 
 // Lock the row before any check that reads the clock; see the module comment.
@@ -263,15 +229,20 @@ impl Store {
                     &[&id, &reason],
                 )
                 .await?;
-                close_open_attempt(&tx, id, "abandoned", Some(&reason)).await?;
+                close_open_attempt(&tx, id, AttemptOutcome::Abandoned, Some(&reason)).await?;
                 outcome
             }
             ClaimDecision::Claim { takes_over } => {
                 if takes_over {
                     // The previous assignment's lease ran out without an outcome. If it comes
                     // back, its completion is refused and this row is rewritten as `fenced`.
-                    close_open_attempt(&tx, id, "abandoned", Some("lease expired; taken over"))
-                        .await?;
+                    close_open_attempt(
+                        &tx,
+                        id,
+                        AttemptOutcome::Abandoned,
+                        Some("lease expired; taken over"),
+                    )
+                    .await?;
                 }
                 let row = tx
                     .query_one(
@@ -309,11 +280,11 @@ impl Store {
         let result = self
             .fenced_write(
                 lease,
-                "UPDATE reply_tasks SET lease_until = clock_timestamp() + make_interval(secs => $3), \
-                 updated_at = clock_timestamp() \
-                 WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
-                   AND lease_until > clock_timestamp() AND saved_response IS NULL \
-                 RETURNING lease_until",
+                FencedUpdate {
+                    set: "lease_until = clock_timestamp() + make_interval(secs => $3), \
+                          updated_at = clock_timestamp()",
+                    returning: "lease_until",
+                },
                 &[&lease.task_id, &lease.version, &seconds(extend)],
                 AttemptWrite::Nothing,
             )
@@ -337,14 +308,14 @@ impl Store {
         let result = self
             .fenced_write(
                 lease,
-                "UPDATE reply_tasks SET saved_response = $3, response_meta = $4, \
-                 status = 'completed', finished_at = clock_timestamp(), updated_at = clock_timestamp() \
-                 WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
-                   AND lease_until > clock_timestamp() AND saved_response IS NULL \
-                 RETURNING task_id",
+                FencedUpdate {
+                    set: "saved_response = $3, response_meta = $4, \
+                 status = 'completed', finished_at = clock_timestamp(), updated_at = clock_timestamp()",
+                    returning: "task_id",
+                },
                 &[&lease.task_id, &lease.version, &response, &meta],
                 AttemptWrite::Outcome {
-                    outcome: "accepted",
+                    outcome: AttemptOutcome::Accepted,
                     detail: None,
                 },
             )
@@ -361,16 +332,16 @@ impl Store {
         &self,
         lease: &Lease,
         reason: &str,
-        outcome: &'static str,
+        outcome: AttemptOutcome,
     ) -> Result<FailOutcome, StoreError> {
         let result = self
             .fenced_write(
                 lease,
-                "UPDATE reply_tasks SET status = 'failed', failure = $3, \
-                 finished_at = clock_timestamp(), updated_at = clock_timestamp() \
-                 WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
-                   AND lease_until > clock_timestamp() AND saved_response IS NULL \
-                 RETURNING task_id",
+                FencedUpdate {
+                    set: "status = 'failed', failure = $3, \
+                 finished_at = clock_timestamp(), updated_at = clock_timestamp()",
+                    returning: "task_id",
+                },
                 &[&lease.task_id, &lease.version, &reason],
                 AttemptWrite::Outcome {
                     outcome,
@@ -391,7 +362,7 @@ impl Store {
     pub async fn release(
         &self,
         lease: &Lease,
-        outcome: &'static str,
+        outcome: AttemptOutcome,
         detail: &str,
     ) -> Result<ReleaseOutcome, StoreError> {
         self.release_for_retry(lease, outcome, detail, Duration::ZERO, None)
@@ -404,7 +375,7 @@ impl Store {
     pub async fn release_for_retry(
         &self,
         lease: &Lease,
-        outcome: &'static str,
+        outcome: AttemptOutcome,
         detail: &str,
         retry_after: Duration,
         error_class: Option<&str>,
@@ -412,14 +383,14 @@ impl Store {
         let result = self
             .fenced_write(
                 lease,
-                "UPDATE reply_tasks SET status = 'pending', lease_owner = NULL, lease_until = NULL, \
+                FencedUpdate {
+                    set: "status = 'pending', lease_owner = NULL, lease_until = NULL, \
                  next_attempt_at = clock_timestamp() + make_interval(secs => $3), \
                  last_error_class = coalesce($4, last_error_class), \
                  last_error = CASE WHEN $4::text IS NULL THEN last_error ELSE $5 END, \
-                 updated_at = clock_timestamp() \
-                 WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
-                   AND lease_until > clock_timestamp() AND saved_response IS NULL \
-                 RETURNING task_id",
+                 updated_at = clock_timestamp()",
+                    returning: "task_id",
+                },
                 &[
                     &lease.task_id,
                     &lease.version,
@@ -451,10 +422,10 @@ impl Store {
         let result = self
             .fenced_write(
                 lease,
-                "UPDATE reply_tasks SET provider_operation_id = $3, updated_at = clock_timestamp() \
-                 WHERE task_id = $1 AND assignment_version = $2 AND status = 'running' \
-                   AND lease_until > clock_timestamp() AND saved_response IS NULL \
-                 RETURNING task_id",
+                FencedUpdate {
+                    set: "provider_operation_id = $3, updated_at = clock_timestamp()",
+                    returning: "task_id",
+                },
                 &[&lease.task_id, &lease.version, &operation_id],
                 AttemptWrite::Nothing,
             )
@@ -489,30 +460,38 @@ impl Store {
                 &[&task_id.as_uuid()],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| AttemptRecord {
-                attempt_no: r.get(0),
-                assignment_version: r.get(1),
-                worker: r.get(2),
-                claimed_at: r.get(3),
-                lease_until: r.get(4),
-                finished_at: r.get(5),
-                outcome: r.get(6),
-                detail: r.get(7),
+        rows.iter()
+            .map(|r| {
+                let outcome: Option<&str> = r.get(6);
+                Ok(AttemptRecord {
+                    attempt_no: r.get(0),
+                    assignment_version: r.get(1),
+                    worker: r.get(2),
+                    claimed_at: r.get(3),
+                    lease_until: r.get(4),
+                    finished_at: r.get(5),
+                    outcome: outcome
+                        .map(|o| {
+                            AttemptOutcome::parse(o).ok_or_else(|| {
+                                invalid(task_id.as_uuid(), format!("unknown attempt outcome {o:?}"))
+                            })
+                        })
+                        .transpose()?,
+                    detail: r.get(7),
+                })
             })
-            .collect())
+            .collect()
     }
 
-    /// One fenced write: lock the row, run `guarded_update` (whose `$1` is the task id and `$2`
-    /// the assignment version), and on success record `on_success` as the attempt's outcome.
+    /// One fenced write: lock the row, run `update` under [`FENCE`] (whose `$1` is the task id
+    /// and `$2` the assignment version), and on success record `on_success` as the attempt's outcome.
     /// When the update matches no row, read the row under the same lock and say why; the
     /// refusal is recorded on this assignment's attempt row unless it already has a final
     /// outcome.
     async fn fenced_write(
         &self,
         lease: &Lease,
-        guarded_update: &str,
+        update: FencedUpdate,
         params: &[&(dyn ToSql + Sync)],
         records: AttemptWrite<'_>,
     ) -> Result<Result<Row, Refusal>, StoreError> {
@@ -528,7 +507,7 @@ impl Store {
             return Ok(Err(Refusal::NotFound));
         }
         let updated = tx
-            .query_opt(&tx.prepare_cached(guarded_update).await?, params)
+            .query_opt(&tx.prepare_cached(&update.sql()).await?, params)
             .await?;
         let result = match updated {
             Some(row) => {
@@ -567,6 +546,29 @@ impl Store {
     }
 }
 
+/// The fence of I2, the one place it is written: the row is this assignment's (`$1` the task,
+/// `$2` the assignment version), still running, its lease live by the database clock read
+/// after the row lock is held, and no reply saved yet.
+const FENCE: &str = "task_id = $1 AND assignment_version = $2 AND status = 'running' \
+     AND lease_until > clock_timestamp() AND saved_response IS NULL";
+
+/// A guarded UPDATE of one task row: what it sets (its own parameters from `$3`) and what it
+/// returns; the predicate is always [`FENCE`].
+#[derive(Clone, Copy)]
+struct FencedUpdate {
+    set: &'static str,
+    returning: &'static str,
+}
+
+impl FencedUpdate {
+    fn sql(self) -> String {
+        format!(
+            "UPDATE reply_tasks SET {} WHERE {FENCE} RETURNING {}",
+            self.set, self.returning
+        )
+    }
+}
+
 /// What a fenced write writes on its assignment's `reply_attempts` row.
 #[derive(Clone, Copy)]
 enum AttemptWrite<'a> {
@@ -574,7 +576,7 @@ enum AttemptWrite<'a> {
     Nothing,
     /// Completion or failure: the attempt's outcome on success; the refusal otherwise.
     Outcome {
-        outcome: &'static str,
+        outcome: AttemptOutcome,
         detail: Option<&'a str>,
     },
 }
@@ -586,7 +588,7 @@ async fn record_attempt_outcome(
     tx: &deadpool_postgres::Transaction<'_>,
     task_id: Uuid,
     version: i64,
-    outcome: &str,
+    outcome: AttemptOutcome,
     detail: Option<&str>,
 ) -> Result<(), StoreError> {
     let statement = tx
@@ -596,8 +598,11 @@ async fn record_attempt_outcome(
                AND (outcome IS NULL OR outcome = 'abandoned')",
         )
         .await?;
-    tx.execute(&statement, &[&task_id, &version, &outcome, &detail])
-        .await?;
+    tx.execute(
+        &statement,
+        &[&task_id, &version, &outcome.as_str(), &detail],
+    )
+    .await?;
     Ok(())
 }
 
@@ -605,13 +610,13 @@ async fn record_attempt_outcome(
 async fn close_open_attempt(
     tx: &deadpool_postgres::Transaction<'_>,
     task_id: Uuid,
-    outcome: &str,
+    outcome: AttemptOutcome,
     detail: Option<&str>,
 ) -> Result<(), StoreError> {
     tx.execute(
         "UPDATE reply_attempts SET outcome = $2, detail = $3, finished_at = clock_timestamp() \
          WHERE task_id = $1 AND outcome IS NULL",
-        &[&task_id, &outcome, &detail],
+        &[&task_id, &outcome.as_str(), &detail],
     )
     .await?;
     Ok(())

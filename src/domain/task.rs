@@ -1,0 +1,148 @@
+//! A task as it is stored and how its pieces end: the task's lifecycle ([`TaskStatus`]), the
+//! row as read ([`StoredTask`]), one attempt's history row and outcome ([`AttemptRecord`],
+//! [`AttemptOutcome`]), and how a record's processing ended ([`RecordEnd`]). Closed sets are
+//! enums with `as_str()` for SQL and metric labels, so every place that writes or reads them
+//! is kept in step by the compiler.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::record::TaskSpec;
+
+/// Lifecycle of a task row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TaskStatus {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+}
+
+impl TaskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "pending",
+            TaskStatus::Running => "running",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "pending" => TaskStatus::Pending,
+            "running" => TaskStatus::Running,
+            "completed" => TaskStatus::Completed,
+            "failed" => TaskStatus::Failed,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskStatus::Completed | TaskStatus::Failed)
+    }
+}
+
+/// The outcome written on an attempt row (`reply_attempts.outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// This attempt's reply was saved (I1).
+    Accepted,
+    /// This attempt's write was refused: it was no longer the current assignment with a live
+    /// lease (I2).
+    Fenced,
+    /// The provider call failed and may not have run (or was refused).
+    ProviderError,
+    /// The provider call ended without a complete answer: it may have run.
+    Ambiguous,
+    /// The attempt ended without an outcome of its own: cancelled (revoked, stopping), or its
+    /// lease ran out and the task was taken over. Its worker may still report later.
+    Abandoned,
+}
+
+impl AttemptOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Accepted => "accepted",
+            AttemptOutcome::Fenced => "fenced",
+            AttemptOutcome::ProviderError => "provider_error",
+            AttemptOutcome::Ambiguous => "ambiguous",
+            AttemptOutcome::Abandoned => "abandoned",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "accepted" => AttemptOutcome::Accepted,
+            "fenced" => AttemptOutcome::Fenced,
+            "provider_error" => AttemptOutcome::ProviderError,
+            "ambiguous" => AttemptOutcome::Ambiguous,
+            "abandoned" => AttemptOutcome::Abandoned,
+            _ => return None,
+        })
+    }
+}
+
+/// How the processing of one record ended with a durable outcome (its offset may then be
+/// committed past, I3); the label of `replyd_records_done_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordEnd {
+    /// This record's processing saved the reply.
+    Completed,
+    /// This record's processing failed the task for good (or found it out of budget).
+    Failed,
+    /// The record could not become a task; its copy is in the dead-letter topic.
+    DeadLettered,
+    /// The task already had its reply.
+    AlreadyCompleted,
+    /// The task had already failed for good.
+    AlreadyFailed,
+}
+
+impl RecordEnd {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordEnd::Completed => "completed",
+            RecordEnd::Failed => "failed",
+            RecordEnd::DeadLettered => "dead_lettered",
+            RecordEnd::AlreadyCompleted => "already_completed",
+            RecordEnd::AlreadyFailed => "already_failed",
+        }
+    }
+}
+
+/// A task row as stored, for `read` and operators.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredTask {
+    pub spec: TaskSpec,
+    pub status: TaskStatus,
+    pub assignment_version: i64,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub attempt_count: i32,
+    pub provider_operation_id: Option<String>,
+    pub saved_response: Option<String>,
+    pub failure: Option<String>,
+    /// No claim before this instant (backoff after a failed attempt).
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Class of the last attempt's failure (`ProviderError::kind`), and its message.
+    pub last_error_class: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// One row of a task's attempt history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttemptRecord {
+    pub attempt_no: i32,
+    pub assignment_version: i64,
+    pub worker: String,
+    pub claimed_at: DateTime<Utc>,
+    pub lease_until: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub outcome: Option<AttemptOutcome>,
+    pub detail: Option<String>,
+}
