@@ -9,7 +9,6 @@ pub mod domain;
 pub mod inspect;
 pub mod kafka;
 pub mod mock_provider;
-pub mod observability;
 pub mod parking;
 pub mod pipeline;
 pub mod produce;

@@ -1,13 +1,11 @@
 //! The `replyd` binary: parses the command line, sets up logging and signal handling, and
 //! hands over to the library. Nothing else lives here.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 use replyd::cli::{Cli, Command, ConfigCommand};
 use replyd::config::{ConfigError, Settings};
@@ -18,7 +16,7 @@ const INVALID_SETTINGS: u8 = 2;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_json);
+    replyd::telemetry::logging::init(cli.log_json);
     let json = cli.log_json;
     match run(cli).await {
         Ok(code) => code,
@@ -90,17 +88,4 @@ fn shutdown_on_signal() -> CancellationToken {
         cancel.cancel();
     });
     token
-}
-
-fn init_logging(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }

@@ -32,7 +32,7 @@ use crate::store::{
     ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Refusal, ReleaseOutcome, RenewOutcome,
     Store, StoreError,
 };
-use crate::telemetry;
+use crate::telemetry::{self, CallEnd};
 
 /// Settings of the per-record pipeline.
 #[derive(Debug, Clone)]
@@ -184,18 +184,17 @@ impl Pipeline {
             else {
                 return RecordOutcome::Cancelled;
             };
+            telemetry::claim(&id, &claim);
             let wait = match claim {
                 ClaimOutcome::Claimed(lease) => {
                     tracing::Span::current().record("assignment_version", lease.version);
-                    telemetry::claim(&id, Some(lease.version), "claimed");
                     match self.attempt(&stored, &lease, &cancel).await {
                         AttemptEnd::Terminal(how) => return RecordOutcome::Done(how),
                         AttemptEnd::Cancelled => return RecordOutcome::Cancelled,
                         AttemptEnd::Again { wait } => wait,
                     }
                 }
-                ClaimOutcome::LeasedByOther { version, until, .. } => {
-                    telemetry::claim(&id, Some(version), "leased_by_other");
+                ClaimOutcome::LeasedByOther { until, .. } => {
                     // Park until the other lease ends or the task's status changes (woken by
                     // `parked`), then look again. The lease end is database time; a small
                     // skew only shifts when we look.
@@ -209,15 +208,12 @@ impl Pipeline {
                     continue;
                 }
                 ClaimOutcome::AlreadyCompleted => {
-                    telemetry::claim(&id, None, "already_completed");
                     return RecordOutcome::Done(RecordEnd::AlreadyCompleted);
                 }
                 ClaimOutcome::AlreadyFailed => {
-                    telemetry::claim(&id, None, "already_failed");
                     return RecordOutcome::Done(RecordEnd::AlreadyFailed);
                 }
                 ClaimOutcome::BudgetExhausted { attempts } => {
-                    telemetry::claim(&id, None, "budget_exhausted");
                     telemetry::task_failed_at_claim(
                         &id,
                         "budget_exhausted",
@@ -230,7 +226,6 @@ impl Pipeline {
                     return RecordOutcome::Done(RecordEnd::Failed);
                 }
                 ClaimOutcome::DeadlinePassed { deadline } => {
-                    telemetry::claim(&id, None, "deadline_passed");
                     telemetry::task_failed_at_claim(
                         &id,
                         "deadline_passed",
@@ -244,7 +239,6 @@ impl Pipeline {
                     return RecordOutcome::Done(RecordEnd::Failed);
                 }
                 ClaimOutcome::NotBefore { at } => {
-                    telemetry::claim(&id, None, "backing_off");
                     let wait = (at - Utc::now())
                         .to_std()
                         .unwrap_or_default()
@@ -255,10 +249,7 @@ impl Pipeline {
                     }
                     continue;
                 }
-                ClaimOutcome::NotFound => {
-                    telemetry::claim(&id, None, "not_found");
-                    self.settings.io_retry
-                }
+                ClaimOutcome::NotFound => self.settings.io_retry,
             };
             if !self.pause(&cancel, wait).await {
                 return RecordOutcome::Cancelled;
@@ -297,7 +288,7 @@ impl Pipeline {
         };
         match result {
             Ok(generation) => {
-                telemetry::provider_call(&id, lease.version, "ok", started.elapsed());
+                telemetry::provider_call(&id, lease.version, CallEnd::Replied, started.elapsed());
                 let meta = serde_json::to_value(&generation).ok();
                 let Some(outcome) = self
                     .with_retry("complete", cancel, || {
@@ -319,7 +310,12 @@ impl Pipeline {
                 }
             }
             Err(error) => {
-                telemetry::provider_call(&id, lease.version, error.kind(), started.elapsed());
+                telemetry::provider_call(
+                    &id,
+                    lease.version,
+                    CallEnd::Failed(&error),
+                    started.elapsed(),
+                );
                 self.provider_failed(stored, lease, error, cancel).await
             }
         }
@@ -396,7 +392,7 @@ impl Pipeline {
     ) -> AttemptEnd {
         match how {
             Guarded::Cancelled => {
-                telemetry::provider_call(id, lease.version, "cancelled", started.elapsed());
+                telemetry::provider_call(id, lease.version, CallEnd::Cancelled, started.elapsed());
                 // Give the lease back so the partition's next owner need not wait it out.
                 if let Ok(ReleaseOutcome::Released) = self
                     .store
@@ -413,7 +409,7 @@ impl Pipeline {
             }
             Guarded::Refused(refusal) => {
                 telemetry::lease_renewal_refused(id, lease.version, &format!("{refusal:?}"));
-                telemetry::provider_call(id, lease.version, "lease_lost", started.elapsed());
+                telemetry::provider_call(id, lease.version, CallEnd::LeaseLost, started.elapsed());
                 AttemptEnd::Again {
                     wait: Duration::ZERO,
                 }
@@ -492,19 +488,12 @@ impl Pipeline {
     }
 
     fn refused(&self, id: &str, lease: &Lease, refusal: Refusal, what: &'static str) -> AttemptEnd {
-        let label = match refusal {
-            Refusal::AlreadySaved { .. } => "already_saved",
-            Refusal::Failed => "already_failed",
-            Refusal::LeaseExpired => "fenced_lease_expired",
-            Refusal::TakenOver { .. } => "fenced_taken_over",
-            Refusal::NotFound => "not_found",
-        };
         let current_version = match refusal {
             Refusal::TakenOver { current_version } => Some(current_version),
             Refusal::LeaseExpired => Some(lease.version),
             _ => None,
         };
-        telemetry::write_refused(id, what, lease.version, label, current_version);
+        telemetry::write_refused(id, what, lease.version, refusal.label(), current_version);
         match refusal {
             Refusal::AlreadySaved { .. } => AttemptEnd::Terminal(RecordEnd::AlreadyCompleted),
             Refusal::Failed => AttemptEnd::Terminal(RecordEnd::AlreadyFailed),

@@ -90,7 +90,7 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
     ));
 
     let status = Arc::new(ConsumerStatus::default());
-    let addr = crate::observability::serve(
+    let addr = crate::telemetry::http::serve(
         settings.observability.listen,
         Arc::clone(&status),
         store,

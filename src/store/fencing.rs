@@ -70,6 +70,31 @@ pub enum ClaimOutcome {
     NotFound,
 }
 
+impl ClaimOutcome {
+    /// Stable label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ClaimOutcome::Claimed(_) => "claimed",
+            ClaimOutcome::AlreadyCompleted => "already_completed",
+            ClaimOutcome::AlreadyFailed => "already_failed",
+            ClaimOutcome::LeasedByOther { .. } => "leased_by_other",
+            ClaimOutcome::BudgetExhausted { .. } => "budget_exhausted",
+            ClaimOutcome::DeadlinePassed { .. } => "deadline_passed",
+            ClaimOutcome::NotBefore { .. } => "backing_off",
+            ClaimOutcome::NotFound => "not_found",
+        }
+    }
+
+    /// The assignment version the outcome names: ours when claimed, the holder's when leased.
+    pub fn version(&self) -> Option<i64> {
+        match self {
+            ClaimOutcome::Claimed(lease) => Some(lease.version),
+            ClaimOutcome::LeasedByOther { version, .. } => Some(*version),
+            _ => None,
+        }
+    }
+}
+
 /// What a claim should do, decided from the locked row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimDecision {
@@ -150,6 +175,17 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Stable label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Refusal::AlreadySaved { .. } => "already_saved",
+            Refusal::Failed => "already_failed",
+            Refusal::LeaseExpired => "fenced_lease_expired",
+            Refusal::TakenOver { .. } => "fenced_taken_over",
+            Refusal::NotFound => "not_found",
+        }
+    }
+
     /// The `reply_attempts.outcome` that records this refusal. Every refusal of a write is a
     /// fencing: only the current assignment with a live lease may write, and a reply saved by
     /// another assignment means this one is not current. (A repeat of this assignment's own

@@ -1,5 +1,10 @@
-//! Every metric and every notable event, in one place. Each event function writes its log line
-//! and bumps its counter together, so the names of all metrics live in this file.
+//! Telemetry, in one room: every metric and every notable event (this file: each event function
+//! writes its log line and bumps its counter together, so the names of all metrics live here),
+//! the HTTP endpoints that expose them ([`http`]: `/metrics`, `/healthz`, `/readyz`), and the
+//! log set-up ([`logging`]).
+
+pub mod http;
+pub mod logging;
 
 use std::time::Duration;
 
@@ -143,11 +148,15 @@ pub fn record_conflicts_with_task(task_id: &str, offset: i64, fields: &[&'static
     counter!(RECORD_CONFLICTS).increment(1);
 }
 
-/// `outcome`: claimed, leased_by_other, already_completed, already_failed, budget_exhausted,
-/// deadline_passed, not_found.
-pub fn claim(task_id: &str, version: Option<i64>, outcome: &'static str) {
-    tracing::debug!(task_id, assignment_version = version, outcome, "claim");
-    counter!(CLAIMS, "outcome" => outcome).increment(1);
+/// What a claim found (`ClaimOutcome::label` is the metric label).
+pub fn claim(task_id: &str, outcome: &crate::store::ClaimOutcome) {
+    tracing::debug!(
+        task_id,
+        assignment_version = outcome.version(),
+        outcome = outcome.label(),
+        "claim"
+    );
+    counter!(CLAIMS, "outcome" => outcome.label()).increment(1);
 }
 
 /// A reply saved by this assignment (refusals are [`write_refused`]).
@@ -156,15 +165,37 @@ pub fn reply_accepted(task_id: &str, version: i64) {
     counter!(COMPLETIONS, "outcome" => "accepted").increment(1);
 }
 
-pub fn provider_call(task_id: &str, version: i64, outcome: &'static str, took: Duration) {
+/// How one provider call ended, for its metric label.
+#[derive(Debug, Clone, Copy)]
+pub enum CallEnd<'a> {
+    Replied,
+    Failed(&'a crate::provider::ProviderError),
+    /// Cut short: the partition was revoked or the worker is stopping.
+    Cancelled,
+    /// Cut short: a renewal was refused, so the lease is gone.
+    LeaseLost,
+}
+
+impl CallEnd<'_> {
+    pub fn label(self) -> &'static str {
+        match self {
+            CallEnd::Replied => "ok",
+            CallEnd::Failed(error) => error.kind(),
+            CallEnd::Cancelled => "cancelled",
+            CallEnd::LeaseLost => "lease_lost",
+        }
+    }
+}
+
+pub fn provider_call(task_id: &str, version: i64, end: CallEnd<'_>, took: Duration) {
     tracing::debug!(
         task_id,
         assignment_version = version,
-        outcome,
+        outcome = end.label(),
         took_ms = took.as_millis() as u64,
         "provider call"
     );
-    counter!(PROVIDER_CALLS, "outcome" => outcome).increment(1);
+    counter!(PROVIDER_CALLS, "outcome" => end.label()).increment(1);
     histogram!(PROVIDER_SECONDS).record(took.as_secs_f64());
 }
 
