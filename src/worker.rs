@@ -11,7 +11,7 @@ use crate::config::Settings;
 use crate::kafka::consumer::{ConsumerStatus, run_consumer};
 use crate::kafka::dead_letter::{DeadLetterError, DeadLetters};
 use crate::parking::ParkedTasks;
-use crate::pipeline::{Pipeline, PipelineSettings};
+use crate::pipeline::{Pipeline, PipelineSettings, RunnerSettings, TaskRunner};
 use crate::provider::{Recovery, build_provider};
 use crate::startup::retry_connecting;
 use crate::store::listen::relay_task_notifications;
@@ -72,20 +72,27 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
             shutdown.clone(),
         ));
     }
-    let pipeline = Arc::new(Pipeline::new(
+    let runner = TaskRunner::new(
         store.clone(),
         provider,
-        dead_letters,
         parked,
-        PipelineSettings {
+        RunnerSettings {
             worker_id: worker_id.clone(),
-            rules: settings.worker.record_rules(),
             lease: settings.worker.lease(),
             renew_interval: settings.worker.renew_interval(),
             io_retry: settings.worker.io_retry(),
             default_model: settings.provider.default_model.clone(),
             retry: settings.retry.clone(),
             recoverable,
+        },
+    );
+    let pipeline = Arc::new(Pipeline::new(
+        store.clone(),
+        dead_letters,
+        runner,
+        PipelineSettings {
+            rules: settings.worker.record_rules(),
+            io_retry: settings.worker.io_retry(),
         },
     ));
 

@@ -1,28 +1,23 @@
-//! What happens to one record: decode → ensure the task → read (terminal: done) → claim (leased
-//! by another live assignment: park until its lease ends, then read again) → provider call with
-//! the lease renewed in the background → guarded completion → classify → done.
+//! The lease state machine of one task: read (terminal: done) → claim (leased by another live
+//! assignment: park until its lease ends or the task's status changes, then read again) →
+//! provider call with the lease renewed in the background → guarded completion → classify.
+//! Knows nothing of Kafka: it runs a task by its id, for a record of the worker or for any
+//! other caller that must drive a task to a terminal state.
 //!
 //! Keeps I5 (a terminal or foreign-leased task gets no provider call: the read and the claim
 //! both check), I4 (no transaction is open during the call: every store operation is one short
-//! statement or transaction), and I3 from the record's side: the handler says `Done` only when
-//! the task is terminal or the record's copy is in the dead-letter topic. I1 and I2 are the
-//! store's; a refused completion sends the record back to the read step.
+//! statement or transaction) and I7 (the budget and the backoff live in the row). I1 and I2
+//! are the store's; a refused completion sends the task back to the read step.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use rdkafka::Message;
-use rdkafka::message::OwnedMessage;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{
-    AttemptOutcome, RecordEnd, RecordRules, StoredTask, TaskId, TaskSpec, TaskStatus,
-};
-use crate::kafka::consumer::{RecordHandler, RecordOutcome};
-use crate::kafka::dead_letter::DeadLetters;
-use crate::kafka::tracker::PartitionKey;
+use super::{pause, with_retry};
+use crate::domain::{AttemptOutcome, RecordEnd, StoredTask, TaskId, TaskStatus};
 use crate::parking::{ParkedTasks, TaskWatch, WakeSource};
 use crate::provider::{
     BackgroundProvider, Generation, GenerationRequest, OperationId, Provider, ProviderError,
@@ -30,19 +25,18 @@ use crate::provider::{
 use crate::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
 use crate::store::{
     ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Refusal, ReleaseOutcome, RenewOutcome,
-    Store, StoreError,
+    Store,
 };
 use crate::telemetry::{self, CallEnd};
 
-/// Settings of the per-record pipeline.
+/// Settings of the lease state machine.
 #[derive(Debug, Clone)]
-pub struct PipelineSettings {
+pub struct RunnerSettings {
     pub worker_id: String,
-    pub rules: RecordRules,
     pub lease: Duration,
     pub renew_interval: Duration,
-    /// Wait before retrying a failed database or dead-letter write, and the shortest wait
-    /// before claiming again.
+    /// Wait before retrying a failed database write, and the shortest wait before claiming
+    /// again.
     pub io_retry: Duration,
     pub default_model: String,
     pub retry: RetrySettings,
@@ -51,13 +45,12 @@ pub struct PipelineSettings {
     pub recoverable: bool,
 }
 
-/// The record handler the worker runs.
-pub struct Pipeline {
+/// Drives tasks to a terminal state through their leases.
+pub struct TaskRunner {
     store: Store,
     provider: Arc<dyn Provider>,
-    dead_letters: DeadLetters,
     parked: ParkedTasks,
-    settings: PipelineSettings,
+    settings: RunnerSettings,
 }
 
 /// How a provider future raced against cancellation and the lease ended.
@@ -80,117 +73,73 @@ enum AttemptEnd {
     Cancelled,
 }
 
-impl RecordHandler for Pipeline {
-    async fn handle(
-        self: Arc<Self>,
-        record: OwnedMessage,
-        cancel: CancellationToken,
-    ) -> RecordOutcome {
-        self.process(record, cancel).await
-    }
-}
-
-impl Pipeline {
+impl TaskRunner {
     pub fn new(
         store: Store,
         provider: Arc<dyn Provider>,
-        dead_letters: DeadLetters,
         parked: ParkedTasks,
-        settings: PipelineSettings,
+        settings: RunnerSettings,
     ) -> Self {
         Self {
             store,
             provider,
-            dead_letters,
             parked,
             settings,
         }
     }
 
-    async fn process(&self, record: OwnedMessage, cancel: CancellationToken) -> RecordOutcome {
-        let key = PartitionKey::new(record.topic(), record.partition());
-        let offset = record.offset();
-        let written_at = record
-            .timestamp()
-            .to_millis()
-            .and_then(chrono::DateTime::from_timestamp_millis);
-        let spec = match TaskSpec::from_record(record.payload(), written_at, &self.settings.rules) {
-            Ok(spec) => spec,
-            Err(error) => {
-                // A bad record is done once its copy is durable in the dead-letter topic.
-                loop {
-                    match self.dead_letters.send(&record, &error).await {
-                        Ok(()) => {
-                            telemetry::record_dead_lettered(
-                                &key,
-                                offset,
-                                error.kind(),
-                                &error.to_string(),
-                            );
-                            return RecordOutcome::Done(RecordEnd::DeadLettered);
-                        }
-                        Err(e) => telemetry::dead_letter_failed(&key, offset, &e),
-                    }
-                    if !self.pause(&cancel, self.settings.io_retry).await {
-                        return RecordOutcome::Cancelled;
-                    }
-                }
-            }
-        };
-        let task_id = spec.task_id;
+    /// A store operation retried on I/O errors until it succeeds or `cancel` fires.
+    async fn with_retry<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        cancel: &CancellationToken,
+        op: F,
+    ) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, crate::store::StoreError>>,
+    {
+        with_retry(self.settings.io_retry, operation, cancel, op).await
+    }
+
+    /// Runs the task until it is terminal (`Some`, saying how) or `cancel` fires (`None`).
+    pub async fn run(&self, task_id: TaskId, cancel: &CancellationToken) -> Option<RecordEnd> {
         let id = task_id.to_string();
-        tracing::Span::current().record("task_id", id.as_str());
-        let Some(ensured) = self
-            .with_retry("ensure_task", &cancel, || self.store.ensure_task(&spec))
-            .await
-        else {
-            return RecordOutcome::Cancelled;
-        };
-        if let crate::store::EnsureOutcome::Conflict { fields } = ensured {
-            // The stored task is the work; this record's different inputs are only reported.
-            telemetry::record_conflicts_with_task(&id, offset, &fields);
-        }
         // Watched from before the first read, so a lease that ends between a read and the
-        // park below still wakes this record.
+        // park below still wakes this run.
         let mut watch = self.parked.watch(task_id);
 
         loop {
             // I5: read right before deciding to call.
-            let Some(stored) = self
-                .with_retry("read", &cancel, || self.store.read(task_id))
-                .await
-            else {
-                return RecordOutcome::Cancelled;
-            };
+            let stored = self
+                .with_retry("read", cancel, || self.store.read(task_id))
+                .await?;
             let Some(stored) = stored else {
                 // Ensured above, and tasks are never deleted by replyd: someone removed it.
                 tracing::error!(task_id = %id, "task row disappeared; retrying");
-                if !self.pause(&cancel, self.settings.io_retry).await {
-                    return RecordOutcome::Cancelled;
+                if !pause(cancel, self.settings.io_retry).await {
+                    return None;
                 }
                 continue;
             };
             match stored.status {
-                TaskStatus::Completed => return RecordOutcome::Done(RecordEnd::AlreadyCompleted),
-                TaskStatus::Failed => return RecordOutcome::Done(RecordEnd::AlreadyFailed),
+                TaskStatus::Completed => return Some(RecordEnd::AlreadyCompleted),
+                TaskStatus::Failed => return Some(RecordEnd::AlreadyFailed),
                 TaskStatus::Pending | TaskStatus::Running => {}
             }
-            let Some(claim) = self
-                .with_retry("claim", &cancel, || {
+            let claim = self
+                .with_retry("claim", cancel, || {
                     self.store
                         .claim(task_id, &self.settings.worker_id, self.settings.lease)
                 })
-                .await
-            else {
-                return RecordOutcome::Cancelled;
-            };
+                .await?;
             telemetry::claim(&id, &claim);
             let wait = match claim {
                 ClaimOutcome::Claimed(lease) => {
                     tracing::Span::current().record("assignment_version", lease.version);
-                    match self.attempt(&stored, &lease, &cancel).await {
-                        AttemptEnd::Terminal(how) => return RecordOutcome::Done(how),
-                        AttemptEnd::Cancelled => return RecordOutcome::Cancelled,
+                    match self.attempt(&stored, &lease, cancel).await {
+                        AttemptEnd::Terminal(how) => return Some(how),
+                        AttemptEnd::Cancelled => return None,
                         AttemptEnd::Again { wait } => wait,
                     }
                 }
@@ -202,16 +151,16 @@ impl Pipeline {
                         .to_std()
                         .unwrap_or_default()
                         .clamp(self.settings.io_retry / 4, self.settings.lease);
-                    if !self.park(&cancel, wait, &mut watch).await {
-                        return RecordOutcome::Cancelled;
+                    if !self.park(cancel, wait, &mut watch).await {
+                        return None;
                     }
                     continue;
                 }
                 ClaimOutcome::AlreadyCompleted => {
-                    return RecordOutcome::Done(RecordEnd::AlreadyCompleted);
+                    return Some(RecordEnd::AlreadyCompleted);
                 }
                 ClaimOutcome::AlreadyFailed => {
-                    return RecordOutcome::Done(RecordEnd::AlreadyFailed);
+                    return Some(RecordEnd::AlreadyFailed);
                 }
                 ClaimOutcome::BudgetExhausted { attempts } => {
                     telemetry::task_failed_at_claim(
@@ -223,7 +172,7 @@ impl Pipeline {
                         ),
                     );
                     self.parked.wake(task_id, WakeSource::Local);
-                    return RecordOutcome::Done(RecordEnd::Failed);
+                    return Some(RecordEnd::Failed);
                 }
                 ClaimOutcome::DeadlinePassed { deadline } => {
                     telemetry::task_failed_at_claim(
@@ -236,7 +185,7 @@ impl Pipeline {
                         ),
                     );
                     self.parked.wake(task_id, WakeSource::Local);
-                    return RecordOutcome::Done(RecordEnd::Failed);
+                    return Some(RecordEnd::Failed);
                 }
                 ClaimOutcome::NotBefore { at } => {
                     let wait = (at - Utc::now())
@@ -244,15 +193,15 @@ impl Pipeline {
                         .unwrap_or_default()
                         .max(self.settings.io_retry / 4);
                     // Woken early too: a copy elsewhere may finish the task meanwhile.
-                    if !self.park(&cancel, wait, &mut watch).await {
-                        return RecordOutcome::Cancelled;
+                    if !self.park(cancel, wait, &mut watch).await {
+                        return None;
                     }
                     continue;
                 }
                 ClaimOutcome::NotFound => self.settings.io_retry,
             };
-            if !self.pause(&cancel, wait).await {
-                return RecordOutcome::Cancelled;
+            if !pause(cancel, wait).await {
+                return None;
             }
         }
     }
@@ -542,40 +491,6 @@ impl Pipeline {
                 Ok(RenewOutcome::Refused(refusal)) => return refusal,
                 Err(e) => telemetry::store_error("renew", &e),
             }
-        }
-    }
-
-    /// Runs a store operation until it succeeds or `cancel` fires (`None`). A write whose
-    /// outcome is unknown (the connection broke during COMMIT) is simply run again: every
-    /// fenced write answers a repeat with what the first one did (`AlreadySaved` by this
-    /// assignment, or a refusal), and a cancelled record is read again by the next owner.
-    async fn with_retry<T, F, Fut>(
-        &self,
-        operation: &'static str,
-        cancel: &CancellationToken,
-        mut op: F,
-    ) -> Option<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, StoreError>>,
-    {
-        loop {
-            match op().await {
-                Ok(value) => return Some(value),
-                Err(e) => telemetry::store_error(operation, &e),
-            }
-            if !self.pause(cancel, self.settings.io_retry).await {
-                return None;
-            }
-        }
-    }
-
-    /// Sleeps `wait` unless cancelled first; false when cancelled.
-    async fn pause(&self, cancel: &CancellationToken, wait: Duration) -> bool {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => false,
-            _ = tokio::time::sleep(wait) => true,
         }
     }
 }

@@ -1,0 +1,151 @@
+//! What happens to one record: decode (bad → dead-letter copy) → ensure the task → the lease
+//! state machine of [`runner`] until the task is terminal.
+//!
+//! Keeps I3 from the record's side: the handler says `Done` only when the task is terminal or
+//! the record's copy is in the dead-letter topic; a cancelled record (revoke, shutdown) says
+//! `Cancelled` and is read again by the partition's next owner.
+
+pub mod runner;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::Message;
+use rdkafka::message::OwnedMessage;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::{RecordEnd, RecordRules, TaskSpec};
+use crate::kafka::consumer::{RecordHandler, RecordOutcome};
+use crate::kafka::dead_letter::DeadLetters;
+use crate::kafka::tracker::PartitionKey;
+use crate::store::{Store, StoreError};
+use crate::telemetry;
+
+pub use runner::{RunnerSettings, TaskRunner};
+
+/// Settings of the per-record pipeline.
+#[derive(Debug, Clone)]
+pub struct PipelineSettings {
+    pub rules: RecordRules,
+    /// Wait before retrying a failed database or dead-letter write.
+    pub io_retry: Duration,
+}
+
+/// The record handler the worker runs.
+pub struct Pipeline {
+    store: Store,
+    dead_letters: DeadLetters,
+    runner: TaskRunner,
+    settings: PipelineSettings,
+}
+
+impl RecordHandler for Pipeline {
+    async fn handle(
+        self: Arc<Self>,
+        record: OwnedMessage,
+        cancel: CancellationToken,
+    ) -> RecordOutcome {
+        self.process(record, cancel).await
+    }
+}
+
+impl Pipeline {
+    pub fn new(
+        store: Store,
+        dead_letters: DeadLetters,
+        runner: TaskRunner,
+        settings: PipelineSettings,
+    ) -> Self {
+        Self {
+            store,
+            dead_letters,
+            runner,
+            settings,
+        }
+    }
+
+    async fn process(&self, record: OwnedMessage, cancel: CancellationToken) -> RecordOutcome {
+        let key = PartitionKey::new(record.topic(), record.partition());
+        let offset = record.offset();
+        let written_at = record
+            .timestamp()
+            .to_millis()
+            .and_then(chrono::DateTime::from_timestamp_millis);
+        let spec = match TaskSpec::from_record(record.payload(), written_at, &self.settings.rules) {
+            Ok(spec) => spec,
+            Err(error) => {
+                // A bad record is done once its copy is durable in the dead-letter topic.
+                loop {
+                    match self.dead_letters.send(&record, &error).await {
+                        Ok(()) => {
+                            telemetry::record_dead_lettered(
+                                &key,
+                                offset,
+                                error.kind(),
+                                &error.to_string(),
+                            );
+                            return RecordOutcome::Done(RecordEnd::DeadLettered);
+                        }
+                        Err(e) => telemetry::dead_letter_failed(&key, offset, &e),
+                    }
+                    if !pause(&cancel, self.settings.io_retry).await {
+                        return RecordOutcome::Cancelled;
+                    }
+                }
+            }
+        };
+        let task_id = spec.task_id;
+        let id = task_id.to_string();
+        tracing::Span::current().record("task_id", id.as_str());
+        let Some(ensured) = with_retry(self.settings.io_retry, "ensure_task", &cancel, || {
+            self.store.ensure_task(&spec)
+        })
+        .await
+        else {
+            return RecordOutcome::Cancelled;
+        };
+        if let crate::store::EnsureOutcome::Conflict { fields } = ensured {
+            // The stored task is the work; this record's different inputs are only reported.
+            telemetry::record_conflicts_with_task(&id, offset, &fields);
+        }
+        match self.runner.run(task_id, &cancel).await {
+            Some(how) => RecordOutcome::Done(how),
+            None => RecordOutcome::Cancelled,
+        }
+    }
+}
+
+/// Runs a store operation until it succeeds or `cancel` fires (`None`). A write whose
+/// outcome is unknown (the connection broke during COMMIT) is simply run again: every
+/// fenced write answers a repeat with what the first one did (`AlreadySaved` by this
+/// assignment, or a refusal), and a cancelled record is read again by the next owner.
+pub(crate) async fn with_retry<T, F, Fut>(
+    io_retry: Duration,
+    operation: &'static str,
+    cancel: &CancellationToken,
+    mut op: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    loop {
+        match op().await {
+            Ok(value) => return Some(value),
+            Err(e) => telemetry::store_error(operation, &e),
+        }
+        if !pause(cancel, io_retry).await {
+            return None;
+        }
+    }
+}
+
+/// Sleeps `wait` unless cancelled first; false when cancelled.
+pub(crate) async fn pause(cancel: &CancellationToken, wait: Duration) -> bool {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(wait) => true,
+    }
+}
