@@ -2,10 +2,12 @@
 //! in PostgreSQL. See `docs/ARCHITECTURE.md` for the map of modules and the invariants
 //! (I1..I8) each one keeps.
 
+pub mod api_key;
 pub mod check;
 pub mod cli;
 pub mod config;
 pub mod domain;
+pub mod idempotency;
 pub mod inspect;
 pub mod kafka;
 pub mod mock_provider;
