@@ -60,6 +60,32 @@ pub enum Command {
     /// Validate or print the settings.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Manage workspaces (the tenants API keys belong to).
+    #[command(subcommand)]
+    Workspace(WorkspaceCommand),
+    /// Manage API keys.
+    #[command(subcommand, name = "api-key")]
+    ApiKey(ApiKeyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkspaceCommand {
+    /// Create a workspace (lowercase letters, digits, `-`, `_`; at most 63 characters).
+    #[command(after_help = "Exit codes: 0 created or already there; 2 a bad name.")]
+    Create { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApiKeyCommand {
+    /// Make a key for a workspace. The key is printed once and stored only as its hash.
+    #[command(after_help = "Exit codes: 0 made; 4 no such workspace.")]
+    Create {
+        #[arg(long)]
+        workspace: String,
+    },
+    /// Revoke a key by its id (the part after `rpd_`, before the second `_`).
+    #[command(after_help = "Exit codes: 0 revoked (or already); 4 no such key.")]
+    Revoke { key_id: String },
 }
 
 #[derive(Debug, Subcommand)]

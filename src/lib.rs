@@ -11,6 +11,7 @@ pub mod idempotency;
 pub mod inspect;
 pub mod kafka;
 pub mod mock_provider;
+pub mod operator;
 pub mod parking;
 pub mod pipeline;
 pub mod produce;

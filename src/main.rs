@@ -69,6 +69,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("settings are valid");
         }
         Command::Config(ConfigCommand::Show) => print!("{}", settings()?.to_redacted_toml()),
+        Command::Workspace(command) => {
+            return replyd::operator::workspace(&settings()?, &command).await;
+        }
+        Command::ApiKey(command) => return replyd::operator::api_key(&settings()?, &command).await,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -6,11 +6,13 @@
 //! - [`tasks`]: ensure, claim, renew, complete, fail, read.
 //! - [`migrate`]: the schema, from `migrations/`.
 //! - [`listen`]: the session that relays task-status notifications to parked records.
+//! - [`workspaces`]: workspaces and their API keys (hashes only).
 
 pub mod fencing;
 pub mod listen;
 pub mod migrate;
 pub mod tasks;
+pub mod workspaces;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;

@@ -1,0 +1,144 @@
+//! Workspaces and their API keys: made and revoked by operators, looked up on every API
+//! request. Only a key's hash is stored (see `api_key`).
+
+use crate::api_key::{IssuedKey, PresentedKey, matches};
+
+use super::{Store, StoreError};
+
+/// What `create_workspace` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkspaceCreated {
+    Created,
+    /// It existed already; nothing changed.
+    Exists,
+}
+
+/// What `revoke_api_key` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Revoked {
+    Revoked {
+        workspace_id: String,
+    },
+    /// Revoked before; the first revocation's time stands.
+    AlreadyRevoked,
+    NotFound,
+}
+
+/// Whether a workspace name is acceptable: lowercase letters, digits, `-` and `_`, starting
+/// with a letter or digit, at most 63 characters (the table's check says the same).
+pub fn valid_workspace_id(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-' || *b == b'_')
+}
+
+impl Store {
+    pub async fn create_workspace(
+        &self,
+        workspace_id: &str,
+    ) -> Result<WorkspaceCreated, StoreError> {
+        let client = self.client().await?;
+        let inserted = client
+            .execute(
+                "INSERT INTO workspaces (workspace_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                &[&workspace_id],
+            )
+            .await?;
+        Ok(if inserted == 1 {
+            WorkspaceCreated::Created
+        } else {
+            WorkspaceCreated::Exists
+        })
+    }
+
+    /// Stores a new key of `workspace_id`; `false` when there is no such workspace.
+    pub async fn create_api_key(
+        &self,
+        workspace_id: &str,
+        key: &IssuedKey,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        // One statement: the key is written only if the workspace exists.
+        let inserted = client
+            .execute(
+                "INSERT INTO api_keys (key_id, workspace_id, key_hash) \
+                 SELECT $1, workspace_id, $3 FROM workspaces WHERE workspace_id = $2",
+                &[&key.key_id, &workspace_id, &key.hash],
+            )
+            .await?;
+        Ok(inserted == 1)
+    }
+
+    pub async fn revoke_api_key(&self, key_id: &str) -> Result<Revoked, StoreError> {
+        let client = self.client().await?;
+        // Guarded: only a live key is revoked, so the first revocation's time is kept.
+        if let Some(row) = client
+            .query_opt(
+                "UPDATE api_keys SET revoked_at = clock_timestamp() \
+                 WHERE key_id = $1 AND revoked_at IS NULL RETURNING workspace_id",
+                &[&key_id],
+            )
+            .await?
+        {
+            return Ok(Revoked::Revoked {
+                workspace_id: row.get(0),
+            });
+        }
+        let exists = client
+            .query_opt("SELECT 1 FROM api_keys WHERE key_id = $1", &[&key_id])
+            .await?
+            .is_some();
+        Ok(if exists {
+            Revoked::AlreadyRevoked
+        } else {
+            Revoked::NotFound
+        })
+    }
+
+    /// The workspace of a live key that matches `presented`, or `None` (unknown, revoked or
+    /// wrong secret: the caller answers all three alike).
+    pub async fn authenticate(
+        &self,
+        presented: &PresentedKey,
+    ) -> Result<Option<String>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT workspace_id, key_hash FROM api_keys \
+                 WHERE key_id = $1 AND revoked_at IS NULL",
+            )
+            .await?;
+        let row = client.query_opt(&statement, &[&presented.key_id]).await?;
+        Ok(row.and_then(|row| {
+            let hash: String = row.get(1);
+            matches(&hash, presented).then(|| row.get(0))
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_names_are_slugs() {
+        for good in ["acme", "team-7", "a", "x_y", &"a".repeat(63)] {
+            assert!(valid_workspace_id(good), "{good}");
+        }
+        for bad in [
+            "",
+            "Acme",
+            "-acme",
+            "acme corp",
+            "ac/me",
+            &"a".repeat(64),
+            "é",
+        ] {
+            assert!(!valid_workspace_id(bad), "{bad}");
+        }
+    }
+}
