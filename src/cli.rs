@@ -34,6 +34,8 @@ pub struct Cli {
 pub enum Command {
     /// Join the consumer group and turn reply-task records into saved replies.
     Worker,
+    /// Serve the HTTP API (api.listen) until SIGTERM/SIGINT.
+    Api,
     /// Apply the database migrations (database.url) and exit.
     Migrate,
     /// Run an OpenAI-compatible mock provider with latency and fault injection.

@@ -73,6 +73,7 @@ pub struct Settings {
     pub observability: ObservabilitySettings,
     pub provider: OpenAiSettings,
     pub retry: RetrySettings,
+    pub api: ApiSettings,
 }
 
 /// Kafka: where the records come from and how the group behaves.
@@ -250,6 +251,38 @@ impl WorkerSettings {
             .map(|h| h.trim().to_owned())
             .unwrap_or_else(|_| "replyd".into());
         format!("{host}-{}", std::process::id())
+    }
+}
+
+/// The HTTP API (`replyd api`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiSettings {
+    /// Address of the API. Port 0 picks a free port (logged).
+    pub listen: SocketAddr,
+    /// Largest request body; larger ones get `413`.
+    pub max_body_bytes: usize,
+    /// How long an `Idempotency-Key` is remembered: a retry within it returns the first
+    /// request's task, after it the key is new work. Must be longer than the longest retry
+    /// horizon of a task (validated), or a late retry would be taken for new work.
+    pub idempotency_retention_ms: u64,
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 1024 * 1024,
+            idempotency_retention_ms: 24 * 60 * 60 * 1000,
+        }
+    }
+}
+
+impl ApiSettings {
+    pub fn idempotency_retention(&self) -> chrono::TimeDelta {
+        chrono::TimeDelta::milliseconds(
+            i64::try_from(self.idempotency_retention_ms).unwrap_or(i64::MAX),
+        )
     }
 }
 
@@ -548,6 +581,22 @@ impl Settings {
         }
         if self.database.pool_size == 0 {
             refuse("database.pool_size", "must be at least 1".into());
+        }
+        // The longest a task can keep being retried: every attempt a whole lease and the
+        // longest backoff. A client retrying within that time must still find its task.
+        let horizon_ms = u64::from(w.max_attempts_limit)
+            .saturating_mul(w.lease_ms.saturating_add(self.retry.max_delay_ms));
+        if self.api.idempotency_retention_ms <= horizon_ms {
+            refuse(
+                "api.idempotency_retention_ms",
+                format!(
+                    "{} must be longer than a task's longest retry horizon, {horizon_ms} ms (worker.max_attempts_limit × (worker.lease_ms + retry.max_delay_ms)), or a late retry would be taken for new work",
+                    self.api.idempotency_retention_ms
+                ),
+            );
+        }
+        if self.api.max_body_bytes == 0 {
+            refuse("api.max_body_bytes", "must be positive".into());
         }
         if let Err(e) = self.database.url.expose().parse::<tokio_postgres::Config>() {
             // The parser's message never quotes the URL, so no password leaks through it.

@@ -2,6 +2,7 @@
 //! in PostgreSQL. See `docs/ARCHITECTURE.md` for the map of modules and the invariants
 //! (I1..I8) each one keeps.
 
+pub mod api;
 pub mod api_key;
 pub mod check;
 pub mod cli;

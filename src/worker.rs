@@ -128,3 +128,30 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
         .context("kafka consumer")?;
     Ok(())
 }
+
+/// Runs the HTTP API until `shutdown`: migrations first (retried like the worker's), then the
+/// API on `api.listen` and the health endpoints on `observability.listen`.
+pub async fn run_api(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    retry_connecting(
+        "connecting to PostgreSQL",
+        Duration::from_millis(settings.database.startup_retry_ms),
+        &shutdown,
+        |e: &StoreError| matches!(e, StoreError::Connect { .. }),
+        || run_migrations(&settings.database),
+    )
+    .await
+    .context("applying database migrations")?;
+    let store = Store::connect(&settings.database).context("database settings")?;
+    let state = crate::api::ApiState {
+        store: store.clone(),
+        settings: settings.api.clone(),
+        max_attempts: settings.worker.default_max_attempts,
+        max_prompt_bytes: settings.worker.max_prompt_bytes,
+    };
+    let (addr, served) = crate::api::serve(settings.api.listen, state, shutdown.clone())
+        .await
+        .with_context(|| format!("binding {} (api.listen)", settings.api.listen))?;
+    tracing::info!(%addr, "API listening");
+    served.await.context("the API server")?;
+    Ok(())
+}

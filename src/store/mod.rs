@@ -7,8 +7,10 @@
 //! - [`migrate`]: the schema, from `migrations/`.
 //! - [`listen`]: the session that relays task-status notifications to parked records.
 //! - [`workspaces`]: workspaces and their API keys (hashes only).
+//! - [`intake`]: the one transaction of a submission (message, task, key, outbox row).
 
 pub mod fencing;
+pub mod intake;
 pub mod listen;
 pub mod migrate;
 pub mod tasks;

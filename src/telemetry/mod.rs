@@ -40,6 +40,8 @@ pub mod names {
     pub const LISTENER_LOSSES: &str = "replyd_listener_losses_total";
     pub const TASKS_FAILED_AT_CLAIM: &str = "replyd_tasks_failed_at_claim_total";
     pub const LIBRDKAFKA_LOGS: &str = "replyd_librdkafka_logs_total";
+    pub const API_REFUSALS: &str = "replyd_api_refusals_total";
+    pub const SUBMISSIONS: &str = "replyd_api_submissions_total";
 }
 
 use names::*;
@@ -229,6 +231,17 @@ pub fn task_failed_at_claim(task_id: &str, why: &'static str, reason: &str) {
         "task failed at claim, with no provider call"
     );
     counter!(TASKS_FAILED_AT_CLAIM, "why" => why).increment(1);
+}
+
+/// An API request answered with a problem; `kind` is the problem's type.
+pub fn api_refused(kind: &'static str, status: u16) {
+    tracing::debug!(kind, status, "API request refused");
+    counter!(API_REFUSALS, "kind" => kind).increment(1);
+}
+
+/// A submission accepted: new work, or a replay of an earlier request with the same key.
+pub fn submission(replayed: bool) {
+    counter!(SUBMISSIONS, "replayed" => if replayed { "true" } else { "false" }).increment(1);
 }
 
 pub fn watched_tasks(tasks: usize) {

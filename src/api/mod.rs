@@ -1,0 +1,70 @@
+//! The HTTP API (`replyd api`): the front half of the chain. A browser submits a message with
+//! an `Idempotency-Key`; one transaction saves it with its reply task and the outbox row that
+//! hands the task to Kafka (I6); the caller follows the task by its id.
+//!
+//! One file per route group: [`replies`]. [`auth`] turns the bearer key into the workspace;
+//! [`problem`] renders every error as problem+json. Unknown routes and methods are problems
+//! too, so no answer of this server is anything but JSON.
+
+pub mod auth;
+pub mod problem;
+pub mod replies;
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ApiSettings;
+use crate::store::Store;
+use problem::Problem;
+
+/// What every handler reads.
+#[derive(Clone)]
+pub struct ApiState {
+    pub store: Store,
+    pub settings: ApiSettings,
+    /// Attempt budget of API-created tasks (`worker.default_max_attempts`).
+    pub max_attempts: u32,
+    /// Largest message plus context (`worker.max_prompt_bytes`): a workers' limit, so the API
+    /// refuses at once what the worker would dead-letter.
+    pub max_prompt_bytes: usize,
+}
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/v1/replies", post(replies::create))
+        .route("/v1/replies/{task_id}", get(replies::show))
+        .fallback(|| async { Problem::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "Method not allowed",
+                "this route does not take that method",
+            )
+        })
+        .with_state(state)
+}
+
+/// Binds `listen` (port 0 picks one) and serves until `shutdown`; returns the bound address.
+pub async fn serve(
+    listen: SocketAddr,
+    state: ApiState,
+    shutdown: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    let app = router(state);
+    let handle = tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "API server stopped");
+        }
+    });
+    Ok((addr, handle))
+}

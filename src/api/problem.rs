@@ -1,0 +1,96 @@
+//! Errors of the HTTP API as problem details (RFC 9457, `application/problem+json`): a stable
+//! `type` per kind of problem, a human `title`, the status, and a `detail` that names what is
+//! wrong. Every refusal is counted by its kind in `replyd_api_refusals_total`.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::telemetry;
+
+/// One problem; `kind` is also the last segment of its `type` URI and the metric label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub title: &'static str,
+    pub detail: String,
+    /// Extra members (e.g. the fields of a mismatch).
+    pub fields: Vec<&'static str>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    fields: &'a [&'static str],
+}
+
+impl Problem {
+    pub fn new(
+        status: StatusCode,
+        kind: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            kind,
+            title,
+            detail: detail.into(),
+            fields: Vec::new(),
+        }
+    }
+
+    pub fn with_fields(mut self, fields: Vec<&'static str>) -> Self {
+        self.fields = fields;
+        self
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", "Not found", detail)
+    }
+
+    pub fn bad_request(kind: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, kind, "Bad request", detail)
+    }
+
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "Service unavailable",
+            detail,
+        )
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        telemetry::api_refused(self.kind, self.status.as_u16());
+        let body = Body {
+            kind: format!("https://replyd.dev/problems/{}", self.kind),
+            title: self.title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+            fields: &self.fields,
+        };
+        // Serializing strings and numbers cannot fail.
+        let json = serde_json::to_vec(&body).expect("a problem serializes");
+        let mut response = (self.status, json).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}

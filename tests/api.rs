@@ -1,0 +1,460 @@
+//! The intake API over real HTTP on loopback, against the real PostgreSQL: one task per
+//! logical request whatever the retries and races (I6), workspaces isolated, and every bad
+//! input a problem+json 4xx that writes nothing.
+
+mod helpers;
+
+use std::time::Duration;
+
+use helpers::TestDb;
+use replyd::api::replies::{Accepted, ReplyView};
+use replyd::api::{ApiState, serve};
+use replyd::api_key::issue;
+use replyd::config::ApiSettings;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+struct Api {
+    db: TestDb,
+    base: String,
+    /// A key of workspace `acme`.
+    key: String,
+    client: reqwest::Client,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+async fn key_for(db: &TestDb, workspace: &str) -> String {
+    db.store.create_workspace(workspace).await.unwrap();
+    let key = issue(&mut rand::rng());
+    assert!(db.store.create_api_key(workspace, &key).await.unwrap());
+    key.token
+}
+
+async fn start_with(settings: ApiSettings) -> Api {
+    let db = TestDb::new().await;
+    let key = key_for(&db, "acme").await;
+    let stop = CancellationToken::new();
+    let state = ApiState {
+        store: db.store.clone(),
+        settings,
+        max_attempts: 3,
+        max_prompt_bytes: 1000,
+    };
+    let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
+        .await
+        .unwrap();
+    Api {
+        db,
+        base: format!("http://{addr}"),
+        key,
+        client: reqwest::Client::new(),
+        _stop: stop.drop_guard(),
+    }
+}
+
+async fn start() -> Api {
+    start_with(ApiSettings {
+        max_body_bytes: 4096,
+        ..ApiSettings::default()
+    })
+    .await
+}
+
+fn body(message: &str) -> Value {
+    json!({"conversation_id": "conv-1", "message": message, "document_version": "v7"})
+}
+
+impl Api {
+    async fn post(&self, key: Option<&str>, auth: &str, body: &Value) -> reqwest::Response {
+        let mut request = self
+            .client
+            .post(format!("{}/v1/replies", self.base))
+            .bearer_auth(auth)
+            .json(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request.send().await.unwrap()
+    }
+
+    async fn counts(&self) -> (i64, i64, i64, i64) {
+        let row = self
+            .db
+            .raw_client()
+            .await
+            .query_one(
+                "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM reply_tasks), \
+                 (SELECT count(*) FROM idempotency_keys), (SELECT count(*) FROM outbox)",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2), row.get(3))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_first_requests_with_one_key_make_one_task() {
+    let api = std::sync::Arc::new(start().await);
+    let sends = (0..50).map(|_| {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let response = api.post(Some("press-1"), &api.key, &body("hello")).await;
+            let replayed = response.headers().get("idempotent-replayed").is_some();
+            assert_eq!(response.status(), StatusCode::ACCEPTED);
+            let accepted: Accepted = response.json().await.unwrap();
+            assert_eq!(accepted.replayed, replayed);
+            accepted
+        })
+    });
+    let answers: Vec<Accepted> = futures_util::future::join_all(sends)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    let first = answers[0].task_id;
+    assert!(
+        answers.iter().all(|a| a.task_id == first),
+        "one task id for all 50"
+    );
+    assert_eq!(
+        answers.iter().filter(|a| !a.replayed).count(),
+        1,
+        "one winner"
+    );
+    assert_eq!(
+        api.counts().await,
+        (1, 1, 1, 1),
+        "one message, task, key and outbox row"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_returns_the_same_task_and_after_completion_its_reply() {
+    let api = start().await;
+    let first: Accepted = api
+        .post(Some("k-1"), &api.key, &body("q"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((first.status.as_str(), first.replayed), ("pending", false));
+    // The answer was lost; the browser retries with the same key.
+    let retry = api.post(Some("k-1"), &api.key, &body("q")).await;
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        retry.headers()["location"],
+        format!("/v1/replies/{}", first.task_id).as_str()
+    );
+    let retry: Accepted = retry.json().await.unwrap();
+    assert_eq!(retry.task_id, first.task_id);
+
+    // The worker saved the reply; a retry now shows the task completed, and GET its reply.
+    api.db
+        .raw_client()
+        .await
+        .execute(
+            "UPDATE reply_tasks SET status = 'completed', saved_response = 'the answer', \
+             finished_at = clock_timestamp() WHERE task_id = $1",
+            &[&first.task_id.as_uuid()],
+        )
+        .await
+        .unwrap();
+    let late: Accepted = api
+        .post(Some("k-1"), &api.key, &body("q"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (late.task_id, late.status.as_str()),
+        (first.task_id, "completed")
+    );
+    let view: ReplyView = api
+        .client
+        .get(format!("{}{}", api.base, first.status_url))
+        .bearer_auth(&api.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view.reply.as_deref(), Some("the answer"));
+    assert_eq!(api.counts().await, (1, 1, 1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_with_other_inputs_is_422_naming_the_fields() {
+    let api = start().await;
+    api.post(Some("k-2"), &api.key, &body("q")).await;
+    let mut other = body("another question");
+    other["document_version"] = json!("v8");
+    let refused = api.post(Some("k-2"), &api.key, &other).await;
+    assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: Value = refused.json().await.unwrap();
+    assert_eq!(problem["fields"], json!(["message", "document_version"]));
+    assert!(
+        problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("idempotency_key_reused")
+    );
+    assert_eq!(api.counts().await, (1, 1, 1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_key_is_new_work() {
+    let api = start_with(ApiSettings {
+        idempotency_retention_ms: 1,
+        ..ApiSettings::default()
+    })
+    .await;
+    let first: Accepted = api
+        .post(Some("k-3"), &api.key, &body("q"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let client = api.db.raw_client().await;
+    helpers::wait_until(
+        "the key's retention has passed",
+        Duration::from_secs(10),
+        || {
+            let client = &client;
+            async move {
+                client
+                    .query_one(
+                        "SELECT bool_and(expires_at <= clock_timestamp()) FROM idempotency_keys",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get::<_, Option<bool>>(0)
+                    == Some(true)
+            }
+        },
+    )
+    .await;
+    let again: Accepted = api
+        .post(Some("k-3"), &api.key, &body("q"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(again.task_id, first.task_id);
+    assert!(!again.replayed);
+    let (messages, tasks, keys, outbox) = api.counts().await;
+    assert_eq!((messages, tasks, keys, outbox), (2, 2, 1, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_workspace_cannot_read_a_task_or_replay_a_key() {
+    let api = start().await;
+    let other = key_for(&api.db, "globex").await;
+    let acme: Accepted = api
+        .post(Some("shared"), &api.key, &body("q"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let read = api
+        .client
+        .get(format!("{}{}", api.base, acme.status_url))
+        .bearer_auth(&other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), StatusCode::NOT_FOUND);
+    let missing = api
+        .client
+        .get(format!("{}/v1/replies/{}", api.base, uuid::Uuid::new_v4()))
+        .bearer_auth(&other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let read: Value = read.json().await.unwrap();
+    let missing: Value = missing.json().await.unwrap();
+    assert_eq!(
+        read["type"], missing["type"],
+        "another's task looks like no task"
+    );
+    // The same key in another workspace is another key.
+    let globex: Accepted = api
+        .post(Some("shared"), &other, &body("q"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(globex.task_id, acme.task_id);
+    assert!(!globex.replayed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_input_is_a_problem_4xx_that_writes_nothing() {
+    let api = start().await;
+    let revoked = {
+        api.db.store.create_workspace("gone").await.unwrap();
+        let key = issue(&mut rand::rng());
+        api.db.store.create_api_key("gone", &key).await.unwrap();
+        api.db.store.revoke_api_key(&key.key_id).await.unwrap();
+        key.token
+    };
+    let url = format!("{}/v1/replies", api.base);
+    let c = &api.client;
+    let key = api.key.as_str();
+    let raw = |content_type: &'static str, payload: Vec<u8>| {
+        c.post(&url)
+            .bearer_auth(key)
+            .header("Idempotency-Key", "k")
+            .header("content-type", content_type)
+            .body(payload)
+    };
+    let cases: Vec<(&str, reqwest::RequestBuilder, StatusCode, &str)> = vec![
+        (
+            "malformed JSON",
+            raw("application/json", b"{\"conversation_id\":".to_vec()),
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        (
+            "wrong content type",
+            raw("text/plain", b"hello".to_vec()),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+        (
+            "missing field",
+            raw("application/json", br#"{"conversation_id":"c"}"#.to_vec()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+        ),
+        (
+            "wrong type",
+            raw(
+                "application/json",
+                br#"{"conversation_id":"c","message":7}"#.to_vec(),
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+        ),
+        (
+            "unknown field",
+            raw(
+                "application/json",
+                br#"{"conversation_id":"c","message":"m","workspace":"x"}"#.to_vec(),
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+        ),
+        (
+            "empty message",
+            raw(
+                "application/json",
+                br#"{"conversation_id":"c","message":"  "}"#.to_vec(),
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+        ),
+        (
+            "body over the limit",
+            raw("application/json", vec![b' '; 5000]),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+        ),
+        (
+            "message over max_prompt_bytes",
+            raw(
+                "application/json",
+                serde_json::to_vec(&body(&"x".repeat(1001))).unwrap(),
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+        ),
+        (
+            "no idempotency key",
+            c.post(&url).bearer_auth(key).json(&body("q")),
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+        ),
+        (
+            "key too long",
+            c.post(&url)
+                .bearer_auth(key)
+                .header("Idempotency-Key", "k".repeat(256))
+                .json(&body("q")),
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+        ),
+        (
+            "no API key",
+            c.post(&url).header("Idempotency-Key", "k").json(&body("q")),
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        ),
+        (
+            "unknown API key",
+            c.post(&url)
+                .bearer_auth("rpd_0123456789abcdef_nope")
+                .header("Idempotency-Key", "k")
+                .json(&body("q")),
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        ),
+        (
+            "revoked API key",
+            c.post(&url)
+                .bearer_auth(&revoked)
+                .header("Idempotency-Key", "k")
+                .json(&body("q")),
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        ),
+        (
+            "bad task id",
+            c.get(format!("{}/v1/replies/not-a-uuid", api.base))
+                .bearer_auth(key),
+            StatusCode::BAD_REQUEST,
+            "invalid_task_id",
+        ),
+        (
+            "unknown route",
+            c.get(format!("{}/v2/nothing", api.base)).bearer_auth(key),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            "wrong method",
+            c.delete(&url).bearer_auth(key),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+    ];
+    for (what, request, status, kind) in cases {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), status, "{what}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{what}"
+        );
+        let problem: Value = response.json().await.unwrap();
+        assert!(
+            problem["type"].as_str().unwrap().ends_with(kind),
+            "{what}: {problem}"
+        );
+        assert_eq!(problem["status"], status.as_u16(), "{what}");
+        assert!(!problem["detail"].as_str().unwrap().is_empty(), "{what}");
+    }
+    assert_eq!(
+        api.counts().await,
+        (0, 0, 0, 0),
+        "nothing written by a refused request"
+    );
+}
