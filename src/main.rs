@@ -43,7 +43,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = || Settings::load(cli.config.as_deref()).map_err(anyhow::Error::from);
     match cli.command {
         Command::Worker => replyd::worker::run_worker(settings()?, shutdown).await?,
-        Command::Api => replyd::worker::run_api(settings()?, shutdown).await?,
+        Command::Api => replyd::api::run(settings()?, shutdown).await?,
         Command::Migrate => {
             let applied = replyd::store::migrate::run_migrations(&settings()?.database)
                 .await

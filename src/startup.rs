@@ -64,6 +64,28 @@ where
     }
 }
 
+/// Brings the schema up to date at start-up, retrying while PostgreSQL cannot be reached.
+pub async fn migrate(
+    database: &crate::config::DatabaseSettings,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    use crate::store::StoreError;
+    use anyhow::Context as _;
+    let applied = retry_connecting(
+        "connecting to PostgreSQL",
+        Duration::from_millis(database.startup_retry_ms),
+        shutdown,
+        |e: &StoreError| matches!(e, StoreError::Connect { .. }),
+        || crate::store::migrate::run_migrations(database),
+    )
+    .await
+    .context("applying database migrations")?;
+    if !applied.is_empty() {
+        tracing::info!(?applied, "migrations applied");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

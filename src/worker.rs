@@ -14,26 +14,14 @@ use crate::parking::ParkedTasks;
 use crate::pipeline::{Pipeline, PipelineSettings, RunnerSettings, TaskRunner};
 use crate::provider::{Recovery, build_provider};
 use crate::startup::retry_connecting;
+use crate::store::Store;
 use crate::store::listen::relay_task_notifications;
-use crate::store::migrate::run_migrations;
-use crate::store::{Store, StoreError};
 
 /// Runs one worker until `shutdown` fires, then drains, commits and leaves the group.
 pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     // PostgreSQL and Kafka may come up after us: retry for a bounded time, one log line per
     // distinct failure.
-    let applied = retry_connecting(
-        "connecting to PostgreSQL",
-        Duration::from_millis(settings.database.startup_retry_ms),
-        &shutdown,
-        |e: &StoreError| matches!(e, StoreError::Connect { .. }),
-        || run_migrations(&settings.database),
-    )
-    .await
-    .context("applying database migrations")?;
-    if !applied.is_empty() {
-        tracing::info!(?applied, "migrations applied");
-    }
+    crate::startup::migrate(&settings.database, &shutdown).await?;
     let store = Store::connect(&settings.database).context("database settings")?;
     let provider = build_provider(&settings.provider).context("provider settings")?;
     // Whether an ambiguous call can be recovered without a second generation.
@@ -126,32 +114,5 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
         .context("joining the poll thread")?
         .map_err(|_| anyhow::anyhow!("the poll thread panicked"))?
         .context("kafka consumer")?;
-    Ok(())
-}
-
-/// Runs the HTTP API until `shutdown`: migrations first (retried like the worker's), then the
-/// API on `api.listen` and the health endpoints on `observability.listen`.
-pub async fn run_api(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    retry_connecting(
-        "connecting to PostgreSQL",
-        Duration::from_millis(settings.database.startup_retry_ms),
-        &shutdown,
-        |e: &StoreError| matches!(e, StoreError::Connect { .. }),
-        || run_migrations(&settings.database),
-    )
-    .await
-    .context("applying database migrations")?;
-    let store = Store::connect(&settings.database).context("database settings")?;
-    let state = crate::api::ApiState {
-        store: store.clone(),
-        settings: settings.api.clone(),
-        max_attempts: settings.worker.default_max_attempts,
-        max_prompt_bytes: settings.worker.max_prompt_bytes,
-    };
-    let (addr, served) = crate::api::serve(settings.api.listen, state, shutdown.clone())
-        .await
-        .with_context(|| format!("binding {} (api.listen)", settings.api.listen))?;
-    tracing::info!(%addr, "API listening");
-    served.await.context("the API server")?;
     Ok(())
 }

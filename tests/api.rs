@@ -458,3 +458,61 @@ async fn every_bad_input_is_a_problem_4xx_that_writes_nothing() {
         "nothing written by a refused request"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replyd_api_serves_from_its_settings_and_drains_on_sigterm() {
+    let db = TestDb::new().await;
+    let key = key_for(&db, "acme").await;
+    let dir = std::env::temp_dir().join(helpers::unique("api"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("replyd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"{}\"\n[api]\nlisten = \"127.0.0.1:0\"\n",
+            db.settings.url.expose()
+        ),
+    )
+    .unwrap();
+    let log = dir.join("api.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+        .args(["api", "--config"])
+        .arg(&config)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut addr = String::new();
+    helpers::wait_until("the API logs its address", Duration::from_secs(60), || {
+        let found = std::fs::read_to_string(&log).ok().and_then(|text| {
+            let (_, rest) = text.split_once("API listening addr=")?;
+            Some(rest.split_whitespace().next()?.to_owned())
+        });
+        if let Some(found) = found {
+            addr = found;
+        }
+        let ready = !addr.is_empty();
+        async move { ready }
+    })
+    .await;
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/replies"))
+        .bearer_auth(&key)
+        .header("Idempotency-Key", "from-the-binary")
+        .json(&body("q"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+}

@@ -17,7 +17,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ApiSettings;
+use crate::config::{ApiSettings, Settings};
 use crate::store::Store;
 use problem::Problem;
 
@@ -47,6 +47,27 @@ pub fn router(state: ApiState) -> Router {
             )
         })
         .with_state(state)
+}
+
+/// Runs `replyd api` until `shutdown`: migrations first (retried while PostgreSQL is away),
+/// then the API on `api.listen`; SIGTERM stops taking connections and lets open requests
+/// finish.
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    crate::startup::migrate(&settings.database, &shutdown).await?;
+    let store = Store::connect(&settings.database).context("database settings")?;
+    let state = ApiState {
+        store,
+        settings: settings.api.clone(),
+        max_attempts: settings.worker.default_max_attempts,
+        max_prompt_bytes: settings.worker.max_prompt_bytes,
+    };
+    let (addr, served) = serve(settings.api.listen, state, shutdown)
+        .await
+        .with_context(|| format!("binding {} (api.listen)", settings.api.listen))?;
+    tracing::info!(%addr, "API listening");
+    served.await.context("the API server")?;
+    Ok(())
 }
 
 /// Binds `listen` (port 0 picks one) and serves until `shutdown`; returns the bound address.
