@@ -36,6 +36,8 @@ pub enum Command {
     Worker,
     /// Serve the HTTP API (api.listen) until SIGTERM/SIGINT.
     Api,
+    /// Publish the outbox's tasks to kafka.topic until SIGTERM/SIGINT.
+    Relay,
     /// Apply the database migrations (database.url) and exit.
     Migrate,
     /// Run an OpenAI-compatible mock provider with latency and fault injection.

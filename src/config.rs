@@ -74,6 +74,7 @@ pub struct Settings {
     pub provider: OpenAiSettings,
     pub retry: RetrySettings,
     pub api: ApiSettings,
+    pub relay: RelaySettings,
 }
 
 /// Kafka: where the records come from and how the group behaves.
@@ -283,6 +284,43 @@ impl ApiSettings {
         chrono::TimeDelta::milliseconds(
             i64::try_from(self.idempotency_retention_ms).unwrap_or(i64::MAX),
         )
+    }
+}
+
+/// The outbox relay (`replyd relay`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelaySettings {
+    /// Outbox rows published per transaction.
+    pub batch_size: i64,
+    /// How often the outbox is looked at when no notification came.
+    pub poll_interval_ms: u64,
+    /// How long published rows are kept before they are deleted.
+    pub retention_ms: u64,
+    /// librdkafka's `message.timeout.ms` for a publish; must be below
+    /// `database.idle_in_transaction_session_timeout_ms`, since the batch's transaction stays
+    /// open while its records are published.
+    pub publish_timeout_ms: u64,
+}
+
+impl Default for RelaySettings {
+    fn default() -> Self {
+        Self {
+            batch_size: 100,
+            poll_interval_ms: 1_000,
+            retention_ms: 60 * 60 * 1000,
+            publish_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl RelaySettings {
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_millis(self.poll_interval_ms)
+    }
+
+    pub fn retention(&self) -> Duration {
+        Duration::from_millis(self.retention_ms)
     }
 }
 
@@ -593,6 +631,22 @@ impl Settings {
                     "{} must be longer than a task's longest retry horizon, {horizon_ms} ms (worker.max_attempts_limit × (worker.lease_ms + retry.max_delay_ms)), or a late retry would be taken for new work",
                     self.api.idempotency_retention_ms
                 ),
+            );
+        }
+        if self.relay.publish_timeout_ms >= self.database.idle_in_transaction_session_timeout_ms {
+            refuse(
+                "relay.publish_timeout_ms",
+                format!(
+                    "{} must be below database.idle_in_transaction_session_timeout_ms ({}): a batch's transaction stays open while it is published",
+                    self.relay.publish_timeout_ms,
+                    self.database.idle_in_transaction_session_timeout_ms
+                ),
+            );
+        }
+        if self.relay.batch_size < 1 || self.relay.poll_interval_ms == 0 {
+            refuse(
+                "relay.batch_size",
+                "relay.batch_size and relay.poll_interval_ms must be positive".into(),
             );
         }
         if self.api.max_body_bytes == 0 {

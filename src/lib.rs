@@ -18,6 +18,7 @@ pub mod pipeline;
 pub mod produce;
 pub mod proto;
 pub mod provider;
+pub mod relay;
 pub mod retry;
 pub mod secret;
 pub mod startup;

@@ -1,6 +1,7 @@
-//! The notification listener: one PostgreSQL session per worker that `LISTEN`s on
-//! `replyd_task_status` (sent by the task table's trigger, see `migrations/V3`) and wakes the
-//! records parked on a task whose lease ended ([`ParkedTasks`]).
+//! Notification listeners: one PostgreSQL session that `LISTEN`s on a channel and hands each
+//! payload to a [`Listener`]. The worker's relays `replyd_task_status` (sent by the task
+//! table's trigger, see `migrations/V3`) to the records parked on a task whose lease ended
+//! ([`ParkedTasks`]); the outbox relay's wakes on `replyd_outbox`.
 //!
 //! Notifications are hints. A lost one (the session dropped, the server restarted) costs only
 //! time: parked records still wake at their lease end, and every (re)connection wakes all
@@ -27,19 +28,66 @@ pub fn parse_status_payload(payload: &str) -> Option<(TaskId, TaskStatus)> {
     Some((TaskId::parse(id).ok()?, TaskStatus::parse(status)?))
 }
 
-/// Listens until `shutdown`, reconnecting with a bounded backoff. `name` becomes the
-/// session's `application_name`, so an operator can tell the listener from the pool.
+/// What a listener does with its channel's messages.
+pub trait Listener: Send {
+    /// The session listens (again): anything sent while it did not is gone.
+    fn listening(&mut self);
+    /// One notification's payload.
+    fn notified(&mut self, payload: &str);
+}
+
+/// Wakes the records parked on a task whose lease ended.
+struct WakeParked(ParkedTasks);
+
+impl Listener for WakeParked {
+    fn listening(&mut self) {
+        self.0.wake_all(WakeSource::Resync);
+    }
+
+    fn notified(&mut self, payload: &str) {
+        match parse_status_payload(payload) {
+            // A claim (to running) ends nobody's wait.
+            Some((_, TaskStatus::Running)) => {}
+            Some((task, _)) => {
+                self.0.wake(task, WakeSource::Notification);
+            }
+            None => telemetry::bad_notification(payload),
+        }
+    }
+}
+
+/// Relays `replyd_task_status` to `parked` until `shutdown`. `name` becomes the session's
+/// `application_name`, so an operator can tell the listener from the pool.
 pub async fn relay_task_notifications(
     settings: DatabaseSettings,
     name: String,
     parked: ParkedTasks,
     shutdown: CancellationToken,
 ) {
+    listen(
+        settings,
+        name,
+        TASK_STATUS_CHANNEL,
+        WakeParked(parked),
+        shutdown,
+    )
+    .await;
+}
+
+/// Listens on `channel` until `shutdown`, reconnecting with a bounded backoff, one log line
+/// per distinct failure.
+pub async fn listen(
+    settings: DatabaseSettings,
+    name: String,
+    channel: &'static str,
+    mut listener: impl Listener,
+    shutdown: CancellationToken,
+) {
     let target = target_of(&settings);
     let mut failures = RepeatedFailure::new("notification listener");
     let mut backoff = INITIAL_BACKOFF;
     while !shutdown.is_cancelled() {
-        let session = listen_once(&settings, &name, &parked, &shutdown, || {
+        let session = listen_once(&settings, &name, channel, &mut listener, &shutdown, || {
             // Listening again: the next loss starts over from the shortest wait.
             failures.recovered();
             backoff = INITIAL_BACKOFF;
@@ -75,12 +123,13 @@ enum SessionEnd {
     Closed,
 }
 
-/// One listening session: connect, LISTEN, wake everyone (anything sent before was missed),
-/// then relay notifications until the session ends (an error) or `shutdown` (Ok).
+/// One listening session: connect, LISTEN, tell the listener it listens, then relay
+/// notifications until the session ends (an error) or `shutdown` (Ok).
 async fn listen_once(
     settings: &DatabaseSettings,
     name: &str,
-    parked: &ParkedTasks,
+    channel: &str,
+    listener: &mut impl Listener,
     shutdown: &CancellationToken,
     listening: impl FnOnce(),
 ) -> Result<(), SessionEnd> {
@@ -99,26 +148,15 @@ async fn listen_once(
         }
     });
     let result = async {
-        client
-            .batch_execute(&format!("LISTEN {TASK_STATUS_CHANNEL}"))
-            .await?;
+        client.batch_execute(&format!("LISTEN {channel}")).await?;
         telemetry::listener_connected();
         listening();
-        parked.wake_all(WakeSource::Resync);
+        listener.listening();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 message = rx.recv() => match message {
-                    Some(Ok(AsyncMessage::Notification(n))) => {
-                        match parse_status_payload(n.payload()) {
-                            // A claim (to running) ends nobody's wait.
-                            Some((_, TaskStatus::Running)) => {}
-                            Some((task, _)) => {
-                                parked.wake(task, WakeSource::Notification);
-                            }
-                            None => telemetry::bad_notification(n.payload()),
-                        }
-                    }
+                    Some(Ok(AsyncMessage::Notification(n))) => listener.notified(n.payload()),
                     Some(Ok(_)) => {} // notices
                     Some(Err(e)) => return Err(e.into()),
                     None => return Err(SessionEnd::Closed),

@@ -8,11 +8,13 @@
 //! - [`listen`]: the session that relays task-status notifications to parked records.
 //! - [`workspaces`]: workspaces and their API keys (hashes only).
 //! - [`intake`]: the one transaction of a submission (message, task, key, outbox row).
+//! - [`outbox`]: relay batches (SKIP LOCKED), marking published, purging, lag.
 
 pub mod fencing;
 pub mod intake;
 pub mod listen;
 pub mod migrate;
+pub mod outbox;
 pub mod tasks;
 pub mod workspaces;
 

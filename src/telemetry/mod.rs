@@ -42,6 +42,11 @@ pub mod names {
     pub const LIBRDKAFKA_LOGS: &str = "replyd_librdkafka_logs_total";
     pub const API_REFUSALS: &str = "replyd_api_refusals_total";
     pub const SUBMISSIONS: &str = "replyd_api_submissions_total";
+    pub const OUTBOX_PUBLISHED: &str = "replyd_outbox_published_total";
+    pub const OUTBOX_PUBLISH_ERRORS: &str = "replyd_outbox_publish_errors_total";
+    pub const OUTBOX_PURGED: &str = "replyd_outbox_purged_total";
+    pub const OUTBOX_UNPUBLISHED: &str = "replyd_outbox_unpublished";
+    pub const OUTBOX_OLDEST_SECONDS: &str = "replyd_outbox_oldest_unpublished_seconds";
 }
 
 use names::*;
@@ -242,6 +247,29 @@ pub fn api_refused(kind: &'static str, status: u16) {
 /// A submission accepted: new work, or a replay of an earlier request with the same key.
 pub fn submission(replayed: bool) {
     counter!(SUBMISSIONS, "replayed" => if replayed { "true" } else { "false" }).increment(1);
+}
+
+pub fn outbox_published(rows: usize) {
+    if rows > 0 {
+        tracing::debug!(rows, "outbox rows published");
+    }
+    counter!(OUTBOX_PUBLISHED).increment(rows as u64);
+}
+
+pub fn outbox_publish_failed(outbox_id: i64, error: &rdkafka::error::KafkaError) {
+    if once_a_minute(&format!("outbox:{}", shape_of(&error.to_string()))) {
+        tracing::warn!(outbox_id, error = %chain(error), "publishing an outbox row failed; it stays for the next batch (repeats are held back for a minute)");
+    }
+    counter!(OUTBOX_PUBLISH_ERRORS).increment(1);
+}
+
+pub fn outbox_purged(rows: u64) {
+    counter!(OUTBOX_PURGED).increment(rows);
+}
+
+pub fn outbox_lag(unpublished: i64, oldest_seconds: f64) {
+    gauge!(OUTBOX_UNPUBLISHED).set(unpublished as f64);
+    gauge!(OUTBOX_OLDEST_SECONDS).set(oldest_seconds);
 }
 
 pub fn watched_tasks(tasks: usize) {

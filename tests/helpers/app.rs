@@ -285,6 +285,16 @@ listen = "127.0.0.1:0"
 
     /// Starts (or restarts) worker `name`.
     pub fn spawn_worker(&self, name: &str) {
+        self.spawn_process(name, "worker");
+    }
+
+    /// Starts (or restarts) `replyd relay` as process `name`, with the workers' settings.
+    pub fn spawn_relay(&self, name: &str) {
+        self.spawn_process(name, "relay");
+    }
+
+    /// Starts (or restarts) `replyd <command>` as process `name`, with the workers' settings.
+    pub fn spawn_process(&self, name: &str, command: &str) {
         let config = self.dir.join(format!("{name}.toml"));
         std::fs::write(&config, self.worker_toml(name)).unwrap();
         let incarnation = {
@@ -300,7 +310,7 @@ listen = "127.0.0.1:0"
             .open(&log)
             .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_replyd"))
-            .args(["worker", "--config"])
+            .args([command, "--config"])
             .arg(&config)
             .env("RUST_LOG", "info,replyd=debug,librdkafka=warn")
             .stdin(Stdio::null())

@@ -1,0 +1,141 @@
+//! `replyd relay`: hands the outbox's tasks to Kafka. Batches of unpublished rows are taken
+//! with `SKIP LOCKED` (many relays at once), published to `kafka.topic` with an idempotent
+//! producer (`acks=all`), and marked published in the same transaction once acknowledged.
+//! Woken by `NOTIFY replyd_outbox`, with a polling fallback; published rows are deleted after
+//! `relay.retention_ms` in bounded batches; the lag (unpublished rows, the oldest one's age)
+//! is a metric.
+//!
+//! A relay that dies between the publish and the commit leaves its rows unpublished; the next
+//! batch publishes them again and the worker absorbs the duplicate record, because the task
+//! id, not the record, is the identity of the work (I1, I6).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures_util::future::join_all;
+use rdkafka::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::kafka::KafkaLogs;
+use crate::store::Store;
+use crate::store::listen::{Listener, listen};
+use crate::store::outbox::OutboxRow;
+use crate::telemetry;
+
+/// The channel new outbox rows notify (see `migrations/V6`).
+pub const OUTBOX_CHANNEL: &str = "replyd_outbox";
+
+/// How often published rows are purged and the lag measured.
+const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Wakes the relay loop.
+struct WakeRelay(Arc<Notify>);
+
+impl Listener for WakeRelay {
+    fn listening(&mut self) {
+        // Rows may have come while nobody listened: look now.
+        self.0.notify_one();
+    }
+
+    fn notified(&mut self, _payload: &str) {
+        self.0.notify_one();
+    }
+}
+
+/// Runs the relay until `shutdown`.
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    crate::startup::migrate(&settings.database, &shutdown).await?;
+    let store = Store::connect(&settings.database).context("database settings")?;
+    let relay = &settings.relay;
+    let kafka = &settings.kafka;
+    let mut config = ClientConfig::new();
+    for (key, value) in &kafka.producer_librdkafka {
+        config.set(key, value);
+    }
+    let producer: FutureProducer<KafkaLogs> = config
+        .set("bootstrap.servers", &kafka.bootstrap_servers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        // A publish must end well inside the open transaction's idle timeout (validated).
+        .set("message.timeout.ms", relay.publish_timeout_ms.to_string())
+        .create_with_context(KafkaLogs)
+        .with_context(|| {
+            format!(
+                "Kafka producer for {} (kafka.bootstrap_servers)",
+                kafka.bootstrap_servers
+            )
+        })?;
+    let wake = Arc::new(Notify::new());
+    tokio::spawn(listen(
+        settings.database.clone(),
+        format!("replyd-relay {}", std::process::id()),
+        OUTBOX_CHANNEL,
+        WakeRelay(Arc::clone(&wake)),
+        shutdown.clone(),
+    ));
+    tracing::info!(topic = %kafka.topic, "relay started");
+    let mut housekeeping = Instant::now();
+    while !shutdown.is_cancelled() {
+        let published = store
+            .relay_batch(relay.batch_size, |rows| {
+                publish(&producer, &kafka.topic, rows)
+            })
+            .await;
+        let full = match published {
+            Ok(n) => {
+                telemetry::outbox_published(n);
+                n as i64 == relay.batch_size
+            }
+            Err(e) => {
+                telemetry::store_error("relay_batch", &e);
+                false
+            }
+        };
+        if housekeeping.elapsed() >= HOUSEKEEPING_INTERVAL {
+            housekeeping = Instant::now();
+            match store.purge_outbox(relay.retention(), 1000).await {
+                Ok(n) => telemetry::outbox_purged(n),
+                Err(e) => telemetry::store_error("purge_outbox", &e),
+            }
+            match store.outbox_lag().await {
+                Ok(lag) => telemetry::outbox_lag(lag.unpublished, lag.oldest_seconds),
+                Err(e) => telemetry::store_error("outbox_lag", &e),
+            }
+        }
+        if full {
+            continue; // more are waiting
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(relay.poll_interval()) => {}
+        }
+    }
+    tracing::info!("relay stopped");
+    Ok(())
+}
+
+/// Publishes `rows` and returns the ids Kafka acknowledged.
+async fn publish(
+    producer: &FutureProducer<KafkaLogs>,
+    topic: &str,
+    rows: Vec<OutboxRow>,
+) -> Vec<i64> {
+    let sends = rows.iter().map(|row| async move {
+        let record = FutureRecord::to(topic)
+            .key(&row.record_key)
+            .payload(&row.payload);
+        match producer.send(record, Duration::from_secs(0)).await {
+            Ok(_) => Some(row.outbox_id),
+            Err((e, _)) => {
+                telemetry::outbox_publish_failed(row.outbox_id, &e);
+                None
+            }
+        }
+    });
+    join_all(sends).await.into_iter().flatten().collect()
+}

@@ -1,0 +1,103 @@
+//! The outbox's SQL: a batch of unpublished rows taken with `FOR UPDATE SKIP LOCKED` (so many
+//! relays share the table without publishing one row twice at once), marked published in the
+//! same transaction once Kafka has acknowledged them, and published rows deleted after their
+//! retention in bounded batches. A relay that dies between the publish and the commit leaves
+//! its rows unpublished: the next relay publishes them again, and the worker absorbs the
+//! duplicate record (the task's id is its identity).
+
+use std::time::Duration;
+
+use tokio_postgres::Transaction;
+
+use super::{Store, StoreError};
+
+/// One row to publish.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    pub outbox_id: i64,
+    pub record_key: String,
+    pub payload: Vec<u8>,
+}
+
+/// How far behind the outbox is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OutboxLag {
+    pub unpublished: i64,
+    /// Age of the oldest unpublished row (database clock), 0 when none.
+    pub oldest_seconds: f64,
+}
+
+impl Store {
+    /// Takes up to `limit` unpublished rows, oldest first, skipping rows another relay holds;
+    /// hands them to `publish` and marks the ones it returns as published, all in one
+    /// transaction. `publish` must finish well within `idle_in_transaction_session_timeout`.
+    pub async fn relay_batch<F, Fut>(&self, limit: i64, publish: F) -> Result<usize, StoreError>
+    where
+        F: FnOnce(Vec<OutboxRow>) -> Fut,
+        Fut: std::future::Future<Output = Vec<i64>>,
+    {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let rows = take_batch(&tx, limit).await?;
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(0);
+        }
+        let published = publish(rows).await;
+        if !published.is_empty() {
+            tx.execute(
+                "UPDATE outbox SET published_at = clock_timestamp() WHERE outbox_id = ANY($1)",
+                &[&published],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(published.len())
+    }
+
+    /// Deletes up to `limit` rows published more than `retention` ago; returns how many.
+    pub async fn purge_outbox(&self, retention: Duration, limit: i64) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .execute(
+                "DELETE FROM outbox WHERE outbox_id IN (SELECT outbox_id FROM outbox \
+                 WHERE published_at < clock_timestamp() - make_interval(secs => $1) \
+                 ORDER BY outbox_id LIMIT $2)",
+                &[&retention.as_secs_f64(), &limit],
+            )
+            .await?)
+    }
+
+    pub async fn outbox_lag(&self) -> Result<OutboxLag, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 \
+                 FROM outbox WHERE published_at IS NULL",
+                &[],
+            )
+            .await?;
+        Ok(OutboxLag {
+            unpublished: row.get(0),
+            oldest_seconds: row.get(1),
+        })
+    }
+}
+
+async fn take_batch(tx: &Transaction<'_>, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
+    let rows = tx
+        .query(
+            "SELECT outbox_id, record_key, payload FROM outbox WHERE published_at IS NULL \
+             ORDER BY outbox_id LIMIT $1 FOR UPDATE SKIP LOCKED",
+            &[&limit],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| OutboxRow {
+            outbox_id: r.get(0),
+            record_key: r.get(1),
+            payload: r.get(2),
+        })
+        .collect())
+}

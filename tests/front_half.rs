@@ -1,0 +1,187 @@
+//! The whole chain from HTTP: POST /v1/replies → one transaction (message, task, key, outbox
+//! row) → `replyd relay` → Kafka → `replyd worker` → the saved reply shown by GET. Real
+//! processes, the real broker and PostgreSQL, the mock provider over HTTP.
+
+mod helpers;
+
+use std::time::Duration;
+
+use helpers::app::{TestApp, WorkerConfig};
+use helpers::wait_until;
+use replyd::api::replies::{Accepted, ReplyView};
+use replyd::api::{ApiState, serve};
+use replyd::api_key::issue;
+use replyd::config::ApiSettings;
+use replyd::mock_provider::MockSettings;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+struct Front {
+    base: String,
+    key: String,
+    client: reqwest::Client,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+async fn front(app: &TestApp) -> Front {
+    let store = &app.db.store;
+    store.create_workspace("acme").await.unwrap();
+    let key = issue(&mut rand::rng());
+    store.create_api_key("acme", &key).await.unwrap();
+    let stop = CancellationToken::new();
+    let state = ApiState {
+        store: store.clone(),
+        settings: ApiSettings::default(),
+        max_attempts: 3,
+        max_prompt_bytes: 64 * 1024,
+    };
+    let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
+        .await
+        .unwrap();
+    Front {
+        base: format!("http://{addr}"),
+        key: key.token,
+        client: reqwest::Client::new(),
+        _stop: stop.drop_guard(),
+    }
+}
+
+impl Front {
+    async fn send(&self, key: &str, message: &str) -> Accepted {
+        self.client
+            .post(format!("{}/v1/replies", self.base))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", key)
+            .json(&json!({"conversation_id": "conv-1", "message": message}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn view(&self, accepted: &Accepted) -> ReplyView {
+        self.client
+            .get(format!("{}{}", self.base, accepted.status_url))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn wait_until_completed(&self, accepted: &Accepted) -> ReplyView {
+        wait_until("the reply is completed", LIMIT, || async {
+            self.view(accepted).await.status == "completed"
+        })
+        .await;
+        self.view(accepted).await
+    }
+}
+
+fn mock() -> MockSettings {
+    MockSettings {
+        latency_ms: 50,
+        ..MockSettings::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_reaches_the_worker_through_the_outbox_and_its_reply_is_shown() {
+    let app = TestApp::start(2, mock(), WorkerConfig::default()).await;
+    let front = front(&app).await;
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    let first = front.send("press-1", "What are the key decisions?").await;
+    let retry = front.send("press-1", "What are the key decisions?").await;
+    assert_eq!(retry.task_id, first.task_id);
+    let done = front.wait_until_completed(&first).await;
+    assert!(done.reply.is_some_and(|r| !r.is_empty()));
+    app.wait_until_committed_to_end(LIMIT).await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!((report.tasks, report.completed), (1, 1), "{report:#?}");
+    assert_eq!(report.mock_generations, Some(1), "{report:#?}");
+    let published: i64 = app
+        .db
+        .raw_client()
+        .await
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(published, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_between_publish_and_mark_republishes_and_still_one_reply() {
+    let app = TestApp::start(1, mock(), WorkerConfig::default()).await;
+    let front = front(&app).await;
+    let client = app.db.raw_client().await;
+    // Hold the relay between its publish and its mark: the mark's UPDATE sleeps in a trigger
+    // of this test's schema.
+    client
+        .batch_execute(
+            "CREATE FUNCTION hold_the_mark() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(120); RETURN NEW; END $$; \
+             CREATE TRIGGER hold_the_mark BEFORE UPDATE ON outbox \
+             FOR EACH ROW EXECUTE FUNCTION hold_the_mark();",
+        )
+        .await
+        .unwrap();
+    app.spawn_relay("relay");
+    let accepted = front.send("press-1", "q").await;
+    wait_until("the record is published once", LIMIT, || async {
+        app.end_offsets().await.values().sum::<i64>() == 1
+    })
+    .await;
+    // Published, not marked: the relay dies there.
+    app.kill("relay");
+    // Its session sleeps on in the trigger (the server notices the lost client only when it
+    // next talks to it): end it, as the server's idle timeout would, then lift the hold.
+    let stuck = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE query LIKE 'UPDATE outbox SET published_at%' AND pid <> pg_backend_pid()";
+    wait_until("the dead relay's session is gone", LIMIT, || async {
+        client.query_one(stuck, &[]).await.unwrap().get::<_, i64>(0) == 0
+    })
+    .await;
+    client
+        .batch_execute("DROP TRIGGER hold_the_mark ON outbox")
+        .await
+        .unwrap();
+    let unpublished: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(unpublished, 1, "the mark died with the relay");
+
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    wait_until("the record is published again", LIMIT, || async {
+        app.end_offsets().await.values().sum::<i64>() == 2
+    })
+    .await;
+    front.wait_until_completed(&accepted).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!((report.records, report.tasks), (2, 1), "{report:#?}");
+    assert_eq!(report.duplicate_replies, 0);
+    assert_eq!(
+        report.mock_generations,
+        Some(1),
+        "one generation for both records"
+    );
+}
