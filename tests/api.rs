@@ -35,12 +35,7 @@ async fn start_with(settings: ApiSettings) -> Api {
     let db = TestDb::new().await;
     let key = key_for(&db, "acme").await;
     let stop = CancellationToken::new();
-    let state = ApiState {
-        store: db.store.clone(),
-        settings,
-        max_attempts: 3,
-        max_prompt_bytes: 1000,
-    };
+    let state = ApiState::new(db.store.clone(), settings, 3, 1000);
     let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
         .await
         .unwrap();
@@ -285,6 +280,14 @@ async fn another_workspace_cannot_read_a_task_or_replay_a_key() {
         read["type"], missing["type"],
         "another's task looks like no task"
     );
+    let stream = api
+        .client
+        .get(format!("{}{}", api.base, acme.events_url))
+        .bearer_auth(&other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::NOT_FOUND, "nor stream it");
     // The same key in another workspace is another key.
     let globex: Accepted = api
         .post(Some("shared"), &other, &body("q"))

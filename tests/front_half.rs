@@ -31,12 +31,8 @@ async fn front(app: &TestApp) -> Front {
     let key = issue(&mut rand::rng());
     store.create_api_key("acme", &key).await.unwrap();
     let stop = CancellationToken::new();
-    let state = ApiState {
-        store: store.clone(),
-        settings: ApiSettings::default(),
-        max_attempts: 3,
-        max_prompt_bytes: 64 * 1024,
-    };
+    let state = ApiState::new(store.clone(), ApiSettings::default(), 3, 64 * 1024);
+    state.changes.listen(app.db.settings.clone(), stop.clone());
     let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
         .await
         .unwrap();
@@ -184,4 +180,109 @@ async fn a_relay_killed_between_publish_and_mark_republishes_and_still_one_reply
         Some(1),
         "one generation for both records"
     );
+}
+
+/// Reads an event stream until it ends (bounded by LIMIT); returns each status event's view.
+async fn read_events(response: reqwest::Response) -> Vec<ReplyView> {
+    read_events_with_ids(response)
+        .await
+        .into_iter()
+        .map(|(_, view)| view)
+        .collect()
+}
+
+/// Like `read_events`, with each event's id.
+async fn read_events_with_ids(response: reqwest::Response) -> Vec<(String, ReplyView)> {
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut response = response;
+    let mut text = String::new();
+    tokio::time::timeout(LIMIT, async {
+        while let Some(chunk) = response.chunk().await.unwrap() {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .expect("the stream ends after the terminal state");
+    text.split("\n\n")
+        .filter(|event| event.lines().any(|l| l == "event: status"))
+        .map(|event| {
+            let field = |name: &str| {
+                event
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            (
+                field("id: "),
+                serde_json::from_str(&field("data: ")).unwrap(),
+            )
+        })
+        .collect()
+}
+
+impl Front {
+    async fn events(&self, accepted: &Accepted, last_event_id: Option<&str>) -> reqwest::Response {
+        let mut request = self
+            .client
+            .get(format!("{}{}", self.base, accepted.events_url))
+            .bearer_auth(&self.key);
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id);
+        }
+        request.send().await.unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_delivers_each_state_and_ends_at_completion() {
+    let app = TestApp::start(1, mock(), WorkerConfig::default()).await;
+    let front = front(&app).await;
+    let accepted = front.send("press-1", "q").await;
+    // Open before anything runs: the first event is the pending state.
+    let stream = front.events(&accepted, None).await;
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    let views = read_events(stream).await;
+    assert_eq!(views.first().map(|v| v.status.as_str()), Some("pending"));
+    let last = views.last().unwrap();
+    assert_eq!(last.status, "completed");
+    assert!(last.reply.is_some());
+
+    // Opened after completion: the terminal state at once, then the end.
+    let late = read_events_with_ids(front.events(&accepted, None).await).await;
+    assert_eq!(late.len(), 1);
+    assert_eq!(late[0].1.status, "completed");
+    // A reconnect that already saw it (Last-Event-ID) gets nothing again, and the end.
+    let resumed = read_events(front.events(&accepted, Some(&late[0].0)).await).await;
+    assert!(resumed.is_empty(), "{resumed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_notifications_are_lost_still_ends() {
+    let app = TestApp::start(1, mock(), WorkerConfig::default()).await;
+    let front = front(&app).await;
+    let accepted = front.send("press-1", "q").await;
+    let stream = front.events(&accepted, None).await;
+    // Kill the API's listening session while the task runs: its notifications are lost.
+    let client = app.db.raw_client().await;
+    let listener = format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = 'replyd-api-listener {}'",
+        std::process::id()
+    );
+    wait_until("the API's listener was killed", LIMIT, || async {
+        client
+            .query_one(&listener, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            > 0
+    })
+    .await;
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    let views = read_events(stream).await;
+    assert_eq!(views.last().map(|v| v.status.as_str()), Some("completed"));
 }

@@ -7,6 +7,7 @@
 //! too, so no answer of this server is anything but JSON.
 
 pub mod auth;
+pub mod events;
 pub mod problem;
 pub mod replies;
 
@@ -31,12 +32,32 @@ pub struct ApiState {
     /// Largest message plus context (`worker.max_prompt_bytes`): a workers' limit, so the API
     /// refuses at once what the worker would dead-letter.
     pub max_prompt_bytes: usize,
+    /// Task status changes, for the event streams.
+    pub changes: events::TaskChanges,
+}
+
+impl ApiState {
+    pub fn new(
+        store: Store,
+        settings: ApiSettings,
+        max_attempts: u32,
+        max_prompt_bytes: usize,
+    ) -> Self {
+        Self {
+            store,
+            settings,
+            max_attempts,
+            max_prompt_bytes,
+            changes: events::TaskChanges::default(),
+        }
+    }
 }
 
 pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/replies", post(replies::create))
         .route("/v1/replies/{task_id}", get(replies::show))
+        .route("/v1/replies/{task_id}/events", get(events::stream))
         .fallback(|| async { Problem::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -56,12 +77,15 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     use anyhow::Context as _;
     crate::startup::migrate(&settings.database, &shutdown).await?;
     let store = Store::connect(&settings.database).context("database settings")?;
-    let state = ApiState {
+    let state = ApiState::new(
         store,
-        settings: settings.api.clone(),
-        max_attempts: settings.worker.default_max_attempts,
-        max_prompt_bytes: settings.worker.max_prompt_bytes,
-    };
+        settings.api.clone(),
+        settings.worker.default_max_attempts,
+        settings.worker.max_prompt_bytes,
+    );
+    state
+        .changes
+        .listen(settings.database.clone(), shutdown.clone());
     let (addr, served) = serve(settings.api.listen, state, shutdown)
         .await
         .with_context(|| format!("binding {} (api.listen)", settings.api.listen))?;

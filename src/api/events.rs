@@ -1,0 +1,197 @@
+//! `GET /v1/replies/{task_id}/events`: Server-Sent Events of a task's state. The current state
+//! is sent at once, then each change, and the stream ends after a terminal state.
+//!
+//! Changes come from PostgreSQL: the task table's trigger notifies every status change, and
+//! one listening session per API process ([`TaskChanges`]) fans the task ids out to every open
+//! stream. A notification is only a hint: a stream re-reads its row on every hint, on every
+//! (re)connect and on a timer, so a missed notification can delay an event but never leave a
+//! stream hanging. `Last-Event-ID` (the id of the last state the client saw) suppresses a
+//! state the client already has after a reconnect.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, Stream};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::ApiState;
+use super::auth::Workspace;
+use super::problem::Problem;
+use super::replies::ReplyView;
+use crate::config::DatabaseSettings;
+use crate::domain::{StoredTask, TaskId};
+use crate::store::Store;
+use crate::store::listen::{Listener, TASK_STATUS_CHANNEL, listen, parse_status_payload};
+
+/// How often an open stream reads its task even without a notification.
+const REREAD_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The fan-out of task status notifications to the open streams of this process.
+#[derive(Clone)]
+pub struct TaskChanges {
+    sender: broadcast::Sender<Option<TaskId>>,
+}
+
+impl Default for TaskChanges {
+    fn default() -> Self {
+        // A stream that falls this far behind re-reads its row (see `Lagged` below).
+        Self {
+            sender: broadcast::channel(1024).0,
+        }
+    }
+}
+
+struct Fanout(broadcast::Sender<Option<TaskId>>);
+
+impl Listener for Fanout {
+    fn listening(&mut self) {
+        // Changes may have been missed while nobody listened: every stream re-reads.
+        let _ = self.0.send(None);
+    }
+
+    fn notified(&mut self, payload: &str) {
+        if let Some((task, _)) = parse_status_payload(payload) {
+            // No receiver (no open stream) is not an error.
+            let _ = self.0.send(Some(task));
+        }
+    }
+}
+
+impl TaskChanges {
+    /// Starts the one listening session of this process.
+    pub fn listen(&self, database: DatabaseSettings, shutdown: CancellationToken) {
+        tokio::spawn(listen(
+            database,
+            format!("replyd-api-listener {}", std::process::id()),
+            TASK_STATUS_CHANNEL,
+            Fanout(self.sender.clone()),
+            shutdown,
+        ));
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Option<TaskId>> {
+        self.sender.subscribe()
+    }
+}
+
+/// The id of a state: changes with every status change and with every write to the row.
+fn event_id(task: &StoredTask) -> String {
+    format!(
+        "{}-{}",
+        task.updated_at.timestamp_micros(),
+        task.status.as_str()
+    )
+}
+
+fn event_of(task: &StoredTask) -> Event {
+    // A view of plain strings, numbers and dates always serializes.
+    Event::default()
+        .event("status")
+        .id(event_id(task))
+        .json_data(ReplyView::of(task))
+        .expect("a reply view serializes")
+}
+
+struct Follow {
+    store: Store,
+    task_id: TaskId,
+    changes: broadcast::Receiver<Option<TaskId>>,
+    last_sent: Option<String>,
+    done: bool,
+}
+
+impl Follow {
+    /// The next state the client has not seen, waiting for hints or the timer.
+    async fn next(mut self) -> Option<(Result<Event, Infallible>, Self)> {
+        loop {
+            if self.done {
+                return None;
+            }
+            match self.store.read(self.task_id).await {
+                Ok(Some(task)) => {
+                    let id = event_id(&task);
+                    if self.last_sent.as_deref() != Some(id.as_str()) {
+                        self.done = task.status.is_terminal();
+                        self.last_sent = Some(id);
+                        return Some((Ok(event_of(&task)), self));
+                    }
+                    if task.status.is_terminal() {
+                        return None; // the client has the terminal state
+                    }
+                }
+                // Deleted under us: nothing more to say.
+                Ok(None) => return None,
+                // The database is away: try again at the next hint or tick.
+                Err(e) => crate::telemetry::store_error("events_read", &e),
+            }
+            self.wait().await;
+        }
+    }
+
+    async fn wait(&mut self) {
+        let deadline = tokio::time::sleep(REREAD_INTERVAL);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                hint = self.changes.recv() => match hint {
+                    Ok(Some(task)) if task == self.task_id => return,
+                    Ok(Some(_)) => {}
+                    // A resync, or this stream fell behind the fan-out: read now.
+                    Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    // The fan-out is gone (shutdown): the timer still reads.
+                    Err(broadcast::error::RecvError::Closed) => {
+                        (&mut deadline).await;
+                        return;
+                    }
+                },
+            }
+        }
+    }
+}
+
+fn follow(follow: Follow) -> impl Stream<Item = Result<Event, Infallible>> {
+    stream::unfold(follow, Follow::next)
+}
+
+pub async fn stream(
+    State(state): State<ApiState>,
+    Workspace(workspace): Workspace,
+    Path(task_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let Ok(task_id) = TaskId::parse(&task_id) else {
+        return Problem::bad_request(
+            "invalid_task_id",
+            format!("{task_id:?} is not a task id (a UUID)"),
+        )
+        .into_response();
+    };
+    // Subscribed before the first read, so a change between the read and the wait wakes it.
+    let changes = state.changes.subscribe();
+    match state.store.read(task_id).await {
+        Ok(Some(task)) if task.spec.workspace_id == workspace => {}
+        Ok(_) => return Problem::not_found(format!("no task {task_id}")).into_response(),
+        Err(e) => {
+            return Problem::unavailable(crate::telemetry::chain(&e)).into_response();
+        }
+    }
+    let last_sent = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    Sse::new(follow(Follow {
+        store: state.store.clone(),
+        task_id,
+        changes,
+        last_sent,
+        done: false,
+    }))
+    .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+    .into_response()
+}
