@@ -519,3 +519,71 @@ async fn replyd_api_serves_from_its_settings_and_drains_on_sigterm() {
         std::fs::read_to_string(&log).unwrap()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regenerate_is_a_new_task_for_the_same_message_and_its_retry_the_same_new_task() {
+    let api = start().await;
+    let first: Accepted = api
+        .post(Some("send-1"), &api.key, &body("q"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let regenerate = |key: &'static str, auth: String| {
+        let request = api
+            .client
+            .post(format!(
+                "{}/v1/replies/{}/regenerate",
+                api.base, first.task_id
+            ))
+            .bearer_auth(auth)
+            .header("Idempotency-Key", key);
+        async move { request.send().await.unwrap() }
+    };
+    let again = regenerate("regen-1", api.key.clone()).await;
+    assert_eq!(again.status(), StatusCode::ACCEPTED);
+    let again: Accepted = again.json().await.unwrap();
+    assert_ne!(
+        again.task_id, first.task_id,
+        "another answer is another task"
+    );
+    let retried = regenerate("regen-1", api.key.clone()).await;
+    assert_eq!(retried.headers()["idempotent-replayed"], "true");
+    let retried: Accepted = retried.json().await.unwrap();
+    assert_eq!(
+        retried.task_id, again.task_id,
+        "a retried press is the same new task"
+    );
+    // One message, answered by two tasks.
+    assert_eq!(api.counts().await, (1, 2, 2, 2));
+    let same_message: bool = api
+        .db
+        .raw_client()
+        .await
+        .query_one(
+            "SELECT count(DISTINCT message_id) = 1 FROM reply_tasks",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(same_message);
+    // Another workspace cannot regenerate it; a press without a key is refused.
+    let other = key_for(&api.db, "globex").await;
+    assert_eq!(
+        regenerate("regen-2", other).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    let keyless = api
+        .client
+        .post(format!(
+            "{}/v1/replies/{}/regenerate",
+            api.base, first.task_id
+        ))
+        .bearer_auth(&api.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(keyless.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(api.counts().await, (1, 2, 2, 2));
+}

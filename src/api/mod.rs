@@ -58,6 +58,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/replies", post(replies::create))
         .route("/v1/replies/{task_id}", get(replies::show))
         .route("/v1/replies/{task_id}/events", get(events::stream))
+        .route(
+            "/v1/replies/{task_id}/regenerate",
+            post(replies::regenerate),
+        )
         .fallback(|| async { Problem::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(

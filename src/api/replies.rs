@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::ApiState;
 use super::auth::Workspace;
 use super::problem::Problem;
-use crate::domain::{StoredTask, TaskId, TaskStatus};
+use crate::domain::{Role, StoredTask, TaskId, TaskStatus};
 use crate::idempotency::{BoundInputs, IdempotencyKey, Operation};
 use crate::store::intake::{Submission, Submitted};
 
@@ -194,7 +194,71 @@ async fn create_inner(
         },
         max_attempts: state.max_attempts,
         retention: state.settings.idempotency_retention(),
+        existing_message: None,
     };
+    submit(state, submission).await
+}
+
+/// The inputs of a regenerate: the source task's question, bound to the source task.
+fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
+    let request = &source.spec.request;
+    let text_of = |role: Role| {
+        request
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.role == role)
+            .map(|m| m.content.clone())
+    };
+    BoundInputs {
+        conversation_id: source.spec.conversation_id.clone(),
+        message: text_of(Role::User).unwrap_or_default(),
+        document_version: source.spec.document_version.clone(),
+        model: request.model.clone(),
+        context: text_of(Role::System),
+        max_output_tokens: request.max_output_tokens,
+        source_task: Some(source.spec.task_id.to_string()),
+    }
+}
+
+/// `POST /v1/replies/{task_id}/regenerate`: another answer to the same message, as a new task
+/// with its own key; the old reply stays.
+pub async fn regenerate(
+    State(state): State<ApiState>,
+    Workspace(workspace): Workspace,
+    Path(task_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        let key = key_of(&headers)?;
+        let source_id = TaskId::parse(&task_id).map_err(|_| {
+            Problem::bad_request(
+                "invalid_task_id",
+                format!("{task_id:?} is not a task id (a UUID)"),
+            )
+        })?;
+        let source = match state.store.read(source_id).await {
+            Ok(Some(task)) if task.spec.workspace_id == workspace => task,
+            Ok(_) => return Err(Problem::not_found(format!("no task {source_id}"))),
+            Err(e) => return Err(Problem::unavailable(crate::telemetry::chain(&e))),
+        };
+        let submission = Submission {
+            workspace_id: workspace,
+            operation: Operation::Regenerate,
+            key,
+            inputs: regenerate_inputs(&source),
+            max_attempts: state.max_attempts,
+            retention: state.settings.idempotency_retention(),
+            existing_message: Some(source.spec.message_id.clone()),
+        };
+        submit(&state, submission).await
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Runs the intake transaction and answers: 202 with where to follow the task.
+async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Problem> {
     let unavailable =
         |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
     let (task_id, replayed) = match state.store.submit(&submission).await.map_err(unavailable)? {

@@ -24,6 +24,8 @@ pub struct Submission {
     pub max_attempts: u32,
     /// How long the key is remembered.
     pub retention: TimeDelta,
+    /// A regenerate answers an existing message again: its id, and no new message row.
+    pub existing_message: Option<String>,
 }
 
 /// What the intake did.
@@ -85,6 +87,10 @@ impl Store {
         .await?;
         let task_id = TaskId::new_random();
         let message_id = Uuid::new_v4();
+        let message_ref = s
+            .existing_message
+            .clone()
+            .unwrap_or_else(|| message_id.to_string());
         let request = serde_json::to_value(&s.inputs)
             .map_err(|e| StoreError::Config(format!("bound inputs: {e}")))?;
         // The reply task must exist before the key refers to it; both are in this
@@ -93,7 +99,7 @@ impl Store {
             task_id,
             workspace_id: s.workspace_id.clone(),
             conversation_id: s.inputs.conversation_id.clone(),
-            message_id: message_id.to_string(),
+            message_id: message_ref,
             document_version: s.inputs.document_version.clone(),
             request: provider_request(&s.inputs),
             max_attempts: s.max_attempts,
@@ -139,17 +145,19 @@ impl Store {
             .await?
             .is_some();
         if won {
-            tx.execute(
-                "INSERT INTO messages (message_id, workspace_id, conversation_id, content) \
-                 VALUES ($1, $2, $3, $4)",
-                &[
-                    &message_id,
-                    &s.workspace_id,
-                    &s.inputs.conversation_id,
-                    &s.inputs.message,
-                ],
-            )
-            .await?;
+            if s.existing_message.is_none() {
+                tx.execute(
+                    "INSERT INTO messages (message_id, workspace_id, conversation_id, content) \
+                     VALUES ($1, $2, $3, $4)",
+                    &[
+                        &message_id,
+                        &s.workspace_id,
+                        &s.inputs.conversation_id,
+                        &s.inputs.message,
+                    ],
+                )
+                .await?;
+            }
             tx.execute(
                 "INSERT INTO outbox (task_id, record_key, payload) VALUES ($1, $2, $3)",
                 &[
