@@ -38,6 +38,8 @@ pub enum Command {
     Api,
     /// Publish the outbox's tasks to kafka.topic until SIGTERM/SIGINT.
     Relay,
+    /// The API, the relay and a worker in one process (small installations, the demo).
+    Serve,
     /// Apply the database migrations (database.url) and exit.
     Migrate,
     /// Run an OpenAI-compatible mock provider with latency and fault injection.

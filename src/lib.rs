@@ -21,6 +21,7 @@ pub mod provider;
 pub mod relay;
 pub mod retry;
 pub mod secret;
+pub mod serve;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

@@ -45,6 +45,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Worker => replyd::worker::run_worker(settings()?, shutdown).await?,
         Command::Api => replyd::api::run(settings()?, shutdown).await?,
         Command::Relay => replyd::relay::run(settings()?, shutdown).await?,
+        Command::Serve => replyd::serve::run(settings()?, shutdown).await?,
         Command::Migrate => {
             let applied = replyd::store::migrate::run_migrations(&settings()?.database)
                 .await

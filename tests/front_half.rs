@@ -286,3 +286,40 @@ async fn a_stream_whose_notifications_are_lost_still_ends() {
     let views = read_events(stream).await;
     assert_eq!(views.last().map(|v| v.status.as_str()), Some("completed"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replyd_serve_runs_the_whole_chain_in_one_process_and_drains_on_sigterm() {
+    let app = TestApp::start(2, mock(), WorkerConfig::default()).await;
+    app.db.store.create_workspace("acme").await.unwrap();
+    let key = issue(&mut rand::rng());
+    app.db.store.create_api_key("acme", &key).await.unwrap();
+    app.spawn_process("serve", "serve");
+    let mut addr = String::new();
+    wait_until("serve logs the API's address", LIMIT, || {
+        if let Some((_, rest)) = app.log_of("serve").split_once("API listening addr=") {
+            addr = rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+        }
+        let found = !addr.is_empty();
+        async move { found }
+    })
+    .await;
+    let front = Front {
+        base: format!("http://{addr}"),
+        key: key.token,
+        client: reqwest::Client::new(),
+        _stop: CancellationToken::new().drop_guard(),
+    };
+    let accepted = front.send("press-1", "q").await;
+    let views = read_events(front.events(&accepted, None).await).await;
+    assert_eq!(views.last().map(|v| v.status.as_str()), Some("completed"));
+    app.wait_until_committed_to_end(LIMIT).await;
+    app.terminate("serve").await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!((report.tasks, report.completed), (1, 1));
+    assert!(!app.log_of("serve").contains(" ERROR "), "a clean shutdown");
+}

@@ -214,6 +214,9 @@ provider_honours_idempotency_key = {honours}
 
 [observability]
 listen = "127.0.0.1:0"
+
+[api]
+listen = "127.0.0.1:0"
 "#,
             url = self.worker_database_url(),
             bootstrap = routes.kafka.as_deref().unwrap_or(&self.bootstrap),
