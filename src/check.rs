@@ -73,6 +73,14 @@ pub struct Report {
     pub attempts: i64,
     pub attempts_per_task: Percentiles,
     pub max_attempts_exceeded: i64,
+    /// Messages submitted once through the API with more than one task for that submission
+    /// (a retried key that made new work; must be 0).
+    pub duplicate_tasks: i64,
+    /// API-created tasks (those with an idempotency record) with no outbox row, or more than
+    /// one (must be 0 within the outbox's retention).
+    pub tasks_without_one_outbox_row: i64,
+    /// Outbox rows not yet published (0 after a drain).
+    pub outbox_unpublished: i64,
     pub reservations_unsettled: i64,
     /// Accepted replies per worker id: how the work was shared.
     pub replies_by_worker: BTreeMap<String, i64>,
@@ -188,6 +196,21 @@ impl Report {
             "over their budget",
             self.max_attempts_exceeded.to_string(),
             "I7: must be 0",
+        );
+        row(
+            "duplicate tasks",
+            self.duplicate_tasks.to_string(),
+            "I6: a retried key that made new work; must be 0",
+        );
+        row(
+            "API tasks, outbox rows ≠ 1",
+            self.tasks_without_one_outbox_row.to_string(),
+            "I6: must be 0",
+        );
+        row(
+            "outbox unpublished",
+            self.outbox_unpublished.to_string(),
+            "0 once the relay has drained",
         );
         for (worker, replies) in &self.replies_by_worker {
             row(&format!("replies by {worker}"), replies.to_string(), "");
@@ -360,6 +383,9 @@ pub struct Facts {
     /// Attempts of each task.
     pub attempts_per_task: Vec<i64>,
     pub max_attempts_exceeded: i64,
+    pub duplicate_tasks: i64,
+    pub tasks_without_one_outbox_row: i64,
+    pub outbox_unpublished: i64,
     pub replies_by_worker: BTreeMap<String, i64>,
     pub mock: Option<MockCounts>,
 }
@@ -431,6 +457,26 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         None,
     )
     .await?;
+    // I6, from the intake's own tables: one task per submission (a message's create_reply
+    // tasks), one outbox row per API-created task, and every row published after a drain.
+    let duplicate_tasks = count(
+        "SELECT count(*) FROM (SELECT t.message_id FROM reply_tasks t \
+         JOIN idempotency_keys k ON k.task_id = t.task_id AND k.operation = 'create_reply' \
+         GROUP BY t.workspace_id, t.message_id HAVING count(*) > 1) d",
+        None,
+    )
+    .await?;
+    let tasks_without_one_outbox_row = count(
+        "SELECT count(*) FROM idempotency_keys k \
+         WHERE (SELECT count(*) FROM outbox o WHERE o.task_id = k.task_id) <> 1",
+        None,
+    )
+    .await?;
+    let outbox_unpublished = count(
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        None,
+    )
+    .await?;
     let attempts_per_task = client
         .query(
             "SELECT count(a.task_id) FROM reply_tasks t \
@@ -474,6 +520,9 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         fenced_rejections,
         attempts_per_task,
         max_attempts_exceeded,
+        duplicate_tasks,
+        tasks_without_one_outbox_row,
+        outbox_unpublished,
         replies_by_worker,
         mock,
     })
@@ -576,6 +625,9 @@ pub fn verdict(facts: Facts) -> Report {
             max: attempts_per_task.last().copied().unwrap_or(0),
         },
         max_attempts_exceeded: facts.max_attempts_exceeded,
+        duplicate_tasks: facts.duplicate_tasks,
+        tasks_without_one_outbox_row: facts.tasks_without_one_outbox_row,
+        outbox_unpublished: facts.outbox_unpublished,
         reservations_unsettled: 0,
         replies_by_worker: facts.replies_by_worker,
         mock_requests: facts.mock.map(|m| m.requests),
@@ -601,6 +653,12 @@ pub fn verdict(facts: Facts) -> Report {
         report
             .violations
             .push("I7 bounded effort: tasks with more attempts than max_attempts".into());
+    }
+    if report.duplicate_tasks > 0 || report.tasks_without_one_outbox_row > 0 {
+        report.violations.push(
+            "I6 one logical request: a submission with more than one task, or an API task without exactly one outbox row"
+                .into(),
+        );
     }
     report
 }
@@ -648,14 +706,15 @@ mod tests {
     }
 
     #[test]
-    fn duplicates_and_budget_overruns_name_i1_and_i7() {
+    fn duplicates_and_budget_overruns_name_i1_i7_and_i6() {
         let report = verdict(Facts {
             duplicate_replies: 1,
             max_attempts_exceeded: 2,
+            duplicate_tasks: 1,
             ..Facts::default()
         });
         let named: Vec<&str> = report.violations.iter().map(|v| &v[..2]).collect();
-        assert_eq!(named, ["I1", "I7"]);
+        assert_eq!(named, ["I1", "I7", "I6"]);
         assert!(report.render_table().contains("BROKEN"));
     }
 

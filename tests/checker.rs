@@ -134,3 +134,33 @@ async fn attempts_beyond_the_budget_fail_as_i7() {
     assert_eq!(report["max_attempts_exceeded"], 1);
     assert!(report["violations"].to_string().contains("I7"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_task_for_one_submission_fails_as_i6() {
+    let (app, tasks) = app_with_completed_tasks(1).await;
+    let client = app.db.raw_client().await;
+    // Two submissions of one message, each with its own key and task, as an intake that
+    // turned a retry into new work would leave them (the first with its outbox row).
+    let task = tasks[0].task_id.as_uuid();
+    let second = uuid::Uuid::new_v4();
+    client
+        .batch_execute(&format!(
+            "INSERT INTO workspaces VALUES ('{ws}'); \
+             INSERT INTO reply_tasks (task_id, workspace_id, conversation_id, message_id, request, max_attempts) \
+               SELECT '{second}', workspace_id, conversation_id, message_id, request, max_attempts \
+               FROM reply_tasks WHERE task_id = '{task}'; \
+             INSERT INTO idempotency_keys (workspace_id, operation, idempotency_key, request_hash, request, task_id, expires_at) VALUES \
+               ('{ws}', 'create_reply', 'press-1', 'h', '{{}}', '{task}', clock_timestamp() + interval '1 day'), \
+               ('{ws}', 'create_reply', 'press-1-again', 'h', '{{}}', '{second}', clock_timestamp() + interval '1 day'); \
+             INSERT INTO outbox (task_id, record_key, payload, published_at) \
+               VALUES ('{task}', 'k', '\\x00', clock_timestamp());",
+            ws = tasks[0].workspace_id,
+        ))
+        .await
+        .unwrap();
+    let (code, report) = check(&app);
+    assert_eq!(code, Some(3), "{report:#}");
+    assert_eq!(report["duplicate_tasks"], 1, "{report:#}");
+    assert_eq!(report["tasks_without_one_outbox_row"], 1, "{report:#}");
+    assert!(report["violations"].to_string().contains("I6"));
+}

@@ -103,6 +103,15 @@ async fn a_post_reaches_the_worker_through_the_outbox_and_its_reply_is_shown() {
     assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
     assert_eq!((report.tasks, report.completed), (1, 1), "{report:#?}");
     assert_eq!(report.mock_generations, Some(1), "{report:#?}");
+    assert_eq!(
+        (
+            report.duplicate_tasks,
+            report.tasks_without_one_outbox_row,
+            report.outbox_unpublished
+        ),
+        (0, 0, 0),
+        "{report:#?}"
+    );
     let published: i64 = app
         .db
         .raw_client()
