@@ -21,7 +21,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::ApiState;
 use super::auth::Workspace;
-use super::problem::Problem;
 use super::replies::ReplyView;
 use crate::config::DatabaseSettings;
 use crate::domain::{StoredTask, TaskId};
@@ -165,22 +164,12 @@ pub async fn stream(
     Path(task_id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let Ok(task_id) = TaskId::parse(&task_id) else {
-        return Problem::bad_request(
-            "invalid_task_id",
-            format!("{task_id:?} is not a task id (a UUID)"),
-        )
-        .into_response();
-    };
     // Subscribed before the first read, so a change between the read and the wait wakes it.
     let changes = state.changes.subscribe();
-    match state.store.read(task_id).await {
-        Ok(Some(task)) if task.spec.workspace_id == workspace => {}
-        Ok(_) => return Problem::not_found(format!("no task {task_id}")).into_response(),
-        Err(e) => {
-            return Problem::unavailable(crate::telemetry::chain(&e)).into_response();
-        }
-    }
+    let task_id = match super::replies::task_of(&state, &workspace, &task_id).await {
+        Ok(task) => task.spec.task_id,
+        Err(problem) => return problem.into_response(),
+    };
     let last_sent = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())

@@ -231,17 +231,7 @@ pub async fn regenerate(
 ) -> Response {
     let result = async {
         let key = key_of(&headers)?;
-        let source_id = TaskId::parse(&task_id).map_err(|_| {
-            Problem::bad_request(
-                "invalid_task_id",
-                format!("{task_id:?} is not a task id (a UUID)"),
-            )
-        })?;
-        let source = match state.store.read(source_id).await {
-            Ok(Some(task)) if task.spec.workspace_id == workspace => task,
-            Ok(_) => return Err(Problem::not_found(format!("no task {source_id}"))),
-            Err(e) => return Err(Problem::unavailable(crate::telemetry::chain(&e))),
-        };
+        let source = task_of(&state, &workspace, &task_id).await?;
         let submission = Submission {
             workspace_id: workspace,
             operation: Operation::Regenerate,
@@ -318,19 +308,28 @@ pub async fn show(
     Workspace(workspace): Workspace,
     Path(task_id): Path<String>,
 ) -> Response {
-    let Ok(task_id) = TaskId::parse(&task_id) else {
-        return Problem::bad_request(
+    match task_of(&state, &workspace, &task_id).await {
+        Ok(task) => Json(ReplyView::of(&task)).into_response(),
+        Err(problem) => problem.into_response(),
+    }
+}
+
+/// The task a path names, if it is the caller's: a bad id is a `400`, and another workspace's
+/// task is exactly as absent (`404`) as one that does not exist.
+pub(super) async fn task_of(
+    state: &ApiState,
+    workspace: &str,
+    raw_id: &str,
+) -> Result<StoredTask, Problem> {
+    let task_id = TaskId::parse(raw_id).map_err(|_| {
+        Problem::bad_request(
             "invalid_task_id",
-            format!("{task_id:?} is not a task id (a UUID)"),
+            format!("{raw_id:?} is not a task id (a UUID)"),
         )
-        .into_response();
-    };
+    })?;
     match state.store.read(task_id).await {
-        // Another workspace's task is exactly as absent as one that does not exist.
-        Ok(Some(task)) if task.spec.workspace_id == workspace => {
-            Json(ReplyView::of(&task)).into_response()
-        }
-        Ok(_) => Problem::not_found(format!("no task {task_id}")).into_response(),
-        Err(e) => Problem::unavailable(crate::telemetry::chain(&e)).into_response(),
+        Ok(Some(task)) if task.spec.workspace_id == workspace => Ok(task),
+        Ok(_) => Err(Problem::not_found(format!("no task {task_id}"))),
+        Err(e) => Err(Problem::unavailable(crate::telemetry::chain(&e))),
     }
 }
