@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates chaos fuzz
+.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -33,7 +33,8 @@ infra-clean:
 infra-status:
 	bash deploy/infra.sh status
 
-## demo: the main job end to end on local, throwaway infrastructure (see deploy/demo.sh).
+## demo: the whole chain end to end on local, throwaway infrastructure: simulated browsers
+## over HTTP, the API, the relay and two workers as separate processes (see deploy/demo.sh).
 demo:
 	bash deploy/demo.sh
 
@@ -49,6 +50,11 @@ bench-recovery:
 ## task finished (a duplicate parked on a lease is woken when its task is done).
 bench-duplicates:
 	bash deploy/bench-duplicates.sh 300 3
+
+## bench-api: POST /v1/replies at 64 connections (wrk) beside pgbench running the intake
+## transaction, replays of one key, and the front half's end-to-end overhead.
+bench-api:
+	bash deploy/bench-api.sh 64 20
 
 ## chaos: every fault scenario for CHAOS_SECONDS (default 180) each, or one: make chaos SCENARIO=kill.
 ## Reports in target/chaos/<scenario>.json and target/chaos/summary.json. (make test runs a

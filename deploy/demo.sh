@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# make demo: the main job end to end on local, throwaway infrastructure. Starts PostgreSQL and
-# Kafka (deploy/infra.sh), the mock provider (~200 ms per reply) and two workers in one group,
-# publishes 500 tasks with duplicates and malformed records, shows progress, stops everything,
-# and prints one summary line whose figures are read back from PostgreSQL, Kafka and the
-# mock's counters by `replyd check`.
+# make demo: the whole chain end to end on local, throwaway infrastructure. Starts PostgreSQL
+# and Kafka (deploy/infra.sh), the mock provider (~200 ms per reply), and as separate
+# processes the API, the outbox relay and two workers in one group. Then simulated browsers
+# press Send over HTTP: each press has its own Idempotency-Key, some lose their first answer
+# on purpose (a client timeout) and retry with the same key, some double-click, some press
+# Regenerate, and every one follows its reply over Server-Sent Events to completion. A few
+# malformed records go straight to the topic, as a broken producer would send them. At the
+# end every process is stopped through its drain path and one summary line is printed: what
+# the browsers did and saw (`replyd browsers`) and what the durable state says (`replyd check`).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-tasks=${DEMO_TASKS:-500}
-duplicates=${DEMO_DUPLICATES:-100}
+presses=${DEMO_PRESSES:-300}
+concurrency=${DEMO_CONCURRENCY:-32}
 malformed=${DEMO_MALFORMED:-8}
 partitions=${DEMO_PARTITIONS:-6}
 limit_s=${DEMO_LIMIT_S:-600}
@@ -28,8 +32,10 @@ group="demo-$run_id"
 db_url=$(schema_url "demo_$run_id")
 start_mock "$dir/mock" --latency-ms 200 --latency-jitter-ms 50
 
-for w in w1 w2; do
-  cat >"$dir/$w.toml" <<TOML
+# One settings file per process (only the worker id differs): the same configuration runs
+# every part.
+for name in api relay w1 w2; do
+  cat >"$dir/$name.toml" <<TOML
 [database]
 url = "$db_url"
 [kafka]
@@ -38,7 +44,7 @@ topic = "$topic"
 group_id = "$group"
 session_timeout_ms = 10000
 [worker]
-worker_id = "$w"
+worker_id = "$name"
 partition_window = 32
 global_window = 128
 lease_ms = 15000
@@ -48,53 +54,74 @@ commit_interval_ms = 500
 [provider]
 base_url = "$mock_url"
 request_timeout_ms = 30000
+[api]
+listen = "127.0.0.1:0"
+[relay]
+poll_interval_ms = 500
 [observability]
 listen = "127.0.0.1:0"
 TOML
 done
-# The operator commands (produce, check) read the same settings as the workers.
-"$bin" produce --config "$dir/w1.toml" --create-partitions "$partitions" --count 0 >/dev/null
+"$bin" migrate --config "$dir/api.toml" 2>"$dir/migrate.log"
+"$bin" workspace create demo --config "$dir/api.toml" >/dev/null
+key=$("$bin" api-key create --workspace demo --config "$dir/api.toml" 2>/dev/null)
+"$bin" produce --config "$dir/api.toml" --create-partitions "$partitions" --count 0 >/dev/null
+
+"$bin" api --config "$dir/api.toml" 2>"$dir/api.log" &
+pids+=($!)
+"$bin" relay --config "$dir/relay.toml" 2>"$dir/relay.log" &
+pids+=($!)
 for w in w1 w2; do
   "$bin" worker --config "$dir/$w.toml" 2>"$dir/$w.log" &
   pids+=($!)
 done
-# Publish only once every worker holds partitions, so the demo shows two workers sharing
+# Press Send only once every worker holds partitions, so the demo shows two workers sharing
 # the work, not one doing all of it while the other is still joining.
-wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log" || { tail -n 5 "$dir"/w*.log >&2; exit 1; }
-echo "demo: both workers hold partitions" >&2
+wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log" || { tail -n 5 "$dir"/*.log >&2; exit 1; }
+api=""
+for _ in $(seq 1 100); do
+  api=$(sed -n 's/.*API listening addr=\([0-9.:]*\).*/\1/p' "$dir/api.log" | head -n 1)
+  [ -n "$api" ] && break
+  sleep 0.1
+done
+[ -n "$api" ] || { echo "demo: the API did not start; see $dir/api.log" >&2; exit 1; }
+echo "demo: API on $api, relay and two workers running; $presses browsers pressing Send" >&2
+
+"$bin" produce --config "$dir/api.toml" --count 0 --malformed "$malformed" >/dev/null
 
 start=$(date +%s.%N)
-produced=$("$bin" produce --config "$dir/w1.toml" --count "$tasks" \
-  --duplicates "$duplicates" --malformed "$malformed" --ids-file "$dir/task-ids")
-echo "demo: published $produced" >&2
-
-deadline=$(( $(date +%s) + limit_s ))
-while :; do
+REPLYD_API_KEY=$key timeout "$limit_s" "$bin" browsers --api "http://$api" \
+  --presses "$presses" --concurrency "$concurrency" --press-limit-s "$limit_s" \
+  --summary >"$dir/browsers.txt" 2>"$dir/browsers.log" &
+browsers=$!
+while kill -0 "$browsers" 2>/dev/null; do
   done_count=$(terminal_count "$db_url")
-  rate=$(awk -v n="$done_count" -v s="$start" -v now="$(date +%s.%N)" 'BEGIN { printf "%.1f", n / (now - s) }')
-  printf 'demo: %s/%s tasks terminal, %s replies/s\n' "$done_count" "$tasks" "$rate" >&2
-  [ "$done_count" -ge "$tasks" ] && break
+  printf 'demo: %s tasks terminal\n' "$done_count" >&2
   for pid in "${pids[@]}"; do
     kill -0 "$pid" 2>/dev/null || { echo "demo: a process exited early; logs in $dir" >&2; tail -n 5 "$dir"/*.log >&2; exit 1; }
   done
-  if [ "$(date +%s)" -ge "$deadline" ]; then
-    echo "demo: not finished within ${limit_s}s; see $dir" >&2
-    exit 1
-  fi
   sleep 2
 done
+wait "$browsers" || { echo "demo: the browsers did not finish; see $dir/browsers.log" >&2; exit 1; }
 elapsed=$(awk -v s="$start" -v now="$(date +%s.%N)" 'BEGIN { printf "%.1f", now - s }')
 
-# Stop the workers through their drain path (SIGTERM: drain, commit, leave), then read back.
+# Let the relay and the workers finish what remains (the malformed records' dead letters, the
+# last commits), then stop every part through its drain path (SIGTERM) and read back.
+sleep 2
 for pid in "${pids[@]:1}"; do kill -TERM "$pid"; done
 for pid in "${pids[@]:1}"; do wait "$pid" || true; done
 pids=("${pids[0]}")
 
-summary=$("$bin" check --config "$dir/w1.toml" --mock-url "$mock_url" --summary) || {
+summary=$("$bin" check --config "$dir/api.toml" --mock-url "$mock_url" --summary) || {
   echo "demo: an invariant is broken:" >&2
-  "$bin" check --config "$dir/w1.toml" --mock-url "$mock_url" >&2 || true
+  "$bin" check --config "$dir/api.toml" --mock-url "$mock_url" >&2 || true
   exit 1
 }
-"$bin" check --config "$dir/w1.toml" --mock-url "$mock_url" >"$dir/check.txt" || true
+"$bin" check --config "$dir/api.toml" --mock-url "$mock_url" >"$dir/check.txt" || true
+browsers_summary=$(cat "$dir/browsers.txt")
 echo "demo: logs in $dir" >&2
-echo "demo: $summary elapsed_s=$elapsed"
+echo "demo: $browsers_summary $summary elapsed_s=$elapsed"
+case " $browsers_summary " in
+  *" answers_disagreeing=0 "*" unfinished=0 "*) ;;
+  *) echo "demo: the browsers saw a problem (answers_disagreeing or unfinished above 0)" >&2; exit 1 ;;
+esac

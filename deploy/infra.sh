@@ -394,12 +394,32 @@ kafka_down() {
 # Sourced (to test the functions above): define them, run nothing.
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
+# The PyPI tools the tests run (schemathesis against the live API), in a virtualenv kept in
+# the cache, once per machine and version; SCHEMATHESIS=<its path> goes to the env file.
+schemathesis_version=4.32.5
+test_tools_up() {
+  local venv="$cache/venv-schemathesis-$schemathesis_version"
+  # The marker is written last, so an interrupted install is redone rather than trusted.
+  if [ ! -f "$venv/.installed" ]; then
+    command -v python3 >/dev/null || apt_install python3
+    python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+    say "installing schemathesis $schemathesis_version into $venv (once per machine)"
+    rm -rf "$venv"
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install -q "schemathesis==$schemathesis_version" >&2 \
+      || die "could not install schemathesis $schemathesis_version from PyPI"
+    touch "$venv/.installed"
+  fi
+  echo "SCHEMATHESIS=$venv/bin/schemathesis" >>"$env_file.tmp"
+}
+
 case "${1:-}" in
   up)
     mkdir -p "$infra"
     : >"$env_file.tmp"
     postgres_up
     kafka_up
+    test_tools_up
     mv "$env_file.tmp" "$env_file"
     cat "$env_file"
     ;;

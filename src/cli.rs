@@ -40,6 +40,8 @@ pub enum Command {
     Relay,
     /// The API, the relay and a worker in one process (small installations, the demo).
     Serve,
+    /// Print the HTTP API's OpenAPI document (what `/openapi.json` serves) and exit.
+    Openapi,
     /// Apply the database migrations (database.url) and exit.
     Migrate,
     /// Run an OpenAI-compatible mock provider with latency and fault injection.
@@ -47,6 +49,9 @@ pub enum Command {
     /// Publish reply-task records to kafka.topic (with duplicates and malformed ones on
     /// request).
     Produce(ProduceArgs),
+    /// Simulated browsers pressing Send against a live API (retries with the same key, lost
+    /// answers, double clicks, Regenerate, SSE follow); prints a JSON report.
+    Browsers(crate::browsers::BrowsersArgs),
     /// Check the invariants against PostgreSQL, Kafka (kafka.topic, kafka.group_id) and the
     /// mock provider's counters.
     #[command(

@@ -301,6 +301,9 @@ pub struct RelaySettings {
     /// `database.idle_in_transaction_session_timeout_ms`, since the batch's transaction stays
     /// open while its records are published.
     pub publish_timeout_ms: u64,
+    /// `/readyz` of a relay says not ready while the oldest unpublished outbox row is older
+    /// than this: nothing is publishing. Must be above `relay.poll_interval_ms`.
+    pub ready_max_lag_ms: u64,
 }
 
 impl Default for RelaySettings {
@@ -310,6 +313,7 @@ impl Default for RelaySettings {
             poll_interval_ms: 1_000,
             retention_ms: 60 * 60 * 1000,
             publish_timeout_ms: 5_000,
+            ready_max_lag_ms: 60_000,
         }
     }
 }
@@ -321,6 +325,10 @@ impl RelaySettings {
 
     pub fn retention(&self) -> Duration {
         Duration::from_millis(self.retention_ms)
+    }
+
+    pub fn ready_max_lag(&self) -> Duration {
+        Duration::from_millis(self.ready_max_lag_ms)
     }
 }
 
@@ -647,6 +655,15 @@ impl Settings {
             refuse(
                 "relay.batch_size",
                 "relay.batch_size and relay.poll_interval_ms must be positive".into(),
+            );
+        }
+        if self.relay.ready_max_lag_ms <= self.relay.poll_interval_ms {
+            refuse(
+                "relay.ready_max_lag_ms",
+                format!(
+                    "{} must be above relay.poll_interval_ms ({}): a row may wait that long for a relay that is working",
+                    self.relay.ready_max_lag_ms, self.relay.poll_interval_ms
+                ),
             );
         }
         if self.api.max_body_bytes == 0 {

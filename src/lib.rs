@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod api_key;
+pub mod browsers;
 pub mod check;
 pub mod cli;
 pub mod config;

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use replyd::cli::{Cli, Command, ConfigCommand};
 use replyd::config::{ConfigError, Settings};
+use replyd::serve::{self, Parts};
 
 /// Exit code of settings that do not validate.
 const INVALID_SETTINGS: u8 = 2;
@@ -42,10 +43,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let shutdown = shutdown_on_signal();
     let settings = || Settings::load(cli.config.as_deref()).map_err(anyhow::Error::from);
     match cli.command {
-        Command::Worker => replyd::worker::run_worker(settings()?, shutdown).await?,
-        Command::Api => replyd::api::run(settings()?, shutdown).await?,
-        Command::Relay => replyd::relay::run(settings()?, shutdown).await?,
-        Command::Serve => replyd::serve::run(settings()?, shutdown).await?,
+        Command::Worker => serve::run(settings()?, Parts::WORKER, shutdown).await?,
+        Command::Api => serve::run(settings()?, Parts::API, shutdown).await?,
+        Command::Relay => serve::run(settings()?, Parts::RELAY, shutdown).await?,
+        Command::Serve => serve::run(settings()?, Parts::ALL, shutdown).await?,
+        Command::Openapi => print!("{}", replyd::api::openapi::document()),
         Command::Migrate => {
             let applied = replyd::store::migrate::run_migrations(&settings()?.database)
                 .await
@@ -62,6 +64,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .await
                 .context("producing")?;
             println!("{}", serde_json::to_string(&report)?);
+        }
+        Command::Browsers(args) => {
+            let report = replyd::browsers::run(&args).await.context("browsers")?;
+            if args.summary {
+                println!("{}", report.summary_line());
+            } else {
+                println!("{}", serde_json::to_string(&report)?);
+            }
         }
         Command::Inspect { task_id, json } => {
             return replyd::inspect::run(&settings()?, &task_id, json).await;

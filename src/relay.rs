@@ -2,7 +2,8 @@
 //! with `SKIP LOCKED` (many relays at once), published to `kafka.topic` with an idempotent
 //! producer (`acks=all`), and marked published in the same transaction once acknowledged.
 //! Woken by `NOTIFY replyd_outbox`, with a polling fallback; published rows are deleted after
-//! `relay.retention_ms` in bounded batches; the lag (unpublished rows, the oldest one's age)
+//! `relay.retention_ms` and expired idempotency records (past `api.idempotency_retention_ms`)
+//! in bounded batches; the lag (unpublished rows, the oldest one's age)
 //! is a metric.
 //!
 //! A relay that dies between the publish and the commit leaves its rows unpublished; the next
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use futures_util::future::join_all;
+use futures_util::future::{BoxFuture, join_all};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::sync::Notify;
@@ -25,12 +26,17 @@ use crate::store::Store;
 use crate::store::listen::{Listener, listen};
 use crate::store::outbox::OutboxRow;
 use crate::telemetry;
+use crate::telemetry::http::{Probes, Readiness};
 
 /// The channel new outbox rows notify (see `migrations/V6`).
 pub const OUTBOX_CHANNEL: &str = "replyd_outbox";
 
 /// How often published rows are purged and the lag measured.
 const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Rows deleted per purge statement: a bounded batch keeps each delete's locks and WAL small;
+/// a backlog shrinks by this much every housekeeping round.
+const PURGE_BATCH: i64 = 1000;
 
 /// Wakes the relay loop.
 struct WakeRelay(Arc<Notify>);
@@ -46,8 +52,43 @@ impl Listener for WakeRelay {
     }
 }
 
+/// A relay is ready while the database answers and the outbox's oldest unpublished row is
+/// younger than `relay.ready_max_lag_ms`: older means nothing is publishing (Kafka away, or
+/// every relay stuck), which is what an operator must hear about.
+struct RelayReady {
+    store: Store,
+    max_lag: Duration,
+}
+
+impl Readiness for RelayReady {
+    fn check(&self) -> BoxFuture<'_, Result<String, String>> {
+        Box::pin(async move {
+            let lag = self
+                .store
+                .outbox_lag()
+                .await
+                .map_err(|e| format!("database: {}", telemetry::chain(&e)))?;
+            let what = format!(
+                "outbox: {} unpublished, the oldest {:.1} s old",
+                lag.unpublished, lag.oldest_seconds
+            );
+            if lag.oldest_seconds > self.max_lag.as_secs_f64() {
+                return Err(format!(
+                    "{what}, over {} s (relay.ready_max_lag_ms)",
+                    self.max_lag.as_secs_f64()
+                ));
+            }
+            Ok(what)
+        })
+    }
+}
+
 /// Runs the relay until `shutdown`.
-pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    settings: Settings,
+    probes: &Probes,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     crate::startup::migrate(&settings.database, &shutdown).await?;
     let store = Store::connect(&settings.database).context("database settings")?;
     let relay = &settings.relay;
@@ -77,6 +118,13 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         WakeRelay(Arc::clone(&wake)),
         shutdown.clone(),
     ));
+    probes.add(
+        "relay",
+        RelayReady {
+            store: store.clone(),
+            max_lag: relay.ready_max_lag(),
+        },
+    );
     tracing::info!(topic = %kafka.topic, "relay started");
     let mut housekeeping = Instant::now();
     while !shutdown.is_cancelled() {
@@ -97,9 +145,13 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         };
         if housekeeping.elapsed() >= HOUSEKEEPING_INTERVAL {
             housekeeping = Instant::now();
-            match store.purge_outbox(relay.retention(), 1000).await {
+            match store.purge_outbox(relay.retention(), PURGE_BATCH).await {
                 Ok(n) => telemetry::outbox_purged(n),
                 Err(e) => telemetry::store_error("purge_outbox", &e),
+            }
+            match store.purge_idempotency_keys(PURGE_BATCH).await {
+                Ok(n) => telemetry::idempotency_keys_purged(n),
+                Err(e) => telemetry::store_error("purge_idempotency_keys", &e),
             }
             match store.outbox_lag().await {
                 Ok(lag) => telemetry::outbox_lag(lag.unpublished, lag.oldest_seconds),

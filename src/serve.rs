@@ -1,39 +1,113 @@
-//! `replyd serve`: the API, the relay and a worker in one process, for small installations
-//! and the demo. Each part is the same code as its own command, with the same settings and
-//! the same shutdown path: SIGTERM drains all three. If one part fails, the others are
-//! stopped too, so the process never runs half of the chain unnoticed.
+//! How every long-running command runs: `replyd worker`, `replyd api` and `replyd relay` each
+//! run one part, `replyd serve` runs all three in one process for small installations and the
+//! demo. Whatever the parts, the process has one observability server (`/metrics`, `/healthz`,
+//! `/readyz` on `observability.listen`, ready once every part is), one set of settings and one
+//! shutdown path: SIGTERM drains every part. If one part fails, the others are stopped too, so
+//! the process never runs half of the chain unnoticed.
 
+use std::fmt;
+
+use anyhow::Context as _;
+use futures_util::future::OptionFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
+use crate::telemetry::http::Probes;
 
-pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Which parts of the chain a process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parts {
+    pub api: bool,
+    pub relay: bool,
+    pub worker: bool,
+}
+
+impl Parts {
+    pub const ALL: Parts = Parts {
+        api: true,
+        relay: true,
+        worker: true,
+    };
+    pub const API: Parts = Parts {
+        api: true,
+        relay: false,
+        worker: false,
+    };
+    pub const RELAY: Parts = Parts {
+        api: false,
+        relay: true,
+        worker: false,
+    };
+    pub const WORKER: Parts = Parts {
+        api: false,
+        relay: false,
+        worker: true,
+    };
+
+    fn count(self) -> usize {
+        [self.api, self.relay, self.worker]
+            .into_iter()
+            .filter(|on| *on)
+            .count()
+    }
+}
+
+impl fmt::Display for Parts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = [
+            (self.api, "api"),
+            (self.relay, "relay"),
+            (self.worker, "worker"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+/// Runs `parts` until `shutdown` or until one of them fails.
+pub async fn run(
+    settings: Settings,
+    parts: Parts,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let probes = Probes::default();
+    let listen = settings.observability.listen;
+    let addr =
+        crate::telemetry::http::serve(listen, probes.clone(), parts.count(), shutdown.clone())
+            .await
+            .with_context(|| format!("binding {listen} (observability.listen)"))?;
+    tracing::info!(%addr, %parts, "serving /metrics, /healthz and /readyz");
+
     let part = |name: &'static str, result: anyhow::Result<()>| {
         if let Err(e) = &result {
-            tracing::error!(part = name, error = %crate::telemetry::chain(e.as_ref()), "a part of serve failed; stopping the others");
+            tracing::error!(part = name, error = %crate::telemetry::chain(e.as_ref()), "a part failed; stopping the others");
             shutdown.cancel();
         }
         result.map_err(|e| e.context(name))
     };
     let (api, relay, worker) = tokio::join!(
-        async {
+        OptionFuture::from(parts.api.then_some(async {
             part(
                 "api",
-                crate::api::run(settings.clone(), shutdown.clone()).await,
+                crate::api::run(settings.clone(), &probes, shutdown.clone()).await,
             )
-        },
-        async {
+        })),
+        OptionFuture::from(parts.relay.then_some(async {
             part(
                 "relay",
-                crate::relay::run(settings.clone(), shutdown.clone()).await,
+                crate::relay::run(settings.clone(), &probes, shutdown.clone()).await,
             )
-        },
-        async {
+        })),
+        OptionFuture::from(parts.worker.then_some(async {
             part(
                 "worker",
-                crate::worker::run_worker(settings.clone(), shutdown.clone()).await,
+                crate::worker::run_worker(settings.clone(), &probes, shutdown.clone()).await,
             )
-        },
+        })),
     );
-    api.and(relay).and(worker)
+    api.unwrap_or(Ok(()))
+        .and(relay.unwrap_or(Ok(())))
+        .and(worker.unwrap_or(Ok(())))
 }

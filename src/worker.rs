@@ -1,10 +1,12 @@
 //! `replyd worker`: builds the store, the provider, the dead-letter producer and the pipeline,
-//! starts the observability server and the consumer thread, and runs until `shutdown`.
+//! adds its readiness check, starts the consumer thread, and runs until `shutdown`.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
+use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
@@ -16,9 +18,35 @@ use crate::provider::{Recovery, build_provider};
 use crate::startup::retry_connecting;
 use crate::store::Store;
 use crate::store::listen::relay_task_notifications;
+use crate::telemetry::http::{DatabaseReady, Probes, Readiness};
+
+/// A worker is ready while its consumer polls and the database answers.
+struct WorkerReady {
+    status: Arc<ConsumerStatus>,
+    store: Store,
+}
+
+impl Readiness for WorkerReady {
+    fn check(&self) -> BoxFuture<'_, Result<String, String>> {
+        Box::pin(async move {
+            if !self.status.polling.load(Ordering::Relaxed) {
+                return Err("consumer not polling".into());
+            }
+            DatabaseReady(self.store.clone()).check().await?;
+            Ok(format!(
+                "{} partitions assigned",
+                self.status.assigned_partitions.load(Ordering::Relaxed)
+            ))
+        })
+    }
+}
 
 /// Runs one worker until `shutdown` fires, then drains, commits and leaves the group.
-pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run_worker(
+    settings: Settings,
+    probes: &Probes,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     // PostgreSQL and Kafka may come up after us: retry for a bounded time, one log line per
     // distinct failure.
     crate::startup::migrate(&settings.database, &shutdown).await?;
@@ -85,15 +113,14 @@ pub async fn run_worker(settings: Settings, shutdown: CancellationToken) -> anyh
     ));
 
     let status = Arc::new(ConsumerStatus::default());
-    let addr = crate::telemetry::http::serve(
-        settings.observability.listen,
-        Arc::clone(&status),
-        store,
-        shutdown.clone(),
-    )
-    .await
-    .with_context(|| format!("binding {}", settings.observability.listen))?;
-    tracing::info!(%addr, worker_id = %worker_id, "worker started; /metrics, /healthz, /readyz served");
+    probes.add(
+        "worker",
+        WorkerReady {
+            status: Arc::clone(&status),
+            store,
+        },
+    );
+    tracing::info!(worker_id = %worker_id, "worker started");
 
     let runtime = tokio::runtime::Handle::current();
     let consumer = std::thread::Builder::new()

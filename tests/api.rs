@@ -7,7 +7,7 @@ mod helpers;
 use std::time::Duration;
 
 use helpers::TestDb;
-use replyd::api::replies::{Accepted, ReplyView};
+use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
 use replyd::api::{ApiState, serve};
 use replyd::api_key::issue;
 use replyd::config::ApiSettings;
@@ -134,7 +134,10 @@ async fn a_retry_returns_the_same_task_and_after_completion_its_reply() {
         .json()
         .await
         .unwrap();
-    assert_eq!((first.status.as_str(), first.replayed), ("pending", false));
+    assert_eq!(
+        (first.status, first.replayed),
+        (ReplyStatus::Pending, false)
+    );
     // The answer was lost; the browser retries with the same key.
     let retry = api.post(Some("k-1"), &api.key, &body("q")).await;
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
@@ -163,8 +166,8 @@ async fn a_retry_returns_the_same_task_and_after_completion_its_reply() {
         .await
         .unwrap();
     assert_eq!(
-        (late.task_id, late.status.as_str()),
-        (first.task_id, "completed")
+        (late.task_id, late.status),
+        (first.task_id, ReplyStatus::Completed)
     );
     let view: ReplyView = api
         .client
@@ -348,6 +351,25 @@ async fn every_bad_input_is_a_problem_4xx_that_writes_nothing() {
             "invalid_body",
         ),
         (
+            // PostgreSQL text cannot hold it: refused before the transaction, not a 5xx.
+            "a NUL character",
+            raw(
+                "application/json",
+                br#"{"conversation_id":"c","message":"a\u0000b"}"#.to_vec(),
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+        ),
+        (
+            "too many output tokens",
+            raw(
+                "application/json",
+                br#"{"conversation_id":"c","message":"m","max_output_tokens":4000000000}"#.to_vec(),
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+        ),
+        (
             "unknown field",
             raw(
                 "application/json",
@@ -472,7 +494,7 @@ async fn replyd_api_serves_from_its_settings_and_drains_on_sigterm() {
     std::fs::write(
         &config,
         format!(
-            "[database]\nurl = \"{}\"\n[api]\nlisten = \"127.0.0.1:0\"\n",
+            "[database]\nurl = \"{}\"\n[api]\nlisten = \"127.0.0.1:0\"\n[observability]\nlisten = \"127.0.0.1:0\"\n",
             db.settings.url.expose()
         ),
     )
@@ -506,6 +528,26 @@ async fn replyd_api_serves_from_its_settings_and_drains_on_sigterm() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::ACCEPTED);
+
+    // Its own /healthz, /readyz (the API's part: the database answers) and /metrics.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let observability = text
+        .lines()
+        .find(|line| line.contains("serving /metrics"))
+        .and_then(|line| line.split_once("addr=")?.1.split_whitespace().next())
+        .expect("the observability address is logged")
+        .to_owned();
+    let get = |path: &str| reqwest::get(format!("http://{observability}{path}"));
+    assert_eq!(get("/healthz").await.unwrap().text().await.unwrap(), "ok");
+    let ready = get("/readyz").await.unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+    assert_eq!(ready.text().await.unwrap(), "api: ready: database answers");
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("replyd_api_submissions_total"),
+        "the API's counters are exported:\n{metrics}"
+    );
+
     std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -586,4 +628,52 @@ async fn regenerate_is_a_new_task_for_the_same_message_and_its_retry_the_same_ne
         .unwrap();
     assert_eq!(keyless.status(), StatusCode::BAD_REQUEST);
     assert_eq!(api.counts().await, (1, 2, 2, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_keys_are_purged_in_bounded_batches_and_live_ones_kept() {
+    let api = start().await;
+    for n in 0..5 {
+        let key = format!("purge-{n}");
+        let response = api.post(Some(&key), &api.key, &body(&key)).await;
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+    }
+    let client = api.db.raw_client().await;
+    client
+        .execute(
+            "UPDATE idempotency_keys SET expires_at = clock_timestamp() - interval '1 second' \
+             WHERE idempotency_key IN ('purge-0', 'purge-1', 'purge-2')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let store = &api.db.store;
+    assert_eq!(
+        store.purge_idempotency_keys(2).await.unwrap(),
+        2,
+        "a bounded batch"
+    );
+    assert_eq!(
+        store.purge_idempotency_keys(2).await.unwrap(),
+        1,
+        "the rest"
+    );
+    assert_eq!(
+        store.purge_idempotency_keys(2).await.unwrap(),
+        0,
+        "nothing expired is left"
+    );
+    let kept: Vec<String> = client
+        .query(
+            "SELECT idempotency_key FROM idempotency_keys ORDER BY idempotency_key",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(kept, ["purge-3", "purge-4"]);
+    // The tasks and their messages stay: only the key's memory ends.
+    assert_eq!(api.counts().await, (5, 5, 2, 5));
 }

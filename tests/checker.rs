@@ -164,3 +164,35 @@ async fn a_second_task_for_one_submission_fails_as_i6() {
     assert_eq!(report["tasks_without_one_outbox_row"], 1, "{report:#}");
     assert!(report["violations"].to_string().contains("I6"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_row_is_missed_only_within_the_relays_retention() {
+    let (app, tasks) = app_with_completed_tasks(1).await;
+    let client = app.db.raw_client().await;
+    // An API task whose published outbox row the relay deleted after `relay.retention_ms`
+    // (1 h by default): older than that, a missing row is the purge, not an I6 violation.
+    let task = tasks[0].task_id.as_uuid();
+    client
+        .batch_execute(&format!(
+            "INSERT INTO workspaces VALUES ('{ws}'); \
+             INSERT INTO idempotency_keys (workspace_id, operation, idempotency_key, request_hash, request, task_id, created_at, expires_at) VALUES \
+               ('{ws}', 'create_reply', 'press-1', 'h', '{{}}', '{task}', clock_timestamp() - interval '2 hours', clock_timestamp() + interval '1 day');",
+            ws = tasks[0].workspace_id,
+        ))
+        .await
+        .unwrap();
+    let (code, report) = check(&app);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(report["tasks_without_one_outbox_row"], 0, "{report:#}");
+    // The same task submitted a minute ago cannot have lost its row to the purge.
+    client
+        .execute(
+            "UPDATE idempotency_keys SET created_at = clock_timestamp() - interval '1 minute'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (code, report) = check(&app);
+    assert_eq!(code, Some(3), "{report:#}");
+    assert_eq!(report["tasks_without_one_outbox_row"], 1, "{report:#}");
+}

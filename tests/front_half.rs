@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use helpers::app::{TestApp, WorkerConfig};
 use helpers::wait_until;
-use replyd::api::replies::{Accepted, ReplyView};
+use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
 use replyd::api::{ApiState, serve};
 use replyd::api_key::issue;
 use replyd::config::ApiSettings;
@@ -73,7 +73,7 @@ impl Front {
 
     async fn wait_until_completed(&self, accepted: &Accepted) -> ReplyView {
         wait_until("the reply is completed", LIMIT, || async {
-            self.view(accepted).await.status == "completed"
+            self.view(accepted).await.status == ReplyStatus::Completed
         })
         .await;
         self.view(accepted).await
@@ -124,6 +124,20 @@ async fn a_post_reaches_the_worker_through_the_outbox_and_its_reply_is_shown() {
         .unwrap()
         .get(0);
     assert_eq!(published, 1);
+
+    // The relay's /readyz names the outbox lag; nothing is waiting.
+    let relay = app
+        .observability_addr("relay")
+        .expect("the relay logs its address");
+    let ready = reqwest::get(format!("http://{relay}/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), reqwest::StatusCode::OK);
+    let text = ready.text().await.unwrap();
+    assert!(
+        text.starts_with("relay: ready: outbox: 0 unpublished"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,15 +268,15 @@ async fn the_event_stream_delivers_each_state_and_ends_at_completion() {
     app.spawn_relay("relay");
     app.spawn_worker("w1");
     let views = read_events(stream).await;
-    assert_eq!(views.first().map(|v| v.status.as_str()), Some("pending"));
+    assert_eq!(views.first().map(|v| v.status), Some(ReplyStatus::Pending));
     let last = views.last().unwrap();
-    assert_eq!(last.status, "completed");
+    assert_eq!(last.status, ReplyStatus::Completed);
     assert!(last.reply.is_some());
 
     // Opened after completion: the terminal state at once, then the end.
     let late = read_events_with_ids(front.events(&accepted, None).await).await;
     assert_eq!(late.len(), 1);
-    assert_eq!(late[0].1.status, "completed");
+    assert_eq!(late[0].1.status, ReplyStatus::Completed);
     // A reconnect that already saw it (Last-Event-ID) gets nothing again, and the end.
     let resumed = read_events(front.events(&accepted, Some(&late[0].0)).await).await;
     assert!(resumed.is_empty(), "{resumed:?}");
@@ -293,19 +307,14 @@ async fn a_stream_whose_notifications_are_lost_still_ends() {
     app.spawn_relay("relay");
     app.spawn_worker("w1");
     let views = read_events(stream).await;
-    assert_eq!(views.last().map(|v| v.status.as_str()), Some("completed"));
+    assert_eq!(views.last().map(|v| v.status), Some(ReplyStatus::Completed));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replyd_serve_runs_the_whole_chain_in_one_process_and_drains_on_sigterm() {
-    let app = TestApp::start(2, mock(), WorkerConfig::default()).await;
-    app.db.store.create_workspace("acme").await.unwrap();
-    let key = issue(&mut rand::rng());
-    app.db.store.create_api_key("acme", &key).await.unwrap();
-    app.spawn_process("serve", "serve");
+/// Where process `name` serves the API, from its start-up line.
+async fn api_addr(app: &TestApp, name: &str) -> String {
     let mut addr = String::new();
-    wait_until("serve logs the API's address", LIMIT, || {
-        if let Some((_, rest)) = app.log_of("serve").split_once("API listening addr=") {
+    wait_until("the process logs the API's address", LIMIT, || {
+        if let Some((_, rest)) = app.log_of(name).split_once("API listening addr=") {
             addr = rest
                 .split_whitespace()
                 .next()
@@ -316,6 +325,17 @@ async fn replyd_serve_runs_the_whole_chain_in_one_process_and_drains_on_sigterm(
         async move { found }
     })
     .await;
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replyd_serve_runs_the_whole_chain_in_one_process_and_drains_on_sigterm() {
+    let app = TestApp::start(2, mock(), WorkerConfig::default()).await;
+    app.db.store.create_workspace("acme").await.unwrap();
+    let key = issue(&mut rand::rng());
+    app.db.store.create_api_key("acme", &key).await.unwrap();
+    app.spawn_process("serve", "serve");
+    let addr = api_addr(&app, "serve").await;
     let front = Front {
         base: format!("http://{addr}"),
         key: key.token,
@@ -324,11 +344,127 @@ async fn replyd_serve_runs_the_whole_chain_in_one_process_and_drains_on_sigterm(
     };
     let accepted = front.send("press-1", "q").await;
     let views = read_events(front.events(&accepted, None).await).await;
-    assert_eq!(views.last().map(|v| v.status.as_str()), Some("completed"));
+    assert_eq!(views.last().map(|v| v.status), Some(ReplyStatus::Completed));
     app.wait_until_committed_to_end(LIMIT).await;
     app.terminate("serve").await;
     let report = app.check().await;
     assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
     assert_eq!((report.tasks, report.completed), (1, 1));
     assert!(!app.log_of("serve").contains(" ERROR "), "a clean shutdown");
+}
+
+/// schemathesis drives the live API from the document it serves: examples, boundary values and
+/// random requests for every operation, then sequences along the document's links (create,
+/// read, follow, regenerate). Every check it has must pass but `positive_data_acceptance`,
+/// which cannot know that an `Idempotency-Key` it reuses with other inputs must be refused
+/// (422, as documented). The whole chain runs (`replyd serve` with the mock provider), so the
+/// streams it follows end, and afterwards the invariants hold over everything it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_document() {
+    let app = TestApp::start(2, mock(), WorkerConfig::default()).await;
+    app.db.store.create_workspace("acme").await.unwrap();
+    let key = issue(&mut rand::rng());
+    app.db.store.create_api_key("acme", &key).await.unwrap();
+    app.spawn_process("serve", "serve");
+    let addr = api_addr(&app, "serve").await;
+
+    let served = reqwest::get(format!("http://{addr}/openapi.json"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        served == include_str!("../docs/openapi.json"),
+        "/openapi.json is not docs/openapi.json"
+    );
+
+    let dir = std::env::temp_dir().join(helpers::unique("schemathesis"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = tokio::process::Command::new(helpers::infra("SCHEMATHESIS"))
+        .current_dir(&dir)
+        .args(["run", &format!("http://{addr}/openapi.json")])
+        .args(["--header", &format!("Authorization: Bearer {}", key.token)])
+        .args([
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+        ])
+        .args(["--max-examples", "25", "--seed", "20261201"])
+        .args(["--request-timeout", "30", "--workers", "2"])
+        .args(["--suppress-health-check", "all", "--no-color"])
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .expect("schemathesis runs (installed by `make infra-up`)");
+    let report = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "schemathesis failed:\n{report}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        report.lines().any(|line| line.trim() == "✅ Stateful"),
+        "the stateful phase ran:\n{report}"
+    );
+
+    app.wait_until_committed_to_end(LIMIT).await;
+    app.terminate("serve").await;
+    let check = app.check().await;
+    assert_eq!(check.violations, Vec::<String>::new(), "{check:#?}");
+    assert!(check.tasks > 0, "schemathesis made tasks");
+    assert_eq!(
+        check.tasks,
+        check.completed + check.failed,
+        "every task it made was settled: {check:#?}"
+    );
+}
+
+/// `replyd browsers` (the demo's clients) against the whole chain: presses that lose their
+/// first answer and retry with the same key, double clicks and regenerates. Every press ends
+/// completed, both answers of a double click name one task, and the durable state has exactly
+/// one task per press plus one per regenerate: no lost answer turned into a second task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browsers_that_lose_answers_and_double_click_make_one_task_per_press() {
+    let app = TestApp::start(2, mock(), WorkerConfig::default()).await;
+    app.db.store.create_workspace("acme").await.unwrap();
+    let key = issue(&mut rand::rng());
+    app.db.store.create_api_key("acme", &key).await.unwrap();
+    app.spawn_process("serve", "serve");
+    let addr = api_addr(&app, "serve").await;
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+        .args(["browsers", "--api", &format!("http://{addr}")])
+        .args(["--presses", "40", "--concurrency", "8"])
+        .args(["--lose-share", "0.5", "--lose-timeout-ms", "3"])
+        .args(["--double-click-share", "0.3", "--regenerate-share", "0.3"])
+        .args(["--press-limit-s", "120", "--seed", "7"])
+        .env("REPLYD_API_KEY", &key.token)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(report["presses"], 40, "{report}");
+    assert_eq!(report["unfinished"], 0, "{report}");
+    assert_eq!(report["answers_disagreeing"], 0, "{report}");
+    assert!(report["lost_answers"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["regenerates"].as_u64().unwrap() > 0, "{report}");
+    let regenerates = report["regenerates"].as_i64().unwrap();
+
+    app.wait_until_committed_to_end(LIMIT).await;
+    app.terminate("serve").await;
+    let check = app.check().await;
+    assert_eq!(check.violations, Vec::<String>::new(), "{check:#?}");
+    assert_eq!(check.duplicate_tasks, 0, "{check:#?}");
+    assert_eq!(
+        (check.tasks, check.completed),
+        (40 + regenerates, 40 + regenerates),
+        "one task per press and per regenerate: {check:#?}"
+    );
+    assert_eq!(check.duplicate_replies, 0, "{check:#?}");
 }

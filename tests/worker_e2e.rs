@@ -189,7 +189,7 @@ async fn an_unreachable_broker_is_named_with_its_setting_and_not_logged_per_atte
     std::fs::write(
         &path,
         format!(
-            "[database]\nurl = \"{}\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\nstartup_retry_ms = 8000\n",
+            "[database]\nurl = \"{}\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\nstartup_retry_ms = 8000\n[observability]\nlisten = \"127.0.0.1:0\"\n",
             db.settings.url.expose()
         ),
     )
@@ -224,7 +224,7 @@ async fn an_unreachable_database_is_named_with_its_setting_and_logged_once_per_f
     // Port 1: nothing listens. Short retry, so the test ends soon.
     std::fs::write(
         &path,
-        "[database]\nurl = \"postgres://replyd:hunter2@127.0.0.1:1/replyd\"\nstartup_retry_ms = 3000\n",
+        "[database]\nurl = \"postgres://replyd:hunter2@127.0.0.1:1/replyd\"\nstartup_retry_ms = 3000\n[observability]\nlisten = \"127.0.0.1:0\"\n",
     )
     .unwrap();
     let output = tokio::task::spawn_blocking(move || {

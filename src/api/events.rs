@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ApiState;
 use super::auth::Workspace;
+use super::problem::ProblemDetails;
 use super::replies::ReplyView;
 use crate::config::DatabaseSettings;
 use crate::domain::{StoredTask, TaskId};
@@ -158,6 +159,39 @@ fn follow(follow: Follow) -> impl Stream<Item = Result<Event, Infallible>> {
     stream::unfold(follow, Follow::next)
 }
 
+/// One event of a follow stream, as its fields arrive (the schema of each event).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // documents what `event_of` writes
+pub struct StatusEvent {
+    /// Always `status`.
+    #[schema(pattern = "^status$")]
+    event: String,
+    /// This state's id: sent back as `Last-Event-ID`, that state is not sent again.
+    id: String,
+    /// The task as JSON, exactly as `GET /v1/replies/{task_id}` shows it (a `ReplyView`).
+    data: String,
+}
+
+/// Follow a task: its states as Server-Sent Events, each an `event: status` whose data is the
+/// task as `GET /v1/replies/{task_id}` shows it.
+#[utoipa::path(
+    get,
+    operation_id = "followReply",
+    path = "/v1/replies/{task_id}/events",
+    tag = "replies",
+    params(
+        super::replies::TaskIdPath,
+        ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event the client saw: that state is not sent again"),
+    ),
+    responses(
+        (status = 200, description = "The current state at once, then each change; the stream ends after a terminal state. Keep-alive comments every 15 s. The schema is that of each event", body = StatusEvent, content_type = "text/event-stream"),
+        (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
 pub async fn stream(
     State(state): State<ApiState>,
     Workspace(workspace): Workspace,

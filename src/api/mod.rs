@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod events;
+pub mod openapi;
 pub mod problem;
 pub mod replies;
 
@@ -20,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiSettings, Settings};
 use crate::store::Store;
+use crate::telemetry::http::{DatabaseReady, Probes};
 use problem::Problem;
 
 /// What every handler reads.
@@ -53,14 +55,29 @@ impl ApiState {
     }
 }
 
+/// The API's routes, each documented in [`openapi`] (a test holds the two together).
+pub const ROUTES: [&str; 4] = [
+    "/v1/replies",
+    "/v1/replies/{task_id}",
+    "/v1/replies/{task_id}/events",
+    "/v1/replies/{task_id}/regenerate",
+];
+
 pub fn router(state: ApiState) -> Router {
+    let [create, show, events, regenerate] = ROUTES;
     Router::new()
-        .route("/v1/replies", post(replies::create))
-        .route("/v1/replies/{task_id}", get(replies::show))
-        .route("/v1/replies/{task_id}/events", get(events::stream))
+        .route(create, post(replies::create))
+        .route(show, get(replies::show))
+        .route(events, get(events::stream))
+        .route(regenerate, post(replies::regenerate))
         .route(
-            "/v1/replies/{task_id}/regenerate",
-            post(replies::regenerate),
+            "/openapi.json",
+            get(|| async {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    openapi::document(),
+                )
+            }),
         )
         .fallback(|| async { Problem::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
@@ -77,10 +94,15 @@ pub fn router(state: ApiState) -> Router {
 /// Runs `replyd api` until `shutdown`: migrations first (retried while PostgreSQL is away),
 /// then the API on `api.listen`; SIGTERM stops taking connections and lets open requests
 /// finish.
-pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    settings: Settings,
+    probes: &Probes,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     use anyhow::Context as _;
     crate::startup::migrate(&settings.database, &shutdown).await?;
     let store = Store::connect(&settings.database).context("database settings")?;
+    probes.add("api", DatabaseReady(store.clone()));
     let state = ApiState::new(
         store,
         settings.api.clone(),

@@ -4,7 +4,8 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::telemetry;
 
@@ -19,15 +20,20 @@ pub struct Problem {
     pub fields: Vec<&'static str>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
+/// A problem as it goes over the wire (RFC 9457).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProblemDetails {
+    /// A URI naming the kind of problem; its last segment is stable (e.g. `invalid_body`).
     #[serde(rename = "type")]
-    kind: String,
-    title: &'a str,
-    status: u16,
-    detail: &'a str,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    fields: &'a [&'static str],
+    pub kind: String,
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What is wrong, for a person.
+    pub detail: String,
+    /// The inputs that differ, when an `Idempotency-Key` was reused with other inputs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<String>,
 }
 
 impl Problem {
@@ -72,12 +78,12 @@ impl Problem {
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         telemetry::api_refused(self.kind, self.status.as_u16());
-        let body = Body {
+        let body = ProblemDetails {
             kind: format!("https://replyd.dev/problems/{}", self.kind),
-            title: self.title,
+            title: self.title.to_owned(),
             status: self.status.as_u16(),
-            detail: &self.detail,
-            fields: &self.fields,
+            detail: self.detail,
+            fields: self.fields.iter().map(|f| (*f).to_owned()).collect(),
         };
         // Serializing strings and numbers cannot fail.
         let json = serde_json::to_vec(&body).expect("a problem serializes");

@@ -13,35 +13,70 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::ApiState;
 use super::auth::Workspace;
-use super::problem::Problem;
+use super::problem::{Problem, ProblemDetails};
 use crate::domain::{Role, StoredTask, TaskId, TaskStatus};
 use crate::idempotency::{BoundInputs, IdempotencyKey, Operation};
 use crate::store::intake::{Submission, Submitted};
 
-/// The body of `POST /v1/replies`.
-#[derive(Debug, Clone, Deserialize)]
+/// The body of `POST /v1/replies`. Every field is bound to the `Idempotency-Key`: a retry
+/// with the same key must send the same values. No text may contain NUL (U+0000).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateReply {
+    /// The conversation the message belongs to (not blank).
+    #[schema(min_length = 1, pattern = r"\S")]
     pub conversation_id: String,
-    /// The user's message.
+    /// The user's message (not blank; with `context`, at most `worker.max_prompt_bytes`).
+    #[schema(min_length = 1, pattern = r"\S")]
     pub message: String,
     /// The document version the question is about (empty when none).
     #[serde(default)]
     pub document_version: String,
+    /// The model to ask; the provider's default when absent.
     pub model: Option<String>,
     /// A system prompt for this reply.
     pub context: Option<String>,
+    /// The most tokens the reply may have.
+    #[schema(minimum = 1, maximum = 1_000_000)]
     pub max_output_tokens: Option<u32>,
 }
 
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplyStatus {
+    /// Waiting for a worker.
+    Pending,
+    /// A worker is asking the provider.
+    Running,
+    /// The reply is saved (terminal).
+    Completed,
+    /// No reply will come (terminal); `failure` says why.
+    Failed,
+}
+
+impl From<TaskStatus> for ReplyStatus {
+    fn from(status: TaskStatus) -> Self {
+        match status {
+            TaskStatus::Pending => ReplyStatus::Pending,
+            TaskStatus::Running => ReplyStatus::Running,
+            TaskStatus::Completed => ReplyStatus::Completed,
+            TaskStatus::Failed => ReplyStatus::Failed,
+        }
+    }
+}
+
 /// The answer to a submission: where to follow the task.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct Accepted {
+    #[schema(value_type = uuid::Uuid)]
     pub task_id: TaskId,
-    pub status: String,
+    /// New work is `pending`; a replay shows the task's current status.
+    pub status: ReplyStatus,
     pub status_url: String,
     pub events_url: String,
     /// True when this answer is for an earlier request with the same key.
@@ -49,12 +84,16 @@ pub struct Accepted {
 }
 
 /// A task as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct ReplyView {
+    #[schema(value_type = uuid::Uuid)]
     pub task_id: TaskId,
-    pub status: String,
+    pub status: ReplyStatus,
+    /// The saved reply, once `completed`.
     pub reply: Option<String>,
+    /// Why no reply will come, once `failed`.
     pub failure: Option<String>,
+    /// Provider attempts so far.
     pub attempts: i32,
     pub max_attempts: u32,
     pub created_at: DateTime<Utc>,
@@ -66,7 +105,7 @@ impl ReplyView {
     pub fn of(task: &StoredTask) -> Self {
         Self {
             task_id: task.spec.task_id,
-            status: task.status.as_str().to_owned(),
+            status: task.status.into(),
             reply: task.saved_response.clone(),
             failure: task.failure.clone(),
             attempts: task.attempt_count,
@@ -76,6 +115,30 @@ impl ReplyView {
             finished_at: task.finished_at,
         }
     }
+}
+
+/// The `Idempotency-Key` request header, as the API documents it.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // read from the header map; this type only documents it
+pub(super) struct IdempotencyKeyHeader {
+    /// Made by the client once per press of Send and reused for every retry of that press.
+    #[param(
+        rename = "Idempotency-Key",
+        min_length = 1,
+        max_length = 255,
+        pattern = r"^[\x20-\x7E]*[\x21-\x7E][\x20-\x7E]*$"
+    )]
+    idempotency_key: String,
+}
+
+/// The `{task_id}` path segment.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // parsed by `task_of`, which names a bad id; this type only documents it
+pub(super) struct TaskIdPath {
+    /// The task's id, as `POST /v1/replies` answered it.
+    task_id: uuid::Uuid,
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
@@ -123,28 +186,57 @@ async fn parse_body(
             ),
         }
     })?;
-    let invalid = |detail: String| {
+    check_inputs(&create, state.max_prompt_bytes).map_err(|detail| {
         Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_body",
             "Invalid body",
             detail,
         )
-    };
+    })?;
+    Ok(create)
+}
+
+/// The largest `max_output_tokens` taken: far above what any model writes, low enough that a
+/// typo (or an overflow in a client) is refused rather than passed on.
+pub const MAX_OUTPUT_TOKENS: u32 = 1_000_000;
+
+/// What the schema cannot say about a well-formed body, each refusal naming its field.
+fn check_inputs(create: &CreateReply, max_prompt_bytes: usize) -> Result<(), String> {
     if create.conversation_id.trim().is_empty() {
-        return Err(invalid("`conversation_id` is empty".into()));
+        return Err("`conversation_id` is empty".into());
     }
     if create.message.trim().is_empty() {
-        return Err(invalid("`message` is empty".into()));
+        return Err("`message` is empty".into());
+    }
+    // PostgreSQL text cannot hold NUL; refused here, it can never fail the intake transaction.
+    let texts = [
+        ("conversation_id", Some(&create.conversation_id)),
+        ("message", Some(&create.message)),
+        ("document_version", Some(&create.document_version)),
+        ("model", create.model.as_ref()),
+        ("context", create.context.as_ref()),
+    ];
+    if let Some((field, _)) = texts
+        .iter()
+        .find(|(_, text)| text.is_some_and(|t| t.contains('\0')))
+    {
+        return Err(format!("`{field}` contains a NUL character (U+0000)"));
+    }
+    if let Some(tokens) = create.max_output_tokens
+        && !(1..=MAX_OUTPUT_TOKENS).contains(&tokens)
+    {
+        return Err(format!(
+            "`max_output_tokens` is {tokens}; it must be between 1 and {MAX_OUTPUT_TOKENS}"
+        ));
     }
     let prompt = create.message.len() + create.context.as_ref().map_or(0, String::len);
-    if prompt > state.max_prompt_bytes {
-        return Err(invalid(format!(
-            "`message` and `context` are {prompt} bytes, over the limit of {} (worker.max_prompt_bytes)",
-            state.max_prompt_bytes
-        )));
+    if prompt > max_prompt_bytes {
+        return Err(format!(
+            "`message` and `context` are {prompt} bytes, over the limit of {max_prompt_bytes} (worker.max_prompt_bytes)"
+        ));
     }
-    Ok(create)
+    Ok(())
 }
 
 fn key_of(headers: &HeaderMap) -> Result<IdempotencyKey, Problem> {
@@ -159,6 +251,34 @@ fn urls(task_id: TaskId) -> (String, String) {
     )
 }
 
+/// Submit a message for a reply: the message and its reply task are saved in one transaction.
+#[utoipa::path(
+    post,
+    operation_id = "createReply",
+    path = "/v1/replies",
+    tag = "replies",
+    params(IdempotencyKeyHeader),
+    request_body(content = CreateReply, content_type = "application/json"),
+    responses(
+        (status = 202, description = "The task is saved (or, with `Idempotent-Replayed: true`, was saved by an earlier request with this key)", body = Accepted,
+            headers(
+                ("Location" = String, description = "The task's status URL"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answers an earlier request with the same key")
+            ),
+            links(
+                ("GetReply" = (operation_id = "getReply", parameters(("task_id" = "$response.body#/task_id")))),
+                ("FollowReply" = (operation_id = "followReply", parameters(("task_id" = "$response.body#/task_id")))),
+                ("RegenerateReply" = (operation_id = "regenerateReply", parameters(("task_id" = "$response.body#/task_id")))),
+            )),
+        (status = 400, description = "No `Idempotency-Key`, or one that is empty, over 255 bytes or not printable ASCII; or a body that is not JSON", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over `api.max_body_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "The body does not match the schema or is over `worker.max_prompt_bytes`, or the key was used with other inputs (`fields` names them)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
 pub async fn create(
     State(state): State<ApiState>,
     Workspace(workspace): Workspace,
@@ -221,8 +341,28 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
     }
 }
 
-/// `POST /v1/replies/{task_id}/regenerate`: another answer to the same message, as a new task
-/// with its own key; the old reply stays.
+/// Ask for another answer to the same message: a new task with its own key; the old reply
+/// stays.
+#[utoipa::path(
+    post,
+    operation_id = "regenerateReply",
+    path = "/v1/replies/{task_id}/regenerate",
+    tag = "replies",
+    params(TaskIdPath, IdempotencyKeyHeader),
+    responses(
+        (status = 202, description = "The new task is saved (or, with `Idempotent-Replayed: true`, was saved by an earlier request with this key)", body = Accepted,
+            headers(
+                ("Location" = String, description = "The new task's status URL"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answers an earlier request with the same key")
+            )),
+        (status = 400, description = "A bad task id, or a missing or bad `Idempotency-Key`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with other inputs (`fields` names them)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
 pub async fn regenerate(
     State(state): State<ApiState>,
     Workspace(workspace): Workspace,
@@ -284,7 +424,7 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
         StatusCode::ACCEPTED,
         Json(Accepted {
             task_id,
-            status: status.as_str().to_owned(),
+            status: status.into(),
             status_url: status_url.clone(),
             events_url,
             replayed,
@@ -303,6 +443,22 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
     Ok(response)
 }
 
+/// Read a task: its state and, once completed, its reply.
+#[utoipa::path(
+    get,
+    operation_id = "getReply",
+    path = "/v1/replies/{task_id}",
+    tag = "replies",
+    params(TaskIdPath),
+    responses(
+        (status = 200, description = "The task", body = ReplyView),
+        (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
 pub async fn show(
     State(state): State<ApiState>,
     Workspace(workspace): Workspace,
@@ -331,5 +487,80 @@ pub(super) async fn task_of(
         Ok(Some(task)) if task.spec.workspace_id == workspace => Ok(task),
         Ok(_) => Err(Problem::not_found(format!("no task {task_id}"))),
         Err(e) => Err(Problem::unavailable(crate::telemetry::chain(&e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn create() -> CreateReply {
+        CreateReply {
+            conversation_id: "conv-1".into(),
+            message: "What changed?".into(),
+            document_version: "v7".into(),
+            model: None,
+            context: Some("Be brief.".into()),
+            max_output_tokens: Some(256),
+        }
+    }
+
+    #[test]
+    fn a_well_formed_body_passes() {
+        assert_eq!(check_inputs(&create(), 1000), Ok(()));
+    }
+
+    #[test]
+    fn each_refusal_names_its_field() {
+        type Case = (&'static str, fn(&mut CreateReply), &'static str);
+        let cases: [Case; 6] = [
+            (
+                "blank conversation",
+                |c| c.conversation_id = " ".into(),
+                "`conversation_id` is empty",
+            ),
+            (
+                "blank message",
+                |c| c.message = "\n".into(),
+                "`message` is empty",
+            ),
+            (
+                "NUL in context",
+                |c| c.context = Some("a\0b".into()),
+                "`context` contains a NUL",
+            ),
+            (
+                "NUL in the version",
+                |c| c.document_version = "\0".into(),
+                "`document_version` contains a NUL",
+            ),
+            (
+                "zero tokens",
+                |c| c.max_output_tokens = Some(0),
+                "`max_output_tokens` is 0",
+            ),
+            (
+                "too many tokens",
+                |c| c.max_output_tokens = Some(MAX_OUTPUT_TOKENS + 1),
+                "`max_output_tokens` is 1000001",
+            ),
+        ];
+        for (what, break_it, expected) in cases {
+            let mut body = create();
+            break_it(&mut body);
+            let refused = check_inputs(&body, 1000).expect_err(what);
+            assert!(refused.starts_with(expected), "{what}: {refused}");
+        }
+    }
+
+    #[test]
+    fn the_prompt_limit_counts_message_and_context() {
+        // "What changed?" (13) + "Be brief." (9) = 22 bytes.
+        assert_eq!(check_inputs(&create(), 22), Ok(()));
+        let refused = check_inputs(&create(), 21).unwrap_err();
+        assert!(
+            refused.contains("22 bytes, over the limit of 21 (worker.max_prompt_bytes)"),
+            "{refused}"
+        );
     }
 }

@@ -68,6 +68,20 @@ impl Store {
             .await?)
     }
 
+    /// Deletes up to `limit` idempotency records past their `expires_at`: such a key is
+    /// already treated as new by the intake, so the row only takes room.
+    pub async fn purge_idempotency_keys(&self, limit: i64) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .execute(
+                "DELETE FROM idempotency_keys WHERE (workspace_id, operation, idempotency_key) IN \
+                 (SELECT workspace_id, operation, idempotency_key FROM idempotency_keys \
+                  WHERE expires_at < clock_timestamp() ORDER BY expires_at LIMIT $1)",
+                &[&limit],
+            )
+            .await?)
+    }
+
     pub async fn outbox_lag(&self) -> Result<OutboxLag, StoreError> {
         let client = self.client().await?;
         let row = client

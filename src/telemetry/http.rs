@@ -1,20 +1,25 @@
-//! `/metrics` (Prometheus), `/healthz` (the process answers) and `/readyz` (the consumer polls
-//! and the database answers) on one small HTTP server.
+//! `/metrics` (Prometheus), `/healthz` (the process answers) and `/readyz` (every part of the
+//! process can do its job now) on one small HTTP server per process, whatever parts it runs.
+//!
+//! Each part (worker, API, relay) adds its own [`Readiness`] once it has started, so a process
+//! is unready until all its parts are up, and stays unready while any one of them is not.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
+use futures_util::future::BoxFuture;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
-use crate::kafka::consumer::ConsumerStatus;
 use crate::store::Store;
+
+/// How long a part may take to say whether it is ready.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The process-wide recorder; installed once, whatever number of servers start.
 fn prometheus() -> &'static PrometheusHandle {
@@ -27,25 +32,102 @@ fn prometheus() -> &'static PrometheusHandle {
     })
 }
 
+/// One part's answer to "can you do your job now?": what it sees when it can, why not when
+/// it cannot.
+pub trait Readiness: Send + Sync + 'static {
+    fn check(&self) -> BoxFuture<'_, Result<String, String>>;
+}
+
+/// A part's name and its check.
+type Probe = (&'static str, Arc<dyn Readiness>);
+
+/// The parts of this process and their readiness checks.
+#[derive(Clone, Default)]
+pub struct Probes(Arc<Mutex<Vec<Probe>>>);
+
+impl Probes {
+    /// Adds `part`'s check; called by each part once it has started.
+    pub fn add(&self, part: &'static str, readiness: impl Readiness) {
+        self.lock().push((part, Arc::new(readiness)));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Probe>> {
+        // The list is only pushed to; a panic elsewhere cannot leave it half-written.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Every part's answer, one line each; ready only when `expected` parts have all said yes.
+    async fn answer(&self, expected: usize) -> (StatusCode, String) {
+        let probes = self.lock().clone();
+        let mut ready = probes.len() >= expected;
+        let mut lines = Vec::with_capacity(probes.len() + 1);
+        for (part, readiness) in probes {
+            match tokio::time::timeout(CHECK_TIMEOUT, readiness.check()).await {
+                Ok(Ok(what)) => lines.push(format!("{part}: ready: {what}")),
+                Ok(Err(why)) => {
+                    ready = false;
+                    lines.push(format!("{part}: not ready: {why}"));
+                }
+                Err(_) => {
+                    ready = false;
+                    lines.push(format!("{part}: not ready: no answer in 2 s"));
+                }
+            }
+        }
+        if lines.len() < expected {
+            lines.push("starting".into());
+        }
+        let status = if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        (status, lines.join("\n"))
+    }
+}
+
+/// The database answers a query: the readiness of a part that only needs PostgreSQL.
+pub struct DatabaseReady(pub Store);
+
+impl Readiness for DatabaseReady {
+    fn check(&self) -> BoxFuture<'_, Result<String, String>> {
+        Box::pin(async move {
+            self.0
+                .ping()
+                .await
+                .map(|()| "database answers".to_owned())
+                .map_err(|e| format!("database: {}", super::chain(&e)))
+        })
+    }
+}
+
 #[derive(Clone)]
-struct Probe {
-    status: Arc<ConsumerStatus>,
-    store: Store,
+struct Served {
+    probes: Probes,
+    expected: usize,
 }
 
 /// Binds `listen` (port 0 picks one) and serves until `shutdown`; returns the bound address.
+/// `/readyz` is unready until `expected` parts have added their checks to `probes`.
 pub async fn serve(
     listen: SocketAddr,
-    status: Arc<ConsumerStatus>,
-    store: Store,
+    probes: Probes,
+    expected: usize,
     shutdown: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
     let metrics = prometheus().clone();
     let app = Router::new()
         .route("/metrics", get(move || async move { metrics.render() }))
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready))
-        .with_state(Probe { status, store });
+        .route(
+            "/readyz",
+            get(|State(served): State<Served>| async move {
+                served.probes.answer(served.expected).await
+            }),
+        )
+        .with_state(Served { probes, expected });
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
@@ -59,25 +141,45 @@ pub async fn serve(
     Ok(addr)
 }
 
-async fn ready(State(probe): State<Probe>) -> (StatusCode, String) {
-    if !probe.status.polling.load(Ordering::Relaxed) {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "consumer not polling".into(),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed(Result<&'static str, &'static str>);
+
+    impl Readiness for Fixed {
+        fn check(&self) -> BoxFuture<'_, Result<String, String>> {
+            let answer = self.0.map(str::to_owned).map_err(str::to_owned);
+            Box::pin(async move { answer })
+        }
+    }
+
+    #[tokio::test]
+    async fn ready_only_when_every_expected_part_says_so() {
+        let probes = Probes::default();
+        let (status, body) = probes.answer(2).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "starting");
+
+        probes.add("api", Fixed(Ok("database answers")));
+        let (status, _) = probes.answer(2).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "one part missing");
+
+        probes.add("relay", Fixed(Err("outbox lag 90 s")));
+        let (status, body) = probes.answer(2).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            body,
+            "api: ready: database answers\nrelay: not ready: outbox lag 90 s"
         );
     }
-    match tokio::time::timeout(Duration::from_secs(2), probe.store.ping()).await {
-        Ok(Ok(())) => (
-            StatusCode::OK,
-            format!(
-                "ready: {} partitions assigned",
-                probe.status.assigned_partitions.load(Ordering::Relaxed)
-            ),
-        ),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("database: {e}")),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "database: no answer in 2 s".into(),
-        ),
+
+    #[tokio::test]
+    async fn ready_when_all_parts_are() {
+        let probes = Probes::default();
+        probes.add("api", Fixed(Ok("database answers")));
+        let (status, body) = probes.answer(1).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, "api: ready: database answers");
     }
 }

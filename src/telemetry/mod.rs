@@ -47,6 +47,7 @@ pub mod names {
     pub const OUTBOX_PURGED: &str = "replyd_outbox_purged_total";
     pub const OUTBOX_UNPUBLISHED: &str = "replyd_outbox_unpublished";
     pub const OUTBOX_OLDEST_SECONDS: &str = "replyd_outbox_oldest_unpublished_seconds";
+    pub const IDEMPOTENCY_KEYS_PURGED: &str = "replyd_idempotency_keys_purged_total";
 }
 
 use names::*;
@@ -265,6 +266,10 @@ pub fn outbox_publish_failed(outbox_id: i64, error: &rdkafka::error::KafkaError)
 
 pub fn outbox_purged(rows: u64) {
     counter!(OUTBOX_PURGED).increment(rows);
+}
+
+pub fn idempotency_keys_purged(rows: u64) {
+    counter!(IDEMPOTENCY_KEYS_PURGED).increment(rows);
 }
 
 pub fn outbox_lag(unpublished: i64, oldest_seconds: f64) {

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# make bench-api: the intake API at its limit, beside PostgreSQL running the same transaction.
+#   1. POST /v1/replies with a new Idempotency-Key per request, CLIENTS connections, DURATION s
+#      (wrk): requests/s and p50/p99 latency.
+#   2. pgbench on the same database, right after, running the intake transaction's own
+#      statements (DELETE of an expired key, INSERT task, key, message, outbox row; prepared),
+#      with as many clients as the API has pooled connections (database.pool_size): the ratio
+#      API ÷ pgbench is the share of what PostgreSQL can commit that the API turns into answers.
+#   3. Replays: one key, the same body, CLIENTS connections: requests/s and p50/p99.
+#   4. The front half's end-to-end overhead at a modest load: `replyd browsers` (8 at once, no
+#      faults) through API → outbox → relay → Kafka → worker → SSE, mock at a fixed latency;
+#      overhead = POST-to-completion-event minus the mock's latency, p50/p99.
+#
+#   deploy/bench-api.sh [CLIENTS] [DURATION_S]
+# Installs wrk (Debian) when missing. Figures go to target/bench/<id>/ and one summary line.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+clients=${1:-64}
+duration=${2:-20}
+mock_latency_ms=${BENCH_MOCK_LATENCY_MS:-100}
+
+# shellcheck source=deploy/lib.sh
+. deploy/lib.sh
+prepare
+if ! command -v wrk >/dev/null; then
+  echo "installing wrk" >&2
+  sudo_=""
+  [ "$(id -u)" -eq 0 ] || sudo_=sudo
+  $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+fi
+command -v pgbench >/dev/null || { echo "pgbench is missing (Debian: postgresql-contrib / postgresql)" >&2; exit 1; }
+
+id="api-$(date +%Y%m%d%H%M%S)-$$"
+dir="$root/target/bench/$id"
+mkdir -p "$dir"
+db_url=$(schema_url "bench_$id")
+start_mock "$dir/mock" --latency-ms "$mock_latency_ms"
+pool_size=16
+for name in api relay w1; do
+  cat >"$dir/$name.toml" <<TOML
+[database]
+url = "$db_url"
+pool_size = $pool_size
+[kafka]
+bootstrap_servers = "$KAFKA_BOOTSTRAP"
+topic = "bench-$id"
+group_id = "bench-$id"
+[worker]
+worker_id = "$name"
+drain_timeout_ms = 5000
+commit_interval_ms = 200
+[provider]
+base_url = "$mock_url"
+[api]
+listen = "127.0.0.1:0"
+[relay]
+poll_interval_ms = 200
+[observability]
+listen = "127.0.0.1:0"
+TOML
+done
+"$bin" migrate --config "$dir/api.toml" 2>"$dir/migrate.log"
+"$bin" workspace create bench --config "$dir/api.toml" >/dev/null
+key=$("$bin" api-key create --workspace bench --config "$dir/api.toml" 2>/dev/null)
+"$bin" api --config "$dir/api.toml" 2>"$dir/api.log" &
+pids+=($!)
+api=""
+for _ in $(seq 1 100); do
+  api=$(sed -n 's/.*API listening addr=\([0-9.:]*\).*/\1/p' "$dir/api.log" | head -n 1)
+  [ -n "$api" ] && break
+  sleep 0.1
+done
+[ -n "$api" ] || { echo "bench: the API did not start; see $dir/api.log" >&2; exit 1; }
+
+body='{"conversation_id":"conv-1","message":"What are the key decisions in this document?","document_version":"v7"}'
+cat >"$dir/new-keys.lua" <<LUA
+-- A new Idempotency-Key per request: the thread's own prefix and a counter.
+local counter = 0
+local prefix = ""
+function setup(thread)
+  thread:set("prefix", tostring(math.random(1, 2^30)))
+end
+function init(args)
+  prefix = wrk.thread:get("prefix") or tostring(math.random(1, 2^30))
+end
+request = function()
+  counter = counter + 1
+  local headers = {
+    ["Authorization"] = "Bearer $key",
+    ["Content-Type"] = "application/json",
+    ["Idempotency-Key"] = "bench-" .. prefix .. "-" .. counter,
+  }
+  return wrk.format("POST", "/v1/replies", headers, '$body')
+end
+LUA
+cat >"$dir/same-key.lua" <<LUA
+wrk.method = "POST"
+wrk.path = "/v1/replies"
+wrk.body = '$body'
+wrk.headers["Authorization"] = "Bearer $key"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Idempotency-Key"] = "bench-replayed"
+LUA
+
+# wrk_figures FILE: "rps p50_ms p99_ms non2xx" from wrk --latency output.
+wrk_figures() {
+  awk '
+    function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
+    /Requests\/sec:/ { rps = $2 }
+    /^ +50%/ { p50 = ms($2) }
+    /^ +99%/ { p99 = ms($2) }
+    /Non-2xx or 3xx responses:/ { bad = $5 }
+    END { printf "%.0f %.1f %.1f %d\n", rps, p50, p99, bad + 0 }' "$1"
+}
+
+threads=2
+echo "bench: POST /v1/replies, new keys, $clients connections, ${duration}s" >&2
+wrk -t"$threads" -c"$clients" -d"${duration}s" --latency -s "$dir/new-keys.lua" "http://$api" >"$dir/wrk-new.txt"
+read -r api_rps api_p50 api_p99 api_bad < <(wrk_figures "$dir/wrk-new.txt")
+tasks_made=$(psql -qtA "$db_url" -c "select count(*) from reply_tasks")
+
+# The same transaction from pgbench: ids derived from pgbench's variables in SQL, so the
+# statements are the intake's own (one round trip each), with no extra query to make them.
+cat >"$dir/intake.sql" <<'SQL'
+\set n random(1, 2000000000)
+BEGIN;
+DELETE FROM idempotency_keys WHERE workspace_id = 'bench' AND operation = 'create_reply' AND idempotency_key = 'pgb-' || :client_id || '-' || :n AND expires_at <= clock_timestamp();
+INSERT INTO reply_tasks (task_id, workspace_id, conversation_id, message_id, document_version, request, max_attempts) VALUES (md5('t' || :client_id || '-' || :n)::uuid, 'bench', 'conv-1', md5('m' || :client_id || '-' || :n)::text, 'v7', '{"model":null,"messages":[{"role":"user","content":"What are the key decisions in this document?"}],"max_output_tokens":null}'::jsonb, 3);
+INSERT INTO idempotency_keys (workspace_id, operation, idempotency_key, request_hash, request, task_id, expires_at) VALUES ('bench', 'create_reply', 'pgb-' || :client_id || '-' || :n, md5('h' || :n), '{"conversation_id":"conv-1","message":"What are the key decisions in this document?","document_version":"v7","model":null,"context":null,"max_output_tokens":null,"source_task":null}'::jsonb, md5('t' || :client_id || '-' || :n)::uuid, clock_timestamp() + make_interval(secs => 86400)) ON CONFLICT DO NOTHING RETURNING task_id;
+INSERT INTO messages (message_id, workspace_id, conversation_id, content) VALUES (md5('m' || :client_id || '-' || :n)::uuid, 'bench', 'conv-1', 'What are the key decisions in this document?');
+INSERT INTO outbox (task_id, record_key, payload) VALUES (md5('t' || :client_id || '-' || :n)::uuid, 'conv-1', decode(repeat('0a24', 60), 'hex'));
+COMMIT;
+SQL
+echo "bench: pgbench, the intake transaction, $pool_size clients, ${duration}s" >&2
+pgbench -n -M prepared -c "$pool_size" -j "$threads" -T "$duration" -r -f "$dir/intake.sql" "$db_url" >"$dir/pgbench.txt" 2>&1
+pg_tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$dir/pgbench.txt" | head -n 1)
+pg_lat=$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' "$dir/pgbench.txt" | head -n 1)
+
+echo "bench: POST /v1/replies, one key (replays), $clients connections, ${duration}s" >&2
+curl_body=$(printf '%s' "$body")
+# The first request makes the task; every later one is a replay.
+exec 3<>"/dev/tcp/${api%:*}/${api##*:}"
+printf 'POST /v1/replies HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nIdempotency-Key: bench-replayed\r\nContent-Length: %d\r\n\r\n%s' \
+  "$key" "${#curl_body}" "$curl_body" >&3
+cat <&3 >/dev/null
+exec 3>&-
+wrk -t"$threads" -c"$clients" -d"${duration}s" --latency -s "$dir/same-key.lua" "http://$api" >"$dir/wrk-replay.txt"
+read -r replay_rps replay_p50 replay_p99 replay_bad < <(wrk_figures "$dir/wrk-replay.txt")
+replay_tasks=$(psql -qtA "$db_url" -c "select count(*) from idempotency_keys where idempotency_key = 'bench-replayed'")
+
+# 4. End-to-end overhead at a modest load, through the whole chain. The rows made above stay
+# in the outbox table; a fresh topic and the relay publish them first, so wait for that.
+echo "bench: end-to-end overhead, mock at ${mock_latency_ms} ms" >&2
+"$bin" produce --config "$dir/api.toml" --create-partitions 3 --count 0 >/dev/null
+"$bin" relay --config "$dir/relay.toml" 2>"$dir/relay.log" &
+pids+=($!)
+"$bin" worker --config "$dir/w1.toml" 2>"$dir/w1.log" &
+pids+=($!)
+wait_until_assigned 60 "$dir/w1.log"
+deadline=$(( $(date +%s) + 600 ))
+until [ "$(psql -qtA "$db_url" -c "select count(*) from outbox where published_at is null")" -eq 0 ] \
+  && [ "$(psql -qtA "$db_url" -c "select count(*) from reply_tasks where status not in ('completed','failed')")" -eq 0 ]; do
+  [ "$(date +%s)" -lt "$deadline" ] || { echo "bench: the backlog of the load runs did not drain in 600 s" >&2; exit 1; }
+  sleep 1
+done
+REPLYD_API_KEY=$key "$bin" browsers --api "http://$api" --presses 400 --concurrency 8 \
+  --lose-share 0 --double-click-share 0 --regenerate-share 0 >"$dir/browsers.json" 2>"$dir/browsers.log"
+e2e_p50=$(sed -n 's/.*"e2e_ms_p50":\([0-9]*\).*/\1/p' "$dir/browsers.json")
+e2e_p99=$(sed -n 's/.*"e2e_ms_p99":\([0-9]*\).*/\1/p' "$dir/browsers.json")
+
+ratio=$(awk -v a="$api_rps" -v p="$pg_tps" 'BEGIN { printf "%.2f", a / p }')
+echo "bench: figures in $dir" >&2
+echo "bench-api: clients=$clients api_posts_per_s=$api_rps api_p50_ms=$api_p50 api_p99_ms=$api_p99 api_non_2xx=$api_bad tasks_made=$tasks_made pgbench_clients=$pool_size pgbench_tps=$pg_tps pgbench_latency_ms=$pg_lat ratio_to_pgbench=$ratio replays_per_s=$replay_rps replay_p50_ms=$replay_p50 replay_p99_ms=$replay_p99 replay_non_2xx=$replay_bad replayed_key_tasks=$replay_tasks e2e_ms_p50=$e2e_p50 e2e_ms_p99=$e2e_p99 overhead_ms_p50=$((e2e_p50 - mock_latency_ms)) overhead_ms_p99=$((e2e_p99 - mock_latency_ms))"
