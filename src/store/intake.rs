@@ -60,6 +60,18 @@ pub fn provider_request(inputs: &BoundInputs) -> ProviderRequest {
     }
 }
 
+const EXPIRE_KEY: &str = "DELETE FROM idempotency_keys WHERE workspace_id = $1 AND operation = $2 \
+     AND idempotency_key = $3 AND expires_at <= clock_timestamp()";
+const INSERT_TASK: &str = "INSERT INTO reply_tasks (task_id, workspace_id, conversation_id, message_id, \
+     document_version, request, max_attempts) VALUES ($1, $2, $3, $4, $5, $6, $7)";
+const INSERT_KEY: &str = "INSERT INTO idempotency_keys (workspace_id, operation, idempotency_key, \
+     request_hash, request, task_id, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + make_interval(secs => $7)) \
+     ON CONFLICT DO NOTHING RETURNING task_id";
+const INSERT_MESSAGE: &str = "INSERT INTO messages (message_id, workspace_id, conversation_id, content) \
+     VALUES ($1, $2, $3, $4)";
+const INSERT_OUTBOX: &str = "INSERT INTO outbox (task_id, record_key, payload) VALUES ($1, $2, $3)";
+
 impl Store {
     /// Runs the intake transaction. A key whose record expired between the attempt and the
     /// read is tried once more as new work.
@@ -78,13 +90,6 @@ impl Store {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let op = s.operation.as_str();
-        // A remembered key past its retention is new work: take its row out first.
-        tx.execute(
-            "DELETE FROM idempotency_keys WHERE workspace_id = $1 AND operation = $2 \
-             AND idempotency_key = $3 AND expires_at <= clock_timestamp()",
-            &[&s.workspace_id, &op, &s.key.as_str()],
-        )
-        .await?;
         let task_id = TaskId::new_random();
         let message_id = Uuid::new_v4();
         let message_ref = s
@@ -93,8 +98,6 @@ impl Store {
             .unwrap_or_else(|| message_id.to_string());
         let request = serde_json::to_value(&s.inputs)
             .map_err(|e| StoreError::Config(format!("bound inputs: {e}")))?;
-        // The reply task must exist before the key refers to it; both are in this
-        // transaction, so a loser of the key never leaves a task behind (it rolls back).
         let spec = TaskSpec {
             task_id,
             workspace_id: s.workspace_id.clone(),
@@ -109,64 +112,85 @@ impl Store {
             .map_err(|e| StoreError::Config(format!("request: {e}")))?;
         let max_attempts = i32::try_from(spec.max_attempts)
             .map_err(|_| StoreError::Config("max_attempts over i32".into()))?;
-        tx.execute(
-            "INSERT INTO reply_tasks (task_id, workspace_id, conversation_id, message_id, \
-             document_version, request, max_attempts) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[
-                &task_id.as_uuid(),
-                &spec.workspace_id,
-                &spec.conversation_id,
-                &spec.message_id,
-                &spec.document_version,
-                &provider_request,
-                &max_attempts,
-            ],
-        )
-        .await?;
         let retention_s = s.retention.as_seconds_f64();
-        // The unique key decides: a concurrent first request's insert waits here for the
-        // winner's commit, then inserts nothing.
-        let won = tx
-            .query_opt(
-                "INSERT INTO idempotency_keys (workspace_id, operation, idempotency_key, \
-                 request_hash, request, task_id, expires_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + make_interval(secs => $7)) \
-                 ON CONFLICT DO NOTHING RETURNING task_id",
-                &[
-                    &s.workspace_id,
-                    &op,
-                    &s.key.as_str(),
-                    &s.inputs.hash(),
-                    &request,
-                    &task_id.as_uuid(),
-                    &retention_s,
-                ],
-            )
-            .await?
-            .is_some();
-        if won {
-            if s.existing_message.is_none() {
+        let payload = spec.to_proto().encode_to_vec();
+        let (expire, insert_task, insert_key, insert_message, insert_outbox) = futures_util::try_join!(
+            tx.prepare_cached(EXPIRE_KEY),
+            tx.prepare_cached(INSERT_TASK),
+            tx.prepare_cached(INSERT_KEY),
+            tx.prepare_cached(INSERT_MESSAGE),
+            tx.prepare_cached(INSERT_OUTBOX),
+        )?;
+        // The statements are sent at once (tokio-postgres pipelines the futures of one session)
+        // and run in this order, each after the one before: the round trips of a submission
+        // are BEGIN, this batch and COMMIT. The message and the outbox row are written before
+        // the key's verdict is known; a loser rolls all of it back below.
+        let message = async {
+            match s.existing_message {
+                Some(_) => Ok(0),
+                None => {
+                    tx.execute(
+                        &insert_message,
+                        &[
+                            &message_id,
+                            &s.workspace_id,
+                            &s.inputs.conversation_id,
+                            &s.inputs.message,
+                        ],
+                    )
+                    .await
+                }
+            }
+        };
+        let key = s.key.as_str();
+        let task_uuid = task_id.as_uuid();
+        let hash = s.inputs.hash();
+        let (_, _, won, _, _) = futures_util::try_join!(
+            // A remembered key past its retention is new work: take its row out first.
+            async { tx.execute(&expire, &[&s.workspace_id, &op, &key]).await },
+            // The task exists before the key refers to it.
+            async {
                 tx.execute(
-                    "INSERT INTO messages (message_id, workspace_id, conversation_id, content) \
-                     VALUES ($1, $2, $3, $4)",
+                    &insert_task,
                     &[
-                        &message_id,
-                        &s.workspace_id,
-                        &s.inputs.conversation_id,
-                        &s.inputs.message,
+                        &task_uuid,
+                        &spec.workspace_id,
+                        &spec.conversation_id,
+                        &spec.message_id,
+                        &spec.document_version,
+                        &provider_request,
+                        &max_attempts,
                     ],
                 )
-                .await?;
-            }
-            tx.execute(
-                "INSERT INTO outbox (task_id, record_key, payload) VALUES ($1, $2, $3)",
-                &[
-                    &task_id.as_uuid(),
-                    &spec.conversation_id,
-                    &spec.to_proto().encode_to_vec(),
-                ],
-            )
-            .await?;
+                .await
+            },
+            // The unique key decides: a concurrent first request's insert waits here for the
+            // winner's commit, then inserts nothing.
+            async {
+                tx.query_opt(
+                    &insert_key,
+                    &[
+                        &s.workspace_id,
+                        &op,
+                        &key,
+                        &hash,
+                        &request,
+                        &task_uuid,
+                        &retention_s,
+                    ],
+                )
+                .await
+            },
+            message,
+            async {
+                tx.execute(
+                    &insert_outbox,
+                    &[&task_uuid, &spec.conversation_id, &payload],
+                )
+                .await
+            },
+        )?;
+        if won.is_some() {
             tx.commit().await?;
             return Ok(Some(Submitted::Created { task_id }));
         }
