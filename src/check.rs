@@ -81,7 +81,20 @@ pub struct Report {
     pub tasks_without_one_outbox_row: i64,
     /// Outbox rows not yet published (0 after a drain).
     pub outbox_unpublished: i64,
+    /// Quota reservations by state (I8).
+    pub reservations_open: i64,
+    pub reservations_charged: i64,
+    pub reservations_released: i64,
+    pub reservations_expired: i64,
+    /// Open reservations past their TTL that the reconciler has not settled (0 after it ran).
     pub reservations_unsettled: i64,
+    /// Completed tasks whose reservation is not charged (must be 0).
+    pub completed_without_charge: i64,
+    /// Charged reservations whose task neither completed nor failed under a policy that
+    /// charges failures (must be 0).
+    pub charges_without_reply: i64,
+    /// Workspaces whose counter of open reservations differs from the reservations (must be 0).
+    pub quota_counter_mismatches: i64,
     /// Accepted replies per worker id: how the work was shared.
     pub replies_by_worker: BTreeMap<String, i64>,
     /// HTTP requests the mock provider received (when `--mock-url` is given).
@@ -130,7 +143,7 @@ impl Report {
             .map(|(w, n)| format!("{w}:{n}"))
             .collect();
         format!(
-            "tasks={} completed={} failed={} dead_lettered={} duplicate_tasks={} duplicate_replies={} lost={} provider_requests={} generations={} replies_by_worker={}",
+            "tasks={} completed={} failed={} dead_lettered={} duplicate_tasks={} duplicate_replies={} lost={} charged={} released={} unsettled={} provider_requests={} generations={} replies_by_worker={}",
             self.tasks,
             self.completed,
             self.failed,
@@ -138,6 +151,9 @@ impl Report {
             self.duplicate_tasks,
             self.duplicate_replies,
             self.lost,
+            self.reservations_charged,
+            self.reservations_released,
+            self.reservations_unsettled,
             self.mock_requests
                 .map_or_else(|| "unknown".to_string(), |n| n.to_string()),
             self.mock_generations
@@ -212,6 +228,37 @@ impl Report {
             "outbox unpublished",
             self.outbox_unpublished.to_string(),
             "0 once the relay has drained",
+        );
+        row(
+            "reservations open / charged / released / expired",
+            format!(
+                "{} / {} / {} / {}",
+                self.reservations_open,
+                self.reservations_charged,
+                self.reservations_released,
+                self.reservations_expired
+            ),
+            "",
+        );
+        row(
+            "reservations past TTL, unsettled",
+            self.reservations_unsettled.to_string(),
+            "I8: must be 0 once the reconciler ran",
+        );
+        row(
+            "completed without charge",
+            self.completed_without_charge.to_string(),
+            "I8: must be 0",
+        );
+        row(
+            "charges without reply",
+            self.charges_without_reply.to_string(),
+            "I8: must be 0",
+        );
+        row(
+            "quota counters off",
+            self.quota_counter_mismatches.to_string(),
+            "I8: must be 0",
         );
         for (worker, replies) in &self.replies_by_worker {
             row(&format!("replies by {worker}"), replies.to_string(), "");
@@ -388,8 +435,22 @@ pub struct Facts {
     pub duplicate_tasks: i64,
     pub tasks_without_one_outbox_row: i64,
     pub outbox_unpublished: i64,
+    pub quota: QuotaFacts,
     pub replies_by_worker: BTreeMap<String, i64>,
     pub mock: Option<MockCounts>,
+}
+
+/// The quota's ledger as read (I8).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuotaFacts {
+    pub open: i64,
+    pub charged: i64,
+    pub released: i64,
+    pub expired: i64,
+    pub unsettled: i64,
+    pub completed_without_charge: i64,
+    pub charges_without_reply: i64,
+    pub counter_mismatches: i64,
 }
 
 /// Runs every check and returns the report.
@@ -485,6 +546,35 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         None,
     )
     .await?;
+    // I8, from the reservations, the tasks they reserve for, and the counters.
+    let row = client
+        .query_one(
+            "SELECT \
+               count(*) FILTER (WHERE r.state = 'reserved'), \
+               count(*) FILTER (WHERE r.state = 'charged'), \
+               count(*) FILTER (WHERE r.state = 'released'), \
+               count(*) FILTER (WHERE r.state = 'expired'), \
+               count(*) FILTER (WHERE r.state = 'reserved' AND r.expires_at < clock_timestamp()), \
+               count(*) FILTER (WHERE t.status = 'completed' AND r.state <> 'charged'), \
+               count(*) FILTER (WHERE r.state = 'charged' AND NOT (t.status = 'completed' \
+                                OR (t.status = 'failed' AND r.charge_on_failure))), \
+               (SELECT count(*) FROM quota_counters q WHERE q.reserved <> \
+                  (SELECT count(*) FROM quota_reservations o \
+                    WHERE o.workspace_id = q.workspace_id AND o.state = 'reserved')) \
+             FROM quota_reservations r JOIN reply_tasks t USING (task_id)",
+            &[],
+        )
+        .await?;
+    let quota = QuotaFacts {
+        open: row.get(0),
+        charged: row.get(1),
+        released: row.get(2),
+        expired: row.get(3),
+        unsettled: row.get(4),
+        completed_without_charge: row.get(5),
+        charges_without_reply: row.get(6),
+        counter_mismatches: row.get(7),
+    };
     let attempts_per_task = client
         .query(
             "SELECT count(a.task_id) FROM reply_tasks t \
@@ -531,6 +621,7 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         duplicate_tasks,
         tasks_without_one_outbox_row,
         outbox_unpublished,
+        quota,
         replies_by_worker,
         mock,
     })
@@ -636,7 +727,14 @@ pub fn verdict(facts: Facts) -> Report {
         duplicate_tasks: facts.duplicate_tasks,
         tasks_without_one_outbox_row: facts.tasks_without_one_outbox_row,
         outbox_unpublished: facts.outbox_unpublished,
-        reservations_unsettled: 0,
+        reservations_open: facts.quota.open,
+        reservations_charged: facts.quota.charged,
+        reservations_released: facts.quota.released,
+        reservations_expired: facts.quota.expired,
+        reservations_unsettled: facts.quota.unsettled,
+        completed_without_charge: facts.quota.completed_without_charge,
+        charges_without_reply: facts.quota.charges_without_reply,
+        quota_counter_mismatches: facts.quota.counter_mismatches,
         replies_by_worker: facts.replies_by_worker,
         mock_requests: facts.mock.map(|m| m.requests),
         mock_generations: facts.mock.map(|m| m.generations),
@@ -661,6 +759,16 @@ pub fn verdict(facts: Facts) -> Report {
         report
             .violations
             .push("I7 bounded effort: tasks with more attempts than max_attempts".into());
+    }
+    if report.reservations_unsettled > 0
+        || report.completed_without_charge > 0
+        || report.charges_without_reply > 0
+        || report.quota_counter_mismatches > 0
+    {
+        report.violations.push(
+            "I8 quota once: a reservation past its TTL unsettled, a completed task without its charge, a charge without its reply, or a counter that disagrees with its reservations"
+                .into(),
+        );
     }
     if report.duplicate_tasks > 0 || report.tasks_without_one_outbox_row > 0 {
         report.violations.push(

@@ -77,6 +77,32 @@ pub enum Command {
     /// Manage API keys.
     #[command(subcommand, name = "api-key")]
     ApiKey(ApiKeyCommand),
+    /// Set or show a workspace's generation quota.
+    #[command(subcommand)]
+    Quota(QuotaCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuotaCommand {
+    /// Set a workspace's limit of generations per period (`--limit none` removes it).
+    #[command(after_help = "Exit codes: 0 set; 2 a bad limit or period; 4 no such workspace.")]
+    Set {
+        #[arg(long)]
+        workspace: String,
+        /// Generations per period, or `none`.
+        #[arg(long)]
+        limit: String,
+        /// The period: a number of d, h, m or s (windows aligned to the Unix epoch).
+        #[arg(long, default_value = "1d")]
+        period: String,
+    },
+    /// Show a workspace's quota: limit, used, reserved, when it resets, and the policy.
+    #[command(after_help = "Exit codes: 0 shown; 4 no such workspace.")]
+    Show {
+        workspace: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -75,6 +75,7 @@ pub struct Settings {
     pub retry: RetrySettings,
     pub api: ApiSettings,
     pub relay: RelaySettings,
+    pub quota: QuotaSettings,
 }
 
 /// Kafka: where the records come from and how the group behaves.
@@ -329,6 +330,43 @@ impl RelaySettings {
 
     pub fn ready_max_lag(&self) -> Duration {
         Duration::from_millis(self.ready_max_lag_ms)
+    }
+}
+
+/// Generation quotas (I8): the policy every workspace's reservations follow. Limits are per
+/// workspace (`replyd quota set`); a workspace without one is not limited, and its generations
+/// are still reserved and charged once.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotaSettings {
+    /// Whether a task that ends failed is charged (no reply, no charge by default).
+    pub charge_failed: bool,
+    /// Whether pending work holds capacity: admission counts open reservations, so a burst
+    /// cannot be admitted past the limit while its work is still queued.
+    pub pending_reserves: bool,
+    /// How long a reservation stays open before the reconciler decides it from the task (and
+    /// the provider). Must be longer than an API task's retry horizon
+    /// (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms)).
+    pub reservation_ttl_ms: u64,
+}
+
+impl Default for QuotaSettings {
+    fn default() -> Self {
+        Self {
+            charge_failed: false,
+            pending_reserves: true,
+            reservation_ttl_ms: 60 * 60 * 1000,
+        }
+    }
+}
+
+impl QuotaSettings {
+    pub fn policy(&self) -> crate::quota::QuotaPolicy {
+        crate::quota::QuotaPolicy {
+            charge_failed: self.charge_failed,
+            pending_reserves: self.pending_reserves,
+            reservation_ttl: Duration::from_millis(self.reservation_ttl_ms),
+        }
     }
 }
 
@@ -638,6 +676,20 @@ impl Settings {
                 format!(
                     "{} must be longer than a task's longest retry horizon, {horizon_ms} ms (worker.max_attempts_limit × (worker.lease_ms + retry.max_delay_ms)), or a late retry would be taken for new work",
                     self.api.idempotency_retention_ms
+                ),
+            );
+        }
+        // An API task lives at most this long once claimed: each attempt a whole lease and the
+        // longest backoff. A reservation must outlive it, or the reconciler would look at work
+        // that is still going on as a rule rather than as an exception.
+        let api_task_ms = u64::from(w.default_max_attempts)
+            .saturating_mul(w.lease_ms.saturating_add(self.retry.max_delay_ms));
+        if self.quota.reservation_ttl_ms <= api_task_ms {
+            refuse(
+                "quota.reservation_ttl_ms",
+                format!(
+                    "{} must be longer than an API task's lifetime, {api_task_ms} ms (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms))",
+                    self.quota.reservation_ttl_ms
                 ),
             );
         }

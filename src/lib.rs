@@ -19,6 +19,7 @@ pub mod pipeline;
 pub mod produce;
 pub mod proto;
 pub mod provider;
+pub mod quota;
 pub mod relay;
 pub mod retry;
 pub mod secret;

@@ -86,6 +86,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             return replyd::operator::workspace(&settings()?, &command).await;
         }
         Command::ApiKey(command) => return replyd::operator::api_key(&settings()?, &command).await,
+        Command::Quota(command) => return replyd::operator::quota(&settings()?, &command).await,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -196,3 +196,32 @@ async fn an_outbox_row_is_missed_only_within_the_relays_retention() {
     assert_eq!(code, Some(3), "{report:#}");
     assert_eq!(report["tasks_without_one_outbox_row"], 1, "{report:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_task_without_its_charge_fails_as_i8() {
+    let (app, tasks) = app_with_completed_tasks(2).await;
+    let client = app.db.raw_client().await;
+    // Two completed tasks given reservations by hand: one charged as the trigger would have
+    // done it, one left reserved past its TTL (a completion that skipped the charge), and a
+    // counter that does not know about the open one.
+    let ws = &tasks[0].workspace_id;
+    client
+        .batch_execute(&format!(
+            "INSERT INTO workspaces VALUES ('{ws}') ON CONFLICT DO NOTHING; \
+             INSERT INTO quota_reservations (task_id, workspace_id, operation, idempotency_key, expires_at, charge_on_failure, state, settled_at) VALUES \
+               ('{a}', '{ws}', 'create_reply', 'k-a', clock_timestamp() + interval '1 hour', false, 'charged', clock_timestamp()), \
+               ('{b}', '{ws}', 'create_reply', 'k-b', clock_timestamp() - interval '1 second', false, 'reserved', NULL);",
+            a = tasks[0].task_id.as_uuid(),
+            b = tasks[1].task_id.as_uuid(),
+        ))
+        .await
+        .unwrap();
+    let (code, report) = check(&app);
+    assert_eq!(code, Some(3), "{report:#}");
+    assert_eq!(report["reservations_charged"], 1, "{report:#}");
+    assert_eq!(report["reservations_unsettled"], 1, "{report:#}");
+    assert_eq!(report["completed_without_charge"], 1, "{report:#}");
+    assert_eq!(report["quota_counter_mismatches"], 1, "{report:#}");
+    assert_eq!(report["charges_without_reply"], 0, "{report:#}");
+    assert!(report["violations"].to_string().contains("I8"));
+}

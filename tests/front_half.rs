@@ -103,6 +103,12 @@ async fn a_post_reaches_the_worker_through_the_outbox_and_its_reply_is_shown() {
     assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
     assert_eq!((report.tasks, report.completed), (1, 1), "{report:#?}");
     assert_eq!(report.mock_generations, Some(1), "{report:#?}");
+    // The worker's completion charged the task's reservation in the same transaction (I8).
+    assert_eq!(
+        (report.reservations_charged, report.reservations_open),
+        (1, 0),
+        "{report:#?}"
+    );
     assert_eq!(
         (
             report.duplicate_tasks,
@@ -467,4 +473,9 @@ async fn browsers_that_lose_answers_and_double_click_make_one_task_per_press() {
         "one task per press and per regenerate: {check:#?}"
     );
     assert_eq!(check.duplicate_replies, 0, "{check:#?}");
+    assert_eq!(
+        (check.reservations_charged, check.reservations_open),
+        (40 + regenerates, 0),
+        "one charge per task, none open: {check:#?}"
+    );
 }

@@ -2,7 +2,7 @@
 //! an `Idempotency-Key`; one transaction saves it with its reply task and the outbox row that
 //! hands the task to Kafka (I6); the caller follows the task by its id.
 //!
-//! One file per route group: [`replies`]. [`auth`] turns the bearer key into the workspace;
+//! One file per route group: [`replies`], [`events`], [`quota`]. [`auth`] turns the bearer key into the workspace;
 //! [`problem`] renders every error as problem+json. Unknown routes and methods are problems
 //! too, so no answer of this server is anything but JSON.
 
@@ -10,6 +10,7 @@ pub mod auth;
 pub mod events;
 pub mod openapi;
 pub mod problem;
+pub mod quota;
 pub mod replies;
 
 use std::net::SocketAddr;
@@ -20,6 +21,7 @@ use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiSettings, Settings};
+use crate::quota::QuotaPolicy;
 use crate::store::Store;
 use crate::telemetry::http::{DatabaseReady, Probes};
 use problem::Problem;
@@ -36,6 +38,8 @@ pub struct ApiState {
     pub max_prompt_bytes: usize,
     /// Task status changes, for the event streams.
     pub changes: events::TaskChanges,
+    /// The quota policy (`[quota]`) new work is admitted under.
+    pub quota: QuotaPolicy,
 }
 
 impl ApiState {
@@ -51,25 +55,28 @@ impl ApiState {
             max_attempts,
             max_prompt_bytes,
             changes: events::TaskChanges::default(),
+            quota: crate::config::QuotaSettings::default().policy(),
         }
     }
 }
 
 /// The API's routes, each documented in [`openapi`] (a test holds the two together).
-pub const ROUTES: [&str; 4] = [
+pub const ROUTES: [&str; 5] = [
     "/v1/replies",
     "/v1/replies/{task_id}",
     "/v1/replies/{task_id}/events",
     "/v1/replies/{task_id}/regenerate",
+    "/v1/quota",
 ];
 
 pub fn router(state: ApiState) -> Router {
-    let [create, show, events, regenerate] = ROUTES;
+    let [create, show, events, regenerate, quota] = ROUTES;
     Router::new()
         .route(create, post(replies::create))
         .route(show, get(replies::show))
         .route(events, get(events::stream))
         .route(regenerate, post(replies::regenerate))
+        .route(quota, get(quota::show))
         .route(
             "/openapi.json",
             get(|| async {
@@ -103,12 +110,13 @@ pub async fn run(
     crate::startup::migrate(&settings.database, &shutdown).await?;
     let store = Store::connect(&settings.database).context("database settings")?;
     probes.add("api", DatabaseReady(store.clone()));
-    let state = ApiState::new(
+    let mut state = ApiState::new(
         store,
         settings.api.clone(),
         settings.worker.default_max_attempts,
         settings.worker.max_prompt_bytes,
     );
+    state.quota = settings.quota.policy();
     state
         .changes
         .listen(settings.database.clone(), shutdown.clone());

@@ -5,9 +5,9 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::events;
 use super::problem::ProblemDetails;
 use super::replies::{self, Accepted, CreateReply, ReplyStatus, ReplyView};
+use super::{events, quota};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -16,17 +16,28 @@ use super::replies::{self, Accepted, CreateReply, ReplyStatus, ReplyView};
         description = "Submit a user's message for an LLM reply, at most one reply per press of Send, and follow it to completion. Every call takes `Authorization: Bearer <API key>`; the key names the workspace. Errors are `application/problem+json` (RFC 9457).",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
-    paths(replies::create, replies::show, events::stream, replies::regenerate),
+    paths(
+        replies::create,
+        replies::show,
+        events::stream,
+        replies::regenerate,
+        quota::show
+    ),
     components(schemas(
         CreateReply,
         Accepted,
         ReplyView,
         ReplyStatus,
         events::StatusEvent,
+        quota::QuotaView,
+        quota::PolicyView,
         ProblemDetails
     )),
     modifiers(&BearerKey),
-    tags((name = "replies", description = "Reply tasks: submit, read, follow, regenerate")),
+    tags(
+        (name = "replies", description = "Reply tasks: submit, read, follow, regenerate"),
+        (name = "quota", description = "Generation quotas: every new task reserves one generation, charged once")
+    ),
 )]
 struct ApiDoc;
 

@@ -275,6 +275,8 @@ fn urls(task_id: TaskId) -> (String, String) {
         (status = 413, description = "The body is over `api.max_body_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The body does not match the schema or is over `worker.max_prompt_bytes`, or the key was used with other inputs (`fields` names them)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 429, description = "New work over the workspace's quota; nothing was written. A replay of an admitted key is never refused", body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds until capacity returns at the latest"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
@@ -315,6 +317,7 @@ async fn create_inner(
         max_attempts: state.max_attempts,
         retention: state.settings.idempotency_retention(),
         existing_message: None,
+        quota: state.quota,
     };
     submit(state, submission).await
 }
@@ -359,6 +362,8 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The key was used with other inputs (`fields` names them)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 429, description = "New work over the workspace's quota; nothing was written. A replay of an admitted key is never refused", body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds until capacity returns at the latest"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
@@ -380,6 +385,7 @@ pub async fn regenerate(
             max_attempts: state.max_attempts,
             retention: state.settings.idempotency_retention(),
             existing_message: Some(source.spec.message_id.clone()),
+            quota: state.quota,
         };
         submit(&state, submission).await
     }
@@ -394,6 +400,7 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
     let (task_id, replayed) = match state.store.submit(&submission).await.map_err(unavailable)? {
         Submitted::Created { task_id } => (task_id, false),
         Submitted::Replayed { task_id } => (task_id, true),
+        Submitted::OverQuota { quota } => return Ok(super::quota::over_quota(&quota, state.quota)),
         Submitted::Mismatch { fields } => {
             return Err(Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -2,7 +2,8 @@
 //! idempotency record and the outbox row are written in one transaction, or nothing is. The
 //! unique key of the idempotency record decides between concurrent first requests with one
 //! key: the loser's insert waits for the winner's transaction, finds the row, and answers with
-//! the winner's task. A reuse is judged by [`crate::idempotency::decide_reuse`] on the
+//! the winner's task. The same transaction admits new work against the workspace's quota and
+//! writes its reservation (I8); work the quota refuses writes nothing. A reuse is judged by [`crate::idempotency::decide_reuse`] on the
 //! database clock.
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -11,6 +12,9 @@ use uuid::Uuid;
 
 use crate::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
 use crate::idempotency::{BoundInputs, IdempotencyKey, Operation, Reuse, decide_reuse};
+use crate::quota::QuotaPolicy;
+
+use super::quota::QuotaState;
 
 use super::{Store, StoreError};
 
@@ -26,17 +30,21 @@ pub struct Submission {
     pub retention: TimeDelta,
     /// A regenerate answers an existing message again: its id, and no new message row.
     pub existing_message: Option<String>,
+    /// The quota policy new work is admitted and reserved under.
+    pub quota: QuotaPolicy,
 }
 
 /// What the intake did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Submitted {
-    /// New work: message, task, key and outbox row written.
+    /// New work: message, task, key, outbox row and quota reservation written.
     Created { task_id: TaskId },
     /// The same request again: the existing task, nothing written.
     Replayed { task_id: TaskId },
     /// The key was used with other inputs; nothing written.
     Mismatch { fields: Vec<&'static str> },
+    /// New work the workspace's quota does not admit now; nothing written.
+    OverQuota { quota: QuotaState },
 }
 
 /// The provider request a submission asks for: the context as a system message, then the
@@ -114,12 +122,13 @@ impl Store {
             .map_err(|_| StoreError::Config("max_attempts over i32".into()))?;
         let retention_s = s.retention.as_seconds_f64();
         let payload = spec.to_proto().encode_to_vec();
-        let (expire, insert_task, insert_key, insert_message, insert_outbox) = futures_util::try_join!(
+        let (expire, insert_task, insert_key, insert_message, insert_outbox, admit) = futures_util::try_join!(
             tx.prepare_cached(EXPIRE_KEY),
             tx.prepare_cached(INSERT_TASK),
             tx.prepare_cached(INSERT_KEY),
             tx.prepare_cached(INSERT_MESSAGE),
             tx.prepare_cached(INSERT_OUTBOX),
+            tx.prepare_cached(super::quota::ADMIT),
         )?;
         // The statements are sent at once (tokio-postgres pipelines the futures of one session)
         // and run in this order, each after the one before: the round trips of a submission
@@ -145,7 +154,8 @@ impl Store {
         let key = s.key.as_str();
         let task_uuid = task_id.as_uuid();
         let hash = s.inputs.hash();
-        let (_, _, won, _, _) = futures_util::try_join!(
+        let ttl_s = s.quota.reservation_ttl.as_secs_f64();
+        let (_, _, won, _, _, admitted) = futures_util::try_join!(
             // A remembered key past its retention is new work: take its row out first.
             async { tx.execute(&expire, &[&s.workspace_id, &op, &key]).await },
             // The task exists before the key refers to it.
@@ -189,10 +199,36 @@ impl Store {
                 )
                 .await
             },
+            // Last, so the workspace's counter row is locked only from here to the commit.
+            async {
+                tx.query_opt(
+                    &admit,
+                    &[
+                        &s.workspace_id,
+                        &task_uuid,
+                        &op,
+                        &key,
+                        &s.quota.pending_reserves,
+                        &ttl_s,
+                        &s.quota.charge_failed,
+                    ],
+                )
+                .await
+            },
         )?;
         if won.is_some() {
-            tx.commit().await?;
-            return Ok(Some(Submitted::Created { task_id }));
+            if admitted.is_some() {
+                tx.commit().await?;
+                return Ok(Some(Submitted::Created { task_id }));
+            }
+            // New work over the quota: nothing of it may stay. A replay (the key lost) is
+            // answered below whatever the quota says now.
+            tx.rollback().await?;
+            drop(client);
+            let quota = self.quota(&s.workspace_id).await?.ok_or_else(|| {
+                StoreError::Config(format!("workspace {} has no quota counter", s.workspace_id))
+            })?;
+            return Ok(Some(Submitted::OverQuota { quota }));
         }
         // Lost (or a retry): nothing of this attempt may stay.
         tx.rollback().await?;

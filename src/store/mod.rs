@@ -9,12 +9,14 @@
 //! - [`workspaces`]: workspaces and their API keys (hashes only).
 //! - [`intake`]: the one transaction of a submission (message, task, key, outbox row).
 //! - [`outbox`]: relay batches (SKIP LOCKED), marking published, purging, lag.
+//! - [`quota`]: limits, the counter as read, the admission statement (I8).
 
 pub mod fencing;
 pub mod intake;
 pub mod listen;
 pub mod migrate;
 pub mod outbox;
+pub mod quota;
 pub mod tasks;
 pub mod workspaces;
 

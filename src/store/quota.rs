@@ -1,0 +1,112 @@
+//! The quota's SQL (I8): setting a workspace's limit, reading its counter, and the admission
+//! statement of the intake transaction. Settling is not here: the trigger of
+//! `migrations/V7__quotas.sql` settles a reservation in the transaction that ends its task.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::{Store, StoreError};
+use crate::quota::Usage;
+
+/// Admits one request and writes its reservation, in one statement: the workspace's counter
+/// row is updated only while `used + reserved < limit` (`$5`: whether open reservations count),
+/// rolling the window over first when it has ended. The row lock serializes concurrent
+/// admissions of one workspace, and the condition is evaluated again on the locked row, so two
+/// requests cannot both take the last unit. No row returned: refused, nothing changed.
+/// `$1` workspace, `$2` task, `$3` operation, `$4` key, `$6` TTL in seconds, `$7` whether a
+/// failure is charged.
+pub(crate) const ADMIT: &str = "WITH now AS (SELECT clock_timestamp() AS at), \
+     admitted AS ( \
+       UPDATE quota_counters q \
+          SET used = CASE WHEN replyd_quota_window(q.window_start, q.period_seconds, now.at) = q.window_start \
+                          THEN q.used ELSE 0 END, \
+              window_start = replyd_quota_window(q.window_start, q.period_seconds, now.at), \
+              reserved = q.reserved + 1, updated_at = now.at \
+         FROM now \
+        WHERE q.workspace_id = $1 AND (q.generation_limit IS NULL OR \
+              CASE WHEN replyd_quota_window(q.window_start, q.period_seconds, now.at) = q.window_start \
+                   THEN q.used ELSE 0 END + CASE WHEN $5 THEN q.reserved ELSE 0 END < q.generation_limit) \
+       RETURNING q.workspace_id, now.at) \
+     INSERT INTO quota_reservations (task_id, workspace_id, operation, idempotency_key, expires_at, charge_on_failure) \
+     SELECT $2, workspace_id, $3, $4, at + make_interval(secs => $6), $7 FROM admitted \
+     RETURNING task_id";
+
+/// A workspace's quota as `GET /v1/quota` and `replyd quota show` report it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaState {
+    pub usage: Usage,
+    pub period_seconds: i64,
+    /// The current window (the one that holds now).
+    pub window_start: DateTime<Utc>,
+    pub resets_at: DateTime<Utc>,
+    /// The earliest `expires_at` of an open reservation.
+    pub first_expiry: Option<DateTime<Utc>>,
+    pub now: DateTime<Utc>,
+}
+
+impl QuotaState {
+    pub fn until_reset(&self) -> Duration {
+        (self.resets_at - self.now).to_std().unwrap_or_default()
+    }
+
+    pub fn until_first_expiry(&self) -> Option<Duration> {
+        self.first_expiry
+            .map(|at| (at - self.now).to_std().unwrap_or_default())
+    }
+}
+
+impl Store {
+    /// Sets `workspace_id`'s limit (None: no limit) and period; `false` when there is no such
+    /// workspace. What was charged in the current window stays charged.
+    pub async fn set_quota(
+        &self,
+        workspace_id: &str,
+        limit: Option<i64>,
+        period_seconds: i64,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let updated = client
+            .execute(
+                "UPDATE quota_counters SET generation_limit = $2, period_seconds = $3, \
+                 updated_at = clock_timestamp() WHERE workspace_id = $1",
+                &[&workspace_id, &limit, &period_seconds],
+            )
+            .await?;
+        Ok(updated == 1)
+    }
+
+    /// The workspace's quota now (a window that has ended reads as the new, empty one).
+    pub async fn quota(&self, workspace_id: &str) -> Result<Option<QuotaState>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT q.generation_limit, q.period_seconds, \
+                 CASE WHEN w.start = q.window_start THEN q.used ELSE 0 END AS used, q.reserved, \
+                 w.start AS window_start, \
+                 w.start + make_interval(secs => q.period_seconds) AS resets_at, \
+                 (SELECT min(expires_at) FROM quota_reservations r \
+                   WHERE r.workspace_id = q.workspace_id AND r.state = 'reserved') AS first_expiry, \
+                 now.at AS now \
+                 FROM quota_counters q, (SELECT clock_timestamp() AS at) now, \
+                 LATERAL (SELECT replyd_quota_window(q.window_start, q.period_seconds, now.at) AS start) w \
+                 WHERE q.workspace_id = $1",
+            )
+            .await?;
+        let Some(row) = client.query_opt(&statement, &[&workspace_id]).await? else {
+            return Ok(None);
+        };
+        Ok(Some(QuotaState {
+            usage: Usage {
+                limit: row.get("generation_limit"),
+                used: row.get("used"),
+                reserved: row.get("reserved"),
+            },
+            period_seconds: row.get("period_seconds"),
+            window_start: row.get("window_start"),
+            resets_at: row.get("resets_at"),
+            first_expiry: row.get("first_expiry"),
+            now: row.get("now"),
+        }))
+    }
+}

@@ -1,0 +1,477 @@
+//! Generation quotas over real HTTP and the real PostgreSQL (I8): admission without
+//! oversubscription under concurrency, one reservation per logical request, replays never
+//! re-admitted, a `429` that says when to come back, and a reservation settled exactly once
+//! by the transaction that ends its task (charged on completion; on failure as the policy says).
+
+mod helpers;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use helpers::TestDb;
+use replyd::api::replies::Accepted;
+use replyd::api::{ApiState, serve};
+use replyd::api_key::issue;
+use replyd::config::{ApiSettings, QuotaSettings};
+use replyd::domain::TaskId;
+use replyd::quota::QuotaPolicy;
+use replyd::store::ClaimOutcome;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+struct Api {
+    db: TestDb,
+    base: String,
+    key: String,
+    client: reqwest::Client,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+fn policy() -> QuotaPolicy {
+    QuotaSettings::default().policy()
+}
+
+async fn start(policy: QuotaPolicy) -> Api {
+    let db = TestDb::new().await;
+    db.store.create_workspace("acme").await.unwrap();
+    let key = issue(&mut rand::rng());
+    assert!(db.store.create_api_key("acme", &key).await.unwrap());
+    let stop = CancellationToken::new();
+    let mut state = ApiState::new(db.store.clone(), ApiSettings::default(), 3, 10_000);
+    state.quota = policy;
+    let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
+        .await
+        .unwrap();
+    Api {
+        db,
+        base: format!("http://{addr}"),
+        key: key.token,
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .build()
+            .unwrap(),
+        _stop: stop.drop_guard(),
+    }
+}
+
+fn body(message: &str) -> Value {
+    json!({"conversation_id": "conv-1", "message": message})
+}
+
+impl Api {
+    async fn post(&self, key: &str, message: &str) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/replies", self.base))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", key)
+            .json(&body(message))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn quota(&self) -> Value {
+        self.client
+            .get(format!("{}/v1/quota", self.base))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// (tasks, reservations by state reserved/charged/released, counter used, counter reserved)
+    async fn ledger(&self) -> (i64, i64, i64, i64, i64, i64) {
+        let row = self
+            .db
+            .raw_client()
+            .await
+            .query_one(
+                "SELECT (SELECT count(*) FROM reply_tasks), \
+                 (SELECT count(*) FROM quota_reservations WHERE state = 'reserved'), \
+                 (SELECT count(*) FROM quota_reservations WHERE state = 'charged'), \
+                 (SELECT count(*) FROM quota_reservations WHERE state = 'released'), \
+                 (SELECT used FROM quota_counters WHERE workspace_id = 'acme'), \
+                 (SELECT reserved FROM quota_counters WHERE workspace_id = 'acme')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (
+            row.get(0),
+            row.get(1),
+            row.get(2),
+            row.get(3),
+            row.get(4),
+            row.get(5),
+        )
+    }
+
+    /// Plays a worker: claims the task and completes it (or fails it) through the fenced path.
+    async fn finish(&self, task: TaskId, complete: bool) {
+        let ClaimOutcome::Claimed(lease) = self
+            .db
+            .store
+            .claim(task, "w-test", Duration::from_secs(30))
+            .await
+            .unwrap()
+        else {
+            panic!("the task can be claimed");
+        };
+        if complete {
+            self.db
+                .store
+                .complete(&lease, "the answer", None)
+                .await
+                .unwrap();
+        } else {
+            self.db
+                .store
+                .fail(
+                    &lease,
+                    "the provider refused",
+                    replyd::domain::AttemptOutcome::ProviderError,
+                )
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_first_requests_against_a_limit_of_fifty_admit_exactly_fifty() {
+    let api = Arc::new(start(policy()).await);
+    assert!(
+        api.db
+            .store
+            .set_quota("acme", Some(50), 86_400)
+            .await
+            .unwrap()
+    );
+    // Sample used + reserved while the burst runs: it must never pass the limit.
+    let running = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let client = api.db.raw_client().await;
+        let running = Arc::clone(&running);
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            while running.load(Ordering::Relaxed) {
+                let row = client
+                    .query_one(
+                        "SELECT used + reserved FROM quota_counters WHERE workspace_id = 'acme'",
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                samples.push(row.get::<_, i64>(0));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            samples
+        })
+    };
+    let sends = (0..200).map(|n| {
+        let api = Arc::clone(&api);
+        async move { api.post(&format!("burst-{n}"), &format!("q{n}")).await }
+    });
+    let answers = futures_util::future::join_all(sends).await;
+    running.store(false, Ordering::Relaxed);
+    let samples = sampler.await.unwrap();
+
+    let accepted = answers
+        .iter()
+        .filter(|r| r.status() == StatusCode::ACCEPTED)
+        .count();
+    let refused: Vec<_> = answers
+        .iter()
+        .filter(|r| r.status() == StatusCode::TOO_MANY_REQUESTS)
+        .collect();
+    assert_eq!((accepted, refused.len()), (50, 150));
+    for response in &refused {
+        let retry_after: u64 = response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(retry_after >= 1);
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+    }
+    assert!(!samples.is_empty());
+    assert!(
+        samples.iter().all(|held| *held <= 50),
+        "used + reserved passed the limit: {:?}",
+        samples.iter().max()
+    );
+    assert_eq!(api.ledger().await, (50, 50, 0, 0, 0, 50));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_first_requests_with_one_key_make_one_reservation() {
+    let api = Arc::new(start(policy()).await);
+    assert!(
+        api.db
+            .store
+            .set_quota("acme", Some(10), 86_400)
+            .await
+            .unwrap()
+    );
+    let sends = (0..50).map(|_| {
+        let api = Arc::clone(&api);
+        async move {
+            let response = api.post("one-press", "q").await;
+            assert_eq!(response.status(), StatusCode::ACCEPTED);
+            response.json::<Accepted>().await.unwrap().task_id
+        }
+    });
+    let tasks = futures_util::future::join_all(sends).await;
+    assert!(tasks.iter().all(|t| *t == tasks[0]));
+    assert_eq!(api.ledger().await, (1, 1, 0, 0, 0, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_answered_whatever_the_quota_says_now_and_new_work_gets_429() {
+    let api = start(policy()).await;
+    assert!(
+        api.db
+            .store
+            .set_quota("acme", Some(1), 86_400)
+            .await
+            .unwrap()
+    );
+    let first = api.post("press-1", "q").await;
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let first: Accepted = first.json().await.unwrap();
+
+    let over = api.post("press-2", "another").await;
+    assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(over.headers().contains_key("retry-after"));
+    let problem: Value = over.json().await.unwrap();
+    assert_eq!(
+        problem["type"],
+        "https://replyd.dev/problems/quota_exceeded"
+    );
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("1 generations per 1d is taken (0 charged, 1 reserved)"),
+        "{problem}"
+    );
+
+    // The lost answer's retry: the same task, not a second reservation, though the quota is full.
+    let again = api.post("press-1", "q").await;
+    assert_eq!(again.status(), StatusCode::ACCEPTED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        again.json::<Accepted>().await.unwrap().task_id,
+        first.task_id
+    );
+
+    // Completed: still the same task on a retry, charged once, and the quota still full.
+    api.finish(first.task_id, true).await;
+    let late = api.post("press-1", "q").await;
+    assert_eq!(late.status(), StatusCode::ACCEPTED);
+    assert_eq!(api.ledger().await, (1, 0, 1, 0, 1, 0));
+    assert_eq!(
+        api.post("press-3", "more").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let quota = api.quota().await;
+    assert_eq!(
+        (
+            &quota["limit"],
+            &quota["used"],
+            &quota["reserved"],
+            &quota["remaining"]
+        ),
+        (&json!(1), &json!(1), &json!(0), &json!(0)),
+        "{quota}"
+    );
+    assert_eq!(quota["period"], "1d");
+    assert_eq!(quota["policy"]["charge_failed"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_charges_once_and_a_failure_is_charged_only_when_the_policy_says_so() {
+    for charge_failed in [false, true] {
+        let api = start(QuotaPolicy {
+            charge_failed,
+            ..policy()
+        })
+        .await;
+        let done: Accepted = api.post("done", "q1").await.json().await.unwrap();
+        let failed: Accepted = api.post("failed", "q2").await.json().await.unwrap();
+        assert_eq!(api.ledger().await, (2, 2, 0, 0, 0, 2));
+
+        api.finish(done.task_id, true).await;
+        api.finish(failed.task_id, false).await;
+        let (charged, released) = if charge_failed { (2, 0) } else { (1, 1) };
+        assert_eq!(
+            api.ledger().await,
+            (2, 0, charged, released, charged, 0),
+            "charge_failed = {charge_failed}"
+        );
+
+        // A late write of either task is refused by the fence and settles nothing again.
+        let client = api.db.raw_client().await;
+        let settled: Vec<(String, String)> = client
+            .query(
+                "SELECT settled_by, settle_reason FROM quota_reservations ORDER BY settle_reason",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert_eq!(settled[0], ("w-test".into(), "task completed".into()));
+        assert_eq!(
+            settled[1],
+            ("w-test".into(), "task failed: the provider refused".into())
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settled_reservation_is_never_settled_again() {
+    let api = start(policy()).await;
+    let accepted: Accepted = api.post("p", "q").await.json().await.unwrap();
+    let store = &api.db.store;
+    let ClaimOutcome::Claimed(zombie) = store
+        .claim(accepted.task_id, "w-zombie", Duration::from_millis(1))
+        .await
+        .unwrap()
+    else {
+        panic!("claimable");
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The zombie's lease ran out; another worker takes the task over and completes it.
+    api.finish(accepted.task_id, true).await;
+    assert_eq!(api.ledger().await, (1, 0, 1, 0, 1, 0));
+    // The zombie comes back: its completion and its failure are refused by the fence, and
+    // nothing is settled (or charged) again.
+    let late = store
+        .complete(&zombie, "a late answer", None)
+        .await
+        .unwrap();
+    assert!(
+        matches!(late, replyd::store::CompletionOutcome::Refused(_)),
+        "{late:?}"
+    );
+    let late_failure = store
+        .fail(
+            &zombie,
+            "late",
+            replyd::domain::AttemptOutcome::ProviderError,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(late_failure, replyd::store::FailOutcome::Refused(_)),
+        "{late_failure:?}"
+    );
+    assert_eq!(api.ledger().await, (1, 0, 1, 0, 1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_returns_when_the_window_ends() {
+    let api = start(policy()).await;
+    assert!(api.db.store.set_quota("acme", Some(1), 2).await.unwrap());
+    let first: Accepted = api.post("w-1", "q").await.json().await.unwrap();
+    api.finish(first.task_id, true).await;
+    let refused = api.post("w-2", "q2").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&retry_after), "{retry_after}");
+    helpers::wait_until(
+        "the next 2 s window admits again",
+        Duration::from_secs(10),
+        || async { api.post("w-2", "q2").await.status() == StatusCode::ACCEPTED },
+    )
+    .await;
+    let quota = api.quota().await;
+    assert_eq!(
+        (&quota["used"], &quota["reserved"]),
+        (&json!(0), &json!(1)),
+        "{quota}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_sets_and_shows_a_quota() {
+    let db = TestDb::new().await;
+    db.store.create_workspace("acme").await.unwrap();
+    let dir = std::env::temp_dir().join(helpers::unique("quota"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("replyd.toml");
+    std::fs::write(
+        &config,
+        format!("[database]\nurl = \"{}\"\n", db.settings.url.expose()),
+    )
+    .unwrap();
+    let replyd = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    let set = replyd(&[
+        "quota",
+        "set",
+        "--workspace",
+        "acme",
+        "--limit",
+        "25",
+        "--period",
+        "12h",
+    ]);
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&set.stdout).trim(),
+        "quota of workspace acme: 25 generations per 12h"
+    );
+    let shown = replyd(&["quota", "show", "acme", "--json"]);
+    let view: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(
+        (&view["limit"], &view["period"]),
+        (&json!(25), &json!("12h"))
+    );
+
+    let bad = replyd(&["quota", "set", "--workspace", "acme", "--limit=-3"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--limit \"-3\""));
+    let bad_period = replyd(&[
+        "quota",
+        "set",
+        "--workspace",
+        "acme",
+        "--limit",
+        "3",
+        "--period",
+        "1w",
+    ]);
+    assert_eq!(bad_period.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad_period.stderr).contains("unknown unit \"w\""));
+    let missing = replyd(&["quota", "set", "--workspace", "nobody", "--limit", "3"]);
+    assert_eq!(missing.status.code(), Some(4));
+    // Nothing the refused commands said was applied.
+    let shown = replyd(&["quota", "show", "acme", "--json"]);
+    let view: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(view["limit"], 25);
+}
