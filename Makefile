@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api chaos fuzz
+.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -55,6 +55,11 @@ bench-duplicates:
 ## transaction, replays of one key, and the front half's end-to-end overhead.
 bench-api:
 	bash deploy/bench-api.sh 64 20
+
+## bench-quota: 1,000 presses against a limit of 800, 20% lost answers, 20% ambiguous provider
+## faults: admitted, 429s, charged, released, reconciled, unsettled, double charges.
+bench-quota:
+	bash deploy/bench-quota.sh 1000 800
 
 ## chaos: every fault scenario for CHAOS_SECONDS (default 180) each, or one: make chaos SCENARIO=kill.
 ## Reports in target/chaos/<scenario>.json and target/chaos/summary.json. (make test runs a

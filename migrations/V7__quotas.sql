@@ -74,30 +74,59 @@ language sql as $$
      where workspace_id = ws
 $$;
 
--- A task's terminal status settles its reservation in the transaction that writes the status:
--- completed is charged; failed is charged or released by the policy it was admitted under. So
--- a reply without its charge, or a charge without its reply, cannot be committed, whichever
--- path ends the task (completion, failure, a claim past the budget, the reconciler).
-create function replyd_settle_reservation() returns trigger language plpgsql as $$
+-- Every decision about a reservation other than the worker's own settlement: who, when, why.
+create table quota_decisions (
+    decision_id bigserial   primary key,
+    task_id     uuid        not null references reply_tasks,
+    decided_at  timestamptz not null default clock_timestamp(),
+    decided_by  text        not null,
+    decision    text        not null,
+    reason      text        not null
+);
+create index quota_decisions_by_task on quota_decisions (task_id);
+
+-- Settles task `id`'s open reservation, if any, from the task's status: completed is charged;
+-- failed is charged or released by the policy it was admitted under; `expire` (the
+-- reconciler ending a task nobody works) makes it expired, without a charge. Guarded on
+-- state = 'reserved': whoever settles first wins, a second call changes nothing.
+create function replyd_settle(id uuid, status text, by_whom text, why text, expire boolean)
+returns text language plpgsql as $$
 declare
     ws text;
     settled text;
 begin
-    if new.status is not distinct from old.status or new.status not in ('completed', 'failed') then
-        return new;
-    end if;
     update quota_reservations r
-       set state = case when new.status = 'completed' or r.charge_on_failure
-                        then 'charged' else 'released' end,
+       set state = case when expire then 'expired'
+                        when status = 'completed' or r.charge_on_failure then 'charged'
+                        else 'released' end,
            settled_at = clock_timestamp(),
-           settled_by = coalesce(new.lease_owner, 'replyd'),
-           settle_reason = case when new.status = 'completed' then 'task completed'
-                                else 'task failed: ' || coalesce(new.failure, '') end
-     where r.task_id = new.task_id and r.state = 'reserved'
+           settled_by = by_whom,
+           settle_reason = why
+     where r.task_id = id and r.state = 'reserved'
     returning r.workspace_id, r.state into ws, settled;
     if found then
         perform replyd_quota_settle_counter(ws, case when settled = 'charged' then 1 else 0 end);
     end if;
+    return settled;
+end;
+$$;
+
+-- A task's terminal status settles its reservation in the transaction that writes the status,
+-- so a reply without its charge, or a charge without its reply, cannot be committed, whichever
+-- path ends the task (completion, failure, a claim past the budget, the reconciler). The
+-- reconciler marks its own ending of a task with `SET LOCAL replyd.settle_as = 'expired'`.
+create function replyd_settle_reservation() returns trigger language plpgsql as $$
+begin
+    if new.status is not distinct from old.status or new.status not in ('completed', 'failed') then
+        return new;
+    end if;
+    perform replyd_settle(
+        new.task_id,
+        new.status,
+        coalesce(new.lease_owner, 'replyd'),
+        case when new.status = 'completed' then 'task completed'
+             else 'task failed: ' || coalesce(new.failure, '') end,
+        coalesce(current_setting('replyd.settle_as', true), '') = 'expired');
     return new;
 end;
 $$;

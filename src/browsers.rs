@@ -78,6 +78,9 @@ pub struct BrowsersReport {
     pub failed: usize,
     /// Presses (or regenerates) not terminal within `--press-limit-s`, or refused.
     pub unfinished: usize,
+    /// Presses answered `429` with a `Retry-After` beyond `--press-limit-s` (not unfinished:
+    /// the user is told when to come back).
+    pub quota_refused: usize,
     /// Event streams opened again after a break.
     pub stream_reconnects: usize,
     /// From a press's first POST to the terminal event on its stream.
@@ -90,7 +93,7 @@ impl BrowsersReport {
     /// The report's figures as `name=value` pairs for a summary line.
     pub fn summary_line(&self) -> String {
         format!(
-            "presses={} requests={} retries={} lost_answers={} regenerates={} answers_disagreeing={} unfinished={} e2e_ms_p50={} e2e_ms_p99={}",
+            "presses={} requests={} retries={} lost_answers={} regenerates={} answers_disagreeing={} unfinished={} quota_refused={} e2e_ms_p50={} e2e_ms_p99={}",
             self.presses,
             self.requests,
             self.retries,
@@ -98,6 +101,7 @@ impl BrowsersReport {
             self.regenerates,
             self.answers_disagreeing,
             self.unfinished,
+            self.quota_refused,
             self.e2e_ms_p50,
             self.e2e_ms_p99
         )
@@ -114,6 +118,8 @@ struct PressOutcome {
     answers_disagreeing: usize,
     replayed_answers: usize,
     stream_reconnects: usize,
+    /// Presses the quota refused for longer than the press may wait.
+    quota_refused: usize,
     /// Terminal state and the time to it, per task followed (the press, then its regenerate).
     ends: Vec<Option<(ReplyStatus, Duration)>>,
 }
@@ -125,6 +131,8 @@ enum Posted {
     Refused(u16, String),
     /// No answer in time.
     TimedOut,
+    /// `429`: the quota does not admit the press now; capacity returns after this.
+    OverQuota(Option<Duration>),
 }
 
 struct Browser {
@@ -160,7 +168,15 @@ impl Browser {
                 if status.is_success() {
                     let accepted: Accepted = response.json().await.map_err(|e| e.to_string())?;
                     Ok(Posted::Accepted(accepted))
-                } else if status.is_server_error() || status.as_u16() == 429 {
+                } else if status.as_u16() == 429 {
+                    let retry_after = response
+                        .headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .map(Duration::from_secs);
+                    Ok(Posted::OverQuota(retry_after))
+                } else if status.is_server_error() {
                     Err(format!("{status}"))
                 } else {
                     Ok(Posted::Refused(
@@ -207,6 +223,20 @@ impl Browser {
                 // An answer that came in under the short timeout is still "lost" by choice:
                 // the browser never read it, so it retries like one that did not come.
                 Ok(Posted::Accepted(_)) | Ok(Posted::TimedOut) => outcome.lost_answers += 1,
+                Ok(Posted::OverQuota(retry_after)) => {
+                    // Honour Retry-After when it fits the press's time; otherwise the browser
+                    // tells its user when to come back and the press ends.
+                    match retry_after {
+                        Some(wait) if Instant::now() + wait < self.deadline => {
+                            tokio::time::sleep(wait).await;
+                            continue;
+                        }
+                        _ => {
+                            outcome.quota_refused += 1;
+                            return None;
+                        }
+                    }
+                }
                 Ok(Posted::Refused(status, body)) => {
                     tracing::warn!(status, body, "a press was refused");
                     return None;
@@ -314,6 +344,7 @@ async fn send(
     outcome.requests += other.requests;
     outcome.retries += other.retries + 1; // the second click reuses the key
     outcome.lost_answers += other.lost_answers;
+    outcome.quota_refused = outcome.quota_refused.max(other.quota_refused);
     outcome.replayed_answers += other.replayed_answers;
     if let (Some(a), Some(b)) = (first, second)
         && a != b
@@ -333,7 +364,9 @@ async fn one_press(browser: &Browser, choice: Choice) -> PressOutcome {
     });
     let started = Instant::now();
     let Some(task) = send(browser, "/v1/replies", Some(&body), choice, &mut outcome).await else {
-        outcome.ends.push(None);
+        if outcome.quota_refused == 0 {
+            outcome.ends.push(None);
+        }
         return outcome;
     };
     let end = browser.follow(task, &mut outcome).await;
@@ -350,7 +383,9 @@ async fn one_press(browser: &Browser, choice: Choice) -> PressOutcome {
             ..choice
         };
         let Some(again) = send(browser, &path, None, plain, &mut outcome).await else {
-            outcome.ends.push(None);
+            if outcome.quota_refused == 0 {
+                outcome.ends.push(None);
+            }
             return outcome;
         };
         let end = browser.follow(again, &mut outcome).await;
@@ -376,6 +411,7 @@ fn report_of(outcomes: &[PressOutcome]) -> BrowsersReport {
         report.answers_disagreeing += o.answers_disagreeing;
         report.replayed_answers += o.replayed_answers;
         report.stream_reconnects += o.stream_reconnects;
+        report.quota_refused += o.quota_refused;
         for end in &o.ends {
             match end {
                 Some((ReplyStatus::Completed, took)) => {

@@ -40,6 +40,9 @@ pub enum Command {
     Relay,
     /// The API, the relay and a worker in one process (small installations, the demo).
     Serve,
+    /// Reconcile the quota reservations past their TTL once (the relay does it every 10 s) and
+    /// print what was decided as JSON.
+    Reconcile,
     /// Print the HTTP API's OpenAPI document (what `/openapi.json` serves) and exit.
     Openapi,
     /// Apply the database migrations (database.url) and exit.

@@ -20,6 +20,7 @@ pub mod produce;
 pub mod proto;
 pub mod provider;
 pub mod quota;
+pub mod reconcile;
 pub mod relay;
 pub mod retry;
 pub mod secret;

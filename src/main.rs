@@ -47,6 +47,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Api => serve::run(settings()?, Parts::API, shutdown).await?,
         Command::Relay => serve::run(settings()?, Parts::RELAY, shutdown).await?,
         Command::Serve => serve::run(settings()?, Parts::ALL, shutdown).await?,
+        Command::Reconcile => {
+            let settings = settings()?;
+            let report = replyd::reconcile::run_command(&settings)
+                .await
+                .context("reconciling the quota reservations")?;
+            println!("{}", serde_json::to_string(&report)?);
+        }
         Command::Openapi => print!("{}", replyd::api::openapi::document()),
         Command::Migrate => {
             let applied = replyd::store::migrate::run_migrations(&settings()?.database)

@@ -291,3 +291,155 @@ mod tests {
         }
     }
 }
+
+/// What the reconciler knows of a task whose reservation is past its TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpiredTask {
+    pub status: crate::domain::TaskStatus,
+    /// A worker holds a live lease on it (by the database clock).
+    pub lease_live: bool,
+    /// A provider operation id is stored: the work may exist at the provider.
+    pub has_operation: bool,
+    /// A failed attempt set a backoff that has not passed yet: a retry is due.
+    pub retry_due_later: bool,
+}
+
+/// What to do with a reservation past its TTL: decided from the durable task first, and
+/// from the provider before anything is released or charged while the work may exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpiredDecision {
+    /// The task completed: charge.
+    Charge,
+    /// The task failed: settle as the reservation's policy says.
+    SettleFailed,
+    /// The task is still being worked: keep the reservation for another TTL.
+    Extend(&'static str),
+    /// A provider operation may hold the work: ask the provider before deciding.
+    LookUp,
+    /// Nobody is working the task and no work can exist: fail it and let the reservation expire.
+    Expire(&'static str),
+}
+
+impl ExpiredDecision {
+    pub fn label(self) -> &'static str {
+        match self {
+            ExpiredDecision::Charge => "charge",
+            ExpiredDecision::SettleFailed => "settle_failed",
+            ExpiredDecision::Extend(_) => "extend",
+            ExpiredDecision::LookUp => "look_up",
+            ExpiredDecision::Expire(_) => "expire",
+        }
+    }
+}
+
+pub fn decide_expired(task: ExpiredTask) -> ExpiredDecision {
+    use crate::domain::TaskStatus;
+    match task.status {
+        TaskStatus::Completed => ExpiredDecision::Charge,
+        TaskStatus::Failed => ExpiredDecision::SettleFailed,
+        _ if task.lease_live => ExpiredDecision::Extend("a worker holds the task's lease"),
+        _ if task.has_operation => ExpiredDecision::LookUp,
+        _ if task.retry_due_later => ExpiredDecision::Extend("a retry of the task is due"),
+        _ => ExpiredDecision::Expire(
+            "not worked within quota.reservation_ttl_ms: no live lease, no provider operation",
+        ),
+    }
+}
+
+/// What the provider said of a stored operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookedUp {
+    Done,
+    StillRunning,
+    /// Unknown, cancelled, expired or failed: no reply will come from it.
+    Gone,
+}
+
+/// The decision once the provider answered (the reconciler holds the task's lease then).
+pub fn decide_looked_up(found: LookedUp) -> ExpiredDecision {
+    match found {
+        LookedUp::Done => ExpiredDecision::Charge,
+        LookedUp::StillRunning => ExpiredDecision::Extend("the provider's operation still runs"),
+        LookedUp::Gone => {
+            ExpiredDecision::Expire("the provider has no reply for the task's operation")
+        }
+    }
+}
+
+#[cfg(test)]
+mod reconcile_tests {
+    use super::*;
+    use crate::domain::TaskStatus;
+
+    fn task(status: TaskStatus) -> ExpiredTask {
+        ExpiredTask {
+            status,
+            lease_live: false,
+            has_operation: false,
+            retry_due_later: false,
+        }
+    }
+
+    #[test]
+    fn the_durable_task_decides_first() {
+        assert_eq!(
+            decide_expired(task(TaskStatus::Completed)),
+            ExpiredDecision::Charge
+        );
+        assert_eq!(
+            decide_expired(task(TaskStatus::Failed)),
+            ExpiredDecision::SettleFailed
+        );
+        // A terminal task is settled whatever else the row says.
+        let done_with_op = ExpiredTask {
+            has_operation: true,
+            lease_live: true,
+            ..task(TaskStatus::Completed)
+        };
+        assert_eq!(decide_expired(done_with_op), ExpiredDecision::Charge);
+    }
+
+    #[test]
+    fn open_work_is_extended_looked_up_or_expired() {
+        let leased = ExpiredTask {
+            lease_live: true,
+            has_operation: true,
+            ..task(TaskStatus::Running)
+        };
+        assert!(matches!(decide_expired(leased), ExpiredDecision::Extend(_)));
+        let with_operation = ExpiredTask {
+            has_operation: true,
+            ..task(TaskStatus::Running)
+        };
+        assert_eq!(decide_expired(with_operation), ExpiredDecision::LookUp);
+        let backing_off = ExpiredTask {
+            retry_due_later: true,
+            ..task(TaskStatus::Pending)
+        };
+        assert!(matches!(
+            decide_expired(backing_off),
+            ExpiredDecision::Extend(_)
+        ));
+        assert!(matches!(
+            decide_expired(task(TaskStatus::Pending)),
+            ExpiredDecision::Expire(_)
+        ));
+        assert!(matches!(
+            decide_expired(task(TaskStatus::Running)),
+            ExpiredDecision::Expire(_)
+        ));
+    }
+
+    #[test]
+    fn the_provider_decides_before_anything_is_released() {
+        assert_eq!(decide_looked_up(LookedUp::Done), ExpiredDecision::Charge);
+        assert!(matches!(
+            decide_looked_up(LookedUp::StillRunning),
+            ExpiredDecision::Extend(_)
+        ));
+        assert!(matches!(
+            decide_looked_up(LookedUp::Gone),
+            ExpiredDecision::Expire(_)
+        ));
+    }
+}

@@ -4,7 +4,8 @@
 //! Woken by `NOTIFY replyd_outbox`, with a polling fallback; published rows are deleted after
 //! `relay.retention_ms` and expired idempotency records (past `api.idempotency_retention_ms`)
 //! in bounded batches; the lag (unpublished rows, the oldest one's age)
-//! is a metric.
+//! is a metric. Every 10 s it also runs a pass of the quota's reconciler
+//! ([`crate::reconcile`]).
 //!
 //! A relay that dies between the publish and the commit leaves its rows unpublished; the next
 //! batch publishes them again and the worker absorbs the duplicate record, because the task
@@ -110,6 +111,15 @@ pub async fn run(
                 kafka.bootstrap_servers
             )
         })?;
+    let provider = crate::provider::build_provider(&settings.provider)
+        .context("provider settings (the quota reconciler asks the provider)")?;
+    let reconciler = crate::reconcile::Reconciler::new(
+        store.clone(),
+        Some(provider),
+        settings.quota.policy(),
+        settings.worker.lease(),
+    );
+    let mut reconciled = Instant::now();
     let wake = Arc::new(Notify::new());
     tokio::spawn(listen(
         settings.database.clone(),
@@ -156,6 +166,16 @@ pub async fn run(
             match store.outbox_lag().await {
                 Ok(lag) => telemetry::outbox_lag(lag.unpublished, lag.oldest_seconds),
                 Err(e) => telemetry::store_error("outbox_lag", &e),
+            }
+        }
+        if reconciled.elapsed() >= crate::reconcile::INTERVAL {
+            reconciled = Instant::now();
+            match reconciler.run_once().await {
+                Ok(report) if report.examined > 0 => {
+                    tracing::info!(?report, "quota reservations reconciled")
+                }
+                Ok(_) => {}
+                Err(e) => telemetry::store_error("reconcile", &e),
             }
         }
         if full {

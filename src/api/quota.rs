@@ -101,6 +101,7 @@ pub async fn show(State(state): State<ApiState>, Workspace(workspace): Workspace
 /// The `429` of a submission the quota does not admit: when to try again (`Retry-After`, in
 /// whole seconds, at least 1) and where the quota stands.
 pub fn over_quota(quota: &QuotaState, policy: QuotaPolicy) -> Response {
+    crate::telemetry::quota_refused();
     let wait = retry_after(
         quota.usage,
         policy,

@@ -159,6 +159,10 @@ pub trait BackgroundProvider: Provider {
     /// provider says the failure was a server error; a cancelled, expired or unknown one is
     /// `OperationGone`. Dropping the future stops the polling.
     async fn wait(&self, operation: &OperationId) -> Result<Generation, ProviderError>;
+
+    /// One look at `operation`, without waiting: its generation when it is done, `None` while
+    /// it is queued or running. Errors as `wait`'s (`OperationGone` for an unknown one).
+    async fn look_up(&self, operation: &OperationId) -> Result<Option<Generation>, ProviderError>;
 }
 
 /// The adapter `settings.api` names, behind the one trait the caller holds.

@@ -167,6 +167,16 @@ impl BackgroundProvider for OpenAiResponsesProvider {
         parse_created(&bytes)
     }
 
+    async fn look_up(&self, operation: &OperationId) -> Result<Option<Generation>, ProviderError> {
+        let url = self.operation_url(operation)?;
+        Ok(
+            match self.poll(&url, operation, self.request_timeout).await? {
+                Polled::Done(generation) => Some(generation),
+                Polled::Pending => None,
+            },
+        )
+    }
+
     async fn wait(&self, operation: &OperationId) -> Result<Generation, ProviderError> {
         let url = self.operation_url(operation)?;
         // One wait is bounded by the whole-call limit; every pass of the loop either returns

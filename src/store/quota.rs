@@ -7,7 +7,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::{Store, StoreError};
-use crate::quota::Usage;
+use crate::domain::{TaskId, TaskStatus};
+use crate::quota::{ExpiredTask, Usage};
 
 /// Admits one request and writes its reservation, in one statement: the workspace's counter
 /// row is updated only while `used + reserved < limit` (`$5`: whether open reservations count),
@@ -108,5 +109,124 @@ impl Store {
             first_expiry: row.get("first_expiry"),
             now: row.get("now"),
         }))
+    }
+}
+
+/// A reservation past its TTL and what the reconciler needs of its task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpiredReservation {
+    pub task_id: TaskId,
+    pub task: ExpiredTask,
+    pub operation_id: Option<String>,
+}
+
+impl Store {
+    /// Up to `limit` open reservations past their TTL, the oldest first, with their tasks as
+    /// the database sees them now.
+    pub async fn expired_reservations(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<ExpiredReservation>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT r.task_id, t.status, \
+                 (t.status = 'running' AND t.lease_until > c.now) AS lease_live, \
+                 t.provider_operation_id, coalesce(t.next_attempt_at > c.now, false) AS retry_due \
+                 FROM quota_reservations r JOIN reply_tasks t USING (task_id), \
+                 (SELECT clock_timestamp() AS now) c \
+                 WHERE r.state = 'reserved' AND r.expires_at < c.now \
+                 ORDER BY r.expires_at LIMIT $1",
+                &[&limit],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let status: &str = row.get("status");
+                let status = TaskStatus::parse(status)
+                    .ok_or_else(|| StoreError::Config(format!("unknown task status {status:?}")))?;
+                let operation_id: Option<String> = row.get("provider_operation_id");
+                Ok(ExpiredReservation {
+                    task_id: TaskId::from(row.get::<_, uuid::Uuid>("task_id")),
+                    task: ExpiredTask {
+                        status,
+                        lease_live: row.get("lease_live"),
+                        has_operation: operation_id.is_some(),
+                        retry_due_later: row.get("retry_due"),
+                    },
+                    operation_id,
+                })
+            })
+            .collect()
+    }
+
+    /// Keeps an open reservation for another `ttl` and records why; `false` when it was
+    /// settled meanwhile (guarded on state = 'reserved').
+    pub async fn extend_reservation(
+        &self,
+        task_id: TaskId,
+        ttl: Duration,
+        by: &str,
+        why: &str,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "WITH extended AS ( \
+                   UPDATE quota_reservations SET expires_at = clock_timestamp() + make_interval(secs => $2), \
+                   extensions = extensions + 1 WHERE task_id = $1 AND state = 'reserved' RETURNING task_id), \
+                 noted AS ( \
+                   INSERT INTO quota_decisions (task_id, decided_by, decision, reason) \
+                   SELECT task_id, $3, 'extend', $4 FROM extended RETURNING 1) \
+                 SELECT count(*) FROM noted",
+                &[&task_id.as_uuid(), &ttl.as_secs_f64(), &by, &why],
+            )
+            .await?;
+        Ok(row.get::<_, i64>(0) == 1)
+    }
+
+    /// Settles the open reservation of a task that is already terminal, from its status (the
+    /// trigger does this when the status is written; this mends a reservation that missed it).
+    /// Returns the state it went to, or None when it was settled already.
+    pub async fn settle_terminal(
+        &self,
+        task_id: TaskId,
+        by: &str,
+        why: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "WITH settled AS ( \
+                   SELECT replyd_settle(t.task_id, t.status, $2, $3, false) AS state \
+                   FROM reply_tasks t WHERE t.task_id = $1 AND t.status IN ('completed', 'failed')), \
+                 noted AS ( \
+                   INSERT INTO quota_decisions (task_id, decided_by, decision, reason) \
+                   SELECT $1, $2, state, $3 FROM settled WHERE state IS NOT NULL RETURNING decision) \
+                 SELECT (SELECT decision FROM noted)",
+                &[&task_id.as_uuid(), &by, &why],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// Records a reconciler decision that changed the task itself (completed from the
+    /// provider's work, or expired).
+    pub async fn record_decision(
+        &self,
+        task_id: TaskId,
+        by: &str,
+        decision: &str,
+        why: &str,
+    ) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO quota_decisions (task_id, decided_by, decision, reason) \
+                 VALUES ($1, $2, $3, $4)",
+                &[&task_id.as_uuid(), &by, &decision, &why],
+            )
+            .await?;
+        Ok(())
     }
 }

@@ -355,6 +355,32 @@ impl Store {
         })
     }
 
+    /// Ends the task as failed with `reason` on behalf of the quota's reconciler, fenced like a
+    /// failure: its reservation expires without a charge, in the same transaction (the
+    /// settlement trigger reads `replyd.settle_as`), since nobody worked the task in time.
+    pub async fn expire(&self, lease: &Lease, reason: &str) -> Result<FailOutcome, StoreError> {
+        let result = self
+            .fenced_write_as(
+                lease,
+                FencedUpdate {
+                    set: "status = 'failed', failure = $3, \
+                 finished_at = clock_timestamp(), updated_at = clock_timestamp()",
+                    returning: "task_id",
+                },
+                &[&lease.task_id, &lease.version, &reason],
+                AttemptWrite::Outcome {
+                    outcome: AttemptOutcome::Abandoned,
+                    detail: Some(reason),
+                },
+                Some("SET LOCAL replyd.settle_as = 'expired'"),
+            )
+            .await?;
+        Ok(match result {
+            Ok(_) => FailOutcome::Failed,
+            Err(refusal) => FailOutcome::Refused(refusal),
+        })
+    }
+
     /// Gives the lease back before it runs out: the task returns to pending so the next claim
     /// (another worker after a revocation, or this one retrying) need not wait out the lease.
     /// The attempt keeps its place in the budget (I7) and gets `outcome`. Fenced like a
@@ -495,6 +521,20 @@ impl Store {
         params: &[&(dyn ToSql + Sync)],
         records: AttemptWrite<'_>,
     ) -> Result<Result<Row, Refusal>, StoreError> {
+        self.fenced_write_as(lease, update, params, records, None)
+            .await
+    }
+
+    /// [`Self::fenced_write`], with `prelude` run once the row is locked (a `SET LOCAL` the
+    /// task table's triggers read).
+    async fn fenced_write_as(
+        &self,
+        lease: &Lease,
+        update: FencedUpdate,
+        params: &[&(dyn ToSql + Sync)],
+        records: AttemptWrite<'_>,
+        prelude: Option<&'static str>,
+    ) -> Result<Result<Row, Refusal>, StoreError> {
         let id = lease.task_id;
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
@@ -505,6 +545,9 @@ impl Store {
             .is_none()
         {
             return Ok(Err(Refusal::NotFound));
+        }
+        if let Some(prelude) = prelude {
+            tx.batch_execute(prelude).await?;
         }
         let updated = tx
             .query_opt(&tx.prepare_cached(&update.sql()).await?, params)

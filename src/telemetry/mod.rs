@@ -48,6 +48,8 @@ pub mod names {
     pub const OUTBOX_UNPUBLISHED: &str = "replyd_outbox_unpublished";
     pub const OUTBOX_OLDEST_SECONDS: &str = "replyd_outbox_oldest_unpublished_seconds";
     pub const IDEMPOTENCY_KEYS_PURGED: &str = "replyd_idempotency_keys_purged_total";
+    pub const QUOTA_RECONCILED: &str = "replyd_quota_reconciled_total";
+    pub const QUOTA_REFUSED: &str = "replyd_quota_refused_total";
 }
 
 use names::*;
@@ -266,6 +268,16 @@ pub fn outbox_publish_failed(outbox_id: i64, error: &rdkafka::error::KafkaError)
 
 pub fn outbox_purged(rows: u64) {
     counter!(OUTBOX_PURGED).increment(rows);
+}
+
+/// One decision of the quota's reconciler (`decision`: `ExpiredDecision::label`).
+pub fn quota_reconciled(decision: &'static str) {
+    counter!(QUOTA_RECONCILED, "decision" => decision).increment(1);
+}
+
+/// A submission the quota did not admit.
+pub fn quota_refused() {
+    counter!(QUOTA_REFUSED).increment(1);
 }
 
 pub fn idempotency_keys_purged(rows: u64) {

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# make bench-quota: generation quotas under retries and provider faults, the whole chain.
+# PRESSES simulated browsers press Send against a workspace whose limit is LIMIT per day; 20 %
+# of them lose their first answer (a client timeout) and retry with the same key; the mock
+# provider (background responses, 100 ms) loses 20 % of its answers after doing the work (an
+# ambiguous fault: the worker must find the work again, not generate twice). The reservation
+# TTL is short (10 s, with leases of 2 s), so the reconciler decides reservations while their
+# work still runs. Prints requests, admitted, 429s, charged, released, expired, reconciler
+# decisions, unsettled, generations and double charges (must be 0), read back from PostgreSQL
+# and the mock's counters.
+#
+#   deploy/bench-quota.sh [PRESSES] [LIMIT]
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+presses=${1:-1000}
+limit=${2:-800}
+
+# shellcheck source=deploy/lib.sh
+. deploy/lib.sh
+prepare
+
+id="quota-$(date +%Y%m%d%H%M%S)-$$"
+dir="$root/target/bench/$id"
+mkdir -p "$dir"
+db_url=$(schema_url "bench_$id")
+start_mock "$dir/mock" --latency-ms 100 --drop-after-work-rate 0.2
+for name in api relay w1 w2; do
+  cat >"$dir/$name.toml" <<TOML
+[database]
+url = "$db_url"
+[kafka]
+bootstrap_servers = "$KAFKA_BOOTSTRAP"
+topic = "bench-$id"
+group_id = "bench-$id"
+session_timeout_ms = 10000
+[worker]
+worker_id = "$name"
+lease_ms = 2000
+renew_interval_ms = 500
+drain_timeout_ms = 5000
+commit_interval_ms = 200
+[retry]
+base_delay_ms = 100
+max_delay_ms = 1000
+[provider]
+base_url = "$mock_url"
+api = "background_responses"
+request_timeout_ms = 5000
+poll_interval_ms = 50
+[api]
+listen = "127.0.0.1:0"
+[relay]
+poll_interval_ms = 200
+[quota]
+reservation_ttl_ms = 10000
+[observability]
+listen = "127.0.0.1:0"
+TOML
+done
+"$bin" migrate --config "$dir/api.toml" 2>"$dir/migrate.log"
+"$bin" workspace create bench --config "$dir/api.toml" >/dev/null
+"$bin" quota set --workspace bench --limit "$limit" --period 1d --config "$dir/api.toml" >/dev/null
+key=$("$bin" api-key create --workspace bench --config "$dir/api.toml" 2>/dev/null)
+"$bin" produce --config "$dir/api.toml" --create-partitions 6 --count 0 >/dev/null
+"$bin" api --config "$dir/api.toml" 2>"$dir/api.log" &
+pids+=($!)
+"$bin" relay --config "$dir/relay.toml" 2>"$dir/relay.log" &
+pids+=($!)
+for w in w1 w2; do
+  "$bin" worker --config "$dir/$w.toml" 2>"$dir/$w.log" &
+  pids+=($!)
+done
+wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log"
+api=""
+for _ in $(seq 1 100); do
+  api=$(sed -n 's/.*API listening addr=\([0-9.:]*\).*/\1/p' "$dir/api.log" | head -n 1)
+  [ -n "$api" ] && break
+  sleep 0.1
+done
+[ -n "$api" ] || { echo "bench: the API did not start; see $dir/api.log" >&2; exit 1; }
+
+echo "bench: $presses presses against a limit of $limit, 20 % lost answers, 20 % ambiguous provider faults" >&2
+REPLYD_API_KEY=$key "$bin" browsers --api "http://$api" --presses "$presses" --concurrency 32 \
+  --lose-share 0.2 --double-click-share 0 --regenerate-share 0 --press-limit-s 300 \
+  >"$dir/browsers.json" 2>"$dir/browsers.log"
+
+# Wait until every reservation is settled (the reconciler runs every 10 s in the relay).
+deadline=$(( $(date +%s) + 300 ))
+until [ "$(psql -qtA "$db_url" -c "select count(*) from quota_reservations where state = 'reserved'")" -eq 0 ]; do
+  [ "$(date +%s)" -lt "$deadline" ] || { echo "bench: reservations still open after 300 s" >&2; break; }
+  sleep 1
+done
+for pid in "${pids[@]:1}"; do kill -TERM "$pid"; done
+for pid in "${pids[@]:1}"; do wait "$pid" || true; done
+pids=("${pids[0]}")
+
+json_field() { sed -n "s/.*\"$2\":\\([0-9]*\\).*/\\1/p" "$1"; }
+requests=$(json_field "$dir/browsers.json" requests)
+refused=$(json_field "$dir/browsers.json" quota_refused)
+unfinished=$(json_field "$dir/browsers.json" unfinished)
+read -r admitted charged released expired open completed < <(psql -qtA -F ' ' "$db_url" -c \
+  "select (select count(*) from reply_tasks),
+          count(*) filter (where state = 'charged'), count(*) filter (where state = 'released'),
+          count(*) filter (where state = 'expired'), count(*) filter (where state = 'reserved'),
+          (select count(*) from reply_tasks where status = 'completed')
+     from quota_reservations")
+decisions=$(psql -qtA "$db_url" -c "select coalesce(string_agg(decision || ':' || n, ','), 'none') from (select decision, count(*) n from quota_decisions group by 1 order by 1) d")
+used=$(psql -qtA "$db_url" -c "select used from quota_counters where workspace_id = 'bench'")
+double=$(( charged - completed ))
+check=$("$bin" check --config "$dir/api.toml" --mock-url "$mock_url" --summary) || {
+  echo "bench: an invariant is broken:" >&2
+  "$bin" check --config "$dir/api.toml" --mock-url "$mock_url" >&2 || true
+  exit 1
+}
+generations=$(echo "$check" | sed -n 's/.*generations=\([0-9]*\).*/\1/p')
+echo "bench: figures in $dir" >&2
+echo "bench-quota: presses=$presses limit=$limit requests=$requests admitted=$admitted refused_429=$refused unfinished=$unfinished charged=$charged released=$released expired=$expired unsettled=$open used=$used reconciler=$decisions generations=$generations double_charges=$double"

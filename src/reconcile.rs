@@ -1,0 +1,267 @@
+//! The quota's reconciler (I8): every reservation past its TTL is decided from the durable task
+//! first and from the provider second, before anything is released or charged again
+//! ([`crate::quota::decide_expired`]):
+//! - the task is terminal: its reservation is settled from its status (charged, or as the
+//!   policy says for a failure);
+//! - a worker holds a live lease, or a retry is due: the reservation is kept for another TTL;
+//! - a provider operation id is stored: the reconciler claims the task (which fences any
+//!   zombie of an earlier attempt) and asks the provider; work found done is saved as the
+//!   reply through the fenced path, and that transaction charges it; work still running keeps
+//!   the reservation; an operation the provider no longer has ends the task;
+//! - nobody works the task and no work can exist: the reconciler claims it and fails it, and
+//!   the reservation expires without a charge in the same transaction.
+//!
+//! Every decision is written to `quota_decisions` (who, when, why) and counted in
+//! `replyd_quota_reconciled_total{decision}`. `replyd reconcile` runs one pass; `replyd relay`
+//! (and so `serve`) runs a pass every [`INTERVAL`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::provider::{OperationId, Provider, ProviderError};
+use crate::quota::{ExpiredDecision, LookedUp, QuotaPolicy, decide_expired, decide_looked_up};
+use crate::store::quota::ExpiredReservation;
+use crate::store::{ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Store, StoreError};
+use crate::telemetry;
+
+/// How often the relay runs a pass.
+pub const INTERVAL: Duration = Duration::from_secs(10);
+
+/// Reservations decided per pass at most; the rest wait for the next pass.
+const BATCH: i64 = 500;
+
+/// The reconciler's name in leases, attempt rows and decisions.
+pub const OWNER: &str = "reconciler";
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct ReconcileReport {
+    pub examined: usize,
+    /// Terminal tasks whose reservation was settled now.
+    pub settled: usize,
+    pub extended: usize,
+    /// Tasks completed with the work the provider had done (charged once, no new generation).
+    pub completed_from_provider: usize,
+    /// Tasks nobody worked in time: failed, reservation expired.
+    pub expired: usize,
+    /// Reservations left for the next pass (a store or provider error, a lost race).
+    pub left: usize,
+}
+
+pub struct Reconciler {
+    store: Store,
+    provider: Option<Arc<dyn Provider>>,
+    policy: QuotaPolicy,
+    /// The lease the reconciler takes while it asks the provider.
+    lease: Duration,
+}
+
+/// What happened to one reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Done {
+    Settled,
+    Extended,
+    CompletedFromProvider,
+    Expired,
+    Left,
+}
+
+impl Reconciler {
+    pub fn new(
+        store: Store,
+        provider: Option<Arc<dyn Provider>>,
+        policy: QuotaPolicy,
+        lease: Duration,
+    ) -> Self {
+        Self {
+            store,
+            provider,
+            policy,
+            lease,
+        }
+    }
+
+    /// One pass over the reservations past their TTL.
+    pub async fn run_once(&self) -> Result<ReconcileReport, StoreError> {
+        let expired = self.store.expired_reservations(BATCH).await?;
+        let mut report = ReconcileReport {
+            examined: expired.len(),
+            ..ReconcileReport::default()
+        };
+        for reservation in &expired {
+            let done = match self.reconcile(reservation).await {
+                Ok(done) => done,
+                Err(e) => {
+                    telemetry::store_error("reconcile", &e);
+                    Done::Left
+                }
+            };
+            match done {
+                Done::Settled => report.settled += 1,
+                Done::Extended => report.extended += 1,
+                Done::CompletedFromProvider => report.completed_from_provider += 1,
+                Done::Expired => report.expired += 1,
+                Done::Left => report.left += 1,
+            }
+        }
+        Ok(report)
+    }
+
+    async fn reconcile(&self, reservation: &ExpiredReservation) -> Result<Done, StoreError> {
+        let task = reservation.task_id;
+        let decision = decide_expired(reservation.task);
+        telemetry::quota_reconciled(decision.label());
+        match decision {
+            ExpiredDecision::Charge | ExpiredDecision::SettleFailed => {
+                let why = "the task was already terminal when its reservation expired";
+                self.store.settle_terminal(task, OWNER, why).await?;
+                Ok(Done::Settled)
+            }
+            ExpiredDecision::Extend(why) => self.extend(reservation, why).await,
+            ExpiredDecision::LookUp => self.look_up(reservation).await,
+            ExpiredDecision::Expire(why) => {
+                let Some(lease) = self.claim(reservation).await? else {
+                    return Ok(Done::Left);
+                };
+                self.expire(&lease, reservation, why).await
+            }
+        }
+    }
+
+    async fn extend(
+        &self,
+        reservation: &ExpiredReservation,
+        why: &str,
+    ) -> Result<Done, StoreError> {
+        self.store
+            .extend_reservation(reservation.task_id, self.policy.reservation_ttl, OWNER, why)
+            .await?;
+        Ok(Done::Extended)
+    }
+
+    /// Claims the task so no zombie of an earlier attempt can write it while the reconciler
+    /// decides. None when it cannot be claimed now (another lease, a backoff, already
+    /// terminal: the next pass sees the new state).
+    async fn claim(&self, reservation: &ExpiredReservation) -> Result<Option<Lease>, StoreError> {
+        Ok(
+            match self
+                .store
+                .claim(reservation.task_id, OWNER, self.lease)
+                .await?
+            {
+                ClaimOutcome::Claimed(lease) => Some(lease),
+                other => {
+                    tracing::debug!(task_id = %reservation.task_id, outcome = other.label(), "reconciler could not claim the task");
+                    None
+                }
+            },
+        )
+    }
+
+    async fn expire(
+        &self,
+        lease: &Lease,
+        reservation: &ExpiredReservation,
+        why: &str,
+    ) -> Result<Done, StoreError> {
+        let reason = format!("reservation expired: {why}");
+        match self.store.expire(lease, &reason).await? {
+            FailOutcome::Failed => {
+                self.store
+                    .record_decision(reservation.task_id, OWNER, "expire", why)
+                    .await?;
+                tracing::warn!(task_id = %reservation.task_id, reason, "task failed by the quota reconciler");
+                Ok(Done::Expired)
+            }
+            FailOutcome::Refused(_) => Ok(Done::Left),
+        }
+    }
+
+    /// Asks the provider about the stored operation, holding the task's lease.
+    async fn look_up(&self, reservation: &ExpiredReservation) -> Result<Done, StoreError> {
+        let background = self.provider.as_deref().and_then(|p| p.as_background());
+        let (Some(background), Some(operation)) = (background, &reservation.operation_id) else {
+            // No provider that can be asked: keep the reservation rather than guess.
+            return self
+                .extend(
+                    reservation,
+                    "the provider cannot be asked about the operation",
+                )
+                .await;
+        };
+        let Some(lease) = self.claim(reservation).await? else {
+            return Ok(Done::Left);
+        };
+        let found = background.look_up(&OperationId(operation.clone())).await;
+        let looked_up = match &found {
+            Ok(Some(_)) => LookedUp::Done,
+            Ok(None) => LookedUp::StillRunning,
+            Err(ProviderError::OperationGone { .. } | ProviderError::Fatal { .. }) => {
+                LookedUp::Gone
+            }
+            Err(e) => {
+                // The provider did not answer: decide nothing now, give the task back.
+                tracing::info!(task_id = %reservation.task_id, error = %e, "provider lookup failed; the next pass asks again");
+                self.store
+                    .release(
+                        &lease,
+                        crate::domain::AttemptOutcome::Abandoned,
+                        "reconciler: provider lookup failed",
+                    )
+                    .await?;
+                return Ok(Done::Left);
+            }
+        };
+        let decision = decide_looked_up(looked_up);
+        telemetry::quota_reconciled(decision.label());
+        match (decision, found) {
+            (ExpiredDecision::Charge, Ok(Some(generation))) => {
+                let meta = serde_json::to_value(&generation).ok();
+                match self
+                    .store
+                    .complete(&lease, &generation.text, meta.as_ref())
+                    .await?
+                {
+                    CompletionOutcome::Accepted => {
+                        self.store
+                            .record_decision(
+                                reservation.task_id,
+                                OWNER,
+                                "complete",
+                                "the provider's operation had finished: its reply saved and charged once",
+                            )
+                            .await?;
+                        Ok(Done::CompletedFromProvider)
+                    }
+                    CompletionOutcome::Refused(_) => Ok(Done::Left),
+                }
+            }
+            (ExpiredDecision::Extend(why), _) => {
+                self.store
+                    .release(&lease, crate::domain::AttemptOutcome::Abandoned, why)
+                    .await?;
+                self.extend(reservation, why).await
+            }
+            (ExpiredDecision::Expire(why), _) => self.expire(&lease, reservation, why).await,
+            // decide_looked_up gives Charge only for a found generation.
+            _ => Ok(Done::Left),
+        }
+    }
+}
+
+/// `replyd reconcile`: one pass with the settings' store, provider and policy.
+pub async fn run_command(settings: &crate::config::Settings) -> anyhow::Result<ReconcileReport> {
+    use anyhow::Context as _;
+    let store = Store::connect(&settings.database).context("database settings")?;
+    let provider =
+        crate::provider::build_provider(&settings.provider).context("provider settings")?;
+    let reconciler = Reconciler::new(
+        store,
+        Some(provider),
+        settings.quota.policy(),
+        settings.worker.lease(),
+    );
+    Ok(reconciler.run_once().await?)
+}
