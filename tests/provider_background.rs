@@ -114,15 +114,22 @@ async fn a_restarted_worker_waits_on_the_stored_id_and_gets_the_same_reply_witho
 }
 
 #[tokio::test]
-async fn a_lost_poll_answer_is_ambiguous_and_waiting_again_recovers_the_reply() {
+async fn when_every_poll_answer_is_lost_the_wait_ends_ambiguous_and_waiting_again_recovers() {
     let mock = start_mock(MockSettings::default()).await;
     let provider = provider_for(&mock.base_url(), PATIENT_MS);
     let operation = provider.start(&request("task-poll", "q")).await.unwrap();
     set_faults(&mock, drop_after_work()).await;
 
-    let error = provider.wait(&operation).await.unwrap_err();
+    // Lost polls are asked again within the wait, until its limit.
+    let impatient = provider_for(&mock.base_url(), 500);
+    let error = impatient.wait(&operation).await.unwrap_err();
 
     assert_eq!(error.kind(), "ambiguous", "{error:?}");
+    assert!(
+        mock.stats().responses_polled >= 3,
+        "the wait polled again after lost answers: {}",
+        mock.stats().responses_polled
+    );
     set_faults(&mock, FaultSettings::default()).await;
     let recovered = provider.wait(&operation).await.unwrap();
     assert_eq!(recovered.text, "reply to task-poll: q [generation 1]");
@@ -308,7 +315,10 @@ async fn injected_errors_on_create_and_poll_are_classified_like_chat() {
         },
     )
     .await;
-    let failed_poll = provider.wait(&operation).await.unwrap_err();
+    let failed_poll = provider_for(&mock.base_url(), 500)
+        .wait(&operation)
+        .await
+        .unwrap_err();
     assert_eq!(failed_poll.kind(), "maybe_executed", "{failed_poll:?}");
     set_faults(&mock, FaultSettings::default()).await;
     provider
@@ -424,4 +434,32 @@ async fn dropping_wait_stops_the_polling() {
         "polled {polled_at_drop} at the drop, {polled_after} after"
     );
     assert_eq!(dropped_mock.stats().generations, 0);
+}
+
+#[tokio::test]
+async fn a_flaky_poll_is_asked_again_within_one_wait() {
+    let mock = start_mock(MockSettings {
+        latency_ms: 100,
+        seed: 3,
+        ..MockSettings::default()
+    })
+    .await;
+    let provider = provider_for(&mock.base_url(), PATIENT_MS);
+    let operation = provider.start(&request("task-flaky", "q")).await.unwrap();
+    set_faults(
+        &mock,
+        FaultSettings {
+            drop_after_work_rate: 0.5,
+            ..FaultSettings::default()
+        },
+    )
+    .await;
+
+    let generation = provider
+        .wait(&operation)
+        .await
+        .expect("half the polls lost, the wait still gets the reply");
+
+    assert_eq!(generation.text, "reply to task-flaky: q [generation 1]");
+    assert_eq!(stats(&mock).await.generations, 1);
 }

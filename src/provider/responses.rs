@@ -180,22 +180,53 @@ impl BackgroundProvider for OpenAiResponsesProvider {
     async fn wait(&self, operation: &OperationId) -> Result<Generation, ProviderError> {
         let url = self.operation_url(operation)?;
         // One wait is bounded by the whole-call limit; every pass of the loop either returns
-        // or sleeps at least one poll interval, so the number of polls is bounded too.
+        // or sleeps at least one poll interval, so the number of polls is bounded too. A poll
+        // only reads: one that fails in transit (a lost answer, a 5xx, a 429) is tried again
+        // within the same wait, so a flaky poll does not cost the task an attempt.
         let deadline = Instant::now() + self.request_timeout;
+        let mut last_error = None;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(still_running(operation, self.request_timeout));
+                return Err(
+                    last_error.unwrap_or_else(|| still_running(operation, self.request_timeout))
+                );
             }
-            if let Polled::Done(generation) = self.poll(&url, operation, remaining).await? {
-                return Ok(generation);
+            let mut pause = self.poll_interval;
+            match self.poll(&url, operation, remaining).await {
+                Ok(Polled::Done(generation)) => return Ok(generation),
+                Ok(Polled::Pending) => last_error = None,
+                Err(e) if poll_may_be_retried(&e) => {
+                    if let ProviderError::Retryable {
+                        retry_after: Some(after),
+                        ..
+                    } = &e
+                    {
+                        pause = pause.max(*after);
+                    }
+                    last_error = Some(e);
+                }
+                Err(e) => return Err(e),
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(still_running(operation, self.request_timeout));
+                return Err(
+                    last_error.unwrap_or_else(|| still_running(operation, self.request_timeout))
+                );
             }
-            tokio::time::sleep(self.poll_interval.min(remaining)).await;
+            tokio::time::sleep(pause.min(remaining)).await;
         }
+    }
+}
+
+/// Whether a failed poll leaves the question open, so asking again is right: everything but
+/// the operation's own end (gone, failed: status 200 or a 4xx the provider meant).
+fn poll_may_be_retried(error: &ProviderError) -> bool {
+    match error {
+        ProviderError::OperationGone { .. } | ProviderError::Fatal { .. } => false,
+        // Status 200: the poll worked and reported the operation's own server-side failure.
+        ProviderError::MaybeExecuted { status, .. } => *status != 200,
+        _ => true,
     }
 }
 
