@@ -66,13 +66,7 @@ done
 key=$("$bin" api-key create --workspace bench --config "$dir/api.toml" 2>/dev/null)
 "$bin" api --config "$dir/api.toml" 2>"$dir/api.log" &
 pids+=($!)
-api=""
-for _ in $(seq 1 100); do
-  api=$(sed -n 's/.*API listening addr=\([0-9.:]*\).*/\1/p' "$dir/api.log" | head -n 1)
-  [ -n "$api" ] && break
-  sleep 0.1
-done
-[ -n "$api" ] || { echo "bench: the API did not start; see $dir/api.log" >&2; exit 1; }
+api=$(api_addr "$dir/api.log")
 
 body='{"conversation_id":"conv-1","message":"What are the key decisions in this document?","document_version":"v7"}'
 cat >"$dir/new-keys.lua" <<LUA

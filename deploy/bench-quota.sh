@@ -73,13 +73,7 @@ for w in w1 w2; do
   pids+=($!)
 done
 wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log"
-api=""
-for _ in $(seq 1 100); do
-  api=$(sed -n 's/.*API listening addr=\([0-9.:]*\).*/\1/p' "$dir/api.log" | head -n 1)
-  [ -n "$api" ] && break
-  sleep 0.1
-done
-[ -n "$api" ] || { echo "bench: the API did not start; see $dir/api.log" >&2; exit 1; }
+api=$(api_addr "$dir/api.log")
 
 echo "bench: $presses presses against a limit of $limit, 20 % lost answers, 20 % ambiguous provider faults" >&2
 REPLYD_API_KEY=$key "$bin" browsers --api "http://$api" --presses "$presses" --concurrency 32 \

@@ -78,13 +78,7 @@ done
 # Press Send only once every worker holds partitions, so the demo shows two workers sharing
 # the work, not one doing all of it while the other is still joining.
 wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log" || { tail -n 5 "$dir"/*.log >&2; exit 1; }
-api=""
-for _ in $(seq 1 100); do
-  api=$(sed -n 's/.*API listening addr=\([0-9.:]*\).*/\1/p' "$dir/api.log" | head -n 1)
-  [ -n "$api" ] && break
-  sleep 0.1
-done
-[ -n "$api" ] || { echo "demo: the API did not start; see $dir/api.log" >&2; exit 1; }
+api=$(api_addr "$dir/api.log")
 echo "demo: API on $api, relay and two workers running; $presses browsers pressing Send" >&2
 
 "$bin" produce --config "$dir/api.toml" --count 0 --malformed "$malformed" >/dev/null

@@ -92,3 +92,16 @@ metric() {
 terminal_count() {
   psql -qtA "$1" -c "select count(*) from reply_tasks where status in ('completed','failed')" 2>/dev/null || echo 0
 }
+
+# api_addr LOG: waits (10 s at most) for `replyd api`'s start-up line in LOG and prints the
+# address it serves on; exits the script when it does not come.
+api_addr() {
+  local addr=""
+  for _ in $(seq 1 100); do
+    addr=$(sed -n 's/.*API listening addr=\([0-9.:]*\).*/\1/p' "$1" | head -n 1)
+    [ -n "$addr" ] && { echo "$addr"; return 0; }
+    sleep 0.1
+  done
+  echo "the API did not start; see $1" >&2
+  exit 1
+}

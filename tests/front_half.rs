@@ -316,6 +316,18 @@ async fn a_stream_whose_notifications_are_lost_still_ends() {
     assert_eq!(views.last().map(|v| v.status), Some(ReplyStatus::Completed));
 }
 
+/// The whole chain as `replyd serve` (two partitions, the mock) and a key of workspace `acme`;
+/// returns the app, the key and the API's address.
+async fn serve_with_a_key() -> (TestApp, replyd::api_key::IssuedKey, String) {
+    let app = TestApp::start(2, mock(), WorkerConfig::default()).await;
+    app.db.store.create_workspace("acme").await.unwrap();
+    let key = issue(&mut rand::rng());
+    app.db.store.create_api_key("acme", &key).await.unwrap();
+    app.spawn_process("serve", "serve");
+    let addr = api_addr(&app, "serve").await;
+    (app, key, addr)
+}
+
 /// Where process `name` serves the API, from its start-up line.
 async fn api_addr(app: &TestApp, name: &str) -> String {
     let mut addr = String::new();
@@ -336,12 +348,7 @@ async fn api_addr(app: &TestApp, name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replyd_serve_runs_the_whole_chain_in_one_process_and_drains_on_sigterm() {
-    let app = TestApp::start(2, mock(), WorkerConfig::default()).await;
-    app.db.store.create_workspace("acme").await.unwrap();
-    let key = issue(&mut rand::rng());
-    app.db.store.create_api_key("acme", &key).await.unwrap();
-    app.spawn_process("serve", "serve");
-    let addr = api_addr(&app, "serve").await;
+    let (app, key, addr) = serve_with_a_key().await;
     let front = Front {
         base: format!("http://{addr}"),
         key: key.token,
@@ -367,12 +374,7 @@ async fn replyd_serve_runs_the_whole_chain_in_one_process_and_drains_on_sigterm(
 /// streams it follows end, and afterwards the invariants hold over everything it made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_document() {
-    let app = TestApp::start(2, mock(), WorkerConfig::default()).await;
-    app.db.store.create_workspace("acme").await.unwrap();
-    let key = issue(&mut rand::rng());
-    app.db.store.create_api_key("acme", &key).await.unwrap();
-    app.spawn_process("serve", "serve");
-    let addr = api_addr(&app, "serve").await;
+    let (app, key, addr) = serve_with_a_key().await;
 
     let served = reqwest::get(format!("http://{addr}/openapi.json"))
         .await
@@ -433,12 +435,7 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_document()
 /// one task per press plus one per regenerate: no lost answer turned into a second task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn browsers_that_lose_answers_and_double_click_make_one_task_per_press() {
-    let app = TestApp::start(2, mock(), WorkerConfig::default()).await;
-    app.db.store.create_workspace("acme").await.unwrap();
-    let key = issue(&mut rand::rng());
-    app.db.store.create_api_key("acme", &key).await.unwrap();
-    app.spawn_process("serve", "serve");
-    let addr = api_addr(&app, "serve").await;
+    let (app, key, addr) = serve_with_a_key().await;
     let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
         .args(["browsers", "--api", &format!("http://{addr}")])
         .args(["--presses", "40", "--concurrency", "8"])

@@ -128,6 +128,14 @@ impl Setup {
         (row.get(0), row.get(1), row.get(2), row.get(3))
     }
 
+    /// Claims `task` as `owner` with a lease of `lease`, as a worker would.
+    async fn claim(&self, task: TaskId, owner: &str, lease: Duration) -> replyd::store::Lease {
+        match self.db.store.claim(task, owner, lease).await.unwrap() {
+            ClaimOutcome::Claimed(lease) => lease,
+            other => panic!("{task} not claimable: {other:?}"),
+        }
+    }
+
     async fn decisions(&self, task: TaskId) -> Vec<String> {
         self.db
             .raw_client()
@@ -186,14 +194,7 @@ async fn work_the_provider_finished_is_saved_and_charged_once_without_a_new_gene
     let task = s.submit("timed-out").await;
     // A worker claimed the task, started the provider's operation, stored its id, and then
     // lost track of it (its call timed out, it died); its lease has run out.
-    let ClaimOutcome::Claimed(lease) =
-        s.db.store
-            .claim(task, "w-dead", Duration::from_millis(200))
-            .await
-            .unwrap()
-    else {
-        panic!("claimable");
-    };
+    let lease = s.claim(task, "w-dead", Duration::from_millis(200)).await;
     let operation = s
         .provider
         .start(&request(&task.to_string(), "q"))
@@ -236,14 +237,7 @@ async fn work_the_provider_finished_is_saved_and_charged_once_without_a_new_gene
 async fn an_operation_the_provider_never_received_is_not_charged() {
     let s = setup().await;
     let task = s.submit("never-sent").await;
-    let ClaimOutcome::Claimed(lease) =
-        s.db.store
-            .claim(task, "w-dead", Duration::from_millis(100))
-            .await
-            .unwrap()
-    else {
-        panic!("claimable");
-    };
+    let lease = s.claim(task, "w-dead", Duration::from_millis(100)).await;
     // An id the provider does not know (the create never reached it).
     s.db.store
         .record_operation(&lease, Some("resp_never_created"))
@@ -268,22 +262,8 @@ async fn work_in_progress_keeps_its_reservation() {
     let running = s.submit("provider-running").await;
     // One task leased by a live worker; one whose operation is still running at the provider
     // (a slow prompt) while its worker's lease has run out.
-    let ClaimOutcome::Claimed(_live) =
-        s.db.store
-            .claim(held, "w-live", Duration::from_secs(60))
-            .await
-            .unwrap()
-    else {
-        panic!("claimable");
-    };
-    let ClaimOutcome::Claimed(lease) =
-        s.db.store
-            .claim(running, "w-dead", Duration::from_millis(100))
-            .await
-            .unwrap()
-    else {
-        panic!("claimable");
-    };
+    let _live = s.claim(held, "w-live", Duration::from_secs(60)).await;
+    let lease = s.claim(running, "w-dead", Duration::from_millis(100)).await;
     let operation = s
         .provider
         .start(&request(

@@ -334,8 +334,18 @@ impl Store {
         reason: &str,
         outcome: AttemptOutcome,
     ) -> Result<FailOutcome, StoreError> {
+        self.fail_with(lease, reason, outcome, None).await
+    }
+
+    async fn fail_with(
+        &self,
+        lease: &Lease,
+        reason: &str,
+        outcome: AttemptOutcome,
+        prelude: Option<&'static str>,
+    ) -> Result<FailOutcome, StoreError> {
         let result = self
-            .fenced_write(
+            .fenced_write_as(
                 lease,
                 FencedUpdate {
                     set: "status = 'failed', failure = $3, \
@@ -347,6 +357,7 @@ impl Store {
                     outcome,
                     detail: Some(reason),
                 },
+                prelude,
             )
             .await?;
         Ok(match result {
@@ -359,26 +370,13 @@ impl Store {
     /// failure: its reservation expires without a charge, in the same transaction (the
     /// settlement trigger reads `replyd.settle_as`), since nobody worked the task in time.
     pub async fn expire(&self, lease: &Lease, reason: &str) -> Result<FailOutcome, StoreError> {
-        let result = self
-            .fenced_write_as(
-                lease,
-                FencedUpdate {
-                    set: "status = 'failed', failure = $3, \
-                 finished_at = clock_timestamp(), updated_at = clock_timestamp()",
-                    returning: "task_id",
-                },
-                &[&lease.task_id, &lease.version, &reason],
-                AttemptWrite::Outcome {
-                    outcome: AttemptOutcome::Abandoned,
-                    detail: Some(reason),
-                },
-                Some("SET LOCAL replyd.settle_as = 'expired'"),
-            )
-            .await?;
-        Ok(match result {
-            Ok(_) => FailOutcome::Failed,
-            Err(refusal) => FailOutcome::Refused(refusal),
-        })
+        self.fail_with(
+            lease,
+            reason,
+            AttemptOutcome::Abandoned,
+            Some("SET LOCAL replyd.settle_as = 'expired'"),
+        )
+        .await
     }
 
     /// Gives the lease back before it runs out: the task returns to pending so the next claim
