@@ -464,3 +464,40 @@ async fn a_worker_killed_after_the_provider_accepted_is_finished_by_another_with
     );
     assert_eq!(app.check().await.duplicate_replies, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_answer_is_lost_is_resent_within_the_attempt_and_found_by_its_key() {
+    let app = TestApp::start(1, mock(200, true), background()).await;
+    let task = one_task(5);
+    // Every answer is lost on the way back, the create's included: the provider starts the
+    // work, the worker never sees the operation's id.
+    app.set_faults(json!({"drop_after_work_rate": 1.0})).await;
+    app.produce_tasks(std::slice::from_ref(&task), 1).await;
+    app.spawn_worker("w1");
+    wait_for_finished_attempts(&app, &task, 1).await;
+    // The first attempt sent the create three times (twice again at once, same key) before it
+    // ended ambiguous; the key found the one operation each time.
+    let stats = app.mock.stats();
+    assert_eq!(
+        (stats.create_requests, stats.responses_created),
+        (3, 1),
+        "{stats:?}"
+    );
+    app.set_faults(json!({})).await;
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Completed);
+    let stats = app.mock.stats();
+    assert_eq!(
+        (stats.responses_created, stats.generations),
+        (1, 1),
+        "one operation, one generation: {stats:?}"
+    );
+    let history = attempts(&app, &task).await;
+    assert_eq!(history[0].outcome, Some(AttemptOutcome::Ambiguous));
+    assert_eq!(
+        history.last().unwrap().outcome,
+        Some(AttemptOutcome::Accepted)
+    );
+}

@@ -49,6 +49,9 @@ pub struct StatsSnapshot {
     /// `GET /v1/responses/{id}` requests received, unknown ids and faulted ones included.
     #[serde(default)]
     pub responses_polled: u64,
+    /// `POST /v1/responses` requests received (each create, resent or faulted ones included).
+    #[serde(default)]
+    pub create_requests: u64,
 }
 
 /// What `GET /stats/{key}` answers.
@@ -330,6 +333,7 @@ async fn create_response(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    lock(&state.stats).create_requests += 1;
     if !state.settings.background_responses {
         return no_background_responses();
     }

@@ -29,6 +29,9 @@ use crate::store::{
 };
 use crate::telemetry::{self, CallEnd};
 
+/// How often a background create whose answer was lost is sent again within one attempt.
+const CREATE_RESENDS: u32 = 2;
+
 /// Settings of the lease state machine.
 #[derive(Debug, Clone)]
 pub struct RunnerSettings {
@@ -285,7 +288,10 @@ impl TaskRunner {
         let operation = match &stored.provider_operation_id {
             Some(known) => OperationId(known.clone()),
             None => {
-                let started = match self.guarded(lease, cancel, background.start(request)).await {
+                let started = match self
+                    .start_operation(background, request, lease, cancel)
+                    .await
+                {
                     Guarded::Done(Ok(operation)) => operation,
                     Guarded::Done(Err(error)) => return Guarded::Done(Err(error)),
                     Guarded::Cancelled => return Guarded::Cancelled,
@@ -313,6 +319,33 @@ impl TaskRunner {
             let _ = self.store.record_operation(lease, None).await;
         }
         waited
+    }
+
+    /// Creates the background operation. A create whose answer was lost (`Ambiguous`) or that
+    /// surely did not arrive (`NotSent`) is sent again at once, with the same idempotency key,
+    /// up to [`CREATE_RESENDS`] times within this attempt: the key finds the operation the lost
+    /// answer created, so resending cannot start a second generation, and the attempt does not
+    /// end without the operation's id while the provider may be doing its work.
+    async fn start_operation(
+        &self,
+        background: &dyn BackgroundProvider,
+        request: &GenerationRequest,
+        lease: &Lease,
+        cancel: &CancellationToken,
+    ) -> Guarded<Result<OperationId, ProviderError>> {
+        let mut resends = 0;
+        loop {
+            let started = self.guarded(lease, cancel, background.start(request)).await;
+            match &started {
+                Guarded::Done(Err(
+                    ProviderError::Ambiguous { .. } | ProviderError::NotSent { .. },
+                )) if resends < CREATE_RESENDS => {
+                    resends += 1;
+                    tokio::time::sleep(Duration::from_millis(100 * u64::from(resends))).await;
+                }
+                _ => return started,
+            }
+        }
     }
 
     /// Runs one provider future against cancellation and the lease renewer.
