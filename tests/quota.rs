@@ -350,7 +350,25 @@ async fn a_settled_reservation_is_never_settled_again() {
     else {
         panic!("claimable");
     };
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let client = api.db.raw_client().await;
+    helpers::wait_until(
+        "the zombie's lease has run out",
+        Duration::from_secs(10),
+        || {
+            let client = &client;
+            async move {
+                client
+                .query_one(
+                    "SELECT lease_until < clock_timestamp() FROM reply_tasks WHERE task_id = $1",
+                    &[&accepted.task_id.as_uuid()],
+                )
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+            }
+        },
+    )
+    .await;
     // The zombie's lease ran out; another worker takes the task over and completes it.
     api.finish(accepted.task_id, true).await;
     assert_eq!(api.ledger().await, (1, 0, 1, 0, 1, 0));

@@ -136,6 +136,25 @@ impl Setup {
         }
     }
 
+    /// Waits until `task`'s lease has run out by the database clock (its worker is gone).
+    async fn wait_until_lease_out(&self, task: TaskId) {
+        let client = self.db.raw_client().await;
+        helpers::wait_until("the lease has run out", Duration::from_secs(10), || {
+            let client = &client;
+            async move {
+                client
+                    .query_one(
+                        "SELECT lease_until < clock_timestamp() FROM reply_tasks WHERE task_id = $1",
+                        &[&task.as_uuid()],
+                    )
+                    .await
+                    .unwrap()
+                    .get::<_, bool>(0)
+            }
+        })
+        .await;
+    }
+
     async fn decisions(&self, task: TaskId) -> Vec<String> {
         self.db
             .raw_client()
@@ -207,7 +226,7 @@ async fn work_the_provider_finished_is_saved_and_charged_once_without_a_new_gene
         .unwrap();
     // The work finishes at the provider while nobody waits for it.
     s.provider.wait(&operation).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    s.wait_until_lease_out(task).await;
     s.age_reservations().await;
     let generations = stats(&s.mock).await.generations;
     assert_eq!(generations, 1);
@@ -244,7 +263,7 @@ async fn an_operation_the_provider_never_received_is_not_charged() {
         .await
         .unwrap()
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    s.wait_until_lease_out(task).await;
     s.age_reservations().await;
     let report = s.reconcile().await;
     assert_eq!(report.expired, 1, "{report:?}");
@@ -277,7 +296,7 @@ async fn work_in_progress_keeps_its_reservation() {
         .await
         .unwrap()
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    s.wait_until_lease_out(running).await;
     s.age_reservations().await;
     let report = s.reconcile().await;
     assert_eq!(report.extended, 2, "{report:?}");
