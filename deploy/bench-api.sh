@@ -3,7 +3,8 @@
 #   1. POST /v1/replies with a new Idempotency-Key per request, CLIENTS connections, DURATION s
 #      (wrk): requests/s and p50/p99 latency.
 #   2. pgbench on the same database, right after, running the intake transaction's own
-#      statements (DELETE of an expired key, INSERT task, key, message, outbox row; prepared),
+#      statements (DELETE of an expired key, INSERT task, key, message, outbox row, the quota
+#      admission with its reservation; prepared),
 #      with as many clients as the API has pooled connections (database.pool_size): the ratio
 #      API ÷ pgbench is the share of what PostgreSQL can commit that the API turns into answers.
 #   3. Replays: one key, the same body, CLIENTS connections: requests/s and p50/p99.
@@ -127,6 +128,7 @@ INSERT INTO reply_tasks (task_id, workspace_id, conversation_id, message_id, doc
 INSERT INTO idempotency_keys (workspace_id, operation, idempotency_key, request_hash, request, task_id, expires_at) VALUES ('bench', 'create_reply', 'pgb-' || :client_id || '-' || :n, md5('h' || :n), jsonb_build_object('conversation_id', 'conv-1', 'message', 'What are the key decisions in this document?', 'document_version', 'v7', 'model', NULL, 'context', NULL, 'max_output_tokens', NULL, 'source_task', NULL), md5('t' || :client_id || '-' || :n)::uuid, clock_timestamp() + make_interval(secs => 86400)) ON CONFLICT DO NOTHING RETURNING task_id;
 INSERT INTO messages (message_id, workspace_id, conversation_id, content) VALUES (md5('m' || :client_id || '-' || :n)::uuid, 'bench', 'conv-1', 'What are the key decisions in this document?');
 INSERT INTO outbox (task_id, record_key, payload) VALUES (md5('t' || :client_id || '-' || :n)::uuid, 'conv-1', decode(repeat('0a24', 60), 'hex'));
+WITH now AS (SELECT clock_timestamp() AS at), admitted AS (UPDATE quota_counters q SET used = CASE WHEN replyd_quota_window(q.window_start, q.period_seconds, now.at) = q.window_start THEN q.used ELSE 0 END, window_start = replyd_quota_window(q.window_start, q.period_seconds, now.at), reserved = q.reserved + 1, updated_at = now.at FROM now WHERE q.workspace_id = 'bench' AND EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.workspace_id = 'bench' AND k.operation = 'create_reply' AND k.idempotency_key = 'pgb-' || :client_id || '-' || :n AND k.task_id = md5('t' || :client_id || '-' || :n)::uuid) AND (q.generation_limit IS NULL OR CASE WHEN replyd_quota_window(q.window_start, q.period_seconds, now.at) = q.window_start THEN q.used ELSE 0 END + q.reserved < q.generation_limit) RETURNING q.workspace_id, now.at) INSERT INTO quota_reservations (task_id, workspace_id, operation, idempotency_key, expires_at, charge_on_failure) SELECT md5('t' || :client_id || '-' || :n)::uuid, workspace_id, 'create_reply', 'pgb-' || :client_id || '-' || :n, at + make_interval(secs => 3600), false FROM admitted RETURNING task_id;
 COMMIT;
 SQL
 echo "bench: pgbench, the intake transaction, $pool_size clients, ${duration}s" >&2
@@ -150,7 +152,7 @@ replay_tasks=$(psql -qtA "$db_url" -c "select count(*) from idempotency_keys whe
 # (and pgbench's, whose payloads are not records) are removed first: only the browsers' work
 # goes through the relay and the worker.
 echo "bench: end-to-end overhead, mock at ${mock_latency_ms} ms" >&2
-psql -q "$db_url" -c "truncate outbox, idempotency_keys, messages, reply_tasks cascade"
+psql -q "$db_url" -c "truncate outbox, idempotency_keys, messages, quota_reservations, quota_decisions, reply_tasks cascade" -c "update quota_counters set used = 0, reserved = 0"
 "$bin" produce --config "$dir/api.toml" --create-partitions 3 --count 0 >/dev/null
 "$bin" relay --config "$dir/relay.toml" 2>"$dir/relay.log" &
 pids+=($!)

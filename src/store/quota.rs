@@ -14,7 +14,10 @@ use crate::quota::{ExpiredTask, Usage};
 /// row is updated only while `used + reserved < limit` (`$5`: whether open reservations count),
 /// rolling the window over first when it has ended. The row lock serializes concurrent
 /// admissions of one workspace, and the condition is evaluated again on the locked row, so two
-/// requests cannot both take the last unit. No row returned: refused, nothing changed.
+/// requests cannot both take the last unit. Only a submission whose key this transaction has
+/// just written is admitted: a replay (the key was there) never touches the counter row, so
+/// it neither waits on that lock nor holds it. No row returned: refused or a replay, nothing
+/// changed.
 /// `$1` workspace, `$2` task, `$3` operation, `$4` key, `$6` TTL in seconds, `$7` whether a
 /// failure is charged.
 pub(crate) const ADMIT: &str = "WITH now AS (SELECT clock_timestamp() AS at), \
@@ -25,7 +28,10 @@ pub(crate) const ADMIT: &str = "WITH now AS (SELECT clock_timestamp() AS at), \
               window_start = replyd_quota_window(q.window_start, q.period_seconds, now.at), \
               reserved = q.reserved + 1, updated_at = now.at \
          FROM now \
-        WHERE q.workspace_id = $1 AND (q.generation_limit IS NULL OR \
+        WHERE q.workspace_id = $1 \
+          AND EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.workspace_id = $1 \
+                      AND k.operation = $3 AND k.idempotency_key = $4 AND k.task_id = $2) \
+          AND (q.generation_limit IS NULL OR \
               CASE WHEN replyd_quota_window(q.window_start, q.period_seconds, now.at) = q.window_start \
                    THEN q.used ELSE 0 END + CASE WHEN $5 THEN q.reserved ELSE 0 END < q.generation_limit) \
        RETURNING q.workspace_id, now.at) \
