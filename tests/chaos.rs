@@ -334,7 +334,21 @@ async fn chaos_zombie() {
         let mut faults = Faults::default();
         while Instant::now() < until {
             pause(&mut rng, 1_000, 3_000).await;
-            let victim = WORKERS[rng.usize(..WORKERS.len())];
+            // A zombie needs work in hand to come back with: stop a worker that holds records
+            // now (asked a bounded number of times; the last one asked is stopped anyway).
+            let mut victim = WORKERS[rng.usize(..WORKERS.len())];
+            for _ in 0..20 {
+                if app
+                    .metric(victim, "replyd_in_flight_records")
+                    .await
+                    .unwrap_or(0.0)
+                    > 0.0
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                victim = WORKERS[rng.usize(..WORKERS.len())];
+            }
             app.stop(victim);
             faults.fired("sigstop");
             // Past the lease (3 s) and the session (3 s): the group moves on, leases lapse.
