@@ -220,23 +220,11 @@ async fn an_expired_key_is_new_work() {
         .await
         .unwrap();
     let client = api.db.raw_client().await;
-    helpers::wait_until(
+    helpers::wait_until_sql(
+        &client,
         "the key's retention has passed",
-        Duration::from_secs(10),
-        || {
-            let client = &client;
-            async move {
-                client
-                    .query_one(
-                        "SELECT bool_and(expires_at <= clock_timestamp()) FROM idempotency_keys",
-                        &[],
-                    )
-                    .await
-                    .unwrap()
-                    .get::<_, Option<bool>>(0)
-                    == Some(true)
-            }
-        },
+        "SELECT bool_and(expires_at <= clock_timestamp()) FROM idempotency_keys",
+        &[],
     )
     .await;
     let again: Accepted = api

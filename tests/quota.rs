@@ -351,22 +351,11 @@ async fn a_settled_reservation_is_never_settled_again() {
         panic!("claimable");
     };
     let client = api.db.raw_client().await;
-    helpers::wait_until(
+    helpers::wait_until_sql(
+        &client,
         "the zombie's lease has run out",
-        Duration::from_secs(10),
-        || {
-            let client = &client;
-            async move {
-                client
-                .query_one(
-                    "SELECT lease_until < clock_timestamp() FROM reply_tasks WHERE task_id = $1",
-                    &[&accepted.task_id.as_uuid()],
-                )
-                .await
-                .unwrap()
-                .get::<_, bool>(0)
-            }
-        },
+        "SELECT lease_until < clock_timestamp() FROM reply_tasks WHERE task_id = $1",
+        &[&accepted.task_id.as_uuid()],
     )
     .await;
     // The zombie's lease ran out; another worker takes the task over and completes it.

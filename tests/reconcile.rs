@@ -139,19 +139,12 @@ impl Setup {
     /// Waits until `task`'s lease has run out by the database clock (its worker is gone).
     async fn wait_until_lease_out(&self, task: TaskId) {
         let client = self.db.raw_client().await;
-        helpers::wait_until("the lease has run out", Duration::from_secs(10), || {
-            let client = &client;
-            async move {
-                client
-                    .query_one(
-                        "SELECT lease_until < clock_timestamp() FROM reply_tasks WHERE task_id = $1",
-                        &[&task.as_uuid()],
-                    )
-                    .await
-                    .unwrap()
-                    .get::<_, bool>(0)
-            }
-        })
+        helpers::wait_until_sql(
+            &client,
+            "the lease has run out",
+            "SELECT lease_until < clock_timestamp() FROM reply_tasks WHERE task_id = $1",
+            &[&task.as_uuid()],
+        )
         .await;
     }
 

@@ -116,6 +116,25 @@ pub fn task_spec(max_attempts: u32) -> TaskSpec {
 
 /// Polls `condition` until it holds or `limit` passes; panics naming `what` on timeout.
 /// Tests wait on conditions, never on bare sleeps.
+/// Waits (10 s at most) until `sql`, one row of one boolean read by the database's clock, is
+/// true; NULL counts as false.
+pub async fn wait_until_sql(
+    client: &tokio_postgres::Client,
+    what: &str,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) {
+    wait_until(what, Duration::from_secs(10), || async {
+        client
+            .query_one(sql, params)
+            .await
+            .unwrap()
+            .get::<_, Option<bool>>(0)
+            == Some(true)
+    })
+    .await;
+}
+
 pub async fn wait_until<F, Fut>(what: &str, limit: Duration, mut condition: F)
 where
     F: FnMut() -> Fut,
