@@ -136,6 +136,29 @@ impl Setup {
         }
     }
 
+    /// Plays a worker that claims `task` with a lease of `lease`, starts the provider's
+    /// operation for `prompt`, stores its id and is then gone (its call timed out, it died).
+    async fn start_and_lose(
+        &self,
+        task: TaskId,
+        prompt: &str,
+        lease: Duration,
+    ) -> (replyd::store::Lease, replyd::provider::OperationId) {
+        let lease = self.claim(task, "w-dead", lease).await;
+        let operation = self
+            .provider
+            .start(&request(&task.to_string(), prompt))
+            .await
+            .unwrap();
+        self.db
+            .store
+            .record_operation(&lease, Some(&operation.0))
+            .await
+            .unwrap()
+            .unwrap();
+        (lease, operation)
+    }
+
     /// Waits until `task`'s lease has run out by the database clock (its worker is gone).
     async fn wait_until_lease_out(&self, task: TaskId) {
         let client = self.db.raw_client().await;
@@ -206,17 +229,9 @@ async fn work_the_provider_finished_is_saved_and_charged_once_without_a_new_gene
     let task = s.submit("timed-out").await;
     // A worker claimed the task, started the provider's operation, stored its id, and then
     // lost track of it (its call timed out, it died); its lease has run out.
-    let lease = s.claim(task, "w-dead", Duration::from_millis(200)).await;
-    let operation = s
-        .provider
-        .start(&request(&task.to_string(), "q"))
-        .await
-        .unwrap();
-    s.db.store
-        .record_operation(&lease, Some(&operation.0))
-        .await
-        .unwrap()
-        .unwrap();
+    let (lease, operation) = s
+        .start_and_lose(task, "q", Duration::from_millis(200))
+        .await;
     // The work finishes at the provider while nobody waits for it.
     s.provider.wait(&operation).await.unwrap();
     s.wait_until_lease_out(task).await;
@@ -275,20 +290,13 @@ async fn work_in_progress_keeps_its_reservation() {
     // One task leased by a live worker; one whose operation is still running at the provider
     // (a slow prompt) while its worker's lease has run out.
     let _live = s.claim(held, "w-live", Duration::from_secs(60)).await;
-    let lease = s.claim(running, "w-dead", Duration::from_millis(100)).await;
-    let operation = s
-        .provider
-        .start(&request(
-            &running.to_string(),
+    let (_, operation) = s
+        .start_and_lose(
+            running,
             "[mock:latency_ms=60000] slow",
-        ))
-        .await
-        .unwrap();
-    s.db.store
-        .record_operation(&lease, Some(&operation.0))
-        .await
-        .unwrap()
-        .unwrap();
+            Duration::from_millis(100),
+        )
+        .await;
     s.wait_until_lease_out(running).await;
     s.age_reservations().await;
     let report = s.reconcile().await;
