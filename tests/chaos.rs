@@ -1,7 +1,13 @@
-//! The chaos harness: three `replyd worker` processes on a 6-partition topic, tasks produced at
+//! The chaos harness: three `replyd worker` processes on a 6-partition topic, tasks arriving at
 //! a steady rate, faults injected every few seconds from a recorded seed, then heal, drain and
 //! check every invariant from the durable state (`replyd check`). Each scenario writes
 //! `target/chaos/<scenario>.json`; `summary.json` gathers them.
+//!
+//! Half the tasks are published to Kafka by a producer; the other half are presses of Send:
+//! `POST /v1/replies` to a `replyd api` process with a key of their own, asked again with the
+//! same key until answered (some once more after their answer, a double click), against a
+//! workspace with a quota, and handed to Kafka by a `replyd relay` process. So every scenario
+//! judges the intake (I6) and the quota reservations (I8) under its faults too.
 //!
 //! `cargo test --test chaos` runs the short version of every scenario (CI). `make chaos` runs
 //! the long one: `CHAOS_SECONDS=180 cargo test --release --test chaos -- --test-threads=1`,
@@ -10,7 +16,7 @@
 
 mod helpers;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,12 +24,21 @@ use std::time::{Duration, Instant};
 use helpers::app::{TestApp, WorkerConfig};
 use helpers::{unique, wait_until};
 use prost::Message as _;
+use replyd::api::replies::Accepted;
+use replyd::api_key::issue;
 use replyd::mock_provider::MockSettings;
 use replyd::produce::{demo_task, malformed_record, producer, publish};
 use serde_json::json;
 
 const PARTITIONS: i32 = 6;
 const WORKERS: [&str; 3] = ["w1", "w2", "w3"];
+/// The processes of the front half: presses go to `API`, `RELAY` hands their tasks to Kafka.
+const API: &str = "api";
+const RELAY: &str = "relay";
+/// The presses' workspace and its quota: generous, so every press is admitted and the count
+/// of tasks is known; the reservations and the counter are what the check judges.
+const WORKSPACE: &str = "chaos";
+const QUOTA_LIMIT: i64 = 1_000_000;
 
 /// How long faults are injected; short by default (CI), longer for `make chaos`.
 fn fault_window() -> Duration {
@@ -109,21 +124,37 @@ async fn assigned_partitions(app: &TestApp, live: &[&str]) -> usize {
     total
 }
 
-/// Produces tasks at a steady rate until `until`; a share `poison` of the records is
-/// malformed. Returns the good tasks' count.
+/// What arrived during a scenario.
+struct Produced {
+    /// Tasks published to Kafka directly.
+    published: usize,
+    malformed: usize,
+    /// Presses of Send, each answered with its task.
+    presses: usize,
+    /// Presses sent again after their answer, with the same key.
+    double_clicks: usize,
+    /// Requests that got no answer (API down, PostgreSQL down) and were asked again.
+    unanswered: usize,
+}
+
+/// Tasks at a steady rate until `until`: half published to Kafka (a share `poison` of the
+/// records malformed), half pressed through the API.
 async fn produce_steadily(
-    app: &TestApp,
+    app: &Arc<TestApp>,
+    token: &str,
     until: Instant,
     per_second: u32,
     poison: f64,
     seed: u64,
-) -> (usize, usize) {
+) -> Produced {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
     let workspace = unique("ws");
     let (mut good, mut bad) = (0usize, 0usize);
+    let mut presses = Vec::new();
     let tick = Duration::from_millis(100);
     let per_tick = (per_second / 10).max(1) as usize;
     let producer = producer(&app.bootstrap).expect("producer");
+    let client = reqwest::Client::new();
     let mut next = Instant::now();
     while Instant::now() < until {
         let mut records = Vec::with_capacity(per_tick);
@@ -131,6 +162,15 @@ async fn produce_steadily(
             if rng.f64() < poison {
                 records.push((format!("bad-{bad}"), malformed_record(bad).1));
                 bad += 1;
+            } else if rng.bool() {
+                let press = Press {
+                    app: Arc::clone(app),
+                    client: client.clone(),
+                    token: token.to_owned(),
+                    key: format!("press-{}", presses.len()),
+                    double_click: rng.f64() < 0.1,
+                };
+                presses.push(tokio::spawn(press.run()));
             } else {
                 let task = demo_task(&workspace, good, 60, 0);
                 records.push((
@@ -147,7 +187,99 @@ async fn produce_steadily(
         next += tick;
         tokio::time::sleep_until(next.into()).await;
     }
-    (good, bad)
+    let mut produced = Produced {
+        published: good,
+        malformed: bad,
+        presses: presses.len(),
+        double_clicks: 0,
+        unanswered: 0,
+    };
+    let mut tasks = HashSet::new();
+    for press in presses {
+        let pressed = press.await.unwrap();
+        tasks.insert(pressed.task);
+        produced.double_clicks += usize::from(pressed.double_clicked);
+        produced.unanswered += pressed.unanswered;
+    }
+    // One task per key, whatever was asked again.
+    assert_eq!(tasks.len(), produced.presses, "a task per press");
+    produced
+}
+
+/// One press of Send, as a careful browser makes it.
+struct Press {
+    app: Arc<TestApp>,
+    client: reqwest::Client,
+    token: String,
+    key: String,
+    double_click: bool,
+}
+
+struct Pressed {
+    task: replyd::domain::TaskId,
+    double_clicked: bool,
+    unanswered: usize,
+}
+
+impl Press {
+    /// Asks until answered: a connection refused (the API restarting), a lost answer or a 503
+    /// (PostgreSQL down) is asked again with the same key. A refusal (4xx) fails the scenario:
+    /// the quota is generous and every request is well formed.
+    async fn run(self) -> Pressed {
+        let limit = Instant::now() + Duration::from_secs(180);
+        let mut unanswered = 0;
+        let first = loop {
+            match self.send().await {
+                Ok(accepted) => break accepted,
+                Err(why) => {
+                    assert!(
+                        Instant::now() < limit,
+                        "press {} never answered: {why}",
+                        self.key
+                    );
+                    unanswered += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        if self.double_click {
+            // The second click may meet a fault too; when it is answered, it is the same task.
+            if let Ok(again) = self.send().await {
+                assert_eq!(again.task_id, first.task_id, "press {} again", self.key);
+                assert!(again.replayed, "press {} again is a replay", self.key);
+            }
+        }
+        Pressed {
+            task: first.task_id,
+            double_clicked: self.double_click,
+            unanswered,
+        }
+    }
+
+    async fn send(&self) -> Result<Accepted, String> {
+        let addr = self.app.api_addr(API).ok_or("the API has not started")?;
+        let response = self
+            .client
+            .post(format!("http://{addr}/v1/replies"))
+            .bearer_auth(&self.token)
+            .header("Idempotency-Key", &self.key)
+            .timeout(Duration::from_secs(10))
+            .json(&json!({"conversation_id": self.key, "message": "What changed?"}))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        if status.is_server_error() {
+            return Err(format!("{status}"));
+        }
+        assert!(
+            status.is_success(),
+            "press {}: {status} {}",
+            self.key,
+            response.text().await.unwrap_or_default()
+        );
+        response.json().await.map_err(|e| e.to_string())
+    }
 }
 
 /// Drives one scenario: start, produce while `inject` fires faults, heal, drain, check, report.
@@ -188,31 +320,49 @@ where
     let seed = seed();
     eprintln!("chaos {name}: seed {seed}");
     let app = Arc::new(TestApp::start(PARTITIONS, mock(), config(protocol)).await);
+    let store = &app.db.store;
+    store.create_workspace(WORKSPACE).await.unwrap();
+    let key = issue(&mut rand::rng());
+    assert!(store.create_api_key(WORKSPACE, &key).await.unwrap());
+    assert!(
+        store
+            .set_quota(WORKSPACE, Some(QUOTA_LIMIT), 86_400)
+            .await
+            .unwrap()
+    );
     let _keep = setup(Arc::clone(&app)).await;
+    app.spawn_process(API, "api");
+    app.spawn_relay(RELAY);
     for worker in WORKERS {
         app.spawn_worker(worker);
     }
     for worker in WORKERS {
         app.wait_until_ready(worker).await;
     }
+    app.wait_for_api_addr(API, Duration::from_secs(60)).await;
     let started = Instant::now();
     let until = started + fault_window();
     let producer = {
         let app = Arc::clone(&app);
-        tokio::spawn(async move { produce_steadily(&app, until, 40, poison, seed).await })
+        let token = key.token.clone();
+        tokio::spawn(async move { produce_steadily(&app, &token, until, 40, poison, seed).await })
     };
     let mut faults = inject(Arc::clone(&app), until, fastrand::Rng::with_seed(seed)).await;
-    let (good, bad) = producer.await.unwrap();
+    // Presses still unanswered are asked again after the faults end, as a browser would.
+    let produced = producer.await.unwrap();
+    let (good, bad) = (produced.published + produced.presses, produced.malformed);
     if bad > 0 {
         // Poison is a fault of the stream itself.
         faults.counts.insert("malformed_records", bad as u64);
     }
 
-    // Heal: faults off, every worker running and continued.
+    // Heal: faults off, every process running and continued.
     app.set_faults(json!({})).await;
     for worker in WORKERS {
         app.ensure_running(worker);
     }
+    app.ensure_running_as(API, "api");
+    app.ensure_running_as(RELAY, "relay");
     let healed = Instant::now();
     let drained_limit = Duration::from_secs(240);
     let client = app.db.raw_client().await;
@@ -245,7 +395,14 @@ where
         "recovery_s": recovery_s,
         "reassign_s": faults.reassign_s,
         "faults": faults.counts,
-        "produced": {"tasks": good, "malformed": bad},
+        "produced": {
+            "tasks": good,
+            "published": produced.published,
+            "pressed": produced.presses,
+            "double_clicks": produced.double_clicks,
+            "asked_again_unanswered": produced.unanswered,
+            "malformed": bad,
+        },
         "check": report,
     });
     write_report(name, &out);
@@ -258,6 +415,19 @@ where
     assert_eq!(report.tasks, good as i64, "{name}: {out:#}");
     assert_eq!(report.dead_lettered, bad as i64, "{name}: {out:#}");
     assert!(report.attempts_per_task.max <= 8, "{name}: {out:#}");
+    // Every press's reservation was settled once, by the transaction that ended its task (I8;
+    // a second settlement or a counter out of step is among the violations above).
+    assert_eq!(
+        (
+            report.reservations_charged + report.reservations_released,
+            report.reservations_open,
+            report.reservations_unsettled,
+        ),
+        (produced.presses as i64, 0, 0),
+        "{name}: {out:#}"
+    );
+    assert_eq!(report.duplicate_tasks, 0, "{name}: {out:#}");
+    assert_eq!(report.outbox_unpublished, 0, "{name}: {out:#}");
     report
 }
 
@@ -296,6 +466,20 @@ async fn pause(rng: &mut fastrand::Rng, from_ms: u64, to_ms: u64) {
     tokio::time::sleep(Duration::from_millis(rng.u64(from_ms..to_ms))).await;
 }
 
+/// SIGKILL of the API or the relay, then a restart: presses in flight lose their answers and
+/// are asked again; outbox rows published but not yet marked so go out again.
+async fn kill_front(app: &TestApp, rng: &mut fastrand::Rng, faults: &mut Faults) {
+    let (front, command, fault) = if rng.bool() {
+        (API, "api", "api_sigkill")
+    } else {
+        (RELAY, "relay", "relay_sigkill")
+    };
+    app.kill(front);
+    faults.fired(fault);
+    pause(rng, 200, 1_500).await;
+    app.spawn_process(front, command);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kill() {
     if !selected("kill") {
@@ -319,6 +503,7 @@ async fn chaos_kill() {
             faults.reassign_s.push(killed.elapsed().as_secs_f64());
             pause(&mut rng, 500, 2_000).await;
             app.spawn_worker(victim);
+            kill_front(&app, &mut rng, &mut faults).await;
         }
         faults
     })
@@ -557,7 +742,7 @@ async fn chaos_mixed() {
             while Instant::now() < until {
                 pause(&mut rng, 1_500, 3_500).await;
                 let victim = WORKERS[rng.usize(..WORKERS.len())];
-                match rng.u8(..6) {
+                match rng.u8(..7) {
                     0 => {
                         app.kill(victim);
                         faults.fired("sigkill");
@@ -585,6 +770,7 @@ async fn chaos_mixed() {
                         infra_crash("kafka-crash").await;
                         faults.fired("broker_restart");
                     }
+                    5 => kill_front(&app, &mut rng, &mut faults).await,
                     _ => {
                         app.terminate(victim).await;
                         faults.fired("leave");

@@ -211,6 +211,53 @@ async fn a_relay_killed_between_publish_and_mark_republishes_and_still_one_reply
     );
 }
 
+/// A worker killed after the transaction that saved the reply and charged its reservation, and
+/// before it committed the record's offset: the next worker gets the record again, finds the
+/// task completed, and neither generates nor charges again (I8 with I1 and I3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_between_saving_the_reply_and_committing_its_offset_charges_once() {
+    let config = WorkerConfig {
+        // No commit before the kill: the kill always lands between the save and the commit.
+        commit_interval_ms: 600_000,
+        ..WorkerConfig::default()
+    };
+    let mut app = TestApp::start(1, mock(), config).await;
+    let front = front(&app).await;
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    let accepted = front.send("press-1", "q").await;
+    let saved = front.wait_until_completed(&accepted).await;
+    let usage = |app: &TestApp| {
+        let store = app.db.store.clone();
+        async move { store.quota("acme").await.unwrap().unwrap().usage }
+    };
+    assert_eq!((usage(&app).await.used, usage(&app).await.reserved), (1, 0));
+    assert!(
+        app.committed_offsets()
+            .await
+            .values()
+            .all(|offset| *offset < 1),
+        "nothing is committed before the kill"
+    );
+    app.kill("w1");
+
+    app.config.commit_interval_ms = 200;
+    app.spawn_worker("w2");
+    // w2 commits past the record, so it was delivered to w2 again.
+    app.wait_until_committed_to_end(LIMIT).await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!((report.tasks, report.completed), (1, 1), "{report:#?}");
+    assert_eq!(report.mock_generations, Some(1), "{report:#?}");
+    assert_eq!(
+        (report.reservations_charged, report.reservations_open),
+        (1, 0),
+        "{report:#?}"
+    );
+    assert_eq!((usage(&app).await.used, usage(&app).await.reserved), (1, 0));
+    assert_eq!(front.view(&accepted).await.reply, saved.reply);
+}
+
 /// Reads an event stream until it ends (bounded by LIMIT); returns each status event's view.
 async fn read_events(response: reqwest::Response) -> Vec<ReplyView> {
     read_events_with_ids(response)
@@ -324,26 +371,8 @@ async fn serve_with_a_key() -> (TestApp, replyd::api_key::IssuedKey, String) {
     let key = issue(&mut rand::rng());
     app.db.store.create_api_key("acme", &key).await.unwrap();
     app.spawn_process("serve", "serve");
-    let addr = api_addr(&app, "serve").await;
+    let addr = app.wait_for_api_addr("serve", LIMIT).await;
     (app, key, addr)
-}
-
-/// Where process `name` serves the API, from its start-up line.
-async fn api_addr(app: &TestApp, name: &str) -> String {
-    let mut addr = String::new();
-    wait_until("the process logs the API's address", LIMIT, || {
-        if let Some((_, rest)) = app.log_of(name).split_once("API listening addr=") {
-            addr = rest
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-        }
-        let found = !addr.is_empty();
-        async move { found }
-    })
-    .await;
-    addr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -43,6 +43,8 @@ pub struct WorkerConfig {
     pub listen: bool,
     /// `worker.max_prompt_bytes`.
     pub max_prompt_bytes: usize,
+    /// `worker.commit_interval_ms`.
+    pub commit_interval_ms: u64,
 }
 
 impl Default for WorkerConfig {
@@ -65,6 +67,7 @@ impl Default for WorkerConfig {
             provider_api: "chat_completions",
             listen: true,
             max_prompt_bytes: 256 * 1024,
+            commit_interval_ms: 200,
         }
     }
 }
@@ -195,7 +198,7 @@ read_ahead = {ra}
 lease_ms = {lease}
 renew_interval_ms = {renew}
 drain_timeout_ms = {drain}
-commit_interval_ms = 200
+commit_interval_ms = {commit}
 io_retry_ms = 100
 default_max_attempts = {attempts}
 max_prompt_bytes = {max_prompt}
@@ -219,6 +222,7 @@ listen = "127.0.0.1:0"
 listen = "127.0.0.1:0"
 "#,
             url = self.worker_database_url(),
+            commit = c.commit_interval_ms,
             bootstrap = routes.kafka.as_deref().unwrap_or(&self.bootstrap),
             topic = self.topic,
             group = self.group,
@@ -410,9 +414,14 @@ listen = "127.0.0.1:0"
 
     /// Starts worker `name` if it is not running, continues it if it is stopped.
     pub fn ensure_running(&self, name: &str) {
+        self.ensure_running_as(name, "worker");
+    }
+
+    /// [`Self::ensure_running`] for a process that runs `replyd <command>`.
+    pub fn ensure_running_as(&self, name: &str, command: &str) {
         let stopped = self.workers().get(name).map(|w| w.stopped);
         match stopped {
-            None => self.spawn_worker(name),
+            None => self.spawn_process(name, command),
             Some(true) => self.resume(name),
             Some(false) => {}
         }
@@ -495,6 +504,25 @@ listen = "127.0.0.1:0"
         let log = self.log_of(name);
         let (_, rest) = log.rsplit_once("addr=")?;
         Some(rest.split_whitespace().next()?.to_owned())
+    }
+
+    /// Where the latest incarnation of process `name` serves the API, from its start-up line
+    /// (None before any incarnation logged it; an earlier one's after a restart, until the new
+    /// one logs its own).
+    pub fn api_addr(&self, name: &str) -> Option<String> {
+        let log = self.log_of(name);
+        let (_, rest) = log.rsplit_once("API listening addr=")?;
+        Some(rest.split_whitespace().next()?.to_owned())
+    }
+
+    /// [`Self::api_addr`], waiting up to `limit` for the process to log it.
+    pub async fn wait_for_api_addr(&self, name: &str, limit: Duration) -> String {
+        wait_until("the process logs the API's address", limit, || {
+            let found = self.api_addr(name).is_some();
+            async move { found }
+        })
+        .await;
+        self.api_addr(name).unwrap_or_default()
     }
 
     /// The value of an unlabelled gauge or counter on the `/metrics` page of the running
