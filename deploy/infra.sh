@@ -214,8 +214,59 @@ postgres_up() {
   if [ "$("${psql[@]}" -c "select 1 from pg_database where datname = 'replyd'")" != 1 ]; then
     "${psql[@]}" -c "create database replyd owner replyd"
   fi
-  say "PostgreSQL ready on 127.0.0.1:$port"
+  postgres_tls "$pgdir" "${psql[@]}"
+  say "PostgreSQL ready on 127.0.0.1:$port (TLS for localhost)"
   echo "DATABASE_URL=postgres://replyd:replyd@127.0.0.1:$port/replyd" >>"$env_file.tmp"
+  echo "PG_TLS_URL=postgres://replyd_tls:replyd_tls@localhost:$port/replyd" >>"$env_file.tmp"
+  echo "PG_TLS_CA=$pgdir/tls/ca.crt" >>"$env_file.tmp"
+  echo "PG_TLS_OTHER_CA=$pgdir/tls/other-ca.crt" >>"$env_file.tmp"
+}
+
+# TLS for the local server, made with openssl once per cluster: a CA, a server certificate for
+# `localhost` only (not for 127.0.0.1, so a test can show verify-full checking the name), and a
+# second CA that signed nothing (for the refusal test). The role replyd_tls may connect only
+# over TLS (pg_hba), so a test that connects as it proves TLS was used.
+postgres_tls() {
+  local pgdir=$1 tls="$1/tls"
+  shift
+  local psql=("$@")
+  if [ ! -f "$tls/.complete" ]; then
+    command -v openssl >/dev/null || apt_install openssl
+    say "making the test TLS certificates in $tls (once per cluster)"
+    rm -rf "$tls.tmp" && mkdir -p "$tls.tmp"
+    (
+      cd "$tls.tmp"
+      for ca in ca other-ca; do
+        openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=replyd test $ca" \
+          -keyout "$ca.key" -out "$ca.crt" 2>/dev/null
+      done
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server.key -out server.csr 2>/dev/null
+      printf '%s\n' "subjectAltName=DNS:localhost" "basicConstraints=CA:FALSE" \
+        "keyUsage=digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth" >server.ext
+      openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+        -extfile server.ext -out server.crt 2>/dev/null
+      chmod 600 server.key
+    ) || die "openssl could not make the test certificates"
+    [ "$(id -u)" -ne 0 ] || chown -R postgres: "$tls.tmp"
+    touch "$tls.tmp/.complete"
+    rm -rf "$tls" && mv "$tls.tmp" "$tls"
+  fi
+  local hba="$pgdir/data/pg_hba.conf"
+  if ! grep -q '^hostnossl all replyd_tls' "$hba"; then
+    # First match wins: these lines go above initdb's trust lines.
+    { printf '%s\n' "hostnossl all replyd_tls all reject" \
+        "hostssl all replyd_tls 127.0.0.1/32 scram-sha-256" \
+        "hostssl all replyd_tls ::1/128 scram-sha-256"
+      cat "$hba"; } >"$hba.new"
+    cat "$hba.new" >"$hba" && rm -f "$hba.new"
+  fi
+  if [ "$("${psql[@]}" -c "select 1 from pg_roles where rolname = 'replyd_tls'")" != 1 ]; then
+    "${psql[@]}" -c "create role replyd_tls login superuser password 'replyd_tls'"
+  fi
+  # ALTER SYSTEM and a reload, so a cluster started before TLS existed gets it too.
+  "${psql[@]}" -c "alter system set ssl = on" -c "alter system set ssl_cert_file = '$tls/server.crt'" \
+    -c "alter system set ssl_key_file = '$tls/server.key'" -c "select pg_reload_conf()" >/dev/null
+  [ "$("${psql[@]}" -c "show ssl")" = on ] || die "PostgreSQL did not turn TLS on (see $pgdir/server.log)"
 }
 
 postgres_down() {

@@ -27,7 +27,7 @@ use uuid::Uuid;
 use crate::config::Settings;
 use crate::domain::{AttemptOutcome, RecordRules, TaskSpec, TaskStatus};
 use crate::kafka::dead_letter::headers;
-use crate::store::{connect_error, session_config};
+use crate::store::{connect_error, session_config, tls_connector};
 
 /// Exit code when an invariant is broken.
 pub const INVARIANT_BROKEN: u8 = 3;
@@ -478,7 +478,7 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
 
     let config = session_config(&settings.database)?;
     let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
+        .connect(tls_connector(&settings.database)?)
         .await
         .map_err(|e| connect_error(&settings.database, &e))?;
     tokio::spawn(connection);

@@ -721,9 +721,15 @@ impl Settings {
         if self.api.max_body_bytes == 0 {
             refuse("api.max_body_bytes", "must be positive".into());
         }
-        if let Err(e) = self.database.url.expose().parse::<tokio_postgres::Config>() {
-            // The parser's message never quotes the URL, so no password leaks through it.
-            refuse("database.url", format!("not a PostgreSQL URL: {e}"));
+        // Neither message quotes the URL, so no password leaks through them.
+        match crate::store::parse_url(&self.database) {
+            Err(crate::store::StoreError::Config(e)) => refuse("database.url", e),
+            Err(e) => refuse("database.url", e.to_string()),
+            Ok((_, tls)) => {
+                if let Err(e) = crate::store::tls::connector(&tls) {
+                    refuse("database.url", e);
+                }
+            }
         }
         out
     }

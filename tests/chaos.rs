@@ -908,6 +908,7 @@ async fn chaos_network() {
             database: Some(database),
             provider: Some(format!("http://{provider}")),
             kafka,
+            ..helpers::app::Routes::default()
         });
         let keep: Keep = Some(Box::new(proxies));
         keep

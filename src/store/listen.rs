@@ -10,13 +10,13 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DatabaseSettings;
 use crate::domain::{TaskId, TaskStatus};
 use crate::parking::{ParkedTasks, WakeSource};
-use crate::store::{StoreError, session_config, target_of};
+use crate::store::{StoreError, session_config, target_of, tls_connector};
 use crate::telemetry::{self, RepeatedFailure};
 
 /// The channel the trigger notifies.
@@ -135,7 +135,7 @@ async fn listen_once(
 ) -> Result<(), SessionEnd> {
     let mut config = session_config(settings)?;
     config.application_name(name);
-    let (client, mut connection) = config.connect(NoTls).await?;
+    let (client, mut connection) = config.connect(tls_connector(settings)?).await?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     // The connection yields notifications only while polled as a message stream.
     let driver = tokio::spawn(async move {

@@ -3,7 +3,7 @@
 
 use crate::config::DatabaseSettings;
 
-use super::{StoreError, connect_error, session_config};
+use super::{StoreError, connect_error, session_config, tls_connector};
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -16,7 +16,7 @@ const MIGRATION_LOCK: i64 = 0x7265_706c_7964;
 pub async fn run_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, StoreError> {
     let config = session_config(settings)?;
     let (mut client, connection) = config
-        .connect(tokio_postgres::NoTls)
+        .connect(tls_connector(settings)?)
         .await
         .map_err(|e| connect_error(settings, &e))?;
     let connection = tokio::spawn(connection);

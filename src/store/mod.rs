@@ -10,6 +10,7 @@
 //! - [`intake`]: the one transaction of a submission (message, task, key, outbox row).
 //! - [`outbox`]: relay batches (SKIP LOCKED), marking published, purging, lag.
 //! - [`quota`]: limits, the counter as read, the admission statement (I8).
+//! - [`tls`]: libpq's `sslmode` and `sslrootcert` over rustls.
 
 pub mod fencing;
 pub mod intake;
@@ -18,10 +19,11 @@ pub mod migrate;
 pub mod outbox;
 pub mod quota;
 pub mod tasks;
+pub mod tls;
 pub mod workspaces;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::config::DatabaseSettings;
 
@@ -58,11 +60,8 @@ pub struct Store {
 /// Parses the URL and adds the worker session settings (`lock_timeout`,
 /// `idle_in_transaction_session_timeout`, `statement_timeout`) to whatever `options` it has.
 pub fn session_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StoreError> {
-    let mut config: tokio_postgres::Config = settings
-        .url
-        .expose()
-        .parse()
-        .map_err(|e: tokio_postgres::Error| StoreError::Config(e.to_string()))?;
+    let (mut config, tls) = parse_url(settings)?;
+    tls.apply(&mut config);
     let mut options = config.get_options().unwrap_or_default().to_owned();
     options.push_str(&format!(
         " -c lock_timeout={} -c idle_in_transaction_session_timeout={} -c statement_timeout={}",
@@ -77,10 +76,29 @@ pub fn session_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Con
     Ok(config)
 }
 
+/// `database.url` as tokio-postgres's config and its TLS half. Neither error quotes the URL,
+/// so no password leaks through them.
+pub fn parse_url(
+    settings: &DatabaseSettings,
+) -> Result<(tokio_postgres::Config, tls::TlsSettings), StoreError> {
+    let (rest, tls) = tls::split(settings.url.expose()).map_err(StoreError::Config)?;
+    let config = rest.parse().map_err(|e: tokio_postgres::Error| {
+        StoreError::Config(format!("not a PostgreSQL URL: {e}"))
+    })?;
+    Ok((config, tls))
+}
+
+/// The TLS connector `database.url`'s `sslmode` and `sslrootcert` ask for; every session
+/// replyd opens (the pool, the listener, migrations, the checker) connects through it.
+pub fn tls_connector(settings: &DatabaseSettings) -> Result<MakeRustlsConnect, StoreError> {
+    let (_, tls) = parse_url(settings)?;
+    tls::connector(&tls).map_err(StoreError::Config)
+}
+
 /// Where `settings.database.url` points, as `host:port[,host:port]/dbname`: for error
 /// messages, so it never carries the user or the password.
 pub fn target_of(settings: &DatabaseSettings) -> String {
-    let Ok(config) = settings.url.expose().parse::<tokio_postgres::Config>() else {
+    let Ok((config, _)) = parse_url(settings) else {
         return "an unparsable URL".into();
     };
     let ports = config.get_ports();
@@ -123,7 +141,7 @@ impl Store {
         let config = session_config(settings)?;
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls_connector(settings)?,
             ManagerConfig {
                 // Fast recycling skips a round trip per checkout; a broken connection shows up
                 // as an error on the next statement, which callers already handle.

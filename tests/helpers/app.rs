@@ -77,6 +77,9 @@ impl Default for WorkerConfig {
 pub struct Routes {
     /// `host:port` of PostgreSQL as the workers should reach it.
     pub database: Option<String>,
+    /// The whole `database.url` of the workers (another role, TLS parameters), in place of
+    /// the test's own.
+    pub database_url: Option<String>,
     /// Base URL of the provider as the workers should reach it.
     pub provider: Option<String>,
     /// Bootstrap `host:port` of Kafka as the workers should reach it. The broker must
@@ -266,8 +269,11 @@ listen = "127.0.0.1:0"
 
     /// The test database's URL, with the host and port the workers should use.
     fn worker_database_url(&self) -> String {
-        let url = self.db.settings.url.expose().to_owned();
         let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        let url = routes
+            .database_url
+            .clone()
+            .unwrap_or_else(|| self.db.settings.url.expose().to_owned());
         match &routes.database {
             Some(via) => {
                 // postgres://user:pass@HOST:PORT/db?... → the same with `via` as HOST:PORT.
