@@ -222,34 +222,41 @@ postgres_up() {
   echo "PG_TLS_OTHER_CA=$pgdir/tls/other-ca.crt" >>"$env_file.tmp"
 }
 
-# TLS for the local server, made with openssl once per cluster: a CA, a server certificate for
-# `localhost` only (not for 127.0.0.1, so a test can show verify-full checking the name), and a
-# second CA that signed nothing (for the refusal test). The role replyd_tls may connect only
-# over TLS (pg_hba), so a test that connects as it proves TLS was used.
+# Test certificates in $1, made with openssl once: a CA, a server certificate for `localhost`
+# only (not for 127.0.0.1, so a test can show a client checking the name), and a second CA
+# that signed nothing (for the refusal tests). The marker is written last.
+test_certs() {
+  local tls=$1
+  [ -f "$tls/.complete" ] && return
+  command -v openssl >/dev/null || apt_install openssl
+  say "making test TLS certificates in $tls"
+  rm -rf "$tls.tmp" && mkdir -p "$tls.tmp"
+  (
+    cd "$tls.tmp"
+    for ca in ca other-ca; do
+      openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=replyd test $ca" \
+        -keyout "$ca.key" -out "$ca.crt" 2>/dev/null
+    done
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server.key -out server.csr 2>/dev/null
+    printf '%s\n' "subjectAltName=DNS:localhost" "basicConstraints=CA:FALSE" \
+      "keyUsage=digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth" >server.ext
+    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile server.ext -out server.crt 2>/dev/null
+    chmod 600 server.key
+  ) || die "openssl could not make the test certificates"
+  touch "$tls.tmp/.complete"
+  rm -rf "$tls" && mv "$tls.tmp" "$tls"
+}
+
+# TLS for the local server (test_certs). The role replyd_tls may connect only over TLS
+# (pg_hba), so a test that connects as it proves TLS was used.
 postgres_tls() {
   local pgdir=$1 tls="$1/tls"
   shift
   local psql=("$@")
   if [ ! -f "$tls/.complete" ]; then
-    command -v openssl >/dev/null || apt_install openssl
-    say "making the test TLS certificates in $tls (once per cluster)"
-    rm -rf "$tls.tmp" && mkdir -p "$tls.tmp"
-    (
-      cd "$tls.tmp"
-      for ca in ca other-ca; do
-        openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=replyd test $ca" \
-          -keyout "$ca.key" -out "$ca.crt" 2>/dev/null
-      done
-      openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server.key -out server.csr 2>/dev/null
-      printf '%s\n' "subjectAltName=DNS:localhost" "basicConstraints=CA:FALSE" \
-        "keyUsage=digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth" >server.ext
-      openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
-        -extfile server.ext -out server.crt 2>/dev/null
-      chmod 600 server.key
-    ) || die "openssl could not make the test certificates"
-    [ "$(id -u)" -ne 0 ] || chown -R postgres: "$tls.tmp"
-    touch "$tls.tmp/.complete"
-    rm -rf "$tls" && mv "$tls.tmp" "$tls"
+    test_certs "$tls"
+    [ "$(id -u)" -ne 0 ] || chown -R postgres: "$tls"
   fi
   local hba="$pgdir/data/pg_hba.conf"
   if ! grep -q '^hostnossl all replyd_tls' "$hba"; then
@@ -281,6 +288,10 @@ postgres_down() {
 # ---------------------------------------------------------------- Kafka
 
 kafka_classpath() { echo "$kafka_home/libs/*"; }
+
+# The SCRAM user of the local broker's SASL_SSL listener (a throwaway test credential).
+kafka_scram_user=replyd
+kafka_scram_password=replyd-scram-secret
 
 # Fetch the broker, the tools and a log4j2 backend from Maven Central once per machine.
 kafka_fetch() {
@@ -327,14 +338,22 @@ kafka_up() {
     return
   fi
   kafka_fetch
-  local dir="$infra/kafka" port cport pport aport
+  local dir="$infra/kafka" port cport pport aport sport
   mkdir -p "$dir/logs"
+  test_certs "$dir/tls"
+  # Kafka's PEM key store: the key (PKCS#8, unencrypted) then the certificate.
+  [ -f "$dir/tls/keystore.pem" ] || cat "$dir/tls/server.key" "$dir/tls/server.crt" >"$dir/tls/keystore.pem"
+  if pid_alive "$dir/pid" && ! grep -q '^listener.name.secure' "$dir/server.properties"; then
+    say "restarting Kafka: it runs without the SASL_SSL listener"
+    kafka_down
+  fi
   if pid_alive "$dir/pid"; then
     port=$(cat "$dir/port")
     pport='' aport=''
     [ ! -f "$dir/proxied" ] || read -r pport aport <"$dir/proxied"
     cport=$(sed -n 's/^controller\.quorum\.bootstrap\.servers=127\.0\.0\.1://p' "$dir/server.properties")
-    reserve_running kafka "$port" controller "$cport" proxied "$pport" advertised "$aport"
+    sport=$(cat "$dir/secure_port")
+    reserve_running kafka "$port" controller "$cport" proxied "$pport" advertised "$aport" secure "$sport"
   else
     # A third listener for fault injection: it advertises `aport`, where a Toxiproxy proxy
     # in front of `pport` listens during the network chaos scenario, so clients that
@@ -353,8 +372,10 @@ kafka_up() {
     cport=$(claim_port $((port + 1)) controller)
     [ -n "$pport" ] || pport=$(claim_port $((cport + 1)) proxied)
     [ -n "$aport" ] || aport=$(claim_port $((pport + 1)) advertised)
+    sport=$(claim_port $((aport + 1)) secure)
     ports_unlock
     echo "$port" >"$dir/port"
+    echo "$sport" >"$dir/secure_port"
     echo "$pport $aport" >"$dir/proxied"
     cat >"$dir/log4j2.properties" <<LOG
 status = error
@@ -376,12 +397,18 @@ LOG
     cat >"$dir/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,PROXIED://127.0.0.1:$pport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,PROXIED://127.0.0.1:$aport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,PROXIED://127.0.0.1:$pport,SECURE://127.0.0.1:$sport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,PROXIED://127.0.0.1:$aport,SECURE://localhost:$sport
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 controller.quorum.bootstrap.servers=127.0.0.1:$cport
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,SECURE:SASL_SSL
+# The TLS tests' listener: SASL/SCRAM over TLS, advertised as localhost (the name its
+# certificate carries), with a user made by kafka_scram_user once the broker answers.
+listener.name.secure.sasl.enabled.mechanisms=SCRAM-SHA-256
+listener.name.secure.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.secure.ssl.keystore.type=PEM
+listener.name.secure.ssl.keystore.location=$dir/tls/keystore.pem
 log.dirs=$dir/data
 num.partitions=1
 auto.create.topics.enable=true
@@ -419,8 +446,19 @@ PROPS
     [ $SECONDS -lt $deadline ] || die "Kafka did not answer a metadata request within 90 s"
     sleep 1
   done
-  say "Kafka ready on 127.0.0.1:$port"
+  # The SCRAM user of the SASL_SSL listener (kept in the cluster's metadata; setting it again
+  # is harmless).
+  kafka_tool kafka.admin.ConfigCommand --bootstrap-server "127.0.0.1:$port" --alter \
+    --add-config "SCRAM-SHA-256=[iterations=4096,password=$kafka_scram_password]" \
+    --entity-type users --entity-name "$kafka_scram_user" >/dev/null \
+    || die "could not create the SCRAM user $kafka_scram_user"
+  say "Kafka ready on 127.0.0.1:$port (SASL_SSL on localhost:$(cat "$dir/secure_port"))"
   echo "KAFKA_BOOTSTRAP=127.0.0.1:$port" >>"$env_file.tmp"
+  echo "KAFKA_SECURE_BOOTSTRAP=localhost:$(cat "$dir/secure_port")" >>"$env_file.tmp"
+  echo "KAFKA_SECURE_CA=$dir/tls/ca.crt" >>"$env_file.tmp"
+  echo "KAFKA_SECURE_OTHER_CA=$dir/tls/other-ca.crt" >>"$env_file.tmp"
+  echo "KAFKA_SCRAM_USER=$kafka_scram_user" >>"$env_file.tmp"
+  echo "KAFKA_SCRAM_PASSWORD=$kafka_scram_password" >>"$env_file.tmp"
   if [ -f "$dir/proxied" ]; then
     read -r pport aport <"$dir/proxied"
     echo "KAFKA_PROXIED_UPSTREAM=127.0.0.1:$pport" >>"$env_file.tmp"
@@ -464,9 +502,21 @@ test_tools_up() {
   echo "SCHEMATHESIS=$venv/bin/schemathesis" >>"$env_file.tmp"
 }
 
+# What building replyd needs beyond a Rust toolchain (librdkafka is compiled from source with
+# zlib and OpenSSL): `make demo` and `make test` both come through here before they build.
+build_deps_up() {
+  local need=()
+  command -v cc >/dev/null || need+=(build-essential)
+  command -v pkg-config >/dev/null || need+=(pkg-config)
+  dpkg -s zlib1g-dev >/dev/null 2>&1 || need+=(zlib1g-dev)
+  dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
+  [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
+}
+
 case "${1:-}" in
   up)
     mkdir -p "$infra"
+    build_deps_up
     : >"$env_file.tmp"
     postgres_up
     kafka_up

@@ -316,9 +316,9 @@ pub struct SourceRecord {
     pub task: Option<Uuid>,
 }
 
-fn consumer(bootstrap: &str, group: &str) -> Result<BaseConsumer, CheckError> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+fn consumer(base: &ClientConfig, group: &str) -> Result<BaseConsumer, CheckError> {
+    Ok(base
+        .clone()
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
@@ -333,6 +333,16 @@ pub fn committed_offsets(
     topic: &str,
     partitions: impl IntoIterator<Item = i32>,
 ) -> Result<HashMap<i32, i64>, CheckError> {
+    committed_offsets_with(&crate::produce::plain(bootstrap), group, topic, partitions)
+}
+
+/// [`committed_offsets`] through `base` (the brokers and how to reach them).
+pub fn committed_offsets_with(
+    base: &ClientConfig,
+    group: &str,
+    topic: &str,
+    partitions: impl IntoIterator<Item = i32>,
+) -> Result<HashMap<i32, i64>, CheckError> {
     let mut list = TopicPartitionList::new();
     for p in partitions {
         list.add_partition(topic, p);
@@ -340,7 +350,7 @@ pub fn committed_offsets(
     if list.count() == 0 {
         return Ok(HashMap::new());
     }
-    Ok(consumer(bootstrap, group)?
+    Ok(consumer(base, group)?
         .committed_offsets(list, Duration::from_secs(10))?
         .elements()
         .iter()
@@ -353,11 +363,11 @@ pub fn committed_offsets(
 
 /// Reads every record of `topic` from the beginning up to the high watermarks seen at start.
 fn read_topic<T>(
-    bootstrap: &str,
+    base: &ClientConfig,
     topic: &str,
     mut each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> T,
 ) -> Result<Vec<T>, CheckError> {
-    let reader = consumer(bootstrap, "replyd-check-reader")?;
+    let reader = consumer(base, "replyd-check-reader")?;
     let metadata = reader.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let Some(meta) = metadata.topics().iter().find(|t| t.name() == topic) else {
         return Ok(Vec::new());
@@ -633,8 +643,8 @@ fn read_kafka(
     kafka: &crate::config::KafkaSettings,
     rules: &RecordRules,
 ) -> Result<KafkaFacts, CheckError> {
-    let bootstrap = &kafka.bootstrap_servers;
-    let source = read_topic(bootstrap, &kafka.topic, |m| SourceRecord {
+    let base = kafka.client_config();
+    let source = read_topic(&base, &kafka.topic, |m| SourceRecord {
         partition: m.partition(),
         offset: m.offset(),
         // The worker's own rules, the record's own timestamp: a record is a task here
@@ -649,7 +659,7 @@ fn read_kafka(
         .ok()
         .map(|t| t.task_id.as_uuid()),
     })?;
-    let dead = read_topic(bootstrap, &kafka.dead_letter_topic(), |m| {
+    let dead = read_topic(&base, &kafka.dead_letter_topic(), |m| {
         let mut partition = None;
         let mut offset = None;
         if let Some(hs) = m.headers() {
@@ -668,7 +678,7 @@ fn read_kafka(
     .flatten()
     .collect();
     let partitions: HashSet<i32> = source.iter().map(|r| r.partition).collect();
-    let committed = committed_offsets(bootstrap, &kafka.group_id, &kafka.topic, partitions)?;
+    let committed = committed_offsets_with(&base, &kafka.group_id, &kafka.topic, partitions)?;
     Ok((source, dead, committed))
 }
 

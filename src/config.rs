@@ -103,9 +103,114 @@ pub struct KafkaSettings {
     /// `"fetch.max.bytes" = "1048576"`). Properties replyd sets itself (`enable.auto.commit`,
     /// `enable.auto.offset.store`, `group.id`, `group.protocol`) are refused here.
     pub librdkafka: BTreeMap<String, String>,
-    /// librdkafka properties for the producers (dead-letter copies, `replyd produce`), e.g.
-    /// security settings. `bootstrap.servers`, `enable.idempotence` and `acks` are set by replyd.
+    /// librdkafka properties for the producers (dead-letter copies, the relay, `replyd
+    /// produce`). `bootstrap.servers`, `enable.idempotence` and `acks` are set by replyd.
     pub producer_librdkafka: BTreeMap<String, String>,
+    /// How every Kafka client of replyd (the group consumer, the producers, the relay, the
+    /// checker) reaches the brokers: TLS and SASL.
+    pub security: KafkaSecurity,
+}
+
+/// TLS and SASL for the brokers. The properties it sets are refused in the pass-through maps,
+/// so there is one place to read them, and the password is never shown.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaSecurity {
+    /// `security.protocol`: `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`.
+    pub protocol: SecurityProtocol,
+    /// `ssl.ca.location`: a PEM file of the CAs that sign the brokers' certificates. Empty:
+    /// the system's store. The brokers' host names are always verified.
+    pub ca_file: String,
+    /// `sasl.mechanisms`: `SCRAM-SHA-256`, `SCRAM-SHA-512` or `PLAIN`.
+    pub sasl_mechanism: SaslMechanism,
+    /// `sasl.username`.
+    pub sasl_username: String,
+    /// `sasl.password`; never logged, `config show` prints `***`. Default: none.
+    pub sasl_password: Option<Secret>,
+}
+
+/// librdkafka's `security.protocol`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SecurityProtocol {
+    #[default]
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plaintext => "plaintext",
+            Self::Ssl => "ssl",
+            Self::SaslPlaintext => "sasl_plaintext",
+            Self::SaslSsl => "sasl_ssl",
+        }
+    }
+
+    fn uses_sasl(self) -> bool {
+        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
+    }
+
+    fn uses_tls(self) -> bool {
+        matches!(self, Self::Ssl | Self::SaslSsl)
+    }
+}
+
+/// librdkafka's `sasl.mechanisms` that take a user name and a password.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+pub enum SaslMechanism {
+    #[default]
+    #[serde(rename = "SCRAM-SHA-512")]
+    ScramSha512,
+    #[serde(rename = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[serde(rename = "PLAIN")]
+    Plain,
+}
+
+impl SaslMechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ScramSha512 => "SCRAM-SHA-512",
+            Self::ScramSha256 => "SCRAM-SHA-256",
+            Self::Plain => "PLAIN",
+        }
+    }
+}
+
+/// The librdkafka properties `kafka.security` owns.
+const SECURITY_LIBRDKAFKA: &[&str] = &[
+    "security.protocol",
+    "ssl.ca.location",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.password",
+];
+
+impl KafkaSecurity {
+    /// The librdkafka properties, the password among them (for a client, never for display).
+    pub fn properties(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![("security.protocol", self.protocol.as_str().to_owned())];
+        if self.protocol.uses_tls() {
+            // Verify the brokers' names, whatever librdkafka's default of the day.
+            out.push(("ssl.endpoint.identification.algorithm", "https".into()));
+            if !self.ca_file.is_empty() {
+                out.push(("ssl.ca.location", self.ca_file.clone()));
+            }
+        }
+        if self.protocol.uses_sasl() {
+            out.push(("sasl.mechanisms", self.sasl_mechanism.as_str().into()));
+            out.push(("sasl.username", self.sasl_username.clone()));
+            if let Some(password) = &self.sasl_password {
+                out.push(("sasl.password", password.expose().to_owned()));
+            }
+        }
+        out
+    }
 }
 
 /// Group protocol choice.
@@ -138,6 +243,7 @@ impl Default for KafkaSettings {
             dead_letter_topic: String::new(),
             librdkafka: BTreeMap::new(),
             producer_librdkafka: BTreeMap::new(),
+            security: KafkaSecurity::default(),
         }
     }
 }
@@ -146,6 +252,17 @@ impl Default for KafkaSettings {
 pub const DEFAULT_SESSION_TIMEOUT_MS: u64 = 45_000;
 
 impl KafkaSettings {
+    /// What every Kafka client of replyd starts from: the brokers and `kafka.security`. Each
+    /// client adds its own properties on top.
+    pub fn client_config(&self) -> rdkafka::ClientConfig {
+        let mut config = rdkafka::ClientConfig::new();
+        config.set("bootstrap.servers", &self.bootstrap_servers);
+        for (key, value) in self.security.properties() {
+            config.set(key, value);
+        }
+        config
+    }
+
     /// The classic protocol's session timeout: the setting, or librdkafka's default.
     pub fn session_timeout_ms(&self) -> u64 {
         self.session_timeout_ms
@@ -590,6 +707,23 @@ impl Settings {
                 if RESERVED_LIBRDKAFKA.contains(&key.as_str()) && setting == "kafka.librdkafka" {
                     continue; // reported above
                 }
+                if SECURITY_LIBRDKAFKA.contains(&key.as_str()) {
+                    refuse(
+                        setting,
+                        format!("`{key}` belongs in [kafka.security], which every client reads"),
+                    );
+                    continue;
+                }
+                if key.contains("password") || key.contains("secret") {
+                    // A pass-through value is printed by `config show`: no secret goes there.
+                    refuse(
+                        setting,
+                        format!(
+                            "`{key}` is a secret, and pass-through values are shown by `replyd config show`"
+                        ),
+                    );
+                    continue;
+                }
                 // librdkafka checks names and values when a configuration is built, with no
                 // client and no network: a typo is refused here, before anything connects.
                 if let Err(e) = rdkafka::ClientConfig::new()
@@ -598,6 +732,34 @@ impl Settings {
                 {
                     refuse(setting, format!("`{key}` = {value:?}: {e}"));
                 }
+            }
+        }
+        let security = &k.security;
+        if security.protocol.uses_sasl()
+            && (security.sasl_username.is_empty() || security.sasl_password.is_none())
+        {
+            refuse(
+                "kafka.security.sasl_username",
+                format!(
+                    "protocol = \"{}\" needs sasl_username and sasl_password",
+                    security.protocol.as_str()
+                ),
+            );
+        }
+        if !security.ca_file.is_empty() {
+            if !security.protocol.uses_tls() {
+                refuse(
+                    "kafka.security.ca_file",
+                    format!(
+                        "protocol = \"{}\" does not use TLS: set protocol to ssl or sasl_ssl, or remove ca_file",
+                        security.protocol.as_str()
+                    ),
+                );
+            } else if let Err(e) = std::fs::metadata(&security.ca_file) {
+                refuse(
+                    "kafka.security.ca_file",
+                    format!("{}: {e}", security.ca_file),
+                );
             }
         }
         if k.group_protocol == GroupProtocol::Consumer && k.session_timeout_ms.is_some() {

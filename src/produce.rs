@@ -141,11 +141,25 @@ pub fn malformed_record(n: usize) -> (&'static str, Vec<u8>) {
     (kind, bytes)
 }
 
+/// A client config with only the brokers: a plaintext cluster (the tests' and the demo's).
+pub fn plain(bootstrap: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    config
+}
+
 /// Creates `topic` with `partitions` partitions unless it exists.
 pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<(), KafkaError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
+    create_topic_with(&plain(bootstrap), topic, partitions).await
+}
+
+/// [`create_topic`] through `base` (the brokers and how to reach them).
+pub async fn create_topic_with(
+    base: &ClientConfig,
+    topic: &str,
+    partitions: i32,
+) -> Result<(), KafkaError> {
+    let admin: AdminClient<DefaultClientContext> = base.create()?;
     let results = admin
         .create_topics(
             [&NewTopic::new(
@@ -166,21 +180,21 @@ pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Resu
 }
 
 pub fn producer(bootstrap: &str) -> Result<FutureProducer, KafkaError> {
-    producer_with(bootstrap, &Default::default())
+    producer_with(&plain(bootstrap), &Default::default())
 }
 
-/// An idempotent producer (`acks=all`) with the pass-through properties (security, say).
+/// An idempotent producer (`acks=all`) through `base` (the brokers and how to reach them),
+/// with the pass-through properties.
 pub fn producer_with(
-    bootstrap: &str,
+    base: &ClientConfig,
     properties: &std::collections::BTreeMap<String, String>,
 ) -> Result<FutureProducer, KafkaError> {
-    let mut config = ClientConfig::new();
+    let mut config = base.clone();
     config.set("linger.ms", "5");
     for (key, value) in properties {
         config.set(key, value);
     }
     config
-        .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .create()
@@ -234,11 +248,12 @@ pub async fn run(
         bootstrap: bootstrap.clone(),
         error,
     };
+    let base = kafka.client_config();
     if let Some(partitions) = args.create_partitions {
-        create_topic(bootstrap, &kafka.topic, partitions)
+        create_topic_with(&base, &kafka.topic, partitions)
             .await
             .map_err(at_kafka)?;
-        create_topic(bootstrap, &kafka.dead_letter_topic(), partitions)
+        create_topic_with(&base, &kafka.dead_letter_topic(), partitions)
             .await
             .map_err(at_kafka)?;
     }
@@ -262,7 +277,7 @@ pub async fn run(
     records.splice(at..at, bad);
     records.extend(encoded.iter().take(args.duplicates).cloned());
 
-    let producer = producer_with(bootstrap, &kafka.producer_librdkafka).map_err(at_kafka)?;
+    let producer = producer_with(&base, &kafka.producer_librdkafka).map_err(at_kafka)?;
     publish(&producer, &kafka.topic, &records)
         .await
         .map_err(at_kafka)?;

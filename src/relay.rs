@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures_util::future::{BoxFuture, join_all};
-use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -94,17 +93,16 @@ pub async fn run(
     let store = Store::connect(&settings.database).context("database settings")?;
     let relay = &settings.relay;
     let kafka = &settings.kafka;
-    let mut config = ClientConfig::new();
+    let mut config = kafka.client_config();
     for (key, value) in &kafka.producer_librdkafka {
         config.set(key, value);
     }
     let producer: FutureProducer<KafkaLogs> = config
-        .set("bootstrap.servers", &kafka.bootstrap_servers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         // A publish must end well inside the open transaction's idle timeout (validated).
         .set("message.timeout.ms", relay.publish_timeout_ms.to_string())
-        .create_with_context(KafkaLogs)
+        .create_with_context(KafkaLogs::default())
         .with_context(|| {
             format!(
                 "Kafka producer for {} (kafka.bootstrap_servers)",

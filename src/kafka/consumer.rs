@@ -615,7 +615,7 @@ impl ConsumerContext for WorkerContext {
 /// Builds the group consumer: auto-commit and auto offset store off (I3), the configured
 /// protocol, then the pass-through properties.
 pub fn consumer_config(kafka: &KafkaSettings) -> ClientConfig {
-    let mut config = ClientConfig::new();
+    let mut config = kafka.client_config();
     // Defaults a platform team would expect; the pass-through map may override them.
     config.set("auto.offset.reset", "earliest");
     if kafka.group_protocol == GroupProtocol::Classic {

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -25,10 +24,12 @@ pub mod headers {
 pub enum DeadLetterError {
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
-    #[error("cannot reach Kafka at {bootstrap} (kafka.bootstrap_servers): {error}")]
+    #[error("cannot reach Kafka at {bootstrap} (kafka.bootstrap_servers): {error}{}", cause.as_deref().map(|c| format!("; the last broker error: {c}")).unwrap_or_default())]
     Unreachable {
         bootstrap: String,
-        error: KafkaError,
+        error: Box<KafkaError>,
+        /// What the broker connection last reported (a refused password, say).
+        cause: Option<String>,
     },
     #[error(
         "dead-letter topic `{0}` does not exist: create it (or set kafka.dead_letter_topic) before starting workers"
@@ -40,27 +41,30 @@ pub enum DeadLetterError {
 
 pub struct DeadLetters {
     producer: FutureProducer<super::KafkaLogs>,
+    /// The producer's context (shared): the last broker error, for a failed check.
+    logs: super::KafkaLogs,
     topic: String,
     bootstrap: String,
 }
 
 impl DeadLetters {
     pub fn new(kafka: &KafkaSettings) -> Result<Self, KafkaError> {
-        let mut config = ClientConfig::new();
+        let logs = super::KafkaLogs::default();
+        let mut config = kafka.client_config();
         for (key, value) in &kafka.producer_librdkafka {
             config.set(key, value);
         }
         let producer = config
-            .set("bootstrap.servers", &kafka.bootstrap_servers)
             // Idempotent, fully acknowledged writes: a copy is durable before the source
             // offset is released, and producer retries never duplicate it.
             .set("enable.idempotence", "true")
             .set("acks", "all")
             // Checking for the topic must not create it behind the operator's back.
             .set("allow.auto.create.topics", "false")
-            .create_with_context(super::KafkaLogs)?;
+            .create_with_context(logs.clone())?;
         Ok(Self {
             producer,
+            logs,
             topic: kafka.dead_letter_topic(),
             bootstrap: kafka.bootstrap_servers.clone(),
         })
@@ -76,7 +80,8 @@ impl DeadLetters {
             .fetch_metadata(Some(&self.topic), Duration::from_secs(3))
             .map_err(|error| DeadLetterError::Unreachable {
                 bootstrap: self.bootstrap.clone(),
-                error,
+                error: Box::new(error),
+                cause: self.logs.last_error(),
             })?;
         let exists = metadata
             .topics()

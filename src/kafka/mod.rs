@@ -7,8 +7,23 @@ pub mod tracker;
 
 /// The client context of replyd's producers: librdkafka's logs and errors go through
 /// [`crate::telemetry`], so a broker that is down is one line a minute, not several a second.
+/// It keeps the last error a broker connection reported: a metadata request that times out
+/// says only "transport failure", while the cause (a refused password, an untrusted
+/// certificate) came through here.
 #[derive(Clone, Default)]
-pub struct KafkaLogs;
+pub struct KafkaLogs {
+    last_error: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl KafkaLogs {
+    /// The last error a broker connection reported, if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
 
 impl rdkafka::ClientContext for KafkaLogs {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
@@ -16,6 +31,10 @@ impl rdkafka::ClientContext for KafkaLogs {
     }
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        // "All brokers are down" follows every cause; the cause is what explains it.
+        if !reason.ends_with("brokers are down") {
+            *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
+        }
         crate::telemetry::kafka_client_error(&error, reason);
     }
 }

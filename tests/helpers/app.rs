@@ -86,6 +86,9 @@ pub struct Routes {
     /// advertise it too (deploy/infra.sh's proxied listener), or clients leave the proxy
     /// after their first metadata answer.
     pub kafka: Option<String>,
+    /// TOML added at the end of the workers' `[kafka]` table: more keys, then sub-tables
+    /// (`[kafka.security]`).
+    pub kafka_toml: Option<String>,
 }
 
 pub struct TestApp {
@@ -188,6 +191,7 @@ group_id = "{group}"
 group_protocol = "{protocol}"
 {session}
 dead_letter_topic = "{dlq}"
+{kafka_toml}
 
 [kafka.librdkafka]
 "topic.metadata.refresh.interval.ms" = "2000"
@@ -226,6 +230,7 @@ listen = "127.0.0.1:0"
 "#,
             url = self.worker_database_url(),
             commit = c.commit_interval_ms,
+            kafka_toml = routes.kafka_toml.as_deref().unwrap_or_default(),
             bootstrap = routes.kafka.as_deref().unwrap_or(&self.bootstrap),
             topic = self.topic,
             group = self.group,
