@@ -486,6 +486,8 @@ kafka_down() {
 # The PyPI tools the tests run (schemathesis against the live API), in a virtualenv kept in
 # the cache, once per machine and version; SCHEMATHESIS=<its path> goes to the env file.
 schemathesis_version=4.32.5
+promtool_version=0.316.0
+helm_version=3.22.0
 test_tools_up() {
   local venv="$cache/venv-schemathesis-$schemathesis_version"
   # The marker is written last, so an interrupted install is redone rather than trusted.
@@ -500,6 +502,11 @@ test_tools_up() {
     touch "$venv/.installed"
   fi
   echo "SCHEMATHESIS=$venv/bin/schemathesis" >>"$env_file.tmp"
+  # Go programs the deployment tests run (built once per machine; the first build of each
+  # takes minutes on 2 cores).
+  local promtool
+  promtool=$(go_tool promtool github.com/prometheus/prometheus/cmd/promtool "$promtool_version") || exit 1
+  echo "PROMTOOL=$promtool" >>"$env_file.tmp"
 }
 
 # What building replyd needs beyond a Rust toolchain (librdkafka is compiled from source with
@@ -511,6 +518,24 @@ build_deps_up() {
   dpkg -s zlib1g-dev >/dev/null 2>&1 || need+=(zlib1g-dev)
   dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
   [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
+}
+
+# A Go program built once per machine from the Go module proxy into the cache; prints the
+# binary's path. go_tool <binary name> <package> <version without the v>.
+go_tool() {
+  local name=$1 package=$2 version=$3
+  local bin_dir="$cache/$name-$version"
+  if [ ! -x "$bin_dir/$name" ]; then
+    command -v go >/dev/null || [ ! -x /usr/local/go/bin/go ] || export PATH="$PATH:/usr/local/go/bin"
+    command -v go >/dev/null || die "Go is needed to build $name"
+    say "building $name $version into $bin_dir (once per machine)"
+    rm -rf "$bin_dir.tmp" && mkdir -p "$bin_dir.tmp"
+    GOBIN="$bin_dir.tmp" GOFLAGS=-mod=mod go install "$package@v$version" >&2 \
+      || die "could not build $name $version from the Go module proxy"
+    mv "$bin_dir.tmp/${package##*/}" "$bin_dir.tmp/$name" 2>/dev/null || true
+    rm -rf "$bin_dir" && mv "$bin_dir.tmp" "$bin_dir"
+  fi
+  echo "$bin_dir/$name"
 }
 
 case "${1:-}" in
@@ -537,18 +562,15 @@ case "${1:-}" in
     ;;
   toxiproxy)
     # Toxiproxy, built once per machine from the Go module proxy; prints the binary's path.
-    version=2.12.0
-    bin_dir="$cache/toxiproxy-$version"
-    if [ ! -x "$bin_dir/toxiproxy-server" ]; then
-      command -v go >/dev/null || die "Go is needed to build toxiproxy (the network chaos scenario)"
-      say "building toxiproxy $version into $bin_dir (once per machine)"
-      mkdir -p "$bin_dir.tmp"
-      GOBIN="$bin_dir.tmp" go install "github.com/Shopify/toxiproxy/v2/cmd/server@v$version" >&2 \
-        || die "could not build toxiproxy"
-      mv "$bin_dir.tmp/server" "$bin_dir.tmp/toxiproxy-server"
-      rm -rf "$bin_dir" && mv "$bin_dir.tmp" "$bin_dir"
-    fi
-    echo "$bin_dir/toxiproxy-server"
+    go_tool toxiproxy-server github.com/Shopify/toxiproxy/v2/cmd/server 2.12.0
+    ;;
+  promtool)
+    # Prometheus's rule checker (the alert rules' test).
+    go_tool promtool github.com/prometheus/prometheus/cmd/promtool "$promtool_version"
+    ;;
+  helm)
+    # helm lint / helm template (the chart's tests).
+    go_tool helm helm.sh/helm/v3/cmd/helm "$helm_version"
     ;;
   postgres-crash)
     [ -z "${DATABASE_URL:-}" ] || die "DATABASE_URL names an external server: not crashing it"
@@ -571,7 +593,7 @@ case "${1:-}" in
     [ -f "$infra/pg/data/postmaster.pid" ] && echo "postgres: running (pid $(head -n1 "$infra/pg/data/postmaster.pid"))" || echo "postgres: stopped"
     ;;
   *)
-    echo "usage: $0 up|down|clean|status|postgres-crash|kafka-crash" >&2
+    echo "usage: $0 up|down|clean|status|postgres-crash|kafka-crash|toxiproxy|promtool|helm" >&2
     exit 2
     ;;
 esac

@@ -48,6 +48,9 @@ pub struct ReconcileReport {
     pub expired: usize,
     /// Reservations left for the next pass (a store or provider error, a lost race).
     pub left: usize,
+    /// Open reservations still past their TTL after the pass (left, or beyond its batch):
+    /// `replyd_quota_reservations_overdue`. More than a pass or two of them is an alert.
+    pub overdue_after: i64,
 }
 
 pub struct Reconciler {
@@ -106,6 +109,8 @@ impl Reconciler {
                 Done::Left => report.left += 1,
             }
         }
+        report.overdue_after = self.store.overdue_reservations().await?;
+        telemetry::reservations_overdue(report.overdue_after);
         Ok(report)
     }
 

@@ -78,6 +78,17 @@ pub async fn run(
         crate::telemetry::http::serve(listen, probes.clone(), parts.count(), shutdown.clone())
             .await
             .with_context(|| format!("binding {listen} (observability.listen)"))?;
+    // Before the line that says where to scrape: the first scrape finds every family.
+    for (on, families) in [
+        (parts.api, crate::telemetry::API_METRICS),
+        (parts.relay, crate::telemetry::RELAY_METRICS),
+        (parts.worker, crate::telemetry::WORKER_METRICS),
+    ] {
+        if on {
+            crate::telemetry::register(families);
+        }
+    }
+
     tracing::info!(%addr, %parts, "serving /metrics, /healthz and /readyz");
 
     let part = |name: &'static str, result: anyhow::Result<()>| {

@@ -236,6 +236,8 @@ impl Shared {
                 points.push((key.clone(), point));
             }
             state.last_committed.remove(key);
+            // No longer ours: its owner reports it now.
+            telemetry::oldest_in_flight(key.partition, 0.0);
         }
         self.status
             .assigned_partitions
@@ -269,7 +271,7 @@ impl Shared {
                 );
                 return;
             }
-            if let Err(e) = state.offsets.begin(&key, offset) {
+            if let Err(e) = state.offsets.begin(&key, offset, Instant::now()) {
                 tracing::warn!(partition = key.partition, offset, error = %e, "record out of order; skipped");
                 return;
             }
@@ -467,6 +469,31 @@ impl Shared {
         commit_points(consumer, &points, mode);
     }
 
+    /// Sets the age of each assigned partition's oldest in-flight record.
+    fn report_in_flight_ages(&self) {
+        let now = Instant::now();
+        let ages: Vec<(i32, f64)> = {
+            let state = self.lock();
+            state
+                .offsets
+                .assigned()
+                .map(|key| {
+                    let since = state
+                        .offsets
+                        .partition(key)
+                        .and_then(|p| p.oldest_in_flight());
+                    (
+                        key.partition,
+                        since.map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64()),
+                    )
+                })
+                .collect()
+        };
+        for (partition, seconds) in ages {
+            telemetry::oldest_in_flight(partition, seconds);
+        }
+    }
+
     fn forget_all_commits(&self) {
         self.lock().last_committed.clear();
     }
@@ -529,6 +556,9 @@ fn keys_of(list: &TopicPartitionList) -> Vec<PartitionKey> {
 /// librdkafka's callbacks: rebalances, commit results, logs.
 pub struct WorkerContext {
     shared: Arc<Shared>,
+    topic: String,
+    /// Partitions whose lag this worker reported, so one it no longer has is set to 0.
+    lag_reported: std::sync::Mutex<std::collections::BTreeSet<i32>>,
 }
 
 impl ClientContext for WorkerContext {
@@ -539,6 +569,53 @@ impl ClientContext for WorkerContext {
     fn error(&self, error: KafkaError, reason: &str) {
         telemetry::kafka_client_error(&error, reason);
     }
+
+    /// librdkafka's statistics (every `statistics.interval.ms`): the consumer lag of each
+    /// partition this worker is assigned.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let Some(topic) = statistics.topics.get(&self.topic) else {
+            return;
+        };
+        let mut reported = self.lag_reported.lock().unwrap_or_else(|p| p.into_inner());
+        for partition in topic.partitions.values().filter(|p| p.partition >= 0) {
+            let lag = partition
+                .desired
+                .then(|| {
+                    lag_of(
+                        partition.hi_offset,
+                        partition.lo_offset,
+                        partition.committed_offset,
+                    )
+                })
+                .flatten();
+            match lag {
+                Some(records) => {
+                    telemetry::consumer_lag(partition.partition, records);
+                    reported.insert(partition.partition);
+                }
+                None if reported.remove(&partition.partition) => {
+                    telemetry::consumer_lag(partition.partition, 0);
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+/// A partition's consumer lag from librdkafka's statistics: the records after the group's
+/// committed offset, up to the high watermark. Before the group's first commit, every record
+/// from the low watermark (the group starts at the earliest). None while the watermark is
+/// unknown.
+pub fn lag_of(high_watermark: i64, low_watermark: i64, committed: i64) -> Option<i64> {
+    if high_watermark < 0 {
+        return None;
+    }
+    let from = if committed >= 0 {
+        committed
+    } else {
+        low_watermark.max(0)
+    };
+    Some((high_watermark - from).max(0))
 }
 
 impl ConsumerContext for WorkerContext {
@@ -617,7 +694,10 @@ impl ConsumerContext for WorkerContext {
 pub fn consumer_config(kafka: &KafkaSettings) -> ClientConfig {
     let mut config = kafka.client_config();
     // Defaults a platform team would expect; the pass-through map may override them.
-    config.set("auto.offset.reset", "earliest");
+    // Statistics feed the consumer-lag gauge.
+    config
+        .set("auto.offset.reset", "earliest")
+        .set("statistics.interval.ms", "5000");
     if kafka.group_protocol == GroupProtocol::Classic {
         config
             .set("partition.assignment.strategy", "cooperative-sticky")
@@ -655,6 +735,8 @@ pub fn run_consumer<H: RecordHandler>(
     let consumer: BaseConsumer<WorkerContext> =
         consumer_config(kafka).create_with_context(WorkerContext {
             shared: Arc::clone(&shared),
+            topic: kafka.topic.clone(),
+            lag_reported: Default::default(),
         })?;
     consumer.subscribe(&[&kafka.topic])?;
     shared.status.polling.store(true, Ordering::Relaxed);
@@ -679,6 +761,7 @@ pub fn run_consumer<H: RecordHandler>(
                 next_full_commit = Instant::now() + FULL_COMMIT_INTERVAL;
             }
             shared.commit_progress(&consumer, CommitMode::Async);
+            shared.report_in_flight_ages();
             next_commit = Instant::now() + commit_interval;
         }
     }
@@ -727,4 +810,26 @@ pub fn run_consumer<H: RecordHandler>(
     shared.status.polling.store(false, Ordering::Relaxed);
     tracing::info!("consumer stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lag_of;
+
+    #[test]
+    fn lag_counts_from_the_committed_offset_or_from_the_start_before_the_first_commit() {
+        assert_eq!(lag_of(120, 0, 100), Some(20));
+        assert_eq!(lag_of(120, 0, 120), Some(0), "caught up");
+        assert_eq!(
+            lag_of(120, 30, -1001),
+            Some(90),
+            "no commit yet: from the low watermark"
+        );
+        assert_eq!(lag_of(-1, 0, 5), None, "the watermark is not known yet");
+        assert_eq!(
+            lag_of(100, 0, 130),
+            Some(0),
+            "a commit ahead of a stale watermark"
+        );
+    }
 }

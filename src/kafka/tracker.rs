@@ -1,4 +1,5 @@
-//! In-flight offsets per partition, and the commit point they allow. Pure: no I/O, no clock.
+//! In-flight offsets per partition, and the commit point they allow. Pure: no I/O, and no clock
+//! of its own (the caller says when a record was begun).
 //!
 //! Keeps I3 (nothing lost): the commit point of a partition is the lowest offset still in
 //! flight, or, when nothing is in flight, one past the highest offset done. Committing it never
@@ -6,7 +7,8 @@
 //! Offsets need not be contiguous (compaction, transaction markers): only offsets that were
 //! begun count.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
 
 /// A topic partition, as the tracker keys it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,7 +40,8 @@ pub enum TrackerError {
 /// One partition's offsets within one assignment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PartitionOffsets {
-    in_flight: BTreeSet<i64>,
+    /// Offsets in flight, with when each was begun.
+    in_flight: BTreeMap<i64, Instant>,
     highest_begun: Option<i64>,
     highest_done: Option<i64>,
 }
@@ -46,18 +49,18 @@ pub struct PartitionOffsets {
 impl PartitionOffsets {
     /// Records that work on `offset` started. Within one assignment a partition's records
     /// arrive in increasing offset order; anything else is refused.
-    pub fn begin(&mut self, offset: i64) -> Result<(), TrackerError> {
+    pub fn begin(&mut self, offset: i64, at: Instant) -> Result<(), TrackerError> {
         if let Some(highest) = self.highest_begun.filter(|h| offset <= *h) {
             return Err(TrackerError::NotIncreasing { offset, highest });
         }
-        self.in_flight.insert(offset);
+        self.in_flight.insert(offset, at);
         self.highest_begun = Some(offset);
         Ok(())
     }
 
     /// Records that `offset` is finished: its outcome is durable (terminal task or DLQ copy).
     pub fn done(&mut self, offset: i64) -> Result<(), TrackerError> {
-        if !self.in_flight.remove(&offset) {
+        if self.in_flight.remove(&offset).is_none() {
             return Err(TrackerError::NotInFlight(offset));
         }
         self.highest_done = Some(self.highest_done.map_or(offset, |h| h.max(offset)));
@@ -66,16 +69,23 @@ impl PartitionOffsets {
 
     /// The offset to commit: the group resumes there. `None` until something is done.
     pub fn commit_point(&self) -> Option<i64> {
-        match self.in_flight.first() {
+        match self.in_flight.first_key_value() {
             // Nothing below the lowest unfinished offset is unfinished; if nothing was done
             // yet there is nothing to commit.
-            Some(&lowest) => self.highest_done.map(|_| lowest),
+            Some((&lowest, _)) => self.highest_done.map(|_| lowest),
             None => self.highest_done.map(|h| h + 1),
         }
     }
 
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// When the oldest record still in flight was begun: the lowest offset's, since offsets
+    /// are begun in increasing order. It holds the commit point back, so its age is how long
+    /// the partition's progress has waited.
+    pub fn oldest_in_flight(&self) -> Option<Instant> {
+        self.in_flight.first_key_value().map(|(_, at)| *at)
     }
 }
 
@@ -101,8 +111,13 @@ impl InFlightOffsets {
         self.partitions.contains_key(key)
     }
 
-    pub fn begin(&mut self, key: &PartitionKey, offset: i64) -> Result<(), TrackerError> {
-        self.partition_mut(key)?.begin(offset)
+    pub fn begin(
+        &mut self,
+        key: &PartitionKey,
+        offset: i64,
+        at: Instant,
+    ) -> Result<(), TrackerError> {
+        self.partition_mut(key)?.begin(offset, at)
     }
 
     pub fn done(&mut self, key: &PartitionKey, offset: i64) -> Result<(), TrackerError> {
@@ -149,11 +164,28 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn the_oldest_in_flight_is_the_lowest_offset_still_running() {
+        let start = Instant::now();
+        let at = |ms| start + std::time::Duration::from_millis(ms);
+        let mut p = PartitionOffsets::default();
+        assert_eq!(p.oldest_in_flight(), None);
+        p.begin(10, at(0)).unwrap();
+        p.begin(11, at(5)).unwrap();
+        p.begin(12, at(9)).unwrap();
+        p.done(11).unwrap();
+        assert_eq!(p.oldest_in_flight(), Some(at(0)));
+        p.done(10).unwrap();
+        assert_eq!(p.oldest_in_flight(), Some(at(9)), "11 is done, 12 is next");
+        p.done(12).unwrap();
+        assert_eq!(p.oldest_in_flight(), None);
+    }
+
+    #[test]
     fn commit_point_waits_for_the_slowest_record() {
         let mut p = PartitionOffsets::default();
         assert_eq!(p.commit_point(), None);
         for o in 41..=44 {
-            p.begin(o).unwrap();
+            p.begin(o, Instant::now()).unwrap();
         }
         p.done(42).unwrap();
         p.done(44).unwrap();
@@ -167,8 +199,8 @@ mod tests {
     #[test]
     fn gaps_between_offsets_are_skipped() {
         let mut p = PartitionOffsets::default();
-        p.begin(10).unwrap();
-        p.begin(15).unwrap();
+        p.begin(10, Instant::now()).unwrap();
+        p.begin(15, Instant::now()).unwrap();
         p.done(10).unwrap();
         assert_eq!(p.commit_point(), Some(15));
         p.done(15).unwrap();
@@ -178,9 +210,9 @@ mod tests {
     #[test]
     fn misuse_is_refused_without_changing_state() {
         let mut p = PartitionOffsets::default();
-        p.begin(5).unwrap();
+        p.begin(5, Instant::now()).unwrap();
         assert_eq!(
-            p.begin(5),
+            p.begin(5, Instant::now()),
             Err(TrackerError::NotIncreasing {
                 offset: 5,
                 highest: 5
@@ -191,7 +223,7 @@ mod tests {
         let mut all = InFlightOffsets::default();
         let key = PartitionKey::new("t", 0);
         assert_eq!(
-            all.begin(&key, 1),
+            all.begin(&key, 1, Instant::now()),
             Err(TrackerError::NotAssigned(key.clone()))
         );
     }
@@ -201,11 +233,11 @@ mod tests {
         let mut all = InFlightOffsets::default();
         let key = PartitionKey::new("t", 3);
         all.assign(key.clone());
-        all.begin(&key, 7).unwrap();
+        all.begin(&key, 7, Instant::now()).unwrap();
         all.assign(key.clone());
         assert_eq!(all.partition(&key).unwrap().in_flight(), 0);
         // After a reassignment the group may resume below what this member saw before.
-        all.begin(&key, 2).unwrap();
+        all.begin(&key, 2, Instant::now()).unwrap();
     }
 
     #[derive(Debug, Clone)]
@@ -238,7 +270,7 @@ mod tests {
                 match op {
                     Op::Begin { gap } => {
                         next += gap;
-                        p.begin(next).unwrap();
+                        p.begin(next, Instant::now()).unwrap();
                         unfinished.push(next);
                     }
                     Op::Done { pick } => {

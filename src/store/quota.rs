@@ -127,6 +127,19 @@ pub struct ExpiredReservation {
 }
 
 impl Store {
+    /// How many open reservations are past their TTL now.
+    pub async fn overdue_reservations(&self) -> Result<i64, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM quota_reservations \
+                 WHERE state = 'reserved' AND expires_at < clock_timestamp()",
+                &[],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
     /// Up to `limit` open reservations past their TTL, the oldest first, with their tasks as
     /// the database sees them now.
     pub async fn expired_reservations(

@@ -26,6 +26,12 @@ fn prometheus() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
         PrometheusBuilder::new()
+            // Buckets, not quantiles: a latency histogram can be summed over workers.
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(super::names::PROVIDER_SECONDS.into()),
+                super::PROVIDER_SECONDS_BUCKETS,
+            )
+            .expect("the bucket list is not empty")
             .install_recorder()
             // Only fails if another recorder was installed first, which nothing in replyd does.
             .expect("no other metrics recorder is installed")

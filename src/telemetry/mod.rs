@@ -27,6 +27,8 @@ pub mod names {
     pub const STORE_ERRORS: &str = "replyd_store_errors_total";
     pub const DEAD_LETTER_ERRORS: &str = "replyd_dead_letter_errors_total";
     pub const IN_FLIGHT: &str = "replyd_in_flight_records";
+    pub const OLDEST_IN_FLIGHT_SECONDS: &str = "replyd_oldest_in_flight_seconds";
+    pub const CONSUMER_LAG: &str = "replyd_consumer_lag_records";
     pub const PAUSED_PARTITIONS: &str = "replyd_paused_partitions";
     pub const ASSIGNED_PARTITIONS: &str = "replyd_assigned_partitions";
     pub const COMMITS: &str = "replyd_offset_commits_total";
@@ -50,9 +52,92 @@ pub mod names {
     pub const IDEMPOTENCY_KEYS_PURGED: &str = "replyd_idempotency_keys_purged_total";
     pub const QUOTA_RECONCILED: &str = "replyd_quota_reconciled_total";
     pub const QUOTA_REFUSED: &str = "replyd_quota_refused_total";
+    pub const QUOTA_OVERDUE: &str = "replyd_quota_reservations_overdue";
 }
 
 use names::*;
+
+/// Upper bounds of the provider-call latency buckets, in seconds.
+pub const PROVIDER_SECONDS_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// What kind of series a metric family is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// The metric families a worker exports.
+pub const WORKER_METRICS: &[(&str, Kind)] = &[
+    (RECORDS_RECEIVED, Kind::Counter),
+    (RECORDS_DONE, Kind::Counter),
+    (RECORDS_DEAD_LETTERED, Kind::Counter),
+    (RECORD_CONFLICTS, Kind::Counter),
+    (CLAIMS, Kind::Counter),
+    (COMPLETIONS, Kind::Counter),
+    (PROVIDER_CALLS, Kind::Counter),
+    (PROVIDER_SECONDS, Kind::Histogram),
+    (RETRIES, Kind::Counter),
+    (LEASE_RENEWALS_REFUSED, Kind::Counter),
+    (STORE_ERRORS, Kind::Counter),
+    (DEAD_LETTER_ERRORS, Kind::Counter),
+    (IN_FLIGHT, Kind::Gauge),
+    (OLDEST_IN_FLIGHT_SECONDS, Kind::Gauge),
+    (CONSUMER_LAG, Kind::Gauge),
+    (PAUSED_PARTITIONS, Kind::Gauge),
+    (ASSIGNED_PARTITIONS, Kind::Gauge),
+    (COMMITS, Kind::Counter),
+    (COMMIT_ERRORS, Kind::Counter),
+    (REBALANCES, Kind::Counter),
+    (DRAIN_LEFTOVERS, Kind::Counter),
+    (CONSUMER_ERRORS, Kind::Counter),
+    (WATCHED_TASKS, Kind::Gauge),
+    (WAKE_UPS, Kind::Counter),
+    (LISTENER_CONNECTS, Kind::Counter),
+    (LISTENER_LOSSES, Kind::Counter),
+    (TASKS_FAILED_AT_CLAIM, Kind::Counter),
+    (LIBRDKAFKA_LOGS, Kind::Counter),
+];
+
+/// The metric families the API exports.
+pub const API_METRICS: &[(&str, Kind)] = &[
+    (API_REFUSALS, Kind::Counter),
+    (SUBMISSIONS, Kind::Counter),
+    (QUOTA_REFUSED, Kind::Counter),
+    (STORE_ERRORS, Kind::Counter),
+];
+
+/// The metric families the relay (and its quota reconciler) exports.
+pub const RELAY_METRICS: &[(&str, Kind)] = &[
+    (OUTBOX_PUBLISHED, Kind::Counter),
+    (OUTBOX_PUBLISH_ERRORS, Kind::Counter),
+    (OUTBOX_PURGED, Kind::Counter),
+    (OUTBOX_UNPUBLISHED, Kind::Gauge),
+    (OUTBOX_OLDEST_SECONDS, Kind::Gauge),
+    (IDEMPOTENCY_KEYS_PURGED, Kind::Counter),
+    (QUOTA_RECONCILED, Kind::Counter),
+    (QUOTA_OVERDUE, Kind::Gauge),
+    (LIBRDKAFKA_LOGS, Kind::Counter),
+    (STORE_ERRORS, Kind::Counter),
+];
+
+/// Registers `families` at zero, so a dashboard or an alert finds each on the first scrape,
+/// before the first event of its kind: a rate over a missing series is "no data", not 0. The
+/// labelled series come with their events.
+pub fn register(families: &[(&'static str, Kind)]) {
+    for (name, kind) in families {
+        match kind {
+            Kind::Counter => counter!(*name).increment(0),
+            Kind::Gauge => gauge!(*name).increment(0.0),
+            Kind::Histogram => {
+                let _ = histogram!(*name);
+            }
+        }
+    }
+}
 
 /// An error with its causes, `outer: inner: innermost`: tokio-postgres, for one, says only
 /// "db error" at the top and puts PostgreSQL's message in the source.
@@ -352,6 +437,23 @@ pub fn store_error(operation: &'static str, error: &dyn std::error::Error) {
 pub fn in_flight(total: usize, paused: usize) {
     gauge!(IN_FLIGHT).set(total as f64);
     gauge!(PAUSED_PARTITIONS).set(paused as f64);
+}
+
+/// How long the oldest record still in flight on `partition` has been running or waiting
+/// (0 when none): it holds the partition's commit point back.
+pub fn oldest_in_flight(partition: i32, seconds: f64) {
+    gauge!(OLDEST_IN_FLIGHT_SECONDS, "partition" => partition.to_string()).set(seconds);
+}
+
+/// Records of `partition` after the group's committed offset, up to the high watermark, as
+/// librdkafka's statistics last said (0 for a partition this worker no longer has).
+pub fn consumer_lag(partition: i32, records: i64) {
+    gauge!(CONSUMER_LAG, "partition" => partition.to_string()).set(records as f64);
+}
+
+/// Open reservations past their TTL after a reconciler pass.
+pub fn reservations_overdue(count: i64) {
+    gauge!(QUOTA_OVERDUE).set(count as f64);
 }
 
 pub fn assigned(partitions: usize) {

@@ -513,7 +513,9 @@ listen = "127.0.0.1:0"
     /// `/readyz`, from its start-up log line (None before it logged it).
     pub fn observability_addr(&self, name: &str) -> Option<String> {
         let log = self.log_of(name);
-        let (_, rest) = log.rsplit_once("addr=")?;
+        // The observability server's own line: a `serve` process logs the API's address too.
+        let line = log.lines().rfind(|l| l.contains("serving /metrics"))?;
+        let (_, rest) = line.split_once("addr=")?;
         Some(rest.split_whitespace().next()?.to_owned())
     }
 
