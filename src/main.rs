@@ -55,6 +55,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string(&report)?);
         }
         Command::Openapi => print!("{}", replyd::api::openapi::document()),
+        Command::Healthz => {
+            let listen = settings()?.observability.listen;
+            replyd::telemetry::http::probe_health(listen)
+                .await
+                .with_context(|| format!("/healthz on {listen} (observability.listen)"))?;
+        }
         Command::Migrate => {
             let applied = replyd::store::migrate::run_migrations(&settings()?.database)
                 .await

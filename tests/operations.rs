@@ -87,6 +87,22 @@ async fn the_dashboard_and_the_alerts_name_only_metrics_a_live_process_exports()
     })
     .await;
 
+    // The image's health check: `replyd healthz` asks the process's /healthz.
+    let healthz = |addr: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .arg("healthz")
+            .env("REPLYD_OBSERVABILITY__LISTEN", addr)
+            .output()
+            .unwrap()
+    };
+    let addr = app.observability_addr("serve").unwrap();
+    let alive = healthz(&addr);
+    assert!(
+        alive.status.success(),
+        "{}",
+        String::from_utf8_lossy(&alive.stderr)
+    );
+
     // From the first scrape, before any work: every family the files name.
     let page = metrics_page(&app, "serve").await;
     let exported = families(&page);
@@ -133,6 +149,13 @@ async fn the_dashboard_and_the_alerts_name_only_metrics_a_live_process_exports()
     })
     .await;
     app.terminate("serve").await;
+    let gone = healthz(&addr);
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&gone.stderr).contains("(observability.listen)"),
+        "{}",
+        String::from_utf8_lossy(&gone.stderr)
+    );
 }
 
 #[test]

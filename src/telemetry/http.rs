@@ -147,6 +147,30 @@ pub async fn serve(
     Ok(addr)
 }
 
+/// Asks the `/healthz` of the process listening on `listen` (an unspecified address, such as
+/// `0.0.0.0`, is asked on loopback). Ok when it answers 200.
+pub async fn probe_health(listen: std::net::SocketAddr) -> anyhow::Result<()> {
+    let mut addr = listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let response = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()?
+        .get(format!("http://{addr}/healthz"))
+        .send()
+        .await?;
+    anyhow::ensure!(
+        response.status().is_success(),
+        "answered {}",
+        response.status()
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,160 @@
+{{/* Names and labels. */}}
+{{- define "replyd.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "replyd.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "replyd.selector" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "replyd.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{- define "replyd.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{ .Values.serviceAccount.name | default (include "replyd.fullname" .) }}
+{{- else -}}
+{{ .Values.serviceAccount.name | default "default" }}
+{{- end -}}
+{{- end -}}
+
+{{/* The port of a `host:port` listen setting. */}}
+{{- define "replyd.port" -}}
+{{- splitList ":" . | last -}}
+{{- end -}}
+
+{{- define "replyd.metricsPort" -}}
+{{- include "replyd.port" (.Values.settings.observability.listen | default "0.0.0.0:9464") -}}
+{{- end -}}
+
+{{- define "replyd.apiPort" -}}
+{{- include "replyd.port" (.Values.settings.api.listen | default "0.0.0.0:8080") -}}
+{{- end -}}
+
+{{/* The components this release runs: the three parts, or `serve`. */}}
+{{- define "replyd.components" -}}
+{{- if eq .Values.mode "serve" -}}serve{{- else -}}worker api relay{{- end -}}
+{{- end -}}
+
+{{/*
+Contradictions refused at render time, with the value's name: the same rules replyd applies
+to itself at start, where a pod would otherwise crash-loop.
+*/}}
+{{- define "replyd.validate" -}}
+{{- if not (has .Values.mode (list "split" "serve")) -}}
+{{- fail (printf "mode: %q is neither \"split\" nor \"serve\"" .Values.mode) -}}
+{{- end -}}
+{{- if not .Values.secrets.databaseUrl.name -}}
+{{- fail "secrets.databaseUrl.name: the Secret holding database.url is required" -}}
+{{- end -}}
+{{- $drain := int ((.Values.settings.worker | default dict).drain_timeout_ms | default 10000) -}}
+{{- range $component := list "worker" "serve" -}}
+{{- $grace := int (index $.Values $component).terminationGracePeriodSeconds -}}
+{{- if le (mul $grace 1000) $drain -}}
+{{- fail (printf "%s.terminationGracePeriodSeconds: %d s must be above settings.worker.drain_timeout_ms (%d ms), or a rolling restart kills records mid-drain" $component $grace $drain) -}}
+{{- end -}}
+{{- end -}}
+{{- if gt (int .Values.worker.replicas) (int .Values.partitions) -}}
+{{- fail (printf "worker.replicas: %d is above partitions (%d): the extra workers would own no partition" (int .Values.worker.replicas) (int .Values.partitions)) -}}
+{{- end -}}
+{{- if and .Values.worker.autoscaling.enabled (gt (int .Values.worker.autoscaling.maxReplicas) (int .Values.partitions)) -}}
+{{- fail (printf "worker.autoscaling.maxReplicas: %d is above partitions (%d)" (int .Values.worker.autoscaling.maxReplicas) (int .Values.partitions)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The environment of every replyd container: settings file, secrets, identity. */}}
+{{- define "replyd.env" -}}
+- name: REPLYD_CONFIG
+  value: /etc/replyd/config/replyd.toml
+- name: REPLYD_LOG_JSON
+  value: "true"
+- name: REPLYD_DATABASE__URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.secrets.databaseUrl.name }}
+      key: {{ .Values.secrets.databaseUrl.key }}
+{{- if .Values.secrets.providerApiKey.name }}
+- name: REPLYD_PROVIDER__API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.secrets.providerApiKey.name }}
+      key: {{ .Values.secrets.providerApiKey.key }}
+{{- end }}
+{{- if .Values.secrets.kafkaSaslPassword.name }}
+- name: REPLYD_KAFKA__SECURITY__SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.secrets.kafkaSaslPassword.name }}
+      key: {{ .Values.secrets.kafkaSaslPassword.key }}
+{{- end }}
+{{- end -}}
+
+{{- define "replyd.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "replyd.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+runAsUser: 10001
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{/*
+`settings` as TOML. Helm's own toToml writes every YAML number as a float (`lease_ms =
+30000.0`), which replyd refuses for its integer settings; this writes whole numbers as
+integers. Keys are quoted, so librdkafka properties (`"fetch.max.bytes"`) stay one key.
+*/}}
+{{- define "replyd.tomlValue" -}}
+{{- if kindIs "float64" . -}}
+{{- if eq . (float64 (int64 .)) -}}{{ int64 . }}{{- else -}}{{ . }}{{- end -}}
+{{- else if or (kindIs "int" .) (kindIs "int64" .) -}}{{ . }}
+{{- else if kindIs "bool" . -}}{{ . }}
+{{- else if kindIs "string" . -}}{{ toJson . }}
+{{- else if kindIs "slice" . -}}[{{- range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "replyd.tomlValue" $v }}{{ end -}}]
+{{- else -}}{{ fail (printf "settings: %v is not a TOML value" .) }}
+{{- end -}}
+{{- end -}}
+
+{{- define "replyd.tomlTable" -}}
+{{- $path := .path -}}
+{{- range $key, $value := .table }}
+{{- if and (not (kindIs "map" $value)) (not (kindIs "invalid" $value)) }}
+{{ toJson $key }} = {{ include "replyd.tomlValue" $value }}
+{{- end }}
+{{- end }}
+{{- range $key, $value := .table }}
+{{- if kindIs "map" $value }}
+{{- $here := ternary (toJson $key) (printf "%s.%s" $path (toJson $key)) (eq $path "") }}
+
+[{{ $here }}]
+{{- include "replyd.tomlTable" (dict "table" $value "path" $here) }}
+{{- end }}
+{{- end }}
+{{- end -}}
