@@ -89,6 +89,8 @@ pub struct Routes {
     /// TOML added at the end of the workers' `[kafka]` table: more keys, then sub-tables
     /// (`[kafka.security]`).
     pub kafka_toml: Option<String>,
+    /// Environment variables of the processes (secrets, as a Deployment passes them).
+    pub env: Vec<(String, String)>,
 }
 
 pub struct TestApp {
@@ -327,9 +329,16 @@ listen = "127.0.0.1:0"
             .append(true)
             .open(&log)
             .unwrap();
+        let env = self
+            .routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .env
+            .clone();
         let child = Command::new(env!("CARGO_BIN_EXE_replyd"))
             .args([command, "--config"])
             .arg(&config)
+            .envs(env)
             .env("RUST_LOG", "info,replyd=debug,librdkafka=warn")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
@@ -653,6 +662,14 @@ listen = "127.0.0.1:0"
     pub fn settings_file(&self) -> PathBuf {
         let path = self.dir.join("operator.toml");
         std::fs::write(&path, self.direct_toml()).unwrap();
+        path
+    }
+
+    /// The settings file of a process spawned now (the routes applied), for operator
+    /// commands that should see what the processes see.
+    pub fn settings_file_as_routed(&self) -> PathBuf {
+        let path = self.dir.join("operator-routed.toml");
+        std::fs::write(&path, self.worker_toml("operator")).unwrap();
         path
     }
 
