@@ -139,4 +139,7 @@ pub enum ConfigCommand {
     Check,
     /// Print the effective settings as TOML, secrets shown as ***.
     Show,
+    /// Print the reference of every setting (key, type, default, environment variable,
+    /// meaning) as Markdown: docs/CONFIGURATION.md.
+    Reference,
 }

@@ -3,6 +3,8 @@
 //! refuses contradictions with a message naming the setting. Secrets live in [`Secret`], whose
 //! `Debug` and `Display` never show the value, so a settings dump cannot leak a password.
 
+pub mod reference;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -18,7 +20,7 @@ use crate::retry::RetrySettings;
 pub use crate::secret::Secret;
 
 /// How replyd talks to PostgreSQL.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseSettings {
     /// libpq-style URL, e.g. `postgres://user:pass@127.0.0.1:5432/replyd`. A `?options=-c
@@ -64,7 +66,7 @@ impl DatabaseSettings {
 }
 
 /// Everything `replyd worker` reads.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
     pub database: DatabaseSettings,
@@ -79,7 +81,7 @@ pub struct Settings {
 }
 
 /// Kafka: where the records come from and how the group behaves.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaSettings {
     /// `bootstrap.servers`.
@@ -113,7 +115,7 @@ pub struct KafkaSettings {
 
 /// TLS and SASL for the brokers. The properties it sets are refused in the pass-through maps,
 /// so there is one place to read them, and the password is never shown.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaSecurity {
     /// `security.protocol`: `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`.
@@ -130,7 +132,9 @@ pub struct KafkaSecurity {
 }
 
 /// librdkafka's `security.protocol`.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum SecurityProtocol {
     #[default]
@@ -160,7 +164,9 @@ impl SecurityProtocol {
 }
 
 /// librdkafka's `sasl.mechanisms` that take a user name and a password.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
 pub enum SaslMechanism {
     #[default]
     #[serde(rename = "SCRAM-SHA-512")]
@@ -214,7 +220,9 @@ impl KafkaSecurity {
 }
 
 /// Group protocol choice.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum GroupProtocol {
     #[default]
@@ -279,7 +287,7 @@ impl KafkaSettings {
 }
 
 /// How the worker processes records.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerSettings {
     /// Name of this worker in leases and attempt rows. Empty means `<hostname>-<pid>`.
@@ -374,7 +382,7 @@ impl WorkerSettings {
 }
 
 /// The HTTP API (`replyd api`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ApiSettings {
     /// Address of the API. Port 0 picks a free port (logged).
@@ -406,7 +414,7 @@ impl ApiSettings {
 }
 
 /// The outbox relay (`replyd relay`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RelaySettings {
     /// Outbox rows published per transaction.
@@ -453,7 +461,7 @@ impl RelaySettings {
 /// Generation quotas (I8): the policy every workspace's reservations follow. Limits are per
 /// workspace (`replyd quota set`); a workspace without one is not limited, and its generations
 /// are still reserved and charged once.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct QuotaSettings {
     /// Whether a task that ends failed is charged (no reply, no charge by default).
@@ -488,7 +496,7 @@ impl QuotaSettings {
 }
 
 /// Metrics and health endpoints, logs.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ObservabilitySettings {
     /// Address of `/metrics`, `/healthz` and `/readyz`. Port 0 picks a free port (logged).

@@ -95,6 +95,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("settings are valid");
         }
         Command::Config(ConfigCommand::Show) => print!("{}", settings()?.to_redacted_toml()),
+        Command::Config(ConfigCommand::Reference) => {
+            print!("{}", replyd::config::reference::markdown())
+        }
         Command::Workspace(command) => {
             return replyd::operator::workspace(&settings()?, &command).await;
         }

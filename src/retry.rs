@@ -14,7 +14,9 @@ use crate::domain::AttemptOutcome;
 use crate::provider::ProviderError;
 
 /// What to do when a call may have run at the provider and nothing can recover it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum AmbiguousPolicy {
     /// Call again, within the attempt budget: the reply matters more than the chance of paying
@@ -27,7 +29,7 @@ pub enum AmbiguousPolicy {
 }
 
 /// Backoff settings, `[retry]` in the settings file.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetrySettings {
     /// First backoff bound; attempt n waits a random time up to `base * 2^(n-1)`.

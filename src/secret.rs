@@ -19,6 +19,17 @@ impl Serialize for Secret {
     }
 }
 
+/// In the settings' schema: a string that is only ever written.
+impl schemars::JsonSchema for Secret {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Secret".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "writeOnly": true})
+    }
+}
+
 impl Secret {
     pub fn new(value: impl Into<String>) -> Self {
         Self(value.into())

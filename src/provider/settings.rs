@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 use crate::secret::Secret;
 
 /// Which of the provider's APIs replyd calls.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ProviderApi {
     /// `POST /v1/chat/completions`: one request per call; an ambiguous call is recovered only
@@ -19,7 +21,7 @@ pub enum ProviderApi {
 }
 
 /// How replyd reaches an OpenAI-compatible server.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OpenAiSettings {
     /// Scheme, host and port (and any path prefix) of the server, without `/v1`; the adapter
