@@ -51,6 +51,8 @@ request_timeout_ms = 5000
 poll_interval_ms = 50
 [api]
 listen = "127.0.0.1:0"
+# One key presses for every simulated browser here: the per-key limit is not what this runs.
+rate_limit_per_second = 0
 [relay]
 poll_interval_ms = 200
 [quota]

@@ -56,6 +56,8 @@ base_url = "$mock_url"
 request_timeout_ms = 30000
 [api]
 listen = "127.0.0.1:0"
+# One key presses for every simulated browser here: the per-key limit is not what this runs.
+rate_limit_per_second = 0
 [relay]
 poll_interval_ms = 500
 [observability]

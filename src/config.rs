@@ -393,6 +393,12 @@ pub struct ApiSettings {
     /// request's task, after it the key is new work. Must be longer than the longest retry
     /// horizon of a task (validated), or a late retry would be taken for new work.
     pub idempotency_retention_ms: u64,
+    /// Requests per second one API key may make, on average (a token bucket per key, in each
+    /// API process: N replicas allow N times the rate). Over it: `429` (`rate_limited`) with
+    /// `Retry-After`. 0 turns the limit off.
+    pub rate_limit_per_second: u32,
+    /// Requests one API key may make at once above the average (the bucket's size).
+    pub rate_limit_burst: u32,
 }
 
 impl Default for ApiSettings {
@@ -401,6 +407,8 @@ impl Default for ApiSettings {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 1024 * 1024,
             idempotency_retention_ms: 24 * 60 * 60 * 1000,
+            rate_limit_per_second: 200,
+            rate_limit_burst: 400,
         }
     }
 }
@@ -886,6 +894,12 @@ impl Settings {
                     "{} must be above relay.poll_interval_ms ({}): a row may wait that long for a relay that is working",
                     self.relay.ready_max_lag_ms, self.relay.poll_interval_ms
                 ),
+            );
+        }
+        if self.api.rate_limit_per_second > 0 && self.api.rate_limit_burst == 0 {
+            refuse(
+                "api.rate_limit_burst",
+                "must be at least 1 while api.rate_limit_per_second is on".into(),
             );
         }
         if self.api.max_body_bytes == 0 {

@@ -665,3 +665,61 @@ async fn expired_keys_are_purged_in_bounded_batches_and_live_ones_kept() {
     // The tasks and their messages stay: only the key's memory ends.
     assert_eq!(api.counts().await, (5, 5, 2, 5));
 }
+
+/// A key over its request rate gets `429 rate_limited` with `Retry-After`, before anything is
+/// written; another key of the same workspace has its own bucket; after the wait the key is
+/// served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_over_its_request_rate_is_refused_with_retry_after_and_others_are_not() {
+    let api = start_with(ApiSettings {
+        rate_limit_per_second: 1,
+        rate_limit_burst: 3,
+        ..ApiSettings::default()
+    })
+    .await;
+    let other = {
+        let key = issue(&mut rand::rng());
+        assert!(api.db.store.create_api_key("acme", &key).await.unwrap());
+        key.token
+    };
+    let mut statuses = Vec::new();
+    let mut refused = None;
+    for n in 0..5 {
+        let response = api
+            .post(Some(&format!("press-{n}")), &api.key, &body("q"))
+            .await;
+        statuses.push(response.status().as_u16());
+        if response.status() == StatusCode::TOO_MANY_REQUESTS && refused.is_none() {
+            refused = Some(response);
+        }
+    }
+    // The burst of 3 within a second, then refusals (a token may come back meanwhile).
+    assert_eq!(&statuses[..3], &[202, 202, 202], "{statuses:?}");
+    assert!(statuses[3..].contains(&429), "{statuses:?}");
+    let refused = refused.unwrap();
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=1).contains(&retry_after), "{retry_after}");
+    let problem: Value = refused.json().await.unwrap();
+    assert!(
+        problem["type"].as_str().unwrap().ends_with("/rate_limited"),
+        "{problem}"
+    );
+    // Nothing was written for a refused press.
+    let accepted = statuses.iter().filter(|s| **s == 202).count() as i64;
+    assert_eq!(api.counts().await.0, accepted);
+    // Another key is not touched by this one's bucket.
+    let response = api.post(Some("other-1"), &other, &body("q")).await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    // After Retry-After, the key is served again.
+    tokio::time::sleep(std::time::Duration::from_secs(retry_after)).await;
+    let response = api.post(Some("press-9"), &api.key, &body("q")).await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+}

@@ -1,6 +1,7 @@
 //! Authentication: every API call carries `Authorization: Bearer <API key>`; the workspace
 //! comes from the key, never from the request body. Unknown, revoked and wrong keys all get
-//! the same `401`, so the answer does not tell which part was wrong.
+//! the same `401`, so the answer does not tell which part was wrong. An authenticated key over
+//! its request rate gets `429` (`rate_limited`, [`super::rate_limit`]).
 
 use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
@@ -31,7 +32,22 @@ impl FromRequestParts<ApiState> for Workspace {
         let header = parts.headers.get(AUTHORIZATION).map(|v| v.as_bytes());
         let presented = parse_bearer(header).map_err(unauthorized)?;
         match state.store.authenticate(&presented).await {
-            Ok(Some(workspace)) => Ok(Workspace(workspace)),
+            Ok(Some(workspace)) => match state.limiter.check(&presented.key_id) {
+                Ok(()) => Ok(Workspace(workspace)),
+                Err(wait) => {
+                    let seconds = super::rate_limit::retry_after_seconds(wait);
+                    Err(Problem::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "rate_limited",
+                        "Too many requests",
+                        format!(
+                            "this API key is over api.rate_limit_per_second ({} a second, bursts of {}); ask again in {seconds} s",
+                            state.settings.rate_limit_per_second, state.settings.rate_limit_burst
+                        ),
+                    )
+                    .with_retry_after(seconds))
+                }
+            },
             Ok(None) => Err(unauthorized(AuthError::Unknown)),
             Err(e) => Err(Problem::unavailable(format!(
                 "cannot check the API key now: {}",

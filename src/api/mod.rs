@@ -11,6 +11,7 @@ pub mod events;
 pub mod openapi;
 pub mod problem;
 pub mod quota;
+pub mod rate_limit;
 pub mod replies;
 
 use std::net::SocketAddr;
@@ -40,6 +41,8 @@ pub struct ApiState {
     pub changes: events::TaskChanges,
     /// The quota policy (`[quota]`) new work is admitted under.
     pub quota: QuotaPolicy,
+    /// The request rate per API key (`api.rate_limit_*`).
+    pub limiter: std::sync::Arc<rate_limit::KeyLimiter>,
 }
 
 impl ApiState {
@@ -50,6 +53,7 @@ impl ApiState {
         max_prompt_bytes: usize,
     ) -> Self {
         Self {
+            limiter: std::sync::Arc::new(rate_limit::KeyLimiter::new(&settings)),
             store,
             settings,
             max_attempts,

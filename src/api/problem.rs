@@ -18,6 +18,8 @@ pub struct Problem {
     pub detail: String,
     /// Extra members (e.g. the fields of a mismatch).
     pub fields: Vec<&'static str>,
+    /// Seconds for a `Retry-After` header (a `429`).
+    pub retry_after: Option<u64>,
 }
 
 /// A problem as it goes over the wire (RFC 9457).
@@ -49,7 +51,13 @@ impl Problem {
             title,
             detail: detail.into(),
             fields: Vec::new(),
+            retry_after: None,
         }
+    }
+
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 
     pub fn with_fields(mut self, fields: Vec<&'static str>) -> Self {
@@ -92,6 +100,12 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(seconds) = self.retry_after {
+            // Digits are a valid header value.
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()

@@ -208,7 +208,9 @@ mod tests {
             let env = format!("`REPLYD_{}`", path.join("__").to_uppercase());
             // A pass-through map has a row but no variable.
             let listed = if is_pass_through(path) {
-                text.contains(&format!("| `{key}` | table of strings | empty | file only |"))
+                text.contains(&format!(
+                    "| `{key}` | table of strings | empty | file only |"
+                ))
             } else {
                 text.contains(&env)
             };
