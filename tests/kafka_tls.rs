@@ -10,10 +10,9 @@ mod helpers;
 use std::time::Duration;
 
 use helpers::app::{Routes, TestApp, WorkerConfig};
-use helpers::{infra_opt, wait_until};
+use helpers::infra_opt;
 use replyd::api_key::issue;
 use replyd::mock_provider::MockSettings;
-use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -66,32 +65,7 @@ async fn the_whole_chain_runs_over_sasl_ssl_with_the_brokers_names_verified() {
     route(&app, &secure, &secure.ca, &secure.password, 60_000);
     app.spawn_process("serve", "serve");
     let addr = app.wait_for_api_addr("serve", LIMIT).await;
-    let client = reqwest::Client::new();
-    let accepted: Value = client
-        .post(format!("http://{addr}/v1/replies"))
-        .bearer_auth(&key.token)
-        .header("Idempotency-Key", "press-1")
-        .json(&json!({"conversation_id": "c1", "message": "over TLS?"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let status_url = format!("http://{addr}{}", accepted["status_url"].as_str().unwrap());
-    wait_until("the press is answered", LIMIT, || async {
-        let view: Value = client
-            .get(&status_url)
-            .bearer_auth(&key.token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        view["status"] == "completed"
-    })
-    .await;
+    helpers::press_until_completed(&reqwest::Client::new(), &addr, &key.token, "press-1").await;
     app.wait_until_committed_to_end(LIMIT).await;
     app.terminate("serve").await;
     let report = app.check().await;
@@ -172,8 +146,6 @@ async fn a_wrong_password_or_an_untrusted_broker_is_named_and_no_secret_is_shown
 
 #[test]
 fn contradictory_kafka_security_settings_are_refused_by_name() {
-    let dir = std::env::temp_dir().join(helpers::unique("kafka-security"));
-    std::fs::create_dir_all(&dir).unwrap();
     for (toml, expected) in [
         (
             "[kafka.security]\nprotocol = \"sasl_ssl\"\n",
@@ -200,16 +172,6 @@ fn contradictory_kafka_security_settings_are_refused_by_name() {
             "kafka.security.protocol",
         ),
     ] {
-        let path = dir.join("replyd.toml");
-        std::fs::write(&path, toml).unwrap();
-        let checked = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
-            .args(["config", "check", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&checked.stderr);
-        assert_eq!(checked.status.code(), Some(2), "{toml}: {stderr}");
-        assert!(stderr.contains(expected), "{toml}: {stderr}");
-        assert!(!stderr.contains("hunter2"), "{stderr}");
+        helpers::assert_config_refused(toml, expected);
     }
 }

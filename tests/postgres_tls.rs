@@ -180,8 +180,6 @@ async fn each_sslmode_encrypts_and_verifies_as_libpq_does() {
 
 #[test]
 fn a_bad_sslmode_or_root_file_is_refused_at_start_naming_the_setting() {
-    let dir = std::env::temp_dir().join(helpers::unique("tls-config"));
-    std::fs::create_dir_all(&dir).unwrap();
     for (url, expected) in [
         (
             "postgres://u:hunter2@db/app?sslmode=verify",
@@ -192,16 +190,6 @@ fn a_bad_sslmode_or_root_file_is_refused_at_start_naming_the_setting() {
             "database.url: sslrootcert /nonexistent/ca.pem",
         ),
     ] {
-        let path = dir.join("replyd.toml");
-        std::fs::write(&path, format!("[database]\nurl = \"{url}\"\n")).unwrap();
-        let checked = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
-            .args(["config", "check", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&checked.stderr);
-        assert_eq!(checked.status.code(), Some(2), "{stderr}");
-        assert!(stderr.contains(expected), "{stderr}");
-        assert!(!stderr.contains("hunter2"), "{stderr}");
+        helpers::assert_config_refused(&format!("[database]\nurl = \"{url}\"\n"), expected);
     }
 }

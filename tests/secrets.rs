@@ -10,10 +10,9 @@ mod helpers;
 use std::time::Duration;
 
 use helpers::app::{Routes, TestApp, WorkerConfig};
-use helpers::{infra_opt, wait_until};
+use helpers::infra_opt;
 use replyd::api_key::issue;
 use replyd::mock_provider::MockSettings;
-use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -81,17 +80,6 @@ async fn no_secret_shows_in_any_output_of_a_run() {
     let addr = app.wait_for_api_addr("serve", LIMIT).await;
     let http = reqwest::Client::new();
     // A press, a wrong key (a 401 that must not echo it), and the press's completion.
-    let accepted: Value = http
-        .post(format!("http://{addr}/v1/replies"))
-        .bearer_auth(&api_key.token)
-        .header("Idempotency-Key", "press-1")
-        .json(&json!({"conversation_id": "c1", "message": "q"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
     let refused = http
         .get(format!("http://{addr}/v1/quota"))
         .bearer_auth(format!("{}x", api_key.token))
@@ -101,20 +89,7 @@ async fn no_secret_shows_in_any_output_of_a_run() {
         .text()
         .await
         .unwrap();
-    let status_url = format!("http://{addr}{}", accepted["status_url"].as_str().unwrap());
-    wait_until("the press completes", LIMIT, || async {
-        let view: Value = http
-            .get(&status_url)
-            .bearer_auth(&api_key.token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        view["status"] == "completed"
-    })
-    .await;
+    helpers::press_until_completed(&http, &addr, &api_key.token, "press-1").await;
 
     let mut outputs: Vec<(String, String)> = vec![("API 401".into(), refused)];
     let observability = app.observability_addr("serve").unwrap();

@@ -152,3 +152,62 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Presses Send once against the API at `addr` (`POST /v1/replies` with `key` as its
+/// `Idempotency-Key`) and waits until the task is completed; returns the 202's body.
+pub async fn press_until_completed(
+    http: &reqwest::Client,
+    addr: &str,
+    token: &str,
+    key: &str,
+) -> serde_json::Value {
+    let accepted: serde_json::Value = http
+        .post(format!("http://{addr}/v1/replies"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(&serde_json::json!({"conversation_id": key, "message": "What changed?"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let status_url = format!("http://{addr}{}", accepted["status_url"].as_str().unwrap());
+    wait_until(
+        "the press is completed",
+        Duration::from_secs(120),
+        || async {
+            let view: serde_json::Value = http
+                .get(&status_url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            view["status"] == "completed"
+        },
+    )
+    .await;
+    accepted
+}
+
+/// Runs `replyd config check` on `toml` and asserts that it refuses it (exit 2) with
+/// `expected` in its message, and that `hunter2` (the fixtures' password) is not in it.
+pub fn assert_config_refused(toml: &str, expected: &str) {
+    let dir = std::env::temp_dir().join(unique("config"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("replyd.toml");
+    std::fs::write(&path, toml).unwrap();
+    let checked = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+        .args(["config", "check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert_eq!(checked.status.code(), Some(2), "{toml}: {stderr}");
+    assert!(stderr.contains(expected), "{toml}: {stderr}");
+    assert!(!stderr.contains("hunter2"), "a password in: {stderr}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
