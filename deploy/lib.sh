@@ -73,7 +73,8 @@ wait_until_assigned() {
   shift
   local deadline=$(( $(date +%s) + limit )) log addr n
   for log in "$@"; do
-    until addr=$(sed -n 's/.*addr=\([0-9.:]*\).*/\1/p' "$log" | tail -n 1) && [ -n "$addr" ] \
+    # The log may not exist yet: the worker has just been started.
+    until addr=$(sed -n 's/.*addr=\([0-9.:]*\).*/\1/p' "$log" 2>/dev/null | tail -n 1) && [ -n "$addr" ] \
       && n=$(metric "$addr" replyd_assigned_partitions) && [ "${n%.*}" -ge 1 ] 2>/dev/null; do
       [ "$(date +%s)" -lt "$deadline" ] || { echo "no partitions for the worker of $log within ${limit}s" >&2; return 1; }
       sleep 0.5
