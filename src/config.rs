@@ -389,6 +389,8 @@ pub struct ApiSettings {
     pub listen: SocketAddr,
     /// Largest request body; larger ones get `413`.
     pub max_body_bytes: usize,
+    /// Largest header block of a request (names and values); larger ones get `431`.
+    pub max_header_bytes: usize,
     /// How long an `Idempotency-Key` is remembered: a retry within it returns the first
     /// request's task, after it the key is new work. Must be longer than the longest retry
     /// horizon of a task (validated), or a late retry would be taken for new work.
@@ -406,6 +408,7 @@ impl Default for ApiSettings {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 1024 * 1024,
+            max_header_bytes: 16 * 1024,
             idempotency_retention_ms: 24 * 60 * 60 * 1000,
             rate_limit_per_second: 200,
             rate_limit_burst: 400,
@@ -900,6 +903,12 @@ impl Settings {
             refuse(
                 "api.rate_limit_burst",
                 "must be at least 1 while api.rate_limit_per_second is on".into(),
+            );
+        }
+        if self.api.max_header_bytes < 1024 {
+            refuse(
+                "api.max_header_bytes",
+                "must be at least 1024: an Authorization header alone takes about 100".into(),
             );
         }
         if self.api.max_body_bytes == 0 {

@@ -723,3 +723,47 @@ async fn a_key_over_its_request_rate_is_refused_with_retry_after_and_others_are_
     let response = api.post(Some("press-9"), &api.key, &body("q")).await;
     assert_eq!(response.status(), StatusCode::ACCEPTED);
 }
+
+/// A request whose headers are over `api.max_header_bytes` is a `431` problem, and nothing is
+/// written; one just under the limit is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_over_the_limit_are_refused_with_431_and_write_nothing() {
+    let api = start_with(ApiSettings {
+        max_header_bytes: 4096,
+        ..ApiSettings::default()
+    })
+    .await;
+    let send = |padding: usize| {
+        api.client
+            .post(format!("{}/v1/replies", api.base))
+            .bearer_auth(&api.key)
+            .header("Idempotency-Key", format!("press-{padding}"))
+            .header("X-Padding", "p".repeat(padding))
+            .json(&body("q"))
+            .send()
+    };
+    let refused = send(5000).await.unwrap();
+    assert_eq!(
+        refused.status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: Value = refused.json().await.unwrap();
+    assert!(
+        problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/headers_too_large")
+            && problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("api.max_header_bytes"),
+        "{problem}"
+    );
+    assert_eq!(api.counts().await.0, 0, "nothing written");
+    let served = send(2000).await.unwrap();
+    assert_eq!(served.status(), StatusCode::ACCEPTED);
+}

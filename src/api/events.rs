@@ -187,6 +187,7 @@ pub struct StatusEvent {
         (status = 200, description = "The current state at once, then each change; the stream ends after a terminal state. Keep-alive comments every 15 s. The schema is that of each event", body = StatusEvent, content_type = "text/event-stream"),
         (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds until the key may ask again"))),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),

@@ -99,7 +99,36 @@ pub fn router(state: ApiState) -> Router {
                 "this route does not take that method",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            state.settings.max_header_bytes,
+            limit_headers,
+        ))
         .with_state(state)
+}
+
+/// Refuses a request whose header block (names and values) is over `api.max_header_bytes`
+/// with a problem (`431`), before any handler or database work.
+async fn limit_headers(
+    axum::extract::State(limit): axum::extract::State<usize>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let size: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if size > limit {
+        return Problem::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            "Request header fields too large",
+            format!("the request's headers take {size} bytes; api.max_header_bytes allows {limit}"),
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// Runs `replyd api` until `shutdown`: migrations first (retried while PostgreSQL is away),

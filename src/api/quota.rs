@@ -84,6 +84,7 @@ pub fn view(quota: &QuotaState, policy: QuotaPolicy) -> QuotaView {
     responses(
         (status = 200, description = "The caller's quota", body = QuotaView),
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds until the key may ask again"))),
         (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
