@@ -476,11 +476,12 @@ async fn a_create_whose_answer_is_lost_is_resent_within_the_attempt_and_found_by
     app.spawn_worker("w1");
     wait_for_finished_attempts(&app, &task, 1).await;
     // The first attempt sent the create three times (twice again at once, same key) before it
-    // ended ambiguous; the key found the one operation each time.
+    // ended ambiguous; the key found the one operation each time. The next attempt may have
+    // sent its own first create by now (its backoff has full jitter, so it can be ~0), hence
+    // at least three.
     let stats = app.mock.stats();
-    assert_eq!(
-        (stats.create_requests, stats.responses_created),
-        (3, 1),
+    assert!(
+        stats.create_requests >= 3 && stats.responses_created == 1,
         "{stats:?}"
     );
     app.set_faults(json!({})).await;
