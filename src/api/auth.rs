@@ -35,7 +35,7 @@ impl FromRequestParts<ApiState> for Workspace {
             Ok(Some(workspace)) => match state.limiter.check(&presented.key_id) {
                 Ok(()) => Ok(Workspace(workspace)),
                 Err(wait) => {
-                    let seconds = super::rate_limit::retry_after_seconds(wait);
+                    let seconds = super::problem::retry_after_seconds(wait);
                     Err(Problem::new(
                         StatusCode::TOO_MANY_REQUESTS,
                         "rate_limited",

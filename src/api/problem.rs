@@ -83,6 +83,11 @@ impl Problem {
     }
 }
 
+/// `Retry-After` in whole seconds, rounded up and never 0 (a client would ask again at once).
+pub fn retry_after_seconds(wait: std::time::Duration) -> u64 {
+    wait.as_secs_f64().ceil().max(1.0) as u64
+}
+
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         telemetry::api_refused(self.kind, self.status.as_u16());
@@ -112,5 +117,20 @@ impl IntoResponse for Problem {
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_whole_seconds_and_never_zero() {
+        assert_eq!(retry_after_seconds(std::time::Duration::from_millis(1)), 1);
+        assert_eq!(
+            retry_after_seconds(std::time::Duration::from_millis(1_001)),
+            2
+        );
+        assert_eq!(retry_after_seconds(std::time::Duration::from_secs(3)), 3);
     }
 }

@@ -3,7 +3,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -111,10 +111,9 @@ pub fn over_quota(quota: &QuotaState, policy: QuotaPolicy) -> Response {
         quota.until_reset(),
         quota.until_first_expiry(),
     );
-    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    let seconds = seconds.max(1);
+    let seconds = super::problem::retry_after_seconds(wait);
     let usage = quota.usage;
-    let mut response = Problem::new(
+    Problem::new(
         StatusCode::TOO_MANY_REQUESTS,
         "quota_exceeded",
         "Quota exceeded",
@@ -127,11 +126,6 @@ pub fn over_quota(quota: &QuotaState, policy: QuotaPolicy) -> Response {
             quota.resets_at.to_rfc3339(),
         ),
     )
-    .into_response();
-    // Digits are a valid header value.
-    response.headers_mut().insert(
-        header::RETRY_AFTER,
-        HeaderValue::from_str(&seconds.to_string()).expect("digits"),
-    );
-    response
+    .with_retry_after(seconds)
+    .into_response()
 }

@@ -41,11 +41,6 @@ impl KeyLimiter {
     }
 }
 
-/// `Retry-After` in whole seconds, never 0 (a client would ask again at once).
-pub fn retry_after_seconds(wait: Duration) -> u64 {
-    wait.as_secs_f64().ceil().max(1.0) as u64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,12 +73,5 @@ mod tests {
         for _ in 0..10_000 {
             assert_eq!(limiter.check("a"), Ok(()));
         }
-    }
-
-    #[test]
-    fn retry_after_is_whole_seconds_and_never_zero() {
-        assert_eq!(retry_after_seconds(Duration::from_millis(1)), 1);
-        assert_eq!(retry_after_seconds(Duration::from_millis(1_001)), 2);
-        assert_eq!(retry_after_seconds(Duration::from_secs(3)), 3);
     }
 }
