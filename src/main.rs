@@ -17,9 +17,31 @@ const INVALID_SETTINGS: u8 = 2;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    replyd::telemetry::logging::init(cli.log_json);
     let json = cli.log_json;
-    match run(cli).await {
+    // Traces first: the log set-up installs their exporter's layer beside its own.
+    let traces = match traces_of(&cli.command) {
+        Ok(traces) => traces,
+        Err(e) => {
+            replyd::telemetry::logging::init(json, None);
+            let text = replyd::telemetry::chain(&e);
+            if json {
+                tracing::error!(error = text, "replyd failed");
+            } else {
+                eprintln!("replyd: {text}");
+            }
+            return ExitCode::from(INVALID_SETTINGS);
+        }
+    };
+    replyd::telemetry::logging::init(json, traces.as_ref());
+    if let Some(traces) = &traces {
+        traces.announce();
+    }
+    let ran = run(cli).await;
+    if let Some(traces) = traces {
+        // The exporter's thread blocks while it flushes; the runtime has finished its work.
+        tokio::task::block_in_place(|| traces.shutdown());
+    }
+    match ran {
         Ok(code) => code,
         Err(e) => {
             // Once: a JSON log line for machines, or plain text for people.
@@ -92,7 +114,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => return replyd::check::run_command(&settings()?, &args).await,
         Command::Config(ConfigCommand::Check) => {
             settings()?;
+            // The trace variables too, as the long-running parts read them.
+            let traces = replyd::telemetry::trace::TraceSettings::from_env(
+                |name| std::env::var(name).ok(),
+                "replyd",
+            )?;
             println!("settings are valid");
+            match traces {
+                Some(traces) => println!("traces: exported to {}", traces.endpoint),
+                None => println!("traces: off (OTEL_EXPORTER_OTLP_ENDPOINT is not set)"),
+            }
         }
         Command::Config(ConfigCommand::Show) => print!("{}", settings()?.to_redacted_toml()),
         Command::Config(ConfigCommand::Reference) => {
@@ -105,6 +136,25 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Quota(command) => return replyd::operator::quota(&settings()?, &command).await,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The trace exporter of a long-running part (`OTEL_EXPORTER_OTLP_ENDPOINT` turns it on),
+/// named after the part; the one-shot commands send no traces.
+fn traces_of(
+    command: &Command,
+) -> Result<Option<replyd::telemetry::trace::Traces>, replyd::telemetry::trace::TraceSetupError> {
+    use replyd::telemetry::trace::{TraceSettings, Traces};
+    let service = match command {
+        Command::Worker => "replyd-worker",
+        Command::Api => "replyd-api",
+        Command::Relay => "replyd-relay",
+        Command::Serve => "replyd",
+        _ => return Ok(None),
+    };
+    match TraceSettings::from_env(|name| std::env::var(name).ok(), service)? {
+        Some(settings) => Traces::start(&settings).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// A token cancelled on the first SIGTERM or SIGINT: the worker drains and leaves the group.

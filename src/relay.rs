@@ -19,14 +19,15 @@ use futures_util::future::{BoxFuture, join_all};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::config::Settings;
 use crate::kafka::KafkaLogs;
 use crate::store::Store;
 use crate::store::listen::{Listener, listen};
 use crate::store::outbox::OutboxRow;
-use crate::telemetry;
 use crate::telemetry::http::{Probes, Readiness};
+use crate::telemetry::{self, trace};
 
 /// The channel new outbox rows notify (see `migrations/V6`).
 pub const OUTBOX_CHANNEL: &str = "replyd_outbox";
@@ -189,17 +190,27 @@ pub async fn run(
     Ok(())
 }
 
-/// Publishes `rows` and returns the ids Kafka acknowledged.
+/// Publishes `rows` and returns the ids Kafka acknowledged. Each send is a producer span of
+/// its task's trace, whose context the record carries in its `traceparent` header.
 async fn publish(
     producer: &FutureProducer<KafkaLogs>,
     topic: &str,
     rows: Vec<OutboxRow>,
 ) -> Vec<i64> {
     let sends = rows.iter().map(|row| async move {
-        let record = FutureRecord::to(topic)
+        let stored = row.traceparent.as_deref();
+        let span = trace::publish(topic, &row.task_id.to_string(), stored);
+        let mut record = FutureRecord::to(topic)
             .key(&row.record_key)
             .payload(&row.payload);
-        match producer.send(record, Duration::from_secs(0)).await {
+        if let Some(headers) = trace::record_headers(&span, stored) {
+            record = record.headers(headers);
+        }
+        match producer
+            .send(record, Duration::from_secs(0))
+            .instrument(span)
+            .await
+        {
             Ok(_) => Some(row.outbox_id),
             Err((e, _)) => {
                 telemetry::outbox_publish_failed(row.outbox_id, &e);

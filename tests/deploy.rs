@@ -171,9 +171,27 @@ fn the_settings_the_chart_renders_pass_replyd_config_check() {
                 .env("REPLYD_KAFKA__SECURITY__SASL_PASSWORD", "secret")
                 .env("REPLYD_KAFKA__SECURITY__CA_FILE", &ca);
         }
+        // The trace endpoint the Deployments pass, read as the parts read it.
+        let endpoint = env_value(&manifests, "OTEL_EXPORTER_OTLP_ENDPOINT");
+        if let Some(endpoint) = &endpoint {
+            check.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
+        }
         let out = check.output().unwrap();
         assert!(out.status.success(), "{name}: {}\n{toml}", text(&out));
+        let traced = text(&out).contains("traces: exported to http://otel-collector");
+        assert_eq!(traced, name == "production", "{name}: {}", text(&out));
     }
+}
+
+/// The value of the environment variable `name` in the first container that sets it.
+fn env_value(manifests: &str, name: &str) -> Option<String> {
+    let at = manifests.find(&format!("- name: {name}\n"))?;
+    let value = manifests[at..]
+        .lines()
+        .nth(1)?
+        .trim()
+        .strip_prefix("value: ")?;
+    Some(value.trim_matches('"').to_owned())
 }
 
 /// The `replyd.toml` of the rendered ConfigMap.
@@ -212,6 +230,10 @@ fn the_chart_refuses_contradictions_by_the_value_s_name() {
         (
             vec!["secrets.databaseUrl.name="],
             "secrets.databaseUrl.name: the Secret holding database.url is required",
+        ),
+        (
+            vec!["traces.endpoint=otel-collector:4317"],
+            "traces.endpoint: \"otel-collector:4317\" is not http(s)://host[:port]",
         ),
     ] {
         let out = render(&[], &set);

@@ -90,6 +90,9 @@ pub fn router(state: ApiState) -> Router {
                 )
             }),
         )
+        // Each routed request is a server span of its trace (its caller's, when it sent a
+        // `traceparent`); the intake stores the span's context with the outbox row.
+        .route_layer(axum::middleware::from_fn(trace_request))
         .fallback(|| async { Problem::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -104,6 +107,27 @@ pub fn router(state: ApiState) -> Router {
             limit_headers,
         ))
         .with_state(state)
+}
+
+/// Runs a routed request inside its server span and records the answer's status on it.
+async fn trace_request(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use tracing::Instrument as _;
+    if !crate::telemetry::trace::on() {
+        return next.run(request).await;
+    }
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("", |path| path.as_str())
+        .to_owned();
+    let span =
+        crate::telemetry::trace::api_request(request.method().as_str(), &route, request.headers());
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
+    response
 }
 
 /// Refuses a request whose header block (names and values) is over `api.max_header_bytes`

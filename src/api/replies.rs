@@ -319,6 +319,7 @@ async fn create_inner(
         retention: state.settings.idempotency_retention(),
         existing_message: None,
         quota: state.quota,
+        traceparent: crate::telemetry::trace::traceparent(&tracing::Span::current()),
     };
     submit(state, submission).await
 }
@@ -388,6 +389,7 @@ pub async fn regenerate(
             retention: state.settings.idempotency_retention(),
             existing_message: Some(source.spec.message_id.clone()),
             quota: state.quota,
+            traceparent: crate::telemetry::trace::traceparent(&tracing::Span::current()),
         };
         submit(&state, submission).await
     }
@@ -428,6 +430,10 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
         TaskStatus::Pending
     };
     crate::telemetry::submission(replayed);
+    // On the request's server span (see `api::trace_request`).
+    let span = tracing::Span::current();
+    span.record("replyd.task_id", task_id.to_string());
+    span.record("replyd.replayed", replayed);
     let (status_url, events_url) = urls(task_id);
     let mut response = (
         StatusCode::ACCEPTED,

@@ -28,8 +28,32 @@ pub fn markdown() -> String {
             table(&mut out, &defs, &[name.as_str()], section);
         }
     }
+    out.push_str(TRACES);
     out
 }
+
+/// The variables outside the settings tree: OpenTelemetry's own, read by its SDK (and checked
+/// by [`crate::telemetry::trace::TraceSettings::from_env`]), not by the settings loader.
+const TRACES: &str = "
+## Traces (OpenTelemetry's variables)
+
+Traces are off unless an endpoint is set. `replyd worker`, `api`, `relay` and `serve` read
+these standard variables themselves (they are not settings keys, and the settings file cannot
+set them); `replyd config check` checks them too.
+
+| variable | default | meaning |
+|---|---|---|
+| `OTEL_EXPORTER_OTLP_ENDPOINT` | unset: traces off | The collector's OTLP/HTTP base URL, e.g. `http://otel-collector:4318`; spans go to `<it>/v1/traces`. |
+| `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` | unset | The full traces URL; wins over the one above. |
+| `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` | `http/protobuf` | Only `http/protobuf` is spoken; any other value is refused at start. |
+| `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_EXPORTER_OTLP_TRACES_HEADERS` | none | `key=value,…` headers of every export (a collector's token). |
+| `OTEL_EXPORTER_OTLP_TIMEOUT` | `10000` | Milliseconds an export may take. |
+| `OTEL_SERVICE_NAME` | the part: `replyd-worker`, `replyd-api`, `replyd-relay`, `replyd` (serve) | `service.name` of the spans. |
+| `OTEL_RESOURCE_ATTRIBUTES` | none | More resource attributes, `key=value,…`. |
+| `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | `parentbased_always_on` | The sampler; e.g. `parentbased_traceidratio` and `0.1`. A task's later hops follow the API's decision through `traceparent`. |
+| `OTEL_BSP_SCHEDULE_DELAY`, `OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, `OTEL_BSP_EXPORT_TIMEOUT` | `5000`, `2048`, `512`, `30000` | Batching: spans over the queue are dropped, never waited for. |
+| `OTEL_SDK_DISABLED`, `OTEL_TRACES_EXPORTER` | `false`, `otlp` | `true` or `none` turn traces off with an endpoint set. |
+";
 
 /// A schema with its `$ref` followed.
 fn resolve<'a>(defs: &'a Map<String, Value>, schema: &'a Value) -> &'a Value {

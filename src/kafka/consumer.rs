@@ -47,6 +47,16 @@ pub enum RecordOutcome {
     Cancelled,
 }
 
+impl RecordOutcome {
+    /// Stable label for traces: how the record ended, or `cancelled`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RecordOutcome::Done(how) => how.as_str(),
+            RecordOutcome::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// Processes one record. Called concurrently for many records, also of one partition.
 pub trait RecordHandler: Send + Sync + 'static {
     fn handle(

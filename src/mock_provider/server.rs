@@ -60,7 +60,14 @@ pub struct KeyStats {
     pub key: String,
     /// Replies generated under this key; 0 for a key never seen.
     pub generations: u64,
+    /// The `traceparent` headers of the requests sent with this key (chat completions and
+    /// background creates), oldest first, at most [`TRACEPARENTS_KEPT`].
+    #[serde(default)]
+    pub traceparents: Vec<String>,
 }
+
+/// How many `traceparent` headers are kept per key.
+pub const TRACEPARENTS_KEPT: usize = 32;
 
 /// State shared by all requests. Every lock is a `std` mutex held for a few field updates and
 /// never across an `.await`, so it cannot stall the runtime.
@@ -71,6 +78,7 @@ pub(crate) struct MockState {
     stats: Mutex<StatsSnapshot>,
     keys: Mutex<HashMap<String, KeyState>>,
     responses: Mutex<ResponseBook>,
+    traceparents: Mutex<HashMap<String, Vec<String>>>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -91,8 +99,24 @@ impl MockState {
             stats: Mutex::new(StatsSnapshot::default()),
             keys: Mutex::new(HashMap::new()),
             responses: Mutex::new(ResponseBook::default()),
+            traceparents: Mutex::new(HashMap::new()),
             shutdown,
             settings,
+        }
+    }
+
+    /// Keeps the request's `traceparent` under its idempotency key, when it has both.
+    fn note_traceparent(&self, key: Option<&str>, headers: &HeaderMap) {
+        let (Some(key), Some(value)) = (
+            key,
+            headers.get("traceparent").and_then(|v| v.to_str().ok()),
+        ) else {
+            return;
+        };
+        let mut kept = lock(&self.traceparents);
+        let list = kept.entry(key.to_owned()).or_default();
+        if list.len() < TRACEPARENTS_KEPT {
+            list.push(value.to_owned());
         }
     }
 
@@ -154,7 +178,16 @@ async fn stats(State(state): State<Arc<MockState>>) -> Response {
 
 async fn key_stats(State(state): State<Arc<MockState>>, Path(key): Path<String>) -> Response {
     let generations = lock(&state.stats).per_key.get(&key).copied().unwrap_or(0);
-    axum::Json(KeyStats { key, generations }).into_response()
+    let traceparents = lock(&state.traceparents)
+        .get(&key)
+        .cloned()
+        .unwrap_or_default();
+    axum::Json(KeyStats {
+        key,
+        generations,
+        traceparents,
+    })
+    .into_response()
 }
 
 async fn get_faults(State(state): State<Arc<MockState>>) -> Response {
@@ -245,6 +278,7 @@ async fn chat_completions(
         }
     };
     let key = idempotency_key(&headers);
+    state.note_traceparent(key.as_deref(), &headers);
 
     let (fault, latency) = state.draw();
     let latency =
@@ -342,6 +376,7 @@ async fn create_response(
         Err(message) => return openai_error(StatusCode::BAD_REQUEST, &message),
     };
     let key = idempotency_key(&headers);
+    state.note_traceparent(key.as_deref(), &headers);
     let (fault, latency) = state.draw();
     let latency =
         latency_directive(request.input.iter().map(|m| m.content.as_str())).unwrap_or(latency);

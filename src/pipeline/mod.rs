@@ -20,7 +20,7 @@ use crate::kafka::consumer::{RecordHandler, RecordOutcome};
 use crate::kafka::dead_letter::DeadLetters;
 use crate::kafka::tracker::PartitionKey;
 use crate::store::{Store, StoreError};
-use crate::telemetry;
+use crate::telemetry::{self, trace};
 
 pub use runner::{RunnerSettings, TaskRunner};
 
@@ -66,6 +66,21 @@ impl Pipeline {
     }
 
     async fn process(&self, record: OwnedMessage, cancel: CancellationToken) -> RecordOutcome {
+        let offset = record.offset();
+        // The record's own span of the task's trace (a new trace when it came without a
+        // `traceparent`); the log's span stays the consumer's `record`.
+        let span = trace::process(record.topic(), record.partition(), offset, record.headers());
+        let outcome = self.process_traced(record, cancel, &span).await;
+        span.record("replyd.outcome", outcome.label());
+        outcome
+    }
+
+    async fn process_traced(
+        &self,
+        record: OwnedMessage,
+        cancel: CancellationToken,
+        span: &tracing::Span,
+    ) -> RecordOutcome {
         let key = PartitionKey::new(record.topic(), record.partition());
         let offset = record.offset();
         let written_at = record
@@ -98,6 +113,7 @@ impl Pipeline {
         let task_id = spec.task_id;
         let id = task_id.to_string();
         tracing::Span::current().record("task_id", id.as_str());
+        span.record("replyd.task_id", id.as_str());
         let Some(ensured) = with_retry(self.settings.io_retry, "ensure_task", &cancel, || {
             self.store.ensure_task(&spec)
         })
@@ -109,7 +125,7 @@ impl Pipeline {
             // The stored task is the work; this record's different inputs are only reported.
             telemetry::record_conflicts_with_task(&id, offset, &fields);
         }
-        match self.runner.run(task_id, &cancel).await {
+        match self.runner.run(task_id, &cancel, span).await {
             Some(how) => RecordOutcome::Done(how),
             None => RecordOutcome::Cancelled,
         }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, Span};
 
 use super::{pause, with_retry};
 use crate::domain::{AttemptOutcome, RecordEnd, StoredTask, TaskId, TaskStatus};
@@ -27,7 +28,7 @@ use crate::store::{
     ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Refusal, ReleaseOutcome, RenewOutcome,
     Store,
 };
-use crate::telemetry::{self, CallEnd};
+use crate::telemetry::{self, CallEnd, trace};
 
 /// How often a background create whose answer was lost is sent again within one attempt.
 const CREATE_RESENDS: u32 = 2;
@@ -62,6 +63,17 @@ enum Guarded<T> {
     Cancelled,
     /// The lease is gone (a renewal or a fenced write was refused).
     Refused(Refusal),
+}
+
+impl<T> Guarded<T> {
+    /// Stable label for traces, as [`CallEnd`] names the interrupted ends.
+    fn label(&self) -> &'static str {
+        match self {
+            Guarded::Done(_) => "done",
+            Guarded::Cancelled => CallEnd::Cancelled.label(),
+            Guarded::Refused(_) => CallEnd::LeaseLost.label(),
+        }
+    }
 }
 
 /// How one attempt (one claim) ended.
@@ -106,7 +118,14 @@ impl TaskRunner {
     }
 
     /// Runs the task until it is terminal (`Some`, saying how) or `cancel` fires (`None`).
-    pub async fn run(&self, task_id: TaskId, cancel: &CancellationToken) -> Option<RecordEnd> {
+    /// Each claim, provider call and completion is a child span of `trace` (see
+    /// [`trace`]; disabled spans when traces are off).
+    pub async fn run(
+        &self,
+        task_id: TaskId,
+        cancel: &CancellationToken,
+        trace: &Span,
+    ) -> Option<RecordEnd> {
         let id = task_id.to_string();
         // Watched from before the first read, so a lease that ends between a read and the
         // park below still wakes this run.
@@ -130,17 +149,22 @@ impl TaskRunner {
                 TaskStatus::Failed => return Some(RecordEnd::AlreadyFailed),
                 TaskStatus::Pending | TaskStatus::Running => {}
             }
+            let claim_span = trace::claim(trace);
             let claim = self
                 .with_retry("claim", cancel, || {
                     self.store
                         .claim(task_id, &self.settings.worker_id, self.settings.lease)
                 })
+                .instrument(claim_span.clone())
                 .await?;
+            claim_span.record("replyd.outcome", claim.label());
+            claim_span.record("replyd.assignment_version", claim.version());
+            drop(claim_span);
             telemetry::claim(&id, &claim);
             let wait = match claim {
                 ClaimOutcome::Claimed(lease) => {
                     tracing::Span::current().record("assignment_version", lease.version);
-                    match self.attempt(&stored, &lease, cancel).await {
+                    match self.attempt(&stored, &lease, cancel, trace).await {
                         AttemptEnd::Terminal(how) => return Some(how),
                         AttemptEnd::Cancelled => return None,
                         AttemptEnd::Again { wait } => wait,
@@ -216,40 +240,49 @@ impl TaskRunner {
         stored: &StoredTask,
         lease: &Lease,
         cancel: &CancellationToken,
+        trace: &Span,
     ) -> AttemptEnd {
         let id = stored.spec.task_id.to_string();
         let request = GenerationRequest::for_task(&stored.spec, &self.settings.default_model);
         let started = Instant::now();
-        let result = match self.provider.as_background() {
+        // The provider's HTTP requests carry this span's context (`traceparent`).
+        let call_span = trace::provider_call(trace, &request.model, lease.attempt);
+        let called = match self.provider.as_background() {
             Some(background) => {
-                match self
-                    .call_background(background, stored, &request, lease, cancel)
+                self.call_background(background, stored, &request, lease, cancel)
+                    .instrument(call_span.clone())
                     .await
-                {
-                    Guarded::Done(result) => result,
-                    other => return self.interrupted(&id, lease, other, started).await,
-                }
             }
-            None => match self
-                .guarded(lease, cancel, self.provider.generate(&request))
-                .await
-            {
-                Guarded::Done(result) => result,
-                other => return self.interrupted(&id, lease, other, started).await,
-            },
+            None => {
+                self.guarded(lease, cancel, self.provider.generate(&request))
+                    .instrument(call_span.clone())
+                    .await
+            }
+        };
+        let result = match called {
+            Guarded::Done(result) => result,
+            other => {
+                call_span.record("replyd.outcome", other.label());
+                return self.interrupted(&id, lease, other, started).await;
+            }
         };
         match result {
             Ok(generation) => {
+                call_span.record("replyd.outcome", CallEnd::Replied.label());
+                drop(call_span);
                 telemetry::provider_call(&id, lease.version, CallEnd::Replied, started.elapsed());
                 let meta = serde_json::to_value(&generation).ok();
+                let saving = trace::completion(trace, "save reply");
                 let Some(outcome) = self
                     .with_retry("complete", cancel, || {
                         self.store.complete(lease, &generation.text, meta.as_ref())
                     })
+                    .instrument(saving.clone())
                     .await
                 else {
                     return AttemptEnd::Cancelled;
                 };
+                saving.record("replyd.outcome", outcome.label());
                 match outcome {
                     CompletionOutcome::Accepted => {
                         telemetry::reply_accepted(&id, lease.version);
@@ -262,13 +295,16 @@ impl TaskRunner {
                 }
             }
             Err(error) => {
+                call_span.record("replyd.outcome", CallEnd::Failed(&error).label());
+                drop(call_span);
                 telemetry::provider_call(
                     &id,
                     lease.version,
                     CallEnd::Failed(&error),
                     started.elapsed(),
                 );
-                self.provider_failed(stored, lease, error, cancel).await
+                self.provider_failed(stored, lease, error, cancel, trace)
+                    .await
             }
         }
     }
@@ -411,6 +447,7 @@ impl TaskRunner {
         lease: &Lease,
         error: ProviderError,
         cancel: &CancellationToken,
+        trace: &Span,
     ) -> AttemptEnd {
         let id = stored.spec.task_id.to_string();
         let attempt = Attempt {
@@ -426,12 +463,15 @@ impl TaskRunner {
         let outcome = attempt_outcome(&error);
         match retry::decide(&error, attempt, &self.settings.retry, fastrand::f64()) {
             Action::Fail { reason, outcome } => {
+                let failing = trace::completion(trace, "fail task");
                 let Some(failed) = self
                     .with_retry("fail", cancel, || self.store.fail(lease, &reason, outcome))
+                    .instrument(failing.clone())
                     .await
                 else {
                     return AttemptEnd::Cancelled;
                 };
+                failing.record("replyd.outcome", failed.label());
                 match failed {
                     FailOutcome::Failed => {
                         telemetry::task_failed(&id, lease.version, &reason);
@@ -444,7 +484,8 @@ impl TaskRunner {
             Action::Retry { after } => {
                 telemetry::retry_planned(&id, lease.version, error.kind(), after);
                 let detail = error.to_string();
-                match self
+                let releasing = trace::completion(trace, "release for retry");
+                let released = self
                     .with_retry("release", cancel, || {
                         self.store.release_for_retry(
                             lease,
@@ -454,8 +495,12 @@ impl TaskRunner {
                             Some(error.kind()),
                         )
                     })
-                    .await
-                {
+                    .instrument(releasing.clone())
+                    .await;
+                if let Some(released) = &released {
+                    releasing.record("replyd.outcome", released.label());
+                }
+                match released {
                     None => AttemptEnd::Cancelled,
                     Some(ReleaseOutcome::Refused(refusal)) => {
                         self.refused(&id, lease, refusal, "release")

@@ -77,6 +77,14 @@ pub(crate) fn with_api_key(
     Ok(builder.header(AUTHORIZATION, value))
 }
 
+/// Adds the current span's `traceparent` (the worker's provider-call span), so the
+/// provider's own traces join the task's; nothing when traces are off.
+pub(crate) fn with_trace_context(builder: RequestBuilder) -> RequestBuilder {
+    let mut headers = reqwest::header::HeaderMap::new();
+    crate::telemetry::trace::inject_current(&mut headers);
+    builder.headers(headers)
+}
+
 /// Maps an error of the exchange to what it means for the caller; `timeout` is the limit the
 /// request ran under, named in the message.
 pub(crate) fn transport_error(error: reqwest::Error, timeout: Duration) -> ProviderError {

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::http::{
     build_client, endpoint, status_error, transport_error, with_api_key, with_idempotency_key,
+    with_trace_context,
 };
 use super::settings::OpenAiSettings;
 use super::{Generation, GenerationRequest, Provider, ProviderError, Usage};
@@ -93,6 +94,7 @@ impl Provider for OpenAiChatProvider {
         let builder = self.client.post(self.endpoint.clone()).json(&body);
         let builder = with_idempotency_key(builder, &request.idempotency_key)?;
         let builder = with_api_key(builder, self.api_key.as_ref())?;
+        let builder = with_trace_context(builder);
 
         let response = builder
             .send()

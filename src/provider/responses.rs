@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::http::{
     build_client, endpoint, status_error, transport_error, with_api_key, with_idempotency_key,
+    with_trace_context,
 };
 use super::openai::{OpenAiBuildError, role_name};
 use super::settings::OpenAiSettings;
@@ -99,6 +100,7 @@ impl OpenAiResponsesProvider {
     ) -> Result<Polled, ProviderError> {
         let builder = self.client.get(url.clone()).timeout(limit);
         let builder = with_api_key(builder, self.api_key.as_ref())?;
+        let builder = with_trace_context(builder);
         let response = builder
             .send()
             .await
@@ -153,6 +155,7 @@ impl BackgroundProvider for OpenAiResponsesProvider {
         let builder = self.client.post(self.endpoint.clone()).json(&body);
         let builder = with_idempotency_key(builder, &request.idempotency_key)?;
         let builder = with_api_key(builder, self.api_key.as_ref())?;
+        let builder = with_trace_context(builder);
         let response = builder
             .send()
             .await

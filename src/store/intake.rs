@@ -32,6 +32,9 @@ pub struct Submission {
     pub existing_message: Option<String>,
     /// The quota policy new work is admitted and reserved under.
     pub quota: QuotaPolicy,
+    /// The request's trace context, kept with the outbox row so the task's record continues
+    /// its trace (`None` when traces are off).
+    pub traceparent: Option<String>,
 }
 
 /// What the intake did.
@@ -78,7 +81,8 @@ const INSERT_KEY: &str = "INSERT INTO idempotency_keys (workspace_id, operation,
      ON CONFLICT DO NOTHING RETURNING task_id";
 const INSERT_MESSAGE: &str = "INSERT INTO messages (message_id, workspace_id, conversation_id, content) \
      VALUES ($1, $2, $3, $4)";
-const INSERT_OUTBOX: &str = "INSERT INTO outbox (task_id, record_key, payload) VALUES ($1, $2, $3)";
+const INSERT_OUTBOX: &str =
+    "INSERT INTO outbox (task_id, record_key, payload, traceparent) VALUES ($1, $2, $3, $4)";
 
 impl Store {
     /// Runs the intake transaction. A key whose record expired between the attempt and the
@@ -195,7 +199,7 @@ impl Store {
             async {
                 tx.execute(
                     &insert_outbox,
-                    &[&task_uuid, &spec.conversation_id, &payload],
+                    &[&task_uuid, &spec.conversation_id, &payload, &s.traceparent],
                 )
                 .await
             },

@@ -15,8 +15,11 @@ use super::{Store, StoreError};
 #[derive(Debug, Clone)]
 pub struct OutboxRow {
     pub outbox_id: i64,
+    pub task_id: uuid::Uuid,
     pub record_key: String,
     pub payload: Vec<u8>,
+    /// The writing request's trace context, sent on as the record's header.
+    pub traceparent: Option<String>,
 }
 
 /// How far behind the outbox is.
@@ -101,7 +104,8 @@ impl Store {
 async fn take_batch(tx: &Transaction<'_>, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
     let rows = tx
         .query(
-            "SELECT outbox_id, record_key, payload FROM outbox WHERE published_at IS NULL \
+            "SELECT outbox_id, task_id, record_key, payload, traceparent FROM outbox \
+             WHERE published_at IS NULL \
              ORDER BY outbox_id LIMIT $1 FOR UPDATE SKIP LOCKED",
             &[&limit],
         )
@@ -110,8 +114,10 @@ async fn take_batch(tx: &Transaction<'_>, limit: i64) -> Result<Vec<OutboxRow>, 
         .iter()
         .map(|r| OutboxRow {
             outbox_id: r.get(0),
-            record_key: r.get(1),
-            payload: r.get(2),
+            task_id: r.get(1),
+            record_key: r.get(2),
+            payload: r.get(3),
+            traceparent: r.get(4),
         })
         .collect())
 }

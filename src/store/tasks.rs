@@ -69,6 +69,36 @@ pub enum FailOutcome {
     Refused(Refusal),
 }
 
+impl CompletionOutcome {
+    /// Stable label for traces.
+    pub fn label(&self) -> &'static str {
+        match self {
+            CompletionOutcome::Accepted => "accepted",
+            CompletionOutcome::Refused(refusal) => refusal.label(),
+        }
+    }
+}
+
+impl ReleaseOutcome {
+    /// Stable label for traces.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ReleaseOutcome::Released => "released",
+            ReleaseOutcome::Refused(refusal) => refusal.label(),
+        }
+    }
+}
+
+impl FailOutcome {
+    /// Stable label for traces.
+    pub fn label(&self) -> &'static str {
+        match self {
+            FailOutcome::Failed => "failed",
+            FailOutcome::Refused(refusal) => refusal.label(),
+        }
+    }
+}
+
 // Lock the row before any check that reads the clock; see the module comment.
 const LOCK_ROW: &str = "SELECT 1 FROM reply_tasks WHERE task_id = $1 FOR UPDATE";
 

@@ -5,6 +5,7 @@
 
 pub mod http;
 pub mod logging;
+pub mod trace;
 
 use std::time::Duration;
 

@@ -79,9 +79,13 @@ to itself at start, where a pod would otherwise crash-loop.
 {{- if and .Values.worker.autoscaling.enabled (gt (int .Values.worker.autoscaling.maxReplicas) (int .Values.partitions)) -}}
 {{- fail (printf "worker.autoscaling.maxReplicas: %d is above partitions (%d)" (int .Values.worker.autoscaling.maxReplicas) (int .Values.partitions)) -}}
 {{- end -}}
+{{- $traces := .Values.traces.endpoint | default "" -}}
+{{- if and $traces (not (regexMatch "^https?://[^/:]+" $traces)) -}}
+{{- fail (printf "traces.endpoint: %q is not http(s)://host[:port]; replyd exports OTLP over HTTP (the collector's port 4318)" $traces) -}}
+{{- end -}}
 {{- end -}}
 
-{{/* The environment of every replyd container: settings file, secrets, identity. */}}
+{{/* The environment of every replyd container: settings file, secrets, traces, extras. */}}
 {{- define "replyd.env" -}}
 - name: REPLYD_CONFIG
   value: /etc/replyd/config/replyd.toml
@@ -105,6 +109,27 @@ to itself at start, where a pod would otherwise crash-loop.
     secretKeyRef:
       name: {{ .Values.secrets.kafkaSaslPassword.name }}
       key: {{ .Values.secrets.kafkaSaslPassword.key }}
+{{- end }}
+{{- with .Values.traces }}
+{{- if .endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .endpoint | quote }}
+{{- end }}
+{{- if .sampler }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ .sampler | quote }}
+{{- end }}
+{{- if .samplerArg }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .samplerArg | quote }}
+{{- end }}
+{{- if .resourceAttributes }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ .resourceAttributes | quote }}
+{{- end }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
