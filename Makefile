@@ -38,9 +38,11 @@ infra-status:
 demo:
 	bash deploy/demo.sh
 
-## bench: one worker, one partition, mock at 500 ms: throughput for windows 1, 16, 64, 256.
+## bench: Little's law (docs/BENCHMARKS.md): one worker, mock at 1 s, windows 1 to 1,024, on
+## one partition and on six, three runs a point; the table, and target/bench/window.jsonl.
 bench:
-	bash deploy/bench-window.sh 500 1 16 64 256
+	bash deploy/bench-window.sh 1000 1 3 1 16 64 256 1024
+	bash deploy/bench-window.sh 1000 6 3 1024
 
 ## bench-recovery: 1,000 tasks, 20% of calls dropped after the work: calls per task, recovery on/off.
 bench-recovery:

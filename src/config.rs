@@ -298,9 +298,11 @@ pub struct WorkerSettings {
     pub global_window: usize,
     /// Records of one partition received and waiting for a window slot. When this many wait,
     /// the partition is paused; it resumes when half have started. Memory stays bounded by
-    /// window + read-ahead records per partition, and the read-ahead hides the refetch delay
-    /// after a resume.
-    pub read_ahead: usize,
+    /// window + read-ahead records per partition. Unset: the partition window, at least 64.
+    /// Pausing drops what the Kafka client had fetched for the partition, so each resume
+    /// fetches again: half a read-ahead must cover that refetch at the rate the window
+    /// finishes records, or the window runs dry.
+    pub read_ahead: Option<usize>,
     /// Length of a task lease. A worker that stalls longer loses the task to another.
     pub lease_ms: u64,
     /// How often a running call renews its lease; well under `lease_ms`.
@@ -327,7 +329,7 @@ impl Default for WorkerSettings {
             worker_id: String::new(),
             partition_window: 64,
             global_window: 256,
-            read_ahead: 64,
+            read_ahead: None,
             lease_ms: 30_000,
             renew_interval_ms: 10_000,
             drain_timeout_ms: 10_000,
@@ -340,6 +342,9 @@ impl Default for WorkerSettings {
     }
 }
 
+/// The smallest default read-ahead: enough to hide a refetch at small windows.
+pub const MIN_READ_AHEAD: usize = 64;
+
 impl WorkerSettings {
     pub fn record_rules(&self) -> RecordRules {
         RecordRules {
@@ -351,6 +356,12 @@ impl WorkerSettings {
 
     pub fn lease(&self) -> Duration {
         Duration::from_millis(self.lease_ms)
+    }
+
+    /// `read_ahead`, or its default: the partition window, at least [`MIN_READ_AHEAD`].
+    pub fn read_ahead(&self) -> usize {
+        self.read_ahead
+            .unwrap_or(self.partition_window.max(MIN_READ_AHEAD))
     }
 
     pub fn renew_interval(&self) -> Duration {

@@ -160,7 +160,7 @@ impl Shared {
             finished: Condvar::new(),
             partition_window: worker.partition_window,
             global_window: worker.global_window,
-            read_ahead: worker.read_ahead,
+            read_ahead: worker.read_ahead(),
             drain_timeout: worker.drain_timeout(),
             status,
             tasks: TaskTracker::new(),

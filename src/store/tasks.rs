@@ -252,13 +252,14 @@ impl Store {
         let outcome = match decide_claim(&snapshot) {
             ClaimDecision::Refuse(outcome) => outcome,
             ClaimDecision::Fail { reason, outcome } => {
-                tx.execute(
-                    "UPDATE reply_tasks SET status = 'failed', failure = $2, \
-                     finished_at = clock_timestamp(), updated_at = clock_timestamp() \
-                     WHERE task_id = $1",
-                    &[&id, &reason],
-                )
-                .await?;
+                let fail = tx
+                    .prepare_cached(
+                        "UPDATE reply_tasks SET status = 'failed', failure = $2, \
+                         finished_at = clock_timestamp(), updated_at = clock_timestamp() \
+                         WHERE task_id = $1",
+                    )
+                    .await?;
+                tx.execute(&fail, &[&id, &reason]).await?;
                 close_open_attempt(&tx, id, AttemptOutcome::Abandoned, Some(&reason)).await?;
                 outcome
             }
@@ -274,17 +275,20 @@ impl Store {
                     )
                     .await?;
                 }
-                let row = tx
-                    .query_one(
+                // Prepared once per session, like every statement of the hot path: a statement
+                // sent as text is parsed and planned again each time, and costs a round trip
+                // more.
+                let take = tx
+                    .prepare_cached(
                         "UPDATE reply_tasks SET status = 'running', \
                          assignment_version = assignment_version + 1, lease_owner = $2, \
                          lease_until = clock_timestamp() + make_interval(secs => $3), \
                          attempt_count = attempt_count + 1, updated_at = clock_timestamp() \
                          WHERE task_id = $1 \
                          RETURNING assignment_version, lease_until, attempt_count",
-                        &[&id, &owner, &seconds(lease)],
                     )
                     .await?;
+                let row = tx.query_one(&take, &[&id, &owner, &seconds(lease)]).await?;
                 let lease = Lease {
                     task_id: id,
                     version: row.get("assignment_version"),
@@ -292,9 +296,14 @@ impl Store {
                     until: row.get("lease_until"),
                     attempt: row.get("attempt_count"),
                 };
+                let attempt = tx
+                    .prepare_cached(
+                        "INSERT INTO reply_attempts (task_id, attempt_no, assignment_version, \
+                         worker, lease_until) VALUES ($1, $2, $3, $4, $5)",
+                    )
+                    .await?;
                 tx.execute(
-                    "INSERT INTO reply_attempts (task_id, attempt_no, assignment_version, worker, \
-                     lease_until) VALUES ($1, $2, $3, $4, $5)",
+                    &attempt,
                     &[&id, &lease.attempt, &lease.version, &owner, &lease.until],
                 )
                 .await?;
@@ -684,11 +693,13 @@ async fn close_open_attempt(
     outcome: AttemptOutcome,
     detail: Option<&str>,
 ) -> Result<(), StoreError> {
-    tx.execute(
-        "UPDATE reply_attempts SET outcome = $2, detail = $3, finished_at = clock_timestamp() \
-         WHERE task_id = $1 AND outcome IS NULL",
-        &[&task_id, &outcome.as_str(), &detail],
-    )
-    .await?;
+    let statement = tx
+        .prepare_cached(
+            "UPDATE reply_attempts SET outcome = $2, detail = $3, finished_at = clock_timestamp() \
+             WHERE task_id = $1 AND outcome IS NULL",
+        )
+        .await?;
+    tx.execute(&statement, &[&task_id, &outcome.as_str(), &detail])
+        .await?;
     Ok(())
 }
