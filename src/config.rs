@@ -1258,6 +1258,18 @@ session_timeout_ms = 10000
     }
 
     #[test]
+    fn the_read_ahead_follows_the_partition_window_unless_set() {
+        let mut worker = WorkerSettings::default();
+        assert_eq!(worker.read_ahead(), MIN_READ_AHEAD);
+        worker.partition_window = 1024;
+        assert_eq!(worker.read_ahead(), 1024);
+        worker.partition_window = 8;
+        assert_eq!(worker.read_ahead(), MIN_READ_AHEAD);
+        worker.read_ahead = Some(2);
+        assert_eq!(worker.read_ahead(), 2);
+    }
+
+    #[test]
     fn secrets_never_print_their_value() {
         let settings = DatabaseSettings {
             url: Secret::new("postgres://u:hunter2@db/replyd"),
