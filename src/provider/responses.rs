@@ -207,7 +207,13 @@ impl BackgroundProvider for OpenAiResponsesProvider {
                     {
                         pause = pause.max(*after);
                     }
-                    last_error = Some(e);
+                    // A poll cut short by this wait's own deadline learned nothing about the
+                    // operation ("no answer within 0 ms"): what the poll before it said stands.
+                    let cut_short =
+                        Instant::now() >= deadline && matches!(e, ProviderError::Ambiguous { .. });
+                    if !cut_short {
+                        last_error = Some(e);
+                    }
                 }
                 Err(e) => return Err(e),
             }
