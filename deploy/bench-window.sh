@@ -60,7 +60,8 @@ for w in "${windows[@]}"; do
     cat >"$dir/$id.toml" <<TOML
 [database]
 url = "$db_url"
-pool_size = 32
+# The best of a sweep on 2 cores (docs/BENCHMARKS.md): more sessions take turns on the cores.
+pool_size = ${BENCH_POOL_SIZE:-8}
 [kafka]
 bootstrap_servers = "$KAFKA_BOOTSTRAP"
 topic = "$topic"
