@@ -17,7 +17,7 @@ pub enum StartupError<E: std::error::Error + 'static> {
     /// The last error, after retrying for `waited`.
     #[error("{error} (gave up after {waited:?} of retrying)")]
     GaveUp { error: E, waited: Duration },
-    /// An error retrying cannot mend (bad credentials, a missing topic).
+    /// An error retrying cannot mend (bad credentials, bad settings).
     #[error(transparent)]
     Permanent(E),
     #[error("stopped while waiting to connect")]

@@ -63,7 +63,15 @@ pub async fn run_worker(
         "reaching Kafka",
         Duration::from_millis(settings.kafka.startup_retry_ms),
         &shutdown,
-        |e: &DeadLetterError| matches!(e, DeadLetterError::Unreachable { .. }),
+        // A topic created moments before the workers (a deploy's topic Job, a test) may not
+        // be in every broker's metadata yet: a missing one is waited for within the start-up
+        // window like an unreachable broker, then refused by name.
+        |e: &DeadLetterError| {
+            matches!(
+                e,
+                DeadLetterError::Unreachable { .. } | DeadLetterError::MissingTopic(_)
+            )
+        },
         || {
             let dead_letters = Arc::clone(&dead_letters);
             async move {

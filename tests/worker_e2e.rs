@@ -7,7 +7,7 @@ mod helpers;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use helpers::app::{TestApp, WorkerConfig};
+use helpers::app::{Routes, TestApp, WorkerConfig};
 use helpers::{unique, wait_until};
 use prost::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -709,6 +709,12 @@ async fn a_worker_refuses_to_start_without_its_dead_letter_topic() {
         ..WorkerConfig::default()
     };
     let app = TestApp::start(1, mock(10), config).await;
+    // The topic is waited for within the start-up window (a topic made moments before may
+    // not be in the metadata yet), then refused by name.
+    app.route(Routes {
+        kafka_toml: Some("startup_retry_ms = 2000".into()),
+        ..Routes::default()
+    });
     app.spawn_worker("w1");
     assert!(
         !app.wait_for_exit("w1", LIMIT).await,
@@ -719,6 +725,7 @@ async fn a_worker_refuses_to_start_without_its_dead_letter_topic() {
         log.contains("dead-letter topic") && log.contains("does not exist"),
         "{log}"
     );
+    assert!(log.contains("of retrying"), "{log}");
 }
 
 /// Workers whose lease is far longer than the work: a record parked on a task leased elsewhere
