@@ -275,17 +275,23 @@ impl Store {
                     )
                     .await?;
                 }
-                // Prepared once per session, like every statement of the hot path: a statement
-                // sent as text is parsed and planned again each time, and costs a round trip
-                // more.
+                // One statement takes the lease and opens its attempt row (the row gets the
+                // lease the UPDATE wrote), prepared once per session like every statement of
+                // the hot path: text is parsed and planned again each time, and costs a round
+                // trip more.
                 let take = tx
                     .prepare_cached(
-                        "UPDATE reply_tasks SET status = 'running', \
+                        "WITH taken AS (UPDATE reply_tasks SET status = 'running', \
                          assignment_version = assignment_version + 1, lease_owner = $2, \
                          lease_until = clock_timestamp() + make_interval(secs => $3), \
                          attempt_count = attempt_count + 1, updated_at = clock_timestamp() \
                          WHERE task_id = $1 \
-                         RETURNING assignment_version, lease_until, attempt_count",
+                         RETURNING task_id, assignment_version, lease_owner, lease_until, attempt_count), \
+                         opened AS (INSERT INTO reply_attempts \
+                         (task_id, attempt_no, assignment_version, worker, lease_until) \
+                         SELECT task_id, attempt_count, assignment_version, lease_owner, lease_until \
+                         FROM taken) \
+                         SELECT assignment_version, lease_until, attempt_count FROM taken",
                     )
                     .await?;
                 let row = tx.query_one(&take, &[&id, &owner, &seconds(lease)]).await?;
@@ -296,17 +302,6 @@ impl Store {
                     until: row.get("lease_until"),
                     attempt: row.get("attempt_count"),
                 };
-                let attempt = tx
-                    .prepare_cached(
-                        "INSERT INTO reply_attempts (task_id, attempt_no, assignment_version, \
-                         worker, lease_until) VALUES ($1, $2, $3, $4, $5)",
-                    )
-                    .await?;
-                tx.execute(
-                    &attempt,
-                    &[&id, &lease.attempt, &lease.version, &owner, &lease.until],
-                )
-                .await?;
                 ClaimOutcome::Claimed(lease)
             }
         };
@@ -576,19 +571,27 @@ impl Store {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         // Lock first, then check the lease in the guarded UPDATE (see the module comment).
-        if tx
-            .query_opt(&tx.prepare_cached(LOCK_ROW).await?, &[&id])
-            .await?
-            .is_none()
-        {
+        // The two (and a prelude between them) are sent together: one session runs its
+        // statements in the order they were sent, each after the one before, so the UPDATE's
+        // clock is still read with the lock held, at one round trip instead of two.
+        let sql = update.sql();
+        let (lock, guarded) =
+            futures_util::try_join!(tx.prepare_cached(LOCK_ROW), tx.prepare_cached(&sql))?;
+        let lock_params: [&(dyn ToSql + Sync); 1] = [&id];
+        let (locked, (), updated) = futures_util::try_join!(
+            tx.query_opt(&lock, &lock_params),
+            async {
+                match prelude {
+                    Some(prelude) => tx.batch_execute(prelude).await,
+                    None => Ok(()),
+                }
+            },
+            tx.query_opt(&guarded, params),
+        )?;
+        if locked.is_none() {
+            // No row: the UPDATE found none either.
             return Ok(Err(Refusal::NotFound));
         }
-        if let Some(prelude) = prelude {
-            tx.batch_execute(prelude).await?;
-        }
-        let updated = tx
-            .query_opt(&tx.prepare_cached(&update.sql()).await?, params)
-            .await?;
         let result = match updated {
             Some(row) => {
                 if let AttemptWrite::Outcome { outcome, detail } = records {
