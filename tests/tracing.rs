@@ -13,8 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use helpers::app::{Routes, TestApp, WorkerConfig};
-use helpers::{infra, task_spec, unique, wait_until};
-use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
+use helpers::{
+    infra, press_until_completed, press_with_headers_until_completed, task_spec, unique, wait_until,
+};
 use replyd::api_key::issue;
 use replyd::mock_provider::{KeyStats, MockSettings};
 use serde_json::{Value, json};
@@ -300,42 +301,6 @@ fn parts(traceparent: &str) -> (String, String) {
     (fields[1].to_owned(), fields[2].to_owned())
 }
 
-async fn press(
-    api: &str,
-    token: &str,
-    key: &str,
-    traceparent: Option<&str>,
-) -> (Accepted, reqwest::Client) {
-    let client = reqwest::Client::new();
-    let mut request = client
-        .post(format!("{api}/v1/replies"))
-        .bearer_auth(token)
-        .header("Idempotency-Key", key)
-        .json(&json!({"conversation_id": "conv-1", "message": "Trace me."}));
-    if let Some(traceparent) = traceparent {
-        request = request.header("traceparent", traceparent);
-    }
-    let response = request.send().await.unwrap();
-    assert_eq!(response.status(), 202);
-    (response.json().await.unwrap(), client)
-}
-
-async fn wait_until_completed(api: &str, token: &str, client: &reqwest::Client, id: &str) {
-    wait_until("the reply is completed", LIMIT, || async {
-        let view: Option<ReplyView> = match client
-            .get(format!("{api}/v1/replies/{id}"))
-            .bearer_auth(token)
-            .send()
-            .await
-        {
-            Ok(r) => r.json().await.ok(),
-            Err(_) => None,
-        };
-        view.is_some_and(|v| v.status == ReplyStatus::Completed)
-    })
-    .await;
-}
-
 /// Asserts the worker's spans of one task in `trace`: `process` a child of `parent` (`None`:
 /// a root), the claim, the provider call and the completion its children; the provider got
 /// the call span's context in its `traceparent` header.
@@ -393,15 +358,22 @@ async fn a_pressed_send_is_one_trace_from_the_request_to_the_completion() {
     app.spawn_process("api", "api");
     app.spawn_relay("relay");
     app.spawn_worker("w1");
-    let api = format!("http://{}", app.wait_for_api_addr("api", LIMIT).await);
+    let api = app.wait_for_api_addr("api", LIMIT).await;
+    let http = reqwest::Client::new();
 
     // A browser that traces its own pages sends its span's context.
     let trace_id = uuid::Uuid::new_v4().simple().to_string();
     let browser_span = "00f067aa0ba902b7";
     let sent = format!("00-{trace_id}-{browser_span}-01");
-    let (accepted, client) = press(&api, &key.token, "press-1", Some(&sent)).await;
-    let task_id = accepted.task_id.to_string();
-    wait_until_completed(&api, &key.token, &client, &task_id).await;
+    let accepted = press_with_headers_until_completed(
+        &http,
+        &api,
+        &key.token,
+        "press-1",
+        &[("traceparent", &sent)],
+    )
+    .await;
+    let task_id = accepted["task_id"].as_str().unwrap().to_owned();
 
     let topic = &app.topic;
     let trace = jaeger
@@ -448,14 +420,13 @@ async fn a_pressed_send_is_one_trace_from_the_request_to_the_completion() {
     );
 
     // A press without a traceparent: the API starts the trace, and the outbox row keeps it.
-    let (second, client) = press(&api, &key.token, "press-2", None).await;
-    let second_id = second.task_id.to_string();
-    wait_until_completed(&api, &key.token, &client, &second_id).await;
+    let second = press_until_completed(&http, &api, &key.token, "press-2").await;
+    let second_id = second["task_id"].as_str().unwrap().to_owned();
     let db = app.db.raw_client().await;
     let stored: Option<String> = db
         .query_one(
-            "SELECT traceparent FROM outbox WHERE task_id = $1",
-            &[&second.task_id.as_uuid()],
+            "SELECT traceparent FROM outbox WHERE task_id::text = $1",
+            &[&second_id],
         )
         .await
         .unwrap()

@@ -161,17 +161,28 @@ pub async fn press_until_completed(
     token: &str,
     key: &str,
 ) -> serde_json::Value {
-    let accepted: serde_json::Value = http
+    press_with_headers_until_completed(http, addr, token, key, &[]).await
+}
+
+/// [`press_until_completed`], with more request headers (a browser's `traceparent`).
+pub async fn press_with_headers_until_completed(
+    http: &reqwest::Client,
+    addr: &str,
+    token: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+) -> serde_json::Value {
+    let mut request = http
         .post(format!("http://{addr}/v1/replies"))
         .bearer_auth(token)
         .header("Idempotency-Key", key)
-        .json(&serde_json::json!({"conversation_id": key, "message": "What changed?"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json(&serde_json::json!({"conversation_id": key, "message": "What changed?"}));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), 202, "the press was not accepted");
+    let accepted: serde_json::Value = response.json().await.unwrap();
     let status_url = format!("http://{addr}{}", accepted["status_url"].as_str().unwrap());
     wait_until(
         "the press is completed",
