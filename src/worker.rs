@@ -111,7 +111,6 @@ pub async fn run_worker(
         },
     );
     let pipeline = Arc::new(Pipeline::new(
-        store.clone(),
         dead_letters,
         runner,
         PipelineSettings {

@@ -19,10 +19,10 @@ use crate::domain::{RecordEnd, RecordRules, TaskSpec};
 use crate::kafka::consumer::{RecordHandler, RecordOutcome};
 use crate::kafka::dead_letter::DeadLetters;
 use crate::kafka::tracker::PartitionKey;
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 use crate::telemetry::{self, trace};
 
-pub use runner::{RunnerSettings, TaskRunner};
+pub use runner::{FromRecord, RunnerSettings, TaskRunner};
 
 /// Settings of the per-record pipeline.
 #[derive(Debug, Clone)]
@@ -34,7 +34,6 @@ pub struct PipelineSettings {
 
 /// The record handler the worker runs.
 pub struct Pipeline {
-    store: Store,
     dead_letters: DeadLetters,
     runner: TaskRunner,
     settings: PipelineSettings,
@@ -51,14 +50,8 @@ impl RecordHandler for Pipeline {
 }
 
 impl Pipeline {
-    pub fn new(
-        store: Store,
-        dead_letters: DeadLetters,
-        runner: TaskRunner,
-        settings: PipelineSettings,
-    ) -> Self {
+    pub fn new(dead_letters: DeadLetters, runner: TaskRunner, settings: PipelineSettings) -> Self {
         Self {
-            store,
             dead_letters,
             runner,
             settings,
@@ -114,18 +107,11 @@ impl Pipeline {
         let id = task_id.to_string();
         tracing::Span::current().record("task_id", id.as_str());
         span.record("replyd.task_id", id.as_str());
-        let Some(ensured) = with_retry(self.settings.io_retry, "ensure_task", &cancel, || {
-            self.store.ensure_task(&spec)
-        })
-        .await
-        else {
-            return RecordOutcome::Cancelled;
+        let record = FromRecord {
+            spec: &spec,
+            offset,
         };
-        if let crate::store::EnsureOutcome::Conflict { fields } = ensured {
-            // The stored task is the work; this record's different inputs are only reported.
-            telemetry::record_conflicts_with_task(&id, offset, &fields);
-        }
-        match self.runner.run(task_id, &cancel, span).await {
+        match self.runner.run(task_id, Some(record), &cancel, span).await {
             Some(how) => RecordOutcome::Done(how),
             None => RecordOutcome::Cancelled,
         }

@@ -18,17 +18,25 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, Span};
 
 use super::{pause, with_retry};
-use crate::domain::{AttemptOutcome, RecordEnd, StoredTask, TaskId, TaskStatus};
+use crate::domain::{AttemptOutcome, RecordEnd, StoredTask, TaskId, TaskSpec};
 use crate::parking::{ParkedTasks, TaskWatch, WakeSource};
 use crate::provider::{
     BackgroundProvider, Generation, GenerationRequest, OperationId, Provider, ProviderError,
 };
 use crate::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
 use crate::store::{
-    ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Refusal, ReleaseOutcome, RenewOutcome,
-    Store,
+    ClaimOutcome, CompletionOutcome, EnsureOutcome, FailOutcome, Lease, Refusal, ReleaseOutcome,
+    RenewOutcome, Store,
 };
 use crate::telemetry::{self, CallEnd, trace};
+
+/// The record a run starts from: its task, inserted by the first claim if absent, and its
+/// offset, for the report when the stored task disagrees with it.
+#[derive(Debug, Clone, Copy)]
+pub struct FromRecord<'a> {
+    pub spec: &'a TaskSpec,
+    pub offset: i64,
+}
 
 /// How often a background create whose answer was lost is sent again within one attempt.
 const CREATE_RESENDS: u32 = 2;
@@ -118,25 +126,51 @@ impl TaskRunner {
     }
 
     /// Runs the task until it is terminal (`Some`, saying how) or `cancel` fires (`None`).
+    /// With `record`, the first claim also inserts the record's task if it is absent (one
+    /// round trip for both) and reports a record that disagrees with the stored task.
     /// Each claim, provider call and completion is a child span of `trace` (see
     /// [`trace`]; disabled spans when traces are off).
     pub async fn run(
         &self,
         task_id: TaskId,
+        record: Option<FromRecord<'_>>,
         cancel: &CancellationToken,
         trace: &Span,
     ) -> Option<RecordEnd> {
         let id = task_id.to_string();
-        // Watched from before the first read, so a lease that ends between a read and the
+        // Watched from before the first claim, so a lease that ends between a claim and the
         // park below still wakes this run.
         let mut watch = self.parked.watch(task_id);
+        let mut record = record;
 
         loop {
-            // I5: read right before deciding to call.
-            let stored = self
-                .with_retry("read", cancel, || self.store.read(task_id))
+            // I5: the claim reads the row under its lock right before deciding to call, and
+            // says what it found (a completed task is never called for).
+            let insert = record.as_ref().map(|r| r.spec);
+            let claim_span = trace::claim(trace);
+            let taken = self
+                .with_retry("claim", cancel, || {
+                    self.store.claim_task(
+                        task_id,
+                        &self.settings.worker_id,
+                        self.settings.lease,
+                        insert,
+                    )
+                })
+                .instrument(claim_span.clone())
                 .await?;
-            let Some(stored) = stored else {
+            if let (Some(from), Some(EnsureOutcome::Conflict { fields })) =
+                (record.take(), &taken.ensured)
+            {
+                // The stored task is the work; this record's different inputs are only reported.
+                telemetry::record_conflicts_with_task(&id, from.offset, fields);
+            }
+            let claim = taken.claim;
+            claim_span.record("replyd.outcome", claim.label());
+            claim_span.record("replyd.assignment_version", claim.version());
+            drop(claim_span);
+            telemetry::claim(&id, &claim);
+            let Some(stored) = taken.task else {
                 // Ensured above, and tasks are never deleted by replyd: someone removed it.
                 tracing::error!(task_id = %id, "task row disappeared; retrying");
                 if !pause(cancel, self.settings.io_retry).await {
@@ -144,23 +178,6 @@ impl TaskRunner {
                 }
                 continue;
             };
-            match stored.status {
-                TaskStatus::Completed => return Some(RecordEnd::AlreadyCompleted),
-                TaskStatus::Failed => return Some(RecordEnd::AlreadyFailed),
-                TaskStatus::Pending | TaskStatus::Running => {}
-            }
-            let claim_span = trace::claim(trace);
-            let claim = self
-                .with_retry("claim", cancel, || {
-                    self.store
-                        .claim(task_id, &self.settings.worker_id, self.settings.lease)
-                })
-                .instrument(claim_span.clone())
-                .await?;
-            claim_span.record("replyd.outcome", claim.label());
-            claim_span.record("replyd.assignment_version", claim.version());
-            drop(claim_span);
-            telemetry::claim(&id, &claim);
             let wait = match claim {
                 ClaimOutcome::Claimed(lease) => {
                     tracing::Span::current().record("assignment_version", lease.version);

@@ -28,7 +28,9 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use crate::config::DatabaseSettings;
 
 pub use fencing::{ClaimOutcome, Lease, Refusal};
-pub use tasks::{CompletionOutcome, EnsureOutcome, FailOutcome, ReleaseOutcome, RenewOutcome};
+pub use tasks::{
+    CompletionOutcome, EnsureOutcome, FailOutcome, ReleaseOutcome, RenewOutcome, Taken,
+};
 
 /// Errors of the store's I/O. Outcomes a caller branches on (refused, leased by another) are
 /// not errors: they are the `*Outcome` enums.

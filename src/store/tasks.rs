@@ -2,7 +2,9 @@
 //!
 //! Every fenced write (claim, renew, complete, fail) runs the seed's order inside one short
 //! transaction: lock the row (`SELECT ... FOR UPDATE`), then run the guarded UPDATE whose
-//! predicate reads `clock_timestamp()` *after* the lock is held. A single guarded UPDATE is not
+//! predicate reads `clock_timestamp()` *after* the lock is held. The hot path's two, the claim
+//! and the completion, are server-side functions (migration V9), so each is one round trip;
+//! the others send their statements from here. A single guarded UPDATE is not
 //! enough: PostgreSQL evaluates its predicate before waiting on a lock held by a transaction
 //! that only locked the row, and writes after the wait even if the lease ran out meanwhile.
 //! Locking first closes that window (I2). Saving the reply and completing the task are one
@@ -20,9 +22,7 @@ use crate::domain::{
     AttemptOutcome, AttemptRecord, ProviderRequest, StoredTask, TaskId, TaskSpec, TaskStatus,
 };
 
-use super::fencing::{
-    ClaimDecision, ClaimOutcome, Lease, LeaseSnapshot, Refusal, classify_refusal, decide_claim,
-};
+use super::fencing::{ClaimOutcome, Lease, LeaseSnapshot, Refusal, classify_refusal};
 use super::{Store, StoreError};
 
 /// What `ensure_task` found.
@@ -35,6 +35,16 @@ pub enum EnsureOutcome {
     /// The task existed with different inputs; the record was not applied. The fields name
     /// where it disagrees.
     Conflict { fields: Vec<&'static str> },
+}
+
+/// What a claim did, and the row as it left it.
+#[derive(Debug, Clone)]
+pub struct Taken {
+    pub claim: ClaimOutcome,
+    /// What inserting the record's task found; `None` when the claim had no record to insert.
+    pub ensured: Option<EnsureOutcome>,
+    /// The row after the claim; `None` when there is no such task.
+    pub task: Option<StoredTask>,
 }
 
 /// What a completion did.
@@ -238,75 +248,76 @@ impl Store {
         owner: &str,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
+        Ok(self.claim_task(task_id, owner, lease, None).await?.claim)
+    }
+
+    /// [`Self::claim`] in one call and one transaction (`replyd_claim`, migration V9), that
+    /// also returns the row as the claim left it, so the caller need not read it first. With
+    /// `insert`, the record's task is inserted first if it is absent ([`Self::ensure_task`]
+    /// in the same call): a record's whole claim is one round trip.
+    pub async fn claim_task(
+        &self,
+        task_id: TaskId,
+        owner: &str,
+        lease: Duration,
+        insert: Option<&TaskSpec>,
+    ) -> Result<Taken, StoreError> {
         let id = task_id.as_uuid();
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let snapshot_sql = format!("{SNAPSHOT} FOR UPDATE");
-        let Some(row) = tx
-            .query_opt(&tx.prepare_cached(&snapshot_sql).await?, &[&id])
-            .await?
-        else {
-            return Ok(ClaimOutcome::NotFound);
+        let request = insert
+            .map(|spec| serde_json::to_value(&spec.request))
+            .transpose()
+            .map_err(|e| invalid(id, format!("request: {e}")))?;
+        let max_attempts = insert
+            .map(|spec| i32::try_from(spec.max_attempts))
+            .transpose()
+            .map_err(|_| invalid(id, "max_attempts over i32"))?;
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached("SELECT * FROM replyd_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+            .await?;
+        let row = client
+            .query_one(
+                &statement,
+                &[
+                    &id,
+                    &owner,
+                    &seconds(lease),
+                    &insert.map(|s| s.workspace_id.as_str()),
+                    &insert.map(|s| s.conversation_id.as_str()),
+                    &insert.map(|s| s.message_id.as_str()),
+                    &insert.map(|s| s.document_version.as_str()),
+                    &request,
+                    &max_attempts,
+                    &insert.and_then(|s| s.deadline),
+                ],
+            )
+            .await?;
+        let label: &str = row.get("claim");
+        let created: bool = row.get("created");
+        let claim = claim_from(id, label, &row)?;
+        let task = if matches!(claim, ClaimOutcome::NotFound) {
+            None
+        } else {
+            Some(task_from(&row)?)
         };
-        let snapshot = snapshot_from(id, &row)?;
-        let outcome = match decide_claim(&snapshot) {
-            ClaimDecision::Refuse(outcome) => outcome,
-            ClaimDecision::Fail { reason, outcome } => {
-                let fail = tx
-                    .prepare_cached(
-                        "UPDATE reply_tasks SET status = 'failed', failure = $2, \
-                         finished_at = clock_timestamp(), updated_at = clock_timestamp() \
-                         WHERE task_id = $1",
-                    )
-                    .await?;
-                tx.execute(&fail, &[&id, &reason]).await?;
-                close_open_attempt(&tx, id, AttemptOutcome::Abandoned, Some(&reason)).await?;
-                outcome
-            }
-            ClaimDecision::Claim { takes_over } => {
-                if takes_over {
-                    // The previous assignment's lease ran out without an outcome. If it comes
-                    // back, its completion is refused and this row is rewritten as `fenced`.
-                    close_open_attempt(
-                        &tx,
-                        id,
-                        AttemptOutcome::Abandoned,
-                        Some("lease expired; taken over"),
-                    )
-                    .await?;
+        let ensured = insert.map(|spec| match (&task, created) {
+            (_, true) => EnsureOutcome::Created,
+            (Some(stored), false) => {
+                let fields = stored.spec.disagreements(spec);
+                if fields.is_empty() {
+                    EnsureOutcome::Exists
+                } else {
+                    EnsureOutcome::Conflict { fields }
                 }
-                // One statement takes the lease and opens its attempt row (the row gets the
-                // lease the UPDATE wrote), prepared once per session like every statement of
-                // the hot path: text is parsed and planned again each time, and costs a round
-                // trip more.
-                let take = tx
-                    .prepare_cached(
-                        "WITH taken AS (UPDATE reply_tasks SET status = 'running', \
-                         assignment_version = assignment_version + 1, lease_owner = $2, \
-                         lease_until = clock_timestamp() + make_interval(secs => $3), \
-                         attempt_count = attempt_count + 1, updated_at = clock_timestamp() \
-                         WHERE task_id = $1 \
-                         RETURNING task_id, assignment_version, lease_owner, lease_until, attempt_count), \
-                         opened AS (INSERT INTO reply_attempts \
-                         (task_id, attempt_no, assignment_version, worker, lease_until) \
-                         SELECT task_id, attempt_count, assignment_version, lease_owner, lease_until \
-                         FROM taken) \
-                         SELECT assignment_version, lease_until, attempt_count FROM taken",
-                    )
-                    .await?;
-                let row = tx.query_one(&take, &[&id, &owner, &seconds(lease)]).await?;
-                let lease = Lease {
-                    task_id: id,
-                    version: row.get("assignment_version"),
-                    owner: owner.to_owned(),
-                    until: row.get("lease_until"),
-                    attempt: row.get("attempt_count"),
-                };
-                ClaimOutcome::Claimed(lease)
             }
-        };
-        tx.commit().await?;
-        Ok(outcome)
+            // Inserted or found, then gone before the lock: reported as not found.
+            (None, false) => EnsureOutcome::Exists,
+        });
+        Ok(Taken {
+            claim,
+            ensured,
+            task,
+        })
     }
 
     /// Extends a live lease of the current assignment by `lease` from now (database clock).
@@ -332,32 +343,48 @@ impl Store {
     }
 
     /// Saves `response` and completes the task in one guarded UPDATE, accepted only from the
-    /// current assignment with a live lease and no saved reply (I1, I2, I4).
+    /// current assignment with a live lease and no saved reply (I1, I2, I4). One call and one
+    /// transaction (`replyd_complete`, migration V9) when accepted; a refusal is recorded on
+    /// the attempt row by a second statement.
     pub async fn complete(
         &self,
         lease: &Lease,
         response: &str,
         meta: Option<&Json>,
     ) -> Result<CompletionOutcome, StoreError> {
-        let result = self
-            .fenced_write(
-                lease,
-                FencedUpdate {
-                    set: "saved_response = $3, response_meta = $4, \
-                 status = 'completed', finished_at = clock_timestamp(), updated_at = clock_timestamp()",
-                    returning: "task_id",
-                },
-                &[&lease.task_id, &lease.version, &response, &meta],
-                AttemptWrite::Outcome {
-                    outcome: AttemptOutcome::Accepted,
-                    detail: None,
-                },
-            )
+        let id = lease.task_id;
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached("SELECT * FROM replyd_complete($1, $2, $3, $4)")
             .await?;
-        Ok(match result {
-            Ok(_) => CompletionOutcome::Accepted,
-            Err(refusal) => CompletionOutcome::Refused(refusal),
-        })
+        let Some(row) = client
+            .query_opt(&statement, &[&id, &lease.version, &response, &meta])
+            .await?
+        else {
+            return Ok(CompletionOutcome::Refused(Refusal::NotFound));
+        };
+        if row.get::<_, bool>("accepted") {
+            return Ok(CompletionOutcome::Accepted);
+        }
+        // Read under the lock the refused write held: the reason, not a later state.
+        let refusal = classify_refusal(&snapshot_from(id, &row)?, lease.version);
+        if !is_own_earlier_write(&refusal) {
+            // After the function's commit: the attempt row's guard (no final outcome yet)
+            // keeps this from rewriting anything a later writer recorded.
+            let record = client.prepare_cached(RECORD_ATTEMPT_OUTCOME).await?;
+            client
+                .execute(
+                    &record,
+                    &[
+                        &id,
+                        &lease.version,
+                        &refusal.attempt_outcome().as_str(),
+                        &Some(format!("{refusal:?}")),
+                    ],
+                )
+                .await?;
+        }
+        Ok(CompletionOutcome::Refused(refusal))
     }
 
     /// Marks the task failed for good with `reason`, fenced like a completion. `outcome` is the
@@ -607,11 +634,9 @@ impl Store {
                 // A refused renewal records nothing: the worker stops and reports the attempt's
                 // end through complete or fail, or the next claim does. A retried write whose
                 // first try went through keeps that first outcome.
-                let own_earlier_write = refusal
-                    == Refusal::AlreadySaved {
-                        by_this_assignment: true,
-                    };
-                if matches!(records, AttemptWrite::Outcome { .. }) && !own_earlier_write {
+                if matches!(records, AttemptWrite::Outcome { .. })
+                    && !is_own_earlier_write(&refusal)
+                {
                     record_attempt_outcome(
                         &tx,
                         id,
@@ -629,11 +654,65 @@ impl Store {
     }
 }
 
-/// The fence of I2, the one place it is written: the row is this assignment's (`$1` the task,
-/// `$2` the assignment version), still running, its lease live by the database clock read
-/// after the row lock is held, and no reply saved yet.
-const FENCE: &str = "task_id = $1 AND assignment_version = $2 AND status = 'running' \
-     AND lease_until > clock_timestamp() AND saved_response IS NULL";
+/// The fence of I2 (`$1` the task, `$2` the assignment version). It is written once, in
+/// SQL (`replyd_lease_holds`, migration V9): the row is this assignment's, still running,
+/// its lease live by the database clock read after the row lock is held, and no reply saved
+/// yet. `replyd_complete` filters on the same function.
+const FENCE: &str = "task_id = $1 AND replyd_lease_holds(reply_tasks, $2)";
+
+/// Records an assignment's attempt outcome (see [`record_attempt_outcome`]).
+const RECORD_ATTEMPT_OUTCOME: &str = "UPDATE reply_attempts SET outcome = $3, detail = $4, \
+     finished_at = clock_timestamp() \
+     WHERE task_id = $1 AND assignment_version = $2 \
+       AND (outcome IS NULL OR outcome = 'abandoned')";
+
+/// A refused write that is this very assignment's earlier accepted write (its acknowledgement
+/// was lost and it was sent again): nothing to record, the first outcome stands.
+fn is_own_earlier_write(refusal: &Refusal) -> bool {
+    *refusal
+        == Refusal::AlreadySaved {
+            by_this_assignment: true,
+        }
+}
+
+/// A claim's outcome from `replyd_claim`'s label and the row it returned.
+fn claim_from(task_id: Uuid, label: &str, row: &Row) -> Result<ClaimOutcome, StoreError> {
+    Ok(match label {
+        "claimed" => ClaimOutcome::Claimed(Lease {
+            task_id,
+            version: row.get("assignment_version"),
+            owner: row.get("lease_owner"),
+            until: row.get("lease_until"),
+            attempt: row.get("attempt_count"),
+        }),
+        "already_completed" => ClaimOutcome::AlreadyCompleted,
+        "already_failed" => ClaimOutcome::AlreadyFailed,
+        "leased_by_other" => ClaimOutcome::LeasedByOther {
+            owner: row
+                .get::<_, Option<String>>("lease_owner")
+                .unwrap_or_default(),
+            version: row.get("assignment_version"),
+            until: row
+                .get::<_, Option<DateTime<Utc>>>("lease_until")
+                .unwrap_or_else(|| row.get("now")),
+        },
+        "budget_exhausted" => ClaimOutcome::BudgetExhausted {
+            attempts: row.get("attempt_count"),
+        },
+        "deadline_passed" => ClaimOutcome::DeadlinePassed {
+            deadline: row
+                .get::<_, Option<DateTime<Utc>>>("deadline")
+                .unwrap_or_else(|| row.get("now")),
+        },
+        "backing_off" => ClaimOutcome::NotBefore {
+            at: row
+                .get::<_, Option<DateTime<Utc>>>("next_attempt_at")
+                .unwrap_or_else(|| row.get("now")),
+        },
+        "not_found" => ClaimOutcome::NotFound,
+        other => return Err(invalid(task_id, format!("unknown claim outcome {other:?}"))),
+    })
+}
 
 /// A guarded UPDATE of one task row: what it sets (its own parameters from `$3`) and what it
 /// returns; the predicate is always [`FENCE`].
@@ -674,35 +753,11 @@ async fn record_attempt_outcome(
     outcome: AttemptOutcome,
     detail: Option<&str>,
 ) -> Result<(), StoreError> {
-    let statement = tx
-        .prepare_cached(
-            "UPDATE reply_attempts SET outcome = $3, detail = $4, finished_at = clock_timestamp() \
-             WHERE task_id = $1 AND assignment_version = $2 \
-               AND (outcome IS NULL OR outcome = 'abandoned')",
-        )
-        .await?;
+    let statement = tx.prepare_cached(RECORD_ATTEMPT_OUTCOME).await?;
     tx.execute(
         &statement,
         &[&task_id, &version, &outcome.as_str(), &detail],
     )
     .await?;
-    Ok(())
-}
-
-/// Closes the attempt that is still open (no outcome) on a task, if any.
-async fn close_open_attempt(
-    tx: &deadpool_postgres::Transaction<'_>,
-    task_id: Uuid,
-    outcome: AttemptOutcome,
-    detail: Option<&str>,
-) -> Result<(), StoreError> {
-    let statement = tx
-        .prepare_cached(
-            "UPDATE reply_attempts SET outcome = $2, detail = $3, finished_at = clock_timestamp() \
-             WHERE task_id = $1 AND outcome IS NULL",
-        )
-        .await?;
-    tx.execute(&statement, &[&task_id, &outcome.as_str(), &detail])
-        .await?;
     Ok(())
 }
