@@ -201,9 +201,11 @@ postgres_up() {
     echo "$port" >"$pgdir/port"
     # Throwaway cluster: fsync off is safe against process crashes (the chaos tests kill the
     # server, not the machine) and makes the test suite several times faster.
+    # pg_stat_statements: the benchmarks count statements per task from the server itself.
     pg_run "$bin/pg_ctl" -D "$data" -l "$pgdir/server.log" -w -t 60 start -o \
       "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$pgdir \
-       -c max_connections=400 -c fsync=off -c full_page_writes=off -c synchronous_commit=on" \
+       -c max_connections=400 -c fsync=off -c full_page_writes=off -c synchronous_commit=on \
+       -c shared_preload_libraries=pg_stat_statements" \
       >/dev/null || { tail -n 30 "$pgdir/server.log" >&2; die "PostgreSQL did not start"; }
   fi
   # Role and database, created once; superuser because each test creates its own schema.
