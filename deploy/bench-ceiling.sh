@@ -14,7 +14,8 @@
 # Usage: deploy/bench-ceiling.sh [tasks] [window] [partitions] [runs] [pgbench_seconds]
 #        (default: 20000 256 6 3 20). BENCH_POOL_SIZE (8) sets the worker's sessions and
 #        pgbench's clients; REPLYD_BIN another binary (e.g. an older build, for its cost) and
-#        BENCH_LABEL its name in the JSON lines.
+#        BENCH_LABEL its name in the JSON lines; BENCH_BATCH=true|false sets
+#        database.batch_completions (unset: the binary's default).
 # Writes the table to stdout and one JSON line per run to target/bench/ceiling.jsonl.
 set -euo pipefail
 
@@ -67,6 +68,7 @@ for run in $(seq 1 "$runs"); do
 [database]
 url = "$db_url"
 pool_size = $pool
+${BENCH_BATCH:+batch_completions = $BENCH_BATCH}
 [kafka]
 bootstrap_servers = "$KAFKA_BOOTSTRAP"
 topic = "$topic"
@@ -139,14 +141,14 @@ SQL
 
   awk -v n="$tasks" -v sn="$steady_n" -v ss="$steady_s" -v c="$ceiling" -v st="$statements" \
       -v x0="$before" -v x1="$after" -v own="$own" -v cpu="$cpu" -v w="$window" -v p="$partitions" \
-      -v run="$run" -v pool="$pool" -v bin="$version" 'BEGIN {
+      -v run="$run" -v pool="$pool" -v bin="$version" -v batched="${BENCH_BATCH:-default}" 'BEGIN {
     rate = sn / ss
     ratio = c > 0 ? rate / c : 0
     # Each psql of the bench is two transactions: its connection start-up and its query.
     tx = (x1 - x0 - 2 * own) / n
     printf "%f %f %f %f %f %f\n", rate, c, ratio, st / n, tx, cpu / n * 1e6 > "/dev/stderr"
-    printf "{\"bench\":\"ceiling\",\"binary\":\"%s\",\"window\":%d,\"partitions\":%d,\"pool\":%d,\"run\":%d,\"tasks\":%d,\"replies_per_s\":%.1f,\"pgbench_lifecycles_per_s\":%.1f,\"ratio\":%.3f,\"statements_per_task\":%.2f,\"transactions_per_task\":%.2f,\"worker_cpu_us_per_record\":%.0f}\n",
-      bin, w, p, pool, run, n, rate, c, ratio, st / n, tx, cpu / n * 1e6
+    printf "{\"bench\":\"ceiling\",\"binary\":\"%s\",\"batched\":\"%s\",\"window\":%d,\"partitions\":%d,\"pool\":%d,\"run\":%d,\"tasks\":%d,\"replies_per_s\":%.1f,\"pgbench_lifecycles_per_s\":%.1f,\"ratio\":%.3f,\"statements_per_task\":%.2f,\"transactions_per_task\":%.2f,\"worker_cpu_us_per_record\":%.0f}\n",
+      bin, batched, w, p, pool, run, n, rate, c, ratio, st / n, tx, cpu / n * 1e6
   }' 2>>"$dir/runs" >>"$jsonl"
   echo "bench: run $run: $(tail -n 1 "$dir/runs")" >&2
   sed 's/^/    /' "$dir/$id.statements" >&2

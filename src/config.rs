@@ -43,6 +43,12 @@ pub struct DatabaseSettings {
     pub listen: bool,
     /// How long start-up keeps retrying to reach PostgreSQL before giving up.
     pub startup_retry_ms: u64,
+    /// Gather the completions that arrive while one is being written into the next call: one
+    /// round trip and one transaction for many tasks, each row guarded and answered on its
+    /// own. Nothing waits to fill a batch, so a lone completion goes at once.
+    pub batch_completions: bool,
+    /// The most completions in one batched call.
+    pub batch_max_rows: usize,
 }
 
 impl Default for DatabaseSettings {
@@ -55,6 +61,8 @@ impl Default for DatabaseSettings {
             statement_timeout_ms: 30_000,
             listen: true,
             startup_retry_ms: 60_000,
+            batch_completions: true,
+            batch_max_rows: 64,
         }
     }
 }
@@ -298,10 +306,11 @@ pub struct WorkerSettings {
     pub global_window: usize,
     /// Records of one partition received and waiting for a window slot. When this many wait,
     /// the partition is paused; it resumes when half have started. Memory stays bounded by
-    /// window + read-ahead records per partition. Unset: the partition window, at least 64.
-    /// Pausing drops what the Kafka client had fetched for the partition, so each resume
+    /// window + read-ahead records per partition. Unset: twice the partition window, at least
+    /// 64. Pausing drops what the Kafka client had fetched for the partition, so each resume
     /// fetches again: half a read-ahead must cover that refetch at the rate the window
-    /// finishes records, or the window runs dry.
+    /// finishes records, or the window runs dry (at 200 ms a call, window 64 kept 0.81 of its
+    /// calls open with a read-ahead of one window and 0.97 with two; docs/BENCHMARKS.md).
     pub read_ahead: Option<usize>,
     /// Length of a task lease. A worker that stalls longer loses the task to another.
     pub lease_ms: u64,
@@ -358,10 +367,10 @@ impl WorkerSettings {
         Duration::from_millis(self.lease_ms)
     }
 
-    /// `read_ahead`, or its default: the partition window, at least [`MIN_READ_AHEAD`].
+    /// `read_ahead`, or its default: twice the partition window, at least [`MIN_READ_AHEAD`].
     pub fn read_ahead(&self) -> usize {
         self.read_ahead
-            .unwrap_or(self.partition_window.max(MIN_READ_AHEAD))
+            .unwrap_or(self.partition_window.saturating_mul(2).max(MIN_READ_AHEAD))
     }
 
     pub fn renew_interval(&self) -> Duration {
@@ -858,6 +867,9 @@ impl Settings {
         if self.database.pool_size == 0 {
             refuse("database.pool_size", "must be at least 1".into());
         }
+        if self.database.batch_max_rows == 0 {
+            refuse("database.batch_max_rows", "must be at least 1".into());
+        }
         // The longest a task can keep being retried: every attempt a whole lease and the
         // longest backoff. A client retrying within that time must still find its task.
         let horizon_ms = u64::from(w.max_attempts_limit)
@@ -1258,11 +1270,11 @@ session_timeout_ms = 10000
     }
 
     #[test]
-    fn the_read_ahead_follows_the_partition_window_unless_set() {
+    fn the_read_ahead_is_twice_the_partition_window_unless_set() {
         let mut worker = WorkerSettings::default();
-        assert_eq!(worker.read_ahead(), MIN_READ_AHEAD);
+        assert_eq!(worker.read_ahead(), 2 * 64);
         worker.partition_window = 1024;
-        assert_eq!(worker.read_ahead(), 1024);
+        assert_eq!(worker.read_ahead(), 2048);
         worker.partition_window = 8;
         assert_eq!(worker.read_ahead(), MIN_READ_AHEAD);
         worker.read_ahead = Some(2);

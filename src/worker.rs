@@ -50,7 +50,10 @@ pub async fn run_worker(
     // PostgreSQL and Kafka may come up after us: retry for a bounded time, one log line per
     // distinct failure.
     crate::startup::migrate(&settings.database, &shutdown).await?;
-    let store = Store::connect(&settings.database).context("database settings")?;
+    let mut store = Store::connect(&settings.database).context("database settings")?;
+    if settings.database.batch_completions {
+        store = store.batching_completions(settings.database.batch_max_rows);
+    }
     let provider = build_provider(&settings.provider).context("provider settings")?;
     // Whether an ambiguous call can be recovered without a second generation.
     let recoverable = match provider.recovery() {

@@ -4,6 +4,7 @@
 //!
 //! - [`fencing`]: the pure decisions (may this claim proceed? why was this write refused?).
 //! - [`tasks`]: ensure, claim, renew, complete, fail, read.
+//! - [`batch`]: completions gathered into one call under load (`database.batch_completions`).
 //! - [`migrate`]: the schema, from `migrations/`.
 //! - [`listen`]: the session that relays task-status notifications to parked records.
 //! - [`workspaces`]: workspaces and their API keys (hashes only).
@@ -12,6 +13,7 @@
 //! - [`quota`]: limits, the counter as read, the admission statement (I8).
 //! - [`tls`]: libpq's `sslmode` and `sslrootcert` over rustls.
 
+mod batch;
 pub mod fencing;
 pub mod intake;
 pub mod listen;
@@ -47,6 +49,9 @@ pub enum StoreError {
     Connect { target: String, reason: String },
     #[error("row of task {task_id} is not what replyd writes: {reason}")]
     InvalidRow { task_id: uuid::Uuid, reason: String },
+    /// A batched completion's call failed; its outcome is unknown, so the caller retries.
+    #[error("batched completion failed: {0}")]
+    Batch(String),
     #[error("migration failed: {0}")]
     Migration(#[from] refinery::Error),
 }
@@ -55,6 +60,8 @@ pub enum StoreError {
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
+    /// Set by [`Store::batching_completions`].
+    batcher: Option<std::sync::Arc<batch::CompletionBatcher>>,
     /// Where the pool connects, for error messages (no credentials).
     target: String,
 }
@@ -156,8 +163,22 @@ impl Store {
             .map_err(|e| StoreError::Config(e.to_string()))?;
         Ok(Self {
             pool,
+            batcher: None,
             target: target_of(settings),
         })
+    }
+
+    /// This store, with its completions gathered into batches of at most `max_rows` (see
+    /// [`batch`]). Starts the batch writer on the current runtime.
+    pub fn batching_completions(mut self, max_rows: usize) -> Self {
+        let writer = Self {
+            batcher: None,
+            ..self.clone()
+        };
+        self.batcher = Some(std::sync::Arc::new(batch::CompletionBatcher::start(
+            writer, max_rows,
+        )));
+        self
     }
 
     /// One round trip, for readiness probes.

@@ -22,6 +22,7 @@ use crate::domain::{
     AttemptOutcome, AttemptRecord, ProviderRequest, StoredTask, TaskId, TaskSpec, TaskStatus,
 };
 
+use super::batch::BatchAnswer;
 use super::fencing::{ClaimOutcome, Lease, LeaseSnapshot, Refusal, classify_refusal};
 use super::{Store, StoreError};
 
@@ -134,7 +135,7 @@ fn invalid(task_id: Uuid, reason: impl Into<String>) -> StoreError {
     }
 }
 
-fn snapshot_from(task_id: Uuid, row: &Row) -> Result<LeaseSnapshot, StoreError> {
+pub(super) fn snapshot_from(task_id: Uuid, row: &Row) -> Result<LeaseSnapshot, StoreError> {
     let status: &str = row.get("status");
     Ok(LeaseSnapshot {
         status: TaskStatus::parse(status)
@@ -343,10 +344,27 @@ impl Store {
     }
 
     /// Saves `response` and completes the task in one guarded UPDATE, accepted only from the
-    /// current assignment with a live lease and no saved reply (I1, I2, I4). One call and one
-    /// transaction (`replyd_complete`, migration V9) when accepted; a refusal is recorded on
-    /// the attempt row by a second statement.
+    /// current assignment with a live lease and no saved reply (I1, I2, I4). With
+    /// `database.batch_completions`, goes out with the completions that arrive meanwhile
+    /// ([`super::batch`]); alone otherwise, or when its row is locked by someone else.
     pub async fn complete(
+        &self,
+        lease: &Lease,
+        response: &str,
+        meta: Option<&Json>,
+    ) -> Result<CompletionOutcome, StoreError> {
+        if let Some(batcher) = &self.batcher {
+            match batcher.complete(lease, response, meta).await? {
+                BatchAnswer::Done(outcome) => return Ok(outcome),
+                BatchAnswer::Busy => {}
+            }
+        }
+        self.complete_alone(lease, response, meta).await
+    }
+
+    /// One completion, one call and one transaction (`replyd_complete`, migration V9) when
+    /// accepted; a refusal is recorded on the attempt row by a second statement.
+    pub async fn complete_alone(
         &self,
         lease: &Lease,
         response: &str,
@@ -369,20 +387,7 @@ impl Store {
         // Read under the lock the refused write held: the reason, not a later state.
         let refusal = classify_refusal(&snapshot_from(id, &row)?, lease.version);
         if !is_own_earlier_write(&refusal) {
-            // After the function's commit: the attempt row's guard (no final outcome yet)
-            // keeps this from rewriting anything a later writer recorded.
-            let record = client.prepare_cached(RECORD_ATTEMPT_OUTCOME).await?;
-            client
-                .execute(
-                    &record,
-                    &[
-                        &id,
-                        &lease.version,
-                        &refusal.attempt_outcome().as_str(),
-                        &Some(format!("{refusal:?}")),
-                    ],
-                )
-                .await?;
+            record_refusal(&client, lease, &refusal).await?;
         }
         Ok(CompletionOutcome::Refused(refusal))
     }
@@ -668,11 +673,34 @@ const RECORD_ATTEMPT_OUTCOME: &str = "UPDATE reply_attempts SET outcome = $3, de
 
 /// A refused write that is this very assignment's earlier accepted write (its acknowledgement
 /// was lost and it was sent again): nothing to record, the first outcome stands.
-fn is_own_earlier_write(refusal: &Refusal) -> bool {
+pub(super) fn is_own_earlier_write(refusal: &Refusal) -> bool {
     *refusal
         == Refusal::AlreadySaved {
             by_this_assignment: true,
         }
+}
+
+/// Records a refused completion on its assignment's attempt row. It runs after the refused
+/// call's commit: the attempt row's guard (no final outcome yet) keeps it from rewriting what a
+/// later writer recorded.
+pub(super) async fn record_refusal(
+    client: &deadpool_postgres::Object,
+    lease: &Lease,
+    refusal: &Refusal,
+) -> Result<(), StoreError> {
+    let record = client.prepare_cached(RECORD_ATTEMPT_OUTCOME).await?;
+    client
+        .execute(
+            &record,
+            &[
+                &lease.task_id,
+                &lease.version,
+                &refusal.attempt_outcome().as_str(),
+                &Some(format!("{refusal:?}")),
+            ],
+        )
+        .await?;
+    Ok(())
 }
 
 /// A claim's outcome from `replyd_claim`'s label and the row it returned.

@@ -32,6 +32,13 @@ fn prometheus() -> &'static PrometheusHandle {
                 super::PROVIDER_SECONDS_BUCKETS,
             )
             .expect("the bucket list is not empty")
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(
+                    super::names::COMPLETION_BATCH_ROWS.into(),
+                ),
+                super::COMPLETION_BATCH_ROWS_BUCKETS,
+            )
+            .expect("the bucket list is not empty")
             .install_recorder()
             // Only fails if another recorder was installed first, which nothing in replyd does.
             .expect("no other metrics recorder is installed")

@@ -1,0 +1,133 @@
+"""Summarises the benchmark runs of `make bench` into target/bench/summary.json, and draws
+docs/bench/p1-window.png (throughput against window, with the ideal line) when matplotlib is
+importable (deploy/bench-summary.sh provides it).
+
+Reads the JSON lines the bench scripts wrote (target/bench/window.jsonl, ceiling.jsonl): one
+line per run; every point is given as its median and its spread over the runs.
+"""
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def load(path):
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def spread(values):
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "runs": len(values),
+    }
+
+
+def window_points(runs):
+    groups = defaultdict(list)
+    for run in runs:
+        groups[(run["latency_ms"], run["partitions"], run["window"])].append(run)
+    points = []
+    for (latency, partitions, window), group in sorted(groups.items()):
+        points.append(
+            {
+                "latency_ms": latency,
+                "partitions": partitions,
+                "window": window,
+                "ideal_per_s": group[0]["ideal_per_s"],
+                "replies_per_s": spread([r["replies_per_s"] for r in group]),
+                "ratio": spread([r["ratio"] for r in group]),
+                "mock_max_open": spread([r["mock_max_open"] for r in group]),
+                "worker_cpu_us_per_record": spread(
+                    [r["worker_cpu_us_per_record"] for r in group]
+                ),
+            }
+        )
+    return points
+
+
+def ceiling_points(runs):
+    groups = defaultdict(list)
+    for run in runs:
+        groups[(run["binary"], run.get("batched", ""), run["window"], run["partitions"])].append(run)
+    points = []
+    for (binary, batched, window, partitions), group in sorted(groups.items()):
+        point = {
+            "binary": binary,
+            "batched": batched,
+            "window": window,
+            "partitions": partitions,
+            "replies_per_s": spread([r["replies_per_s"] for r in group]),
+            "statements_per_task": spread([r["statements_per_task"] for r in group]),
+            "transactions_per_task": spread([r["transactions_per_task"] for r in group]),
+            "worker_cpu_us_per_record": spread([r["worker_cpu_us_per_record"] for r in group]),
+        }
+        ceilings = [r["pgbench_lifecycles_per_s"] for r in group if r["pgbench_lifecycles_per_s"] > 0]
+        if ceilings:
+            point["pgbench_lifecycles_per_s"] = spread(ceilings)
+            point["ratio"] = spread([r["ratio"] for r in group if r["pgbench_lifecycles_per_s"] > 0])
+        points.append(point)
+    return points
+
+
+def plot(points, out):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench-summary: matplotlib missing, no plot drawn", file=sys.stderr)
+        return
+    series = defaultdict(list)
+    for p in points:
+        series[(p["latency_ms"], p["partitions"])].append(p)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (latency, partitions), ps in sorted(series.items()):
+        ps.sort(key=lambda p: p["window"])
+        windows = [p["window"] for p in ps]
+        medians = [p["replies_per_s"]["median"] for p in ps]
+        low = [p["replies_per_s"]["median"] - p["replies_per_s"]["min"] for p in ps]
+        high = [p["replies_per_s"]["max"] - p["replies_per_s"]["median"] for p in ps]
+        label = f"mock {latency} ms, {partitions} partition{'s' if partitions > 1 else ''}"
+        ax.errorbar(windows, medians, yerr=[low, high], marker="o", capsize=3, label=label)
+        ax.plot(
+            windows,
+            [w / (latency / 1000.0) for w in windows],
+            linestyle="--",
+            linewidth=0.8,
+            color="grey",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("in-flight window (records)")
+    ax.set_ylabel("replies/s (median, min–max)")
+    ax.set_title("Little's law: replies/s against window (dashed: window ÷ latency)")
+    ax.grid(True, which="both", linewidth=0.3)
+    ax.legend()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"bench-summary: wrote {out}", file=sys.stderr)
+
+
+def main():
+    root = Path(__file__).resolve().parent.parent
+    bench = root / "target" / "bench"
+    window = window_points(load(bench / "window.jsonl"))
+    ceiling = ceiling_points(load(bench / "ceiling.jsonl"))
+    summary = {"p1_window": window, "p2_ceiling": ceiling}
+    bench.mkdir(parents=True, exist_ok=True)
+    (bench / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"bench-summary: wrote {bench / 'summary.json'}", file=sys.stderr)
+    if window:
+        plot(window, root / "docs" / "bench" / "p1-window.png")
+
+
+if __name__ == "__main__":
+    main()
