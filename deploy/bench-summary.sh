@@ -10,7 +10,9 @@ version=3.11.2
 venv="${REPLYD_CACHE_DIR:-$HOME/.cache/replyd}/venv-bench-plots-$version"
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
   echo "bench-summary: installing matplotlib $version into $venv" >&2
-  python3 -m venv "$venv" >&2 && "$venv/bin/pip" install -q "matplotlib==$version" >&2 \
-    || { echo "bench-summary: no matplotlib; summary only" >&2; exec python3 deploy/bench_summary.py; }
+  if ! { python3 -m venv "$venv" && "$venv/bin/pip" install -q "matplotlib==$version"; } >&2; then
+    echo "bench-summary: no matplotlib; summary only" >&2
+    exec python3 deploy/bench_summary.py
+  fi
 fi
 exec "$venv/bin/python" deploy/bench_summary.py

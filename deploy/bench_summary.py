@@ -1,9 +1,10 @@
 """Summarises the benchmark runs of `make bench` into target/bench/summary.json, and draws
-docs/bench/p1-window.png (throughput against window, with the ideal line) when matplotlib is
-importable (deploy/bench-summary.sh provides it).
+docs/bench/p1-window.png (throughput against window, with the ideal line) and
+docs/bench/p4-memory.png (peak RSS against backlog) when matplotlib is importable
+(deploy/bench-summary.sh provides it).
 
-Reads the JSON lines the bench scripts wrote (target/bench/window.jsonl, ceiling.jsonl): one
-line per run; every point is given as its median and its spread over the runs.
+Reads the JSON lines the bench scripts wrote (target/bench/window.jsonl, ceiling.jsonl,
+memory.jsonl): one line per run; every point is given as its median and its spread.
 """
 
 import json
@@ -75,6 +76,51 @@ def ceiling_points(runs):
     return points
 
 
+def memory_points(runs):
+    groups = defaultdict(list)
+    for run in runs:
+        groups[run["backlog"]].append(run)
+    return [
+        {
+            "backlog": backlog,
+            "window": group[0]["window"],
+            "seconds": group[0]["seconds"],
+            "replies": spread([r["replies"] for r in group]),
+            "peak_rss_mib": spread([r["peak_rss_kib"] / 1024 for r in group]),
+            "peak_over_100_mib": spread([r["peak_over_goal"] for r in group]),
+        }
+        for backlog, group in sorted(groups.items())
+    ]
+
+
+def plot_memory(points, out):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    backlogs = [p["backlog"] for p in points]
+    medians = [p["peak_rss_mib"]["median"] for p in points]
+    low = [p["peak_rss_mib"]["median"] - p["peak_rss_mib"]["min"] for p in points]
+    high = [p["peak_rss_mib"]["max"] - p["peak_rss_mib"]["median"] for p in points]
+    ax.errorbar(backlogs, medians, yerr=[low, high], marker="o", capsize=3, label="peak RSS")
+    ax.axhline(100, linestyle="--", color="grey", linewidth=0.8, label="goal: 100 MiB")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 128)
+    ax.set_xlabel("backlog (records)")
+    ax.set_ylabel("MiB (median, min–max)")
+    ax.set_title("Worker peak RSS against backlog, window 1,024")
+    ax.grid(True, linewidth=0.3)
+    ax.legend()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"bench-summary: wrote {out}", file=sys.stderr)
+
+
 def plot(points, out):
     try:
         import matplotlib
@@ -121,12 +167,15 @@ def main():
     bench = root / "target" / "bench"
     window = window_points(load(bench / "window.jsonl"))
     ceiling = ceiling_points(load(bench / "ceiling.jsonl"))
-    summary = {"p1_window": window, "p2_ceiling": ceiling}
+    memory = memory_points(load(bench / "memory.jsonl"))
+    summary = {"p1_window": window, "p2_ceiling": ceiling, "p4_memory": memory}
     bench.mkdir(parents=True, exist_ok=True)
     (bench / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"bench-summary: wrote {bench / 'summary.json'}", file=sys.stderr)
     if window:
         plot(window, root / "docs" / "bench" / "p1-window.png")
+    if memory:
+        plot_memory(memory, root / "docs" / "bench" / "p4-memory.png")
 
 
 if __name__ == "__main__":
