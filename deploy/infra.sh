@@ -20,7 +20,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 infra="$root/target/infra"
 env_file="$infra/env"
 
-kafka_version="${REPLYD_KAFKA_VERSION:-4.1.1}"
+kafka_version="${REPLYD_KAFKA_VERSION:-4.4.0}"
 log4j_version="2.24.3"
 cache="${REPLYD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/replyd}"
 kafka_home="$cache/kafka-$kafka_version"
@@ -328,6 +328,17 @@ POM
 
 kafka_tool() { java -cp "$(kafka_classpath)" -Dlog4j2.configurationFile="$infra/kafka/log4j2.properties" "$@"; }
 
+# The config tool's class: Java in kafka-tools in newer releases (4.4.0), Scala in the server jar
+# in older ones (4.1.1).
+# A jar's central directory stores the entry names as plain text.
+config_command() {
+  if grep -qa 'org/apache/kafka/tools/ConfigCommand.class' "$kafka_home/libs/kafka-tools-$kafka_version.jar" 2>/dev/null; then
+    echo org.apache.kafka.tools.ConfigCommand
+  else
+    echo kafka.admin.ConfigCommand
+  fi
+}
+
 kafka_ready() {
   timeout 20 java -cp "$(kafka_classpath)" -Dlog4j2.configurationFile="$infra/kafka/log4j2-tools.properties" \
     org.apache.kafka.tools.TopicCommand --bootstrap-server "$1" --list >/dev/null 2>&1
@@ -450,7 +461,7 @@ PROPS
   done
   # The SCRAM user of the SASL_SSL listener (kept in the cluster's metadata; setting it again
   # is harmless).
-  kafka_tool kafka.admin.ConfigCommand --bootstrap-server "127.0.0.1:$port" --alter \
+  kafka_tool "$(config_command)" --bootstrap-server "127.0.0.1:$port" --alter \
     --add-config "SCRAM-SHA-256=[iterations=4096,password=$kafka_scram_password]" \
     --entity-type users --entity-name "$kafka_scram_user" >/dev/null \
     || die "could not create the SCRAM user $kafka_scram_user"
