@@ -41,15 +41,17 @@ demo:
 ## bench: docs/BENCHMARKS.md, three runs a point: P1 Little's law (one worker, mock at 1 s on
 ## one partition and on six, and at 200 ms, windows 1 to 1,024), P2 the PostgreSQL ceiling
 ## (zero-latency mock beside pgbench, unbatched and batched), P4 memory (backlogs of 10k,
-## 100k, 1M), then target/bench/summary.json and the plots in docs/bench/. About 55 minutes.
+## 100k, 1M), P5 failover (a worker of three SIGKILLed, both group protocols), then
+## target/bench/summary.json and the plots in docs/bench/. About an hour.
 bench:
-	mkdir -p target/bench && rm -f target/bench/window.jsonl target/bench/ceiling.jsonl target/bench/memory.jsonl
+	mkdir -p target/bench && rm -f target/bench/window.jsonl target/bench/ceiling.jsonl target/bench/memory.jsonl target/bench/failover.jsonl
 	bash deploy/bench-window.sh 1000 1 3 1 16 64 256 1024
 	bash deploy/bench-window.sh 1000 6 3 1 16 64 256 1024
 	bash deploy/bench-window.sh 200 1 3 1 16 64 256 1024
 	BENCH_BATCH=false bash deploy/bench-ceiling.sh 20000 256 6 3 20
 	BENCH_BATCH=true bash deploy/bench-ceiling.sh 20000 256 6 3 20
 	bash deploy/bench-memory.sh 45 3 10000 100000 1000000
+	bash deploy/bench-failover.sh 3 classic consumer
 	bash deploy/bench-summary.sh
 
 ## bench-recovery: 1,000 tasks, 20% of calls dropped after the work: calls per task, recovery on/off.

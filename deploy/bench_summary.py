@@ -4,7 +4,8 @@ docs/bench/p4-memory.png (peak RSS against backlog) when matplotlib is importabl
 (deploy/bench-summary.sh provides it).
 
 Reads the JSON lines the bench scripts wrote (target/bench/window.jsonl, ceiling.jsonl,
-memory.jsonl): one line per run; every point is given as its median and its spread.
+memory.jsonl, failover.jsonl): one line per run; every point is given as its median and its
+spread.
 """
 
 import json
@@ -93,6 +94,24 @@ def memory_points(runs):
     ]
 
 
+def failover_points(runs):
+    groups = defaultdict(list)
+    for run in runs:
+        groups[(run["protocol"], run["session_timeout_ms"], run["lease_ms"])].append(run)
+    return [
+        {
+            "protocol": protocol,
+            "session_timeout_ms": session,
+            "lease_ms": lease,
+            "partitions_resumed_s": spread([r["partitions_resumed_s"] for r in group]),
+            "in_flight_recovered_s": spread([r["in_flight_recovered_s"] for r in group]),
+            "in_flight_at_kill": spread([r["in_flight_at_kill"] for r in group]),
+            "generations_per_task": spread([r["generations_per_task"] for r in group]),
+        }
+        for (protocol, session, lease), group in sorted(groups.items())
+    ]
+
+
 def plot_memory(points, out):
     try:
         import matplotlib
@@ -168,7 +187,13 @@ def main():
     window = window_points(load(bench / "window.jsonl"))
     ceiling = ceiling_points(load(bench / "ceiling.jsonl"))
     memory = memory_points(load(bench / "memory.jsonl"))
-    summary = {"p1_window": window, "p2_ceiling": ceiling, "p4_memory": memory}
+    failover = failover_points(load(bench / "failover.jsonl"))
+    summary = {
+        "p1_window": window,
+        "p2_ceiling": ceiling,
+        "p4_memory": memory,
+        "p5_failover": failover,
+    }
     bench.mkdir(parents=True, exist_ok=True)
     (bench / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"bench-summary: wrote {bench / 'summary.json'}", file=sys.stderr)
