@@ -44,13 +44,6 @@ psql -qtA "$DATABASE_URL" -c "create extension if not exists pg_stat_statements"
   exit 1
 }
 
-stats() {
-  sort -g | awk '{ v[NR] = $1 } END {
-    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    printf "%s %s %s\n", m, v[1], v[NR]
-  }'
-}
-
 # Transactions committed in the database so far (flushed counters only).
 xacts() {
   psql -qtA "$DATABASE_URL" -c "/* bench */ select xact_commit + xact_rollback from pg_stat_database where datname = current_database()"

@@ -31,13 +31,6 @@ dir="$root/target/bench/failover-$(date +%Y%m%d%H%M%S)"
 mkdir -p "$dir"
 jsonl="$root/target/bench/failover.jsonl"
 
-stats() {
-  sort -g | awk '{ v[NR] = $1 } END {
-    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    printf "%s %s %s\n", m, v[1], v[NR]
-  }'
-}
-
 # addr_of LOG: the worker's /metrics address, from its start-up line.
 addr_of() { sed -n 's/.*addr=\([0-9.:]*\).*/\1/p' "$1" | head -n 1; }
 

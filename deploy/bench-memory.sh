@@ -28,13 +28,6 @@ dir="$root/target/bench/memory-$(date +%Y%m%d%H%M%S)"
 mkdir -p "$dir"
 jsonl="$root/target/bench/memory.jsonl"
 
-stats() {
-  sort -g | awk '{ v[NR] = $1 } END {
-    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    printf "%s %s %s\n", m, v[1], v[NR]
-  }'
-}
-
 echo "| backlog | replies in ${seconds} s (median) | RSS at the end, MiB (median) | peak RSS, MiB (median, min–max) | peak ÷ 100 MiB (median) |"
 echo "|---:|---:|---:|---:|---:|"
 for backlog in "${backlogs[@]}"; do

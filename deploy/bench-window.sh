@@ -38,14 +38,6 @@ cpu_seconds() {
   awk -v t="$clk_tck" '{ print ($14 + $15) / t }' "/proc/$1/stat"
 }
 
-# median and spread of the numbers on stdin: "median min max"
-stats() {
-  sort -g | awk '{ v[NR] = $1 } END {
-    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    printf "%s %s %s\n", m, v[1], v[NR]
-  }'
-}
-
 echo "| window | partitions | tasks | replies/s (median, min–max) | ideal/s | ratio (median, min–max) | mock max open (median) | worker CPU µs/record (median) |"
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
 for w in "${windows[@]}"; do

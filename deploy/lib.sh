@@ -106,3 +106,11 @@ api_addr() {
   echo "the API did not start; see $1" >&2
   exit 1
 }
+
+# stats: the median and the spread of the numbers on stdin, as "median min max".
+stats() {
+  sort -g | awk '{ v[NR] = $1 } END {
+    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    printf "%s %s %s\n", m, v[1], v[NR]
+  }'
+}
