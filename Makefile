@@ -41,10 +41,11 @@ demo:
 ## bench: docs/BENCHMARKS.md, three runs a point: P1 Little's law (one worker, mock at 1 s on
 ## one partition and on six, and at 200 ms, windows 1 to 1,024), P2 the PostgreSQL ceiling
 ## (zero-latency mock beside pgbench, unbatched and batched), P4 memory (backlogs of 10k,
-## 100k, 1M), P5 failover (a worker of three SIGKILLed, both group protocols), then
-## target/bench/summary.json and the plots in docs/bench/. About an hour.
+## 100k, 1M), P5 failover (a worker of three SIGKILLed, both group protocols), P6 press to
+## completed over SSE; then target/bench/summary.json and the plots in docs/bench/. About an
+## hour.
 bench:
-	mkdir -p target/bench && rm -f target/bench/window.jsonl target/bench/ceiling.jsonl target/bench/memory.jsonl target/bench/failover.jsonl
+	mkdir -p target/bench && rm -f target/bench/window.jsonl target/bench/ceiling.jsonl target/bench/memory.jsonl target/bench/failover.jsonl target/bench/front.jsonl
 	bash deploy/bench-window.sh 1000 1 3 1 16 64 256 1024
 	bash deploy/bench-window.sh 1000 6 3 1 16 64 256 1024
 	bash deploy/bench-window.sh 200 1 3 1 16 64 256 1024
@@ -52,6 +53,7 @@ bench:
 	BENCH_BATCH=true bash deploy/bench-ceiling.sh 20000 256 6 3 20
 	bash deploy/bench-memory.sh 45 3 10000 100000 1000000
 	bash deploy/bench-failover.sh 3 classic consumer
+	bash deploy/bench-front.sh 200 300 16 3
 	bash deploy/bench-summary.sh
 
 ## bench-recovery: 1,000 tasks, 20% of calls dropped after the work: calls per task, recovery on/off.

@@ -4,7 +4,7 @@ docs/bench/p4-memory.png (peak RSS against backlog) when matplotlib is importabl
 (deploy/bench-summary.sh provides it).
 
 Reads the JSON lines the bench scripts wrote (target/bench/window.jsonl, ceiling.jsonl,
-memory.jsonl, failover.jsonl): one line per run; every point is given as its median and its
+memory.jsonl, failover.jsonl, front.jsonl): one line per run; every point is given as its median and its
 spread.
 """
 
@@ -112,6 +112,24 @@ def failover_points(runs):
     ]
 
 
+def front_points(runs):
+    groups = defaultdict(list)
+    for run in runs:
+        groups[(run["latency_ms"], run["presses"], run["concurrency"])].append(run)
+    return [
+        {
+            "latency_ms": latency,
+            "presses": presses,
+            "concurrency": concurrency,
+            "e2e_ms_p50": spread([r["e2e_ms_p50"] for r in group]),
+            "e2e_ms_p99": spread([r["e2e_ms_p99"] for r in group]),
+            "overhead_ms_p50": spread([r["overhead_ms_p50"] for r in group]),
+            "provider_share": spread([r["provider_share"] for r in group]),
+        }
+        for (latency, presses, concurrency), group in sorted(groups.items())
+    ]
+
+
 def plot_memory(points, out):
     try:
         import matplotlib
@@ -193,6 +211,7 @@ def main():
         "p2_ceiling": ceiling,
         "p4_memory": memory,
         "p5_failover": failover,
+        "p6_front": front_points(load(bench / "front.jsonl")),
     }
     bench.mkdir(parents=True, exist_ok=True)
     (bench / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
