@@ -17,6 +17,23 @@ language sql volatile as $$
        and t.lease_until > clock_timestamp() and t.saved_response is null
 $$;
 
+-- Inserts a record's task unless it exists; true when this call inserted it. The one insert of
+-- a task from a record: `replyd_claim` calls it, and so does `Store::ensure_task`.
+create function replyd_insert_task(
+    p_task uuid, p_workspace text, p_conversation text, p_message text,
+    p_document_version text, p_request jsonb, p_max_attempts integer, p_deadline timestamptz)
+returns boolean
+language plpgsql volatile as $$
+begin
+    insert into reply_tasks (task_id, workspace_id, conversation_id, message_id,
+                             document_version, request, max_attempts, deadline)
+    values (p_task, p_workspace, p_conversation, p_message, p_document_version, p_request,
+            p_max_attempts, p_deadline)
+    on conflict (task_id) do nothing;
+    return found;
+end
+$$;
+
 -- Claims `p_task` for `p_owner` with a lease of `p_lease_secs` seconds. With `p_request` set,
 -- first inserts the task from the record's fields if it is absent (`created` says whether this
 -- call did). `claim` is one of the labels of `ClaimOutcome`; the other columns are the row after
@@ -43,12 +60,9 @@ declare
     v_reason text;
 begin
     if p_request is not null then
-        insert into reply_tasks (task_id, workspace_id, conversation_id, message_id,
-                                 document_version, request, max_attempts, deadline)
-        values (p_task, p_workspace, p_conversation, p_message, p_document_version, p_request,
-                p_max_attempts, p_deadline)
-        on conflict (task_id) do nothing;
-        v_created := found;
+        v_created := replyd_insert_task(p_task, p_workspace, p_conversation, p_message,
+                                        p_document_version, p_request, p_max_attempts,
+                                        p_deadline);
     end if;
     select * into t from reply_tasks r where r.task_id = p_task for update;
     if not found then

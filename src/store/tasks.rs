@@ -198,16 +198,12 @@ impl Store {
             .map_err(|e| invalid(spec.task_id.as_uuid(), format!("request: {e}")))?;
         let max_attempts = i32::try_from(spec.max_attempts)
             .map_err(|_| invalid(spec.task_id.as_uuid(), "max_attempts over i32"))?;
+        // The same insert as the claim's (`replyd_insert_task`, migration V9).
         let statement = client
-            .prepare_cached(
-                "INSERT INTO reply_tasks (task_id, workspace_id, conversation_id, message_id, \
-                 document_version, request, max_attempts, deadline) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                 ON CONFLICT (task_id) DO NOTHING RETURNING task_id",
-            )
+            .prepare_cached("SELECT replyd_insert_task($1, $2, $3, $4, $5, $6, $7, $8)")
             .await?;
-        let inserted = client
-            .query_opt(
+        let inserted: bool = client
+            .query_one(
                 &statement,
                 &[
                     &spec.task_id.as_uuid(),
@@ -220,8 +216,9 @@ impl Store {
                     &spec.deadline,
                 ],
             )
-            .await?;
-        if inserted.is_some() {
+            .await?
+            .get(0);
+        if inserted {
             return Ok(EnsureOutcome::Created);
         }
         drop(client);
@@ -364,7 +361,7 @@ impl Store {
 
     /// One completion, one call and one transaction (`replyd_complete`, migration V9) when
     /// accepted; a refusal is recorded on the attempt row by a second statement.
-    pub async fn complete_alone(
+    async fn complete_alone(
         &self,
         lease: &Lease,
         response: &str,
