@@ -71,8 +71,6 @@ session_timeout_ms = 10000
 worker_id = "$id"
 partition_window = $pw
 global_window = $window
-lease_ms = 30000
-renew_interval_ms = 10000
 drain_timeout_ms = 5000
 [provider]
 base_url = "$mock_url"

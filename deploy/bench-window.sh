@@ -68,8 +68,6 @@ ${BENCH_LIBRDKAFKA:-}
 worker_id = "$id"
 partition_window = $pw
 global_window = $w
-lease_ms = 30000
-renew_interval_ms = 10000
 drain_timeout_ms = 5000
 ${BENCH_WORKER:-}
 [provider]

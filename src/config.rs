@@ -49,6 +49,10 @@ pub struct DatabaseSettings {
     pub batch_completions: bool,
     /// The most completions in one batched call.
     pub batch_max_rows: usize,
+    /// Renew the leases of all running calls in one call per `worker.renew_interval_ms`,
+    /// instead of one transaction per call per interval: what makes a short `worker.lease_ms`
+    /// cheap. Each row is guarded and answered on its own.
+    pub batch_renewals: bool,
 }
 
 impl Default for DatabaseSettings {
@@ -63,6 +67,7 @@ impl Default for DatabaseSettings {
             startup_retry_ms: 60_000,
             batch_completions: true,
             batch_max_rows: 64,
+            batch_renewals: true,
         }
     }
 }
@@ -312,7 +317,10 @@ pub struct WorkerSettings {
     /// finishes records, or the window runs dry (at 200 ms a call, window 64 kept 0.81 of its
     /// calls open with a read-ahead of one window and 0.97 with two; docs/BENCHMARKS.md).
     pub read_ahead: Option<usize>,
-    /// Length of a task lease. A worker that stalls longer loses the task to another.
+    /// Length of a task lease. A worker that stalls longer loses the task to another, and a
+    /// killed worker's tasks wait this long (at most) before another worker takes them. Raise
+    /// it if the database can be away longer (a slow failover): a lease that runs out while
+    /// the database is away costs a second generation of each call in flight.
     pub lease_ms: u64,
     /// How often a running call renews its lease; well under `lease_ms`.
     pub renew_interval_ms: u64,
@@ -339,8 +347,8 @@ impl Default for WorkerSettings {
             partition_window: 64,
             global_window: 256,
             read_ahead: None,
-            lease_ms: 30_000,
-            renew_interval_ms: 10_000,
+            lease_ms: 10_000,
+            renew_interval_ms: 2_000,
             drain_timeout_ms: 10_000,
             commit_interval_ms: 1_000,
             max_prompt_bytes: rules.max_prompt_bytes,

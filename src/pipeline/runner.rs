@@ -26,7 +26,7 @@ use crate::provider::{
 use crate::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
 use crate::store::{
     ClaimOutcome, CompletionOutcome, EnsureOutcome, FailOutcome, Lease, Refusal, ReleaseOutcome,
-    RenewOutcome, Store,
+    Store,
 };
 use crate::telemetry::{self, CallEnd, trace};
 
@@ -408,11 +408,15 @@ impl TaskRunner {
         cancel: &CancellationToken,
         call: impl Future<Output = T>,
     ) -> Guarded<T> {
+        // Renewed while the call runs (in the worker's batch when that is on), not after it.
+        let mut hold = self
+            .store
+            .hold(lease, self.settings.renew_interval, self.settings.lease);
         tokio::select! {
             // Cancellation first: a revoked partition's work stops before anything else.
             biased;
             _ = cancel.cancelled() => Guarded::Cancelled,
-            refusal = self.renew_until_refused(lease) => Guarded::Refused(refusal),
+            refusal = hold.lost() => Guarded::Refused(refusal),
             result = call => Guarded::Done(result),
         }
     }
@@ -570,22 +574,6 @@ impl TaskRunner {
             _ = cancel.cancelled() => false,
             _ = watch.changed() => true,
             _ = tokio::time::sleep(wait) => true,
-        }
-    }
-
-    /// Renews the lease every `renew_interval` until a renewal is refused; returns why. A
-    /// renewal that fails on I/O is retried at the next tick: if the database stays away past
-    /// the lease, the refusal comes once it is back.
-    async fn renew_until_refused(&self, lease: &Lease) -> Refusal {
-        let mut ticks = tokio::time::interval(self.settings.renew_interval);
-        ticks.tick().await; // the first tick is immediate; the claim just set the lease
-        loop {
-            ticks.tick().await;
-            match self.store.renew(lease, self.settings.lease).await {
-                Ok(RenewOutcome::Renewed { .. }) => {}
-                Ok(RenewOutcome::Refused(refusal)) => return refusal,
-                Err(e) => telemetry::store_error("renew", &e),
-            }
         }
     }
 }

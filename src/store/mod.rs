@@ -5,6 +5,8 @@
 //! - [`fencing`]: the pure decisions (may this claim proceed? why was this write refused?).
 //! - [`tasks`]: ensure, claim, renew, complete, fail, read.
 //! - [`batch`]: completions gathered into one call under load (`database.batch_completions`).
+//! - [`renewals`]: every running call's lease renewed by one call per interval
+//!   (`database.batch_renewals`).
 //! - [`migrate`]: the schema, from `migrations/`.
 //! - [`listen`]: the session that relays task-status notifications to parked records.
 //! - [`workspaces`]: workspaces and their API keys (hashes only).
@@ -20,9 +22,12 @@ pub mod listen;
 pub mod migrate;
 pub mod outbox;
 pub mod quota;
+mod renewals;
 pub mod tasks;
 pub mod tls;
 pub mod workspaces;
+
+use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -30,6 +35,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use crate::config::DatabaseSettings;
 
 pub use fencing::{ClaimOutcome, Lease, Refusal};
+pub use renewals::LeaseHold;
 pub use tasks::{
     CompletionOutcome, EnsureOutcome, FailOutcome, ReleaseOutcome, RenewOutcome, Taken,
 };
@@ -62,6 +68,8 @@ pub struct Store {
     pool: Pool,
     /// Set by [`Store::batching_completions`].
     batcher: Option<std::sync::Arc<batch::CompletionBatcher>>,
+    /// Set by [`Store::batching_renewals`].
+    renewer: Option<std::sync::Arc<renewals::LeaseRenewer>>,
     /// Where the pool connects, for error messages (no credentials).
     target: String,
 }
@@ -164,6 +172,7 @@ impl Store {
         Ok(Self {
             pool,
             batcher: None,
+            renewer: None,
             target: target_of(settings),
         })
     }
@@ -173,12 +182,37 @@ impl Store {
     pub fn batching_completions(mut self, max_rows: usize) -> Self {
         let writer = Self {
             batcher: None,
+            renewer: None,
             ..self.clone()
         };
         self.batcher = Some(std::sync::Arc::new(batch::CompletionBatcher::start(
             writer, max_rows,
         )));
         self
+    }
+
+    /// This store, with the leases of running calls renewed together: every `every`, one call
+    /// extends each by `extend` (see [`renewals`]). Starts the renewer on the current runtime.
+    pub fn batching_renewals(mut self, every: Duration, extend: Duration) -> Self {
+        let writer = Self {
+            batcher: None,
+            renewer: None,
+            ..self.clone()
+        };
+        self.renewer = Some(std::sync::Arc::new(renewals::LeaseRenewer::start(
+            writer,
+            renewals::RenewalTimes { every, extend },
+        )));
+        self
+    }
+
+    /// Keeps `lease` renewed while its call runs, until the hold is dropped: in the store's
+    /// batch when [`Store::batching_renewals`] is on, else by a renewal of its own every `every`.
+    pub fn hold(&self, lease: &Lease, every: Duration, extend: Duration) -> LeaseHold {
+        match &self.renewer {
+            Some(renewer) => LeaseHold::batched(renewer, lease),
+            None => LeaseHold::alone(self.clone(), lease, every, extend),
+        }
     }
 
     /// One round trip, for readiness probes.

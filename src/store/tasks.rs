@@ -124,7 +124,7 @@ const TASK_COLUMNS: &str = "task_id, workspace_id, conversation_id, message_id, 
      updated_at, finished_at, next_attempt_at, last_error_class, last_error";
 
 /// A lease length as the `secs` argument of `make_interval` (float8 seconds).
-fn seconds(duration: Duration) -> f64 {
+pub(super) fn seconds(duration: Duration) -> f64 {
     duration.as_secs_f64()
 }
 

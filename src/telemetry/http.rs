@@ -39,6 +39,11 @@ fn prometheus() -> &'static PrometheusHandle {
                 super::COMPLETION_BATCH_ROWS_BUCKETS,
             )
             .expect("the bucket list is not empty")
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(super::names::RENEWAL_BATCH_ROWS.into()),
+                super::RENEWAL_BATCH_ROWS_BUCKETS,
+            )
+            .expect("the bucket list is not empty")
             .install_recorder()
             // Only fails if another recorder was installed first, which nothing in replyd does.
             .expect("no other metrics recorder is installed")

@@ -24,6 +24,7 @@ pub mod names {
     pub const PROVIDER_CALLS: &str = "replyd_provider_calls_total";
     pub const PROVIDER_SECONDS: &str = "replyd_provider_call_seconds";
     pub const COMPLETION_BATCH_ROWS: &str = "replyd_completion_batch_rows";
+    pub const RENEWAL_BATCH_ROWS: &str = "replyd_lease_renewal_batch_rows";
     pub const RETRIES: &str = "replyd_retries_total";
     pub const LEASE_RENEWALS_REFUSED: &str = "replyd_lease_renewals_refused_total";
     pub const STORE_ERRORS: &str = "replyd_store_errors_total";
@@ -68,6 +69,9 @@ pub const PROVIDER_SECONDS_BUCKETS: &[f64] = &[
 pub const COMPLETION_BATCH_ROWS_BUCKETS: &[f64] =
     &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
+/// Upper bounds of the lease renewal batch size buckets, in leases.
+pub const RENEWAL_BATCH_ROWS_BUCKETS: &[f64] = &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0];
+
 /// What kind of series a metric family is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -87,6 +91,7 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
     (PROVIDER_CALLS, Kind::Counter),
     (PROVIDER_SECONDS, Kind::Histogram),
     (COMPLETION_BATCH_ROWS, Kind::Histogram),
+    (RENEWAL_BATCH_ROWS, Kind::Histogram),
     (RETRIES, Kind::Counter),
     (LEASE_RENEWALS_REFUSED, Kind::Counter),
     (STORE_ERRORS, Kind::Counter),
