@@ -8,7 +8,8 @@
 #
 # Usage: deploy/bench-front.sh [latency_ms] [presses] [concurrency] [runs]
 #        (default: 200 300 16 3)
-# Writes the table to stdout and one JSON line per run to target/bench/front.jsonl.
+# Writes the table to stdout and one JSON line per run to target/bench/front.jsonl, and each
+# press's time to target/bench/front-latencies.jsonl (the CDF of bench-summary.sh).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +25,7 @@ prepare
 dir="$root/target/bench/front-$(date +%Y%m%d%H%M%S)"
 mkdir -p "$dir"
 jsonl="$root/target/bench/front.jsonl"
+latencies_jsonl="$root/target/bench/front-latencies.jsonl"
 
 echo "| mock latency | presses | press → completed p50, ms (median, min–max) | p99, ms (median) | overhead at p50, ms (median) | provider's share of the wait (median) |"
 echo "|---:|---:|---:|---:|---:|---:|"
@@ -75,7 +77,8 @@ TOML
   api=$(api_addr "$dir/$id-api.log")
   REPLYD_API_KEY=$key "$bin" browsers --api "http://$api" --presses "$presses" \
     --concurrency "$concurrency" --lose-share 0 --double-click-share 0 --regenerate-share 0 \
-    --press-limit-s 120 --summary >"$dir/$id-browsers.txt" 2>"$dir/$id-browsers.log"
+    --press-limit-s 120 --summary --latencies "$dir/$id-latencies.txt" \
+    >"$dir/$id-browsers.txt" 2>"$dir/$id-browsers.log"
   line=$(cat "$dir/$id-browsers.txt")
   p50=$(echo "$line" | sed -n 's/.*e2e_ms_p50=\([0-9]*\).*/\1/p')
   p99=$(echo "$line" | sed -n 's/.*e2e_ms_p99=\([0-9]*\).*/\1/p')
@@ -83,11 +86,33 @@ TOML
   [ "${unfinished:-1}" -eq 0 ] || { echo "bench: presses did not finish: $line" >&2; exit 1; }
   for pid in "${started[@]}"; do kill -TERM "$pid"; wait "$pid" || true; done
   kill -TERM "$mock_pid"; wait "$mock_pid" || true
+  # Where the wait goes, from the database's own clock: intake → handed to Kafka (the relay),
+  # → claimed (Kafka and the worker), → completed (the provider and the save). What is left of
+  # the user's wait after "completed" is the notification and the SSE push.
+  psql -qAtX "$db_url" -F ' ' -c "
+    with s as (
+      select extract(epoch from o.published_at - o.created_at) * 1000 as relay,
+             extract(epoch from a.claimed_at - o.published_at) * 1000 as kafka,
+             extract(epoch from t.finished_at - a.claimed_at) * 1000 as work
+        from outbox o join reply_tasks t using (task_id)
+        join reply_attempts a on a.task_id = t.task_id and a.assignment_version = 1)
+    select round(percentile_cont(0.5) within group (order by relay)::numeric, 1),
+           round(percentile_cont(0.99) within group (order by relay)::numeric, 1),
+           round(percentile_cont(0.5) within group (order by kafka)::numeric, 1),
+           round(percentile_cont(0.99) within group (order by kafka)::numeric, 1),
+           round(percentile_cont(0.5) within group (order by work)::numeric, 1),
+           round(percentile_cont(0.99) within group (order by work)::numeric, 1)
+      from s" >"$dir/$id-stages.txt"
+  read -r relay50 relay99 kafka50 kafka99 work50 work99 <"$dir/$id-stages.txt"
+  echo "bench: run $run stages (p50/p99 ms): relay $relay50/$relay99, kafka+claim $kafka50/$kafka99, provider+save $work50/$work99" >&2
   psql -q "$DATABASE_URL" -c "drop schema $schema cascade" >/dev/null 2>&1 || true
   echo "$p50 $p99" >>"$dir/runs"
-  printf '{"bench":"front","latency_ms":%d,"presses":%d,"concurrency":%d,"run":%d,"e2e_ms_p50":%d,"e2e_ms_p99":%d,"overhead_ms_p50":%d,"provider_share":%.3f}\n' \
+  printf '{"bench":"front","latency_ms":%d,"presses":%d,"concurrency":%d,"run":%d,"e2e_ms_p50":%d,"e2e_ms_p99":%d,"overhead_ms_p50":%d,"provider_share":%.3f,"stages_ms":{"relay":[%s,%s],"kafka_claim":[%s,%s],"provider_save":[%s,%s]}}\n' \
     "$latency_ms" "$presses" "$concurrency" "$run" "$p50" "$p99" $(( p50 - latency_ms )) \
-    "$(awk -v l="$latency_ms" -v p="$p50" 'BEGIN { print l / p }')" >>"$jsonl"
+    "$(awk -v l="$latency_ms" -v p="$p50" 'BEGIN { print l / p }')" \
+    "$relay50" "$relay99" "$kafka50" "$kafka99" "$work50" "$work99" >>"$jsonl"
+  printf '{"bench":"front-latencies","invocation":"%s","latency_ms":%d,"run":%d,"e2e_ms":[%s]}\n' \
+    "$(basename "$dir")" "$latency_ms" "$run" "$(paste -sd, "$dir/$id-latencies.txt")" >>"$latencies_jsonl"
   echo "bench: run $run: $line" >&2
 done
 read -r p50_m p50_lo p50_hi < <(cut -d' ' -f1 "$dir/runs" | stats)

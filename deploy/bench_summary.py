@@ -1,11 +1,12 @@
 """Summarises the benchmark runs of `make bench` into target/bench/summary.json, and draws
-docs/bench/p1-window.png (throughput against window, with the ideal line) and
-docs/bench/p4-memory.png (peak RSS against backlog) when matplotlib is importable
+docs/bench/p1-window.png (throughput against window, with the ideal line),
+docs/bench/p4-memory.png (peak RSS against backlog) and docs/bench/p6-latency-cdf.png (press to
+completed, against the provider's latency) when matplotlib is importable
 (deploy/bench-summary.sh provides it).
 
 Reads the JSON lines the bench scripts wrote (target/bench/window.jsonl, ceiling.jsonl,
-memory.jsonl, failover.jsonl, front.jsonl): one line per run; every point is given as its median and its
-spread.
+memory.jsonl, failover.jsonl, front.jsonl, front-latencies.jsonl): one line per run; every point
+is given as its median and its spread.
 """
 
 import json
@@ -158,6 +159,40 @@ def plot_memory(points, out):
     print(f"bench-summary: wrote {out}", file=sys.stderr)
 
 
+def plot_latency_cdf(runs, out):
+    """The press-to-completed CDF of each run of the newest P6 invocation, beside the
+    provider's own latency (what the user would wait with nothing in between)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    newest = runs[-1]["invocation"]
+    runs = [r for r in runs if r["invocation"] == newest]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in runs:
+        values = sorted(r["e2e_ms"])
+        n = len(values)
+        ax.step(values, [(i + 1) / n for i in range(n)], where="post",
+                label=f"run {r['run']} ({n} presses)")
+    latencies = sorted({r["latency_ms"] for r in runs})
+    for latency in latencies:
+        ax.axvline(latency, linestyle="--", color="grey", linewidth=0.8,
+                   label=f"the mock's latency: {latency} ms")
+    ax.set_xlabel("press → completed over SSE (ms)")
+    ax.set_ylabel("share of presses")
+    ax.set_ylim(0, 1.01)
+    ax.set_title("P6: what a user waits, against the provider's latency")
+    ax.grid(True, linewidth=0.3)
+    ax.legend(loc="lower right")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"bench-summary: wrote {out}", file=sys.stderr)
+
+
 def plot(points, out):
     try:
         import matplotlib
@@ -220,6 +255,9 @@ def main():
         plot(window, root / "docs" / "bench" / "p1-window.png")
     if memory:
         plot_memory(memory, root / "docs" / "bench" / "p4-memory.png")
+    latencies = load(bench / "front-latencies.jsonl")
+    if latencies:
+        plot_latency_cdf(latencies, root / "docs" / "bench" / "p6-latency-cdf.png")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,10 @@ pub struct BrowsersArgs {
     /// Seed of the choices (which presses lose answers or regenerate).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Also write each terminal press's time (ms, press to terminal event), one per line,
+    /// ascending, to this file: the distribution behind the percentiles.
+    #[arg(long)]
+    pub latencies: Option<std::path::PathBuf>,
 }
 
 /// What the browsers did and saw, printed as one JSON line.
@@ -87,6 +91,9 @@ pub struct BrowsersReport {
     pub e2e_ms_p50: i64,
     pub e2e_ms_p99: i64,
     pub e2e_ms_max: i64,
+    /// Every terminal press's time, ascending (written by `--latencies`, not printed).
+    #[serde(skip)]
+    pub e2e_ms: Vec<i64>,
 }
 
 impl BrowsersReport {
@@ -430,6 +437,7 @@ fn report_of(outcomes: &[PressOutcome]) -> BrowsersReport {
     report.e2e_ms_p50 = crate::check::percentile(&latencies, 0.50);
     report.e2e_ms_p99 = crate::check::percentile(&latencies, 0.99);
     report.e2e_ms_max = latencies.last().copied().unwrap_or(0);
+    report.e2e_ms = latencies;
     report
 }
 

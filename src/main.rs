@@ -102,6 +102,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Browsers(args) => {
             let report = replyd::browsers::run(&args).await.context("browsers")?;
+            if let Some(path) = &args.latencies {
+                let lines: String = report.e2e_ms.iter().map(|ms| format!("{ms}\n")).collect();
+                std::fs::write(path, lines)
+                    .with_context(|| format!("writing --latencies {}", path.display()))?;
+            }
             if args.summary {
                 println!("{}", report.summary_line());
             } else {
