@@ -1,7 +1,7 @@
 //! The consumer-group loop: polls on a dedicated thread, runs many records of one partition at
 //! once on the tokio runtime, pauses partitions when their window is full, and commits each
-//! partition's done prefix — periodically, and synchronously when partitions are revoked and at
-//! shutdown.
+//! partition's done prefix — periodically, and confirmed (within a bound) when partitions are
+//! revoked and at shutdown.
 //!
 //! Keeps I3: an offset is committed only past records whose handler said `Done` (their outcome
 //! is durable); the commit point comes from [`InFlightOffsets`]. Revocation and shutdown share
@@ -257,7 +257,7 @@ impl Shared {
         // Cancelled records free no slot for anyone: their partitions are gone.
         self.finished.notify_all();
         if wait {
-            commit_points(consumer, &points, CommitMode::Sync);
+            commit_on_release(consumer, &points);
         }
     }
 
@@ -554,6 +554,62 @@ fn commit_points<C: ConsumerContext>(
         Ok(()) => telemetry::committed(points, matches!(mode, CommitMode::Sync)),
         Err(e) => telemetry::commit_failed(&e, matches!(mode, CommitMode::Sync)),
     }
+}
+
+/// How long a released partition's last commit is waited for.
+const RELEASE_COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The commit of partitions being let go (revoke, shutdown): sent at once, then confirmed by
+/// reading the group's committed offsets back, for at most [`RELEASE_COMMIT_TIMEOUT`]. Not a
+/// synchronous commit: librdkafka waits for one without a bound, and this runs inside the
+/// rebalance callback, on the poll thread, where a wait without end stalls every partition of
+/// the worker (a KIP-848 revoke on Kafka 4.4.0 was seen to stop there). A commit that is not
+/// confirmed in time costs only redeliveries: the next owner reads those records again, and
+/// their tasks are done, so the claim refuses them without a call (I5).
+fn commit_on_release<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    points: &[(PartitionKey, i64)],
+) {
+    if points.is_empty() {
+        return;
+    }
+    let mut list = TopicPartitionList::new();
+    for (key, point) in points {
+        if let Err(e) = list.add_partition_offset(&key.topic, key.partition, Offset::Offset(*point))
+        {
+            telemetry::commit_failed(&e, true);
+        }
+    }
+    if let Err(e) = consumer.commit(&list, CommitMode::Async) {
+        telemetry::commit_failed(&e, true);
+        return;
+    }
+    let deadline = Instant::now() + RELEASE_COMMIT_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match consumer.committed_offsets(list.clone(), left) {
+            Ok(committed) if reached(&committed, points) => {
+                telemetry::committed(points, true);
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => telemetry::commit_failed(&e, true),
+        }
+        if Instant::now() >= deadline {
+            telemetry::release_commit_unconfirmed(points, RELEASE_COMMIT_TIMEOUT);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether the group's committed offsets are at or past every point.
+fn reached(committed: &TopicPartitionList, points: &[(PartitionKey, i64)]) -> bool {
+    points.iter().all(|(key, point)| {
+        committed
+            .find_partition(&key.topic, key.partition)
+            .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= *point))
+    })
 }
 
 fn keys_of(list: &TopicPartitionList) -> Vec<PartitionKey> {

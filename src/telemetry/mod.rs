@@ -506,6 +506,17 @@ pub fn committed(points: &[(PartitionKey, i64)], sync: bool) {
     counter!(COMMITS, "mode" => if sync { "sync" } else { "async" }).increment(1);
 }
 
+/// The commit of partitions being let go was sent but not seen committed within `bound`: the
+/// next owner may read some of their done records again (refused at claim, no call).
+pub fn release_commit_unconfirmed(points: &[(PartitionKey, i64)], bound: std::time::Duration) {
+    counter!(COMMIT_ERRORS, "expected" => "false").increment(1);
+    tracing::warn!(
+        ?points,
+        bound_ms = bound.as_millis() as u64,
+        "offset commit of released partitions not confirmed in time; letting them go"
+    );
+}
+
 /// Whether a Kafka error is the expected, self-healing kind of a group in motion (a commit
 /// from a generation the group has left, a coordinator still loading): counted, logged once a
 /// minute at INFO, never paged on. Anything else is a real failure and stays a WARN.
