@@ -20,7 +20,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 infra="$root/target/infra"
 env_file="$infra/env"
 
-kafka_version="${REPLYD_KAFKA_VERSION:-4.1.1}"
+kafka_version="${REPLYD_KAFKA_VERSION:-4.4.0}"
 log4j_version="2.24.3"
 cache="${REPLYD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/replyd}"
 kafka_home="$cache/kafka-$kafka_version"
