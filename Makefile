@@ -45,7 +45,7 @@ demo:
 ## completed over SSE; then target/bench/summary.json and the plots in docs/bench/. About an
 ## hour.
 bench:
-	mkdir -p target/bench && rm -f target/bench/window.jsonl target/bench/ceiling.jsonl target/bench/memory.jsonl target/bench/failover.jsonl target/bench/front.jsonl
+	mkdir -p target/bench && rm -f target/bench/window.jsonl target/bench/ceiling.jsonl target/bench/memory.jsonl target/bench/failover.jsonl target/bench/front.jsonl target/bench/front-latencies.jsonl target/bench/profile.jsonl
 	bash deploy/bench-window.sh 1000 1 3 1 16 64 256 1024
 	bash deploy/bench-window.sh 1000 6 3 1 16 64 256 1024
 	bash deploy/bench-window.sh 200 1 3 1 16 64 256 1024
@@ -54,6 +54,7 @@ bench:
 	bash deploy/bench-memory.sh 45 3 10000 100000 1000000
 	bash deploy/bench-failover.sh 3 classic consumer
 	bash deploy/bench-front.sh 200 300 16 3
+	bash deploy/bench-profile.sh 1000 5000 3 20000
 	bash deploy/bench-summary.sh
 
 ## bench-recovery: 1,000 tasks, 20% of calls dropped after the work: calls per task, recovery on/off.

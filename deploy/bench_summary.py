@@ -5,7 +5,7 @@ completed, against the provider's latency) when matplotlib is importable
 (deploy/bench-summary.sh provides it).
 
 Reads the JSON lines the bench scripts wrote (target/bench/window.jsonl, ceiling.jsonl,
-memory.jsonl, failover.jsonl, front.jsonl, front-latencies.jsonl): one line per run; every point
+memory.jsonl, failover.jsonl, front.jsonl, front-latencies.jsonl, profile.jsonl): one line per run; every point
 is given as its median and its spread.
 """
 
@@ -246,6 +246,7 @@ def main():
         "p2_ceiling": ceiling,
         "p4_memory": memory,
         "p5_failover": failover,
+        "p3_profile": load(bench / "profile.jsonl"),
         "p6_front": front_points(load(bench / "front.jsonl")),
     }
     bench.mkdir(parents=True, exist_ok=True)
