@@ -15,7 +15,8 @@
 #        (default: 20000 256 6 3 20). BENCH_POOL_SIZE (8) sets the worker's sessions and
 #        pgbench's clients; REPLYD_BIN another binary (e.g. an older build, for its cost) and
 #        BENCH_LABEL its name in the JSON lines; BENCH_BATCH=true|false sets
-#        database.batch_completions (unset: the binary's default).
+#        database.batch_completions and database.batch_claims (BENCH_BATCH_CLAIMS sets the
+#        latter apart; unset: the binary's defaults).
 # Writes the table to stdout and one JSON line per run to target/bench/ceiling.jsonl.
 set -euo pipefail
 
@@ -62,6 +63,7 @@ for run in $(seq 1 "$runs"); do
 url = "$db_url"
 pool_size = $pool
 ${BENCH_BATCH:+batch_completions = $BENCH_BATCH}
+${BENCH_BATCH:+batch_claims = ${BENCH_BATCH_CLAIMS:-$BENCH_BATCH}}
 [kafka]
 bootstrap_servers = "$KAFKA_BOOTSTRAP"
 topic = "$topic"

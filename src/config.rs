@@ -47,8 +47,12 @@ pub struct DatabaseSettings {
     /// round trip and one transaction for many tasks, each row guarded and answered on its
     /// own. Nothing waits to fill a batch, so a lone completion goes at once.
     pub batch_completions: bool,
-    /// The most completions in one batched call.
+    /// The most completions (or claims) in one batched call.
     pub batch_max_rows: usize,
+    /// Gather the claims that arrive while one is being written into the next call, as
+    /// completions are (`batch_completions`), at most `batch_max_rows` in one. A row locked
+    /// elsewhere is claimed alone, by the path that waits on the lock.
+    pub batch_claims: bool,
     /// Renew the leases of all running calls in one call per `worker.renew_interval_ms`,
     /// instead of one transaction per call per interval: what makes a short `worker.lease_ms`
     /// cheap. Each row is guarded and answered on its own.
@@ -67,6 +71,7 @@ impl Default for DatabaseSettings {
             startup_retry_ms: 60_000,
             batch_completions: true,
             batch_max_rows: 64,
+            batch_claims: true,
             batch_renewals: true,
         }
     }

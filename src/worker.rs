@@ -54,6 +54,9 @@ pub async fn run_worker(
     if settings.database.batch_completions {
         store = store.batching_completions(settings.database.batch_max_rows);
     }
+    if settings.database.batch_claims {
+        store = store.batching_claims(settings.database.batch_max_rows);
+    }
     if settings.database.batch_renewals {
         store = store.batching_renewals(settings.worker.renew_interval(), settings.worker.lease());
     }

@@ -5,6 +5,7 @@
 //! - [`fencing`]: the pure decisions (may this claim proceed? why was this write refused?).
 //! - [`tasks`]: ensure, claim, renew, complete, fail, read.
 //! - [`batch`]: completions gathered into one call under load (`database.batch_completions`).
+//! - [`claims`]: claims gathered the same way (`database.batch_claims`).
 //! - [`renewals`]: every running call's lease renewed by one call per interval
 //!   (`database.batch_renewals`).
 //! - [`migrate`]: the schema, from `migrations/`.
@@ -16,6 +17,7 @@
 //! - [`tls`]: libpq's `sslmode` and `sslrootcert` over rustls.
 
 mod batch;
+mod claims;
 pub mod fencing;
 pub mod intake;
 pub mod listen;
@@ -55,8 +57,9 @@ pub enum StoreError {
     Connect { target: String, reason: String },
     #[error("row of task {task_id} is not what replyd writes: {reason}")]
     InvalidRow { task_id: uuid::Uuid, reason: String },
-    /// A batched completion's call failed; its outcome is unknown, so the caller retries.
-    #[error("batched completion failed: {0}")]
+    /// A batched call (claims, completions) failed; its outcome is unknown, so the caller
+    /// retries.
+    #[error("batched write failed: {0}")]
     Batch(String),
     #[error("migration failed: {0}")]
     Migration(#[from] refinery::Error),
@@ -70,6 +73,8 @@ pub struct Store {
     batcher: Option<std::sync::Arc<batch::CompletionBatcher>>,
     /// Set by [`Store::batching_renewals`].
     renewer: Option<std::sync::Arc<renewals::LeaseRenewer>>,
+    /// Set by [`Store::batching_claims`].
+    claimer: Option<std::sync::Arc<claims::ClaimBatcher>>,
     /// Where the pool connects, for error messages (no credentials).
     target: String,
 }
@@ -173,6 +178,7 @@ impl Store {
             pool,
             batcher: None,
             renewer: None,
+            claimer: None,
             target: target_of(settings),
         })
     }
@@ -180,25 +186,38 @@ impl Store {
     /// This store, with its completions gathered into batches of at most `max_rows` (see
     /// [`batch`]). Starts the batch writer on the current runtime.
     pub fn batching_completions(mut self, max_rows: usize) -> Self {
-        let writer = Self {
-            batcher: None,
-            renewer: None,
-            ..self.clone()
-        };
+        let writer = self.writer();
         self.batcher = Some(std::sync::Arc::new(batch::CompletionBatcher::start(
             writer, max_rows,
         )));
         self
     }
 
+    /// This store, with its claims gathered into batches of at most `max_rows` (see
+    /// [`claims`]). Starts the batch writer on the current runtime.
+    pub fn batching_claims(mut self, max_rows: usize) -> Self {
+        let writer = self.writer();
+        self.claimer = Some(std::sync::Arc::new(claims::ClaimBatcher::start(
+            writer, max_rows,
+        )));
+        self
+    }
+
+    /// The store a batch writer writes through: the same pool, no batching of its own (and no
+    /// handle on any writer, so each ends once the last store that batches is gone).
+    fn writer(&self) -> Self {
+        Self {
+            batcher: None,
+            renewer: None,
+            claimer: None,
+            ..self.clone()
+        }
+    }
+
     /// This store, with the leases of running calls renewed together: every `every`, one call
     /// extends each by `extend` (see [`renewals`]). Starts the renewer on the current runtime.
     pub fn batching_renewals(mut self, every: Duration, extend: Duration) -> Self {
-        let writer = Self {
-            batcher: None,
-            renewer: None,
-            ..self.clone()
-        };
+        let writer = self.writer();
         self.renewer = Some(std::sync::Arc::new(renewals::LeaseRenewer::start(
             writer,
             renewals::RenewalTimes { every, extend },

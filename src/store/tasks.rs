@@ -23,6 +23,7 @@ use crate::domain::{
 };
 
 use super::batch::BatchAnswer;
+use super::claims::ClaimAnswer;
 use super::fencing::{ClaimOutcome, Lease, LeaseSnapshot, Refusal, classify_refusal};
 use super::{Store, StoreError};
 
@@ -260,6 +261,30 @@ impl Store {
         lease: Duration,
         insert: Option<&TaskSpec>,
     ) -> Result<Taken, StoreError> {
+        if let Some(batcher) = &self.claimer {
+            match batcher.claim(task_id, owner, lease, insert).await? {
+                ClaimAnswer::Done(taken) => return Ok(*taken),
+                ClaimAnswer::Busy { inserted } => {
+                    let mut taken = self.claim_alone(task_id, owner, lease, insert).await?;
+                    if inserted {
+                        // This record's batch inserted the row; the lone claim found it.
+                        taken.ensured = Some(EnsureOutcome::Created);
+                    }
+                    return Ok(taken);
+                }
+            }
+        }
+        self.claim_alone(task_id, owner, lease, insert).await
+    }
+
+    /// One claim, one call: `replyd_claim`, which waits on the row's lock.
+    async fn claim_alone(
+        &self,
+        task_id: TaskId,
+        owner: &str,
+        lease: Duration,
+        insert: Option<&TaskSpec>,
+    ) -> Result<Taken, StoreError> {
         let id = task_id.as_uuid();
         let request = insert
             .map(|spec| serde_json::to_value(&spec.request))
@@ -290,32 +315,8 @@ impl Store {
                 ],
             )
             .await?;
-        let label: &str = row.get("claim");
         let created: bool = row.get("created");
-        let claim = claim_from(id, label, &row)?;
-        let task = if matches!(claim, ClaimOutcome::NotFound) {
-            None
-        } else {
-            Some(task_from(&row)?)
-        };
-        let ensured = insert.map(|spec| match (&task, created) {
-            (_, true) => EnsureOutcome::Created,
-            (Some(stored), false) => {
-                let fields = stored.spec.disagreements(spec);
-                if fields.is_empty() {
-                    EnsureOutcome::Exists
-                } else {
-                    EnsureOutcome::Conflict { fields }
-                }
-            }
-            // Inserted or found, then gone before the lock: reported as not found.
-            (None, false) => EnsureOutcome::Exists,
-        });
-        Ok(Taken {
-            claim,
-            ensured,
-            task,
-        })
+        taken_from(id, &row, insert, created)
     }
 
     /// Extends a live lease of the current assignment by `lease` from now (database clock).
@@ -698,6 +699,41 @@ pub(super) async fn record_refusal(
         )
         .await?;
     Ok(())
+}
+
+/// What a claim did, from the row `replyd_claim` returned; `created` says whether this call
+/// inserted the record's task.
+pub(super) fn taken_from(
+    id: Uuid,
+    row: &Row,
+    insert: Option<&TaskSpec>,
+    created: bool,
+) -> Result<Taken, StoreError> {
+    let label: &str = row.get("claim");
+    let claim = claim_from(id, label, row)?;
+    let task = if matches!(claim, ClaimOutcome::NotFound) {
+        None
+    } else {
+        Some(task_from(row)?)
+    };
+    let ensured = insert.map(|spec| match (&task, created) {
+        (_, true) => EnsureOutcome::Created,
+        (Some(stored), false) => {
+            let fields = stored.spec.disagreements(spec);
+            if fields.is_empty() {
+                EnsureOutcome::Exists
+            } else {
+                EnsureOutcome::Conflict { fields }
+            }
+        }
+        // Inserted or found, then gone before the lock: reported as not found.
+        (None, false) => EnsureOutcome::Exists,
+    });
+    Ok(Taken {
+        claim,
+        ensured,
+        task,
+    })
 }
 
 /// A claim's outcome from `replyd_claim`'s label and the row it returned.

@@ -40,6 +40,11 @@ fn prometheus() -> &'static PrometheusHandle {
             )
             .expect("the bucket list is not empty")
             .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(super::names::CLAIM_BATCH_ROWS.into()),
+                super::COMPLETION_BATCH_ROWS_BUCKETS,
+            )
+            .expect("the bucket list is not empty")
+            .set_buckets_for_metric(
                 metrics_exporter_prometheus::Matcher::Full(super::names::RENEWAL_BATCH_ROWS.into()),
                 super::RENEWAL_BATCH_ROWS_BUCKETS,
             )

@@ -25,6 +25,7 @@ pub mod names {
     pub const PROVIDER_SECONDS: &str = "replyd_provider_call_seconds";
     pub const COMPLETION_BATCH_ROWS: &str = "replyd_completion_batch_rows";
     pub const RENEWAL_BATCH_ROWS: &str = "replyd_lease_renewal_batch_rows";
+    pub const CLAIM_BATCH_ROWS: &str = "replyd_claim_batch_rows";
     pub const RETRIES: &str = "replyd_retries_total";
     pub const LEASE_RENEWALS_REFUSED: &str = "replyd_lease_renewals_refused_total";
     pub const STORE_ERRORS: &str = "replyd_store_errors_total";
@@ -65,7 +66,7 @@ pub const PROVIDER_SECONDS_BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
 
-/// Upper bounds of the completion batch size buckets, in rows.
+/// Upper bounds of the completion and claim batch size buckets, in rows.
 pub const COMPLETION_BATCH_ROWS_BUCKETS: &[f64] =
     &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
@@ -92,6 +93,7 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
     (PROVIDER_SECONDS, Kind::Histogram),
     (COMPLETION_BATCH_ROWS, Kind::Histogram),
     (RENEWAL_BATCH_ROWS, Kind::Histogram),
+    (CLAIM_BATCH_ROWS, Kind::Histogram),
     (RETRIES, Kind::Counter),
     (LEASE_RENEWALS_REFUSED, Kind::Counter),
     (STORE_ERRORS, Kind::Counter),

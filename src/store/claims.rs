@@ -1,0 +1,222 @@
+//! Batched claims (`database.batch_claims`): the claims that arrive while one batch is being
+//! written go out together as the next, in one call of `replyd_claim_many` (migration V12):
+//! one round trip and one transaction for all of them. Nothing waits to fill a batch.
+//!
+//! Each row is claimed by `replyd_claim` itself, inside the batch, so the decision is the lone
+//! claim's. The batch never waits on a row lock: a row another session holds comes back
+//! [`ClaimAnswer::Busy`] and is then claimed alone, by the path that waits on the lock.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_json::Value as Json;
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::tasks::{Taken, seconds, taken_from};
+use super::{Store, StoreError};
+use crate::domain::{TaskId, TaskSpec};
+
+/// What the batch said about one claim.
+#[derive(Debug)]
+pub(crate) enum ClaimAnswer {
+    Done(Box<Taken>),
+    /// The row was locked by someone else, the same task was already in this batch, or the
+    /// claim's owner or lease differs from the batch's: claim it alone. `inserted` says whether
+    /// the batch inserted the record's task first.
+    Busy {
+        inserted: bool,
+    },
+}
+
+/// One claim waiting for its batch.
+struct Pending {
+    task_id: Uuid,
+    owner: String,
+    lease: Duration,
+    insert: Option<TaskSpec>,
+    answer: oneshot::Sender<Result<ClaimAnswer, String>>,
+}
+
+/// The queue of claims and the task that writes them.
+#[derive(Debug)]
+pub(crate) struct ClaimBatcher {
+    queue: mpsc::UnboundedSender<Pending>,
+}
+
+impl ClaimBatcher {
+    /// Starts the writing task on the current runtime. It ends when the last handle is gone.
+    pub(crate) fn start(store: Store, max_rows: usize) -> Self {
+        let (queue, pending) = mpsc::unbounded_channel();
+        tokio::spawn(write_batches(store, pending, max_rows.max(1)));
+        Self { queue }
+    }
+
+    /// Queues one claim and waits for its batch's answer.
+    pub(crate) async fn claim(
+        &self,
+        task_id: TaskId,
+        owner: &str,
+        lease: Duration,
+        insert: Option<&TaskSpec>,
+    ) -> Result<ClaimAnswer, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        let pending = Pending {
+            task_id: task_id.as_uuid(),
+            owner: owner.to_owned(),
+            lease,
+            insert: insert.cloned(),
+            answer,
+        };
+        if self.queue.send(pending).is_err() {
+            // The writing task is gone (its runtime is shutting down): go alone.
+            return Ok(ClaimAnswer::Busy { inserted: false });
+        }
+        match answered.await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(message)) => Err(StoreError::Batch(message)),
+            Err(_) => Ok(ClaimAnswer::Busy { inserted: false }),
+        }
+    }
+}
+
+async fn write_batches(store: Store, mut queue: mpsc::UnboundedReceiver<Pending>, max: usize) {
+    let mut batch = Vec::with_capacity(max);
+    while queue.recv_many(&mut batch, max).await > 0 {
+        let answers = write(&store, &batch).await;
+        metrics::histogram!(crate::telemetry::names::CLAIM_BATCH_ROWS).record(batch.len() as f64);
+        for (pending, answer) in batch.drain(..).zip(answers) {
+            // A waiter that went away (cancelled) does not mind.
+            let _ = pending.answer.send(answer);
+        }
+    }
+}
+
+/// Writes one batch; one answer per pending claim, in order.
+async fn write(store: &Store, batch: &[Pending]) -> Vec<Result<ClaimAnswer, String>> {
+    // What goes together: one owner and lease (every claim of a worker has the same), each
+    // task once. The rest goes alone.
+    let (owner, lease) = (&batch[0].owner, batch[0].lease);
+    let mut seen = HashSet::with_capacity(batch.len());
+    let sent: Vec<usize> = (0..batch.len())
+        .filter(|&i| {
+            let p = &batch[i];
+            p.owner == *owner && p.lease == lease && seen.insert(p.task_id)
+        })
+        .collect();
+    let mut answers: Vec<Result<ClaimAnswer, String>> = (0..batch.len())
+        .map(|_| Ok(ClaimAnswer::Busy { inserted: false }))
+        .collect();
+    match write_rows(store, batch, &sent, owner, lease).await {
+        Ok(outcomes) => {
+            for (i, outcome) in outcomes {
+                answers[i] = outcome;
+            }
+        }
+        Err(e) => {
+            // The batch's outcome is unknown (it may have committed): each caller retries, and
+            // a repeated claim finds its own earlier lease as any retried claim does.
+            let message = e.to_string();
+            for &i in &sent {
+                answers[i] = Err(message.clone());
+            }
+        }
+    }
+    answers
+}
+
+async fn write_rows(
+    store: &Store,
+    batch: &[Pending],
+    sent: &[usize],
+    owner: &str,
+    lease: Duration,
+) -> Result<Vec<(usize, Result<ClaimAnswer, String>)>, StoreError> {
+    let spec = |i: usize| batch[i].insert.as_ref();
+    let tasks: Vec<Uuid> = sent.iter().map(|&i| batch[i].task_id).collect();
+    let workspaces: Vec<Option<&str>> = sent
+        .iter()
+        .map(|&i| spec(i).map(|s| s.workspace_id.as_str()))
+        .collect();
+    let conversations: Vec<Option<&str>> = sent
+        .iter()
+        .map(|&i| spec(i).map(|s| s.conversation_id.as_str()))
+        .collect();
+    let messages: Vec<Option<&str>> = sent
+        .iter()
+        .map(|&i| spec(i).map(|s| s.message_id.as_str()))
+        .collect();
+    let versions: Vec<Option<&str>> = sent
+        .iter()
+        .map(|&i| spec(i).map(|s| s.document_version.as_str()))
+        .collect();
+    let mut requests: Vec<Option<Json>> = Vec::with_capacity(sent.len());
+    let mut max_attempts: Vec<Option<i32>> = Vec::with_capacity(sent.len());
+    for &i in sent {
+        let id = batch[i].task_id;
+        match spec(i) {
+            Some(s) => {
+                let request =
+                    serde_json::to_value(&s.request).map_err(|e| StoreError::InvalidRow {
+                        task_id: id,
+                        reason: format!("request: {e}"),
+                    })?;
+                let attempts =
+                    i32::try_from(s.max_attempts).map_err(|_| StoreError::InvalidRow {
+                        task_id: id,
+                        reason: "max_attempts over i32".into(),
+                    })?;
+                requests.push(Some(request));
+                max_attempts.push(Some(attempts));
+            }
+            None => {
+                requests.push(None);
+                max_attempts.push(None);
+            }
+        }
+    }
+    let deadlines: Vec<Option<chrono::DateTime<chrono::Utc>>> = sent
+        .iter()
+        .map(|&i| spec(i).and_then(|s| s.deadline))
+        .collect();
+    let client = store.client().await?;
+    let statement = client
+        .prepare_cached("SELECT * FROM replyd_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+        .await?;
+    let rows = client
+        .query(
+            &statement,
+            &[
+                &tasks,
+                &owner,
+                &seconds(lease),
+                &workspaces,
+                &conversations,
+                &messages,
+                &versions,
+                &requests,
+                &max_attempts,
+                &deadlines,
+            ],
+        )
+        .await?;
+    let index: std::collections::HashMap<Uuid, usize> =
+        sent.iter().map(|&i| (batch[i].task_id, i)).collect();
+    let mut outcomes = Vec::with_capacity(rows.len());
+    for row in rows {
+        let task: Uuid = row.get("input_task");
+        let Some(&i) = index.get(&task) else {
+            continue;
+        };
+        let inserted: bool = row.get("inserted");
+        let answer = if row.get::<_, bool>("busy") {
+            Ok(ClaimAnswer::Busy { inserted })
+        } else {
+            taken_from(task, &row, spec(i), inserted)
+                .map(|taken| ClaimAnswer::Done(Box::new(taken)))
+                .map_err(|e| e.to_string())
+        };
+        outcomes.push((i, answer));
+    }
+    Ok(outcomes)
+}
