@@ -549,7 +549,9 @@ fn commit_points<C: ConsumerContext>(
             telemetry::commit_failed(&e, matches!(mode, CommitMode::Sync));
         }
     }
-    // An async commit's failure arrives in `commit_callback`; a sync one's here.
+    // An error here is the commit not queued; how a queued async commit fares is only logged
+    // by librdkafka (see `commit_callback`), hence the periodic full re-commit. The release
+    // path confirms its commit itself (`commit_on_release`).
     match consumer.commit(&list, mode) {
         Ok(()) => telemetry::committed(points, matches!(mode, CommitMode::Sync)),
         Err(e) => telemetry::commit_failed(&e, matches!(mode, CommitMode::Sync)),
