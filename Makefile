@@ -3,19 +3,25 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota chaos fuzz
+.PHONY: build test lint unit client-test infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota chaos fuzz
 
 build:
 	$(CARGO) build --release
 
 ## test: start the local infrastructure, check format and lints, run every test.
-test: infra-up lint
+test: infra-up lint client-test
 	$(CARGO) test --all-targets
 	$(CARGO) test --doc
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+
+## client-test: the TypeScript client (clients/typescript): its packages, its committed build
+## output against its sources and docs/openapi.json, its unit tests, and the browser tests'
+## build (tests/browser.rs runs them).
+client-test:
+	cd clients/typescript && npm ci --no-audit --no-fund --prefer-offline && npm run check && npm test
 
 ## unit: the tests that need no infrastructure.
 unit:

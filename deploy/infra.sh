@@ -548,6 +548,22 @@ test_tools_up() {
   echo "CHECKOV=$tools/bin/checkov" >>"$env_file.tmp"
 }
 
+# The browser tests (tests/browser.rs) and the client's own (clients/typescript): Node.js 20 or
+# later with npm, and Debian's Chromium, which Playwright drives (playwright-core downloads no
+# browser). The client's npm packages are installed by `make client-test` (npm ci, from npm's
+# cache outside the work tree once they have been fetched).
+browser_tools_up() {
+  local need=()
+  command -v node >/dev/null || need+=(nodejs)
+  command -v npm >/dev/null || need+=(npm)
+  command -v chromium >/dev/null || need+=(chromium)
+  [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
+  local major
+  major=$(node -p 'process.versions.node.split(".")[0]')
+  [ "$major" -ge 20 ] || die "Node.js $(node --version) is too old for clients/typescript: it needs 20 or later"
+  echo "CHROMIUM=$(command -v chromium)" >>"$env_file.tmp"
+}
+
 # What building replyd needs beyond a Rust toolchain (librdkafka is compiled from source with
 # zlib and OpenSSL): `make demo` and `make test` both come through here before they build.
 build_deps_up() {
@@ -595,6 +611,7 @@ case "${1:-}" in
     postgres_up
     kafka_up
     test_tools_up
+    browser_tools_up
     mv "$env_file.tmp" "$env_file"
     cat "$env_file"
     ;;

@@ -434,6 +434,10 @@ pub struct ApiSettings {
     pub rate_limit_per_second: u32,
     /// Requests one API key may make at once above the average (the bucket's size).
     pub rate_limit_burst: u32,
+    /// Serve the demo chat page at `/demo`, on the API's own origin (the page asks for an API
+    /// key and keeps it in the tab's session storage). Off by default: a production API
+    /// serves no page.
+    pub demo_page: bool,
 }
 
 impl Default for ApiSettings {
@@ -445,6 +449,7 @@ impl Default for ApiSettings {
             idempotency_retention_ms: 24 * 60 * 60 * 1000,
             rate_limit_per_second: 200,
             rate_limit_burst: 400,
+            demo_page: false,
         }
     }
 }

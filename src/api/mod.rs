@@ -2,11 +2,13 @@
 //! an `Idempotency-Key`; one transaction saves it with its reply task and the outbox row that
 //! hands the task to Kafka (I6); the caller follows the task by its id.
 //!
-//! One file per route group: [`replies`], [`events`], [`quota`]. [`auth`] turns the bearer key into the workspace;
-//! [`problem`] renders every error as problem+json. Unknown routes and methods are problems
+//! One file per route group: [`replies`], [`events`], [`quota`]; [`demo`] is the demo chat
+//! page, served only when `api.demo_page` is on. [`auth`] turns the bearer key into the
+//! workspace; [`problem`] renders every error as problem+json. Unknown routes and methods are problems
 //! too, so no answer of this server is anything but JSON.
 
 pub mod auth;
+pub mod demo;
 pub mod events;
 pub mod openapi;
 pub mod problem;
@@ -75,6 +77,11 @@ pub const ROUTES: [&str; 5] = [
 
 pub fn router(state: ApiState) -> Router {
     let [create, show, events, regenerate, quota] = ROUTES;
+    let pages = if state.settings.demo_page {
+        demo::router()
+    } else {
+        Router::new()
+    };
     Router::new()
         .route(create, post(replies::create))
         .route(show, get(replies::show))
@@ -93,6 +100,7 @@ pub fn router(state: ApiState) -> Router {
         // Each routed request is a server span of its trace (its caller's, when it sent a
         // `traceparent`); the intake stores the span's context with the outbox row.
         .route_layer(axum::middleware::from_fn(trace_request))
+        .merge(pages)
         .fallback(|| async { Problem::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -181,6 +189,9 @@ pub async fn run(
         .await
         .with_context(|| format!("binding {} (api.listen)", settings.api.listen))?;
     tracing::info!(%addr, "API listening");
+    if settings.api.demo_page {
+        tracing::info!(url = %format!("http://{addr}/demo"), "demo page on (api.demo_page)");
+    }
     served.await.context("the API server")?;
     Ok(())
 }

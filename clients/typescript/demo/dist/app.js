@@ -1,0 +1,260 @@
+// The demo chat page: Send, Regenerate, and each reply's state as the server records it. The
+// conversation (which tasks each question has) is kept in sessionStorage, so a reload
+// follows the same tasks again; a press still unanswered at the reload is resumed under its
+// own key by the client. Nothing here guesses a state: every badge is a state the server sent.
+import { ProblemError, ReplydClient } from "@replyd/client";
+const STATE = "replyd.demo.conversation";
+const KEY = "replyd.demo.key";
+const STATS = "replyd.demo.stats";
+function load(name, fallback) {
+    try {
+        const text = sessionStorage.getItem(name);
+        return text === null ? fallback : JSON.parse(text);
+    }
+    catch {
+        return fallback;
+    }
+}
+function save(name, value) {
+    sessionStorage.setItem(name, JSON.stringify(value));
+}
+function newId() {
+    return Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+function element(tag, attrs = {}, text) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs))
+        node.setAttribute(name, value);
+    if (text !== undefined)
+        node.textContent = text;
+    return node;
+}
+function byId(id) {
+    const node = document.getElementById(id);
+    if (node === null)
+        throw new Error(`the page has no #${id}`);
+    return node;
+}
+// A key in the fragment (`/demo#key=...`) is taken and removed from the address bar: a
+// fragment never reaches a server, and the key then lives only in this tab's storage.
+const fragment = new URLSearchParams(location.hash.slice(1));
+if (fragment.get("key")) {
+    sessionStorage.setItem(KEY, fragment.get("key"));
+    history.replaceState(null, "", location.pathname + location.search);
+}
+const stats = load(STATS, { requests: 0, retries: 0, reports: [] });
+let conversation = load(STATE, { id: `demo-${newId()}`, turns: [] });
+const client = new ReplydClient({
+    apiKey: () => sessionStorage.getItem(KEY) ?? "",
+    onRequest: (report) => {
+        stats.requests++;
+        if (report.retry > 0)
+            stats.retries++;
+        stats.reports.push(report);
+        save(STATS, stats);
+    },
+});
+window.replydDemo = { stats, conversation: () => conversation };
+const transcript = byId("transcript");
+const notice = byId("notice");
+const compose = byId("compose");
+const messageBox = byId("message");
+const sendButton = byId("send");
+const keyBox = byId("api-key");
+const followed = new Set();
+let sending = false;
+function saveConversation() {
+    save(STATE, conversation);
+    byId("conversation").textContent = `conversation ${conversation.id}`;
+}
+function say(text, attrs = {}) {
+    notice.hidden = false;
+    notice.textContent = text;
+    for (const name of notice.getAttributeNames())
+        if (name.startsWith("data-"))
+            notice.removeAttribute(name);
+    for (const [name, value] of Object.entries(attrs))
+        notice.setAttribute(name, value);
+}
+function quiet() {
+    notice.hidden = true;
+    notice.textContent = "";
+}
+/** What a failed press tells the user: when to try again, or why it cannot be taken. */
+function explain(error) {
+    if (error instanceof ProblemError) {
+        const attrs = { "data-kind": error.kind, "data-status": String(error.status) };
+        if (error.status === 429 && error.retryAt !== undefined) {
+            const seconds = Math.max(1, Math.ceil((error.retryAt.getTime() - Date.now()) / 1000));
+            attrs["data-retry-at"] = error.retryAt.toISOString();
+            const what = error.kind === "quota_exceeded" ? "The workspace's generation quota is used up" : "Too many requests";
+            const at = seconds < 86_400 ? error.retryAt.toLocaleTimeString() : error.retryAt.toLocaleString();
+            return { text: `${what}: try again in ${seconds} s (at ${at}).`, attrs };
+        }
+        return { text: `Not sent: ${error.problem.detail}`, attrs };
+    }
+    return { text: `No answer from the server (${String(error)}); your press is kept and can be sent again.`, attrs: { "data-kind": "network" } };
+}
+function turnNode(turn) {
+    const existing = transcript.querySelector(`li[data-turn-id="${turn.id}"]`);
+    if (existing)
+        return existing;
+    const node = element("li", { class: "turn", "data-turn-id": turn.id });
+    node.append(element("p", { class: "question" }, turn.message), element("div", { class: "replies" }), element("p", { class: "turn-state" }));
+    transcript.append(node);
+    return node;
+}
+function replyNode(turn, taskId) {
+    const replies = turnNode(turn).querySelector(".replies");
+    const existing = replies.querySelector(`[data-task-id="${taskId}"]`);
+    if (existing)
+        return existing;
+    const node = element("div", { class: "reply", "data-task-id": taskId, "data-status": "pending" });
+    node.append(element("span", { class: "status" }, "still processing"), element("p", { class: "text" }), element("p", { class: "meta" }));
+    replies.append(node);
+    return node;
+}
+const BADGE = {
+    pending: "still processing",
+    running: "still processing",
+    completed: "completed",
+    failed: "failed",
+};
+function show(turn, view) {
+    const node = replyNode(turn, view.task_id);
+    node.dataset.status = view.status;
+    node.querySelector(".status").textContent = BADGE[view.status];
+    node.querySelector(".text").textContent = view.reply ?? view.failure ?? "";
+    const meta = node.querySelector(".meta");
+    meta.textContent = `attempt ${view.attempts} of ${view.max_attempts} · task ${view.task_id.slice(0, 8)}`;
+    if ((view.status === "completed" || view.status === "failed") && !node.querySelector("button")) {
+        const again = element("button", { type: "button", class: "secondary regenerate" }, "Regenerate");
+        again.addEventListener("click", () => void regenerate(turn, view.task_id, again));
+        node.append(again);
+    }
+}
+async function follow(turn, taskId) {
+    if (followed.has(taskId))
+        return;
+    followed.add(taskId);
+    replyNode(turn, taskId);
+    try {
+        for await (const view of client.follow(taskId))
+            show(turn, view);
+    }
+    catch (error) {
+        followed.delete(taskId);
+        const node = replyNode(turn, taskId);
+        node.dataset.status = "unknown";
+        node.querySelector(".status").textContent = "unknown";
+        node.querySelector(".text").textContent = explain(error).text;
+    }
+}
+function accepted(turn, taskId) {
+    if (!turn.tasks.includes(taskId)) {
+        turn.tasks.push(taskId);
+        saveConversation();
+    }
+    turnNode(turn).querySelector(".turn-state").textContent = "";
+    void follow(turn, taskId);
+}
+/** Runs one press (new, or resumed after a reload or a failure) to its answer. */
+async function settle(turn, press) {
+    const state = turnNode(turn).querySelector(".turn-state");
+    state.textContent = "sending…";
+    try {
+        const answer = await press();
+        quiet();
+        accepted(turn, answer.task_id);
+    }
+    catch (error) {
+        const { text, attrs } = explain(error);
+        say(text, attrs);
+        state.textContent = "";
+        const unsettled = client.pending().find((p) => p.meta?.turn === turn.id);
+        if (unsettled) {
+            state.textContent = "not sent yet";
+            const retry = element("button", { type: "button", class: "secondary try-again" }, "Try again");
+            retry.addEventListener("click", () => {
+                retry.remove();
+                void settle(turn, () => client.resume(unsettled));
+            });
+            state.append(" ", retry);
+        }
+        else {
+            state.textContent = "not sent";
+        }
+    }
+}
+async function send() {
+    const text = messageBox.value.trim();
+    if (sending || text === "")
+        return;
+    if (!sessionStorage.getItem(KEY)) {
+        say("Enter an API key first.", { "data-kind": "no_key" });
+        return;
+    }
+    sending = true;
+    sendButton.disabled = true;
+    const turn = { id: newId(), message: text, tasks: [] };
+    conversation.turns.push(turn);
+    saveConversation();
+    messageBox.value = "";
+    try {
+        await settle(turn, () => client.send(conversation.id, text, { meta: { turn: turn.id } }));
+    }
+    finally {
+        sending = false;
+        sendButton.disabled = false;
+    }
+}
+async function regenerate(turn, taskId, button) {
+    button.disabled = true;
+    try {
+        await settle(turn, () => client.regenerate(taskId, { meta: { turn: turn.id } }));
+    }
+    finally {
+        button.disabled = false;
+    }
+}
+/** A press the client still holds (unanswered at the reload): its turn, found or rebuilt. */
+function resume(press) {
+    let turn = conversation.turns.find((t) => t.id === press.meta?.turn);
+    if (turn === undefined) {
+        turn = { id: press.meta?.turn ?? newId(), message: press.body?.message ?? "(regenerate)", tasks: [] };
+        conversation.turns.push(turn);
+        saveConversation();
+    }
+    const target = turn;
+    void settle(target, () => client.resume(press));
+}
+compose.addEventListener("submit", (event) => {
+    event.preventDefault();
+    void send();
+});
+messageBox.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey) {
+        event.preventDefault();
+        void send();
+    }
+});
+byId("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(KEY, keyBox.value.trim());
+    keyBox.value = "";
+    quiet();
+});
+byId("new-conversation").addEventListener("click", () => {
+    conversation = { id: `demo-${newId()}`, turns: [] };
+    transcript.replaceChildren();
+    saveConversation();
+});
+saveConversation();
+for (const turn of conversation.turns) {
+    turnNode(turn);
+    for (const taskId of turn.tasks)
+        void follow(turn, taskId);
+}
+for (const press of client.pending())
+    resume(press);
+document.body.dataset.ready = "true";

@@ -1,0 +1,115 @@
+import { type Press, type PressStore } from "./presses.js";
+import { type RetryPolicy } from "./retry.js";
+import { type Accepted, type QuotaView, type ReplyView } from "./types.js";
+/** One request this client sent, as `onRequest` reports it. */
+export interface RequestReport {
+    method: string;
+    path: string;
+    /** The `Idempotency-Key` it carried, for a press. */
+    key?: string;
+    /** Its place in the call: 0 for the first request, 1 for the first retry, ... */
+    retry: number;
+    /** The answer's status, or `network` when none came (an error or the attempt timeout). */
+    outcome: number | "network";
+}
+export interface ClientOptions {
+    /** Where the API is, e.g. `https://replies.example.com`; empty: this page's origin. */
+    baseUrl?: string;
+    /** The API key (`Authorization: Bearer`), or a function that gives it for each request. */
+    apiKey: string | (() => string);
+    /** Where unsettled presses are kept: `sessionStorage` when there is one, else memory. */
+    presses?: PressStore;
+    retry?: Partial<RetryPolicy>;
+    /** The longest a follow stream may stay silent before it is taken for dead (ms). The server
+     * sends a keep-alive every 15 s. */
+    streamIdleMs?: number;
+    /** Stream connections in a row that bring no event before `follow` polls instead. */
+    streamFailuresBeforePolling?: number;
+    /** How often `follow` reads the task when it polls (ms). */
+    pollIntervalMs?: number;
+    /** Called once per request sent. */
+    onRequest?: (report: RequestReport) => void;
+    fetch?: typeof fetch;
+    random?: () => number;
+    now?: () => number;
+    sleep?: (ms: number, signal?: AbortSignal) => Promise<void>;
+}
+/** What a Send carries besides the conversation and the message. */
+export interface SendOptions {
+    documentVersion?: string;
+    model?: string;
+    context?: string;
+    maxOutputTokens?: number;
+    /** Stored with the press and handed back by `pending()`. */
+    meta?: Record<string, string>;
+    signal?: AbortSignal;
+}
+export interface FollowOptions {
+    signal?: AbortSignal;
+    /** `false`: poll from the start (no streaming). */
+    stream?: boolean;
+}
+/** Waits `ms`, or rejects with the signal's reason once it is aborted. */
+export declare function abortableSleep(ms: number, signal?: AbortSignal): Promise<void>;
+export declare class ReplydClient {
+    private readonly baseUrl;
+    private readonly apiKey;
+    private readonly presses;
+    private readonly policy;
+    private readonly streamIdleMs;
+    private readonly streamFailuresBeforePolling;
+    private readonly pollIntervalMs;
+    private readonly onRequest;
+    private readonly fetch;
+    private readonly random;
+    private readonly now;
+    private readonly sleep;
+    /** Calls under way per press (path and body): a second identical call joins the first. */
+    private readonly inflight;
+    constructor(options: ClientOptions);
+    /**
+     * Send a message: a new press, with a new key. Resolves with where to follow the task, once
+     * the server has saved it; rejects with a `ProblemError` the server answered, or a
+     * `NetworkError` when no answer came within the budget (the press then stays in
+     * `pending()`, and `resume` sends it again under the same key).
+     *
+     * While it runs, the same call again (a double click) joins it: one press, one task.
+     */
+    send(conversationId: string, message: string, options?: SendOptions): Promise<Accepted>;
+    /** Ask for another reply to a task's message: a press of its own, with its own key. */
+    regenerate(taskId: string, options?: {
+        meta?: Record<string, string>;
+        signal?: AbortSignal;
+    }): Promise<Accepted>;
+    /** Presses not yet settled (e.g. in flight when the page was reloaded), oldest first. */
+    pending(): Press[];
+    /** Send an unsettled press again, under its own key: the server answers with its task. */
+    resume(press: Press, options?: {
+        signal?: AbortSignal;
+    }): Promise<Accepted>;
+    /** A task's state now. */
+    get(taskId: string, options?: {
+        signal?: AbortSignal;
+    }): Promise<ReplyView>;
+    /** The caller's quota now. */
+    quota(options?: {
+        signal?: AbortSignal;
+    }): Promise<QuotaView>;
+    /**
+     * A task's states as they change, from the current one to a terminal one (`completed` or
+     * `failed`), each once. Streams Server-Sent Events; a cut stream reconnects with
+     * `Last-Event-ID`; where streaming is unavailable (no event stream comes back, or several
+     * connections in a row bring nothing), it polls `GET /v1/replies/{task_id}` instead. Ends
+     * by throwing only for a `ProblemError` that is final (e.g. 404) or an abort.
+     */
+    follow(taskId: string, options?: FollowOptions): AsyncGenerator<ReplyView, void, undefined>;
+    private press;
+    private join;
+    /** Sends a press until the server answers it for good; forgets its key only then. */
+    private settle;
+    private headers;
+    /** One request, retried while it may yet succeed and the budget allows. */
+    private call;
+    /** The events of one stream connection; throws how it failed. */
+    private events;
+}

@@ -1,0 +1,400 @@
+// The client of `/v1/replies`: one idempotency key per press, kept until the server has
+// answered that press for good; retries that reuse it; and a follow of a task's state that
+// reconnects, falls back to polling, and ends at a terminal state.
+import { createParser } from "eventsource-parser";
+import { NetworkError, ProblemError } from "./errors.js";
+import { memoryPresses, newKey, storagePresses } from "./presses.js";
+import { DEFAULT_RETRY, fitsBudget, retryAfterMs, verdict, waitMs } from "./retry.js";
+import { isTerminal } from "./types.js";
+/** Waits `ms`, or rejects with the signal's reason once it is aborted. */
+export function abortableSleep(ms, signal) {
+    return new Promise((resolve, reject) => {
+        if (signal?.aborted)
+            return reject(signal.reason);
+        const timer = setTimeout(() => {
+            signal?.removeEventListener("abort", onAbort);
+            resolve();
+        }, ms);
+        const onAbort = () => {
+            clearTimeout(timer);
+            reject(signal?.reason);
+        };
+        signal?.addEventListener("abort", onAbort, { once: true });
+    });
+}
+/** The stream said nothing: no `text/event-stream` here (a proxy that buffers, a page). */
+class StreamUnavailable extends Error {
+}
+/** A stream's connection failed before an event; `retryAfter` if the server said when. */
+class StreamFailed extends Error {
+    serverWaitMs;
+    constructor(serverWaitMs, cause) {
+        super("the event stream failed", { cause });
+        this.serverWaitMs = serverWaitMs;
+    }
+}
+function defaultPresses() {
+    try {
+        if (typeof sessionStorage !== "undefined")
+            return storagePresses(sessionStorage);
+    }
+    catch {
+        // Storage can be refused (privacy settings, sandboxed frames): keep presses in memory.
+    }
+    return memoryPresses();
+}
+/** A problem from any answer: the body when it is problem+json, else one made from the status. */
+async function problemOf(response) {
+    const type = response.headers.get("content-type") ?? "";
+    const text = await response.text().catch(() => "");
+    if (type.startsWith("application/problem+json") || type.startsWith("application/json")) {
+        try {
+            const body = JSON.parse(text);
+            if (typeof body.title === "string" && typeof body.detail === "string") {
+                return {
+                    type: typeof body.type === "string" ? body.type : "about:blank",
+                    title: body.title,
+                    status: response.status,
+                    detail: body.detail,
+                    ...(Array.isArray(body.fields) ? { fields: body.fields } : {}),
+                };
+            }
+        }
+        catch {
+            // Not the API's problem: described below.
+        }
+    }
+    return {
+        type: "about:blank",
+        title: response.statusText || `HTTP ${response.status}`,
+        status: response.status,
+        detail: `the server answered ${response.status} with ${type || "no content type"}, not a problem`,
+    };
+}
+export class ReplydClient {
+    baseUrl;
+    apiKey;
+    presses;
+    policy;
+    streamIdleMs;
+    streamFailuresBeforePolling;
+    pollIntervalMs;
+    onRequest;
+    fetch;
+    random;
+    now;
+    sleep;
+    /** Calls under way per press (path and body): a second identical call joins the first. */
+    inflight = new Map();
+    constructor(options) {
+        this.baseUrl = (options.baseUrl ?? "").replace(/\/+$/, "");
+        const key = options.apiKey;
+        this.apiKey = typeof key === "function" ? key : () => key;
+        this.presses = options.presses ?? defaultPresses();
+        this.policy = { ...DEFAULT_RETRY, ...options.retry };
+        this.streamIdleMs = options.streamIdleMs ?? 45_000;
+        this.streamFailuresBeforePolling = options.streamFailuresBeforePolling ?? 3;
+        this.pollIntervalMs = options.pollIntervalMs ?? 1_000;
+        this.onRequest = options.onRequest ?? (() => { });
+        // Unbound, `fetch` throws "Illegal invocation" in browsers.
+        this.fetch = options.fetch ?? ((input, init) => globalThis.fetch(input, init));
+        this.random = options.random ?? Math.random;
+        this.now = options.now ?? Date.now;
+        this.sleep = options.sleep ?? abortableSleep;
+    }
+    /**
+     * Send a message: a new press, with a new key. Resolves with where to follow the task, once
+     * the server has saved it; rejects with a `ProblemError` the server answered, or a
+     * `NetworkError` when no answer came within the budget (the press then stays in
+     * `pending()`, and `resume` sends it again under the same key).
+     *
+     * While it runs, the same call again (a double click) joins it: one press, one task.
+     */
+    send(conversationId, message, options = {}) {
+        const body = { conversation_id: conversationId, message };
+        if (options.documentVersion !== undefined)
+            body.document_version = options.documentVersion;
+        if (options.model !== undefined)
+            body.model = options.model;
+        if (options.context !== undefined)
+            body.context = options.context;
+        if (options.maxOutputTokens !== undefined)
+            body.max_output_tokens = options.maxOutputTokens;
+        return this.press("/v1/replies", body, options.meta, options.signal);
+    }
+    /** Ask for another reply to a task's message: a press of its own, with its own key. */
+    regenerate(taskId, options = {}) {
+        return this.press(`/v1/replies/${encodeURIComponent(taskId)}/regenerate`, undefined, options.meta, options.signal);
+    }
+    /** Presses not yet settled (e.g. in flight when the page was reloaded), oldest first. */
+    pending() {
+        return this.presses.list();
+    }
+    /** Send an unsettled press again, under its own key: the server answers with its task. */
+    resume(press, options = {}) {
+        return this.join(press, options.signal);
+    }
+    /** A task's state now. */
+    get(taskId, options = {}) {
+        return this.call("GET", `/v1/replies/${encodeURIComponent(taskId)}`, {}, options.signal);
+    }
+    /** The caller's quota now. */
+    quota(options = {}) {
+        return this.call("GET", "/v1/quota", {}, options.signal);
+    }
+    /**
+     * A task's states as they change, from the current one to a terminal one (`completed` or
+     * `failed`), each once. Streams Server-Sent Events; a cut stream reconnects with
+     * `Last-Event-ID`; where streaming is unavailable (no event stream comes back, or several
+     * connections in a row bring nothing), it polls `GET /v1/replies/{task_id}` instead. Ends
+     * by throwing only for a `ProblemError` that is final (e.g. 404) or an abort.
+     */
+    async *follow(taskId, options = {}) {
+        const { signal } = options;
+        let streaming = options.stream ?? true;
+        let last;
+        let lastEventId;
+        let silentConnections = 0;
+        let retry = 0;
+        const isNew = (view) => last === undefined || view.status !== last.status || view.updated_at !== last.updated_at;
+        while (true) {
+            if (!streaming) {
+                const view = await this.get(taskId, signal ? { signal } : {});
+                if (isNew(view)) {
+                    last = view;
+                    yield view;
+                }
+                if (isTerminal(view.status))
+                    return;
+                await this.sleep(this.pollIntervalMs, signal);
+                continue;
+            }
+            let serverWaitMs;
+            let events = 0;
+            try {
+                for await (const event of this.events(taskId, lastEventId, signal)) {
+                    events++;
+                    if (event.id !== undefined)
+                        lastEventId = event.id;
+                    if (event.event !== "status")
+                        continue;
+                    let view;
+                    try {
+                        view = JSON.parse(event.data);
+                    }
+                    catch {
+                        continue; // not a state: the next read brings one
+                    }
+                    silentConnections = 0;
+                    retry = 0;
+                    if (isNew(view)) {
+                        last = view;
+                        yield view;
+                    }
+                    if (isTerminal(view.status))
+                        return;
+                }
+            }
+            catch (error) {
+                if (signal?.aborted)
+                    throw signal.reason;
+                if (error instanceof ProblemError)
+                    throw error;
+                if (error instanceof StreamUnavailable) {
+                    streaming = false;
+                    continue;
+                }
+                if (error instanceof StreamFailed)
+                    serverWaitMs = error.serverWaitMs;
+            }
+            // The stream ended or broke before a terminal state: reconnect after a backoff.
+            if (events === 0 && ++silentConnections >= this.streamFailuresBeforePolling) {
+                streaming = false;
+                continue;
+            }
+            await this.sleep(waitMs(retry++, serverWaitMs, this.policy, this.random), signal);
+        }
+    }
+    press(path, body, meta, signal) {
+        const same = this.inflight.get(identity(path, body));
+        if (same)
+            return same;
+        const press = { key: newKey(), path, createdAt: this.now() };
+        if (body !== undefined)
+            press.body = body;
+        if (meta !== undefined)
+            press.meta = meta;
+        // Stored before the first request: a reload mid-request finds it and resends it.
+        this.presses.put(press);
+        return this.join(press, signal);
+    }
+    join(press, signal) {
+        const id = identity(press.path, press.body);
+        const same = this.inflight.get(id);
+        if (same)
+            return same;
+        const settled = this.settle(press, signal).finally(() => this.inflight.delete(id));
+        this.inflight.set(id, settled);
+        return settled;
+    }
+    /** Sends a press until the server answers it for good; forgets its key only then. */
+    async settle(press, signal) {
+        try {
+            const init = press.body === undefined ? { key: press.key } : { key: press.key, body: press.body };
+            const accepted = await this.call("POST", press.path, init, signal);
+            this.presses.delete(press.key);
+            return accepted;
+        }
+        catch (error) {
+            if (error instanceof ProblemError && error.refused)
+                this.presses.delete(press.key);
+            throw error;
+        }
+    }
+    headers(extra) {
+        return { authorization: `Bearer ${this.apiKey()}`, ...extra };
+    }
+    /** One request, retried while it may yet succeed and the budget allows. */
+    async call(method, path, init, signal) {
+        const started = this.now();
+        const headers = { accept: "application/json" };
+        if (init.key !== undefined)
+            headers["idempotency-key"] = init.key;
+        if (init.body !== undefined)
+            headers["content-type"] = "application/json";
+        const body = init.body === undefined ? undefined : JSON.stringify(init.body);
+        for (let retry = 0, requests = 1;; retry++, requests++) {
+            let failure;
+            let serverWaitMs;
+            const report = { method, path, retry, outcome: "network" };
+            if (init.key !== undefined)
+                report.key = init.key;
+            const timeout = AbortSignal.timeout(this.policy.attemptTimeoutMs);
+            try {
+                const response = await this.fetch(this.baseUrl + path, {
+                    method,
+                    headers: this.headers(headers),
+                    ...(body === undefined ? {} : { body }),
+                    signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
+                });
+                report.outcome = response.status;
+                this.onRequest(report);
+                if (verdict(response.status) === "ok") {
+                    try {
+                        return (await response.json());
+                    }
+                    catch (error) {
+                        // The answer was cut: as lost as no answer (and a retry under the key is safe).
+                        if (signal?.aborted)
+                            throw signal.reason;
+                        failure = new NetworkError(`the answer to ${method} ${path} was cut off`, requests, error);
+                    }
+                }
+                else {
+                    serverWaitMs = retryAfterMs(response.headers.get("retry-after"), this.now());
+                    const retryAt = serverWaitMs === undefined ? undefined : new Date(this.now() + serverWaitMs);
+                    const problem = new ProblemError(await problemOf(response), requests, retryAt);
+                    if (problem.refused)
+                        throw problem;
+                    failure = problem;
+                }
+            }
+            catch (error) {
+                if (error instanceof ProblemError)
+                    throw error;
+                if (signal?.aborted)
+                    throw signal.reason;
+                if (report.outcome === "network")
+                    this.onRequest(report);
+                const why = timeout.aborted ? `no answer within ${this.policy.attemptTimeoutMs} ms` : String(error);
+                failure = new NetworkError(`${method} ${path}: ${why}`, requests, error);
+            }
+            const wait = waitMs(retry, serverWaitMs, this.policy, this.random);
+            if (!fitsBudget(started, this.now(), wait, this.policy))
+                throw failure;
+            await this.sleep(wait, signal);
+        }
+    }
+    /** The events of one stream connection; throws how it failed. */
+    async *events(taskId, lastEventId, signal) {
+        // An abort listener never fires for a signal aborted already.
+        signal?.throwIfAborted();
+        const path = `/v1/replies/${encodeURIComponent(taskId)}/events`;
+        const headers = { accept: "text/event-stream" };
+        if (lastEventId !== undefined)
+            headers["last-event-id"] = lastEventId;
+        const connection = new AbortController();
+        const onAbort = () => connection.abort(signal?.reason);
+        signal?.addEventListener("abort", onAbort, { once: true });
+        const connectTimer = setTimeout(() => connection.abort(new Error("no answer")), this.policy.attemptTimeoutMs);
+        const report = { method: "GET", path, retry: 0, outcome: "network" };
+        let response;
+        try {
+            response = await this.fetch(this.baseUrl + path, { headers: this.headers(headers), signal: connection.signal });
+        }
+        catch (error) {
+            this.onRequest(report);
+            signal?.removeEventListener("abort", onAbort);
+            throw new StreamFailed(undefined, error);
+        }
+        finally {
+            clearTimeout(connectTimer);
+        }
+        report.outcome = response.status;
+        this.onRequest(report);
+        try {
+            if (response.status !== 200) {
+                const serverWaitMs = retryAfterMs(response.headers.get("retry-after"), this.now());
+                const problem = new ProblemError(await problemOf(response), 1, undefined);
+                if (problem.refused)
+                    throw problem;
+                throw new StreamFailed(serverWaitMs, problem);
+            }
+            const type = response.headers.get("content-type") ?? "";
+            if (!type.startsWith("text/event-stream") || response.body === null) {
+                await response.body?.cancel().catch(() => { });
+                throw new StreamUnavailable(`the stream answered ${type || "no content type"}`);
+            }
+            const queue = [];
+            const parser = createParser({ onEvent: (event) => queue.push(event) });
+            const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+            try {
+                while (true) {
+                    // A connection can die without a word (a sleeping laptop, a dropped NAT entry):
+                    // silence longer than the keep-alive period ends it.
+                    let idle;
+                    const silence = new Promise((_, reject) => {
+                        idle = setTimeout(() => reject(new Error(`no event or keep-alive in ${this.streamIdleMs} ms`)), this.streamIdleMs);
+                    });
+                    let chunk;
+                    try {
+                        chunk = await Promise.race([reader.read(), silence]);
+                    }
+                    finally {
+                        clearTimeout(idle);
+                    }
+                    if (chunk.done)
+                        return;
+                    parser.feed(chunk.value);
+                    while (queue.length > 0)
+                        yield queue.shift();
+                }
+            }
+            catch (error) {
+                if (error instanceof ProblemError)
+                    throw error;
+                throw new StreamFailed(undefined, error);
+            }
+            finally {
+                reader.cancel().catch(() => { });
+            }
+        }
+        finally {
+            signal?.removeEventListener("abort", onAbort);
+            connection.abort();
+        }
+    }
+}
+function identity(path, body) {
+    return `${path} ${JSON.stringify(body ?? null)}`;
+}

@@ -1,0 +1,50 @@
+// The errors a call ends with. Each says whether the press it belongs to is settled: a
+// settled press will never become a task under its key, an unsettled one may still (or may
+// already have), so its key is kept and reused.
+/** Every error of this client. */
+export class ReplydError extends Error {
+    /** Requests sent for the call, retries included. */
+    requests;
+    constructor(message, requests, options) {
+        super(message, options);
+        this.name = "ReplydError";
+        this.requests = requests;
+    }
+}
+/** The server answered with a problem (RFC 9457, `application/problem+json`). */
+export class ProblemError extends ReplydError {
+    status;
+    problem;
+    /** When the server said to try again (`Retry-After`), as a moment, if it said. */
+    retryAt;
+    constructor(problem, requests, retryAt) {
+        super(`${problem.status} ${problem.title}: ${problem.detail}`, requests);
+        this.name = "ProblemError";
+        this.status = problem.status;
+        this.problem = problem;
+        this.retryAt = retryAt;
+    }
+    /** The problem's stable name: the last segment of its `type` (e.g. `quota_exceeded`). */
+    get kind() {
+        const type = this.problem.type;
+        return type.slice(type.lastIndexOf("/") + 1);
+    }
+    /**
+     * Whether the request itself is wrong (a 4xx other than 408, 409, 425 and 429): the press
+     * is settled and is never sent again under its key.
+     */
+    get refused() {
+        return this.status >= 400 && this.status < 500 && ![408, 409, 425, 429].includes(this.status);
+    }
+}
+/**
+ * No answer came within the budget: every request failed on the network or timed out. The
+ * server may have done the work; the press keeps its key, so sending it again (`resume`)
+ * cannot make a second task.
+ */
+export class NetworkError extends ReplydError {
+    constructor(message, requests, cause) {
+        super(message, requests, { cause });
+        this.name = "NetworkError";
+    }
+}

@@ -1,0 +1,6 @@
+// @replyd/client: the browser's half of replyd's idempotency contract.
+export { ReplydClient, abortableSleep } from "./client.js";
+export { NetworkError, ProblemError, ReplydError } from "./errors.js";
+export { memoryPresses, newKey, storagePresses } from "./presses.js";
+export { DEFAULT_RETRY, backoffMs, fitsBudget, retryAfterMs, verdict, waitMs } from "./retry.js";
+export { TERMINAL, isTerminal } from "./types.js";

@@ -1,0 +1,53 @@
+// When to try a request again, and how long to wait first. Pure: the clock and the random
+// source are the caller's, so every decision here is tested without waiting.
+export const DEFAULT_RETRY = {
+    budgetMs: 30_000,
+    baseMs: 250,
+    capMs: 8_000,
+    attemptTimeoutMs: 15_000,
+};
+export function verdict(status) {
+    if (status >= 200 && status < 300)
+        return "ok";
+    if (status === 408 || status === 409 || status === 425 || status === 429)
+        return "retry";
+    if (status >= 500)
+        return "retry";
+    return "refused";
+}
+/**
+ * A `Retry-After` header in ms: delay-seconds or an HTTP date (RFC 9110 §10.2.3). Absent,
+ * malformed or in the past: `undefined`.
+ */
+export function retryAfterMs(header, nowMs) {
+    if (header == null)
+        return undefined;
+    const text = header.trim();
+    if (/^\d+$/.test(text))
+        return Number(text) * 1000;
+    const at = Date.parse(text);
+    if (Number.isNaN(at))
+        return undefined;
+    const wait = at - nowMs;
+    return wait > 0 ? wait : undefined;
+}
+/** Full jitter: a uniform wait between 0 and `min(cap, base * 2^retry)`. */
+export function backoffMs(retry, policy, random) {
+    const ceiling = Math.min(policy.capMs, policy.baseMs * 2 ** Math.min(retry, 30));
+    return Math.floor(random() * ceiling);
+}
+/**
+ * The wait before retry number `retry` (0 for the first): the server's `Retry-After` when it
+ * gave one (never sooner; the jitter only spreads clients that were told the same instant),
+ * otherwise the backoff.
+ */
+export function waitMs(retry, serverWaitMs, policy, random) {
+    const jitter = backoffMs(retry, policy, random);
+    if (serverWaitMs === undefined)
+        return jitter;
+    return serverWaitMs + Math.floor(random() * Math.min(policy.baseMs, serverWaitMs + 1));
+}
+/** Whether a wait still fits the budget: a retry that would land after it is not made. */
+export function fitsBudget(startedMs, nowMs, wait, policy) {
+    return nowMs + wait - startedMs <= policy.budgetMs;
+}

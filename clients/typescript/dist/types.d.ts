@@ -1,0 +1,12 @@
+import type { components } from "./openapi.js";
+type Schemas = components["schemas"];
+export type Accepted = Schemas["Accepted"];
+export type CreateReply = Schemas["CreateReply"];
+export type ProblemDetails = Schemas["ProblemDetails"];
+export type QuotaView = Schemas["QuotaView"];
+export type ReplyStatus = Schemas["ReplyStatus"];
+export type ReplyView = Schemas["ReplyView"];
+/** The states after which a task never changes. */
+export declare const TERMINAL: ReadonlySet<ReplyStatus>;
+export declare function isTerminal(status: ReplyStatus): boolean;
+export {};

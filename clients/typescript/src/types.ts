@@ -1,0 +1,21 @@
+// The API's types, by name. `openapi.ts` is generated from docs/openapi.json (`npm run
+// generate`), and `npm run check` fails when it is not what the document gives, so these are
+// the server's own schemas.
+
+import type { components } from "./openapi.js";
+
+type Schemas = components["schemas"];
+
+export type Accepted = Schemas["Accepted"];
+export type CreateReply = Schemas["CreateReply"];
+export type ProblemDetails = Schemas["ProblemDetails"];
+export type QuotaView = Schemas["QuotaView"];
+export type ReplyStatus = Schemas["ReplyStatus"];
+export type ReplyView = Schemas["ReplyView"];
+
+/** The states after which a task never changes. */
+export const TERMINAL: ReadonlySet<ReplyStatus> = new Set<ReplyStatus>(["completed", "failed"]);
+
+export function isTerminal(status: ReplyStatus): boolean {
+  return TERMINAL.has(status);
+}
