@@ -304,12 +304,15 @@ fn hadolint_passes_the_dockerfile() {
         &["--config", ".hadolint.yaml", "deploy/Dockerfile"],
     );
     assert!(out.status.success(), "hadolint: {}", text(&out));
-    // The image runs as a non-root user, with replyd as its entrypoint and its own health check.
+    // The image runs as a non-root user, with replyd as its entrypoint and its own health check;
+    // its build has the files `src/api/demo.rs` embeds.
     let dockerfile = std::fs::read_to_string(root().join("deploy/Dockerfile")).unwrap();
     for line in [
         "USER 10001:10001",
         "ENTRYPOINT [\"/usr/local/bin/replyd\"]",
         "CMD [\"/usr/local/bin/replyd\", \"healthz\"]",
+        "COPY clients/typescript/demo clients/typescript/demo",
+        "COPY clients/typescript/dist clients/typescript/dist",
     ] {
         assert!(dockerfile.contains(line), "the Dockerfile has {line}");
     }

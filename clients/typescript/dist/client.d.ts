@@ -99,8 +99,9 @@ export declare class ReplydClient {
      * A task's states as they change, from the current one to a terminal one (`completed` or
      * `failed`), each once. Streams Server-Sent Events; a cut stream reconnects with
      * `Last-Event-ID`; where streaming is unavailable (no event stream comes back, or several
-     * connections in a row bring nothing), it polls `GET /v1/replies/{task_id}` instead. Ends
-     * by throwing only for a `ProblemError` that is final (e.g. 404) or an abort.
+     * connections in a row bring nothing), it polls `GET /v1/replies/{task_id}` instead. It
+     * outlasts outages of any length; it ends early only by throwing a `ProblemError` that is
+     * final (e.g. 404: no such task in this workspace) or the abort signal's reason.
      */
     follow(taskId: string, options?: FollowOptions): AsyncGenerator<ReplyView, void, undefined>;
     private press;

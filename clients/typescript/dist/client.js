@@ -146,8 +146,9 @@ export class ReplydClient {
      * A task's states as they change, from the current one to a terminal one (`completed` or
      * `failed`), each once. Streams Server-Sent Events; a cut stream reconnects with
      * `Last-Event-ID`; where streaming is unavailable (no event stream comes back, or several
-     * connections in a row bring nothing), it polls `GET /v1/replies/{task_id}` instead. Ends
-     * by throwing only for a `ProblemError` that is final (e.g. 404) or an abort.
+     * connections in a row bring nothing), it polls `GET /v1/replies/{task_id}` instead. It
+     * outlasts outages of any length; it ends early only by throwing a `ProblemError` that is
+     * final (e.g. 404: no such task in this workspace) or the abort signal's reason.
      */
     async *follow(taskId, options = {}) {
         const { signal } = options;
@@ -159,7 +160,19 @@ export class ReplydClient {
         const isNew = (view) => last === undefined || view.status !== last.status || view.updated_at !== last.updated_at;
         while (true) {
             if (!streaming) {
-                const view = await this.get(taskId, signal ? { signal } : {});
+                let view;
+                try {
+                    view = await this.get(taskId, signal ? { signal } : {});
+                }
+                catch (error) {
+                    // An outage longer than one call's budget does not end the follow: the task is
+                    // still there, and the next poll may see it.
+                    if (signal?.aborted || (error instanceof ProblemError && error.refused))
+                        throw error;
+                    await this.sleep(waitMs(retry++, undefined, this.policy, this.random), signal);
+                    continue;
+                }
+                retry = 0;
                 if (isNew(view)) {
                     last = view;
                     yield view;

@@ -3,7 +3,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import test, { type TestContext } from "node:test";
 
-import { ReplydClient } from "../src/client.js";
+import { ReplydClient, type ClientOptions } from "../src/client.js";
 import { ProblemError } from "../src/errors.js";
 import { memoryPresses } from "../src/presses.js";
 import type { ReplyStatus, ReplyView } from "../src/types.js";
@@ -21,7 +21,7 @@ interface Seen {
 type Handler = (req: http.IncomingMessage, res: http.ServerResponse, nth: number) => void;
 
 /** A real server on 127.0.0.1, scripted per route; `nth` counts that route's requests from 0. */
-async function serve(t: TestContext, routes: Record<string, Handler>) {
+async function serve(t: TestContext, routes: Record<string, Handler>, options: Partial<ClientOptions> = {}) {
   const seen: Seen[] = [];
   const server = http.createServer((req, res) => {
     const path = req.url ?? "";
@@ -44,6 +44,7 @@ async function serve(t: TestContext, routes: Record<string, Handler>) {
     presses: memoryPresses(),
     retry: { baseMs: 5, capMs: 20 },
     pollIntervalMs: 10,
+    ...options,
   });
   const requests = (path: string) => seen.filter((s) => s.path === path);
   return { client, seen, requests };
@@ -244,4 +245,21 @@ test("events repeating a state (same status and updated_at) yield it once", { ti
       "completed@2025-01-15T12:00:02Z",
     ],
   );
+});
+
+test("polling outlasts an outage longer than one call's budget", { timeout: 5_000 }, async (t) => {
+  const { client, requests } = await serve(
+    t,
+    {
+      [EVENTS]: (_req, res) => res.writeHead(200, { "content-type": "text/plain" }).end("no stream here"),
+      // Eight 503s in a row: each poll gives up within its 30 ms budget, the follow does not.
+      [STATUS]: (_req, res, nth) =>
+        nth < 8
+          ? json(res, 503, { type: "about:blank", title: "Service Unavailable", status: 503, detail: "database away" }, "application/problem+json")
+          : json(res, 200, COMPLETED),
+    },
+    { retry: { baseMs: 5, capMs: 20, budgetMs: 30 } },
+  );
+  assert.deepEqual(await collect(client.follow(TASK)), [COMPLETED]);
+  assert.equal(requests(STATUS).length, 9);
 });
