@@ -99,9 +99,9 @@ async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answe
         std::path::Path::new(script).exists(),
         "{script} is missing: `make client-test` (npm test in clients/typescript) builds it"
     );
-    // Long enough for a reload while the reply is still pending.
+    // The scenarios that need a slow reply ask for one in their prompt.
     let mock = MockSettings {
-        latency_ms: 1_500,
+        latency_ms: 300,
         ..MockSettings::default()
     };
     let app = TestApp::start(2, mock, WorkerConfig::default()).await;

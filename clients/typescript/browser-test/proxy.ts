@@ -131,15 +131,21 @@ export class FaultProxy {
         res.writeHead(answer.statusCode ?? 502, answer.headers);
         res.flushHeaders();
         let text = "";
+        let cutting = false;
         answer.on("data", (chunk: Buffer) => {
           res.write(chunk);
           if (!stream) return;
           text += chunk.toString("utf8");
           for (const match of text.matchAll(/^id: ?(.*)$/gm)) seen.lastRelayedId = match[1];
-          if (fault === "stream_cut" && text.includes("\n\n")) {
-            // Once the first event is on its way: cut both sides, as a dropped connection would.
-            answer.destroy();
-            res.write("", () => res.socket?.destroy());
+          if (fault === "stream_cut" && text.includes("\n\n") && !cutting) {
+            // A moment after the first event: drop both sides mid-body (the chunked body never
+            // ends). Not at once: Chromium fails a truncated body without handing over the
+            // bytes that arrived just before, so the event would never reach the page.
+            cutting = true;
+            setTimeout(() => {
+              answer.destroy();
+              res.socket?.end();
+            }, 300);
           }
         });
         answer.on("end", () => res.end());

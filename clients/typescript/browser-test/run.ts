@@ -176,7 +176,8 @@ const scenarios: Record<string, Scenario> = {
   // Reload while the reply is pending: the page follows the same task to completion.
   async reload_mid_reply(page, base, proxy) {
     await open(page, base, key());
-    await ask(page, "Will the reply wait for me?");
+    // Slow enough (the mock reads the tag) that the reload comes before the reply.
+    await ask(page, "Will the reply wait for me? [mock:latency_ms=4000]");
     await page.waitForSelector(".reply[data-status=pending], .reply[data-status=running]", { timeout: TIMEOUT });
     const before = (await shown(page))[0]!;
     assert.equal(before.badge, "still processing");
@@ -209,7 +210,8 @@ const scenarios: Record<string, Scenario> = {
   async stream_cut(page, base, proxy) {
     proxy.faults.cutStreams = 1;
     await open(page, base, key());
-    await ask(page, "Can a stream break?");
+    // Slow enough that the cut comes before the terminal state.
+    await ask(page, "Can a stream break? [mock:latency_ms=3000]");
     await completed(page, 1);
     const opened = streams(proxy.seen);
     assert.ok(opened.length >= 2, `the stream was reopened (${opened.length})`);
@@ -278,6 +280,8 @@ async function main(): Promise<void> {
       const page = await context.newPage();
       const errors: string[] = [];
       page.on("pageerror", (error) => errors.push(String(error)));
+      // The page's console goes to the report's stderr, which the Rust side prints on failure.
+      page.on("console", (message) => console.error(`[${name}] ${message.text()}`));
       try {
         const result = await scenario(page, base, proxy);
         assert.deepEqual(errors, [], "no script error on the page");

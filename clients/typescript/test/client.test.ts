@@ -5,6 +5,7 @@ import { ReplydClient, type ClientOptions, type RequestReport } from "../src/cli
 import { NetworkError, ProblemError } from "../src/errors.js";
 import { memoryPresses, storagePresses, type PressStore } from "../src/presses.js";
 import type { Accepted } from "../src/types.js";
+import { FakeStorage } from "./storage.js";
 
 const BASE = "https://replies.test";
 const TASK = "0b9c6a52-7f7e-4c1a-9a43-4f1f6f2d8e11";
@@ -283,30 +284,6 @@ test("a press given up on after network errors stays pending, and resume sends i
   assert.equal(h.keys()[5], key);
   assert.deepEqual(h.client.pending(), []);
 });
-
-/** A Web Storage in memory, its keys in insertion order like a browser's. */
-class FakeStorage implements Storage {
-  [name: string]: unknown;
-  private readonly items = new Map<string, string>();
-  get length(): number {
-    return this.items.size;
-  }
-  key(index: number): string | null {
-    return [...this.items.keys()][index] ?? null;
-  }
-  getItem(key: string): string | null {
-    return this.items.get(key) ?? null;
-  }
-  setItem(key: string, value: string): void {
-    this.items.set(key, String(value));
-  }
-  removeItem(key: string): void {
-    this.items.delete(key);
-  }
-  clear(): void {
-    this.items.clear();
-  }
-}
 
 test("a press in flight at a reload is found by the next page and resumed with its key and body", async () => {
   const storage = new FakeStorage();
