@@ -8,6 +8,8 @@
 # malformed records go straight to the topic, as a broken producer would send them. At the
 # end every process is stopped through its drain path and one summary line is printed: what
 # the browsers did and saw (`replyd browsers`) and what the durable state says (`replyd check`).
+# The API also serves the demo page (api.demo_page): DEMO_PAGE_S=300 keeps the chain up five
+# minutes after the simulated browsers, for a person to press Send at the URL it prints.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +20,8 @@ concurrency=${DEMO_CONCURRENCY:-32}
 malformed=${DEMO_MALFORMED:-8}
 partitions=${DEMO_PARTITIONS:-6}
 limit_s=${DEMO_LIMIT_S:-600}
+# Seconds the chain stays up after the simulated browsers, for a person to try the demo page.
+page_s=${DEMO_PAGE_S:-0}
 
 # shellcheck source=deploy/lib.sh
 . deploy/lib.sh
@@ -58,6 +62,7 @@ request_timeout_ms = 30000
 listen = "127.0.0.1:0"
 # One key presses for every simulated browser here: the per-key limit is not what this runs.
 rate_limit_per_second = 0
+demo_page = true
 [relay]
 poll_interval_ms = 500
 [observability]
@@ -82,6 +87,7 @@ done
 wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log" || { tail -n 5 "$dir"/*.log >&2; exit 1; }
 api=$(api_addr "$dir/api.log")
 echo "demo: API on $api, relay and two workers running; $presses browsers pressing Send" >&2
+echo "demo: the demo page is http://$api/demo#key=$key (DEMO_PAGE_S=N keeps the chain up N s after the browsers)" >&2
 
 "$bin" produce --config "$dir/api.toml" --count 0 --malformed "$malformed" >/dev/null
 
@@ -100,6 +106,10 @@ while kill -0 "$browsers" 2>/dev/null; do
 done
 wait "$browsers" || { echo "demo: the browsers did not finish; see $dir/browsers.log" >&2; exit 1; }
 elapsed=$(awk -v s="$start" -v now="$(date +%s.%N)" 'BEGIN { printf "%.1f", now - s }')
+if [ "$page_s" -gt 0 ]; then
+  echo "demo: the chain stays up $page_s s for the page: http://$api/demo#key=$key" >&2
+  sleep "$page_s"
+fi
 
 # Let the relay and the workers finish what remains (the malformed records' dead letters, the
 # last commits), then stop every part through its drain path (SIGTERM) and read back.
