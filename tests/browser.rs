@@ -35,6 +35,8 @@ struct Scenario {
 struct Saved {
     tasks: BTreeSet<String>,
     completed_with_reply: usize,
+    failed_without_reply: usize,
+    released: i64,
     messages: i64,
     keys: i64,
     charged: i64,
@@ -68,6 +70,16 @@ async fn saved(app: &TestApp, conversation: &str) -> Saved {
              AND status = 'completed' AND saved_response IS NOT NULL",
         )
         .await as usize,
+        failed_without_reply: one(
+            "SELECT count(*) FROM reply_tasks WHERE conversation_id = $1 \
+             AND status = 'failed' AND saved_response IS NULL AND failure IS NOT NULL",
+        )
+        .await as usize,
+        released: one(
+            "SELECT count(*) FROM quota_reservations r JOIN reply_tasks t USING (task_id) \
+             WHERE t.conversation_id = $1 AND r.state = 'released'",
+        )
+        .await,
         messages: one("SELECT count(*) FROM messages WHERE conversation_id = $1").await,
         keys: one(
             "SELECT count(*) FROM idempotency_keys k JOIN reply_tasks t USING (task_id) \
@@ -133,6 +145,7 @@ async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answe
         .env("REPLYD_URL", format!("http://{addr}"))
         .env("REPLYD_KEY", &key.token)
         .env("REPLYD_QUOTA_KEY", &capped.token)
+        .env("REPLYD_MOCK_URL", app.mock.base_url())
         .env("REPLYD_OUT", &out)
         .env(
             "CHROMIUM",
@@ -162,7 +175,9 @@ async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answe
             "regenerate",
             "stream_cut",
             "no_streaming",
-            "quota"
+            "quota",
+            "failed",
+            "refused"
         ]
     );
 
@@ -183,30 +198,45 @@ async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answe
             s.replies_shown,
             s.faults
         );
-        // One task per press: a Regenerate is a second press; the quota's refused press
-        // wrote nothing.
-        let presses = if s.scenario == "regenerate" { 2 } else { 1 };
+        // One task per press (a Regenerate is a second press); the quota's refused press and
+        // the 422 wrote nothing; a task that failed is released, not charged.
+        let (presses, failed) = match s.scenario.as_str() {
+            "regenerate" => (2, 0),
+            "failed" => (1, 1),
+            "refused" => (0, 0),
+            _ => (1, 0),
+        };
+        let completed = presses - failed;
+        let keys_sent = match s.scenario.as_str() {
+            "quota" | "refused" => presses + 1,
+            _ => presses,
+        };
         assert_eq!(saved.tasks.len(), presses, "{}: {saved:?}", s.scenario);
         assert_eq!(
-            s.post_keys as usize,
-            presses + usize::from(s.scenario == "quota"),
+            s.post_keys as usize, keys_sent,
             "{}: one key per press",
             s.scenario
         );
         assert_eq!(saved.keys, presses as i64, "{}: {saved:?}", s.scenario);
-        assert_eq!(saved.messages, 1, "{}: one message asked", s.scenario);
+        assert_eq!(
+            saved.messages,
+            i64::from(presses > 0),
+            "{}: one message asked, none refused",
+            s.scenario
+        );
         assert_eq!(
             saved.tasks,
             s.tasks_shown.iter().cloned().collect::<BTreeSet<_>>(),
             "{}: the page shows exactly the saved tasks",
             s.scenario
         );
-        assert_eq!(saved.completed_with_reply, presses, "{}", s.scenario);
-        assert_eq!(s.replies_shown as usize, presses, "{}", s.scenario);
+        assert_eq!(saved.completed_with_reply, completed, "{}", s.scenario);
+        assert_eq!(saved.failed_without_reply, failed, "{}", s.scenario);
+        assert_eq!(s.replies_shown as usize, completed, "{}", s.scenario);
         assert_eq!(
-            (saved.reservations, saved.charged),
-            (presses as i64, presses as i64),
-            "{}: each task reserved once and charged once",
+            (saved.reservations, saved.charged, saved.released),
+            (presses as i64, completed as i64, failed as i64),
+            "{}: each task reserved once, charged once if it completed, released if it failed",
             s.scenario
         );
     }

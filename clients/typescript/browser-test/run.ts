@@ -5,8 +5,9 @@
 // so the caller (tests/browser.rs) asserts the server's durable state for each.
 //
 // Environment: REPLYD_URL (the API), REPLYD_KEY (a key of an unlimited workspace),
-// REPLYD_QUOTA_KEY (a key of a workspace whose quota admits one generation), REPLYD_OUT (a
-// directory for screenshots), CHROMIUM (the browser; default /usr/bin/chromium).
+// REPLYD_QUOTA_KEY (a key of a workspace whose quota admits one generation), REPLYD_MOCK_URL
+// (the mock provider, whose faults a scenario sets), REPLYD_OUT (a directory for screenshots),
+// CHROMIUM (the browser; default /usr/bin/chromium).
 
 import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
@@ -250,7 +251,50 @@ const scenarios: Record<string, Scenario> = {
     assert.equal((await page.textContent(".turn:last-child .turn-state"))?.trim().startsWith("not sent yet"), true);
     return report("quota", page, proxy, { notice });
   },
+
+  // The provider refuses the work (a fatal 400): the task ends failed, and the page shows the
+  // server's reason rather than a guess.
+  async failed(page, base, proxy) {
+    await setMockFaults({ error_rate: 1.0, error_status: 400 });
+    try {
+      await open(page, base, key());
+      await ask(page, "What if the provider says no?");
+      await page.waitForSelector(".reply[data-status=failed]", { timeout: TIMEOUT });
+    } finally {
+      await setMockFaults({});
+    }
+    const [reply] = await shown(page);
+    assert.equal(reply!.badge, "failed");
+    assert.ok(reply!.text.length > 0, "the failure's reason is shown");
+    assert.equal(posts(proxy.seen).length, 1);
+    return report("failed", page, proxy);
+  },
+
+  // A request that is wrong (a message over worker.max_prompt_bytes): 422, sent once, its key
+  // forgotten, nothing written; the page shows the server's detail.
+  async refused(page, base, proxy) {
+    await open(page, base, key());
+    await ask(page, "x".repeat(300 * 1024));
+    await page.waitForSelector("#notice[data-status='422']", { timeout: TIMEOUT });
+    const notice = (await page.textContent("#notice")) ?? "";
+    assert.match(notice, /worker\.max_prompt_bytes/);
+    assert.equal(posts(proxy.seen).length, 1, "a 422 is not retried");
+    assert.equal((await page.textContent(".turn:last-child .turn-state"))?.trim(), "not sent");
+    const kept = await page.evaluate(() => Object.keys(sessionStorage).filter((name) => name.startsWith("replyd.press.")).length);
+    assert.equal(kept, 0, "the refused press's key is forgotten");
+    return report("refused", page, proxy, { notice });
+  },
 };
+
+/** Replaces the mock provider's faults (`PUT /faults`; `{}`: none). */
+async function setMockFaults(faults: Record<string, unknown>): Promise<void> {
+  const answer = await fetch(`${env("REPLYD_MOCK_URL")}/faults`, {
+    method: "PUT",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(faults),
+  });
+  assert.equal(answer.status, 200, `the mock took the faults: ${await answer.text()}`);
+}
 
 async function waitFor(condition: () => boolean, what: string): Promise<void> {
   const deadline = Date.now() + TIMEOUT;
