@@ -104,6 +104,11 @@ export declare class ReplydClient {
      * final (e.g. 404: no such task in this workspace) or the abort signal's reason.
      */
     follow(taskId: string, options?: FollowOptions): AsyncGenerator<ReplyView, void, undefined>;
+    /**
+     * The task's states as the transport brings them, repeats included: streamed, then polled
+     * once streaming is found unavailable. `follow` keeps the new ones and stops at the end.
+     */
+    private states;
     private press;
     private join;
     /** Sends a press until the server answers it for good; forgets its key only then. */

@@ -151,13 +151,26 @@ export class ReplydClient {
      * final (e.g. 404: no such task in this workspace) or the abort signal's reason.
      */
     async *follow(taskId, options = {}) {
+        let last;
+        for await (const view of this.states(taskId, options)) {
+            if (last === undefined || view.status !== last.status || view.updated_at !== last.updated_at) {
+                last = view;
+                yield view;
+            }
+            if (isTerminal(view.status))
+                return;
+        }
+    }
+    /**
+     * The task's states as the transport brings them, repeats included: streamed, then polled
+     * once streaming is found unavailable. `follow` keeps the new ones and stops at the end.
+     */
+    async *states(taskId, options) {
         const { signal } = options;
         let streaming = options.stream ?? true;
-        let last;
         let lastEventId;
         let silentConnections = 0;
         let retry = 0;
-        const isNew = (view) => last === undefined || view.status !== last.status || view.updated_at !== last.updated_at;
         while (true) {
             if (!streaming) {
                 let view;
@@ -173,12 +186,7 @@ export class ReplydClient {
                     continue;
                 }
                 retry = 0;
-                if (isNew(view)) {
-                    last = view;
-                    yield view;
-                }
-                if (isTerminal(view.status))
-                    return;
+                yield view;
                 await this.sleep(this.pollIntervalMs, signal);
                 continue;
             }
@@ -200,12 +208,7 @@ export class ReplydClient {
                     }
                     silentConnections = 0;
                     retry = 0;
-                    if (isNew(view)) {
-                        last = view;
-                        yield view;
-                    }
-                    if (isTerminal(view.status))
-                        return;
+                    yield view;
                 }
             }
             catch (error) {

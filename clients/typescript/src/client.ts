@@ -211,14 +211,26 @@ export class ReplydClient {
    * final (e.g. 404: no such task in this workspace) or the abort signal's reason.
    */
   async *follow(taskId: string, options: FollowOptions = {}): AsyncGenerator<ReplyView, void, undefined> {
+    let last: ReplyView | undefined;
+    for await (const view of this.states(taskId, options)) {
+      if (last === undefined || view.status !== last.status || view.updated_at !== last.updated_at) {
+        last = view;
+        yield view;
+      }
+      if (isTerminal(view.status)) return;
+    }
+  }
+
+  /**
+   * The task's states as the transport brings them, repeats included: streamed, then polled
+   * once streaming is found unavailable. `follow` keeps the new ones and stops at the end.
+   */
+  private async *states(taskId: string, options: FollowOptions): AsyncGenerator<ReplyView, void, undefined> {
     const { signal } = options;
     let streaming = options.stream ?? true;
-    let last: ReplyView | undefined;
     let lastEventId: string | undefined;
     let silentConnections = 0;
     let retry = 0;
-    const isNew = (view: ReplyView) =>
-      last === undefined || view.status !== last.status || view.updated_at !== last.updated_at;
 
     while (true) {
       if (!streaming) {
@@ -233,11 +245,7 @@ export class ReplydClient {
           continue;
         }
         retry = 0;
-        if (isNew(view)) {
-          last = view;
-          yield view;
-        }
-        if (isTerminal(view.status)) return;
+        yield view;
         await this.sleep(this.pollIntervalMs, signal);
         continue;
       }
@@ -256,11 +264,7 @@ export class ReplydClient {
           }
           silentConnections = 0;
           retry = 0;
-          if (isNew(view)) {
-            last = view;
-            yield view;
-          }
-          if (isTerminal(view.status)) return;
+          yield view;
         }
       } catch (error) {
         if (signal?.aborted) throw signal.reason;
