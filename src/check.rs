@@ -88,10 +88,13 @@ pub struct Report {
     pub reservations_expired: i64,
     /// Open reservations past their TTL that the reconciler has not settled (0 after it ran).
     pub reservations_unsettled: i64,
+    /// Open reservations held for tasks that failed while the provider may have done their
+    /// work, until the reconciler can settle them (I8: not released as if nothing ran).
+    pub reservations_unresolved: i64,
     /// Completed tasks whose reservation is not charged (must be 0).
     pub completed_without_charge: i64,
     /// Charged reservations whose task neither completed nor failed under a policy that
-    /// charges failures (must be 0).
+    /// charges failures, nor failed while the provider may have done its work (must be 0).
     pub charges_without_reply: i64,
     /// Workspaces whose counter of open reservations differs from the reservations (must be 0).
     pub quota_counter_mismatches: i64,
@@ -244,6 +247,11 @@ impl Report {
             "reservations past TTL, unsettled",
             self.reservations_unsettled.to_string(),
             "I8: must be 0 once the reconciler ran",
+        );
+        row(
+            "reservations held unresolved",
+            self.reservations_unresolved.to_string(),
+            "failed tasks whose work may exist; settled by the reconciler after their TTL",
         );
         row(
             "completed without charge",
@@ -458,6 +466,8 @@ pub struct QuotaFacts {
     pub released: i64,
     pub expired: i64,
     pub unsettled: i64,
+    /// Open reservations of failed tasks whose provider may have done the work.
+    pub unresolved: i64,
     pub completed_without_charge: i64,
     pub charges_without_reply: i64,
     pub counter_mismatches: i64,
@@ -552,7 +562,7 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         .await?
         .get(0);
     let outbox_unpublished = count(
-        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL AND refused_at IS NULL",
         None,
     )
     .await?;
@@ -565,9 +575,11 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
                count(*) FILTER (WHERE r.state = 'released'), \
                count(*) FILTER (WHERE r.state = 'expired'), \
                count(*) FILTER (WHERE r.state = 'reserved' AND r.expires_at < clock_timestamp()), \
+               count(*) FILTER (WHERE r.state = 'reserved' AND t.status = 'failed'), \
                count(*) FILTER (WHERE t.status = 'completed' AND r.state <> 'charged'), \
                count(*) FILTER (WHERE r.state = 'charged' AND NOT (t.status = 'completed' \
-                                OR (t.status = 'failed' AND r.charge_on_failure))), \
+                                OR (t.status = 'failed' \
+                                    AND (r.charge_on_failure OR t.provider_may_have_run)))), \
                (SELECT count(*) FROM quota_counters q WHERE q.reserved <> \
                   (SELECT count(*) FROM quota_reservations o \
                     WHERE o.workspace_id = q.workspace_id AND o.state = 'reserved')) \
@@ -581,9 +593,10 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         released: row.get(2),
         expired: row.get(3),
         unsettled: row.get(4),
-        completed_without_charge: row.get(5),
-        charges_without_reply: row.get(6),
-        counter_mismatches: row.get(7),
+        unresolved: row.get(5),
+        completed_without_charge: row.get(6),
+        charges_without_reply: row.get(7),
+        counter_mismatches: row.get(8),
     };
     let attempts_per_task = client
         .query(
@@ -742,6 +755,7 @@ pub fn verdict(facts: Facts) -> Report {
         reservations_released: facts.quota.released,
         reservations_expired: facts.quota.expired,
         reservations_unsettled: facts.quota.unsettled,
+        reservations_unresolved: facts.quota.unresolved,
         completed_without_charge: facts.quota.completed_without_charge,
         charges_without_reply: facts.quota.charges_without_reply,
         quota_counter_mismatches: facts.quota.counter_mismatches,

@@ -277,6 +277,9 @@ impl Default for KafkaSettings {
 /// librdkafka's `session.timeout.ms` default.
 pub const DEFAULT_SESSION_TIMEOUT_MS: u64 = 45_000;
 
+/// The broker's `group.consumer.session.timeout.ms` default (KIP-848 groups).
+pub const BROKER_CONSUMER_SESSION_TIMEOUT_MS: u64 = 45_000;
+
 impl KafkaSettings {
     /// What every Kafka client of replyd starts from: the brokers and `kafka.security`. Each
     /// client adds its own properties on top.
@@ -293,6 +296,16 @@ impl KafkaSettings {
     pub fn session_timeout_ms(&self) -> u64 {
         self.session_timeout_ms
             .unwrap_or(DEFAULT_SESSION_TIMEOUT_MS)
+    }
+
+    /// How long the group may take to notice a vanished member: the classic session timeout,
+    /// or under KIP-848 the broker's `group.consumer.session.timeout.ms`, which replyd cannot
+    /// read and takes at its default.
+    pub fn group_session_timeout_ms(&self) -> u64 {
+        match self.group_protocol {
+            GroupProtocol::Classic => self.session_timeout_ms(),
+            GroupProtocol::Consumer => BROKER_CONSUMER_SESSION_TIMEOUT_MS,
+        }
     }
 
     pub fn dead_letter_topic(&self) -> String {
@@ -520,8 +533,19 @@ pub struct QuotaSettings {
     pub pending_reserves: bool,
     /// How long a reservation stays open before the reconciler decides it from the task (and
     /// the provider). Must be longer than an API task's retry horizon
-    /// (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms)).
+    /// (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms)) plus the time a
+    /// record can wait for redelivery after its worker vanished (the group's session timeout,
+    /// worker.lease_ms and worker.drain_timeout_ms), or one crash could fail work that is only
+    /// waiting for the group to hand it on.
     pub reservation_ttl_ms: u64,
+    /// A task can fail while the provider may have done its work: every answer was lost after
+    /// the request was sent, or a background operation was still running at
+    /// `provider.operation_max_wait_ms`. Its reservation is then not released as if nothing
+    /// ran: it stays open (holding capacity) until its TTL, while the reconciler asks the
+    /// provider where it can (a stored operation id: done is charged, gone is not). When
+    /// nothing can tell, `true` charges it (the provider may have billed the work) and `false`
+    /// releases it. Only when `charge_failed` is false (otherwise every failure is charged).
+    pub charge_unresolved: bool,
 }
 
 impl Default for QuotaSettings {
@@ -530,6 +554,7 @@ impl Default for QuotaSettings {
             charge_failed: false,
             pending_reserves: true,
             reservation_ttl_ms: 60 * 60 * 1000,
+            charge_unresolved: true,
         }
     }
 }
@@ -540,6 +565,7 @@ impl QuotaSettings {
             charge_failed: self.charge_failed,
             pending_reserves: self.pending_reserves,
             reservation_ttl: Duration::from_millis(self.reservation_ttl_ms),
+            charge_unresolved: self.charge_unresolved,
         }
     }
 }
@@ -619,6 +645,19 @@ type Dict = figment::value::Dict;
 type Value = figment::value::Value;
 
 impl Settings {
+    /// How long a record may wait to be handed to another worker after its worker vanished
+    /// mid-task: the group notices (its session timeout), the task's lease runs out, and a
+    /// revoked partition drains. The quota's reconciler does not take a task worked within this
+    /// bound for abandoned work.
+    pub fn redelivery_bound(&self) -> Duration {
+        Duration::from_millis(
+            self.kafka
+                .group_session_timeout_ms()
+                .saturating_add(self.worker.lease_ms)
+                .saturating_add(self.worker.drain_timeout_ms),
+        )
+    }
+
     /// Reads `file` (if given) and then `REPLYD_*` variables (`__` separates levels), and
     /// validates the result. Every problem is reported at once.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
@@ -904,14 +943,24 @@ impl Settings {
         // An API task lives at most this long once claimed: each attempt a whole lease and the
         // longest backoff. A reservation must outlive it, or the reconciler would look at work
         // that is still going on as a rule rather than as an exception.
+        // ... and a record whose worker vanished waits for the group to notice and hand it on
+        // (`redelivery_bound`): work that is only waiting for that is not abandoned.
         let api_task_ms = u64::from(w.default_max_attempts)
             .saturating_mul(w.lease_ms.saturating_add(self.retry.max_delay_ms));
-        if self.quota.reservation_ttl_ms <= api_task_ms {
+        let redelivery_ms = self.redelivery_bound().as_millis() as u64;
+        if self.quota.reservation_ttl_ms <= api_task_ms.saturating_add(redelivery_ms) {
             refuse(
                 "quota.reservation_ttl_ms",
                 format!(
-                    "{} must be longer than an API task's lifetime, {api_task_ms} ms (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms))",
-                    self.quota.reservation_ttl_ms
+                    "{} must be longer than an API task's lifetime plus its redelivery, {} ms: {api_task_ms} ms (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms)) + {redelivery_ms} ms ({}'s session timeout {} ms + worker.lease_ms + worker.drain_timeout_ms), or a worker's crash could fail work that only waits for the group to hand it on",
+                    self.quota.reservation_ttl_ms,
+                    api_task_ms.saturating_add(redelivery_ms),
+                    match self.kafka.group_protocol {
+                        GroupProtocol::Classic => "kafka.session_timeout_ms",
+                        GroupProtocol::Consumer =>
+                            "the broker's group.consumer.session.timeout.ms, at its default",
+                    },
+                    self.kafka.group_session_timeout_ms(),
                 ),
             );
         }

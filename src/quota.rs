@@ -25,6 +25,10 @@ pub struct QuotaPolicy {
     pub pending_reserves: bool,
     /// How long a reservation stays open before the reconciler looks at it.
     pub reservation_ttl: Duration,
+    /// How a reservation is settled whose task failed while the provider may have done its
+    /// work (an answer lost after the request was sent) when nothing can tell what happened:
+    /// charged (the provider may have billed it) or released.
+    pub charge_unresolved: bool,
 }
 
 /// Where a reservation is. `Reserved` is the only state that changes, and only once.
@@ -94,6 +98,16 @@ impl QuotaPolicy {
     /// How a task that ended failed settles its reservation.
     pub fn on_failure(self) -> Settle {
         if self.charge_failed {
+            Settle::Charge
+        } else {
+            Settle::Release
+        }
+    }
+
+    /// How an unresolved reservation is settled once nothing can tell whether the provider did
+    /// the work.
+    pub fn on_unresolved(self) -> Settle {
+        if self.charge_unresolved {
             Settle::Charge
         } else {
             Settle::Release
@@ -194,6 +208,7 @@ mod tests {
         charge_failed: false,
         pending_reserves: true,
         reservation_ttl: Duration::from_secs(3600),
+        charge_unresolved: true,
     };
 
     #[test]
@@ -302,6 +317,13 @@ pub struct ExpiredTask {
     pub has_operation: bool,
     /// A failed attempt set a backoff that has not passed yet: a retry is due.
     pub retry_due_later: bool,
+    /// Some call of the task may have done work at the provider whose answer replyd never got
+    /// (`reply_tasks.provider_may_have_run`).
+    pub may_have_run: bool,
+    /// The task (not terminal) was worked (claimed, renewed, given back) within the
+    /// redelivery bound: a worker that vanished since may still have its record uncommitted,
+    /// and the group hands it to another worker once the session times out.
+    pub worked_recently: bool,
 }
 
 /// What to do with a reservation past its TTL: decided from the durable task first, and
@@ -310,14 +332,19 @@ pub struct ExpiredTask {
 pub enum ExpiredDecision {
     /// The task completed: charge.
     Charge,
-    /// The task failed: settle as the reservation's policy says.
+    /// The task failed and the provider did none of its work: settle as the reservation's
+    /// policy says for a failure.
     SettleFailed,
     /// The task is still being worked: keep the reservation for another TTL.
     Extend(&'static str),
     /// A provider operation may hold the work: ask the provider before deciding.
     LookUp,
-    /// Nobody is working the task and no work can exist: fail it and let the reservation expire.
+    /// Nobody is working the task and no work can exist: fail it (if it is not failed yet)
+    /// and let the reservation expire.
     Expire(&'static str),
+    /// The provider may have done the work and nothing can tell: fail the task (if it is not
+    /// failed yet) and settle as `quota.charge_unresolved` says.
+    Unresolved(&'static str),
 }
 
 impl ExpiredDecision {
@@ -328,6 +355,7 @@ impl ExpiredDecision {
             ExpiredDecision::Extend(_) => "extend",
             ExpiredDecision::LookUp => "look_up",
             ExpiredDecision::Expire(_) => "expire",
+            ExpiredDecision::Unresolved(_) => "unresolved",
         }
     }
 }
@@ -336,10 +364,21 @@ pub fn decide_expired(task: ExpiredTask) -> ExpiredDecision {
     use crate::domain::TaskStatus;
     match task.status {
         TaskStatus::Completed => ExpiredDecision::Charge,
-        TaskStatus::Failed => ExpiredDecision::SettleFailed,
+        TaskStatus::Failed if !task.may_have_run => ExpiredDecision::SettleFailed,
+        // Failed, and the provider may have done the work: held until something can tell.
+        TaskStatus::Failed if task.has_operation => ExpiredDecision::LookUp,
+        TaskStatus::Failed => ExpiredDecision::Unresolved(
+            "the task failed while the provider may have done its work, and the provider cannot be asked",
+        ),
         _ if task.lease_live => ExpiredDecision::Extend("a worker holds the task's lease"),
         _ if task.has_operation => ExpiredDecision::LookUp,
         _ if task.retry_due_later => ExpiredDecision::Extend("a retry of the task is due"),
+        _ if task.worked_recently => ExpiredDecision::Extend(
+            "worked within the redelivery bound: its record is still owed to a worker",
+        ),
+        _ if task.may_have_run => ExpiredDecision::Unresolved(
+            "not worked within quota.reservation_ttl_ms, and an earlier call may have done the work at the provider",
+        ),
         _ => ExpiredDecision::Expire(
             "not worked within quota.reservation_ttl_ms: no live lease, no provider operation",
         ),
@@ -355,7 +394,8 @@ pub enum LookedUp {
     Gone,
 }
 
-/// The decision once the provider answered (the reconciler holds the task's lease then).
+/// The decision once the provider answered (for a task not yet terminal, the reconciler
+/// holds its lease then).
 pub fn decide_looked_up(found: LookedUp) -> ExpiredDecision {
     match found {
         LookedUp::Done => ExpiredDecision::Charge,
@@ -377,6 +417,8 @@ mod reconcile_tests {
             lease_live: false,
             has_operation: false,
             retry_due_later: false,
+            may_have_run: false,
+            worked_recently: false,
         }
     }
 
@@ -428,6 +470,65 @@ mod reconcile_tests {
             decide_expired(task(TaskStatus::Running)),
             ExpiredDecision::Expire(_)
         ));
+    }
+
+    #[test]
+    fn a_failure_whose_work_may_exist_is_not_released_as_if_nothing_ran() {
+        let unknown = ExpiredTask {
+            may_have_run: true,
+            ..task(TaskStatus::Failed)
+        };
+        assert!(matches!(
+            decide_expired(unknown),
+            ExpiredDecision::Unresolved(_)
+        ));
+        let with_operation = ExpiredTask {
+            has_operation: true,
+            ..unknown
+        };
+        assert_eq!(decide_expired(with_operation), ExpiredDecision::LookUp);
+        // Open work nobody runs any more, whose earlier call may have run: not "expired".
+        let abandoned = ExpiredTask {
+            may_have_run: true,
+            ..task(TaskStatus::Pending)
+        };
+        assert!(matches!(
+            decide_expired(abandoned),
+            ExpiredDecision::Unresolved(_)
+        ));
+        let policy = QuotaPolicy {
+            charge_failed: false,
+            pending_reserves: true,
+            reservation_ttl: std::time::Duration::from_secs(60),
+            charge_unresolved: true,
+        };
+        assert_eq!(policy.on_unresolved(), Settle::Charge);
+        let releasing = QuotaPolicy {
+            charge_unresolved: false,
+            ..policy
+        };
+        assert_eq!(releasing.on_unresolved(), Settle::Release);
+    }
+
+    #[test]
+    fn a_task_worked_within_the_redelivery_bound_is_still_owed_to_a_worker() {
+        for status in [TaskStatus::Pending, TaskStatus::Running] {
+            let recent = ExpiredTask {
+                worked_recently: true,
+                may_have_run: true,
+                ..task(status)
+            };
+            assert!(
+                matches!(decide_expired(recent), ExpiredDecision::Extend(_)),
+                "{status:?}"
+            );
+        }
+        // A terminal task is settled whatever its last work was.
+        let done = ExpiredTask {
+            worked_recently: true,
+            ..task(TaskStatus::Completed)
+        };
+        assert_eq!(decide_expired(done), ExpiredDecision::Charge);
     }
 
     #[test]

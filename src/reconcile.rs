@@ -1,15 +1,22 @@
 //! The quota's reconciler (I8): every reservation past its TTL is decided from the durable task
 //! first and from the provider second, before anything is released or charged again
 //! ([`crate::quota::decide_expired`]):
-//! - the task is terminal: its reservation is settled from its status (charged, or as the
-//!   policy says for a failure);
-//! - a worker holds a live lease, or a retry is due: the reservation is kept for another TTL;
+//! - the task completed: its reservation is charged; it failed and the provider did none of
+//!   its work: settled as the policy says for a failure;
+//! - the task failed while the provider may have done its work (its reservation was kept open,
+//!   unresolved): the provider is asked where it can (a stored operation id: done is charged,
+//!   still running keeps the reservation, gone expires it), otherwise it is settled as
+//!   `quota.charge_unresolved` says;
+//! - a worker holds a live lease, a retry is due, or the task was worked within the redelivery
+//!   bound (its worker may have vanished with the record uncommitted, and the group hands it
+//!   on once the session times out): the reservation is kept for another TTL;
 //! - a provider operation id is stored: the reconciler claims the task (which fences any
 //!   zombie of an earlier attempt) and asks the provider; work found done is saved as the
 //!   reply through the fenced path, and that transaction charges it; work still running keeps
 //!   the reservation; an operation the provider no longer has ends the task;
-//! - nobody works the task and no work can exist: the reconciler claims it and fails it, and
-//!   the reservation expires without a charge in the same transaction.
+//! - nobody works the task: the reconciler claims it and fails it; the reservation expires
+//!   without a charge in the same transaction, or, when an earlier call may have done the
+//!   work, is settled as `quota.charge_unresolved` says.
 //!
 //! Every decision is written to `quota_decisions` (who, when, why) and counted in
 //! `replyd_quota_reconciled_total{decision}`. `replyd reconcile` runs one pass; `replyd relay`
@@ -20,8 +27,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::domain::{AttemptOutcome, ProviderRan, TaskStatus};
 use crate::provider::{OperationId, Provider, ProviderError};
-use crate::quota::{ExpiredDecision, LookedUp, QuotaPolicy, decide_expired, decide_looked_up};
+use crate::quota::{
+    ExpiredDecision, LookedUp, QuotaPolicy, Settle, decide_expired, decide_looked_up,
+};
 use crate::store::quota::ExpiredReservation;
 use crate::store::{ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Store, StoreError};
 use crate::telemetry;
@@ -59,6 +69,9 @@ pub struct Reconciler {
     policy: QuotaPolicy,
     /// The lease the reconciler takes while it asks the provider.
     lease: Duration,
+    /// A task worked within this long is still owed to a worker
+    /// ([`crate::config::Settings::redelivery_bound`]).
+    redelivery: Duration,
 }
 
 /// What happened to one reservation.
@@ -77,18 +90,23 @@ impl Reconciler {
         provider: Option<Arc<dyn Provider>>,
         policy: QuotaPolicy,
         lease: Duration,
+        redelivery: Duration,
     ) -> Self {
         Self {
             store,
             provider,
             policy,
             lease,
+            redelivery,
         }
     }
 
     /// One pass over the reservations past their TTL.
     pub async fn run_once(&self) -> Result<ReconcileReport, StoreError> {
-        let expired = self.store.expired_reservations(BATCH).await?;
+        let expired = self
+            .store
+            .expired_reservations(BATCH, self.redelivery)
+            .await?;
         let mut report = ReconcileReport {
             examined: expired.len(),
             ..ReconcileReport::default()
@@ -118,6 +136,7 @@ impl Reconciler {
         let task = reservation.task_id;
         let decision = decide_expired(reservation.task);
         telemetry::quota_reconciled(decision.label());
+        let failed = reservation.task.status == TaskStatus::Failed;
         match decision {
             ExpiredDecision::Charge | ExpiredDecision::SettleFailed => {
                 let why = "the task was already terminal when its reservation expired";
@@ -125,13 +144,92 @@ impl Reconciler {
                 Ok(Done::Settled)
             }
             ExpiredDecision::Extend(why) => self.extend(reservation, why).await,
+            ExpiredDecision::LookUp if failed => self.look_up_failed(reservation).await,
             ExpiredDecision::LookUp => self.look_up(reservation).await,
-            ExpiredDecision::Expire(why) => {
+            ExpiredDecision::Unresolved(why) if failed => {
+                self.settle_failed_as(reservation, self.policy.on_unresolved(), why)
+                    .await
+            }
+            ExpiredDecision::Expire(why) | ExpiredDecision::Unresolved(why) => {
                 let Some(lease) = self.claim(reservation).await? else {
                     return Ok(Done::Left);
                 };
-                self.expire(&lease, reservation, why).await
+                let settle = match decision {
+                    ExpiredDecision::Unresolved(_) => self.policy.on_unresolved(),
+                    _ => Settle::Expire,
+                };
+                self.expire(&lease, reservation, why, settle).await
             }
+        }
+    }
+
+    /// Settles the open reservation of a task that already failed, outright.
+    async fn settle_failed_as(
+        &self,
+        reservation: &ExpiredReservation,
+        settle: Settle,
+        why: &str,
+    ) -> Result<Done, StoreError> {
+        Ok(
+            match self
+                .store
+                .settle_as(reservation.task_id, settle, OWNER, why)
+                .await?
+            {
+                Some(_) => Done::Settled,
+                None => Done::Left,
+            },
+        )
+    }
+
+    /// Asks the provider about the operation of a task that failed while it may still have
+    /// run (a wait that gave up, a deadline): no claim, since no write can be accepted for a
+    /// failed task anyway. What the provider did decides the reservation alone; the task stays
+    /// failed, as every reader was already told.
+    async fn look_up_failed(&self, reservation: &ExpiredReservation) -> Result<Done, StoreError> {
+        let background = self.provider.as_deref().and_then(|p| p.as_background());
+        let (Some(background), Some(operation)) = (background, &reservation.operation_id) else {
+            return self
+                .settle_failed_as(
+                    reservation,
+                    self.policy.on_unresolved(),
+                    "the task failed while the provider may have done its work, and the provider cannot be asked",
+                )
+                .await;
+        };
+        let found = background.look_up(&OperationId(operation.clone())).await;
+        let looked_up = match &found {
+            Ok(Some(_)) => LookedUp::Done,
+            Ok(None) => LookedUp::StillRunning,
+            Err(ProviderError::OperationGone { .. } | ProviderError::Fatal { .. }) => {
+                LookedUp::Gone
+            }
+            Err(e) => {
+                tracing::info!(task_id = %reservation.task_id, error = %e, "provider lookup failed; the next pass asks again");
+                return Ok(Done::Left);
+            }
+        };
+        let decision = decide_looked_up(looked_up);
+        telemetry::quota_reconciled(decision.label());
+        match decision {
+            ExpiredDecision::Charge => {
+                let response = found
+                    .ok()
+                    .flatten()
+                    .and_then(|g| g.provider_response_id)
+                    .unwrap_or_else(|| operation.clone());
+                let why = format!(
+                    "the provider finished the work after its task failed (response {response}): charged once"
+                );
+                self.settle_failed_as(reservation, Settle::Charge, &why)
+                    .await
+            }
+            ExpiredDecision::Extend(why) => self.extend(reservation, why).await,
+            ExpiredDecision::Expire(why) => {
+                self.settle_failed_as(reservation, Settle::Expire, why)
+                    .await
+            }
+            _ => Ok(Done::Left),
         }
     }
 
@@ -170,12 +268,13 @@ impl Reconciler {
         lease: &Lease,
         reservation: &ExpiredReservation,
         why: &str,
+        settle: Settle,
     ) -> Result<Done, StoreError> {
         let reason = format!("reservation expired: {why}");
-        match self.store.expire(lease, &reason).await? {
+        match self.store.expire(lease, &reason, settle).await? {
             FailOutcome::Failed => {
                 self.store
-                    .record_decision(reservation.task_id, OWNER, "expire", why)
+                    .record_decision(reservation.task_id, OWNER, settle.state().as_str(), why)
                     .await?;
                 tracing::warn!(task_id = %reservation.task_id, reason, "task failed by the quota reconciler");
                 Ok(Done::Expired)
@@ -212,8 +311,9 @@ impl Reconciler {
                 self.store
                     .release(
                         &lease,
-                        crate::domain::AttemptOutcome::Abandoned,
+                        AttemptOutcome::Abandoned,
                         "reconciler: provider lookup failed",
+                        ProviderRan::No,
                     )
                     .await?;
                 return Ok(Done::Left);
@@ -245,11 +345,13 @@ impl Reconciler {
             }
             (ExpiredDecision::Extend(why), _) => {
                 self.store
-                    .release(&lease, crate::domain::AttemptOutcome::Abandoned, why)
+                    .release(&lease, AttemptOutcome::Abandoned, why, ProviderRan::No)
                     .await?;
                 self.extend(reservation, why).await
             }
-            (ExpiredDecision::Expire(why), _) => self.expire(&lease, reservation, why).await,
+            (ExpiredDecision::Expire(why), _) => {
+                self.expire(&lease, reservation, why, Settle::Expire).await
+            }
             // decide_looked_up gives Charge only for a found generation.
             _ => Ok(Done::Left),
         }
@@ -267,6 +369,7 @@ pub async fn run_command(settings: &crate::config::Settings) -> anyhow::Result<R
         Some(provider),
         settings.quota.policy(),
         settings.worker.lease(),
+        settings.redelivery_bound(),
     );
     Ok(reconciler.run_once().await?)
 }

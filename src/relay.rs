@@ -7,6 +7,11 @@
 //! is a metric. Every 10 s it also runs a pass of the quota's reconciler
 //! ([`crate::reconcile`]).
 //!
+//! A row whose record the broker refuses for good (over the topic's `max.message.bytes`, an
+//! invalid record) can never be published: it is marked refused and its task failed with the
+//! broker's reason in the batch's transaction (its reservation released, its followers told),
+//! instead of being sent again forever while readiness stays down.
+//!
 //! A relay that dies between the publish and the commit leaves its rows unpublished; the next
 //! batch publishes them again and the worker absorbs the duplicate record, because the task
 //! id, not the record, is the identity of the work (I1, I6).
@@ -16,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures_util::future::{BoxFuture, join_all};
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -25,7 +31,7 @@ use crate::config::Settings;
 use crate::kafka::KafkaLogs;
 use crate::store::Store;
 use crate::store::listen::{Listener, listen};
-use crate::store::outbox::OutboxRow;
+use crate::store::outbox::{OutboxRow, Published};
 use crate::telemetry::http::{Probes, Readiness};
 use crate::telemetry::{self, trace};
 
@@ -117,6 +123,7 @@ pub async fn run(
         Some(provider),
         settings.quota.policy(),
         settings.worker.lease(),
+        settings.redelivery_bound(),
     );
     let mut reconciled = Instant::now();
     let wake = Arc::new(Notify::new());
@@ -143,9 +150,9 @@ pub async fn run(
             })
             .await;
         let full = match published {
-            Ok(n) => {
-                telemetry::outbox_published(n);
-                n as i64 == relay.batch_size
+            Ok((sent, refused)) => {
+                telemetry::outbox_published(sent);
+                (sent + refused) as i64 == relay.batch_size
             }
             Err(e) => {
                 telemetry::store_error("relay_batch", &e);
@@ -190,33 +197,122 @@ pub async fn run(
     Ok(())
 }
 
-/// Publishes `rows` and returns the ids Kafka acknowledged. Each send is a producer span of
-/// its task's trace, whose context the record carries in its `traceparent` header.
+/// Publishes `rows`: the ids Kafka acknowledged, and those it refused for good with why. Each
+/// send is a producer span of its task's trace, whose context the record carries in its
+/// `traceparent` header.
+///
+/// A broker checks its size limit against a whole batch of records, and librdkafka does not
+/// split a refused batch: a good record that shared a batch with one too large is refused with
+/// it. So a refused row is sent again alone, after the batch, and only a refusal of the row
+/// on its own refuses it for good.
 async fn publish(
     producer: &FutureProducer<KafkaLogs>,
     topic: &str,
     rows: Vec<OutboxRow>,
-) -> Vec<i64> {
-    let sends = rows.iter().map(|row| async move {
-        let stored = row.traceparent.as_deref();
-        let span = trace::publish(topic, &row.task_id.to_string(), stored);
-        let mut record = FutureRecord::to(topic)
-            .key(&row.record_key)
-            .payload(&row.payload);
-        if let Some(headers) = trace::record_headers(&span, stored) {
-            record = record.headers(headers);
+) -> Published {
+    let sends = rows.iter().map(|row| send(producer, topic, row));
+    let mut published = Published::default();
+    let mut suspects = Vec::new();
+    for (row, sent) in rows.iter().zip(join_all(sends).await) {
+        match sent {
+            Sent::Acknowledged => published.sent.push(row.outbox_id),
+            Sent::Refused(_) => suspects.push(row),
+            Sent::Failed => {}
         }
-        match producer
-            .send(record, Duration::from_secs(0))
-            .instrument(span)
-            .await
-        {
-            Ok(_) => Some(row.outbox_id),
-            Err((e, _)) => {
-                telemetry::outbox_publish_failed(row.outbox_id, &e);
-                None
+    }
+    // One at a time: nothing else of this relay is in flight, so each goes in a batch alone.
+    for row in suspects {
+        match send(producer, topic, row).await {
+            Sent::Acknowledged => published.sent.push(row.outbox_id),
+            Sent::Refused(reason) => {
+                telemetry::outbox_refused(row.outbox_id, &row.task_id.to_string(), &reason);
+                published.refused.push((row.outbox_id, reason));
             }
+            Sent::Failed => {}
         }
-    });
-    join_all(sends).await.into_iter().flatten().collect()
+    }
+    published
+}
+
+/// Sends one row's record and waits for the broker's answer.
+async fn send(producer: &FutureProducer<KafkaLogs>, topic: &str, row: &OutboxRow) -> Sent {
+    let stored = row.traceparent.as_deref();
+    let span = trace::publish(topic, &row.task_id.to_string(), stored);
+    let mut record = FutureRecord::to(topic)
+        .key(&row.record_key)
+        .payload(&row.payload);
+    if let Some(headers) = trace::record_headers(&span, stored) {
+        record = record.headers(headers);
+    }
+    match producer
+        .send(record, Duration::from_secs(0))
+        .instrument(span)
+        .await
+    {
+        Ok(_) => Sent::Acknowledged,
+        Err((e, _)) => match refused_for_good(&e) {
+            Some(reason) => Sent::Refused(reason),
+            None => {
+                telemetry::outbox_publish_failed(row.outbox_id, &e);
+                Sent::Failed
+            }
+        },
+    }
+}
+
+/// How one row's send ended.
+enum Sent {
+    Acknowledged,
+    /// The broker (or the producer's own size check) will not take the record; why.
+    Refused(String),
+    /// Anything that may pass later (a broker away, a timeout): the row stays for the next batch.
+    Failed,
+}
+
+/// Why the broker (or the producer's own check against `message.max.bytes`) will never take
+/// this record, or None when sending it again may work. Only errors about the record itself
+/// count: one about the topic, the cluster or the credentials holds every row back alike, and
+/// failing tasks for it would lose work an operator can still mend.
+fn refused_for_good(error: &KafkaError) -> Option<String> {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    let KafkaError::MessageProduction(code) = error else {
+        return None;
+    };
+    let why = match code {
+        Code::MessageSizeTooLarge => {
+            "the record is larger than the broker or topic takes (message.max.bytes / max.message.bytes)"
+        }
+        Code::InvalidMessageSize => "the record's size is invalid",
+        Code::InvalidRecord => "the broker found the record invalid",
+        _ => return None,
+    };
+    Some(format!("{why} ({error})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::types::RDKafkaErrorCode as Code;
+
+    #[test]
+    fn only_errors_about_the_record_itself_refuse_it_for_good() {
+        for code in [
+            Code::MessageSizeTooLarge,
+            Code::InvalidMessageSize,
+            Code::InvalidRecord,
+        ] {
+            let refused = refused_for_good(&KafkaError::MessageProduction(code));
+            assert!(refused.is_some(), "{code:?}");
+        }
+        for passing in [
+            KafkaError::MessageProduction(Code::MessageTimedOut),
+            KafkaError::MessageProduction(Code::UnknownTopicOrPartition),
+            KafkaError::MessageProduction(Code::TopicAuthorizationFailed),
+            KafkaError::MessageProduction(Code::NotEnoughReplicas),
+            KafkaError::MessageProduction(Code::QueueFull),
+            KafkaError::Canceled,
+        ] {
+            assert_eq!(refused_for_good(&passing), None, "{passing:?}");
+        }
+    }
 }

@@ -87,6 +87,7 @@ pub struct Attempt<'a> {
 pub fn attempt_outcome(error: &ProviderError) -> AttemptOutcome {
     match error {
         ProviderError::Ambiguous { .. } => AttemptOutcome::Ambiguous,
+        ProviderError::StillRunning { .. } => AttemptOutcome::Timeout,
         _ => AttemptOutcome::ProviderError,
     }
 }
@@ -102,6 +103,10 @@ pub fn decide(
     let fail = |reason: String| Action::Fail { reason, outcome };
     match error {
         ProviderError::Fatal { .. } => return fail(error.to_string()),
+        // Another attempt would only wait on the same operation again (or, without its id,
+        // start and pay for a second one): the task ends here, and its reservation stays open
+        // until the provider says how the operation ended (I8).
+        ProviderError::StillRunning { .. } => return fail(error.to_string()),
         ProviderError::MalformedResponse { .. } if attempt.previous_error == Some(error.kind()) => {
             return fail(format!("{error} (twice in a row)"));
         }
@@ -239,6 +244,21 @@ mod tests {
         };
         assert!(reason.contains("model `x` does not exist"), "{reason}");
         assert_eq!(outcome, AttemptOutcome::ProviderError);
+    }
+
+    #[test]
+    fn an_operation_still_running_past_the_longest_wait_fails_without_another_attempt() {
+        let error = ProviderError::StillRunning {
+            operation: "resp_1".into(),
+            waited_ms: 1_800_000,
+        };
+        let Action::Fail { reason, outcome } =
+            decide(&error, attempt(1), &RetrySettings::default(), 0.5)
+        else {
+            panic!("waiting again is no new attempt");
+        };
+        assert!(reason.contains("resp_1 still running"), "{reason}");
+        assert_eq!(outcome, AttemptOutcome::Timeout);
     }
 
     #[test]

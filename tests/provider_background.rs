@@ -23,20 +23,23 @@ const PATIENT_MS: u64 = 30_000;
 /// Longest any condition in these tests is waited for.
 const CONDITION_LIMIT: Duration = Duration::from_secs(10);
 
-fn settings_for(base_url: &str, request_timeout_ms: u64) -> OpenAiSettings {
+/// Settings whose request timeout (each request) and longest wait (all of one `wait`'s polls)
+/// are both `limit_ms`.
+fn settings_for(base_url: &str, limit_ms: u64) -> OpenAiSettings {
     OpenAiSettings {
         base_url: base_url.to_owned(),
         api_key: Some(replyd::config::Secret::new("sk-test")),
-        request_timeout_ms,
+        request_timeout_ms: limit_ms,
         connect_timeout_ms: 2_000,
         default_model: "mock-model".into(),
         api: ProviderApi::BackgroundResponses,
         poll_interval_ms: 10,
+        operation_max_wait_ms: limit_ms,
     }
 }
 
-fn provider_for(base_url: &str, request_timeout_ms: u64) -> OpenAiResponsesProvider {
-    OpenAiResponsesProvider::new(&settings_for(base_url, request_timeout_ms))
+fn provider_for(base_url: &str, limit_ms: u64) -> OpenAiResponsesProvider {
+    OpenAiResponsesProvider::new(&settings_for(base_url, limit_ms))
         .expect("a loopback base URL is valid")
 }
 
@@ -159,6 +162,52 @@ async fn a_create_lost_after_the_work_is_found_again_by_its_idempotency_key() {
     let stats = stats(&mock).await;
     assert_eq!((stats.generations, stats.responses_created), (1, 1));
     assert_eq!(stats.per_key.get("task-lost"), Some(&1));
+}
+
+#[tokio::test]
+async fn a_generation_longer_than_the_request_timeout_is_waited_for_in_one_wait() {
+    // Each poll is bounded by the request timeout, the wait by the longest wait: a long
+    // generation is one wait, not an attempt lost every request timeout.
+    let mock = start_mock(MockSettings {
+        latency_ms: 1_500,
+        ..MockSettings::default()
+    })
+    .await;
+    let provider = OpenAiResponsesProvider::new(&OpenAiSettings {
+        request_timeout_ms: 300,
+        ..settings_for(&mock.base_url(), PATIENT_MS)
+    })
+    .unwrap();
+    let operation = provider.start(&request("task-long", "q")).await.unwrap();
+
+    let generation = provider
+        .wait(&operation)
+        .await
+        .expect("the wait outlives the request timeout");
+
+    assert_eq!(generation.text, "reply to task-long: q [generation 1]");
+    assert_eq!(stats(&mock).await.generations, 1);
+}
+
+#[tokio::test]
+async fn an_operation_still_running_at_the_longest_wait_is_still_running_not_ambiguous() {
+    let mock = start_mock(MockSettings {
+        latency_ms: 60_000,
+        ..MockSettings::default()
+    })
+    .await;
+    let provider = provider_for(&mock.base_url(), 400);
+    let operation = provider.start(&request("task-slow", "q")).await.unwrap();
+
+    let error = provider.wait(&operation).await.unwrap_err();
+
+    assert_eq!(error.kind(), "still_running", "{error:?}");
+    assert!(
+        error.to_string().contains("provider.operation_max_wait_ms"),
+        "{error}"
+    );
+    assert_eq!(error.ran(), replyd::domain::ProviderRan::Maybe);
+    mock.shutdown().await.expect("clean shutdown");
 }
 
 #[tokio::test]

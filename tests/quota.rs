@@ -135,6 +135,7 @@ impl Api {
                     &lease,
                     "the provider refused",
                     replyd::domain::AttemptOutcome::ProviderError,
+                    replyd::domain::ProviderRan::No,
                 )
                 .await
                 .unwrap();
@@ -376,6 +377,7 @@ async fn a_settled_reservation_is_never_settled_again() {
             &zombie,
             "late",
             replyd::domain::AttemptOutcome::ProviderError,
+            replyd::domain::ProviderRan::No,
         )
         .await
         .unwrap();

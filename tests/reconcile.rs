@@ -56,6 +56,7 @@ async fn setup() -> Setup {
             default_model: "mock-model".into(),
             api: ProviderApi::BackgroundResponses,
             poll_interval_ms: 10,
+            operation_max_wait_ms: 5_000,
         })
         .unwrap(),
     );
@@ -92,6 +93,8 @@ impl Setup {
             Some(provider),
             QuotaSettings::default().policy(),
             Duration::from_secs(30),
+            // No task of these tests is worked by a vanished worker.
+            Duration::ZERO,
         )
         .run_once()
         .await

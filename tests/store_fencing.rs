@@ -347,6 +347,7 @@ async fn failed_task_cannot_be_completed_or_claimed() {
                 &a,
                 "provider said 400: bad request",
                 AttemptOutcome::ProviderError,
+                replyd::domain::ProviderRan::No,
             )
             .await
             .unwrap(),

@@ -5,8 +5,14 @@
 //! one listening session per API process ([`TaskChanges`]) fans the task ids out to every open
 //! stream. A notification is only a hint: a stream re-reads its row on every hint, on every
 //! (re)connect and on a timer, so a missed notification can delay an event but never leave a
-//! stream hanging. `Last-Event-ID` (the id of the last state the client saw) suppresses a
-//! state the client already has after a reconnect.
+//! stream hanging. An event is sent when the task's state changes (its status, or a new
+//! attempt), not on every write to its row: a lease renewal rewrites the row every few seconds
+//! and is nothing a follower needs. `Last-Event-ID` (the id of the last state the client saw)
+//! suppresses a state the client already has after a reconnect.
+//!
+//! Revocation of an API key is immediate for new requests (`401`); a stream opened with the
+//! key before it was revoked ends within one re-read ([`REREAD_INTERVAL`]): every re-read also
+//! checks the key, in the same round trip. Its reconnect then gets the `401`.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -28,8 +34,9 @@ use crate::domain::{StoredTask, TaskId};
 use crate::store::Store;
 use crate::store::listen::{Listener, TASK_STATUS_CHANNEL, listen, parse_status_payload};
 
-/// How often an open stream reads its task even without a notification.
-const REREAD_INTERVAL: Duration = Duration::from_secs(2);
+/// How often an open stream reads its task (and checks its API key) even without a
+/// notification: also the bound on how long a revoked key's stream lives on.
+pub const REREAD_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The fan-out of task status notifications to the open streams of this process.
 #[derive(Clone)]
@@ -79,13 +86,12 @@ impl TaskChanges {
     }
 }
 
-/// The id of a state: changes with every status change and with every write to the row.
+/// The id of a state: the attempt number and the status, so it changes with every status
+/// change (pending → running → pending after a failed attempt → running …) and with a new
+/// attempt (a takeover), and not with a lease renewal. The same row gives the same id in every
+/// API process, so `Last-Event-ID` works across a reconnect to another one.
 fn event_id(task: &StoredTask) -> String {
-    format!(
-        "{}-{}",
-        task.updated_at.timestamp_micros(),
-        task.status.as_str()
-    )
+    format!("{}-{}", task.attempt_count, task.status.as_str())
 }
 
 fn event_of(task: &StoredTask) -> Event {
@@ -100,6 +106,8 @@ fn event_of(task: &StoredTask) -> Event {
 struct Follow {
     store: Store,
     task_id: TaskId,
+    /// The API key the stream was opened with: the stream ends once it is revoked.
+    key_id: String,
     changes: broadcast::Receiver<Option<TaskId>>,
     last_sent: Option<String>,
     done: bool,
@@ -112,8 +120,12 @@ impl Follow {
             if self.done {
                 return None;
             }
-            match self.store.read(self.task_id).await {
-                Ok(Some(task)) => {
+            match self.store.read_followed(self.task_id, &self.key_id).await {
+                Ok((_, false)) => {
+                    tracing::info!(task_id = %self.task_id, key_id = %self.key_id, "event stream ended: its API key was revoked");
+                    return None;
+                }
+                Ok((Some(task), true)) => {
                     let id = event_id(&task);
                     if self.last_sent.as_deref() != Some(id.as_str()) {
                         self.done = task.status.is_terminal();
@@ -125,7 +137,7 @@ impl Follow {
                     }
                 }
                 // Deleted under us: nothing more to say.
-                Ok(None) => return None,
+                Ok((None, true)) => return None,
                 // The database is away: try again at the next hint or tick.
                 Err(e) => crate::telemetry::store_error("events_read", &e),
             }
@@ -166,7 +178,8 @@ pub struct StatusEvent {
     /// Always `status`.
     #[schema(pattern = "^status$")]
     event: String,
-    /// This state's id: sent back as `Last-Event-ID`, that state is not sent again.
+    /// This state's id (`<attempt>-<status>`, e.g. `1-running`): sent back as
+    /// `Last-Event-ID`, that state is not sent again.
     id: String,
     /// The task as JSON, exactly as `GET /v1/replies/{task_id}` shows it (a `ReplyView`).
     data: String,
@@ -184,7 +197,7 @@ pub struct StatusEvent {
         ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event the client saw: that state is not sent again"),
     ),
     responses(
-        (status = 200, description = "The current state at once, then each change; the stream ends after a terminal state. Keep-alive comments every 15 s. The schema is that of each event", body = StatusEvent, content_type = "text/event-stream"),
+        (status = 200, description = "The current state at once, then each change of status or attempt (not every write: a lease renewal is no event); the stream ends after a terminal state, or within 2 s of its API key's revocation (a reconnect then gets 401). Keep-alive comments every 15 s. The schema is that of each event", body = StatusEvent, content_type = "text/event-stream"),
         (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
@@ -203,6 +216,14 @@ pub async fn stream(
 ) -> Response {
     // Subscribed before the first read, so a change between the read and the wait wakes it.
     let changes = state.changes.subscribe();
+    // The extractor above authenticated this very header.
+    let key_id = crate::api_key::parse_bearer(
+        headers
+            .get(axum::http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+    )
+    .map(|presented| presented.key_id)
+    .unwrap_or_default();
     let task_id = match super::replies::task_of(&state, &workspace, &task_id).await {
         Ok(task) => task.spec.task_id,
         Err(problem) => return problem.into_response(),
@@ -214,6 +235,7 @@ pub async fn stream(
     Sse::new(follow(Follow {
         store: state.store.clone(),
         task_id,
+        key_id,
         changes,
         last_sent,
         done: false,

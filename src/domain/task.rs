@@ -43,6 +43,25 @@ impl TaskStatus {
     }
 }
 
+/// Whether a provider call may have done (and billed) work whose answer replyd never got: a
+/// request sent whose answer was lost or broken, a server error after the provider took it, an
+/// operation it accepted, a call cut short by cancellation. Kept on the task for good
+/// (`reply_tasks.provider_may_have_run`): a task that fails with it set does not release its
+/// quota reservation as if nothing ran (I8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderRan {
+    /// Surely not: the request never left, or the provider refused it without doing it.
+    No,
+    /// Maybe: nobody can tell from here.
+    Maybe,
+}
+
+impl ProviderRan {
+    pub fn may_have(self) -> bool {
+        self == ProviderRan::Maybe
+    }
+}
+
 /// The outcome written on an attempt row (`reply_attempts.outcome`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -56,6 +75,9 @@ pub enum AttemptOutcome {
     ProviderError,
     /// The provider call ended without a complete answer: it may have run.
     Ambiguous,
+    /// The provider's operation had not ended within the longest wait replyd allows: it may
+    /// still finish.
+    Timeout,
     /// The attempt ended without an outcome of its own: cancelled (revoked, stopping), or its
     /// lease ran out and the task was taken over. Its worker may still report later.
     Abandoned,
@@ -68,6 +90,7 @@ impl AttemptOutcome {
             AttemptOutcome::Fenced => "fenced",
             AttemptOutcome::ProviderError => "provider_error",
             AttemptOutcome::Ambiguous => "ambiguous",
+            AttemptOutcome::Timeout => "timeout",
             AttemptOutcome::Abandoned => "abandoned",
         }
     }
@@ -78,6 +101,7 @@ impl AttemptOutcome {
             "fenced" => AttemptOutcome::Fenced,
             "provider_error" => AttemptOutcome::ProviderError,
             "ambiguous" => AttemptOutcome::Ambiguous,
+            "timeout" => AttemptOutcome::Timeout,
             "abandoned" => AttemptOutcome::Abandoned,
             _ => return None,
         })

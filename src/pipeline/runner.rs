@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, Span};
 
 use super::{pause, with_retry};
-use crate::domain::{AttemptOutcome, RecordEnd, StoredTask, TaskId, TaskSpec};
+use crate::domain::{AttemptOutcome, ProviderRan, RecordEnd, StoredTask, TaskId, TaskSpec};
 use crate::parking::{ParkedTasks, TaskWatch, WakeSource};
 use crate::provider::{
     BackgroundProvider, Generation, GenerationRequest, OperationId, Provider, ProviderError,
@@ -439,6 +439,8 @@ impl TaskRunner {
                         lease,
                         AttemptOutcome::Abandoned,
                         "cancelled: partition revoked or worker stopping",
+                        // The call was cut short: it may have reached the provider.
+                        ProviderRan::Maybe,
                     )
                     .await
                 {
@@ -482,11 +484,14 @@ impl TaskRunner {
             recoverable: self.settings.recoverable,
         };
         let outcome = attempt_outcome(&error);
+        let ran = error.ran();
         match retry::decide(&error, attempt, &self.settings.retry, fastrand::f64()) {
             Action::Fail { reason, outcome } => {
                 let failing = trace::completion(trace, "fail task");
                 let Some(failed) = self
-                    .with_retry("fail", cancel, || self.store.fail(lease, &reason, outcome))
+                    .with_retry("fail", cancel, || {
+                        self.store.fail(lease, &reason, outcome, ran)
+                    })
                     .instrument(failing.clone())
                     .await
                 else {
@@ -514,6 +519,7 @@ impl TaskRunner {
                             &detail,
                             after,
                             Some(error.kind()),
+                            ran,
                         )
                     })
                     .instrument(releasing.clone())

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{ChatMessage, TaskSpec};
+use crate::domain::{ChatMessage, ProviderRan, TaskSpec};
 
 pub use classify::classify_status;
 pub use openai::{OpenAiBuildError, OpenAiChatProvider};
@@ -208,9 +208,33 @@ pub enum ProviderError {
     /// nothing runs for it, and only a new `start` can produce a reply.
     #[error("operation {operation} is gone: {why}; start a new one")]
     OperationGone { operation: String, why: String },
+    /// A background operation the provider still reports as queued or running after the
+    /// longest wait replyd allows (`provider.operation_max_wait_ms`). It may still finish (and
+    /// be billed): waiting longer is not a new attempt, and starting another would pay twice.
+    #[error(
+        "operation {operation} still running after {waited_ms} ms (provider.operation_max_wait_ms); it may still finish"
+    )]
+    StillRunning { operation: String, waited_ms: u64 },
 }
 
 impl ProviderError {
+    /// Whether the call that failed this way may have done (and billed) work at the provider:
+    /// a sent request whose answer was lost or broken, a server error after the provider took
+    /// it, a success whose body we could not read. A refusal (429, a 4xx), a request that never
+    /// left and an operation the provider no longer has did none.
+    pub fn ran(&self) -> ProviderRan {
+        match self {
+            ProviderError::MaybeExecuted { .. }
+            | ProviderError::Ambiguous { .. }
+            | ProviderError::MalformedResponse { .. }
+            | ProviderError::StillRunning { .. } => ProviderRan::Maybe,
+            ProviderError::NotSent { .. }
+            | ProviderError::Retryable { .. }
+            | ProviderError::Fatal { .. }
+            | ProviderError::OperationGone { .. } => ProviderRan::No,
+        }
+    }
+
     /// Short stable label for metrics and the attempt history.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -221,6 +245,7 @@ impl ProviderError {
             ProviderError::Fatal { .. } => "fatal",
             ProviderError::MalformedResponse { .. } => "malformed_response",
             ProviderError::OperationGone { .. } => "operation_gone",
+            ProviderError::StillRunning { .. } => "still_running",
         }
     }
 }
@@ -249,6 +274,14 @@ mod tests {
                 message: "".into(),
             },
             ProviderError::MalformedResponse { message: "".into() },
+            ProviderError::OperationGone {
+                operation: "".into(),
+                why: "".into(),
+            },
+            ProviderError::StillRunning {
+                operation: "".into(),
+                waited_ms: 0,
+            },
         ];
         let mut labels: Vec<_> = errors.iter().map(ProviderError::kind).collect();
         labels.sort();

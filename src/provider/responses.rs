@@ -37,6 +37,8 @@ pub struct OpenAiResponsesProvider {
     default_model: String,
     request_timeout: Duration,
     poll_interval: Duration,
+    /// How long one `wait` keeps polling an operation that is not done yet.
+    max_wait: Duration,
 }
 
 impl OpenAiResponsesProvider {
@@ -51,6 +53,7 @@ impl OpenAiResponsesProvider {
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
             // A zero interval would poll as fast as the provider answers.
             poll_interval: Duration::from_millis(settings.poll_interval_ms.max(1)),
+            max_wait: Duration::from_millis(settings.operation_max_wait_ms),
         })
     }
 
@@ -182,21 +185,28 @@ impl BackgroundProvider for OpenAiResponsesProvider {
 
     async fn wait(&self, operation: &OperationId) -> Result<Generation, ProviderError> {
         let url = self.operation_url(operation)?;
-        // One wait is bounded by the whole-call limit; every pass of the loop either returns
-        // or sleeps at least one poll interval, so the number of polls is bounded too. A poll
-        // only reads: one that fails in transit (a lost answer, a 5xx, a 429) is tried again
-        // within the same wait, so a flaky poll does not cost the task an attempt.
-        let deadline = Instant::now() + self.request_timeout;
-        let mut last_error = None;
+        // One wait is bounded by `operation_max_wait_ms` as a whole and each poll by the
+        // request timeout; every pass of the loop either returns or sleeps at least one poll
+        // interval, so the number of polls is bounded too. A poll only reads: one that fails in
+        // transit (a lost answer, a 5xx, a 429) is tried again within the same wait, so a
+        // flaky poll does not cost the task an attempt, and neither does a long generation.
+        let started = Instant::now();
+        let deadline = started + self.max_wait;
+        // None once a poll said the operation is still running; until then the operation's
+        // state is unknown.
+        let mut last_error = Some(ProviderError::Ambiguous {
+            message: format!("no poll of operation {operation} answered"),
+        });
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(
-                    last_error.unwrap_or_else(|| still_running(operation, self.request_timeout))
-                );
+                return Err(self.not_done(operation, started, last_error));
             }
             let mut pause = self.poll_interval;
-            match self.poll(&url, operation, remaining).await {
+            match self
+                .poll(&url, operation, remaining.min(self.request_timeout))
+                .await
+            {
                 Ok(Polled::Done(generation)) => return Ok(generation),
                 Ok(Polled::Pending) => last_error = None,
                 Err(e) if poll_may_be_retried(&e) => {
@@ -219,12 +229,27 @@ impl BackgroundProvider for OpenAiResponsesProvider {
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(
-                    last_error.unwrap_or_else(|| still_running(operation, self.request_timeout))
-                );
+                return Err(self.not_done(operation, started, last_error));
             }
             tokio::time::sleep(pause.min(remaining)).await;
         }
+    }
+}
+
+impl OpenAiResponsesProvider {
+    /// How a wait that ran out of time ended: with the last poll's failure when the provider
+    /// could not be asked (the operation's state is unknown: wait on it again), or, when its
+    /// last answer said the operation is still running, `StillRunning`.
+    fn not_done(
+        &self,
+        operation: &OperationId,
+        started: Instant,
+        last_error: Option<ProviderError>,
+    ) -> ProviderError {
+        last_error.unwrap_or_else(|| ProviderError::StillRunning {
+            operation: operation.to_string(),
+            waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        })
     }
 }
 
@@ -253,15 +278,6 @@ fn gone(operation: &OperationId, why: &str) -> ProviderError {
     ProviderError::OperationGone {
         operation: operation.to_string(),
         why: why.to_owned(),
-    }
-}
-
-fn still_running(operation: &OperationId, limit: Duration) -> ProviderError {
-    ProviderError::Ambiguous {
-        message: format!(
-            "operation {operation} not done within {} ms; it may still finish, wait on it again",
-            limit.as_millis()
-        ),
     }
 }
 

@@ -33,8 +33,8 @@ pub struct OpenAiSettings {
     pub api_key: Option<Secret>,
     /// Whole-call limit, from sending the request to the last byte of the answer. A call that
     /// runs out of it is `Ambiguous`: the provider may still finish and bill the work. With
-    /// `background_responses` it also bounds one `wait` as a whole (all its polls). Default
-    /// 60000.
+    /// `background_responses` it bounds each request (the create, each poll), not the wait for
+    /// the operation as a whole (`operation_max_wait_ms`). Default 60000.
     pub request_timeout_ms: u64,
     /// Limit on opening the TCP (and TLS) connection. A call that runs out of it is `NotSent`.
     /// Default 3000.
@@ -48,6 +48,13 @@ pub struct OpenAiSettings {
     /// `background_responses` only: pause between two polls of a response that is not done
     /// yet. Values below 1 are taken as 1. Default 500.
     pub poll_interval_ms: u64,
+    /// `background_responses` only: how long a worker keeps waiting on an operation the
+    /// provider still reports as queued or running. Waiting is not an attempt: a long
+    /// generation is never cut short and started again (which would pay twice). Past this
+    /// bound the task fails, and its quota reservation stays open until the reconciler learns
+    /// from the provider how the operation ended (I8). Polls that fail in transit are asked
+    /// again within the same bound. Default 1800000 (30 minutes).
+    pub operation_max_wait_ms: u64,
 }
 
 impl Default for OpenAiSettings {
@@ -60,6 +67,7 @@ impl Default for OpenAiSettings {
             default_model: "gpt-4o-mini".into(),
             api: ProviderApi::ChatCompletions,
             poll_interval_ms: 500,
+            operation_max_wait_ms: 30 * 60 * 1000,
         }
     }
 }

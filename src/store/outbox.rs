@@ -22,6 +22,15 @@ pub struct OutboxRow {
     pub traceparent: Option<String>,
 }
 
+/// What one batch's publish did: the rows the broker acknowledged, and the rows it refused for
+/// good (a record it will never take, e.g. over the topic's `max.message.bytes`) with why.
+/// Rows in neither stay for the next batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Published {
+    pub sent: Vec<i64>,
+    pub refused: Vec<(i64, String)>,
+}
+
 /// How far behind the outbox is.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OutboxLag {
@@ -32,39 +41,54 @@ pub struct OutboxLag {
 
 impl Store {
     /// Takes up to `limit` unpublished rows, oldest first, skipping rows another relay holds;
-    /// hands them to `publish` and marks the ones it returns as published, all in one
-    /// transaction. `publish` must finish well within `idle_in_transaction_session_timeout`.
-    pub async fn relay_batch<F, Fut>(&self, limit: i64, publish: F) -> Result<usize, StoreError>
+    /// hands them to `publish` and, in the same transaction, marks the ones it sent as
+    /// published and the ones the broker refused for good as refused, failing their tasks
+    /// (see [`REFUSE`]). `publish` must finish well within
+    /// `idle_in_transaction_session_timeout`. Returns how many rows were sent and refused.
+    pub async fn relay_batch<F, Fut>(
+        &self,
+        limit: i64,
+        publish: F,
+    ) -> Result<(usize, usize), StoreError>
     where
         F: FnOnce(Vec<OutboxRow>) -> Fut,
-        Fut: std::future::Future<Output = Vec<i64>>,
+        Fut: std::future::Future<Output = Published>,
     {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let rows = take_batch(&tx, limit).await?;
         if rows.is_empty() {
             tx.commit().await?;
-            return Ok(0);
+            return Ok((0, 0));
         }
         let published = publish(rows).await;
-        if !published.is_empty() {
+        if !published.sent.is_empty() {
             tx.execute(
                 "UPDATE outbox SET published_at = clock_timestamp() WHERE outbox_id = ANY($1)",
-                &[&published],
+                &[&published.sent],
             )
             .await?;
         }
+        if !published.refused.is_empty() {
+            let (ids, reasons): (Vec<i64>, Vec<String>) = published.refused.iter().cloned().unzip();
+            // Nothing ever ran for these tasks: their reservations are released, whatever
+            // `quota.charge_failed` says of failures (the settlement trigger reads this).
+            tx.batch_execute("SET LOCAL replyd.settle_as = 'released'")
+                .await?;
+            tx.execute(REFUSE, &[&ids, &reasons]).await?;
+        }
         tx.commit().await?;
-        Ok(published.len())
+        Ok((published.sent.len(), published.refused.len()))
     }
 
-    /// Deletes up to `limit` rows published more than `retention` ago; returns how many.
+    /// Deletes up to `limit` rows published (or refused) more than `retention` ago; returns
+    /// how many.
     pub async fn purge_outbox(&self, retention: Duration, limit: i64) -> Result<u64, StoreError> {
         let client = self.client().await?;
         Ok(client
             .execute(
                 "DELETE FROM outbox WHERE outbox_id IN (SELECT outbox_id FROM outbox \
-                 WHERE published_at < clock_timestamp() - make_interval(secs => $1) \
+                 WHERE coalesce(published_at, refused_at) < clock_timestamp() - make_interval(secs => $1) \
                  ORDER BY outbox_id LIMIT $2)",
                 &[&retention.as_secs_f64(), &limit],
             )
@@ -90,7 +114,7 @@ impl Store {
         let row = client
             .query_one(
                 "SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 \
-                 FROM outbox WHERE published_at IS NULL",
+                 FROM outbox WHERE published_at IS NULL AND refused_at IS NULL",
                 &[],
             )
             .await?;
@@ -105,7 +129,7 @@ async fn take_batch(tx: &Transaction<'_>, limit: i64) -> Result<Vec<OutboxRow>, 
     let rows = tx
         .query(
             "SELECT outbox_id, task_id, record_key, payload, traceparent FROM outbox \
-             WHERE published_at IS NULL \
+             WHERE published_at IS NULL AND refused_at IS NULL \
              ORDER BY outbox_id LIMIT $1 FOR UPDATE SKIP LOCKED",
             &[&limit],
         )
@@ -121,3 +145,17 @@ async fn take_batch(tx: &Transaction<'_>, limit: i64) -> Result<Vec<OutboxRow>, 
         })
         .collect())
 }
+
+/// Marks refused rows (`$1` ids, `$2` the broker's reasons) and fails their tasks with the
+/// reason, in the relay's transaction: the status change notifies every follower of the task
+/// (the trigger of `migrations/V3`) and settles its reservation. Only a task still pending is
+/// failed: one already claimed had a copy of its record published before (a relay that died
+/// between publish and mark), and that copy's outcome stands.
+const REFUSE: &str = "WITH refused AS ( \
+       UPDATE outbox o SET refused_at = clock_timestamp(), refusal = r.reason \
+         FROM unnest($1::bigint[], $2::text[]) AS r(id, reason) \
+        WHERE o.outbox_id = r.id RETURNING o.task_id, o.refusal) \
+     UPDATE reply_tasks t SET status = 'failed', \
+            failure = 'the broker refused the task''s record for good: ' || refused.refusal, \
+            finished_at = clock_timestamp(), updated_at = clock_timestamp() \
+       FROM refused WHERE t.task_id = refused.task_id AND t.status = 'pending'";

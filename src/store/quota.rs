@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::{Store, StoreError};
 use crate::domain::{TaskId, TaskStatus};
-use crate::quota::{ExpiredTask, Usage};
+use crate::quota::{ExpiredTask, Settle, Usage};
 
 /// Admits one request and writes its reservation, in one statement: the workspace's counter
 /// row is updated only while `used + reserved < limit` (`$5`: whether open reservations count),
@@ -141,22 +141,27 @@ impl Store {
     }
 
     /// Up to `limit` open reservations past their TTL, the oldest first, with their tasks as
-    /// the database sees them now.
+    /// the database sees them now. A task not yet terminal whose row changed (a claim, a
+    /// renewal, a release) within `redelivery` was worked recently.
     pub async fn expired_reservations(
         &self,
         limit: i64,
+        redelivery: Duration,
     ) -> Result<Vec<ExpiredReservation>, StoreError> {
         let client = self.client().await?;
         let rows = client
             .query(
                 "SELECT r.task_id, t.status, \
                  (t.status = 'running' AND t.lease_until > c.now) AS lease_live, \
-                 t.provider_operation_id, coalesce(t.next_attempt_at > c.now, false) AS retry_due \
+                 t.provider_operation_id, coalesce(t.next_attempt_at > c.now, false) AS retry_due, \
+                 t.provider_may_have_run, \
+                 (t.status IN ('pending', 'running') \
+                  AND t.updated_at > c.now - make_interval(secs => $2)) AS worked_recently \
                  FROM quota_reservations r JOIN reply_tasks t USING (task_id), \
                  (SELECT clock_timestamp() AS now) c \
                  WHERE r.state = 'reserved' AND r.expires_at < c.now \
                  ORDER BY r.expires_at LIMIT $1",
-                &[&limit],
+                &[&limit, &redelivery.as_secs_f64()],
             )
             .await?;
         rows.iter()
@@ -172,6 +177,8 @@ impl Store {
                         lease_live: row.get("lease_live"),
                         has_operation: operation_id.is_some(),
                         retry_due_later: row.get("retry_due"),
+                        may_have_run: row.get("provider_may_have_run"),
+                        worked_recently: row.get("worked_recently"),
                     },
                     operation_id,
                 })
@@ -224,6 +231,33 @@ impl Store {
                    SELECT $1, $2, state, $3 FROM settled WHERE state IS NOT NULL RETURNING decision) \
                  SELECT (SELECT decision FROM noted)",
                 &[&task_id.as_uuid(), &by, &why],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// Settles the open reservation of a task that is already terminal to `settle`, outright
+    /// (an unresolved one: the task failed while the provider may have done its work), and
+    /// records the decision, in one statement. Returns the state it went to, or None when it
+    /// was settled already.
+    pub async fn settle_as(
+        &self,
+        task_id: TaskId,
+        settle: Settle,
+        by: &str,
+        why: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "WITH settled AS ( \
+                   SELECT replyd_settle_to(t.task_id, $2, $3, $4) AS state \
+                   FROM reply_tasks t WHERE t.task_id = $1 AND t.status IN ('completed', 'failed')), \
+                 noted AS ( \
+                   INSERT INTO quota_decisions (task_id, decided_by, decision, reason) \
+                   SELECT $1, $3, state, $4 FROM settled WHERE state IS NOT NULL RETURNING decision) \
+                 SELECT (SELECT decision FROM noted)",
+                &[&task_id.as_uuid(), &settle.state().as_str(), &by, &why],
             )
             .await?;
         Ok(row.get(0))

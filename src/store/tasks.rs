@@ -19,7 +19,8 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::domain::{
-    AttemptOutcome, AttemptRecord, ProviderRequest, StoredTask, TaskId, TaskSpec, TaskStatus,
+    AttemptOutcome, AttemptRecord, ProviderRan, ProviderRequest, StoredTask, TaskId, TaskSpec,
+    TaskStatus,
 };
 
 use super::batch::BatchAnswer;
@@ -391,14 +392,17 @@ impl Store {
     }
 
     /// Marks the task failed for good with `reason`, fenced like a completion. `outcome` is the
-    /// attempt's outcome (`provider_error`, `timeout`, `ambiguous`, `failed`).
+    /// attempt's outcome (`provider_error`, `timeout`, `ambiguous`, `failed`); `ran` says
+    /// whether this attempt's call may have done work at the provider (remembered on the task:
+    /// its reservation is then held unresolved instead of released, I8).
     pub async fn fail(
         &self,
         lease: &Lease,
         reason: &str,
         outcome: AttemptOutcome,
+        ran: ProviderRan,
     ) -> Result<FailOutcome, StoreError> {
-        self.fail_with(lease, reason, outcome, None).await
+        self.fail_with(lease, reason, outcome, ran, None).await
     }
 
     async fn fail_with(
@@ -406,6 +410,7 @@ impl Store {
         lease: &Lease,
         reason: &str,
         outcome: AttemptOutcome,
+        ran: ProviderRan,
         prelude: Option<&'static str>,
     ) -> Result<FailOutcome, StoreError> {
         let result = self
@@ -413,10 +418,11 @@ impl Store {
                 lease,
                 FencedUpdate {
                     set: "status = 'failed', failure = $3, \
+                 provider_may_have_run = provider_may_have_run OR $4, \
                  finished_at = clock_timestamp(), updated_at = clock_timestamp()",
                     returning: "task_id",
                 },
-                &[&lease.task_id, &lease.version, &reason],
+                &[&lease.task_id, &lease.version, &reason, &ran.may_have()],
                 AttemptWrite::Outcome {
                     outcome,
                     detail: Some(reason),
@@ -431,14 +437,27 @@ impl Store {
     }
 
     /// Ends the task as failed with `reason` on behalf of the quota's reconciler, fenced like a
-    /// failure: its reservation expires without a charge, in the same transaction (the
-    /// settlement trigger reads `replyd.settle_as`), since nobody worked the task in time.
-    pub async fn expire(&self, lease: &Lease, reason: &str) -> Result<FailOutcome, StoreError> {
+    /// failure, and settles its reservation as `settle` says in the same transaction (the
+    /// settlement trigger reads `replyd.settle_as`): `expired` when nobody worked the task in
+    /// time, or, for a task whose provider may have run it, what `quota.charge_unresolved`
+    /// says.
+    pub async fn expire(
+        &self,
+        lease: &Lease,
+        reason: &str,
+        settle: crate::quota::Settle,
+    ) -> Result<FailOutcome, StoreError> {
+        let prelude = match settle {
+            crate::quota::Settle::Charge => "SET LOCAL replyd.settle_as = 'charged'",
+            crate::quota::Settle::Release => "SET LOCAL replyd.settle_as = 'released'",
+            crate::quota::Settle::Expire => "SET LOCAL replyd.settle_as = 'expired'",
+        };
         self.fail_with(
             lease,
             reason,
             AttemptOutcome::Abandoned,
-            Some("SET LOCAL replyd.settle_as = 'expired'"),
+            ProviderRan::No,
+            Some(prelude),
         )
         .await
     }
@@ -452,14 +471,16 @@ impl Store {
         lease: &Lease,
         outcome: AttemptOutcome,
         detail: &str,
+        ran: ProviderRan,
     ) -> Result<ReleaseOutcome, StoreError> {
-        self.release_for_retry(lease, outcome, detail, Duration::ZERO, None)
+        self.release_for_retry(lease, outcome, detail, Duration::ZERO, None, ran)
             .await
     }
 
     /// Gives the lease back after a failed attempt and sets the backoff in the row: no claim
     /// (by anyone, after any restart) before `clock_timestamp() + retry_after`. `error_class`
-    /// is remembered for the next attempt's decision.
+    /// is remembered for the next attempt's decision; `ran`, whether the call may have done
+    /// work at the provider, is remembered for good.
     pub async fn release_for_retry(
         &self,
         lease: &Lease,
@@ -467,6 +488,7 @@ impl Store {
         detail: &str,
         retry_after: Duration,
         error_class: Option<&str>,
+        ran: ProviderRan,
     ) -> Result<ReleaseOutcome, StoreError> {
         let result = self
             .fenced_write(
@@ -476,6 +498,7 @@ impl Store {
                  next_attempt_at = clock_timestamp() + make_interval(secs => $3), \
                  last_error_class = coalesce($4, last_error_class), \
                  last_error = CASE WHEN $4::text IS NULL THEN last_error ELSE $5 END, \
+                 provider_may_have_run = provider_may_have_run OR $6, \
                  updated_at = clock_timestamp()",
                     returning: "task_id",
                 },
@@ -485,6 +508,7 @@ impl Store {
                     &seconds(retry_after),
                     &error_class,
                     &detail,
+                    &ran.may_have(),
                 ],
                 AttemptWrite::Outcome {
                     outcome,
@@ -502,6 +526,7 @@ impl Store {
     /// it, so any later attempt (this worker, a restarted one, a taker-over) looks the
     /// operation up instead of generating again. `None` forgets it (the provider no longer
     /// knows the operation). Fenced like a completion; records nothing on the attempt row.
+    /// A stored id also marks the task `provider_may_have_run`: the provider accepted work.
     pub async fn record_operation(
         &self,
         lease: &Lease,
@@ -511,7 +536,9 @@ impl Store {
             .fenced_write(
                 lease,
                 FencedUpdate {
-                    set: "provider_operation_id = $3, updated_at = clock_timestamp()",
+                    set: "provider_operation_id = $3, \
+                 provider_may_have_run = provider_may_have_run OR $3::text IS NOT NULL, \
+                 updated_at = clock_timestamp()",
                     returning: "task_id",
                 },
                 &[&lease.task_id, &lease.version, &operation_id],
@@ -535,6 +562,34 @@ impl Store {
             .as_ref()
             .map(task_from)
             .transpose()
+    }
+
+    /// The task as stored (or `None`), and whether the API key `key_id` is still live (not
+    /// revoked), in one round trip: an event stream re-reads both on every hint and tick, so
+    /// a revoked key's open streams end within one tick.
+    pub async fn read_followed(
+        &self,
+        task_id: TaskId,
+        key_id: &str,
+    ) -> Result<(Option<StoredTask>, bool), StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT t.*, coalesce((SELECT k.revoked_at IS NULL FROM api_keys k \
+                 WHERE k.key_id = $2), false) AS key_live \
+                 FROM (SELECT 1) one LEFT JOIN \
+                 (SELECT {TASK_COLUMNS} FROM reply_tasks WHERE task_id = $1) t ON true"
+            ))
+            .await?;
+        let row = client
+            .query_one(&statement, &[&task_id.as_uuid(), &key_id])
+            .await?;
+        let live: bool = row.get("key_live");
+        let task = match row.get::<_, Option<Uuid>>("task_id") {
+            Some(_) => Some(task_from(&row)?),
+            None => None,
+        };
+        Ok((task, live))
     }
 
     /// A task's attempts, oldest first.

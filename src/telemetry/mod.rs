@@ -50,6 +50,7 @@ pub mod names {
     pub const SUBMISSIONS: &str = "replyd_api_submissions_total";
     pub const OUTBOX_PUBLISHED: &str = "replyd_outbox_published_total";
     pub const OUTBOX_PUBLISH_ERRORS: &str = "replyd_outbox_publish_errors_total";
+    pub const OUTBOX_REFUSED: &str = "replyd_outbox_refused_total";
     pub const OUTBOX_PURGED: &str = "replyd_outbox_purged_total";
     pub const OUTBOX_UNPUBLISHED: &str = "replyd_outbox_unpublished";
     pub const OUTBOX_OLDEST_SECONDS: &str = "replyd_outbox_oldest_unpublished_seconds";
@@ -128,6 +129,7 @@ pub const API_METRICS: &[(&str, Kind)] = &[
 pub const RELAY_METRICS: &[(&str, Kind)] = &[
     (OUTBOX_PUBLISHED, Kind::Counter),
     (OUTBOX_PUBLISH_ERRORS, Kind::Counter),
+    (OUTBOX_REFUSED, Kind::Counter),
     (OUTBOX_PURGED, Kind::Counter),
     (OUTBOX_UNPUBLISHED, Kind::Gauge),
     (OUTBOX_OLDEST_SECONDS, Kind::Gauge),
@@ -363,6 +365,17 @@ pub fn outbox_publish_failed(outbox_id: i64, error: &rdkafka::error::KafkaError)
         tracing::warn!(outbox_id, error = %chain(error), "publishing an outbox row failed; it stays for the next batch (repeats are held back for a minute)");
     }
     counter!(OUTBOX_PUBLISH_ERRORS).increment(1);
+}
+
+/// A record the broker will never take: its outbox row is refused and its task failed.
+pub fn outbox_refused(outbox_id: i64, task_id: &str, reason: &str) {
+    tracing::error!(
+        outbox_id,
+        task_id,
+        reason,
+        "the broker refused an outbox row's record for good; its task fails with the reason"
+    );
+    counter!(OUTBOX_REFUSED).increment(1);
 }
 
 pub fn outbox_purged(rows: u64) {
