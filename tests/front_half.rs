@@ -21,6 +21,8 @@ const LIMIT: Duration = Duration::from_secs(120);
 struct Front {
     base: String,
     key: String,
+    /// The key's public id, to revoke it.
+    key_id: String,
     client: reqwest::Client,
     _stop: tokio_util::sync::DropGuard,
 }
@@ -39,6 +41,7 @@ async fn front(app: &TestApp) -> Front {
     Front {
         base: format!("http://{addr}"),
         key: key.token,
+        key_id: key.key_id,
         client: reqwest::Client::new(),
         _stop: stop.drop_guard(),
     }
@@ -269,33 +272,58 @@ async fn read_events(response: reqwest::Response) -> Vec<ReplyView> {
 
 /// Like `read_events`, with each event's id.
 async fn read_events_with_ids(response: reqwest::Response) -> Vec<(String, ReplyView)> {
-    assert_eq!(response.status(), reqwest::StatusCode::OK);
-    assert_eq!(response.headers()["content-type"], "text/event-stream");
-    let mut response = response;
-    let mut text = String::new();
+    let mut stream = EventStream::of(response);
+    let mut events = Vec::new();
     tokio::time::timeout(LIMIT, async {
-        while let Some(chunk) = response.chunk().await.unwrap() {
-            text.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(event) = stream.next().await {
+            events.push(event);
         }
     })
     .await
     .expect("the stream ends after the terminal state");
-    text.split("\n\n")
-        .filter(|event| event.lines().any(|l| l == "event: status"))
-        .map(|event| {
-            let field = |name: &str| {
-                event
-                    .lines()
-                    .find_map(|l| l.strip_prefix(name))
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            (
-                field("id: "),
-                serde_json::from_str(&field("data: ")).unwrap(),
-            )
-        })
-        .collect()
+    events
+}
+
+/// An event stream read as its events arrive.
+struct EventStream {
+    response: reqwest::Response,
+    text: String,
+}
+
+impl EventStream {
+    fn of(response: reqwest::Response) -> Self {
+        assert_eq!(response.status(), reqwest::StatusCode::OK);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        Self {
+            response,
+            text: String::new(),
+        }
+    }
+
+    /// The next status event (its id and view), or None once the stream ended.
+    async fn next(&mut self) -> Option<(String, ReplyView)> {
+        loop {
+            while let Some(end) = self.text.find("\n\n") {
+                let event: String = self.text.drain(..end + 2).collect();
+                if !event.lines().any(|l| l == "event: status") {
+                    continue; // a keep-alive comment
+                }
+                let field = |name: &str| {
+                    event
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                return Some((
+                    field("id: "),
+                    serde_json::from_str(&field("data: ")).unwrap(),
+                ));
+            }
+            let chunk = self.response.chunk().await.unwrap()?;
+            self.text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
 }
 
 impl Front {
@@ -381,6 +409,7 @@ async fn replyd_serve_runs_the_whole_chain_in_one_process_and_drains_on_sigterm(
     let front = Front {
         base: format!("http://{addr}"),
         key: key.token,
+        key_id: key.key_id,
         client: reqwest::Client::new(),
         _stop: CancellationToken::new().drop_guard(),
     };
@@ -504,4 +533,353 @@ async fn browsers_that_lose_answers_and_double_click_make_one_task_per_press() {
         (40 + regenerates, 0),
         "one charge per task, none open: {check:#?}"
     );
+}
+
+/// How many of this test's quota reservations are in each state: (reserved, charged,
+/// released, expired).
+async fn reservations(app: &TestApp) -> (i64, i64, i64, i64) {
+    let row = app
+        .db
+        .raw_client()
+        .await
+        .query_one(
+            "SELECT count(*) FILTER (WHERE state = 'reserved'), \
+             count(*) FILTER (WHERE state = 'charged'), \
+             count(*) FILTER (WHERE state = 'released'), \
+             count(*) FILTER (WHERE state = 'expired') FROM quota_reservations",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2), row.get(3))
+}
+
+/// Moves every open reservation's TTL into the past, as if the TTL had passed.
+async fn age_reservations(app: &TestApp) {
+    app.db
+        .raw_client()
+        .await
+        .execute(
+            "UPDATE quota_reservations SET expires_at = clock_timestamp() - interval '1 second' \
+             WHERE state = 'reserved'",
+            &[],
+        )
+        .await
+        .unwrap();
+}
+
+/// Runs the `replyd` binary with the test's settings, as an operator would.
+fn replyd(app: &TestApp, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+        .args(args)
+        .arg("--config")
+        .arg(app.settings_file())
+        .output()
+        .unwrap()
+}
+
+/// One pass of the quota's reconciler through the binary (`replyd reconcile`).
+fn reconcile(app: &TestApp) {
+    let pass = replyd(app, &["reconcile"]);
+    assert!(
+        pass.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pass.stderr)
+    );
+}
+
+impl Front {
+    async fn wait_until_status(&self, accepted: &Accepted, status: ReplyStatus) -> ReplyView {
+        wait_until(&format!("the task is {status:?}"), LIMIT, || async {
+            self.view(accepted).await.status == status
+        })
+        .await;
+        self.view(accepted).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewal_is_no_event_and_a_resumed_stream_gets_only_what_it_lacks() {
+    let config = WorkerConfig {
+        lease_ms: 2_000,
+        renew_interval_ms: 300,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start(1, mock(), config).await;
+    let front = front(&app).await;
+    // A 3 s call: the lease is renewed about ten times while it runs.
+    let accepted = front.send("press-1", "[mock:latency_ms=3000] q").await;
+    let whole = tokio::spawn(read_events_with_ids(front.events(&accepted, None).await));
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    front
+        .wait_until_status(&accepted, ReplyStatus::Running)
+        .await;
+    let mut mid_call = EventStream::of(front.events(&accepted, None).await);
+    let (running_id, running) = mid_call.next().await.expect("the current state first");
+    assert_eq!(running.status, ReplyStatus::Running);
+    drop(mid_call);
+
+    // A reconnect that has the running state gets the rest, not the same state again.
+    let resumed = read_events(front.events(&accepted, Some(&running_id)).await).await;
+    let statuses = |views: &[ReplyView]| views.iter().map(|v| v.status).collect::<Vec<_>>();
+    assert_eq!(statuses(&resumed), [ReplyStatus::Completed], "{resumed:?}");
+    let whole: Vec<ReplyView> = whole.await.unwrap().into_iter().map(|(_, v)| v).collect();
+    assert_eq!(
+        statuses(&whole),
+        [
+            ReplyStatus::Pending,
+            ReplyStatus::Running,
+            ReplyStatus::Completed
+        ],
+        "one event per state, whatever the renewals: {whole:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_opened_before_its_key_was_revoked_ends_and_its_reconnect_gets_401() {
+    // No relay, no worker: the task stays pending and its stream would stay open for good.
+    let app = TestApp::start(1, mock(), WorkerConfig::default()).await;
+    let front = front(&app).await;
+    let accepted = front.send("press-1", "q").await;
+    let mut stream = EventStream::of(front.events(&accepted, None).await);
+    let (_, pending) = stream.next().await.expect("the current state first");
+    assert_eq!(pending.status, ReplyStatus::Pending);
+
+    app.db.store.revoke_api_key(&front.key_id).await.unwrap();
+
+    let rest = tokio::time::timeout(LIMIT, stream.next())
+        .await
+        .expect("the stream of a revoked key ends");
+    assert!(rest.is_none(), "no state after the revocation: {rest:?}");
+    let reconnect = front.events(&accepted, None).await;
+    assert_eq!(reconnect.status(), reqwest::StatusCode::UNAUTHORIZED);
+}
+
+/// Three presses whose every provider answer is lost after the work (`api` chat completions or
+/// background responses): the tasks fail, but the provider did the work, so the reservations
+/// are held, then charged once each when nothing can tell (I8: charged = generations done).
+async fn lost_answers_are_held_then_charged_once(api: &'static str) {
+    let config = WorkerConfig {
+        default_max_attempts: 3,
+        provider_api: api,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start(1, mock(), config).await;
+    app.set_faults(json!({"drop_after_work_rate": 1.0})).await;
+    let front = front(&app).await;
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    let mut presses = Vec::new();
+    for i in 0..3 {
+        presses.push(front.send(&format!("press-{i}"), &format!("q{i}")).await);
+    }
+    for press in &presses {
+        let failed = front.wait_until_status(press, ReplyStatus::Failed).await;
+        assert!(
+            failed
+                .failure
+                .as_deref()
+                .is_some_and(|f| f.contains("no complete answer")),
+            "{failed:?}"
+        );
+    }
+    assert_eq!(
+        reservations(&app).await,
+        (3, 0, 0, 0),
+        "the provider may have done the work: nothing released"
+    );
+    let usage = app.db.store.quota("acme").await.unwrap().unwrap().usage;
+    assert_eq!((usage.used, usage.reserved), (0, 3));
+
+    // Past their TTL, with nothing that can tell, quota.charge_unresolved (true) charges them.
+    age_reservations(&app).await;
+    reconcile(&app);
+    assert_eq!(reservations(&app).await, (0, 3, 0, 0));
+    let usage = app.db.store.quota("acme").await.unwrap().unwrap().usage;
+    assert_eq!((usage.used, usage.reserved), (3, 0));
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!(report.mock_generations, Some(3), "{report:#?}");
+    assert_eq!(report.reservations_charged, 3, "charged = generations done");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_work_whose_answers_were_all_lost_is_held_then_charged_once() {
+    lost_answers_are_held_then_charged_once("chat_completions").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_work_whose_answers_were_all_lost_is_held_then_charged_once() {
+    lost_answers_are_held_then_charged_once("background_responses").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_generation_longer_than_the_request_timeout_completes_in_one_attempt() {
+    let config = WorkerConfig {
+        provider_api: "background_responses",
+        request_timeout_ms: 1_000,
+        default_max_attempts: 3,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start(1, mock(), config).await;
+    let front = front(&app).await;
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    // Six times the request timeout: each poll ends in time, the wait goes on.
+    let accepted = front.send("press-1", "[mock:latency_ms=6000] q").await;
+
+    let done = front.wait_until_completed(&accepted).await;
+
+    assert_eq!(done.attempts, 1, "waiting is not an attempt: {done:?}");
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!(report.mock_generations, Some(1), "{report:#?}");
+    assert_eq!(
+        (report.reservations_charged, report.reservations_open),
+        (1, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_leaves_its_tasks_to_the_group_and_not_to_the_reconciler() {
+    let app = TestApp::start(1, mock(), WorkerConfig::default()).await;
+    // A TTL that covers a task's retries (5 × (4 s lease + 5 s backoff) here) but not the
+    // time its record waits for redelivery is refused: it turns one crash into failed replies.
+    let short = app.dir_file(
+        "short-ttl.toml",
+        &format!(
+            "{}\n[quota]\nreservation_ttl_ms = 50000\n",
+            std::fs::read_to_string(app.settings_file()).unwrap()
+        ),
+    );
+    let checked = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+        .args(["config", "check", "--config"])
+        .arg(&short)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert_eq!(checked.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("quota.reservation_ttl_ms") && stderr.contains("redelivery"),
+        "{stderr}"
+    );
+
+    let front = front(&app).await;
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    let mut presses = Vec::new();
+    for i in 0..3 {
+        let press = front
+            .send(
+                &format!("press-{i}"),
+                &format!("[mock:latency_ms=8000] q{i}"),
+            )
+            .await;
+        presses.push(press);
+    }
+    for press in &presses {
+        front.wait_until_status(press, ReplyStatus::Running).await;
+    }
+    app.kill("w1");
+    let client = app.db.raw_client().await;
+    helpers::wait_until_sql(
+        &client,
+        "the killed worker's leases ran out",
+        "SELECT bool_and(lease_until < clock_timestamp()) FROM reply_tasks",
+        &[],
+    )
+    .await;
+    // The reservations' TTL passes before the group has handed the records on.
+    age_reservations(&app).await;
+    reconcile(&app);
+    for press in &presses {
+        let view = front.view(press).await;
+        assert_ne!(view.status, ReplyStatus::Failed, "{view:?}");
+    }
+    assert_eq!(reservations(&app).await, (3, 0, 0, 0));
+
+    app.spawn_worker("w2");
+    for press in &presses {
+        front.wait_until_completed(press).await;
+    }
+    app.wait_until_committed_to_end(LIMIT).await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!((report.tasks, report.completed), (3, 3), "{report:#?}");
+    assert_eq!(report.reservations_charged, 3, "{report:#?}");
+    assert_eq!(
+        report.mock_generations,
+        Some(3),
+        "charged = generations done: {report:#?}"
+    );
+}
+
+/// Sets the topic's `max.message.bytes`: records larger than `bytes` are refused by the broker.
+async fn limit_record_size(app: &TestApp, bytes: usize) {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    let admin: AdminClient<_> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &app.bootstrap)
+        .create()
+        .unwrap();
+    let limit = bytes.to_string();
+    let altered = admin
+        .alter_configs(
+            &[AlterConfig::new(ResourceSpecifier::Topic(&app.topic))
+                .set("max.message.bytes", &limit)],
+            &AdminOptions::new().request_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    assert!(altered.iter().all(Result::is_ok), "{altered:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_broker_refuses_fails_its_task_and_holds_back_nothing_else() {
+    let app = TestApp::start(1, mock(), WorkerConfig::default()).await;
+    limit_record_size(&app, 4_000).await;
+    let front = front(&app).await;
+    // Two rows for one partition, in one relay batch: one the topic cannot take, one it can.
+    let big = front.send("press-big", &"x".repeat(8_000)).await;
+    let small = front.send("press-small", "q").await;
+    let stream = front.events(&big, None).await;
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+
+    front.wait_until_completed(&small).await;
+    let views = read_events(stream).await;
+    let last = views.last().expect("the stream told the end");
+    assert_eq!(last.status, ReplyStatus::Failed, "{views:?}");
+    assert!(
+        last.failure.as_deref().is_some_and(|f| f
+            .contains("the broker refused the task's record for good")
+            && f.contains("max.message.bytes")),
+        "{last:?}"
+    );
+    // Nothing ran for it: its reservation is released; its row is refused, not unpublished.
+    assert_eq!(reservations(&app).await, (0, 1, 1, 0));
+    let row = app
+        .db
+        .raw_client()
+        .await
+        .query_one(
+            "SELECT count(*) FILTER (WHERE refused_at IS NOT NULL), \
+             count(*) FILTER (WHERE published_at IS NOT NULL) FROM outbox",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (1, 1));
+    // The relay is ready: a refused row is not a lag.
+    let addr = app.observability_addr("relay").expect("the relay's probes");
+    wait_until("the relay is ready", LIMIT, || async {
+        reqwest::get(format!("http://{addr}/readyz"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!(report.outbox_unpublished, 0);
 }

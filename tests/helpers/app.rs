@@ -657,6 +657,13 @@ listen = "127.0.0.1:0"
         super::provider::set_faults(&self.mock, faults).await;
     }
 
+    /// Writes `text` to `name` in this test's folder and returns its path.
+    pub fn dir_file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
     /// The settings file the workers use (direct routes), for operator commands
     /// (`replyd check --config`, `replyd inspect --config`).
     pub fn settings_file(&self) -> PathBuf {
