@@ -16,20 +16,24 @@
 alter table reply_tasks
     add column provider_may_have_run boolean not null default false;
 
--- A takeover (a claim of a running task whose lease ran out) means the previous assignment may
--- have sent its call before it vanished: noted here, whichever path claims (the lone claim, the
--- batched one, the reconciler), so no claim can forget it.
-create function replyd_note_takeover() returns trigger language plpgsql as $$
+-- A running task whose lease ran out and that someone else now takes over or ends (a claim
+-- that takes it over, or fails it on its budget or deadline) lost its assignment mid-call: the
+-- vanished worker may have sent its call. Noted here, whichever path does it (the lone claim,
+-- the batched one, the reconciler), so no path can forget it. The holder's own writes (fenced
+-- on a live lease) say themselves whether their call may have run.
+create function replyd_note_lapsed_call() returns trigger language plpgsql as $$
 begin
-    if old.status = 'running' and new.assignment_version > old.assignment_version then
+    if old.status = 'running' and old.lease_until <= clock_timestamp()
+       and (new.assignment_version > old.assignment_version or new.status <> 'running') then
         new.provider_may_have_run := true;
     end if;
     return new;
 end;
 $$;
 
-create trigger reply_tasks_note_takeover before update of assignment_version on reply_tasks
-    for each row execute function replyd_note_takeover();
+create trigger reply_tasks_note_lapsed_call
+    before update of assignment_version, status on reply_tasks
+    for each row execute function replyd_note_lapsed_call();
 
 alter table outbox
     add column refused_at timestamptz,

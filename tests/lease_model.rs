@@ -1,5 +1,6 @@
 //! An exhaustive model check of the fenced lease protocol (I1 one reply, I2 fenced, I7 bounded
-//! effort), with the `stateright` checker.
+//! effort) and of how the task's end settles its quota reservation (I8: never released while
+//! the provider may have done the work), with the `stateright` checker.
 //!
 //! One task row, a few workers that claim, renew, call the provider, complete, crash, restart
 //! and stall, whose provider calls may also fail (retryable: the lease is given back with a
@@ -80,6 +81,16 @@ struct TaskRow {
     deadline: Option<Tick>,
     next_attempt_at: Option<Tick>,
     saved: Option<SavedReply>,
+    /// `provider_may_have_run`: some call may have done work whose answer was never saved.
+    may_have_run: bool,
+}
+
+/// The task's quota reservation (I8), as the settlement trigger and the reconciler move it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Reservation {
+    Reserved,
+    Charged,
+    Released,
 }
 
 /// Whose reply the row's `saved_response` holds.
@@ -165,6 +176,11 @@ struct History {
     zombie_refused: bool,
     taken_over: bool,
     own_write_recognised: bool,
+    /// The provider did (or may have done) the task's work at least once: a call that
+    /// answered, a failed call that may have run, a call whose worker crashed.
+    work_done: bool,
+    /// A failed task's reservation was held open because its work may exist.
+    held_unresolved: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -172,6 +188,7 @@ struct State {
     /// The database clock (`clock_timestamp()`).
     now: Tick,
     row: TaskRow,
+    reservation: Reservation,
     workers: Vec<Worker>,
     crashes: u8,
     stalls: u8,
@@ -188,11 +205,16 @@ enum Action {
     FinishCall(WorkerId),
     /// The provider call fails. Retryable: the lease is given back with a backoff
     /// (`release_for_retry`); otherwise the task fails (`fail`). Both are fenced writes,
-    /// atomic at the current clock like a renewal.
+    /// atomic at the current clock like a renewal. `ran`: the call may have done the work
+    /// (its answer was lost), which the write remembers on the task.
     CallFails {
         worker: WorkerId,
         retryable: bool,
+        ran: bool,
     },
+    /// The quota's reconciler, past the reservation's TTL, settles the open reservation of a
+    /// failed task whose work may exist (`quota.charge_unresolved`, true: charged).
+    Reconcile,
     /// The completion statement is sent (and may wait for the row lock).
     StartCompletion(WorkerId),
     /// The completion gets the row lock and runs the guarded UPDATE. `ack_lost`: the commit
@@ -292,6 +314,9 @@ impl LeaseProtocol {
                 .bad_claim
                 .get_or_insert_with(|| format!("w{worker} claimed at {now}: {:?}", state.row));
         }
+        // `replyd_note_lapsed_call` (V13): a running row whose lease ran out, taken over or
+        // failed by a claim, lost an assignment that may have sent its call.
+        let lapsed_running = state.row.status == TaskStatus::Running;
         let phase = match decision {
             ClaimDecision::Claim { takes_over } => {
                 // UPDATE ... SET status = 'running', assignment_version = assignment_version + 1,
@@ -303,6 +328,7 @@ impl LeaseProtocol {
                 row.lease_owner = Some(worker);
                 row.lease_until = Some(now + self.lease_ticks);
                 row.attempt_count += 1;
+                row.may_have_run |= lapsed_running;
                 state.history.taken_over |= takes_over;
                 state.history.claimed_after_release |= state.history.released;
                 Phase::Calling {
@@ -320,6 +346,7 @@ impl LeaseProtocol {
                     other => panic!("a claim failed for a reason it cannot have: {other:?}"),
                 }
                 // UPDATE ... SET status = 'failed' (lease columns untouched).
+                state.row.may_have_run |= lapsed_running;
                 state.row.status = TaskStatus::Failed;
                 Phase::Done
             }
@@ -352,7 +379,14 @@ impl LeaseProtocol {
 
     /// `Store::release_for_retry` (retryable) or `Store::fail` after a failed provider call,
     /// evaluated atomically at the current clock (row lock first, like a renewal).
-    fn give_up(&self, state: &mut State, worker: WorkerId, version: u8, retryable: bool) {
+    fn give_up(
+        &self,
+        state: &mut State,
+        worker: WorkerId,
+        version: u8,
+        retryable: bool,
+        ran: bool,
+    ) {
         let now = state.now;
         let phase = if guarded_update_matches(&state.row, version, now) {
             state
@@ -360,6 +394,8 @@ impl LeaseProtocol {
                 .gave_up
                 .push(Acceptance::of(worker, version, &state.row, now));
             let row = &mut state.row;
+            // SET provider_may_have_run = provider_may_have_run OR $ran
+            row.may_have_run |= ran;
             if retryable {
                 // SET status = 'pending', lease_owner = NULL, lease_until = NULL,
                 // next_attempt_at = clock_timestamp() + backoff
@@ -453,7 +489,9 @@ impl Model for LeaseProtocol {
                     deadline,
                     next_attempt_at: None,
                     saved: None,
+                    may_have_run: false,
                 },
+                reservation: Reservation::Reserved,
                 workers: vec![
                     Worker {
                         phase: Phase::Idle,
@@ -472,6 +510,9 @@ impl Model for LeaseProtocol {
         if state.now < self.last_tick {
             actions.push(Action::Tick);
         }
+        if state.row.status == TaskStatus::Failed && state.reservation == Reservation::Reserved {
+            actions.push(Action::Reconcile);
+        }
         for (id, worker) in (0..).zip(&state.workers) {
             if worker.stalled {
                 actions.push(Action::Resume(id));
@@ -485,10 +526,13 @@ impl Model for LeaseProtocol {
                     actions.push(Action::Renew(id));
                     actions.push(Action::FinishCall(id));
                     for retryable in [true, false].into_iter().filter(|_| self.call_failures) {
-                        actions.push(Action::CallFails {
-                            worker: id,
-                            retryable,
-                        });
+                        for ran in [true, false] {
+                            actions.push(Action::CallFails {
+                                worker: id,
+                                retryable,
+                                ran,
+                            });
+                        }
                     }
                 }
                 Phase::HasReply { .. } => actions.push(Action::StartCompletion(id)),
@@ -537,12 +581,25 @@ impl Model for LeaseProtocol {
                     return None;
                 };
                 worker.phase = Phase::HasReply { version };
+                state.history.work_done = true;
             }
-            Action::CallFails { worker, retryable } => {
+            Action::CallFails {
+                worker,
+                retryable,
+                ran,
+            } => {
                 let Phase::Calling { version } = state.workers[usize::from(worker)].phase else {
                     return None;
                 };
-                self.give_up(&mut state, worker, version, retryable);
+                state.history.work_done |= ran;
+                self.give_up(&mut state, worker, version, retryable, ran);
+            }
+            Action::Reconcile => {
+                // `replyd_settle_to(task, 'charged')`, guarded on the reservation being open.
+                if state.reservation != Reservation::Reserved {
+                    return None;
+                }
+                state.reservation = Reservation::Charged;
             }
             Action::StartCompletion(id) => {
                 let now = state.now;
@@ -567,7 +624,11 @@ impl Model for LeaseProtocol {
             }
             Action::Crash(id) => {
                 // A statement in flight dies with its session: its transaction never commits.
-                state.workers[usize::from(id)].phase = Phase::Crashed;
+                // A call cut short may still have done the work at the provider: the worst
+                // case for the quota, so the model takes it.
+                let worker = &mut state.workers[usize::from(id)];
+                state.history.work_done |= matches!(worker.phase, Phase::Calling { .. });
+                worker.phase = Phase::Crashed;
                 state.crashes += 1;
             }
             Action::Restart(id) => state.workers[usize::from(id)].phase = Phase::Idle,
@@ -580,6 +641,16 @@ impl Model for LeaseProtocol {
         let terminal = |status| matches!(status, TaskStatus::Completed | TaskStatus::Failed);
         if terminal(last.row.status) && state.row.status != last.row.status {
             state.history.left_terminal = true;
+        }
+        if !terminal(last.row.status) && terminal(state.row.status) {
+            // `replyd_settle_reservation` (V13), in the transaction that ends the task:
+            // completed is charged; failed is released unless its work may exist, in which
+            // case the reservation stays open, unresolved, for the reconciler.
+            match state.row.status {
+                TaskStatus::Completed => state.reservation = Reservation::Charged,
+                _ if state.row.may_have_run => state.history.held_unresolved = true,
+                _ => state.reservation = Reservation::Released,
+            }
         }
         Some(state)
     }
@@ -638,6 +709,20 @@ impl Model for LeaseProtocol {
                 s.row.attempt_count <= s.row.max_attempts
             }),
             Property::always(
+                "I8: a reservation is never released while the provider may have done the work",
+                |_, s: &State| !(s.reservation == Reservation::Released && s.history.work_done),
+            ),
+            Property::always(
+                "I8: a completed task's reservation is charged",
+                |_, s: &State| {
+                    s.row.status != TaskStatus::Completed || s.reservation == Reservation::Charged
+                },
+            ),
+            Property::always(
+                "I8: an open task's reservation stays open",
+                |_, s: &State| s.row.status.is_terminal() || s.reservation == Reservation::Reserved,
+            ),
+            Property::always(
                 "I7: no claim before the backoff ends or after the deadline",
                 |_, s: &State| s.history.bad_claim.is_none(),
             ),
@@ -685,6 +770,14 @@ impl Model for LeaseProtocol {
             properties.push(Property::sometimes(
                 "a released task is claimed again after its backoff",
                 |_, s: &State| s.history.claimed_after_release,
+            ));
+            properties.push(Property::sometimes(
+                "a failed task whose work may exist keeps its reservation open",
+                |_, s: &State| s.history.held_unresolved,
+            ));
+            properties.push(Property::sometimes(
+                "a failed task whose call surely did nothing is released",
+                |_, s: &State| s.reservation == Reservation::Released,
             ));
         }
         properties
