@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use helpers::TestDb;
 use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
-use replyd::api::{ApiState, serve};
+use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::api_key::issue;
 use replyd::config::ApiSettings;
 use reqwest::StatusCode;
@@ -32,10 +32,22 @@ async fn key_for(db: &TestDb, workspace: &str) -> String {
 }
 
 async fn start_with(settings: ApiSettings) -> Api {
+    start_with_limits(
+        settings,
+        IntakeLimits {
+            max_attempts: 3,
+            max_prompt_bytes: 1000,
+            ..IntakeLimits::default()
+        },
+    )
+    .await
+}
+
+async fn start_with_limits(settings: ApiSettings, limits: IntakeLimits) -> Api {
     let db = TestDb::new().await;
     let key = key_for(&db, "acme").await;
     let stop = CancellationToken::new();
-    let state = ApiState::new(db.store.clone(), settings, 3, 1000);
+    let state = ApiState::new(db.store.clone(), settings, limits);
     let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
         .await
         .unwrap();
@@ -766,4 +778,193 @@ async fn headers_over_the_limit_are_refused_with_431_and_write_nothing() {
     assert_eq!(api.counts().await.0, 0, "nothing written");
     let served = send(2000).await.unwrap();
     assert_eq!(served.status(), StatusCode::ACCEPTED);
+}
+
+/// Each field of the body has a bound, named with its limit when it is over it; a
+/// `conversation_id` of 700,000 characters (the Kafka record's key) is refused at the door.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_over_its_bound_is_422_naming_the_field_and_its_limit() {
+    let api = start_with(ApiSettings::default()).await;
+    let long = |n: usize| "x".repeat(n);
+    let cases = [
+        (
+            "conversation_id",
+            json!({"conversation_id": long(700_000), "message": "q"}),
+        ),
+        (
+            "document_version",
+            json!({"conversation_id": "c", "message": "q", "document_version": long(257)}),
+        ),
+        (
+            "model",
+            json!({"conversation_id": "c", "message": "q", "model": long(257)}),
+        ),
+    ];
+    for (field, body) in cases {
+        let refused = api.post(Some(field), &api.key, &body).await;
+        assert_eq!(
+            refused.status(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{field}"
+        );
+        assert_eq!(
+            refused.headers()["content-type"],
+            "application/problem+json"
+        );
+        let problem: Value = refused.json().await.unwrap();
+        assert!(
+            problem["type"].as_str().unwrap().ends_with("/invalid_body"),
+            "{problem}"
+        );
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(&format!("`{field}`")) && detail.contains("256 bytes"),
+            "{field}: {detail}"
+        );
+        assert_eq!(problem["fields"], json!([field]), "{field}");
+    }
+    let at_the_bound = json!({"conversation_id": long(256), "message": "q",
+        "document_version": long(256), "model": long(256)});
+    let served = api
+        .post(Some("at-the-bound"), &api.key, &at_the_bound)
+        .await;
+    assert_eq!(served.status(), StatusCode::ACCEPTED);
+    assert_eq!(
+        api.counts().await,
+        (1, 1, 1, 1),
+        "only the last was written"
+    );
+}
+
+/// A body whose Kafka record would be over `kafka.max_record_bytes` is refused before
+/// anything is written, naming its largest field: the relay could never publish it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_over_kafka_max_record_bytes_is_422_naming_the_largest_field() {
+    let api = start_with_limits(
+        ApiSettings::default(),
+        IntakeLimits {
+            max_prompt_bytes: 1000,
+            max_record_bytes: 1000,
+            ..IntakeLimits::default()
+        },
+    )
+    .await;
+    let body = json!({"conversation_id": "conv-1", "message": "m".repeat(900),
+        "context": "c".repeat(100)});
+    let refused = api.post(Some("big"), &api.key, &body).await;
+    assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let problem: Value = refused.json().await.unwrap();
+    assert!(
+        problem["type"].as_str().unwrap().ends_with("/invalid_body"),
+        "{problem}"
+    );
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("kafka.max_record_bytes") && detail.contains("`message`"),
+        "{detail}"
+    );
+    assert_eq!(problem["fields"], json!(["message"]));
+    assert_eq!(api.counts().await, (0, 0, 0, 0), "nothing written");
+}
+
+/// The schema says `object`: serde's positional form of a struct (a JSON array) is refused,
+/// and so is any other JSON value; duplicate and unknown fields are still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_is_not_a_json_object_is_422_and_writes_nothing() {
+    let api = start().await;
+    let cases: [(&str, &[u8], &str); 4] = [
+        (
+            "an array",
+            br#"["c","hello","v1",null,null,64]"#,
+            "a JSON object",
+        ),
+        ("a string", br#""hello""#, "a JSON object"),
+        (
+            "a duplicate field",
+            br#"{"conversation_id":"a","conversation_id":"b","message":"m"}"#,
+            "duplicate field `conversation_id`",
+        ),
+        (
+            "an unknown field",
+            br#"{"conversation_id":"a","message":"m","workspace":"w"}"#,
+            "unknown field `workspace`",
+        ),
+    ];
+    for (what, payload, expected) in cases {
+        let refused = api
+            .client
+            .post(format!("{}/v1/replies", api.base))
+            .bearer_auth(&api.key)
+            .header("Idempotency-Key", what)
+            .header("content-type", "application/json")
+            .body(payload.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY, "{what}");
+        let problem: Value = refused.json().await.unwrap();
+        assert!(
+            problem["type"].as_str().unwrap().ends_with("/invalid_body"),
+            "{what}: {problem}"
+        );
+        assert!(
+            problem["detail"].as_str().unwrap().contains(expected),
+            "{what}: {problem}"
+        );
+    }
+    assert_eq!(api.counts().await, (0, 0, 0, 0), "nothing written");
+}
+
+/// An `Idempotency-Key` or `Authorization` sent twice with different values is ambiguous and
+/// refused (`400`) before anything is written; the same value twice is one value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_or_credential_sent_twice_with_different_values_is_refused() {
+    let api = start().await;
+    let other = key_for(&api.db, "globex").await;
+    let url = format!("{}/v1/replies", api.base);
+    let twice = |keys: [&str; 2], auths: [&str; 2]| {
+        api.client
+            .post(&url)
+            .header("Idempotency-Key", keys[0])
+            .header("Idempotency-Key", keys[1])
+            .header("Authorization", format!("Bearer {}", auths[0]))
+            .header("Authorization", format!("Bearer {}", auths[1]))
+            .json(&body("q"))
+            .send()
+    };
+    let cases = [
+        (
+            "two keys",
+            twice(["press-1", "press-2"], [&api.key, &api.key])
+                .await
+                .unwrap(),
+            "invalid_idempotency_key",
+            "Idempotency-Key",
+        ),
+        (
+            "two credentials",
+            twice(["press-1", "press-1"], [&api.key, &other])
+                .await
+                .unwrap(),
+            "invalid_authorization",
+            "Authorization",
+        ),
+    ];
+    for (what, refused, kind, header) in cases {
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "{what}");
+        let problem: Value = refused.json().await.unwrap();
+        assert!(
+            problem["type"].as_str().unwrap().ends_with(kind),
+            "{what}: {problem}"
+        );
+        assert!(
+            problem["detail"].as_str().unwrap().contains(header),
+            "{what}: {problem}"
+        );
+    }
+    assert_eq!(api.counts().await, (0, 0, 0, 0), "nothing written");
+    let same = twice(["press-1", "press-1"], [&api.key, &api.key])
+        .await
+        .unwrap();
+    assert_eq!(same.status(), StatusCode::ACCEPTED);
 }

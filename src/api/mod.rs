@@ -19,7 +19,7 @@ pub mod replies;
 use std::net::SocketAddr;
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
@@ -29,16 +29,43 @@ use crate::store::Store;
 use crate::telemetry::http::{DatabaseReady, Probes};
 use problem::Problem;
 
-/// What every handler reads.
-#[derive(Clone)]
-pub struct ApiState {
-    pub store: Store,
-    pub settings: ApiSettings,
+/// What bounds the work the API admits, from the worker's and Kafka's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntakeLimits {
     /// Attempt budget of API-created tasks (`worker.default_max_attempts`).
     pub max_attempts: u32,
     /// Largest message plus context (`worker.max_prompt_bytes`): a workers' limit, so the API
     /// refuses at once what the worker would dead-letter.
     pub max_prompt_bytes: usize,
+    /// Largest Kafka record (`kafka.max_record_bytes`): the API refuses at once a task whose
+    /// record the relay could never publish.
+    pub max_record_bytes: usize,
+}
+
+impl IntakeLimits {
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            max_attempts: settings.worker.default_max_attempts,
+            max_prompt_bytes: settings.worker.max_prompt_bytes,
+            max_record_bytes: settings.kafka.max_record_bytes,
+        }
+    }
+}
+
+impl Default for IntakeLimits {
+    /// The limits of the default settings.
+    fn default() -> Self {
+        Self::of(&Settings::default())
+    }
+}
+
+/// What every handler reads.
+#[derive(Clone)]
+pub struct ApiState {
+    pub store: Store,
+    pub settings: ApiSettings,
+    /// What bounds new work.
+    pub limits: IntakeLimits,
     /// Task status changes, for the event streams.
     pub changes: events::TaskChanges,
     /// The quota policy (`[quota]`) new work is admitted under.
@@ -48,18 +75,12 @@ pub struct ApiState {
 }
 
 impl ApiState {
-    pub fn new(
-        store: Store,
-        settings: ApiSettings,
-        max_attempts: u32,
-        max_prompt_bytes: usize,
-    ) -> Self {
+    pub fn new(store: Store, settings: ApiSettings, limits: IntakeLimits) -> Self {
         Self {
             limiter: std::sync::Arc::new(rate_limit::KeyLimiter::new(&settings)),
             store,
             settings,
-            max_attempts,
-            max_prompt_bytes,
+            limits,
             changes: events::TaskChanges::default(),
             quota: crate::config::QuotaSettings::default().policy(),
         }
@@ -163,6 +184,29 @@ async fn limit_headers(
     next.run(request).await
 }
 
+/// The one value of a header that must not be ambiguous (`Authorization`,
+/// `Idempotency-Key`): `None` when absent; the same value repeated is that value; different
+/// values are `Err` with how many there are.
+pub(crate) fn one_value<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+) -> Result<Option<&'a HeaderValue>, usize> {
+    let mut values = headers.get_all(name).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    let mut distinct = vec![first];
+    for value in values {
+        if !distinct.contains(&value) {
+            distinct.push(value);
+        }
+    }
+    match distinct.len() {
+        1 => Ok(Some(first)),
+        n => Err(n),
+    }
+}
+
 /// Runs `replyd api` until `shutdown`: migrations first (retried while PostgreSQL is away),
 /// then the API on `api.listen`; SIGTERM stops taking connections and lets open requests
 /// finish.
@@ -175,12 +219,7 @@ pub async fn run(
     crate::startup::migrate(&settings.database, &shutdown).await?;
     let store = Store::connect(&settings.database).context("database settings")?;
     probes.add("api", DatabaseReady(store.clone()));
-    let mut state = ApiState::new(
-        store,
-        settings.api.clone(),
-        settings.worker.default_max_attempts,
-        settings.worker.max_prompt_bytes,
-    );
+    let mut state = ApiState::new(store, settings.api.clone(), IntakeLimits::of(&settings));
     state.quota = settings.quota.policy();
     state
         .changes
