@@ -158,6 +158,17 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// A body over `api.max_body_bytes`: declared so (refused before it is read), or found so
+/// while reading one of unknown length.
+pub(super) fn body_too_large(limit: usize) -> Problem {
+    Problem::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        "Body too large",
+        format!("the body is over the limit of {limit} bytes (api.max_body_bytes)"),
+    )
+}
+
 /// A JSON object read as `T`, and no other JSON value. serde's derived structs also take an
 /// array of their fields in order (`["c", "hello", "v1", null, null, 64]`), which the schema
 /// does not allow: asking the deserializer for a map refuses every other value, and the map
@@ -202,14 +213,9 @@ async fn parse_body(
         ));
     }
     let limit = state.settings.max_body_bytes;
-    let bytes = to_bytes(body, limit).await.map_err(|_| {
-        Problem::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            "Body too large",
-            format!("the body is over the limit of {limit} bytes (api.max_body_bytes)"),
-        )
-    })?;
+    let bytes = to_bytes(body, limit)
+        .await
+        .map_err(|_| body_too_large(limit))?;
     let JsonObject(create) =
         serde_json::from_slice::<JsonObject<CreateReply>>(&bytes).map_err(|e| {
             use serde_json::error::Category;
@@ -397,8 +403,7 @@ fn urls(task_id: TaskId) -> (String, String) {
             )),
         (status = 400, description = "No `Idempotency-Key`, one that is empty, over 255 bytes or not printable ASCII, or several different ones (`invalid_idempotency_key`); or a body that is not JSON (`malformed_json`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 413, description = "The body is over `api.max_body_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over `api.max_body_bytes` (`body_too_large`); a declared `Content-Length` over it is refused before the body is read (no `100 Continue`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
@@ -489,7 +494,6 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
             )),
         (status = 400, description = "A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
@@ -607,7 +611,6 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
         (status = 200, description = "The task", body = ReplyView),
         (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds until the key may ask again"))),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
