@@ -129,6 +129,13 @@ pub struct KafkaSettings {
     /// How every Kafka client of replyd (the group consumer, the producers, the relay, the
     /// checker) reaches the brokers: TLS and SASL.
     pub security: KafkaSecurity,
+    /// The largest record replyd publishes, in bytes, as librdkafka counts it (key, value,
+    /// headers and framing). The relay's producer takes it as `message.max.bytes`, and the
+    /// API refuses (`422`) a request whose task record would be larger, since the relay could
+    /// never publish it; `worker.max_prompt_bytes` must fit in it with the largest ids the
+    /// API takes (validated). Keep it at most the topic's `max.message.bytes` (the broker's
+    /// default is 1048588). librdkafka default: 1000000.
+    pub max_record_bytes: usize,
 }
 
 /// TLS and SASL for the brokers. The properties it sets are refused in the pass-through maps,
@@ -270,9 +277,16 @@ impl Default for KafkaSettings {
             librdkafka: BTreeMap::new(),
             producer_librdkafka: BTreeMap::new(),
             security: KafkaSecurity::default(),
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
         }
     }
 }
+
+/// librdkafka's `message.max.bytes` default.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 1_000_000;
+
+/// The range librdkafka takes for `message.max.bytes`.
+const MESSAGE_MAX_BYTES_RANGE: std::ops::RangeInclusive<usize> = 1_000..=1_000_000_000;
 
 /// librdkafka's `session.timeout.ms` default.
 pub const DEFAULT_SESSION_TIMEOUT_MS: u64 = 45_000;
@@ -437,6 +451,14 @@ pub struct ApiSettings {
     pub max_body_bytes: usize,
     /// Largest header block of a request (names and values); larger ones get `431`.
     pub max_header_bytes: usize,
+    /// Most header fields a request may have (at least 32); more get `431`. (The HTTP
+    /// server's own parser takes twice as many before it refuses a request itself, so the
+    /// answer names this setting.)
+    pub max_headers: usize,
+    /// How long a client may take to send a request's head (its request line and headers)
+    /// before the connection is closed; also how long an idle keep-alive connection is kept.
+    /// Bounds what a slow or stalled client holds.
+    pub header_read_timeout_ms: u64,
     /// How long an `Idempotency-Key` is remembered: a retry within it returns the first
     /// request's task, after it the key is new work. Must be longer than the longest retry
     /// horizon of a task (validated), or a late retry would be taken for new work.
@@ -459,6 +481,8 @@ impl Default for ApiSettings {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 1024 * 1024,
             max_header_bytes: 16 * 1024,
+            max_headers: 100,
+            header_read_timeout_ms: 10_000,
             idempotency_retention_ms: 24 * 60 * 60 * 1000,
             rate_limit_per_second: 200,
             rate_limit_burst: 400,
@@ -468,6 +492,10 @@ impl Default for ApiSettings {
 }
 
 impl ApiSettings {
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
     pub fn idempotency_retention(&self) -> chrono::TimeDelta {
         chrono::TimeDelta::milliseconds(
             i64::try_from(self.idempotency_retention_ms).unwrap_or(i64::MAX),
@@ -634,6 +662,9 @@ const CLASSIC_ONLY_LIBRDKAFKA: &[&str] = &[
     "heartbeat.interval.ms",
     "partition.assignment.strategy",
 ];
+
+/// The fewest header fields `api.max_headers` may allow.
+const MIN_HEADERS: usize = 32;
 
 /// Settings whose keys are free-form (librdkafka property names), not fields.
 const FREE_FORM: &[&str] = &["kafka.librdkafka", "kafka.producer_librdkafka"];
@@ -1004,6 +1035,55 @@ impl Settings {
         if self.api.max_body_bytes == 0 {
             refuse("api.max_body_bytes", "must be positive".into());
         }
+        if self.api.max_headers < MIN_HEADERS {
+            refuse(
+                "api.max_headers",
+                format!(
+                    "{} must be at least {MIN_HEADERS}: a browser's request alone sends about 15",
+                    self.api.max_headers
+                ),
+            );
+        }
+        if self.api.header_read_timeout_ms == 0 {
+            refuse("api.header_read_timeout_ms", "must be positive".into());
+        }
+        if !MESSAGE_MAX_BYTES_RANGE.contains(&k.max_record_bytes) {
+            refuse(
+                "kafka.max_record_bytes",
+                format!(
+                    "{} is outside librdkafka's range for message.max.bytes, {} to {}",
+                    k.max_record_bytes,
+                    MESSAGE_MAX_BYTES_RANGE.start(),
+                    MESSAGE_MAX_BYTES_RANGE.end()
+                ),
+            );
+        }
+        if let Some(set) = k.producer_librdkafka.get("message.max.bytes")
+            && set.trim() != k.max_record_bytes.to_string()
+        {
+            refuse(
+                "kafka.producer_librdkafka",
+                format!(
+                    "`message.max.bytes` = {set:?} contradicts kafka.max_record_bytes ({}), which sets it for the relay: set kafka.max_record_bytes instead",
+                    k.max_record_bytes
+                ),
+            );
+        }
+        // The API refuses a record over kafka.max_record_bytes; a prompt limit that the largest
+        // ids push over it would make the API refuse prompts the worker takes.
+        let largest = crate::domain::limits::largest_record_bytes(w.max_prompt_bytes);
+        if largest > k.max_record_bytes {
+            let fits = k
+                .max_record_bytes
+                .saturating_sub(largest - w.max_prompt_bytes);
+            refuse(
+                "worker.max_prompt_bytes",
+                format!(
+                    "{} does not fit kafka.max_record_bytes ({}): with the longest ids the API takes, a task's Kafka record can be {largest} bytes; lower worker.max_prompt_bytes to at most {fits} or raise kafka.max_record_bytes",
+                    w.max_prompt_bytes, k.max_record_bytes
+                ),
+            );
+        }
         // Neither message quotes the URL, so no password leaks through them.
         match crate::store::parse_url(&self.database) {
             Err(crate::store::StoreError::Config(e)) => refuse("database.url", e),
@@ -1195,6 +1275,43 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .starts_with("kafka.dead_letter_topic:")
+        );
+    }
+
+    #[test]
+    fn a_prompt_limit_whose_largest_record_cannot_fit_kafka_max_record_bytes_is_refused() {
+        let mut s = Settings::default();
+        s.worker.max_prompt_bytes = s.kafka.max_record_bytes;
+        let err = s.validate().unwrap_err();
+        assert_eq!(err.0.len(), 1, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("worker.max_prompt_bytes:") && text.contains("kafka.max_record_bytes"),
+            "{text}"
+        );
+        // The limit it suggests fits.
+        let fits: usize = text
+            .split("at most ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("a suggested limit");
+        s.worker.max_prompt_bytes = fits;
+        s.validate().unwrap();
+        // And so does raising the record size instead.
+        let mut s = Settings::default();
+        s.worker.max_prompt_bytes = 1_000_000;
+        s.kafka.max_record_bytes = 1_100_000;
+        s.validate().unwrap();
+
+        let mut s = Settings::default();
+        s.kafka
+            .producer_librdkafka
+            .insert("message.max.bytes".into(), "2000000".into());
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.starts_with("kafka.producer_librdkafka:") && err.contains("kafka.max_record_bytes"),
+            "{err}"
         );
     }
 

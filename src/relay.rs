@@ -90,6 +90,26 @@ impl Readiness for RelayReady {
     }
 }
 
+/// The relay's producer: idempotent, every record acknowledged by all replicas, and no record
+/// over `kafka.max_record_bytes` (the limit the API sized each task's record by).
+fn producer_config(settings: &Settings) -> rdkafka::ClientConfig {
+    let kafka = &settings.kafka;
+    let mut config = kafka.client_config();
+    for (key, value) in &kafka.producer_librdkafka {
+        config.set(key, value);
+    }
+    config
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("message.max.bytes", kafka.max_record_bytes.to_string())
+        // A publish must end well inside the open transaction's idle timeout (validated).
+        .set(
+            "message.timeout.ms",
+            settings.relay.publish_timeout_ms.to_string(),
+        );
+    config
+}
+
 /// Runs the relay until `shutdown`.
 pub async fn run(
     settings: Settings,
@@ -100,15 +120,7 @@ pub async fn run(
     let store = Store::connect(&settings.database).context("database settings")?;
     let relay = &settings.relay;
     let kafka = &settings.kafka;
-    let mut config = kafka.client_config();
-    for (key, value) in &kafka.producer_librdkafka {
-        config.set(key, value);
-    }
-    let producer: FutureProducer<KafkaLogs> = config
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        // A publish must end well inside the open transaction's idle timeout (validated).
-        .set("message.timeout.ms", relay.publish_timeout_ms.to_string())
+    let producer: FutureProducer<KafkaLogs> = producer_config(&settings)
         .create_with_context(KafkaLogs::default())
         .with_context(|| {
             format!(
@@ -314,5 +326,19 @@ mod tests {
         ] {
             assert_eq!(refused_for_good(&passing), None, "{passing:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_producer_takes_no_record_over_kafka_max_record_bytes() {
+        let mut settings = Settings::default();
+        settings.kafka.max_record_bytes = 123_456;
+        let config = producer_config(&settings);
+        assert_eq!(config.get("message.max.bytes"), Some("123456"));
+        assert_eq!(config.get("acks"), Some("all"));
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use helpers::app::{TestApp, WorkerConfig};
 use helpers::wait_until;
 use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
-use replyd::api::{ApiState, serve};
+use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::api_key::issue;
 use replyd::config::ApiSettings;
 use replyd::mock_provider::MockSettings;
@@ -33,7 +33,15 @@ async fn front(app: &TestApp) -> Front {
     let key = issue(&mut rand::rng());
     store.create_api_key("acme", &key).await.unwrap();
     let stop = CancellationToken::new();
-    let state = ApiState::new(store.clone(), ApiSettings::default(), 3, 64 * 1024);
+    let state = ApiState::new(
+        store.clone(),
+        ApiSettings::default(),
+        IntakeLimits {
+            max_attempts: 3,
+            max_prompt_bytes: 64 * 1024,
+            ..IntakeLimits::default()
+        },
+    );
     state.changes.listen(app.db.settings.clone(), stop.clone());
     let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
         .await

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use helpers::TestDb;
 use replyd::api::replies::Accepted;
-use replyd::api::{ApiState, serve};
+use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::api_key::issue;
 use replyd::config::{ApiSettings, QuotaSettings};
 use replyd::domain::TaskId;
@@ -39,7 +39,15 @@ async fn start(policy: QuotaPolicy) -> Api {
     let key = issue(&mut rand::rng());
     assert!(db.store.create_api_key("acme", &key).await.unwrap());
     let stop = CancellationToken::new();
-    let mut state = ApiState::new(db.store.clone(), ApiSettings::default(), 3, 10_000);
+    let mut state = ApiState::new(
+        db.store.clone(),
+        ApiSettings::default(),
+        IntakeLimits {
+            max_attempts: 3,
+            max_prompt_bytes: 10_000,
+            ..IntakeLimits::default()
+        },
+    );
     state.quota = policy;
     let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
         .await

@@ -2,6 +2,11 @@
 //! comes from the key, never from the request body. Unknown, revoked and wrong keys all get
 //! the same `401`, so the answer does not tell which part was wrong. An authenticated key over
 //! its request rate gets `429` (`rate_limited`, [`super::rate_limit`]).
+//!
+//! `Authorization` sent more than once with different values is a `400`
+//! (`invalid_authorization`), not a `401`: which credential was meant is ambiguous, and that
+//! is a fault of the request's shape, found before any key is looked up (so the answer says
+//! nothing about either key). The same value repeated is that value.
 
 use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
@@ -29,8 +34,15 @@ impl FromRequestParts<ApiState> for Workspace {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Problem> {
-        let header = parts.headers.get(AUTHORIZATION).map(|v| v.as_bytes());
-        let presented = parse_bearer(header).map_err(unauthorized)?;
+        let header = super::one_value(&parts.headers, AUTHORIZATION.as_str()).map_err(|distinct| {
+            Problem::bad_request(
+                "invalid_authorization",
+                format!(
+                    "the Authorization header is sent with {distinct} different values; send one credential"
+                ),
+            )
+        })?;
+        let presented = parse_bearer(header.map(|v| v.as_bytes())).map_err(unauthorized)?;
         match state.store.authenticate(&presented).await {
             Ok(Some(workspace)) => match state.limiter.check(&presented.key_id) {
                 Ok(()) => Ok(Workspace(workspace)),

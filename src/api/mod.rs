@@ -4,22 +4,24 @@
 //!
 //! One file per route group: [`replies`], [`events`], [`quota`]; [`demo`] is the demo chat
 //! page, served only when `api.demo_page` is on. [`auth`] turns the bearer key into the
-//! workspace; [`problem`] renders every error as problem+json. Unknown routes and methods are problems
-//! too, so no answer of this server is anything but JSON.
+//! workspace; [`problem`] renders every error as problem+json. Unknown routes and methods are
+//! problems too, and so are the answers of the HTTP server itself ([`server`], with
+//! [`parse_errors`] for the heads its parser refuses), so no refusal of this server is
+//! anything but problem+json.
 
 pub mod auth;
 pub mod demo;
 pub mod events;
 pub mod openapi;
+pub mod parse_errors;
 pub mod problem;
 pub mod quota;
 pub mod rate_limit;
 pub mod replies;
-
-use std::net::SocketAddr;
+pub mod server;
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
@@ -28,17 +30,45 @@ use crate::quota::QuotaPolicy;
 use crate::store::Store;
 use crate::telemetry::http::{DatabaseReady, Probes};
 use problem::Problem;
+pub use server::serve;
+
+/// What bounds the work the API admits, from the worker's and Kafka's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntakeLimits {
+    /// Attempt budget of API-created tasks (`worker.default_max_attempts`).
+    pub max_attempts: u32,
+    /// Largest message plus context (`worker.max_prompt_bytes`): a workers' limit, so the API
+    /// refuses at once what the worker would dead-letter.
+    pub max_prompt_bytes: usize,
+    /// Largest Kafka record (`kafka.max_record_bytes`): the API refuses at once a task whose
+    /// record the relay could never publish.
+    pub max_record_bytes: usize,
+}
+
+impl IntakeLimits {
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            max_attempts: settings.worker.default_max_attempts,
+            max_prompt_bytes: settings.worker.max_prompt_bytes,
+            max_record_bytes: settings.kafka.max_record_bytes,
+        }
+    }
+}
+
+impl Default for IntakeLimits {
+    /// The limits of the default settings.
+    fn default() -> Self {
+        Self::of(&Settings::default())
+    }
+}
 
 /// What every handler reads.
 #[derive(Clone)]
 pub struct ApiState {
     pub store: Store,
     pub settings: ApiSettings,
-    /// Attempt budget of API-created tasks (`worker.default_max_attempts`).
-    pub max_attempts: u32,
-    /// Largest message plus context (`worker.max_prompt_bytes`): a workers' limit, so the API
-    /// refuses at once what the worker would dead-letter.
-    pub max_prompt_bytes: usize,
+    /// What bounds new work.
+    pub limits: IntakeLimits,
     /// Task status changes, for the event streams.
     pub changes: events::TaskChanges,
     /// The quota policy (`[quota]`) new work is admitted under.
@@ -48,18 +78,12 @@ pub struct ApiState {
 }
 
 impl ApiState {
-    pub fn new(
-        store: Store,
-        settings: ApiSettings,
-        max_attempts: u32,
-        max_prompt_bytes: usize,
-    ) -> Self {
+    pub fn new(store: Store, settings: ApiSettings, limits: IntakeLimits) -> Self {
         Self {
             limiter: std::sync::Arc::new(rate_limit::KeyLimiter::new(&settings)),
             store,
             settings,
-            max_attempts,
-            max_prompt_bytes,
+            limits,
             changes: events::TaskChanges::default(),
             quota: crate::config::QuotaSettings::default().policy(),
         }
@@ -111,7 +135,7 @@ pub fn router(state: ApiState) -> Router {
             )
         })
         .layer(axum::middleware::from_fn_with_state(
-            state.settings.max_header_bytes,
+            HeadLimits::of(&state.settings),
             limit_headers,
         ))
         .with_state(state)
@@ -138,29 +162,96 @@ async fn trace_request(
     response
 }
 
-/// Refuses a request whose header block (names and values) is over `api.max_header_bytes`
-/// with a problem (`431`), before any handler or database work.
+/// What [`limit_headers`] holds a request's head to.
+#[derive(Debug, Clone, Copy)]
+struct HeadLimits {
+    max_headers: usize,
+    max_header_bytes: usize,
+    max_body_bytes: usize,
+}
+
+impl HeadLimits {
+    fn of(settings: &ApiSettings) -> Self {
+        Self {
+            max_headers: settings.max_headers,
+            max_header_bytes: settings.max_header_bytes,
+            max_body_bytes: settings.max_body_bytes,
+        }
+    }
+}
+
+/// Refuses, before any handler or database work, a request with more header fields than
+/// `api.max_headers` or a header block (names and values) over `api.max_header_bytes`
+/// (`431`), and one whose declared `Content-Length` is over `api.max_body_bytes` (`413`).
+/// The body is not read, so a client that sent `Expect: 100-continue` is not told to send it.
 async fn limit_headers(
-    axum::extract::State(limit): axum::extract::State<usize>,
+    axum::extract::State(limits): axum::extract::State<HeadLimits>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse as _;
-    let size: usize = request
-        .headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len())
-        .sum();
-    if size > limit {
-        return Problem::new(
+    let too_large = |detail: String| {
+        Problem::new(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "headers_too_large",
             "Request header fields too large",
-            format!("the request's headers take {size} bytes; api.max_header_bytes allows {limit}"),
+            detail,
         )
-        .into_response();
+        .into_response()
+    };
+    let headers = request.headers();
+    // `len` counts every field, a repeated name each time.
+    if headers.len() > limits.max_headers {
+        return too_large(format!(
+            "the request has {} header fields; api.max_headers allows {}",
+            headers.len(),
+            limits.max_headers
+        ));
+    }
+    let size: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if size > limits.max_header_bytes {
+        return too_large(format!(
+            "the request's headers take {size} bytes; api.max_header_bytes allows {}",
+            limits.max_header_bytes
+        ));
+    }
+    // hyper has already refused a Content-Length that is not one number.
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(declared) = declared
+        && declared > limits.max_body_bytes as u64
+    {
+        return replies::body_too_large(limits.max_body_bytes).into_response();
     }
     next.run(request).await
+}
+
+/// The one value of a header that must not be ambiguous (`Authorization`,
+/// `Idempotency-Key`): `None` when absent; the same value repeated is that value; different
+/// values are `Err` with how many there are.
+pub(crate) fn one_value<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+) -> Result<Option<&'a HeaderValue>, usize> {
+    let mut values = headers.get_all(name).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    let mut distinct = vec![first];
+    for value in values {
+        if !distinct.contains(&value) {
+            distinct.push(value);
+        }
+    }
+    match distinct.len() {
+        1 => Ok(Some(first)),
+        n => Err(n),
+    }
 }
 
 /// Runs `replyd api` until `shutdown`: migrations first (retried while PostgreSQL is away),
@@ -175,12 +266,7 @@ pub async fn run(
     crate::startup::migrate(&settings.database, &shutdown).await?;
     let store = Store::connect(&settings.database).context("database settings")?;
     probes.add("api", DatabaseReady(store.clone()));
-    let mut state = ApiState::new(
-        store,
-        settings.api.clone(),
-        settings.worker.default_max_attempts,
-        settings.worker.max_prompt_bytes,
-    );
+    let mut state = ApiState::new(store, settings.api.clone(), IntakeLimits::of(&settings));
     state.quota = settings.quota.policy();
     state
         .changes
@@ -194,24 +280,4 @@ pub async fn run(
     }
     served.await.context("the API server")?;
     Ok(())
-}
-
-/// Binds `listen` (port 0 picks one) and serves until `shutdown`; returns the bound address.
-pub async fn serve(
-    listen: SocketAddr,
-    state: ApiState,
-    shutdown: CancellationToken,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    let addr = listener.local_addr()?;
-    let app = router(state);
-    let handle = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "API server stopped");
-        }
-    });
-    Ok((addr, handle))
 }

@@ -1,8 +1,11 @@
 //! The API's OpenAPI document, generated from the handlers' and types' annotations, so it
 //! cannot drift from the code. Served at `/openapi.json`, printed by `replyd openapi`, and
-//! checked in as `docs/openapi.json` (a test fails when the two differ).
+//! checked in as `docs/openapi.json` (a test fails when the two differ). The refusals any
+//! route may answer before its handler runs are added to every operation by one modifier
+//! ([`EveryRouteRefusals`]), so no route's list can leave one out.
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::problem::ProblemDetails;
@@ -33,7 +36,7 @@ use super::{events, quota};
         quota::PolicyView,
         ProblemDetails
     )),
-    modifiers(&BearerKey),
+    modifiers(&BearerKey, &EveryRouteRefusals),
     tags(
         (name = "replies", description = "Reply tasks: submit, read, follow, regenerate"),
         (name = "quota", description = "Generation quotas: every new task reserves one generation, charged once")
@@ -58,6 +61,78 @@ impl Modify for BearerKey {
                         .build(),
                 ),
             );
+        }
+    }
+}
+
+/// The refusals of any route, answered before its handler: by `api::limit_headers` (the
+/// head's limits) and by the HTTP server's parser (`api::parse_errors`).
+struct EveryRouteRefusals;
+
+/// The `400` of any route, appended to a route's own `400` when it has one.
+const ANY_ROUTE_BAD_REQUEST: &str = "a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`)";
+
+/// Every route's answers that do not depend on the route: `(status, description, whether it
+/// replaces the route's own)`.
+const ANY_ROUTE: [(&str, &str, bool); 3] = [
+    (
+        "413",
+        "A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`)",
+        false,
+    ),
+    (
+        "414",
+        "A request target over 65534 bytes (`uri_too_long`)",
+        true,
+    ),
+    (
+        "431",
+        "More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`)",
+        true,
+    ),
+];
+
+impl Modify for EveryRouteRefusals {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let problem = |description: &str| {
+            RefOr::T(
+                ResponseBuilder::new()
+                    .description(description)
+                    .content(
+                        "application/problem+json",
+                        ContentBuilder::new()
+                            .schema(Some(Ref::from_schema_name("ProblemDetails")))
+                            .build(),
+                    )
+                    .build(),
+            )
+        };
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                let responses = &mut operation.responses.responses;
+                match responses.get_mut("400") {
+                    Some(RefOr::T(own)) => {
+                        own.description =
+                            format!("{}; on any route, {ANY_ROUTE_BAD_REQUEST}", own.description);
+                    }
+                    _ => {
+                        let own = format!("A{}", &ANY_ROUTE_BAD_REQUEST[1..]);
+                        responses.insert("400".into(), problem(&own));
+                    }
+                }
+                for (status, description, replaces) in ANY_ROUTE {
+                    if replaces || !responses.contains_key(status) {
+                        responses.insert(status.into(), problem(description));
+                    }
+                }
+            }
         }
     }
 }
@@ -100,5 +175,31 @@ mod tests {
             assert!(paths.contains(&path), "{path} is not in the document");
         }
         assert_eq!(paths.len(), super::super::ROUTES.len());
+    }
+
+    #[test]
+    fn every_operation_lists_the_refusals_of_any_route() {
+        let doc: serde_json::Value = serde_json::from_str(&super::document()).unwrap();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                let responses = &operation["responses"];
+                for status in ["400", "413", "414", "431"] {
+                    assert_eq!(
+                        responses[status]["content"]["application/problem+json"]["schema"]["$ref"],
+                        "#/components/schemas/ProblemDetails",
+                        "{method} {path} {status}"
+                    );
+                }
+                let bad_request = responses["400"]["description"].as_str().unwrap();
+                assert!(bad_request.contains("malformed_request"), "{method} {path}");
+                assert!(
+                    responses["431"]["description"]
+                        .as_str()
+                        .unwrap()
+                        .contains("api.max_headers"),
+                    "{method} {path}"
+                );
+            }
+        }
     }
 }

@@ -16,7 +16,7 @@ pub struct Problem {
     pub kind: &'static str,
     pub title: &'static str,
     pub detail: String,
-    /// Extra members (e.g. the fields of a mismatch).
+    /// The fields at fault (a field over its bound, the fields of a mismatch).
     pub fields: Vec<&'static str>,
     /// Seconds for a `Retry-After` header (a `429`).
     pub retry_after: Option<u64>,
@@ -33,7 +33,8 @@ pub struct ProblemDetails {
     pub status: u16,
     /// What is wrong, for a person.
     pub detail: String,
-    /// The inputs that differ, when an `Idempotency-Key` was reused with other inputs.
+    /// The fields at fault: the body's fields an `invalid_body` names (one over its bound,
+    /// say), or the inputs that differ when an `Idempotency-Key` was reused with other inputs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fields: Vec<String>,
 }
@@ -73,6 +74,16 @@ impl Problem {
         Self::new(StatusCode::BAD_REQUEST, kind, "Bad request", detail)
     }
 
+    /// A body (or what it makes) the API will not take (`422 invalid_body`).
+    pub fn invalid_body(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "Invalid body",
+            detail,
+        )
+    }
+
     pub fn unavailable(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -88,19 +99,25 @@ pub fn retry_after_seconds(wait: std::time::Duration) -> u64 {
     wait.as_secs_f64().ceil().max(1.0) as u64
 }
 
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        telemetry::api_refused(self.kind, self.status.as_u16());
+impl Problem {
+    /// The problem's body, as JSON.
+    pub fn body(&self) -> Vec<u8> {
         let body = ProblemDetails {
             kind: format!("https://replyd.dev/problems/{}", self.kind),
             title: self.title.to_owned(),
             status: self.status.as_u16(),
-            detail: self.detail,
+            detail: self.detail.clone(),
             fields: self.fields.iter().map(|f| (*f).to_owned()).collect(),
         };
         // Serializing strings and numbers cannot fail.
-        let json = serde_json::to_vec(&body).expect("a problem serializes");
-        let mut response = (self.status, json).into_response();
+        serde_json::to_vec(&body).expect("a problem serializes")
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        telemetry::api_refused(self.kind, self.status.as_u16());
+        let mut response = (self.status, self.body()).into_response();
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),

@@ -18,25 +18,34 @@ use utoipa::ToSchema;
 use super::ApiState;
 use super::auth::Workspace;
 use super::problem::{Problem, ProblemDetails};
+use crate::domain::limits::{
+    MAX_CONVERSATION_ID_BYTES, MAX_DOCUMENT_VERSION_BYTES, MAX_MODEL_BYTES,
+};
 use crate::domain::{Role, StoredTask, TaskId, TaskStatus};
 use crate::idempotency::{BoundInputs, IdempotencyKey, Operation};
-use crate::store::intake::{Submission, Submitted};
+use crate::store::intake::{Submission, Submitted, task_spec};
 
-/// The body of `POST /v1/replies`. Every field is bound to the `Idempotency-Key`: a retry
-/// with the same key must send the same values. No text may contain NUL (U+0000).
+/// The body of `POST /v1/replies`: a JSON object. Every field is bound to the
+/// `Idempotency-Key`: a retry with the same key must send the same values. No text may
+/// contain NUL (U+0000). Lengths are in bytes of UTF-8 (the schema's `maxLength` counts
+/// characters, so it is the loose side of the same bound). The task's Kafka record, which
+/// carries all of them, must also fit `kafka.max_record_bytes`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateReply {
-    /// The conversation the message belongs to (not blank).
-    #[schema(min_length = 1, pattern = r"\S")]
+    /// The conversation the message belongs to (not blank; at most 256 bytes: it is also the
+    /// task's Kafka record key).
+    #[schema(min_length = 1, max_length = 256, pattern = r"\S")]
     pub conversation_id: String,
     /// The user's message (not blank; with `context`, at most `worker.max_prompt_bytes`).
     #[schema(min_length = 1, pattern = r"\S")]
     pub message: String,
-    /// The document version the question is about (empty when none).
+    /// The document version the question is about (empty when none; at most 256 bytes).
     #[serde(default)]
+    #[schema(max_length = 256)]
     pub document_version: String,
-    /// The model to ask; the provider's default when absent.
+    /// The model to ask; the provider's default when absent (at most 256 bytes).
+    #[schema(max_length = 256)]
     pub model: Option<String>,
     /// A system prompt for this reply.
     pub context: Option<String>,
@@ -149,6 +158,46 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// A body over `api.max_body_bytes`: declared so (refused before it is read), or found so
+/// while reading one of unknown length.
+pub(super) fn body_too_large(limit: usize) -> Problem {
+    Problem::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        "Body too large",
+        format!("the body is over the limit of {limit} bytes (api.max_body_bytes)"),
+    )
+}
+
+/// A JSON object read as `T`, and no other JSON value. serde's derived structs also take an
+/// array of their fields in order (`["c", "hello", "v1", null, null, 64]`), which the schema
+/// does not allow: asking the deserializer for a map refuses every other value, and the map
+/// is handed on to `T`'s own visitor, which keeps its refusals of duplicate and unknown
+/// fields.
+struct JsonObject<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectOf<T>(std::marker::PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectOf<T> {
+            type Value = T;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+
+        deserializer
+            .deserialize_map(ObjectOf(std::marker::PhantomData))
+            .map(JsonObject)
+    }
+}
+
 /// Reads and parses the body, each failure a problem naming it.
 async fn parse_body(
     state: &ApiState,
@@ -164,36 +213,23 @@ async fn parse_body(
         ));
     }
     let limit = state.settings.max_body_bytes;
-    let bytes = to_bytes(body, limit).await.map_err(|_| {
-        Problem::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            "Body too large",
-            format!("the body is over the limit of {limit} bytes (api.max_body_bytes)"),
-        )
-    })?;
-    let create: CreateReply = serde_json::from_slice(&bytes).map_err(|e| {
-        use serde_json::error::Category;
-        match e.classify() {
-            Category::Syntax | Category::Eof | Category::Io => {
-                Problem::bad_request("malformed_json", format!("the body is not JSON: {e}"))
+    let bytes = to_bytes(body, limit)
+        .await
+        .map_err(|_| body_too_large(limit))?;
+    let JsonObject(create) =
+        serde_json::from_slice::<JsonObject<CreateReply>>(&bytes).map_err(|e| {
+            use serde_json::error::Category;
+            match e.classify() {
+                Category::Syntax | Category::Eof | Category::Io => {
+                    Problem::bad_request("malformed_json", format!("the body is not JSON: {e}"))
+                }
+                Category::Data => Problem::invalid_body(format!(
+                    "the body does not match the request schema: {e}"
+                )),
             }
-            Category::Data => Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_body",
-                "Invalid body",
-                format!("the body does not match the request schema: {e}"),
-            ),
-        }
-    })?;
-    check_inputs(&create, state.max_prompt_bytes).map_err(|detail| {
-        Problem::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_body",
-            "Invalid body",
-            detail,
-        )
-    })?;
+        })?;
+    check_inputs(&create, state.limits.max_prompt_bytes)
+        .map_err(|refusal| Problem::invalid_body(refusal.detail).with_fields(refusal.fields))?;
     Ok(create)
 }
 
@@ -201,13 +237,58 @@ async fn parse_body(
 /// typo (or an overflow in a client) is refused rather than passed on.
 pub const MAX_OUTPUT_TOKENS: u32 = 1_000_000;
 
+/// Why a well-formed body is refused: the fields at fault, and what is wrong with them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Refusal {
+    fields: Vec<&'static str>,
+    detail: String,
+}
+
+impl Refusal {
+    fn of(field: &'static str, detail: String) -> Self {
+        Self {
+            fields: vec![field],
+            detail,
+        }
+    }
+}
+
 /// What the schema cannot say about a well-formed body, each refusal naming its field.
-fn check_inputs(create: &CreateReply, max_prompt_bytes: usize) -> Result<(), String> {
+fn check_inputs(create: &CreateReply, max_prompt_bytes: usize) -> Result<(), Refusal> {
     if create.conversation_id.trim().is_empty() {
-        return Err("`conversation_id` is empty".into());
+        return Err(Refusal::of(
+            "conversation_id",
+            "`conversation_id` is empty".into(),
+        ));
     }
     if create.message.trim().is_empty() {
-        return Err("`message` is empty".into());
+        return Err(Refusal::of("message", "`message` is empty".into()));
+    }
+    let bounded = [
+        (
+            "conversation_id",
+            Some(&create.conversation_id),
+            MAX_CONVERSATION_ID_BYTES,
+        ),
+        (
+            "document_version",
+            Some(&create.document_version),
+            MAX_DOCUMENT_VERSION_BYTES,
+        ),
+        ("model", create.model.as_ref(), MAX_MODEL_BYTES),
+    ];
+    for (field, text, limit) in bounded {
+        if let Some(text) = text
+            && text.len() > limit
+        {
+            return Err(Refusal::of(
+                field,
+                format!(
+                    "`{field}` is {} bytes, over the limit of {limit} bytes",
+                    text.len()
+                ),
+            ));
+        }
     }
     // PostgreSQL text cannot hold NUL; refused here, it can never fail the intake transaction.
     let texts = [
@@ -221,26 +302,76 @@ fn check_inputs(create: &CreateReply, max_prompt_bytes: usize) -> Result<(), Str
         .iter()
         .find(|(_, text)| text.is_some_and(|t| t.contains('\0')))
     {
-        return Err(format!("`{field}` contains a NUL character (U+0000)"));
+        return Err(Refusal::of(
+            field,
+            format!("`{field}` contains a NUL character (U+0000)"),
+        ));
     }
     if let Some(tokens) = create.max_output_tokens
         && !(1..=MAX_OUTPUT_TOKENS).contains(&tokens)
     {
-        return Err(format!(
-            "`max_output_tokens` is {tokens}; it must be between 1 and {MAX_OUTPUT_TOKENS}"
+        return Err(Refusal::of(
+            "max_output_tokens",
+            format!(
+                "`max_output_tokens` is {tokens}; it must be between 1 and {MAX_OUTPUT_TOKENS}"
+            ),
         ));
     }
     let prompt = create.message.len() + create.context.as_ref().map_or(0, String::len);
     if prompt > max_prompt_bytes {
-        return Err(format!(
-            "`message` and `context` are {prompt} bytes, over the limit of {max_prompt_bytes} (worker.max_prompt_bytes)"
-        ));
+        return Err(Refusal {
+            fields: vec!["message", "context"],
+            detail: format!(
+                "`message` and `context` are {prompt} bytes, over the limit of {max_prompt_bytes} (worker.max_prompt_bytes)"
+            ),
+        });
     }
     Ok(())
 }
 
+/// Refuses a submission whose Kafka record would be over `kafka.max_record_bytes`, naming its
+/// largest field: the relay could never publish it. The record is sized from the very task
+/// the intake would write ([`task_spec`]), with ids of the length the intake makes.
+fn check_record_size(submission: &Submission, max_record_bytes: usize) -> Result<(), Refusal> {
+    let spec = task_spec(
+        submission,
+        TaskId::from(uuid::Uuid::nil()),
+        uuid::Uuid::nil(),
+    );
+    let size = spec.record_bytes();
+    if size <= max_record_bytes {
+        return Ok(());
+    }
+    let inputs = &submission.inputs;
+    let fields = [
+        ("conversation_id", inputs.conversation_id.len()),
+        ("message", inputs.message.len()),
+        ("context", inputs.context.as_ref().map_or(0, String::len)),
+        ("document_version", inputs.document_version.len()),
+        ("model", inputs.model.as_ref().map_or(0, String::len)),
+    ];
+    let (field, bytes) = fields
+        .into_iter()
+        .max_by_key(|(_, bytes)| *bytes)
+        .expect("a non-empty list");
+    Err(Refusal::of(
+        field,
+        format!(
+            "the task's Kafka record would be {size} bytes, over kafka.max_record_bytes ({max_record_bytes}); its largest field is `{field}` ({bytes} bytes)"
+        ),
+    ))
+}
+
 fn key_of(headers: &HeaderMap) -> Result<IdempotencyKey, Problem> {
-    IdempotencyKey::parse(headers.get("idempotency-key").map(|v| v.as_bytes()))
+    let value = super::one_value(headers, "idempotency-key").map_err(|distinct| {
+        Problem::bad_request(
+            "invalid_idempotency_key",
+            format!(
+                "the Idempotency-Key header is sent with {distinct} different values; send one key per request"
+            ),
+        )
+    })?;
+    IdempotencyKey::parse(value.map(|v| v.as_bytes()))
         .map_err(|e| Problem::bad_request("invalid_idempotency_key", e.to_string()))
 }
 
@@ -270,12 +401,11 @@ fn urls(task_id: TaskId) -> (String, String) {
                 ("FollowReply" = (operation_id = "followReply", parameters(("task_id" = "$response.body#/task_id")))),
                 ("RegenerateReply" = (operation_id = "regenerateReply", parameters(("task_id" = "$response.body#/task_id")))),
             )),
-        (status = 400, description = "No `Idempotency-Key`, or one that is empty, over 255 bytes or not printable ASCII; or a body that is not JSON", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 400, description = "No `Idempotency-Key`, one that is empty, over 255 bytes or not printable ASCII, or several different ones (`invalid_idempotency_key`); or a body that is not JSON (`malformed_json`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 413, description = "The body is over `api.max_body_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over `api.max_body_bytes` (`body_too_large`); a declared `Content-Length` over it is refused before the body is read (no `100 Continue`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "The body does not match the schema or is over `worker.max_prompt_bytes`, or the key was used with other inputs (`fields` names them)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds until quota capacity returns at the latest, or until the key may ask again"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
@@ -315,12 +445,14 @@ async fn create_inner(
             max_output_tokens: create.max_output_tokens,
             source_task: None,
         },
-        max_attempts: state.max_attempts,
+        max_attempts: state.limits.max_attempts,
         retention: state.settings.idempotency_retention(),
         existing_message: None,
         quota: state.quota,
         traceparent: crate::telemetry::trace::traceparent(&tracing::Span::current()),
     };
+    check_record_size(&submission, state.limits.max_record_bytes)
+        .map_err(|refusal| Problem::invalid_body(refusal.detail).with_fields(refusal.fields))?;
     submit(state, submission).await
 }
 
@@ -360,11 +492,10 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
                 ("Location" = String, description = "The new task's status URL"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answers an earlier request with the same key")
             )),
-        (status = 400, description = "A bad task id, or a missing or bad `Idempotency-Key`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 400, description = "A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with other inputs (`fields` names them)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds until quota capacity returns at the latest, or until the key may ask again"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
@@ -385,12 +516,23 @@ pub async fn regenerate(
             operation: Operation::Regenerate,
             key,
             inputs: regenerate_inputs(&source),
-            max_attempts: state.max_attempts,
+            max_attempts: state.limits.max_attempts,
             retention: state.settings.idempotency_retention(),
             existing_message: Some(source.spec.message_id.clone()),
             quota: state.quota,
             traceparent: crate::telemetry::trace::traceparent(&tracing::Span::current()),
         };
+        // A task that came from Kafka was not held to the API's bounds, and the record
+        // limit may have been lowered since.
+        check_record_size(&submission, state.limits.max_record_bytes).map_err(|refusal| {
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "record_too_large",
+                "Record too large",
+                refusal.detail,
+            )
+            .with_fields(refusal.fields)
+        })?;
         submit(&state, submission).await
     }
     .await;
@@ -469,7 +611,6 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
         (status = 200, description = "The task", body = ReplyView),
         (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds until the key may ask again"))),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
@@ -566,7 +707,7 @@ mod tests {
         for (what, break_it, expected) in cases {
             let mut body = create();
             break_it(&mut body);
-            let refused = check_inputs(&body, 1000).expect_err(what);
+            let refused = check_inputs(&body, 1000).expect_err(what).detail;
             assert!(refused.starts_with(expected), "{what}: {refused}");
         }
     }
@@ -575,10 +716,128 @@ mod tests {
     fn the_prompt_limit_counts_message_and_context() {
         // "What changed?" (13) + "Be brief." (9) = 22 bytes.
         assert_eq!(check_inputs(&create(), 22), Ok(()));
-        let refused = check_inputs(&create(), 21).unwrap_err();
+        let refused = check_inputs(&create(), 21).unwrap_err().detail;
         assert!(
             refused.contains("22 bytes, over the limit of 21 (worker.max_prompt_bytes)"),
             "{refused}"
+        );
+    }
+
+    #[test]
+    fn a_field_over_its_bound_is_refused_naming_it_and_at_the_bound_taken() {
+        type Case = (&'static str, fn(&mut CreateReply, String), usize);
+        let cases: [Case; 3] = [
+            (
+                "conversation_id",
+                |c, text| c.conversation_id = text,
+                MAX_CONVERSATION_ID_BYTES,
+            ),
+            (
+                "document_version",
+                |c, text| c.document_version = text,
+                MAX_DOCUMENT_VERSION_BYTES,
+            ),
+            ("model", |c, text| c.model = Some(text), MAX_MODEL_BYTES),
+        ];
+        for (field, set, limit) in cases {
+            let mut body = create();
+            set(&mut body, "é".repeat(limit / 2));
+            assert_eq!(check_inputs(&body, 1000), Ok(()), "{field} at its bound");
+            // One more byte: a bound in bytes, not characters.
+            set(&mut body, format!("{}x", "é".repeat(limit / 2)));
+            let refused = check_inputs(&body, 1000).expect_err(field);
+            assert_eq!(refused.fields, [field]);
+            assert_eq!(
+                refused.detail,
+                format!(
+                    "`{field}` is {} bytes, over the limit of {limit} bytes",
+                    limit + 1
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn the_schema_states_the_bounds_the_api_keeps() {
+        let doc: serde_json::Value =
+            serde_json::from_str(&super::super::openapi::document()).unwrap();
+        let fields = &doc["components"]["schemas"]["CreateReply"]["properties"];
+        for (field, limit) in [
+            ("conversation_id", MAX_CONVERSATION_ID_BYTES),
+            ("document_version", MAX_DOCUMENT_VERSION_BYTES),
+            ("model", MAX_MODEL_BYTES),
+        ] {
+            assert_eq!(
+                fields[field]["maxLength"], limit,
+                "{field}: {}",
+                fields[field]
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_json_object_is_a_body_and_its_refusals_stay() {
+        let parse = |text: &str| {
+            serde_json::from_str::<JsonObject<CreateReply>>(text)
+                .map(|JsonObject(c)| c.conversation_id)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            parse(r#"{"conversation_id":"c","message":"m"}"#),
+            Ok("c".to_owned())
+        );
+        for not_an_object in [r#"["c","hello","v1",null,null,64]"#, r#""c""#, "7", "null"] {
+            let refused = parse(not_an_object).unwrap_err();
+            assert!(refused.contains("expected a JSON object"), "{refused}");
+        }
+        let duplicate = parse(r#"{"conversation_id":"a","conversation_id":"b","message":"m"}"#);
+        assert!(
+            duplicate
+                .unwrap_err()
+                .contains("duplicate field `conversation_id`")
+        );
+        let unknown = parse(r#"{"conversation_id":"a","message":"m","x":1}"#);
+        assert!(unknown.unwrap_err().contains("unknown field `x`"));
+    }
+
+    #[test]
+    fn a_record_over_the_limit_is_refused_naming_its_largest_field() {
+        let submission = |message: &str, context: Option<&str>| Submission {
+            workspace_id: "acme".into(),
+            operation: Operation::CreateReply,
+            key: IdempotencyKey::parse(Some(b"k")).unwrap(),
+            inputs: BoundInputs {
+                conversation_id: "conv-1".into(),
+                message: message.into(),
+                document_version: "v7".into(),
+                model: None,
+                context: context.map(str::to_owned),
+                max_output_tokens: None,
+                source_task: None,
+            },
+            max_attempts: 3,
+            retention: chrono::TimeDelta::hours(1),
+            existing_message: None,
+            quota: crate::config::QuotaSettings::default().policy(),
+            traceparent: None,
+        };
+        let small = submission("q", Some("c"));
+        let size = task_spec(&small, TaskId::new_random(), uuid::Uuid::new_v4()).record_bytes();
+        assert_eq!(
+            check_record_size(&small, size),
+            Ok(()),
+            "exactly at the limit"
+        );
+        let refused = check_record_size(&small, size - 1).unwrap_err();
+        assert_eq!(refused.fields, ["conversation_id"], "{}", refused.detail);
+        let long_context = submission("q", Some(&"c".repeat(100)));
+        let refused = check_record_size(&long_context, size).unwrap_err();
+        assert_eq!(refused.fields, ["context"]);
+        assert!(
+            refused.detail.contains("over kafka.max_record_bytes")
+                && refused.detail.contains("`context` (100 bytes)"),
+            "{}",
+            refused.detail
         );
     }
 }

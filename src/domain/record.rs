@@ -305,6 +305,18 @@ impl TaskSpec {
         }
     }
 
+    /// The key of the task's Kafka record: its conversation, so the tasks of one conversation
+    /// go to one partition in the order they were made.
+    pub fn record_key(&self) -> &str {
+        &self.conversation_id
+    }
+
+    /// The size of the task's Kafka record as librdkafka counts it against
+    /// `message.max.bytes` (see [`super::limits::record_bytes`]).
+    pub fn record_bytes(&self) -> usize {
+        super::limits::record_bytes(self.record_key().len(), self.to_proto().encoded_len())
+    }
+
     /// Names of the inputs in which `other` disagrees with `self`. Two records for one task id
     /// must describe the same work; a disagreeing one is reported, never applied, so a late or
     /// forged record cannot change the question (or reset the budget, I7) of existing work.

@@ -71,6 +71,26 @@ pub fn provider_request(inputs: &BoundInputs) -> ProviderRequest {
     }
 }
 
+/// The task a submission becomes, pure: the intake writes it, and the API sizes its Kafka
+/// record with it before anything is written. `task_id` and `new_message_id` are the ids the
+/// intake makes (a regenerate keeps its message's id); the text of every UUID is as long, so
+/// any ids give the record's exact size.
+pub fn task_spec(s: &Submission, task_id: TaskId, new_message_id: Uuid) -> TaskSpec {
+    TaskSpec {
+        task_id,
+        workspace_id: s.workspace_id.clone(),
+        conversation_id: s.inputs.conversation_id.clone(),
+        message_id: s
+            .existing_message
+            .clone()
+            .unwrap_or_else(|| new_message_id.to_string()),
+        document_version: s.inputs.document_version.clone(),
+        request: provider_request(&s.inputs),
+        max_attempts: s.max_attempts,
+        deadline: None,
+    }
+}
+
 const EXPIRE_KEY: &str = "DELETE FROM idempotency_keys WHERE workspace_id = $1 AND operation = $2 \
      AND idempotency_key = $3 AND expires_at <= clock_timestamp()";
 const INSERT_TASK: &str = "INSERT INTO reply_tasks (task_id, workspace_id, conversation_id, message_id, \
@@ -104,22 +124,9 @@ impl Store {
         let op = s.operation.as_str();
         let task_id = TaskId::new_random();
         let message_id = Uuid::new_v4();
-        let message_ref = s
-            .existing_message
-            .clone()
-            .unwrap_or_else(|| message_id.to_string());
         let request = serde_json::to_value(&s.inputs)
             .map_err(|e| StoreError::Config(format!("bound inputs: {e}")))?;
-        let spec = TaskSpec {
-            task_id,
-            workspace_id: s.workspace_id.clone(),
-            conversation_id: s.inputs.conversation_id.clone(),
-            message_id: message_ref,
-            document_version: s.inputs.document_version.clone(),
-            request: provider_request(&s.inputs),
-            max_attempts: s.max_attempts,
-            deadline: None,
-        };
+        let spec = task_spec(s, task_id, message_id);
         let provider_request = serde_json::to_value(&spec.request)
             .map_err(|e| StoreError::Config(format!("request: {e}")))?;
         let max_attempts = i32::try_from(spec.max_attempts)
@@ -199,7 +206,7 @@ impl Store {
             async {
                 tx.execute(
                     &insert_outbox,
-                    &[&task_uuid, &spec.conversation_id, &payload, &s.traceparent],
+                    &[&task_uuid, &spec.record_key(), &payload, &s.traceparent],
                 )
                 .await
             },

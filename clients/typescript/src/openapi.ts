@@ -111,15 +111,21 @@ export interface components {
             task_id: string;
         };
         /**
-         * @description The body of `POST /v1/replies`. Every field is bound to the `Idempotency-Key`: a retry
-         *     with the same key must send the same values. No text may contain NUL (U+0000).
+         * @description The body of `POST /v1/replies`: a JSON object. Every field is bound to the
+         *     `Idempotency-Key`: a retry with the same key must send the same values. No text may
+         *     contain NUL (U+0000). Lengths are in bytes of UTF-8 (the schema's `maxLength` counts
+         *     characters, so it is the loose side of the same bound). The task's Kafka record, which
+         *     carries all of them, must also fit `kafka.max_record_bytes`.
          */
         CreateReply: {
             /** @description A system prompt for this reply. */
             context?: string | null;
-            /** @description The conversation the message belongs to (not blank). */
+            /**
+             * @description The conversation the message belongs to (not blank; at most 256 bytes: it is also the
+             *     task's Kafka record key).
+             */
             conversation_id: string;
-            /** @description The document version the question is about (empty when none). */
+            /** @description The document version the question is about (empty when none; at most 256 bytes). */
             document_version?: string;
             /**
              * Format: int32
@@ -128,7 +134,7 @@ export interface components {
             max_output_tokens?: number | null;
             /** @description The user's message (not blank; with `context`, at most `worker.max_prompt_bytes`). */
             message: string;
-            /** @description The model to ask; the provider's default when absent. */
+            /** @description The model to ask; the provider's default when absent (at most 256 bytes). */
             model?: string | null;
         };
         /** @description The policy every reservation follows. */
@@ -149,7 +155,10 @@ export interface components {
         ProblemDetails: {
             /** @description What is wrong, for a person. */
             detail: string;
-            /** @description The inputs that differ, when an `Idempotency-Key` was reused with other inputs. */
+            /**
+             * @description The fields at fault: the body's fields an `invalid_body` names (one over its bound,
+             *     say), or the inputs that differ when an `Idempotency-Key` was reused with other inputs.
+             */
             fields?: string[];
             /**
              * Format: int32
@@ -257,8 +266,35 @@ export interface operations {
                     "application/json": components["schemas"]["QuotaView"];
                 };
             };
+            /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
             /** @description No API key, or an unknown or revoked one */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A request target over 65534 bytes (`uri_too_long`) */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -277,7 +313,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The request's headers are over `api.max_header_bytes` */
+            /** @description More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`) */
             431: {
                 headers: {
                     [name: string]: unknown;
@@ -326,7 +362,7 @@ export interface operations {
                     "application/json": components["schemas"]["Accepted"];
                 };
             };
-            /** @description No `Idempotency-Key`, or one that is empty, over 255 bytes or not printable ASCII; or a body that is not JSON */
+            /** @description No `Idempotency-Key`, one that is empty, over 255 bytes or not printable ASCII, or several different ones (`invalid_idempotency_key`); or a body that is not JSON (`malformed_json`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -344,8 +380,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The body is over `api.max_body_bytes` */
+            /** @description The body is over `api.max_body_bytes` (`body_too_large`); a declared `Content-Length` over it is refused before the body is read (no `100 Continue`) */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A request target over 65534 bytes (`uri_too_long`) */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -362,7 +407,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The body does not match the schema or is over `worker.max_prompt_bytes`, or the key was used with other inputs (`fields` names them) */
+            /** @description The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them) */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -382,7 +427,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The request's headers are over `api.max_header_bytes` */
+            /** @description More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`) */
             431: {
                 headers: {
                     [name: string]: unknown;
@@ -423,7 +468,7 @@ export interface operations {
                     "application/json": components["schemas"]["ReplyView"];
                 };
             };
-            /** @description The task id is not a UUID */
+            /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -450,6 +495,24 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
+            /** @description A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A request target over 65534 bytes (`uri_too_long`) */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
@@ -461,7 +524,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The request's headers are over `api.max_header_bytes` */
+            /** @description More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`) */
             431: {
                 headers: {
                     [name: string]: unknown;
@@ -505,7 +568,7 @@ export interface operations {
                     "text/event-stream": components["schemas"]["StatusEvent"];
                 };
             };
-            /** @description The task id is not a UUID */
+            /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -532,6 +595,24 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
+            /** @description A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A request target over 65534 bytes (`uri_too_long`) */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
@@ -543,7 +624,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The request's headers are over `api.max_header_bytes` */
+            /** @description More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`) */
             431: {
                 headers: {
                     [name: string]: unknown;
@@ -591,7 +672,7 @@ export interface operations {
                     "application/json": components["schemas"]["Accepted"];
                 };
             };
-            /** @description A bad task id, or a missing or bad `Idempotency-Key` */
+            /** @description A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -618,7 +699,25 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The key was used with other inputs (`fields` names them) */
+            /** @description A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A request target over 65534 bytes (`uri_too_long`) */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest) */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -638,7 +737,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The request's headers are over `api.max_header_bytes` */
+            /** @description More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`) */
             431: {
                 headers: {
                     [name: string]: unknown;
