@@ -9,7 +9,8 @@
 //!
 //! Windows are fixed and aligned to the Unix epoch: a `1d` period starts at 00:00 UTC. What is
 //! charged counts in the window in which it is charged; an open reservation holds capacity in
-//! every window until it is settled.
+//! every window until it is settled. A change of the period puts the counter on the new
+//! period's window that holds now, with what was charged inside it.
 
 use std::fmt;
 use std::time::Duration;

@@ -1,10 +1,12 @@
-//! The quota's SQL (I8): setting a workspace's limit, reading its counter, and the admission
+//! The quota's SQL (I8): setting a workspace's limit and period (a period change recounted
+//! from the ledger under the counter row's lock), reading its counter, and the admission
 //! statement of the intake transaction. Settling is not here: the trigger of
 //! `migrations/V7__quotas.sql` settles a reservation in the transaction that ends its task.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio_postgres::IsolationLevel;
 
 use super::{Store, StoreError};
 use crate::domain::{TaskId, TaskStatus};
@@ -63,24 +65,80 @@ impl QuotaState {
     }
 }
 
+/// A period change's counter: the new period's epoch-aligned window that holds now, and as
+/// `used` what the ledger charged inside it (settled at or after its start; nothing settles
+/// after now). Run only under the counter row's lock (see [`Store::set_quota`]).
+/// `$1` workspace, `$2` limit, `$3` period in seconds.
+const RECOUNT_ON_PERIOD_CHANGE: &str = "WITH w AS ( \
+       SELECT replyd_quota_window_of($3, clock_timestamp()) AS start) \
+     UPDATE quota_counters q \
+        SET generation_limit = $2, period_seconds = $3, window_start = w.start, \
+            used = (SELECT count(*) FROM quota_reservations r \
+                     WHERE r.workspace_id = q.workspace_id AND r.state = 'charged' \
+                       AND r.settled_at >= w.start), \
+            updated_at = clock_timestamp() \
+       FROM w \
+      WHERE q.workspace_id = $1";
+
 impl Store {
     /// Sets `workspace_id`'s limit (None: no limit) and period; `false` when there is no such
-    /// workspace. What was charged in the current window stays charged.
+    /// workspace. A change of the limit alone keeps the window and what was charged in it. A
+    /// change of the period puts the counter on the new period's epoch-aligned window that
+    /// holds now, with `used` recounted from the ledger: the reservations charged inside it.
+    ///
+    /// Why the recount is exact: a charge is a reservation turned `charged` (with its
+    /// `settled_at`) by the same transaction that adds its unit to the counter row, which it
+    /// locks to do so (`replyd_settle`), and the ledger is never purged. This transaction
+    /// locks the counter row first, in a statement of its own; the recount is the next
+    /// statement and, under READ COMMITTED, reads a snapshot taken after the lock was
+    /// granted. So a settlement that committed before then is in the recount, and one that
+    /// had not committed has not touched the counter row yet (else this lock would have
+    /// waited for its commit): it waits for this commit, then adds its unit to the row
+    /// written here. Every charge is counted once, by the recount or by itself. (One
+    /// statement would not do: its snapshot is taken before it waits for the lock.) The
+    /// recount places a charge by its `settled_at`, its own update by the clock a moment
+    /// later in the same transaction; only a charge straddling a window's boundary by those
+    /// microseconds could be counted in the neighbouring window, as either rule would.
+    /// Admissions change `reserved` and roll the window over, never `used` within it.
     pub async fn set_quota(
         &self,
         workspace_id: &str,
         limit: Option<i64>,
         period_seconds: i64,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let updated = client
-            .execute(
-                "UPDATE quota_counters SET generation_limit = $2, period_seconds = $3, \
-                 updated_at = clock_timestamp() WHERE workspace_id = $1",
+        let mut client = self.client().await?;
+        // READ COMMITTED, stated: the recount must read a snapshot taken after the lock is
+        // granted, where REPEATABLE READ would keep the locking statement's.
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::ReadCommitted)
+            .start()
+            .await?;
+        let Some(row) = tx
+            .query_opt(
+                "SELECT period_seconds FROM quota_counters WHERE workspace_id = $1 FOR UPDATE",
+                &[&workspace_id],
+            )
+            .await?
+        else {
+            return Ok(false);
+        };
+        if row.get::<_, i64>("period_seconds") == period_seconds {
+            tx.execute(
+                "UPDATE quota_counters SET generation_limit = $2, updated_at = clock_timestamp() \
+                 WHERE workspace_id = $1",
+                &[&workspace_id, &limit],
+            )
+            .await?;
+        } else {
+            tx.execute(
+                RECOUNT_ON_PERIOD_CHANGE,
                 &[&workspace_id, &limit, &period_seconds],
             )
             .await?;
-        Ok(updated == 1)
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// The workspace's quota now (a window that has ended reads as the new, empty one).

@@ -1,0 +1,27 @@
+-- Quota counters put on the epoch-aligned window of their period.
+
+-- The epoch-aligned window of `period_seconds` that holds `at` (a 1-day period starts at
+-- 00:00 UTC): where a period change puts the counter.
+create function replyd_quota_window_of(period_seconds bigint, at timestamptz)
+returns timestamptz language sql stable as $$
+    select to_timestamp(floor(extract(epoch from at) / period_seconds) * period_seconds)
+$$;
+
+-- A period change used to keep the old window: a counter may sit on a window of another
+-- period (10s then 1d: a day starting at the change) or have lost the current window's
+-- charges (1d then 1h: the hour read as empty). Every counter is put on its period's
+-- epoch-aligned window that holds now, with `used` recounted from the ledger, as
+-- `Store::set_quota` does on a period change (it says why the recount is exact). The table
+-- lock keeps admissions and settlements out until this migration commits; the recount, a
+-- later statement, reads everything committed before the lock was granted.
+lock table quota_counters in share row exclusive mode;
+
+update quota_counters q
+   set window_start = w.start,
+       used = (select count(*) from quota_reservations r
+                where r.workspace_id = q.workspace_id and r.state = 'charged'
+                  and r.settled_at >= w.start),
+       updated_at = clock_timestamp()
+  from (select workspace_id, replyd_quota_window_of(period_seconds, clock_timestamp()) as start
+          from quota_counters) w
+ where w.workspace_id = q.workspace_id;
