@@ -1,4 +1,10 @@
--- Quota counters put on the epoch-aligned window of their period.
+-- Quota periods bounded, and counters put on the epoch-aligned window of their period.
+--
+-- The longest period is 3650 days (`quota::MAX_PERIOD_SECONDS` says why): a longer one
+-- overflows PostgreSQL's timestamps in the window arithmetic, and every admission and read of
+-- its workspace fails with "timestamp out of range". `replyd quota set` refuses it; this
+-- CHECK holds every other writer to it. A counter set past it before the bound existed is
+-- brought down to it, the nearest period that works.
 
 -- The epoch-aligned window of `period_seconds` that holds `at` (a 1-day period starts at
 -- 00:00 UTC): where a period change puts the counter.
@@ -17,11 +23,16 @@ $$;
 lock table quota_counters in share row exclusive mode;
 
 update quota_counters q
-   set window_start = w.start,
+   set period_seconds = w.period_seconds,
+       window_start = w.start,
        used = (select count(*) from quota_reservations r
                 where r.workspace_id = q.workspace_id and r.state = 'charged'
                   and r.settled_at >= w.start),
        updated_at = clock_timestamp()
-  from (select workspace_id, replyd_quota_window_of(period_seconds, clock_timestamp()) as start
+  from (select workspace_id, least(period_seconds, 315360000) as period_seconds,
+               replyd_quota_window_of(least(period_seconds, 315360000), clock_timestamp()) as start
           from quota_counters) w
  where w.workspace_id = q.workspace_id;
+
+alter table quota_counters add constraint quota_counters_period_bound
+    check (period_seconds <= 315360000);

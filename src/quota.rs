@@ -128,6 +128,15 @@ impl Usage {
     }
 }
 
+/// The longest period an operator may set: 3650 days. PostgreSQL does the window arithmetic
+/// (a window's end is its start plus the period) and its timestamps end in 294276 AD, so a
+/// period near `i64::MAX` seconds made every admission and read of the workspace fail with
+/// "timestamp out of range". Ten years keeps every window's end far inside that range and
+/// far beyond any billing period (a year is the longest in use); a workspace that should not
+/// be limited takes `--limit none`. `migrations/V14__quota_period_bound.sql` holds the
+/// database to the same bound.
+pub const MAX_PERIOD_SECONDS: u64 = 3_650 * 86_400;
+
 /// When a refused request may be tried again, from now: at the window's end if what was
 /// charged in it stands in the way, else when the first open reservation can expire (the
 /// earliest capacity may return; a settled reservation frees it sooner).
@@ -149,16 +158,27 @@ pub fn retry_after(
     }
 }
 
-/// Parses an operator's period: a positive number of `d`, `h`, `m` or `s`.
+/// Parses an operator's period: a positive number of `d`, `h`, `m` or `s`, at most
+/// [`MAX_PERIOD_SECONDS`].
 pub fn parse_period(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .ok_or_else(|| format!("{text:?} has no unit: write e.g. 1d, 12h, 30m or 90s"))?;
     let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} does not start with a number"))?;
+    let too_long = || {
+        format!(
+            "{text:?} is longer than the longest period, {} (for no limit, use --limit none)",
+            format_period(MAX_PERIOD_SECONDS)
+        )
+    };
+    let n: u64 = number.parse().map_err(|e: std::num::ParseIntError| {
+        if *e.kind() == std::num::IntErrorKind::PosOverflow {
+            too_long()
+        } else {
+            format!("{text:?} does not start with a number")
+        }
+    })?;
     let seconds = match unit {
         "d" => 86_400,
         "h" => 3_600,
@@ -172,8 +192,8 @@ pub fn parse_period(text: &str) -> Result<u64, String> {
     };
     match n.checked_mul(seconds) {
         Some(0) => Err(format!("{text:?} is not a positive period")),
-        Some(total) if total <= i64::MAX as u64 => Ok(total),
-        _ => Err(format!("{text:?} is too long")),
+        Some(total) if total <= MAX_PERIOD_SECONDS => Ok(total),
+        _ => Err(too_long()),
     }
 }
 
@@ -274,6 +294,12 @@ mod tests {
         assert_eq!(parse_period("90s"), Ok(90));
         for bad in ["", "d", "1", "0d", "1w", "-1d", "1.5h"] {
             assert!(parse_period(bad).is_err(), "{bad:?}");
+        }
+        // The longest period is accepted, anything longer refused with the bound named.
+        assert_eq!(parse_period("3650d"), Ok(MAX_PERIOD_SECONDS));
+        for too_long in ["3651d", "1000000000d", "87601h", "99999999999999999999s"] {
+            let refused = parse_period(too_long).unwrap_err();
+            assert!(refused.contains("3650d"), "{too_long}: {refused}");
         }
         assert_eq!(format_period(86_400), "1d");
         assert_eq!(format_period(5_400), "90m");

@@ -668,3 +668,56 @@ async fn a_settlement_committing_while_the_period_changes_is_counted_once() {
     assert_eq!((tasks, open, charged, reserved), (2, 0, 2, 0));
     api.assert_window_holds_its_charges(3_600).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_period_longer_than_the_bound_is_refused_by_the_command_and_the_database() {
+    let api = start(policy()).await;
+    let replyd = Operator::new(&api.db);
+    for too_long in ["1000000000d", "3651d"] {
+        let refused = replyd.run(&[
+            "quota",
+            "set",
+            "--workspace",
+            "acme",
+            "--limit",
+            "5",
+            "--period",
+            too_long,
+        ]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{too_long}: {stderr}");
+        assert!(
+            stderr.contains("--period") && stderr.contains("3650d"),
+            "{stderr}"
+        );
+    }
+    // Nothing was applied: the workspace still reads and admits.
+    let quota = api
+        .client
+        .get(format!("{}/v1/quota", api.base))
+        .bearer_auth(&api.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(quota.status(), StatusCode::OK);
+    assert_eq!(api.post("after", "q").await.status(), StatusCode::ACCEPTED);
+
+    // The bound itself is accepted, and the database refuses what is past it.
+    replyd.set_quota("5", "3650d");
+    assert_eq!(api.quota().await["period"], "3650d");
+    let past = api
+        .db
+        .raw_client()
+        .await
+        .execute(
+            "UPDATE quota_counters SET period_seconds = 86400000000000 WHERE workspace_id = 'acme'",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        past.code(),
+        Some(&tokio_postgres::error::SqlState::CHECK_VIOLATION),
+        "{past}"
+    );
+}
