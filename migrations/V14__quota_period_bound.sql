@@ -13,6 +13,14 @@ returns timestamptz language sql stable as $$
     select to_timestamp(floor(extract(epoch from at) / period_seconds) * period_seconds)
 $$;
 
+-- A workspace's settled reservations by settlement time: its latest settle times (what a
+-- refusal's Retry-After is estimated from) and its charges in a window (what a period change
+-- recounts) are each one short scan. Expired reservations are left out: they only say the TTL.
+-- Built in the migration's transaction (refinery runs each in one, so not CONCURRENTLY):
+-- admissions and settlements wait for one pass over the table.
+create index quota_reservations_settled on quota_reservations (workspace_id, settled_at)
+    where state in ('charged', 'released');
+
 -- A period change used to keep the old window: a counter may sit on a window of another
 -- period (10s then 1d: a day starting at the change) or have lost the current window's
 -- charges (1d then 1h: the hour read as empty). Every counter is put on its period's

@@ -276,8 +276,8 @@ fn urls(task_id: TaskId) -> (String, String) {
         (status = 413, description = "The body is over `api.max_body_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The body does not match the schema or is over `worker.max_prompt_bytes`, or the key was used with other inputs (`fields` names them)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 429, description = "New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds until quota capacity returns at the latest, or until the key may ask again"))),
+        (status = 429, description = "New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
@@ -365,8 +365,8 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
         (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The key was used with other inputs (`fields` names them)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 429, description = "New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds until quota capacity returns at the latest, or until the key may ask again"))),
+        (status = 429, description = "New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))

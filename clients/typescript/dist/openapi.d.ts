@@ -370,10 +370,10 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            /** @description New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
-                    /** @description Seconds until quota capacity returns at the latest, or until the key may ask again */
+                    /** @description Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
                 };
@@ -626,10 +626,10 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            /** @description New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
-                    /** @description Seconds until quota capacity returns at the latest, or until the key may ask again */
+                    /** @description Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
                 };
