@@ -47,20 +47,29 @@ create index outbox_unpublished on outbox (outbox_id)
 
 -- Settles task `id`'s open reservation to `target` ('charged', 'released' or 'expired'),
 -- guarded on state = 'reserved': whoever settles first wins, a second call changes nothing.
--- Returns the state it went to, or null when it was settled already (or there is none).
+-- Returns the state it went to, or null when it was settled already (or there is none). The
+-- counter is moved by the same instant as `settled_at`, so a charge lands in the window its
+-- ledger row says, even on a window's boundary (a period change recounts from the ledger).
 create function replyd_settle_to(id uuid, target text, by_whom text, why text)
 returns text language plpgsql as $$
 declare
     ws text;
     settled text;
+    at timestamptz := clock_timestamp();
 begin
     update quota_reservations r
-       set state = target, settled_at = clock_timestamp(), settled_by = by_whom,
-           settle_reason = why
+       set state = target, settled_at = at, settled_by = by_whom, settle_reason = why
      where r.task_id = id and r.state = 'reserved'
     returning r.workspace_id, r.state into ws, settled;
     if found then
-        perform replyd_quota_settle_counter(ws, case when settled = 'charged' then 1 else 0 end);
+        update quota_counters
+           set used = case when replyd_quota_window(window_start, period_seconds, at) = window_start
+                           then used else 0 end
+                      + case when settled = 'charged' then 1 else 0 end,
+               window_start = replyd_quota_window(window_start, period_seconds, at),
+               reserved = reserved - 1,
+               updated_at = at
+         where workspace_id = ws;
     end if;
     return settled;
 end;
@@ -112,3 +121,6 @@ begin
     return new;
 end;
 $$;
+
+-- Its work is now `replyd_settle_to`'s, at the instant of the settlement.
+drop function replyd_quota_settle_counter(text, bigint);

@@ -108,7 +108,7 @@ pub async fn quota(settings: &Settings, command: &QuotaCommand) -> anyhow::Resul
                     return Ok(ExitCode::from(BAD_NAME));
                 }
             };
-            // parse_period bounds the period to i64.
+            // parse_period bounds the period to quota::MAX_PERIOD_SECONDS, far inside i64.
             let period_seconds = i64::try_from(period).unwrap_or(i64::MAX);
             if !store
                 .set_quota(workspace, limit, period_seconds)

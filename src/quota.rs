@@ -9,7 +9,13 @@
 //!
 //! Windows are fixed and aligned to the Unix epoch: a `1d` period starts at 00:00 UTC. What is
 //! charged counts in the window in which it is charged; an open reservation holds capacity in
-//! every window until it is settled.
+//! every window until it is settled. A change of the period puts the counter on the new
+//! period's window that holds now, with what was charged inside it.
+//!
+//! A refusal tells the client the earliest time worth retrying ([`advise_retry`]): the window's
+//! end when charges fill it; when open reservations hold the capacity, an estimate of when the
+//! first of them settles from how long this workspace's recent ones took; the reconciler's
+//! next pass when the first is past its TTL; and no time at all under a limit of 0.
 
 use std::fmt;
 use std::time::Duration;
@@ -141,37 +147,228 @@ impl Usage {
     }
 }
 
-/// When a refused request may be tried again, from now: at the window's end if what was
-/// charged in it stands in the way, else when the first open reservation can expire (the
-/// earliest capacity may return; a settled reservation frees it sooner).
-pub fn retry_after(
-    usage: Usage,
-    policy: QuotaPolicy,
-    until_window_end: Duration,
-    until_first_expiry: Option<Duration>,
-) -> Duration {
-    let Some(limit) = usage.limit else {
-        return Duration::ZERO;
-    };
-    if usage.used >= limit || !policy.pending_reserves {
-        return until_window_end;
-    }
-    match until_first_expiry {
-        Some(expiry) => expiry.min(until_window_end),
-        None => until_window_end,
+/// The longest period an operator may set: 3650 days. PostgreSQL does the window arithmetic
+/// (a window's end is its start plus the period) and its timestamps end in 294276 AD, so a
+/// period near `i64::MAX` seconds made every admission and read of the workspace fail with
+/// "timestamp out of range". Ten years keeps every window's end far inside that range and
+/// far beyond any billing period (a year is the longest in use); a workspace that should not
+/// be limited takes `--limit none`. `migrations/V14__quota_period_bound.sql` holds the
+/// database to the same bound.
+pub const MAX_PERIOD_SECONDS: u64 = 3_650 * 86_400;
+
+/// The wait a refusal advises when open reservations hold the capacity and there is nothing
+/// to estimate their settlement from (no reservation of the workspace settled yet, or none
+/// took as long as the oldest open one has been open). Replies take seconds; 5 s bounds a
+/// refused client to a retry every 5 s and leaves returned capacity unused for 5 s at most,
+/// where the reservation's TTL (an hour) would leave it unused all that time.
+pub const DEFAULT_SETTLE_WAIT: Duration = Duration::from_secs(5);
+
+/// The shortest wait a refusal advises: `Retry-After` is in whole seconds, and 0 would have a
+/// client ask again at once.
+const FLOOR: Duration = Duration::from_secs(1);
+
+/// Where the first (earliest-expiring) open reservation stands against its TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstExpiry {
+    /// It expires this long from now.
+    In(Duration),
+    /// Its TTL ran out this long ago and the reconciler has not settled it yet.
+    Passed(Duration),
+}
+
+/// What the store knows of a workspace's quota right after a refusal: the facts
+/// [`advise_retry`] decides from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusalFacts {
+    pub usage: Usage,
+    /// Until the current window ends and `used` starts again from 0.
+    pub until_window_end: Duration,
+    /// The first open reservation's expiry; None when no reservation is open.
+    pub first_expiry: Option<FirstExpiry>,
+    /// How long the oldest open reservation has been open.
+    pub oldest_open_age: Option<Duration>,
+    /// How long the workspace's most recently settled reservations (charged or released; an
+    /// expired one only says the TTL) took from admission to settlement.
+    pub recent_settle_times: Vec<Duration>,
+}
+
+/// When a refused request is worth trying again, and what that is based on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryAdvice {
+    /// The quota has room again (a reservation was released, the window reset or the limit
+    /// changed between the refusal and the read): at once (after [`FLOOR`]).
+    Now,
+    /// Charges fill the window: capacity returns when it resets, `after` from now.
+    WindowEnd { after: Duration },
+    /// Open reservations hold the capacity: the first is expected to settle `after` from now.
+    FirstSettlement {
+        after: Duration,
+        basis: SettleEstimate,
+    },
+    /// The first open reservation is past its TTL: the reconciler's next pass, `after` from
+    /// now at the latest, settles it.
+    ReconcilerPass {
+        after: Duration,
+        /// How long ago its TTL ran out.
+        overdue: Duration,
+    },
+    /// A limit of 0: capacity returns only when an operator raises it; there is no time to
+    /// retry at.
+    Never,
+}
+
+/// What an estimate of the first settlement rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleEstimate {
+    /// The median of what the recent settlements that took longer than the oldest open
+    /// reservation's age took beyond that age (`samples` of the `recent`).
+    Recent {
+        samples: usize,
+        recent: usize,
+        oldest_age: Duration,
+    },
+    /// [`DEFAULT_SETTLE_WAIT`]: `recent` settlements, none longer than `oldest_age`.
+    Default { recent: usize, oldest_age: Duration },
+}
+
+impl RetryAdvice {
+    /// The `Retry-After`; None: do not send one.
+    pub fn after(self) -> Option<Duration> {
+        match self {
+            RetryAdvice::Now => Some(FLOOR),
+            RetryAdvice::WindowEnd { after }
+            | RetryAdvice::FirstSettlement { after, .. }
+            | RetryAdvice::ReconcilerPass { after, .. } => Some(after),
+            RetryAdvice::Never => None,
+        }
     }
 }
 
-/// Parses an operator's period: a positive number of `d`, `h`, `m` or `s`.
+/// The earliest time a refused request is worth trying again:
+/// - a limit of 0: never (until an operator raises it);
+/// - charges fill the window (`used >= limit`, or open reservations do not count): its end;
+/// - open reservations hold the capacity: when the first of them settles, estimated by
+///   [`estimate_first_settlement`] and never after its expiry; or, when the first is past its
+///   TTL, the reconciler's next pass (one every `reconcile_interval`); the window's end
+///   instead when it comes sooner and frees capacity (charges in it, fewer reservations than
+///   the limit).
+///
+/// Every wait is at least [`FLOOR`]. A settlement that is charged frees no capacity inside the
+/// window, so the first settlement is the earliest capacity may return, not a promise.
+pub fn advise_retry(
+    facts: &RefusalFacts,
+    policy: QuotaPolicy,
+    reconcile_interval: Duration,
+) -> RetryAdvice {
+    let usage = facts.usage;
+    let Some(limit) = usage.limit else {
+        return RetryAdvice::Now;
+    };
+    if limit == 0 {
+        return RetryAdvice::Never;
+    }
+    let window_end = RetryAdvice::WindowEnd {
+        after: facts.until_window_end.max(FLOOR),
+    };
+    if usage.used >= limit {
+        return window_end;
+    }
+    if usage.admits(policy) {
+        return RetryAdvice::Now;
+    }
+    // Open reservations hold the capacity (pending work reserves, or admits would hold).
+    let settlement = match facts.first_expiry {
+        Some(FirstExpiry::Passed(overdue)) => RetryAdvice::ReconcilerPass {
+            // Passes come every interval: the first after the expiry comes within an interval
+            // of it; one that has not come by then (left for later, a batch too full, no
+            // relay running) is awaited a whole interval.
+            after: reconcile_interval
+                .checked_sub(overdue)
+                .filter(|left| !left.is_zero())
+                .unwrap_or(reconcile_interval)
+                .max(FLOOR),
+            overdue,
+        },
+        first_expiry => {
+            let (estimate, basis) = estimate_first_settlement(
+                facts.oldest_open_age.unwrap_or_default(),
+                &facts.recent_settle_times,
+            );
+            let after = match first_expiry {
+                Some(FirstExpiry::In(left)) => estimate.min(left),
+                _ => estimate,
+            };
+            RetryAdvice::FirstSettlement {
+                after: after.max(FLOOR),
+                basis,
+            }
+        }
+    };
+    let window_end_frees = usage.used > 0 && usage.reserved < limit;
+    match (window_end_frees, settlement.after(), window_end.after()) {
+        (true, Some(settle), Some(end)) if end < settle => window_end,
+        _ => settlement,
+    }
+}
+
+/// How long until the first open reservation settles, from how long the workspace's recent
+/// settlements took and how long the oldest open one has been open: the median of what the
+/// recent ones that outlasted that age took beyond it (a reservation already open that long
+/// is compared only with those that lasted as long). The oldest stands for all open ones:
+/// admitted first, it is the one expected to settle first. Nothing to go by (no recent
+/// settlement, or none outlasted that age): [`DEFAULT_SETTLE_WAIT`].
+pub fn estimate_first_settlement(
+    oldest_age: Duration,
+    recent: &[Duration],
+) -> (Duration, SettleEstimate) {
+    let mut beyond: Vec<Duration> = recent
+        .iter()
+        .filter(|took| **took > oldest_age)
+        .map(|took| *took - oldest_age)
+        .collect();
+    if beyond.is_empty() {
+        return (
+            DEFAULT_SETTLE_WAIT,
+            SettleEstimate::Default {
+                recent: recent.len(),
+                oldest_age,
+            },
+        );
+    }
+    beyond.sort_unstable();
+    // The lower median: with two samples, the shorter (the earliest worth a retry).
+    let median = beyond[(beyond.len() - 1) / 2];
+    (
+        median,
+        SettleEstimate::Recent {
+            samples: beyond.len(),
+            recent: recent.len(),
+            oldest_age,
+        },
+    )
+}
+
+/// Parses an operator's period: a positive number of `d`, `h`, `m` or `s`, at most
+/// [`MAX_PERIOD_SECONDS`].
 pub fn parse_period(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .ok_or_else(|| format!("{text:?} has no unit: write e.g. 1d, 12h, 30m or 90s"))?;
     let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} does not start with a number"))?;
+    let too_long = || {
+        format!(
+            "{text:?} is longer than the longest period, {} (for no limit, use --limit none)",
+            format_period(MAX_PERIOD_SECONDS)
+        )
+    };
+    let n: u64 = number.parse().map_err(|e: std::num::ParseIntError| {
+        if *e.kind() == std::num::IntErrorKind::PosOverflow {
+            too_long()
+        } else {
+            format!("{text:?} does not start with a number")
+        }
+    })?;
     let seconds = match unit {
         "d" => 86_400,
         "h" => 3_600,
@@ -185,8 +382,8 @@ pub fn parse_period(text: &str) -> Result<u64, String> {
     };
     match n.checked_mul(seconds) {
         Some(0) => Err(format!("{text:?} is not a positive period")),
-        Some(total) if total <= i64::MAX as u64 => Ok(total),
-        _ => Err(format!("{text:?} is too long")),
+        Some(total) if total <= MAX_PERIOD_SECONDS => Ok(total),
+        _ => Err(too_long()),
     }
 }
 
@@ -255,29 +452,255 @@ mod tests {
         );
     }
 
+    const INTERVAL: Duration = Duration::from_secs(10);
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    /// A workspace with a limit of 2 whose open reservations hold it: one charged, one open
+    /// for 2 s and expiring in an hour.
+    fn held() -> RefusalFacts {
+        RefusalFacts {
+            usage: Usage {
+                limit: Some(2),
+                used: 1,
+                reserved: 1,
+            },
+            until_window_end: HOUR,
+            first_expiry: Some(FirstExpiry::In(HOUR)),
+            oldest_open_age: Some(secs(2)),
+            recent_settle_times: vec![secs(3), secs(7), secs(1), secs(12)],
+        }
+    }
+
     #[test]
-    fn capacity_returns_at_the_window_end_or_at_the_first_expiry() {
-        let hour = Duration::from_secs(3600);
-        let minute = Duration::from_secs(60);
-        let full_of_charges = Usage {
-            limit: Some(2),
-            used: 2,
-            reserved: 0,
+    fn charges_that_fill_the_window_wait_for_its_end() {
+        let full = RefusalFacts {
+            usage: Usage {
+                limit: Some(2),
+                used: 2,
+                reserved: 1,
+            },
+            ..held()
         };
         assert_eq!(
-            retry_after(full_of_charges, POLICY, hour, Some(minute)),
-            hour
+            advise_retry(&full, POLICY, INTERVAL),
+            RetryAdvice::WindowEnd { after: HOUR }
         );
-        let held_by_reservations = Usage {
-            limit: Some(2),
-            used: 1,
-            reserved: 1,
+        // Open reservations do not count: only charges can fill the window.
+        let not_reserving = QuotaPolicy {
+            pending_reserves: false,
+            ..POLICY
         };
         assert_eq!(
-            retry_after(held_by_reservations, POLICY, hour, Some(minute)),
-            minute
+            advise_retry(&full, not_reserving, INTERVAL),
+            RetryAdvice::WindowEnd { after: HOUR }
         );
-        assert_eq!(retry_after(held_by_reservations, POLICY, hour, None), hour);
+        // A window ending this instant still says at least a second.
+        let ending = RefusalFacts {
+            until_window_end: Duration::ZERO,
+            ..full
+        };
+        assert_eq!(
+            advise_retry(&ending, POLICY, INTERVAL),
+            RetryAdvice::WindowEnd { after: FLOOR }
+        );
+    }
+
+    #[test]
+    fn open_reservations_are_expected_to_settle_as_recent_ones_did() {
+        // Of 3, 7, 1 and 12 s, those longer than the oldest's 2 s took 1, 5 and 10 s more.
+        assert_eq!(
+            advise_retry(&held(), POLICY, INTERVAL),
+            RetryAdvice::FirstSettlement {
+                after: secs(5),
+                basis: SettleEstimate::Recent {
+                    samples: 3,
+                    recent: 4,
+                    oldest_age: secs(2)
+                }
+            }
+        );
+        // Never after the first expiry.
+        let expiring = RefusalFacts {
+            first_expiry: Some(FirstExpiry::In(secs(3))),
+            ..held()
+        };
+        assert_eq!(
+            advise_retry(&expiring, POLICY, INTERVAL).after(),
+            Some(secs(3))
+        );
+        // Never under a second.
+        let quick = RefusalFacts {
+            recent_settle_times: vec![Duration::from_millis(2_100)],
+            ..held()
+        };
+        assert_eq!(advise_retry(&quick, POLICY, INTERVAL).after(), Some(FLOOR));
+        // The window's end when it comes sooner and frees capacity.
+        let ending = RefusalFacts {
+            until_window_end: secs(2),
+            ..held()
+        };
+        assert_eq!(
+            advise_retry(&ending, POLICY, INTERVAL),
+            RetryAdvice::WindowEnd { after: secs(2) }
+        );
+        // A window whose end frees nothing (nothing charged in it) is not waited for.
+        let all_reserved = RefusalFacts {
+            usage: Usage {
+                limit: Some(2),
+                used: 0,
+                reserved: 2,
+            },
+            until_window_end: secs(2),
+            ..held()
+        };
+        assert_eq!(
+            advise_retry(&all_reserved, POLICY, INTERVAL).after(),
+            Some(secs(5))
+        );
+    }
+
+    #[test]
+    fn with_nothing_to_go_by_a_short_default_is_advised() {
+        let no_history = RefusalFacts {
+            recent_settle_times: vec![],
+            ..held()
+        };
+        assert_eq!(
+            advise_retry(&no_history, POLICY, INTERVAL),
+            RetryAdvice::FirstSettlement {
+                after: DEFAULT_SETTLE_WAIT,
+                basis: SettleEstimate::Default {
+                    recent: 0,
+                    oldest_age: secs(2)
+                }
+            }
+        );
+        // The oldest open one has outlived every recent settlement.
+        let outlived = RefusalFacts {
+            oldest_open_age: Some(secs(60)),
+            ..held()
+        };
+        assert_eq!(
+            advise_retry(&outlived, POLICY, INTERVAL),
+            RetryAdvice::FirstSettlement {
+                after: DEFAULT_SETTLE_WAIT,
+                basis: SettleEstimate::Default {
+                    recent: 4,
+                    oldest_age: secs(60)
+                }
+            }
+        );
+    }
+
+    #[test]
+    fn a_reservation_past_its_ttl_waits_for_the_reconcilers_next_pass() {
+        let overdue = |ago| RefusalFacts {
+            first_expiry: Some(FirstExpiry::Passed(ago)),
+            ..held()
+        };
+        assert_eq!(
+            advise_retry(&overdue(secs(3)), POLICY, INTERVAL),
+            RetryAdvice::ReconcilerPass {
+                after: secs(7),
+                overdue: secs(3)
+            }
+        );
+        // A pass that did not settle it: the next is an interval away at most.
+        assert_eq!(
+            advise_retry(&overdue(secs(25)), POLICY, INTERVAL).after(),
+            Some(INTERVAL)
+        );
+        assert_eq!(
+            advise_retry(&overdue(INTERVAL), POLICY, INTERVAL).after(),
+            Some(INTERVAL)
+        );
+        assert_eq!(
+            advise_retry(&overdue(Duration::from_millis(9_900)), POLICY, INTERVAL).after(),
+            Some(FLOOR)
+        );
+    }
+
+    #[test]
+    fn a_limit_of_zero_has_no_time_to_retry_and_room_means_now() {
+        let zero = RefusalFacts {
+            usage: Usage {
+                limit: Some(0),
+                used: 0,
+                reserved: 0,
+            },
+            ..held()
+        };
+        assert_eq!(advise_retry(&zero, POLICY, INTERVAL), RetryAdvice::Never);
+        assert_eq!(RetryAdvice::Never.after(), None);
+        // Read after the refusal, the quota may have room again.
+        let released = RefusalFacts {
+            usage: Usage {
+                limit: Some(2),
+                used: 1,
+                reserved: 0,
+            },
+            ..held()
+        };
+        assert_eq!(advise_retry(&released, POLICY, INTERVAL), RetryAdvice::Now);
+        let unlimited = RefusalFacts {
+            usage: Usage {
+                limit: None,
+                ..held().usage
+            },
+            ..held()
+        };
+        assert_eq!(advise_retry(&unlimited, POLICY, INTERVAL), RetryAdvice::Now);
+        assert_eq!(RetryAdvice::Now.after(), Some(FLOOR));
+    }
+
+    proptest::proptest! {
+        /// Whatever the facts: a time to retry unless the limit is 0, never under a second,
+        /// and never after the first expiry, the next pass or the window's end when that is
+        /// what holds the capacity.
+        #[test]
+        fn advice_is_bounded_by_what_holds_the_capacity(
+            limit in 0i64..5,
+            used in 0i64..6,
+            reserved in 0i64..6,
+            window_end_ms in 0u64..10_000_000,
+            expiry in proptest::option::of((proptest::bool::ANY, 0u64..10_000_000)),
+            oldest_ms in 0u64..100_000,
+            recent in proptest::collection::vec(0u64..200_000, 0..20),
+        ) {
+            let facts = RefusalFacts {
+                usage: Usage { limit: Some(limit), used, reserved },
+                until_window_end: Duration::from_millis(window_end_ms),
+                first_expiry: expiry.map(|(passed, ms)| if passed {
+                    FirstExpiry::Passed(Duration::from_millis(ms))
+                } else {
+                    FirstExpiry::In(Duration::from_millis(ms))
+                }),
+                oldest_open_age: Some(Duration::from_millis(oldest_ms)),
+                recent_settle_times: recent.into_iter().map(Duration::from_millis).collect(),
+            };
+            let advice = advise_retry(&facts, POLICY, INTERVAL);
+            proptest::prop_assert_eq!(advice == RetryAdvice::Never, limit == 0);
+            let Some(after) = advice.after() else { return Ok(()) };
+            proptest::prop_assert!(after >= FLOOR);
+            let window_end = facts.until_window_end.max(FLOOR);
+            match advice {
+                RetryAdvice::WindowEnd { after } => proptest::prop_assert_eq!(after, window_end),
+                RetryAdvice::FirstSettlement { after, .. } => {
+                    proptest::prop_assert!(after <= DEFAULT_SETTLE_WAIT.max(Duration::from_secs(200)));
+                    if let Some(FirstExpiry::In(left)) = facts.first_expiry {
+                        proptest::prop_assert!(after <= left.max(FLOOR));
+                    }
+                }
+                RetryAdvice::ReconcilerPass { after, .. } => {
+                    proptest::prop_assert!(after <= INTERVAL);
+                }
+                RetryAdvice::Now | RetryAdvice::Never => {}
+            }
+        }
     }
 
     #[test]
@@ -288,6 +711,12 @@ mod tests {
         assert_eq!(parse_period("90s"), Ok(90));
         for bad in ["", "d", "1", "0d", "1w", "-1d", "1.5h"] {
             assert!(parse_period(bad).is_err(), "{bad:?}");
+        }
+        // The longest period is accepted, anything longer refused with the bound named.
+        assert_eq!(parse_period("3650d"), Ok(MAX_PERIOD_SECONDS));
+        for too_long in ["3651d", "1000000000d", "87601h", "99999999999999999999s"] {
+            let refused = parse_period(too_long).unwrap_err();
+            assert!(refused.contains("3650d"), "{too_long}: {refused}");
         }
         assert_eq!(format_period(86_400), "1d");
         assert_eq!(format_period(5_400), "90m");

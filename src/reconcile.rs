@@ -271,10 +271,16 @@ impl Reconciler {
         settle: Settle,
     ) -> Result<Done, StoreError> {
         let reason = format!("reservation expired: {why}");
+        // The decision as `ExpiredDecision::label` names it; the reservation's state says how
+        // it was settled.
+        let label = match settle {
+            Settle::Expire => "expire",
+            Settle::Charge | Settle::Release => "unresolved",
+        };
         match self.store.expire(lease, &reason, settle).await? {
             FailOutcome::Failed => {
                 self.store
-                    .record_decision(reservation.task_id, OWNER, settle.state().as_str(), why)
+                    .record_decision(reservation.task_id, OWNER, label, why)
                     .await?;
                 tracing::warn!(task_id = %reservation.task_id, reason, "task failed by the quota reconciler");
                 Ok(Done::Expired)

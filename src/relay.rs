@@ -327,11 +327,6 @@ mod tests {
             assert_eq!(refused_for_good(&passing), None, "{passing:?}");
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     #[test]
     fn the_producer_takes_no_record_over_kafka_max_record_bytes() {

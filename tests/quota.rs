@@ -402,14 +402,10 @@ async fn capacity_returns_when_the_window_ends() {
     assert!(api.db.store.set_quota("acme", Some(1), 2).await.unwrap());
     let first: Accepted = api.post("w-1", "q").await.json().await.unwrap();
     api.finish(first.task_id, true).await;
-    let refused = api.post("w-2", "q2").await;
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    let retry_after: u64 = refused.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let (retry_after, detail) = refusal(&api, "w-2").await;
+    let retry_after = retry_after.expect("a Retry-After");
     assert!((1..=2).contains(&retry_after), "{retry_after}");
+    assert!(detail.contains("the window resets at"), "{detail}");
     helpers::wait_until(
         "the next 2 s window admits again",
         Duration::from_secs(10),
@@ -428,23 +424,8 @@ async fn capacity_returns_when_the_window_ends() {
 async fn the_operator_sets_and_shows_a_quota() {
     let db = TestDb::new().await;
     db.store.create_workspace("acme").await.unwrap();
-    let dir = std::env::temp_dir().join(helpers::unique("quota"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("replyd.toml");
-    std::fs::write(
-        &config,
-        format!("[database]\nurl = \"{}\"\n", db.settings.url.expose()),
-    )
-    .unwrap();
-    let replyd = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
-            .args(args)
-            .arg("--config")
-            .arg(&config)
-            .output()
-            .unwrap()
-    };
-    let set = replyd(&[
+    let replyd = Operator::new(&db);
+    let set = replyd.run(&[
         "quota",
         "set",
         "--workspace",
@@ -463,17 +444,17 @@ async fn the_operator_sets_and_shows_a_quota() {
         String::from_utf8_lossy(&set.stdout).trim(),
         "quota of workspace acme: 25 generations per 12h"
     );
-    let shown = replyd(&["quota", "show", "acme", "--json"]);
+    let shown = replyd.run(&["quota", "show", "acme", "--json"]);
     let view: Value = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(
         (&view["limit"], &view["period"]),
         (&json!(25), &json!("12h"))
     );
 
-    let bad = replyd(&["quota", "set", "--workspace", "acme", "--limit=-3"]);
+    let bad = replyd.run(&["quota", "set", "--workspace", "acme", "--limit=-3"]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--limit \"-3\""));
-    let bad_period = replyd(&[
+    let bad_period = replyd.run(&[
         "quota",
         "set",
         "--workspace",
@@ -485,10 +466,388 @@ async fn the_operator_sets_and_shows_a_quota() {
     ]);
     assert_eq!(bad_period.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad_period.stderr).contains("unknown unit \"w\""));
-    let missing = replyd(&["quota", "set", "--workspace", "nobody", "--limit", "3"]);
+    let missing = replyd.run(&["quota", "set", "--workspace", "nobody", "--limit", "3"]);
     assert_eq!(missing.status.code(), Some(4));
     // Nothing the refused commands said was applied.
-    let shown = replyd(&["quota", "show", "acme", "--json"]);
+    let shown = replyd.run(&["quota", "show", "acme", "--json"]);
     let view: Value = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(view["limit"], 25);
+}
+
+/// The `replyd` binary as an operator runs it, against the test's database.
+struct Operator {
+    config: std::path::PathBuf,
+}
+
+impl Operator {
+    fn new(db: &TestDb) -> Self {
+        let dir = std::env::temp_dir().join(helpers::unique("quota"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("replyd.toml");
+        std::fs::write(
+            &config,
+            format!("[database]\nurl = \"{}\"\n", db.settings.url.expose()),
+        )
+        .unwrap();
+        Self { config }
+    }
+
+    fn command(&self, args: &[&str]) -> std::process::Command {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"));
+        command.args(args).arg("--config").arg(&self.config);
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        self.command(args).output().unwrap()
+    }
+
+    /// `replyd quota set --workspace acme`, which must succeed.
+    fn set_quota(&self, limit: &str, period: &str) {
+        let out = self.run(&[
+            "quota",
+            "set",
+            "--workspace",
+            "acme",
+            "--limit",
+            limit,
+            "--period",
+            period,
+        ]);
+        assert!(
+            out.status.success(),
+            "quota set --limit {limit} --period {period}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Api {
+    /// Presses Send and plays the worker that completes the task: one charge.
+    async fn charge(&self, key: &str) {
+        let response = self.post(key, key).await;
+        assert_eq!(response.status(), StatusCode::ACCEPTED, "{key}");
+        let accepted: Accepted = response.json().await.unwrap();
+        self.finish(accepted.task_id, true).await;
+    }
+
+    /// `GET /v1/quota` after a period change: the window is the epoch-aligned one of
+    /// `period_s` that holds now, and `used` is what the ledger charged inside it. Returns
+    /// the quota as read and the charges the ledger holds in its window.
+    async fn assert_window_holds_its_charges(&self, period_s: i64) -> (Value, i64) {
+        let quota = self.quota().await;
+        let start: chrono::DateTime<chrono::Utc> =
+            quota["window_start"].as_str().unwrap().parse().unwrap();
+        let resets: chrono::DateTime<chrono::Utc> =
+            quota["resets_at"].as_str().unwrap().parse().unwrap();
+        assert_eq!(
+            (start.timestamp() % period_s, (resets - start).num_seconds()),
+            (0, period_s),
+            "the window is not aligned to the Unix epoch: {quota}"
+        );
+        let row = self
+            .db
+            .raw_client()
+            .await
+            .query_one(
+                "SELECT (SELECT count(*) FROM quota_reservations WHERE state = 'charged' \
+                   AND settled_at >= $1 AND settled_at < $2), \
+                 clock_timestamp() >= $1 AND clock_timestamp() < $2",
+                &[&start, &resets],
+            )
+            .await
+            .unwrap();
+        let (charged, holds_now): (i64, bool) = (row.get(0), row.get(1));
+        assert!(holds_now, "the window does not hold now: {quota}");
+        assert_eq!(
+            quota["used"],
+            json!(charged),
+            "used is not what the ledger charged in the window: {quota}"
+        );
+        (quota, charged)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_period_change_puts_the_counter_on_the_new_epoch_aligned_window_with_its_charges() {
+    let api = start(policy()).await;
+    let replyd = Operator::new(&api.db);
+
+    // Two presses charged under 1d, then the period becomes 1h: both were settled inside the
+    // current hour, so the hour has them.
+    replyd.set_quota("10", "1d");
+    api.charge("day-1").await;
+    api.charge("day-2").await;
+    replyd.set_quota("10", "1h");
+    api.assert_window_holds_its_charges(3_600).await;
+
+    // One press charged under 10s (the counter moves to a 10 s window), then 1d: the day
+    // starts at 00:00 UTC, not at the change, and holds all three charges.
+    replyd.set_quota("10", "10s");
+    api.charge("ten-seconds").await;
+    replyd.set_quota("10", "1d");
+    let (day, charged) = api.assert_window_holds_its_charges(86_400).await;
+
+    // A change of the limit alone keeps the window and what was charged in it: room for
+    // exactly one more.
+    replyd.set_quota(&(charged + 1).to_string(), "1d");
+    let kept = api.quota().await;
+    assert_eq!(
+        (&kept["window_start"], &kept["used"], &kept["remaining"]),
+        (&day["window_start"], &day["used"], &json!(1)),
+        "{kept}"
+    );
+    assert_eq!(
+        api.post("one-more", "q").await.status(),
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(
+        api.post("over", "q").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_committing_while_the_period_changes_is_counted_once() {
+    let api = start(policy()).await;
+    let replyd = Operator::new(&api.db);
+    replyd.set_quota("10", "1d");
+    api.charge("settled-before").await;
+    let pending: Accepted = api.post("settling-during", "q").await.json().await.unwrap();
+
+    // A transaction that completes the second task: its trigger settles the reservation and
+    // holds the counter row's lock until the commit.
+    let settler = api.db.raw_client().await;
+    let settler_pid: i32 = settler
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    settler.batch_execute("BEGIN").await.unwrap();
+    settler
+        .execute(
+            "UPDATE reply_tasks SET status = 'completed', saved_response = 'the answer' \
+             WHERE task_id = $1",
+            &[&pending.task_id.as_uuid()],
+        )
+        .await
+        .unwrap();
+
+    // The period change waits on that lock...
+    let change = replyd
+        .command(&[
+            "quota",
+            "set",
+            "--workspace",
+            "acme",
+            "--limit",
+            "10",
+            "--period",
+            "1h",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let observer = api.db.raw_client().await;
+    helpers::wait_until_sql(
+        &observer,
+        "the period change waits on the settling transaction",
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
+        &[&settler_pid],
+    )
+    .await;
+    // ...and the settlement commits while it waits.
+    settler.batch_execute("COMMIT").await.unwrap();
+    let changed = tokio::task::spawn_blocking(move || change.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        changed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&changed.stderr)
+    );
+
+    // Both charges are in the hour's count, once each.
+    let (tasks, open, charged, _, _, reserved) = api.ledger().await;
+    assert_eq!((tasks, open, charged, reserved), (2, 0, 2, 0));
+    api.assert_window_holds_its_charges(3_600).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_period_longer_than_the_bound_is_refused_by_the_command_and_the_database() {
+    let api = start(policy()).await;
+    let replyd = Operator::new(&api.db);
+    for too_long in ["1000000000d", "3651d"] {
+        let refused = replyd.run(&[
+            "quota",
+            "set",
+            "--workspace",
+            "acme",
+            "--limit",
+            "5",
+            "--period",
+            too_long,
+        ]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{too_long}: {stderr}");
+        assert!(
+            stderr.contains("--period") && stderr.contains("3650d"),
+            "{stderr}"
+        );
+    }
+    // Nothing was applied: the workspace still reads and admits.
+    let quota = api
+        .client
+        .get(format!("{}/v1/quota", api.base))
+        .bearer_auth(&api.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(quota.status(), StatusCode::OK);
+    assert_eq!(api.post("after", "q").await.status(), StatusCode::ACCEPTED);
+
+    // The bound itself is accepted, and the database refuses what is past it.
+    replyd.set_quota("5", "3650d");
+    assert_eq!(api.quota().await["period"], "3650d");
+    let past = api
+        .db
+        .raw_client()
+        .await
+        .execute(
+            "UPDATE quota_counters SET period_seconds = 86400000000000 WHERE workspace_id = 'acme'",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        past.code(),
+        Some(&tokio_postgres::error::SqlState::CHECK_VIOLATION),
+        "{past}"
+    );
+}
+
+/// The `429` of a press over the quota: its `Retry-After` in seconds (None: no header) and
+/// its `detail`.
+async fn refusal(api: &Api, key: &str) -> (Option<u64>, String) {
+    let response = api.post(key, key).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{key}");
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().parse().unwrap());
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(
+        problem["type"],
+        "https://replyd.dev/problems/quota_exceeded"
+    );
+    (retry_after, problem["detail"].as_str().unwrap().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_held_by_open_reservations_says_when_the_first_is_expected_to_settle() {
+    let api = start(policy()).await;
+    assert!(
+        api.db
+            .store
+            .set_quota("acme", Some(1), 86_400)
+            .await
+            .unwrap()
+    );
+    let first: Accepted = api.post("first", "q").await.json().await.unwrap();
+
+    // Nothing has settled yet: a short default, not the reservation's hour-long TTL.
+    let (retry_after, detail) = refusal(&api, "no-history").await;
+    assert_eq!(
+        retry_after,
+        Some(replyd::quota::DEFAULT_SETTLE_WAIT.as_secs()),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("no reservation of this workspace has settled yet"),
+        "{detail}"
+    );
+
+    // The first took 20 s from admission to its charge; the next has been open 5 s.
+    api.finish(first.task_id, true).await;
+    let client = api.db.raw_client().await;
+    client
+        .execute(
+            "UPDATE quota_reservations SET created_at = settled_at - interval '20 s' \
+             WHERE task_id = $1",
+            &[&first.task_id.as_uuid()],
+        )
+        .await
+        .unwrap();
+    assert!(
+        api.db
+            .store
+            .set_quota("acme", Some(2), 86_400)
+            .await
+            .unwrap()
+    );
+    let second: Accepted = api.post("second", "q").await.json().await.unwrap();
+    client
+        .execute(
+            "UPDATE quota_reservations SET created_at = created_at - interval '5 s' \
+             WHERE task_id = $1",
+            &[&second.task_id.as_uuid()],
+        )
+        .await
+        .unwrap();
+    let (retry_after, detail) = refusal(&api, "with-history").await;
+    let retry_after = retry_after.expect("a Retry-After");
+    assert!((1..=15).contains(&retry_after), "{retry_after}: {detail}");
+    assert!(
+        detail.contains("based on how long recent reservations took to settle"),
+        "{detail}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_behind_a_reservation_past_its_ttl_waits_for_the_reconcilers_next_pass() {
+    let api = start(QuotaPolicy {
+        reservation_ttl: Duration::from_millis(1),
+        ..policy()
+    })
+    .await;
+    assert!(
+        api.db
+            .store
+            .set_quota("acme", Some(1), 86_400)
+            .await
+            .unwrap()
+    );
+    let open: Accepted = api.post("open", "q").await.json().await.unwrap();
+    let client = api.db.raw_client().await;
+    helpers::wait_until_sql(
+        &client,
+        "the open reservation is past its TTL",
+        "SELECT expires_at < clock_timestamp() FROM quota_reservations WHERE task_id = $1",
+        &[&open.task_id.as_uuid()],
+    )
+    .await;
+    let (retry_after, detail) = refusal(&api, "behind-it").await;
+    let retry_after = retry_after.expect("a Retry-After");
+    assert!(
+        (1..=replyd::reconcile::INTERVAL.as_secs()).contains(&retry_after),
+        "{retry_after}: {detail}"
+    );
+    assert!(detail.contains("the reconciler's next pass"), "{detail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_of_zero_is_refused_without_a_time_to_retry() {
+    let api = start(policy()).await;
+    assert!(
+        api.db
+            .store
+            .set_quota("acme", Some(0), 86_400)
+            .await
+            .unwrap()
+    );
+    let (retry_after, detail) = refusal(&api, "never").await;
+    assert_eq!(retry_after, None, "{detail}");
+    assert!(detail.contains("the limit is 0"), "{detail}");
 }

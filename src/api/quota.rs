@@ -12,8 +12,8 @@ use utoipa::ToSchema;
 use super::ApiState;
 use super::auth::Workspace;
 use super::problem::{Problem, ProblemDetails};
-use crate::quota::{QuotaPolicy, format_period, retry_after};
-use crate::store::quota::QuotaState;
+use crate::quota::{QuotaPolicy, RetryAdvice, SettleEstimate, advise_retry, format_period};
+use crate::store::quota::{QuotaRefusal, QuotaState};
 
 /// The policy every reservation follows.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
@@ -101,31 +101,76 @@ pub async fn show(State(state): State<ApiState>, Workspace(workspace): Workspace
     }
 }
 
-/// The `429` of a submission the quota does not admit: when to try again (`Retry-After`, in
-/// whole seconds, at least 1) and where the quota stands.
-pub fn over_quota(quota: &QuotaState, policy: QuotaPolicy) -> Response {
+/// The `429` of a submission the quota does not admit: the earliest time worth trying again
+/// (`Retry-After`, whole seconds, at least 1; none under a limit of 0, when no time will do)
+/// and, in `detail`, where the quota stands and what that time is based on.
+pub fn over_quota(refusal: &QuotaRefusal, policy: QuotaPolicy) -> Response {
     crate::telemetry::quota_refused();
-    let wait = retry_after(
-        quota.usage,
-        policy,
-        quota.until_reset(),
-        quota.until_first_expiry(),
-    );
-    let seconds = super::problem::retry_after_seconds(wait);
-    let usage = quota.usage;
-    Problem::new(
+    let advice = advise_retry(&refusal.facts(), policy, crate::reconcile::INTERVAL);
+    let seconds = advice.after().map(super::problem::retry_after_seconds);
+    let problem = Problem::new(
         StatusCode::TOO_MANY_REQUESTS,
         "quota_exceeded",
         "Quota exceeded",
-        format!(
-            "the workspace's quota of {} generations per {} is taken ({} charged, {} reserved); capacity returns in {seconds} s at the latest (window resets at {})",
-            usage.limit.unwrap_or_default(),
-            format_period(quota.period_seconds.max(1) as u64),
-            usage.used,
-            usage.reserved,
-            quota.resets_at.to_rfc3339(),
-        ),
-    )
-    .with_retry_after(seconds)
+        refusal_detail(&refusal.state, advice, seconds.unwrap_or_default()),
+    );
+    match seconds {
+        Some(seconds) => problem.with_retry_after(seconds),
+        None => problem,
+    }
     .into_response()
+}
+
+/// The refusal's `detail`: the quota as it stands, then what the wait is based on.
+fn refusal_detail(quota: &QuotaState, advice: RetryAdvice, seconds: u64) -> String {
+    let usage = quota.usage;
+    let period = format_period(quota.period_seconds.max(1) as u64);
+    let limit = usage.limit.unwrap_or_default();
+    let taken = format!(
+        "the workspace's quota of {limit} generations per {period} is taken ({} charged, {} reserved)",
+        usage.used, usage.reserved
+    );
+    let resets_at = quota.resets_at.to_rfc3339();
+    match advice {
+        RetryAdvice::Never => format!(
+            "the workspace's quota of 0 generations per {period} admits nothing: the limit is 0, and capacity returns only when an operator raises it (`replyd quota set --limit`), so there is no time to retry at and no Retry-After"
+        ),
+        RetryAdvice::Now => match usage.limit {
+            Some(limit) => format!(
+                "the workspace's quota of {limit} generations per {period} refused this request but has room again ({} charged, {} reserved): try again",
+                usage.used, usage.reserved
+            ),
+            None => {
+                "the workspace's quota refused this request but has no limit now: try again".into()
+            }
+        },
+        RetryAdvice::WindowEnd { .. } => format!(
+            "{taken}; capacity returns when the window resets at {resets_at}, in {seconds} s"
+        ),
+        RetryAdvice::FirstSettlement { basis, .. } => {
+            let why = match basis {
+                SettleEstimate::Recent {
+                    recent, oldest_age, ..
+                } => format!(
+                    "the first is expected to settle in about {seconds} s, based on how long recent reservations took to settle (the last {recent}; the oldest open one has been open {} s)",
+                    oldest_age.as_secs()
+                ),
+                SettleEstimate::Default { recent: 0, .. } => format!(
+                    "no reservation of this workspace has settled yet to estimate from, so try again in {seconds} s (a default wait)"
+                ),
+                SettleEstimate::Default { recent, oldest_age } => format!(
+                    "none of the last {recent} settled reservations took as long as the oldest open one has been open ({} s), so try again in {seconds} s (a default wait)",
+                    oldest_age.as_secs()
+                ),
+            };
+            format!(
+                "{taken}; open reservations hold the capacity: {why}; a settlement that is charged keeps its unit until the window resets at {resets_at}"
+            )
+        }
+        RetryAdvice::ReconcilerPass { overdue, .. } => format!(
+            "{taken}; open reservations hold the capacity, and the first passed its TTL (quota.reservation_ttl_ms) {} s ago: the reconciler's next pass (one every {} s) decides it, in {seconds} s at the latest; a settlement that is charged keeps its unit until the window resets at {resets_at}",
+            overdue.as_secs(),
+            crate::reconcile::INTERVAL.as_secs()
+        ),
+    }
 }

@@ -14,7 +14,7 @@ use crate::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
 use crate::idempotency::{BoundInputs, IdempotencyKey, Operation, Reuse, decide_reuse};
 use crate::quota::QuotaPolicy;
 
-use super::quota::QuotaState;
+use super::quota::QuotaRefusal;
 
 use super::{Store, StoreError};
 
@@ -47,7 +47,7 @@ pub enum Submitted {
     /// The key was used with other inputs; nothing written.
     Mismatch { fields: Vec<&'static str> },
     /// New work the workspace's quota does not admit now; nothing written.
-    OverQuota { quota: QuotaState },
+    OverQuota { quota: QuotaRefusal },
 }
 
 /// The provider request a submission asks for: the context as a system message, then the
@@ -236,7 +236,7 @@ impl Store {
             // answered below whatever the quota says now.
             tx.rollback().await?;
             drop(client);
-            let quota = self.quota(&s.workspace_id).await?.ok_or_else(|| {
+            let quota = self.quota_refusal(&s.workspace_id).await?.ok_or_else(|| {
                 StoreError::Config(format!("workspace {} has no quota counter", s.workspace_id))
             })?;
             return Ok(Some(Submitted::OverQuota { quota }));

@@ -1,14 +1,17 @@
-//! The quota's SQL (I8): setting a workspace's limit, reading its counter, and the admission
-//! statement of the intake transaction. Settling is not here: the trigger of
-//! `migrations/V7__quotas.sql` settles a reservation in the transaction that ends its task.
+//! The quota's SQL (I8): setting a workspace's limit and period (a period change recounted
+//! from the ledger under the counter row's lock), reading its counter and, for a refusal, the
+//! facts its `Retry-After` is decided from, and the admission statement of the intake
+//! transaction. Settling is not here: the trigger of `migrations/V7__quotas.sql` settles a
+//! reservation in the transaction that ends its task.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio_postgres::IsolationLevel;
 
 use super::{Store, StoreError};
 use crate::domain::{TaskId, TaskStatus};
-use crate::quota::{ExpiredTask, Settle, Usage};
+use crate::quota::{ExpiredTask, FirstExpiry, RefusalFacts, Settle, Usage};
 
 /// Admits one request and writes its reservation, in one statement: the workspace's counter
 /// row is updated only while `used + reserved < limit` (`$5`: whether open reservations count),
@@ -56,64 +59,193 @@ impl QuotaState {
     pub fn until_reset(&self) -> Duration {
         (self.resets_at - self.now).to_std().unwrap_or_default()
     }
+}
 
-    pub fn until_first_expiry(&self) -> Option<Duration> {
-        self.first_expiry
-            .map(|at| (at - self.now).to_std().unwrap_or_default())
+/// A workspace's quota read right after it refused a submission, with what the refusal's
+/// `Retry-After` is estimated from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaRefusal {
+    pub state: QuotaState,
+    /// When the oldest open reservation was admitted.
+    pub oldest_open_since: Option<DateTime<Utc>>,
+    /// How long the workspace's latest [`SETTLE_HISTORY`] settled reservations (charged or
+    /// released) took from admission to settlement, newest first.
+    pub recent_settle_times: Vec<Duration>,
+}
+
+impl QuotaRefusal {
+    /// The facts as durations from the database's now, for [`crate::quota::advise_retry`].
+    pub fn facts(&self) -> RefusalFacts {
+        let now = self.state.now;
+        let since = |at: DateTime<Utc>| (now - at).to_std().unwrap_or_default();
+        RefusalFacts {
+            usage: self.state.usage,
+            until_window_end: self.state.until_reset(),
+            first_expiry: self.state.first_expiry.map(|at| {
+                if at > now {
+                    FirstExpiry::In((at - now).to_std().unwrap_or_default())
+                } else {
+                    FirstExpiry::Passed(since(at))
+                }
+            }),
+            oldest_open_age: self.oldest_open_since.map(since),
+            recent_settle_times: self.recent_settle_times.clone(),
+        }
     }
 }
 
+/// How many of a workspace's latest settlements a refusal's estimate looks at: enough for a
+/// median that one slow reply does not move, few enough to be recent and to be read by one
+/// short scan of `quota_reservations_settled` (V14).
+pub const SETTLE_HISTORY: i64 = 50;
+
+/// A workspace's counter as of now (a window that has ended reads as the new, empty one), its
+/// open reservations' first expiry and oldest admission, and the settle times of its latest
+/// `$2` settled reservations (0 for a plain read: `LIMIT 0` reads none of them).
+const READ_QUOTA: &str = "SELECT q.generation_limit, q.period_seconds, \
+     CASE WHEN w.start = q.window_start THEN q.used ELSE 0 END AS used, q.reserved, \
+     w.start AS window_start, \
+     w.start + make_interval(secs => q.period_seconds) AS resets_at, \
+     o.first_expiry, o.oldest_open_since, \
+     ARRAY(SELECT extract(epoch FROM r.settled_at - r.created_at)::float8 \
+             FROM quota_reservations r \
+            WHERE r.workspace_id = q.workspace_id AND r.state IN ('charged', 'released') \
+            ORDER BY r.settled_at DESC LIMIT $2) AS recent_settle_seconds, \
+     now.at AS now \
+     FROM quota_counters q, (SELECT clock_timestamp() AS at) now, \
+     LATERAL (SELECT replyd_quota_window(q.window_start, q.period_seconds, now.at) AS start) w, \
+     LATERAL (SELECT min(r.expires_at) AS first_expiry, min(r.created_at) AS oldest_open_since \
+                FROM quota_reservations r \
+               WHERE r.workspace_id = q.workspace_id AND r.state = 'reserved') o \
+     WHERE q.workspace_id = $1";
+
+/// A period change's counter: the new period's epoch-aligned window that holds now, and as
+/// `used` what the ledger charged inside it (settled at or after its start; nothing settles
+/// after now). Run only under the counter row's lock (see [`Store::set_quota`]).
+/// `$1` workspace, `$2` limit, `$3` period in seconds.
+const RECOUNT_ON_PERIOD_CHANGE: &str = "WITH w AS ( \
+       SELECT replyd_quota_window_of($3, clock_timestamp()) AS start) \
+     UPDATE quota_counters q \
+        SET generation_limit = $2, period_seconds = $3, window_start = w.start, \
+            used = (SELECT count(*) FROM quota_reservations r \
+                     WHERE r.workspace_id = q.workspace_id AND r.state = 'charged' \
+                       AND r.settled_at >= w.start), \
+            updated_at = clock_timestamp() \
+       FROM w \
+      WHERE q.workspace_id = $1";
+
 impl Store {
     /// Sets `workspace_id`'s limit (None: no limit) and period; `false` when there is no such
-    /// workspace. What was charged in the current window stays charged.
+    /// workspace. A change of the limit alone keeps the window and what was charged in it. A
+    /// change of the period puts the counter on the new period's epoch-aligned window that
+    /// holds now, with `used` recounted from the ledger: the reservations charged inside it.
+    ///
+    /// Why the recount is exact: a charge is a reservation turned `charged` (with its
+    /// `settled_at`) by the same transaction that adds its unit to the counter row, which it
+    /// locks to do so (`replyd_settle`), and the ledger is never purged. This transaction
+    /// locks the counter row first, in a statement of its own; the recount is the next
+    /// statement and, under READ COMMITTED, reads a snapshot taken after the lock was
+    /// granted. So a settlement that committed before then is in the recount, and one that
+    /// had not committed has not touched the counter row yet (else this lock would have
+    /// waited for its commit): it waits for this commit, then adds its unit to the row
+    /// written here. Every charge is counted once, by the recount or by itself. (One
+    /// statement would not do: its snapshot is taken before it waits for the lock.) The
+    /// recount places a charge by its `settled_at`, its own update by the clock a moment
+    /// later in the same transaction; only a charge straddling a window's boundary by those
+    /// microseconds could be counted in the neighbouring window, as either rule would.
+    /// Admissions change `reserved` and roll the window over, never `used` within it.
     pub async fn set_quota(
         &self,
         workspace_id: &str,
         limit: Option<i64>,
         period_seconds: i64,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let updated = client
-            .execute(
-                "UPDATE quota_counters SET generation_limit = $2, period_seconds = $3, \
-                 updated_at = clock_timestamp() WHERE workspace_id = $1",
+        let mut client = self.client().await?;
+        // READ COMMITTED, stated: the recount must read a snapshot taken after the lock is
+        // granted, where REPEATABLE READ would keep the locking statement's.
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::ReadCommitted)
+            .start()
+            .await?;
+        let Some(row) = tx
+            .query_opt(
+                "SELECT period_seconds FROM quota_counters WHERE workspace_id = $1 FOR UPDATE",
+                &[&workspace_id],
+            )
+            .await?
+        else {
+            return Ok(false);
+        };
+        if row.get::<_, i64>("period_seconds") == period_seconds {
+            tx.execute(
+                "UPDATE quota_counters SET generation_limit = $2, updated_at = clock_timestamp() \
+                 WHERE workspace_id = $1",
+                &[&workspace_id, &limit],
+            )
+            .await?;
+        } else {
+            tx.execute(
+                RECOUNT_ON_PERIOD_CHANGE,
                 &[&workspace_id, &limit, &period_seconds],
             )
             .await?;
-        Ok(updated == 1)
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// The workspace's quota now (a window that has ended reads as the new, empty one).
     pub async fn quota(&self, workspace_id: &str) -> Result<Option<QuotaState>, StoreError> {
+        Ok(self
+            .read_quota(workspace_id, 0)
+            .await?
+            .map(|refusal| refusal.state))
+    }
+
+    /// The workspace's quota right after a refusal, with the facts its `Retry-After` is
+    /// estimated from.
+    pub async fn quota_refusal(
+        &self,
+        workspace_id: &str,
+    ) -> Result<Option<QuotaRefusal>, StoreError> {
+        self.read_quota(workspace_id, SETTLE_HISTORY).await
+    }
+
+    async fn read_quota(
+        &self,
+        workspace_id: &str,
+        history: i64,
+    ) -> Result<Option<QuotaRefusal>, StoreError> {
         let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
-                "SELECT q.generation_limit, q.period_seconds, \
-                 CASE WHEN w.start = q.window_start THEN q.used ELSE 0 END AS used, q.reserved, \
-                 w.start AS window_start, \
-                 w.start + make_interval(secs => q.period_seconds) AS resets_at, \
-                 (SELECT min(expires_at) FROM quota_reservations r \
-                   WHERE r.workspace_id = q.workspace_id AND r.state = 'reserved') AS first_expiry, \
-                 now.at AS now \
-                 FROM quota_counters q, (SELECT clock_timestamp() AS at) now, \
-                 LATERAL (SELECT replyd_quota_window(q.window_start, q.period_seconds, now.at) AS start) w \
-                 WHERE q.workspace_id = $1",
-            )
-            .await?;
-        let Some(row) = client.query_opt(&statement, &[&workspace_id]).await? else {
+        let statement = client.prepare_cached(READ_QUOTA).await?;
+        let Some(row) = client
+            .query_opt(&statement, &[&workspace_id, &history])
+            .await?
+        else {
             return Ok(None);
         };
-        Ok(Some(QuotaState {
-            usage: Usage {
-                limit: row.get("generation_limit"),
-                used: row.get("used"),
-                reserved: row.get("reserved"),
+        let settle_seconds: Vec<f64> = row.get("recent_settle_seconds");
+        Ok(Some(QuotaRefusal {
+            state: QuotaState {
+                usage: Usage {
+                    limit: row.get("generation_limit"),
+                    used: row.get("used"),
+                    reserved: row.get("reserved"),
+                },
+                period_seconds: row.get("period_seconds"),
+                window_start: row.get("window_start"),
+                resets_at: row.get("resets_at"),
+                first_expiry: row.get("first_expiry"),
+                now: row.get("now"),
             },
-            period_seconds: row.get("period_seconds"),
-            window_start: row.get("window_start"),
-            resets_at: row.get("resets_at"),
-            first_expiry: row.get("first_expiry"),
-            now: row.get("now"),
+            oldest_open_since: row.get("oldest_open_since"),
+            // A settlement before its admission cannot happen (both by the database clock);
+            // a negative or odd value reads as 0 rather than failing the refusal.
+            recent_settle_times: settle_seconds
+                .into_iter()
+                .map(|s| Duration::try_from_secs_f64(s).unwrap_or_default())
+                .collect(),
         }))
     }
 }

@@ -235,7 +235,10 @@ export interface components {
             data: string;
             /** @description Always `status`. */
             event: string;
-            /** @description This state's id: sent back as `Last-Event-ID`, that state is not sent again. */
+            /**
+             * @description This state's id (`<attempt>-<status>`, e.g. `1-running`): sent back as
+             *     `Last-Event-ID`, that state is not sent again.
+             */
             id: string;
         };
     };
@@ -415,10 +418,10 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            /** @description New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
-                    /** @description Seconds until quota capacity returns at the latest, or until the key may ask again */
+                    /** @description Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
                 };
@@ -558,7 +561,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The current state at once, then each change; the stream ends after a terminal state. Keep-alive comments every 15 s. The schema is that of each event */
+            /** @description The current state at once, then each change of status or attempt (not every write: a lease renewal is no event); the stream ends after a terminal state, or within 2 s of its API key's revocation (a reconnect then gets 401). Keep-alive comments every 15 s. The schema is that of each event */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -725,10 +728,10 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            /** @description New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
-                    /** @description Seconds until quota capacity returns at the latest, or until the key may ask again */
+                    /** @description Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
                 };
