@@ -383,6 +383,40 @@ where
     .await;
     app.wait_until_committed_to_end(drained_limit).await;
     let recovery_s = healed.elapsed().as_secs_f64();
+    // Presses that failed while the provider may have done their work keep their reservations
+    // (I8: not released as if nothing ran). Their TTL is made to pass, and one pass of the
+    // reconciler settles them as quota.charge_unresolved says.
+    let held: i64 = client
+        .query_one(
+            "WITH aged AS (UPDATE quota_reservations r \
+               SET expires_at = clock_timestamp() - interval '1 second' \
+               FROM reply_tasks t WHERE t.task_id = r.task_id AND r.state = 'reserved' \
+                 AND t.status = 'failed' RETURNING 1) \
+             SELECT count(*) FROM aged",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    if held > 0 {
+        replyd::reconcile::run_command(&app.settings())
+            .await
+            .expect("a reconciler pass");
+    }
+    // No reservation was freed whose work the provider did (the mock counts generations by
+    // the task id each request carried as its key).
+    let generated = app.mock.stats().per_key;
+    let freed_with_work: Vec<String> = client
+        .query(
+            "SELECT task_id::text FROM quota_reservations WHERE state IN ('released', 'expired')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get::<_, String>(0))
+        .filter(|task| generated.get(task).is_some_and(|n| *n > 0))
+        .collect();
     let report = app.check().await;
 
     let total_faults: u64 = faults.counts.values().sum();
@@ -403,6 +437,7 @@ where
             "asked_again_unanswered": produced.unanswered,
             "malformed": bad,
         },
+        "reservations_held_unresolved": held,
         "check": report,
     });
     write_report(name, &out);
@@ -425,6 +460,11 @@ where
         ),
         (produced.presses as i64, 0, 0),
         "{name}: {out:#}"
+    );
+    assert_eq!(
+        freed_with_work,
+        Vec::<String>::new(),
+        "{name}: reservations released although the provider did the work: {out:#}"
     );
     assert_eq!(report.duplicate_tasks, 0, "{name}: {out:#}");
     assert_eq!(report.outbox_unpublished, 0, "{name}: {out:#}");
