@@ -28,7 +28,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::domain::{AttemptOutcome, ProviderRan, TaskStatus};
-use crate::provider::{OperationId, Provider, ProviderError};
+use crate::provider::{Generation, OperationId, Provider, ProviderError};
 use crate::quota::{
     ExpiredDecision, LookedUp, QuotaPolicy, Settle, decide_expired, decide_looked_up,
 };
@@ -198,16 +198,8 @@ impl Reconciler {
                 .await;
         };
         let found = background.look_up(&OperationId(operation.clone())).await;
-        let looked_up = match &found {
-            Ok(Some(_)) => LookedUp::Done,
-            Ok(None) => LookedUp::StillRunning,
-            Err(ProviderError::OperationGone { .. } | ProviderError::Fatal { .. }) => {
-                LookedUp::Gone
-            }
-            Err(e) => {
-                tracing::info!(task_id = %reservation.task_id, error = %e, "provider lookup failed; the next pass asks again");
-                return Ok(Done::Left);
-            }
+        let Some(looked_up) = looked_up(reservation, &found) else {
+            return Ok(Done::Left);
         };
         let decision = decide_looked_up(looked_up);
         telemetry::quota_reconciled(decision.label());
@@ -305,15 +297,10 @@ impl Reconciler {
             return Ok(Done::Left);
         };
         let found = background.look_up(&OperationId(operation.clone())).await;
-        let looked_up = match &found {
-            Ok(Some(_)) => LookedUp::Done,
-            Ok(None) => LookedUp::StillRunning,
-            Err(ProviderError::OperationGone { .. } | ProviderError::Fatal { .. }) => {
-                LookedUp::Gone
-            }
-            Err(e) => {
-                // The provider did not answer: decide nothing now, give the task back.
-                tracing::info!(task_id = %reservation.task_id, error = %e, "provider lookup failed; the next pass asks again");
+        let looked_up = match looked_up(reservation, &found) {
+            Some(looked_up) => looked_up,
+            None => {
+                // Decide nothing now: give the task back.
                 self.store
                     .release(
                         &lease,
@@ -360,6 +347,25 @@ impl Reconciler {
             }
             // decide_looked_up gives Charge only for a found generation.
             _ => Ok(Done::Left),
+        }
+    }
+}
+
+/// What a look-up of a task's operation found, or None when the provider did not answer
+/// (logged; the next pass asks again).
+fn looked_up(
+    reservation: &ExpiredReservation,
+    found: &Result<Option<Generation>, ProviderError>,
+) -> Option<LookedUp> {
+    match found {
+        Ok(Some(_)) => Some(LookedUp::Done),
+        Ok(None) => Some(LookedUp::StillRunning),
+        Err(ProviderError::OperationGone { .. } | ProviderError::Fatal { .. }) => {
+            Some(LookedUp::Gone)
+        }
+        Err(e) => {
+            tracing::info!(task_id = %reservation.task_id, error = %e, "provider lookup failed; the next pass asks again");
+            None
         }
     }
 }

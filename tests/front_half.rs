@@ -562,20 +562,6 @@ async fn reservations(app: &TestApp) -> (i64, i64, i64, i64) {
     (row.get(0), row.get(1), row.get(2), row.get(3))
 }
 
-/// Moves every open reservation's TTL into the past, as if the TTL had passed.
-async fn age_reservations(app: &TestApp) {
-    app.db
-        .raw_client()
-        .await
-        .execute(
-            "UPDATE quota_reservations SET expires_at = clock_timestamp() - interval '1 second' \
-             WHERE state = 'reserved'",
-            &[],
-        )
-        .await
-        .unwrap();
-}
-
 /// Runs the `replyd` binary with the test's settings, as an operator would.
 fn replyd(app: &TestApp, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
@@ -701,7 +687,7 @@ async fn lost_answers_are_held_then_charged_once(api: &'static str) {
     assert_eq!((usage.used, usage.reserved), (0, 3));
 
     // Past their TTL, with nothing that can tell, quota.charge_unresolved (true) charges them.
-    age_reservations(&app).await;
+    helpers::age_open_reservations(&app.db).await;
     reconcile(&app);
     assert_eq!(reservations(&app).await, (0, 3, 0, 0));
     let usage = app.db.store.quota("acme").await.unwrap().unwrap().usage;
@@ -799,7 +785,7 @@ async fn a_crash_leaves_its_tasks_to_the_group_and_not_to_the_reconciler() {
     )
     .await;
     // The reservations' TTL passes before the group has handed the records on.
-    age_reservations(&app).await;
+    helpers::age_open_reservations(&app.db).await;
     reconcile(&app);
     for press in &presses {
         let view = front.view(press).await;

@@ -111,16 +111,7 @@ impl Setup {
 
     /// Moves every open reservation's TTL into the past: the tab closed an hour ago.
     async fn age_reservations(&self) {
-        self.db
-            .raw_client()
-            .await
-            .execute(
-                "UPDATE quota_reservations SET expires_at = clock_timestamp() - interval '1 second' \
-                 WHERE state = 'reserved'",
-                &[],
-            )
-            .await
-            .unwrap();
+        helpers::age_open_reservations(&self.db).await;
     }
 
     /// (state, settled_by, counter used, counter reserved) of `task`'s reservation.
@@ -325,5 +316,95 @@ async fn work_in_progress_keeps_its_reservation() {
     assert_eq!(
         stored.provider_operation_id.as_deref(),
         Some(operation.0.as_str())
+    );
+}
+
+/// Plays a worker whose wait on `task`'s operation gave up while the provider still ran it
+/// (`provider.operation_max_wait_ms`): the task fails, its work may exist.
+async fn fail_while_running(s: &Setup, task: TaskId, operation_id: Option<&str>) {
+    let lease = s.claim(task, "w-gave-up", Duration::from_secs(30)).await;
+    if let Some(id) = operation_id {
+        s.db.store
+            .record_operation(&lease, Some(id))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let failed =
+        s.db.store
+            .fail(
+                &lease,
+                "operation still running after 1800000 ms",
+                replyd::domain::AttemptOutcome::Timeout,
+                replyd::domain::ProviderRan::Maybe,
+            )
+            .await
+            .unwrap();
+    assert!(matches!(failed, replyd::store::FailOutcome::Failed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_task_whose_operation_the_provider_finished_is_charged_once_and_stays_failed() {
+    let s = setup().await;
+    let task = s.submit("gave-up").await;
+    let operation = s
+        .provider
+        .start(&request(&task.to_string(), "q"))
+        .await
+        .unwrap();
+    fail_while_running(&s, task, Some(&operation.0)).await;
+    // Held, not released: the provider may still finish.
+    assert_eq!(s.reservation(task).await, ("reserved".into(), None, 0, 1));
+    s.provider.wait(&operation).await.unwrap();
+    s.age_reservations().await;
+
+    let report = s.reconcile().await;
+
+    assert_eq!(report.settled, 1, "{report:?}");
+    assert_eq!(
+        s.reservation(task).await,
+        ("charged".into(), Some("reconciler".into()), 1, 0)
+    );
+    assert_eq!(s.decisions(task).await, ["reconciler charged"]);
+    let stored = s.db.store.read(task).await.unwrap().unwrap();
+    assert_eq!(
+        stored.status,
+        TaskStatus::Failed,
+        "every reader was told so"
+    );
+    assert_eq!(stats(&s.mock).await.generations, 1, "no new generation");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_task_whose_operation_the_provider_never_had_is_not_charged() {
+    let s = setup().await;
+    let task = s.submit("gone").await;
+    fail_while_running(&s, task, Some("resp_never_created")).await;
+    s.age_reservations().await;
+
+    s.reconcile().await;
+
+    assert_eq!(
+        s.reservation(task).await,
+        ("expired".into(), Some("reconciler".into()), 0, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_task_nobody_can_ask_about_is_settled_as_the_policy_says() {
+    let s = setup().await;
+    let task = s.submit("lost-answer").await;
+    fail_while_running(&s, task, None).await;
+    // Not before its TTL: held, and holding capacity.
+    assert_eq!(s.reconcile().await.examined, 0);
+    assert_eq!(s.reservation(task).await, ("reserved".into(), None, 0, 1));
+    s.age_reservations().await;
+
+    s.reconcile().await;
+
+    // quota.charge_unresolved (true by default): the provider may have billed the work.
+    assert_eq!(
+        s.reservation(task).await,
+        ("charged".into(), Some("reconciler".into()), 1, 0)
     );
 }

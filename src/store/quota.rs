@@ -352,26 +352,16 @@ impl Store {
         by: &str,
         why: &str,
     ) -> Result<Option<String>, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_one(
-                "WITH settled AS ( \
-                   SELECT replyd_settle(t.task_id, t.status, $2, $3, false) AS state \
-                   FROM reply_tasks t WHERE t.task_id = $1 AND t.status IN ('completed', 'failed')), \
-                 noted AS ( \
-                   INSERT INTO quota_decisions (task_id, decided_by, decision, reason) \
-                   SELECT $1, $2, state, $3 FROM settled WHERE state IS NOT NULL RETURNING decision) \
-                 SELECT (SELECT decision FROM noted)",
-                &[&task_id.as_uuid(), &by, &why],
-            )
-            .await?;
-        Ok(row.get(0))
+        self.settle_recorded(
+            "replyd_settle(t.task_id, t.status, $2, $3, false)",
+            &[&task_id.as_uuid(), &by, &why],
+        )
+        .await
     }
 
     /// Settles the open reservation of a task that is already terminal to `settle`, outright
-    /// (an unresolved one: the task failed while the provider may have done its work), and
-    /// records the decision, in one statement. Returns the state it went to, or None when it
-    /// was settled already.
+    /// (an unresolved one: the task failed while the provider may have done its work).
+    /// Returns the state it went to, or None when it was settled already.
     pub async fn settle_as(
         &self,
         task_id: TaskId,
@@ -379,17 +369,33 @@ impl Store {
         by: &str,
         why: &str,
     ) -> Result<Option<String>, StoreError> {
+        self.settle_recorded(
+            "replyd_settle_to(t.task_id, $4, $2, $3)",
+            &[&task_id.as_uuid(), &by, &why, &settle.state().as_str()],
+        )
+        .await
+    }
+
+    /// Runs `settling` (a settlement function over the task `t`, `$1` its id, `$2` who, `$3`
+    /// why) for a terminal task and records the decision it made, in one statement.
+    async fn settle_recorded(
+        &self,
+        settling: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<String>, StoreError> {
         let client = self.client().await?;
         let row = client
             .query_one(
-                "WITH settled AS ( \
-                   SELECT replyd_settle_to(t.task_id, $2, $3, $4) AS state \
-                   FROM reply_tasks t WHERE t.task_id = $1 AND t.status IN ('completed', 'failed')), \
-                 noted AS ( \
-                   INSERT INTO quota_decisions (task_id, decided_by, decision, reason) \
-                   SELECT $1, $3, state, $4 FROM settled WHERE state IS NOT NULL RETURNING decision) \
-                 SELECT (SELECT decision FROM noted)",
-                &[&task_id.as_uuid(), &settle.state().as_str(), &by, &why],
+                &format!(
+                    "WITH settled AS ( \
+                       SELECT {settling} AS state \
+                       FROM reply_tasks t WHERE t.task_id = $1 AND t.status IN ('completed', 'failed')), \
+                     noted AS ( \
+                       INSERT INTO quota_decisions (task_id, decided_by, decision, reason) \
+                       SELECT $1, $2, state, $3 FROM settled WHERE state IS NOT NULL RETURNING decision) \
+                     SELECT (SELECT decision FROM noted)"
+                ),
+                params,
             )
             .await?;
         Ok(row.get(0))

@@ -93,6 +93,20 @@ impl TestDb {
     }
 }
 
+/// Moves every open quota reservation's TTL into the past, as if it had passed (the tab closed
+/// an hour ago, or the reconciler's turn came).
+pub async fn age_open_reservations(db: &TestDb) {
+    db.raw_client()
+        .await
+        .execute(
+            "UPDATE quota_reservations SET expires_at = clock_timestamp() - interval '1 second' \
+             WHERE state = 'reserved'",
+            &[],
+        )
+        .await
+        .unwrap();
+}
+
 /// A valid task with the given budget.
 pub fn task_spec(max_attempts: u32) -> TaskSpec {
     TaskSpec {
