@@ -4,8 +4,9 @@
 # of them lose their first answer (a client timeout) and retry with the same key; the mock
 # provider (background responses, 100 ms) loses 20 % of its answers after doing the work (an
 # ambiguous fault: the worker must find the work again, not generate twice). The reservation
-# TTL is short (30 s, with leases of 2 s: the shortest `config check` takes here, a task's
-# retries plus the time its record may wait for redelivery), so the reconciler decides
+# TTL is short (40 s, with leases of 2 s and a refusal budget of 10 s: the shortest `config
+# check` takes here, a task's retries and refusals plus the time its record may wait for
+# redelivery), so the reconciler decides
 # reservations while their work still runs, and settles those of tasks that failed while the
 # provider may have done their work. Prints requests, admitted, 429s, charged (and of them
 # charged for work whose outcome nobody could learn), released, expired, reconciler decisions,
@@ -47,6 +48,7 @@ commit_interval_ms = 200
 [retry]
 base_delay_ms = 100
 max_delay_ms = 1000
+refusal_budget_ms = 10000
 [provider]
 base_url = "$mock_url"
 api = "background_responses"
@@ -59,7 +61,7 @@ rate_limit_per_second = 0
 [relay]
 poll_interval_ms = 200
 [quota]
-reservation_ttl_ms = 30000
+reservation_ttl_ms = 40000
 [observability]
 listen = "127.0.0.1:0"
 TOML

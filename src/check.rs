@@ -10,7 +10,8 @@
 //!   independent witness).
 //! - I3: `lost` counts records below the committed offset whose task is not terminal (or was
 //!   never created) and bad records below it with no dead-letter copy.
-//! - I7: `max_attempts_exceeded` counts tasks with more attempts than their budget.
+//! - I7: `max_attempts_exceeded` counts tasks with more attempts than their budget: calls that
+//!   may have cost money (attempt rows other than `refused`; a refusal gives its attempt back).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -68,9 +69,13 @@ pub struct Report {
     pub duplicate_replies: i64,
     pub lost: i64,
     pub fenced_rejections: i64,
-    /// Attempt rows: one per claim. An attempt makes at most one provider call (a claim
-    /// refused later, or cancelled before its call, makes none).
+    /// Attempt rows but refusals: one per claim whose call may have cost money. An attempt
+    /// makes at most one provider call (a claim refused later, or cancelled before its call,
+    /// makes none).
     pub attempts: i64,
+    /// Calls the provider refused without doing them (attempt rows `refused`): they spend no
+    /// attempt of a task's budget (I7).
+    pub refused_calls: i64,
     pub attempts_per_task: Percentiles,
     pub max_attempts_exceeded: i64,
     /// Messages submitted once through the API with more than one task for that submission
@@ -203,7 +208,16 @@ impl Report {
             self.fenced_rejections.to_string(),
             "I2: zombie writes refused",
         );
-        row("attempts", self.attempts.to_string(), "one per claim");
+        row(
+            "attempts",
+            self.attempts.to_string(),
+            "one per claim whose call may have cost money",
+        );
+        row(
+            "refused calls",
+            self.refused_calls.to_string(),
+            "the provider did no work; no attempt spent",
+        );
         row(
             "attempts per task",
             format!(
@@ -447,6 +461,7 @@ pub struct Facts {
     pub statuses: HashMap<Uuid, TaskStatus>,
     pub duplicate_replies: i64,
     pub fenced_rejections: i64,
+    pub refused_calls: i64,
     /// Attempts of each task.
     pub attempts_per_task: Vec<i64>,
     pub max_attempts_exceeded: i64,
@@ -534,9 +549,15 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         Some(AttemptOutcome::Fenced),
     )
     .await?;
+    let refused_calls = count(
+        "SELECT count(*) FROM reply_attempts WHERE outcome = $1",
+        Some(AttemptOutcome::Refused),
+    )
+    .await?;
     let max_attempts_exceeded = count(
         "SELECT count(*) FROM reply_tasks t WHERE attempt_count > max_attempts \
-         OR (SELECT count(*) FROM reply_attempts a WHERE a.task_id = t.task_id) > max_attempts",
+         OR (SELECT count(*) FROM reply_attempts a WHERE a.task_id = t.task_id \
+             AND a.outcome IS DISTINCT FROM 'refused') > max_attempts",
         None,
     )
     .await?;
@@ -600,8 +621,8 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
     };
     let attempts_per_task = client
         .query(
-            "SELECT count(a.task_id) FROM reply_tasks t \
-             LEFT JOIN reply_attempts a USING (task_id) GROUP BY t.task_id",
+            "SELECT count(a.task_id) FILTER (WHERE a.outcome IS DISTINCT FROM 'refused') \
+             FROM reply_tasks t LEFT JOIN reply_attempts a USING (task_id) GROUP BY t.task_id",
             &[],
         )
         .await?
@@ -639,6 +660,7 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         statuses,
         duplicate_replies,
         fenced_rejections,
+        refused_calls,
         attempts_per_task,
         max_attempts_exceeded,
         duplicate_tasks,
@@ -740,6 +762,7 @@ pub fn verdict(facts: Facts) -> Report {
         duplicate_replies: facts.duplicate_replies,
         lost,
         fenced_rejections: facts.fenced_rejections,
+        refused_calls: facts.refused_calls,
         attempts: attempts_per_task.iter().sum(),
         attempts_per_task: Percentiles {
             p50: percentile(&attempts_per_task, 0.50),

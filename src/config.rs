@@ -561,7 +561,8 @@ pub struct QuotaSettings {
     pub pending_reserves: bool,
     /// How long a reservation stays open before the reconciler decides it from the task (and
     /// the provider). Must be longer than an API task's retry horizon
-    /// (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms)) plus the time a
+    /// (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms) +
+    /// retry.refusal_budget_ms) plus the time a
     /// record can wait for redelivery after its worker vanished (the group's session timeout,
     /// worker.lease_ms and worker.drain_timeout_ms), or one crash could fail work that is only
     /// waiting for the group to hand it on.
@@ -959,14 +960,16 @@ impl Settings {
             refuse("database.batch_max_rows", "must be at least 1".into());
         }
         // The longest a task can keep being retried: every attempt a whole lease and the
-        // longest backoff. A client retrying within that time must still find its task.
+        // longest backoff, and its refusals (which spend no attempt) their own budget. A client
+        // retrying within that time must still find its task.
         let horizon_ms = u64::from(w.max_attempts_limit)
-            .saturating_mul(w.lease_ms.saturating_add(self.retry.max_delay_ms));
+            .saturating_mul(w.lease_ms.saturating_add(self.retry.max_delay_ms))
+            .saturating_add(self.retry.refusal_budget_ms);
         if self.api.idempotency_retention_ms <= horizon_ms {
             refuse(
                 "api.idempotency_retention_ms",
                 format!(
-                    "{} must be longer than a task's longest retry horizon, {horizon_ms} ms (worker.max_attempts_limit × (worker.lease_ms + retry.max_delay_ms)), or a late retry would be taken for new work",
+                    "{} must be longer than a task's longest retry horizon, {horizon_ms} ms (worker.max_attempts_limit × (worker.lease_ms + retry.max_delay_ms) + retry.refusal_budget_ms), or a late retry would be taken for new work",
                     self.api.idempotency_retention_ms
                 ),
             );
@@ -977,13 +980,14 @@ impl Settings {
         // ... and a record whose worker vanished waits for the group to notice and hand it on
         // (`redelivery_bound`): work that is only waiting for that is not abandoned.
         let api_task_ms = u64::from(w.default_max_attempts)
-            .saturating_mul(w.lease_ms.saturating_add(self.retry.max_delay_ms));
+            .saturating_mul(w.lease_ms.saturating_add(self.retry.max_delay_ms))
+            .saturating_add(self.retry.refusal_budget_ms);
         let redelivery_ms = self.redelivery_bound().as_millis() as u64;
         if self.quota.reservation_ttl_ms <= api_task_ms.saturating_add(redelivery_ms) {
             refuse(
                 "quota.reservation_ttl_ms",
                 format!(
-                    "{} must be longer than an API task's lifetime plus its redelivery, {} ms: {api_task_ms} ms (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms)) + {redelivery_ms} ms ({}'s session timeout {} ms + worker.lease_ms + worker.drain_timeout_ms), or a worker's crash could fail work that only waits for the group to hand it on",
+                    "{} must be longer than an API task's lifetime plus its redelivery, {} ms: {api_task_ms} ms (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms) + retry.refusal_budget_ms) + {redelivery_ms} ms ({}'s session timeout {} ms + worker.lease_ms + worker.drain_timeout_ms), or a worker's crash could fail work that only waits for the group to hand it on",
                     self.quota.reservation_ttl_ms,
                     api_task_ms.saturating_add(redelivery_ms),
                     match self.kafka.group_protocol {

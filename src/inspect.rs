@@ -38,6 +38,8 @@ pub fn render_json(task: &StoredTask, attempts: &[AttemptRecord]) -> serde_json:
         "status": task.status.as_str(),
         "attempt_count": task.attempt_count,
         "max_attempts": task.spec.max_attempts,
+        "refusals": task.refusals,
+        "refusal_deadline": task.refusal_deadline,
         "deadline": task.spec.deadline,
         "assignment_version": task.assignment_version,
         "next_attempt_at": task.next_attempt_at,
@@ -71,6 +73,17 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
             .map(|d| format!(", deadline {d}"))
             .unwrap_or_default()
     );
+    if task.refusals > 0 {
+        // Refusals spend no attempt (I7): shown apart, with the budget that bounds them.
+        let _ = writeln!(
+            out,
+            "refusals    {} (no work done, no attempt spent){}",
+            task.refusals,
+            task.refusal_deadline
+                .map(|d| format!(", none retried after {d}"))
+                .unwrap_or_default()
+        );
+    }
     let _ = writeln!(out, "assignment  version {}", task.assignment_version);
     if let (Some(owner), Some(until)) = (&task.lease_owner, task.lease_until) {
         let _ = writeln!(out, "lease       {owner} until {until}");

@@ -5,6 +5,12 @@
 //! budget or the deadline, and the delay lands in the task row (`next_attempt_at`), so a
 //! redelivery or a restart continues the same schedule. Delays are exponential with full
 //! jitter, capped, and never shorter than what the provider asked for (`Retry-After`).
+//!
+//! The attempt budget counts calls that may have cost money. A refusal that surely did no work
+//! (a 429, a 503, a connection refused: `ProviderRan::No`) gives its attempt back, and is
+//! bounded instead by the deadline and by a budget of its own, in time
+//! (`retry.refusal_budget_ms` from the first refusal): a burst against a rate-limited provider
+//! waits for capacity instead of failing its tasks, and the task says which budget ended it.
 
 use std::time::Duration;
 
@@ -43,6 +49,10 @@ pub struct RetrySettings {
     /// returns the same result without a new generation). When false, and the adapter has no
     /// other recovery, an ambiguous failure follows `ambiguous`.
     pub provider_honours_idempotency_key: bool,
+    /// How long a task may keep being refused by the provider (429, 503, connection refused),
+    /// counted from its first refusal. Refusals spend no attempt (they cost nothing); this is
+    /// what ends a task whose provider never lets it in. Default 600000 (10 minutes).
+    pub refusal_budget_ms: u64,
 }
 
 impl Default for RetrySettings {
@@ -52,7 +62,14 @@ impl Default for RetrySettings {
             max_delay_ms: 30_000,
             ambiguous: AmbiguousPolicy::Retry,
             provider_honours_idempotency_key: true,
+            refusal_budget_ms: 10 * 60 * 1000,
         }
+    }
+}
+
+impl RetrySettings {
+    pub fn refusal_budget(&self) -> Duration {
+        Duration::from_millis(self.refusal_budget_ms)
     }
 }
 
@@ -71,9 +88,13 @@ pub enum Action {
 /// What the caller knows about the failed attempt.
 #[derive(Debug, Clone, Copy)]
 pub struct Attempt<'a> {
-    /// 1-based number of the attempt that failed.
+    /// 1-based number of the attempt that failed (of the calls that may have cost money).
     pub number: i32,
     pub max_attempts: i32,
+    /// Refusals before this one (`reply_tasks.refusals`).
+    pub refusals: i32,
+    /// Time left of the refusal budget, once a refusal started it; `None` before the first.
+    pub refusal_left: Option<Duration>,
     /// Time left before the task's deadline, if it has one.
     pub deadline_left: Option<Duration>,
     /// The class (`ProviderError::kind`) of the previous attempt's failure, if any.
@@ -88,8 +109,18 @@ pub fn attempt_outcome(error: &ProviderError) -> AttemptOutcome {
     match error {
         ProviderError::Ambiguous { .. } => AttemptOutcome::Ambiguous,
         ProviderError::StillRunning { .. } => AttemptOutcome::Timeout,
+        _ if is_refusal(error) => AttemptOutcome::Refused,
         _ => AttemptOutcome::ProviderError,
     }
+}
+
+/// A refusal: the provider turned the call away (or it never left) and did no work, so it is
+/// no attempt of the budget (I7).
+pub fn is_refusal(error: &ProviderError) -> bool {
+    matches!(
+        error,
+        ProviderError::NotSent { .. } | ProviderError::Retryable { .. }
+    )
 }
 
 /// Decides after a failed call. `draw` is uniform in `[0, 1)` (the jitter).
@@ -119,6 +150,9 @@ pub fn decide(
         }
         _ => {}
     }
+    if is_refusal(error) {
+        return decide_refusal(error, attempt, settings, draw);
+    }
     if attempt.number >= attempt.max_attempts {
         return fail(format!(
             "attempt budget exhausted: {} of {} attempts used; last error: {error}",
@@ -126,6 +160,37 @@ pub fn decide(
         ));
     }
     let after = backoff(attempt.number, settings, draw, server_hint(error));
+    if let Some(left) = attempt.deadline_left.filter(|left| after >= *left) {
+        return fail(format!(
+            "deadline exceeded: the next attempt could start only after {after:?}, {left:?} before the deadline; last error: {error}"
+        ));
+    }
+    Action::Retry { after }
+}
+
+/// After a refusal: retry, backing off by the number of refusals so far, unless the refusal
+/// budget or the deadline would end before the retry could start. No attempt is spent.
+fn decide_refusal(
+    error: &ProviderError,
+    attempt: Attempt<'_>,
+    settings: &RetrySettings,
+    draw: f64,
+) -> Action {
+    let fail = |reason: String| Action::Fail {
+        reason,
+        outcome: AttemptOutcome::Refused,
+    };
+    let refusals = attempt.refusals.saturating_add(1);
+    let after = backoff(refusals, settings, draw, server_hint(error));
+    let budget_left = attempt
+        .refusal_left
+        .unwrap_or_else(|| settings.refusal_budget());
+    if after >= budget_left {
+        return fail(format!(
+            "refusal budget exhausted: the provider refused {refusals} calls over              retry.refusal_budget_ms ({} ms) without doing them, and the next could start only              after {after:?}; last error: {error}",
+            settings.refusal_budget_ms
+        ));
+    }
     if let Some(left) = attempt.deadline_left.filter(|left| after >= *left) {
         return fail(format!(
             "deadline exceeded: the next attempt could start only after {after:?}, {left:?} before the deadline; last error: {error}"
@@ -169,10 +234,104 @@ mod tests {
         Attempt {
             number,
             max_attempts: 5,
+            refusals: 0,
+            refusal_left: None,
             deadline_left: None,
             previous_error: None,
             recoverable: true,
         }
+    }
+
+    fn rate_limited(retry_after: Option<Duration>) -> ProviderError {
+        ProviderError::Retryable {
+            status: 429,
+            retry_after,
+            message: "rate_limit_exceeded".into(),
+        }
+    }
+
+    #[test]
+    fn a_refusal_on_the_last_attempt_spends_nothing_and_is_retried() {
+        let s = RetrySettings::default();
+        for refusal in [
+            rate_limited(Some(Duration::from_secs(1))),
+            ProviderError::NotSent {
+                message: "connection refused".into(),
+            },
+            ProviderError::Retryable {
+                status: 503,
+                retry_after: None,
+                message: "overloaded".into(),
+            },
+        ] {
+            assert_eq!(attempt_outcome(&refusal), AttemptOutcome::Refused);
+            assert!(
+                matches!(decide(&refusal, attempt(5), &s, 0.5), Action::Retry { .. }),
+                "{refusal:?}"
+            );
+        }
+        // A call that may have run is an attempt, and the last one ends the task.
+        let paid = ProviderError::MaybeExecuted {
+            status: 502,
+            message: "bad gateway".into(),
+        };
+        assert!(matches!(
+            decide(&paid, attempt(5), &s, 0.5),
+            Action::Fail {
+                outcome: AttemptOutcome::ProviderError,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn the_refusal_budget_ends_a_task_the_provider_never_lets_in() {
+        let s = RetrySettings::default();
+        let nearly_spent = Attempt {
+            refusals: 40,
+            refusal_left: Some(Duration::from_millis(500)),
+            ..attempt(1)
+        };
+        let Action::Fail { reason, outcome } = decide(
+            &rate_limited(Some(Duration::from_secs(1))),
+            nearly_spent,
+            &s,
+            0.5,
+        ) else {
+            panic!("a retry past the refusal budget is no retry");
+        };
+        assert!(reason.starts_with("refusal budget exhausted"), "{reason}");
+        assert!(reason.contains("retry.refusal_budget_ms"), "{reason}");
+        assert_eq!(outcome, AttemptOutcome::Refused);
+        // The first refusal starts the budget: the whole of it is left.
+        assert!(matches!(
+            decide(&rate_limited(None), attempt(1), &s, 0.5),
+            Action::Retry { .. }
+        ));
+    }
+
+    #[test]
+    fn refusals_back_off_by_their_own_count_under_the_providers_hint() {
+        let s = RetrySettings::default();
+        let many = Attempt {
+            refusals: 20,
+            refusal_left: Some(Duration::from_secs(600)),
+            ..attempt(1)
+        };
+        let Action::Retry { after } = decide(&rate_limited(None), many, &s, 0.999) else {
+            panic!("retried");
+        };
+        // 20 refusals: the backoff bound is the cap.
+        assert!(after > Duration::from_secs(29), "{after:?}");
+        let Action::Retry { after } = decide(
+            &rate_limited(Some(Duration::from_secs(7))),
+            attempt(1),
+            &s,
+            0.0,
+        ) else {
+            panic!("retried");
+        };
+        assert_eq!(after, Duration::from_secs(7));
     }
 
     fn ambiguous() -> ProviderError {
@@ -338,7 +497,72 @@ mod tests {
         assert_eq!(backoff(1, &s, 0.999, None), Duration::from_millis(499));
     }
 
+    /// The classes a call can fail with, for the property below.
+    fn error_of(kind: u8) -> ProviderError {
+        match kind % 6 {
+            0 => rate_limited(None),
+            1 => ProviderError::NotSent {
+                message: "refused".into(),
+            },
+            2 => ProviderError::MaybeExecuted {
+                status: 500,
+                message: "".into(),
+            },
+            3 => ProviderError::Ambiguous { message: "".into() },
+            4 => ProviderError::MalformedResponse { message: "".into() },
+            _ => ProviderError::Retryable {
+                status: 503,
+                retry_after: Some(Duration::from_secs(2)),
+                message: "".into(),
+            },
+        }
+    }
+
     proptest! {
+        /// I7 over any run of failures, as the runner applies the decisions: the calls that
+        /// may have cost money never exceed the attempt budget (a refusal gives its attempt
+        /// back), and the time spent on refusals never passes the refusal budget.
+        #[test]
+        fn paid_calls_stay_within_the_budget_whatever_the_refusals(
+            kinds in proptest::collection::vec(0u8..6, 1..60),
+            max_attempts in 1i32..6,
+            draws in proptest::collection::vec(0.0f64..1.0, 60),
+        ) {
+            let s = RetrySettings { refusal_budget_ms: 120_000, ..RetrySettings::default() };
+            let (mut paid, mut refusals) = (0i32, 0i32);
+            let mut refused_for = Duration::ZERO;
+            for (kind, draw) in kinds.iter().zip(&draws) {
+                let error = error_of(*kind);
+                // The claim took an attempt; a refusal gives it back below.
+                let number = paid + 1;
+                let attempt = Attempt {
+                    number,
+                    max_attempts,
+                    refusals,
+                    refusal_left: (refusals > 0).then(|| s.refusal_budget().saturating_sub(refused_for)),
+                    deadline_left: None,
+                    previous_error: None,
+                    recoverable: true,
+                };
+                let action = decide(&error, attempt, &s, *draw);
+                if is_refusal(&error) {
+                    refusals += 1;
+                } else {
+                    paid += 1;
+                }
+                prop_assert!(paid <= max_attempts, "{paid} paid calls of {max_attempts}");
+                match action {
+                    Action::Retry { after } => {
+                        if is_refusal(&error) {
+                            refused_for += after;
+                            prop_assert!(refused_for < s.refusal_budget());
+                        }
+                    }
+                    Action::Fail { .. } => break,
+                }
+            }
+        }
+
         /// Every delay lies in [hint, max(hint, min(cap, base * 2^(n-1)))].
         #[test]
         fn delays_stay_within_their_bounds(n in 1i32..40, draw in 0.0f64..1.0, hint_ms in proptest::option::of(0u64..60_000)) {

@@ -738,8 +738,9 @@ async fn a_background_generation_longer_than_the_request_timeout_completes_in_on
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_leaves_its_tasks_to_the_group_and_not_to_the_reconciler() {
     let app = TestApp::start(1, mock(), WorkerConfig::default()).await;
-    // A TTL that covers a task's retries (5 × (4 s lease + 5 s backoff) here) but not the
-    // time its record waits for redelivery is refused: it turns one crash into failed replies.
+    // A TTL that covers a task's retries (5 × (4 s lease + 5 s backoff) here, and 1 s of
+    // refusals) but not the time its record waits for redelivery is refused: it turns one crash
+    // into failed replies.
     let short = app.dir_file(
         "short-ttl.toml",
         &format!(
@@ -750,6 +751,7 @@ async fn a_crash_leaves_its_tasks_to_the_group_and_not_to_the_reconciler() {
     let checked = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
         .args(["config", "check", "--config"])
         .arg(&short)
+        .env("REPLYD_RETRY__REFUSAL_BUDGET_MS", "1000")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&checked.stderr);

@@ -58,6 +58,9 @@ struct LeaseProtocol {
     call_failures: bool,
     /// A retryable failure gives the lease back with `next_attempt_at = now + backoff_ticks`.
     backoff_ticks: u8,
+    /// Refusals (a retryable failure that surely did no work) a task may meet before the next
+    /// one fails it: `retry.refusal_budget_ms`, counted instead of timed.
+    refusal_budget: u8,
     /// A claim or renewal leases the task until `now + lease_ticks`.
     lease_ticks: u8,
     /// The clock stops here; the checker explores every interleaving up to it.
@@ -83,6 +86,8 @@ struct TaskRow {
     saved: Option<SavedReply>,
     /// `provider_may_have_run`: some call may have done work whose answer was never saved.
     may_have_run: bool,
+    /// `refusals`: calls the provider turned away; each gave its attempt back.
+    refusals: u8,
 }
 
 /// The task's quota reservation (I8), as the settlement trigger and the reconciler move it.
@@ -181,6 +186,11 @@ struct History {
     work_done: bool,
     /// A failed task's reservation was held open because its work may exist.
     held_unresolved: bool,
+    /// Calls that may have cost money: a call that answered, a failed call that may have run,
+    /// a call whose worker crashed (I7 bounds these by `max_attempts`).
+    paid_calls: u8,
+    refused: bool,
+    failed_on_refusals: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -393,10 +403,24 @@ impl LeaseProtocol {
                 .history
                 .gave_up
                 .push(Acceptance::of(worker, version, &state.row, now));
+            let refusal_budget = self.refusal_budget;
             let row = &mut state.row;
             // SET provider_may_have_run = provider_may_have_run OR $ran
             row.may_have_run |= ran;
-            if retryable {
+            // A refusal (retryable, surely no work) gives its attempt back:
+            // attempt_count = attempt_count - 1, refusals = refusals + 1.
+            let refusal = retryable && !ran;
+            if refusal {
+                row.attempt_count -= 1;
+                row.refusals += 1;
+                state.history.refused = true;
+            }
+            if refusal && row.refusals > refusal_budget {
+                // `retry::decide`: the refusal budget is spent; the task fails.
+                row.status = TaskStatus::Failed;
+                state.history.failed_on_refusals = true;
+                Phase::Done
+            } else if retryable {
                 // SET status = 'pending', lease_owner = NULL, lease_until = NULL,
                 // next_attempt_at = clock_timestamp() + backoff
                 row.status = TaskStatus::Pending;
@@ -490,6 +514,7 @@ impl Model for LeaseProtocol {
                     next_attempt_at: None,
                     saved: None,
                     may_have_run: false,
+                    refusals: 0,
                 },
                 reservation: Reservation::Reserved,
                 workers: vec![
@@ -582,6 +607,7 @@ impl Model for LeaseProtocol {
                 };
                 worker.phase = Phase::HasReply { version };
                 state.history.work_done = true;
+                state.history.paid_calls += 1;
             }
             Action::CallFails {
                 worker,
@@ -592,6 +618,7 @@ impl Model for LeaseProtocol {
                     return None;
                 };
                 state.history.work_done |= ran;
+                state.history.paid_calls += u8::from(ran);
                 self.give_up(&mut state, worker, version, retryable, ran);
             }
             Action::Reconcile => {
@@ -627,7 +654,9 @@ impl Model for LeaseProtocol {
                 // A call cut short may still have done the work at the provider: the worst
                 // case for the quota, so the model takes it.
                 let worker = &mut state.workers[usize::from(id)];
-                state.history.work_done |= matches!(worker.phase, Phase::Calling { .. });
+                let calling = matches!(worker.phase, Phase::Calling { .. });
+                state.history.work_done |= calling;
+                state.history.paid_calls += u8::from(calling);
                 worker.phase = Phase::Crashed;
                 state.crashes += 1;
             }
@@ -709,6 +738,10 @@ impl Model for LeaseProtocol {
                 s.row.attempt_count <= s.row.max_attempts
             }),
             Property::always(
+                "I7: calls that may have cost money never exceed the budget",
+                |_, s: &State| s.history.paid_calls <= s.row.max_attempts,
+            ),
+            Property::always(
                 "I8: a reservation is never released while the provider may have done the work",
                 |_, s: &State| !(s.reservation == Reservation::Released && s.history.work_done),
             ),
@@ -779,6 +812,18 @@ impl Model for LeaseProtocol {
                 "a failed task whose call surely did nothing is released",
                 |_, s: &State| s.reservation == Reservation::Released,
             ));
+            properties.push(Property::sometimes(
+                "a task refused on its last attempt completes after all",
+                |_, s: &State| {
+                    s.history.refused
+                        && s.row.status == TaskStatus::Completed
+                        && s.history.paid_calls == s.row.max_attempts
+                },
+            ));
+            properties.push(Property::sometimes(
+                "the task fails on its refusal budget",
+                |_, s: &State| s.history.failed_on_refusals,
+            ));
         }
         properties
     }
@@ -812,6 +857,7 @@ fn replyd_protocol() -> LeaseProtocol {
         deadlines: &[None],
         call_failures: false,
         backoff_ticks: 1,
+        refusal_budget: 1,
         lease_ticks: 2,
         last_tick: 6,
         max_crashes: 1,

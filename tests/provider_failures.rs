@@ -86,7 +86,7 @@ async fn a_rate_limit_with_retry_after_delays_the_next_attempt_at_least_that_lon
 
     let history = attempts(&app, &task).await;
     assert!(history.len() >= 2, "{history:?}");
-    assert_eq!(history[0].outcome, Some(AttemptOutcome::ProviderError));
+    assert_eq!(history[0].outcome, Some(AttemptOutcome::Refused));
     assert_eq!(
         history.last().unwrap().outcome,
         Some(AttemptOutcome::Accepted)
@@ -99,6 +99,74 @@ async fn a_rate_limit_with_retry_after_delays_the_next_attempt_at_least_that_lon
     );
     let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
     assert_eq!(stored.status, TaskStatus::Completed);
+    assert_eq!(stored.attempt_count, 1, "a refusal spends no attempt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_spend_no_attempt_and_the_task_completes_once_the_provider_lets_it_in() {
+    // Two attempts of budget, and more refusals than that: 429s, then 503s.
+    let task = one_task(2);
+    let app = work_under_faults(
+        1,
+        mock(20, true),
+        WorkerConfig::default(),
+        json!({"rate_limit_rate": 1.0, "retry_after_s": 0}),
+        &task,
+    )
+    .await;
+    wait_for_finished_attempts(&app, &task, 3).await;
+    app.set_faults(json!({"error_rate": 1.0, "error_status": 503}))
+        .await;
+    wait_for_finished_attempts(&app, &task, 5).await;
+    app.set_faults(json!({})).await;
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Completed, "{stored:?}");
+    assert_eq!(stored.attempt_count, 1, "{stored:?}");
+    assert!(stored.refusals >= 5, "{stored:?}");
+    let history = attempts(&app, &task).await;
+    let refused = history
+        .iter()
+        .filter(|a| a.outcome == Some(AttemptOutcome::Refused))
+        .count();
+    assert_eq!(refused as i32, stored.refusals, "{history:?}");
+    assert_eq!(
+        history.last().unwrap().outcome,
+        Some(AttemptOutcome::Accepted)
+    );
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_never_lets_a_task_in_fails_it_on_the_refusal_budget() {
+    let task = one_task(3);
+    let config = WorkerConfig {
+        refusal_budget_ms: 1_500,
+        ..WorkerConfig::default()
+    };
+    let app = work_under_faults(
+        1,
+        mock(20, true),
+        config,
+        json!({"rate_limit_rate": 1.0, "retry_after_s": 1}),
+        &task,
+    )
+    .await;
+    app.wait_until_terminal(&[task.task_id], LIMIT).await;
+
+    let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Failed);
+    let failure = stored.failure.as_deref().unwrap_or_default();
+    assert!(
+        failure.starts_with("refusal budget exhausted") && failure.contains("(status 429"),
+        "the task says which budget ended it: {failure}"
+    );
+    assert_eq!(stored.attempt_count, 0, "no call cost anything");
+    assert_eq!(app.mock.stats().generations, 0);
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,11 +328,13 @@ async fn the_attempt_budget_survives_a_kill_during_backoff() {
         ..WorkerConfig::default()
     };
     let task = one_task(3);
+    // A 500 may have done the work: each is an attempt of the budget (a 503 would be a
+    // refusal, which spends none).
     let app = work_under_faults(
         1,
         mock(20, true),
         config,
-        json!({"error_rate": 1.0, "error_status": 503}),
+        json!({"error_rate": 1.0, "error_status": 500}),
         &task,
     )
     .await;

@@ -78,6 +78,9 @@ pub enum AttemptOutcome {
     /// The provider's operation had not ended within the longest wait replyd allows: it may
     /// still finish.
     Timeout,
+    /// The provider refused the call without doing it (a 429, a 503 that says so, a refused
+    /// connection): the attempt was given back, since it cost nothing (I7).
+    Refused,
     /// The attempt ended without an outcome of its own: cancelled (revoked, stopping), or its
     /// lease ran out and the task was taken over. Its worker may still report later.
     Abandoned,
@@ -91,6 +94,7 @@ impl AttemptOutcome {
             AttemptOutcome::ProviderError => "provider_error",
             AttemptOutcome::Ambiguous => "ambiguous",
             AttemptOutcome::Timeout => "timeout",
+            AttemptOutcome::Refused => "refused",
             AttemptOutcome::Abandoned => "abandoned",
         }
     }
@@ -102,6 +106,7 @@ impl AttemptOutcome {
             "provider_error" => AttemptOutcome::ProviderError,
             "ambiguous" => AttemptOutcome::Ambiguous,
             "timeout" => AttemptOutcome::Timeout,
+            "refused" => AttemptOutcome::Refused,
             "abandoned" => AttemptOutcome::Abandoned,
             _ => return None,
         })
@@ -153,6 +158,11 @@ pub struct StoredTask {
     /// Class of the last attempt's failure (`ProviderError::kind`), and its message.
     pub last_error_class: Option<String>,
     pub last_error: Option<String>,
+    /// Calls the provider refused without doing them; none of them spent an attempt.
+    pub refusals: i32,
+    /// Set by the first refusal (`retry.refusal_budget_ms` later): no retry after a refusal is
+    /// planned past it.
+    pub refusal_deadline: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,

@@ -476,6 +476,10 @@ impl TaskRunner {
         let attempt = Attempt {
             number: lease.attempt,
             max_attempts: i32::try_from(stored.spec.max_attempts).unwrap_or(i32::MAX),
+            refusals: stored.refusals,
+            refusal_left: stored
+                .refusal_deadline
+                .map(|d| (d - Utc::now()).to_std().unwrap_or_default()),
             deadline_left: stored
                 .spec
                 .deadline
@@ -520,6 +524,7 @@ impl TaskRunner {
                             after,
                             Some(error.kind()),
                             ran,
+                            self.settings.retry.refusal_budget(),
                         )
                     })
                     .instrument(releasing.clone())

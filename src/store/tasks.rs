@@ -123,7 +123,8 @@ const SNAPSHOT: &str = "SELECT status, assignment_version, lease_owner, lease_un
 const TASK_COLUMNS: &str = "task_id, workspace_id, conversation_id, message_id, \
      document_version, request, max_attempts, deadline, status, assignment_version, lease_owner, \
      lease_until, attempt_count, provider_operation_id, saved_response, failure, created_at, \
-     updated_at, finished_at, next_attempt_at, last_error_class, last_error";
+     updated_at, finished_at, next_attempt_at, last_error_class, last_error, refusals, \
+     refusal_deadline";
 
 /// A lease length as the `secs` argument of `make_interval` (float8 seconds).
 pub(super) fn seconds(duration: Duration) -> f64 {
@@ -185,6 +186,8 @@ fn task_from(row: &Row) -> Result<StoredTask, StoreError> {
         next_attempt_at: row.get("next_attempt_at"),
         last_error_class: row.get("last_error_class"),
         last_error: row.get("last_error"),
+        refusals: row.get("refusals"),
+        refusal_deadline: row.get("refusal_deadline"),
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
         finished_at: row.get("finished_at"),
@@ -419,10 +422,19 @@ impl Store {
                 FencedUpdate {
                     set: "status = 'failed', failure = $3, \
                  provider_may_have_run = provider_may_have_run OR $4, \
+                 attempt_count = attempt_count - CASE WHEN $5 THEN 1 ELSE 0 END, \
+                 refusals = refusals + CASE WHEN $5 THEN 1 ELSE 0 END, \
                  finished_at = clock_timestamp(), updated_at = clock_timestamp()",
                     returning: "task_id",
                 },
-                &[&lease.task_id, &lease.version, &reason, &ran.may_have()],
+                &[
+                    &lease.task_id,
+                    &lease.version,
+                    &reason,
+                    &ran.may_have(),
+                    // A refusal that ends the task still cost nothing: its attempt is given back.
+                    &(outcome == AttemptOutcome::Refused),
+                ],
                 AttemptWrite::Outcome {
                     outcome,
                     detail: Some(reason),
@@ -473,14 +485,26 @@ impl Store {
         detail: &str,
         ran: ProviderRan,
     ) -> Result<ReleaseOutcome, StoreError> {
-        self.release_for_retry(lease, outcome, detail, Duration::ZERO, None, ran)
-            .await
+        self.release_for_retry(
+            lease,
+            outcome,
+            detail,
+            Duration::ZERO,
+            None,
+            ran,
+            Duration::ZERO,
+        )
+        .await
     }
 
     /// Gives the lease back after a failed attempt and sets the backoff in the row: no claim
     /// (by anyone, after any restart) before `clock_timestamp() + retry_after`. `error_class`
     /// is remembered for the next attempt's decision; `ran`, whether the call may have done
-    /// work at the provider, is remembered for good.
+    /// work at the provider, is remembered for good. A refusal (`outcome` `refused`: the
+    /// provider turned the call away without doing it) gives the attempt back (I7: attempts
+    /// count calls that may have cost money), counts a refusal, and starts the refusal budget
+    /// (`refusal_deadline`, `refusal_budget` from now) if it has not started yet.
+    #[allow(clippy::too_many_arguments)] // one fenced statement's columns, each its own meaning
     pub async fn release_for_retry(
         &self,
         lease: &Lease,
@@ -489,6 +513,7 @@ impl Store {
         retry_after: Duration,
         error_class: Option<&str>,
         ran: ProviderRan,
+        refusal_budget: Duration,
     ) -> Result<ReleaseOutcome, StoreError> {
         let result = self
             .fenced_write(
@@ -499,6 +524,10 @@ impl Store {
                  last_error_class = coalesce($4, last_error_class), \
                  last_error = CASE WHEN $4::text IS NULL THEN last_error ELSE $5 END, \
                  provider_may_have_run = provider_may_have_run OR $6, \
+                 attempt_count = attempt_count - CASE WHEN $7 THEN 1 ELSE 0 END, \
+                 refusals = refusals + CASE WHEN $7 THEN 1 ELSE 0 END, \
+                 refusal_deadline = CASE WHEN $7 THEN coalesce(refusal_deadline, \
+                     clock_timestamp() + make_interval(secs => $8)) ELSE refusal_deadline END, \
                  updated_at = clock_timestamp()",
                     returning: "task_id",
                 },
@@ -509,6 +538,8 @@ impl Store {
                     &error_class,
                     &detail,
                     &ran.may_have(),
+                    &(outcome == AttemptOutcome::Refused),
+                    &seconds(refusal_budget),
                 ],
                 AttemptWrite::Outcome {
                     outcome,

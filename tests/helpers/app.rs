@@ -37,6 +37,8 @@ pub struct WorkerConfig {
     /// `retry` or `stop`.
     pub ambiguous: &'static str,
     pub provider_honours_idempotency_key: bool,
+    /// `retry.refusal_budget_ms`.
+    pub refusal_budget_ms: u64,
     /// `chat_completions` or `background_responses`.
     pub provider_api: &'static str,
     /// `database.listen`: wake parked records on task status notifications.
@@ -64,6 +66,7 @@ impl Default for WorkerConfig {
             retry_base_delay_ms: 100,
             ambiguous: "retry",
             provider_honours_idempotency_key: true,
+            refusal_budget_ms: 600_000,
             provider_api: "chat_completions",
             listen: true,
             max_prompt_bytes: 256 * 1024,
@@ -223,6 +226,7 @@ base_delay_ms = {retry_base}
 max_delay_ms = 5000
 ambiguous = "{ambiguous}"
 provider_honours_idempotency_key = {honours}
+refusal_budget_ms = {refusal_budget}
 
 [observability]
 listen = "127.0.0.1:0"
@@ -263,6 +267,7 @@ listen = "127.0.0.1:0"
             retry_base = c.retry_base_delay_ms,
             ambiguous = c.ambiguous,
             honours = c.provider_honours_idempotency_key,
+            refusal_budget = c.refusal_budget_ms,
             api = c.provider_api,
             listen = c.listen,
             max_prompt = c.max_prompt_bytes,
