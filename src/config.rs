@@ -96,6 +96,7 @@ pub struct Settings {
     pub api: ApiSettings,
     pub relay: RelaySettings,
     pub quota: QuotaSettings,
+    pub capacity: crate::capacity::CapacitySettings,
 }
 
 /// Kafka: where the records come from and how the group behaves.
@@ -795,6 +796,9 @@ impl Settings {
         let k = &self.kafka;
         let mut out = Vec::new();
         let mut refuse = |setting: &str, message: String| out.push(problem(setting, message));
+        for (setting, message) in self.capacity.problems() {
+            refuse(&setting, message);
+        }
         if k.bootstrap_servers.trim().is_empty() {
             refuse("kafka.bootstrap_servers", "is empty".into());
         }

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod api_key;
 pub mod browsers;
+pub mod capacity;
 pub mod check;
 pub mod cli;
 pub mod config;

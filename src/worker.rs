@@ -9,6 +9,7 @@ use anyhow::Context;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use crate::capacity::Capacity;
 use crate::config::Settings;
 use crate::kafka::consumer::{ConsumerStatus, run_consumer};
 use crate::kafka::dead_letter::{DeadLetterError, DeadLetters};
@@ -105,16 +106,24 @@ pub async fn run_worker(
             shutdown.clone(),
         ));
     }
+    let capacity = Capacity::new(
+        store.clone(),
+        settings.capacity.clone(),
+        worker_id.clone(),
+        shutdown.clone(),
+    );
     let runner = TaskRunner::new(
         store.clone(),
         provider,
         parked,
+        capacity,
         RunnerSettings {
             worker_id: worker_id.clone(),
             lease: settings.worker.lease(),
             renew_interval: settings.worker.renew_interval(),
             io_retry: settings.worker.io_retry(),
             default_model: settings.provider.default_model.clone(),
+            default_output_tokens: settings.capacity.default_output_tokens,
             retry: settings.retry.clone(),
             recoverable,
         },

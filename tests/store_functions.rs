@@ -222,3 +222,106 @@ async fn a_record_claim_inserts_its_task_once_and_reports_a_disagreeing_copy() {
         .get(0);
     assert_eq!(attempts, 1);
 }
+
+/// `replyd_gcra` (migration V16) grants what `capacity::gcra::grant`, its specification,
+/// grants, over generated buckets, asks and instants.
+#[test]
+fn the_capacity_function_grants_what_gcra_grants() {
+    use replyd::capacity::gcra::{Rate, grant, grant_whole};
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let db = runtime.block_on(TestDb::new());
+    let client = runtime.block_on(db.raw_client());
+    let mut runner = TestRunner::new(Config {
+        cases: 400,
+        ..Config::default()
+    });
+    let case = (
+        proptest::option::of(0.0f64..20.0),
+        0.0f64..20.0,
+        0u64..5_000,
+        1u64..200_000,
+        proptest::bool::ANY,
+    );
+    runner
+        .run(&case, |(tat, now, want, per_minute, whole)| {
+            let rate = Rate::per_minute(per_minute);
+            let spec = if whole {
+                grant_whole(tat, now, want, rate)
+            } else {
+                grant(tat, now, want, rate)
+            };
+            let row = runtime.block_on(async {
+                client
+                    .query_one(
+                        "SELECT granted, new_tat, wait FROM replyd_gcra($1, $2, $3, $4, $5, $6)",
+                        &[
+                            &tat,
+                            &now,
+                            &i64::try_from(want).unwrap(),
+                            &rate.per_second,
+                            &rate.burst,
+                            &whole,
+                        ],
+                    )
+                    .await
+                    .unwrap()
+            });
+            let granted: i64 = row.get(0);
+            let new_tat: f64 = row.get(1);
+            let wait: f64 = row.get(2);
+            prop_assert_eq!(granted as u64, spec.granted, "{:?}", spec);
+            prop_assert!((new_tat - spec.tat).abs() < 1e-6, "{new_tat} vs {spec:?}");
+            prop_assert!((wait - spec.wait).abs() < 1e-6, "{wait} vs {spec:?}");
+            Ok::<(), TestCaseError>(())
+        })
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_share_one_budget_and_a_refusal_pauses_both() {
+    use replyd::store::capacity::GrantAsk;
+    let db = TestDb::new().await;
+    let ask = |holder: &'static str, want: u64, slots: u32, in_use: u32| GrantAsk {
+        bucket: "model-a",
+        holder,
+        want_requests: want,
+        want_tokens: 0,
+        tokens_whole: false,
+        want_slots: slots,
+        in_use,
+        // 600 a minute: 10 a second, 10 at once.
+        requests_per_second: Some(10.0),
+        tokens_per_second: None,
+        slot_limit: Some(4),
+        slot_ttl: Duration::from_secs(10),
+        adaptive: false,
+    };
+    let a = db.store.capacity_grant(&ask("w-a", 8, 3, 0)).await.unwrap();
+    let b = db.store.capacity_grant(&ask("w-b", 8, 3, 0)).await.unwrap();
+    // One second's worth between them, and the four slots between them.
+    assert_eq!(a.requests + b.requests, 10, "{a:?} {b:?}");
+    assert_eq!((a.slots, b.slots), (3, 1));
+    // w-b waits for a share: w-a, asked again, keeps no more than a fair one (it uses one).
+    let a = db.store.capacity_grant(&ask("w-a", 0, 3, 1)).await.unwrap();
+    assert_eq!(a.slots, 2);
+    let b = db.store.capacity_grant(&ask("w-b", 0, 3, 0)).await.unwrap();
+    assert_eq!(b.slots, 2);
+
+    db.store
+        .capacity_refused("model-a", Some(Duration::from_secs(30)), false)
+        .await
+        .unwrap();
+    let paused = db.store.capacity_grant(&ask("w-b", 5, 2, 0)).await.unwrap();
+    assert_eq!(paused.requests, 0);
+    assert!(paused.blocked_for > Duration::from_secs(25), "{paused:?}");
+    // Another model's budget is its own.
+    let other = db
+        .store
+        .capacity_grant(&GrantAsk {
+            bucket: "model-b",
+            ..ask("w-b", 5, 2, 0)
+        })
+        .await
+        .unwrap();
+    assert_eq!(other.requests, 5);
+}

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, Span};
 
 use super::{pause, with_retry};
+use crate::capacity::{self, Capacity};
 use crate::domain::{AttemptOutcome, ProviderRan, RecordEnd, StoredTask, TaskId, TaskSpec};
 use crate::parking::{ParkedTasks, TaskWatch, WakeSource};
 use crate::provider::{
@@ -25,8 +26,8 @@ use crate::provider::{
 };
 use crate::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
 use crate::store::{
-    ClaimOutcome, CompletionOutcome, EnsureOutcome, FailOutcome, Lease, Refusal, ReleaseOutcome,
-    Store,
+    ClaimOutcome, CompletionOutcome, EnsureOutcome, FailOutcome, Lease, Refusal, Release,
+    ReleaseOutcome, Store,
 };
 use crate::telemetry::{self, CallEnd, trace};
 
@@ -51,6 +52,9 @@ pub struct RunnerSettings {
     /// again.
     pub io_retry: Duration,
     pub default_model: String,
+    /// Output tokens counted against a tokens-per-minute limit for a task that names no
+    /// `max_output_tokens` (`capacity.default_output_tokens`).
+    pub default_output_tokens: u32,
     pub retry: RetrySettings,
     /// Whether an ambiguous call can be recovered by the provider (it honours
     /// Idempotency-Key, or looks operations up by id) instead of generating again.
@@ -62,6 +66,9 @@ pub struct TaskRunner {
     store: Store,
     provider: Arc<dyn Provider>,
     parked: ParkedTasks,
+    /// The provider's capacity, shared by the deployment (I9): a claimed task waits for a
+    /// permit before its call.
+    capacity: Capacity,
     settings: RunnerSettings,
 }
 
@@ -101,12 +108,14 @@ impl TaskRunner {
         store: Store,
         provider: Arc<dyn Provider>,
         parked: ParkedTasks,
+        capacity: Capacity,
         settings: RunnerSettings,
     ) -> Self {
         Self {
             store,
             provider,
             parked,
+            capacity,
             settings,
         }
     }
@@ -261,6 +270,37 @@ impl TaskRunner {
     ) -> AttemptEnd {
         let id = stored.spec.task_id.to_string();
         let request = GenerationRequest::for_task(&stored.spec, &self.settings.default_model);
+        // The provider's capacity first, with the lease held and renewed: the wait is no
+        // attempt (a wait that ends without a call gives the attempt back), and only a task
+        // this worker holds waits, so a duplicate or a task backing off takes no permit.
+        let tokens = capacity::request_tokens(
+            request
+                .messages
+                .iter()
+                .map(|m| m.content.chars().count())
+                .sum(),
+            request.max_output_tokens,
+            self.settings.default_output_tokens,
+        );
+        let _permit = match self
+            .guarded(
+                lease,
+                cancel,
+                self.capacity.acquire(&request.model, tokens, cancel),
+            )
+            .await
+        {
+            Guarded::Done(Some(permit)) => permit,
+            Guarded::Done(None) | Guarded::Cancelled => {
+                return self.gave_up_waiting(lease).await;
+            }
+            Guarded::Refused(refusal) => {
+                telemetry::lease_renewal_refused(&id, lease.version, &format!("{refusal:?}"));
+                return AttemptEnd::Again {
+                    wait: Duration::ZERO,
+                };
+            }
+        };
         let started = Instant::now();
         // The provider's HTTP requests carry this span's context (`traceparent`).
         let call_span = trace::provider_call(trace, &request.model, lease.attempt);
@@ -401,6 +441,30 @@ impl TaskRunner {
         }
     }
 
+    /// A claimed task whose wait for capacity was cancelled (revoked, stopping) gives its lease
+    /// back, and its attempt with it: no call was made.
+    async fn gave_up_waiting(&self, lease: &Lease) -> AttemptEnd {
+        let released = self
+            .store
+            .release_as(
+                lease,
+                &Release {
+                    outcome: AttemptOutcome::Refused,
+                    detail: "cancelled while waiting for the provider's capacity; no call made",
+                    retry_after: Duration::ZERO,
+                    error_class: None,
+                    ran: ProviderRan::No,
+                    give_back: true,
+                    refusal_budget: None,
+                },
+            )
+            .await;
+        if let Ok(ReleaseOutcome::Released) = released {
+            self.lease_ended(lease);
+        }
+        AttemptEnd::Cancelled
+    }
+
     /// Runs one provider future against cancellation and the lease renewer.
     async fn guarded<T>(
         &self,
@@ -489,6 +553,18 @@ impl TaskRunner {
         };
         let outcome = attempt_outcome(&error);
         let ran = error.ran();
+        if let ProviderError::Retryable {
+            status: 429 | 503,
+            retry_after,
+            ..
+        } = &error
+        {
+            // Out of capacity at the provider: every worker of the deployment pauses as it
+            // asked, and a learned limit is cut (I9).
+            let model =
+                GenerationRequest::for_task(&stored.spec, &self.settings.default_model).model;
+            self.capacity.refused(&model, *retry_after).await;
+        }
         match retry::decide(&error, attempt, &self.settings.retry, fastrand::f64()) {
             Action::Fail { reason, outcome } => {
                 let failing = trace::completion(trace, "fail task");
@@ -514,19 +590,19 @@ impl TaskRunner {
             Action::Retry { after } => {
                 telemetry::retry_planned(&id, lease.version, error.kind(), after);
                 let detail = error.to_string();
+                let release = Release {
+                    outcome,
+                    detail: &detail,
+                    retry_after: after,
+                    error_class: Some(error.kind()),
+                    ran,
+                    give_back: retry::is_refusal(&error),
+                    refusal_budget: retry::is_refusal(&error)
+                        .then(|| self.settings.retry.refusal_budget()),
+                };
                 let releasing = trace::completion(trace, "release for retry");
                 let released = self
-                    .with_retry("release", cancel, || {
-                        self.store.release_for_retry(
-                            lease,
-                            outcome,
-                            &detail,
-                            after,
-                            Some(error.kind()),
-                            ran,
-                            self.settings.retry.refusal_budget(),
-                        )
-                    })
+                    .with_retry("release", cancel, || self.store.release_as(lease, &release))
                     .instrument(releasing.clone())
                     .await;
                 if let Some(released) = &released {

@@ -17,6 +17,7 @@
 //! - [`tls`]: libpq's `sslmode` and `sslrootcert` over rustls.
 
 mod batch;
+pub mod capacity;
 mod claims;
 pub mod fencing;
 pub mod intake;
@@ -39,7 +40,7 @@ use crate::config::DatabaseSettings;
 pub use fencing::{ClaimOutcome, Lease, Refusal};
 pub use renewals::LeaseHold;
 pub use tasks::{
-    CompletionOutcome, EnsureOutcome, FailOutcome, ReleaseOutcome, RenewOutcome, Taken,
+    CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, RenewOutcome, Taken,
 };
 
 /// Errors of the store's I/O. Outcomes a caller branches on (refused, leased by another) are

@@ -67,6 +67,23 @@ pub enum RenewOutcome {
     Refused(Refusal),
 }
 
+/// How an attempt that gives its lease back ended (see [`Store::release_as`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Release<'a> {
+    pub outcome: AttemptOutcome,
+    pub detail: &'a str,
+    /// No claim before this long from now.
+    pub retry_after: Duration,
+    /// The failure's class (`ProviderError::kind`), remembered for the next decision.
+    pub error_class: Option<&'a str>,
+    pub ran: ProviderRan,
+    /// The attempt cost nothing (a refusal, a wait for capacity of our own): give it back.
+    pub give_back: bool,
+    /// A refusal by the provider: counted, and the refusal budget started with this length if
+    /// it has not started yet.
+    pub refusal_budget: Option<Duration>,
+}
+
 /// What giving a lease back did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReleaseOutcome {
@@ -485,36 +502,34 @@ impl Store {
         detail: &str,
         ran: ProviderRan,
     ) -> Result<ReleaseOutcome, StoreError> {
-        self.release_for_retry(
+        self.release_as(
             lease,
-            outcome,
-            detail,
-            Duration::ZERO,
-            None,
-            ran,
-            Duration::ZERO,
+            &Release {
+                outcome,
+                detail,
+                retry_after: Duration::ZERO,
+                error_class: None,
+                ran,
+                give_back: false,
+                refusal_budget: None,
+            },
         )
         .await
     }
 
-    /// Gives the lease back after a failed attempt and sets the backoff in the row: no claim
-    /// (by anyone, after any restart) before `clock_timestamp() + retry_after`. `error_class`
-    /// is remembered for the next attempt's decision; `ran`, whether the call may have done
-    /// work at the provider, is remembered for good. A refusal (`outcome` `refused`: the
-    /// provider turned the call away without doing it) gives the attempt back (I7: attempts
-    /// count calls that may have cost money), counts a refusal, and starts the refusal budget
-    /// (`refusal_deadline`, `refusal_budget` from now) if it has not started yet.
-    #[allow(clippy::too_many_arguments)] // one fenced statement's columns, each its own meaning
-    pub async fn release_for_retry(
+    /// Gives the lease back after an attempt ended without a reply, as `release` says: the
+    /// backoff in the row (no claim, by anyone, after any restart, before
+    /// `clock_timestamp() + retry_after`), the error class remembered for the next attempt's
+    /// decision, whether the call may have run remembered for good, and, for a call that
+    /// surely cost nothing, the attempt given back (I7: attempts count calls that may have
+    /// cost money), with a provider's refusal counted and the refusal budget started if it has
+    /// not started yet.
+    pub async fn release_as(
         &self,
         lease: &Lease,
-        outcome: AttemptOutcome,
-        detail: &str,
-        retry_after: Duration,
-        error_class: Option<&str>,
-        ran: ProviderRan,
-        refusal_budget: Duration,
+        release: &Release<'_>,
     ) -> Result<ReleaseOutcome, StoreError> {
+        let refused = release.refusal_budget.is_some();
         let result = self
             .fenced_write(
                 lease,
@@ -525,25 +540,26 @@ impl Store {
                  last_error = CASE WHEN $4::text IS NULL THEN last_error ELSE $5 END, \
                  provider_may_have_run = provider_may_have_run OR $6, \
                  attempt_count = attempt_count - CASE WHEN $7 THEN 1 ELSE 0 END, \
-                 refusals = refusals + CASE WHEN $7 THEN 1 ELSE 0 END, \
-                 refusal_deadline = CASE WHEN $7 THEN coalesce(refusal_deadline, \
-                     clock_timestamp() + make_interval(secs => $8)) ELSE refusal_deadline END, \
+                 refusals = refusals + CASE WHEN $8 THEN 1 ELSE 0 END, \
+                 refusal_deadline = CASE WHEN $8 THEN coalesce(refusal_deadline, \
+                     clock_timestamp() + make_interval(secs => $9)) ELSE refusal_deadline END, \
                  updated_at = clock_timestamp()",
                     returning: "task_id",
                 },
                 &[
                     &lease.task_id,
                     &lease.version,
-                    &seconds(retry_after),
-                    &error_class,
-                    &detail,
-                    &ran.may_have(),
-                    &(outcome == AttemptOutcome::Refused),
-                    &seconds(refusal_budget),
+                    &seconds(release.retry_after),
+                    &release.error_class,
+                    &release.detail,
+                    &release.ran.may_have(),
+                    &release.give_back,
+                    &refused,
+                    &seconds(release.refusal_budget.unwrap_or_default()),
                 ],
                 AttemptWrite::Outcome {
-                    outcome,
-                    detail: Some(detail),
+                    outcome: release.outcome,
+                    detail: Some(release.detail),
                 },
             )
             .await?;

@@ -34,6 +34,13 @@ fn prometheus() -> &'static PrometheusHandle {
             .expect("the bucket list is not empty")
             .set_buckets_for_metric(
                 metrics_exporter_prometheus::Matcher::Full(
+                    super::names::CAPACITY_WAIT_SECONDS.into(),
+                ),
+                super::CAPACITY_WAIT_BUCKETS,
+            )
+            .expect("the bucket list is not empty")
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(
                     super::names::COMPLETION_BATCH_ROWS.into(),
                 ),
                 super::COMPLETION_BATCH_ROWS_BUCKETS,

@@ -23,6 +23,10 @@ pub mod names {
     pub const COMPLETIONS: &str = "replyd_completions_total";
     pub const PROVIDER_CALLS: &str = "replyd_provider_calls_total";
     pub const PROVIDER_SECONDS: &str = "replyd_provider_call_seconds";
+    pub const CAPACITY_WAIT_SECONDS: &str = "replyd_capacity_wait_seconds";
+    pub const CAPACITY_WAITING: &str = "replyd_capacity_waiting_records";
+    pub const CAPACITY_REFUSALS: &str = "replyd_capacity_refusals_total";
+    pub const CAPACITY_LIMIT: &str = "replyd_capacity_requests_per_second";
     pub const COMPLETION_BATCH_ROWS: &str = "replyd_completion_batch_rows";
     pub const RENEWAL_BATCH_ROWS: &str = "replyd_lease_renewal_batch_rows";
     pub const CLAIM_BATCH_ROWS: &str = "replyd_claim_batch_rows";
@@ -67,6 +71,11 @@ pub const PROVIDER_SECONDS_BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
 
+/// Upper bounds of the capacity wait buckets, in seconds.
+pub const CAPACITY_WAIT_BUCKETS: &[f64] = &[
+    0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
 /// Upper bounds of the completion and claim batch size buckets, in rows.
 pub const COMPLETION_BATCH_ROWS_BUCKETS: &[f64] =
     &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
@@ -92,6 +101,9 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
     (COMPLETIONS, Kind::Counter),
     (PROVIDER_CALLS, Kind::Counter),
     (PROVIDER_SECONDS, Kind::Histogram),
+    (CAPACITY_WAIT_SECONDS, Kind::Histogram),
+    (CAPACITY_WAITING, Kind::Gauge),
+    (CAPACITY_REFUSALS, Kind::Counter),
     (COMPLETION_BATCH_ROWS, Kind::Histogram),
     (RENEWAL_BATCH_ROWS, Kind::Histogram),
     (CLAIM_BATCH_ROWS, Kind::Histogram),
@@ -308,6 +320,32 @@ pub fn provider_call(task_id: &str, version: i64, end: CallEnd<'_>, took: Durati
     );
     counter!(PROVIDER_CALLS, "outcome" => end.label()).increment(1);
     histogram!(PROVIDER_SECONDS).record(took.as_secs_f64());
+}
+
+/// How many records of this worker wait for `bucket`'s capacity now.
+pub fn capacity_waiting(bucket: &str, records: usize) {
+    gauge!(CAPACITY_WAITING, "model" => bucket.to_owned()).set(records as f64);
+}
+
+/// A record got its capacity permit after `waited`.
+pub fn capacity_waited(bucket: &str, waited: Duration) {
+    histogram!(CAPACITY_WAIT_SECONDS, "model" => bucket.to_owned()).record(waited.as_secs_f64());
+}
+
+/// The provider refused a call for capacity (a 429 or an overload): the deployment pauses.
+pub fn capacity_refused(bucket: &str) {
+    if once_a_minute(&format!("capacity-refused:{bucket}")) {
+        tracing::warn!(
+            model = bucket,
+            "the provider refused a call for capacity; every worker pauses as it asked (repeats are held back for a minute)"
+        );
+    }
+    counter!(CAPACITY_REFUSALS, "model" => bucket.to_owned()).increment(1);
+}
+
+/// The request rate the budget applies to `bucket` now: configured, or learned.
+pub fn capacity_limit(bucket: &str, per_second: f64) {
+    gauge!(CAPACITY_LIMIT, "model" => bucket.to_owned()).set(per_second);
 }
 
 /// A fenced write was refused: one INFO line with the refusal's class and both versions.

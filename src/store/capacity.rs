@@ -1,0 +1,119 @@
+//! The capacity budget's SQL (I9): one grant for a worker (requests, tokens, its share of the
+//! concurrency limit) and the report of a provider's refusal, each one call of a server-side
+//! function of `migrations/V16` that locks the model's bucket row, so every worker of the
+//! deployment draws from the same budget. The arithmetic is `capacity::gcra`'s.
+
+use std::time::Duration;
+
+use super::{Store, StoreError};
+
+/// What a worker asks of a bucket in one grant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrantAsk<'a> {
+    pub bucket: &'a str,
+    pub holder: &'a str,
+    pub want_requests: u64,
+    pub want_tokens: u64,
+    /// `want_tokens` are one request's, more than a second's worth: granted whole or not.
+    pub tokens_whole: bool,
+    /// The concurrency share the worker wants to hold (in use plus waiting).
+    pub want_slots: u32,
+    /// Slots the worker is using now: never taken away while it does.
+    pub in_use: u32,
+    /// Configured limits (None: not limited), quantized to the second.
+    pub requests_per_second: Option<f64>,
+    pub tokens_per_second: Option<f64>,
+    pub slot_limit: Option<u32>,
+    pub slot_ttl: Duration,
+    /// Learn a request rate from refusals where none is configured.
+    pub adaptive: bool,
+}
+
+/// What one grant gave.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Granted {
+    pub requests: u64,
+    pub tokens: u64,
+    /// The worker's concurrency share now (the slots it may use at once).
+    pub slots: u32,
+    /// When nothing was granted: how long until something could be.
+    pub wait: Duration,
+    /// The request rate applied: configured or learned; None: not limited.
+    pub requests_per_second: Option<f64>,
+    /// The provider's pause still running, if any.
+    pub blocked_for: Duration,
+}
+
+fn secs(value: f64) -> Duration {
+    Duration::try_from_secs_f64(value.max(0.0)).unwrap_or(Duration::MAX)
+}
+
+fn count(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+impl Store {
+    /// One grant of `ask.bucket` for `ask.holder`.
+    pub async fn capacity_grant(&self, ask: &GrantAsk<'_>) -> Result<Granted, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT requests, tokens, slots, wait, requests_per_second, blocked_for \
+                 FROM replyd_capacity_grant($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            )
+            .await?;
+        let want_requests = i64::try_from(ask.want_requests).unwrap_or(i64::MAX);
+        let want_tokens = i64::try_from(ask.want_tokens).unwrap_or(i64::MAX);
+        let want_slots = i32::try_from(ask.want_slots).unwrap_or(i32::MAX);
+        let in_use = i32::try_from(ask.in_use).unwrap_or(i32::MAX);
+        let slot_limit = ask
+            .slot_limit
+            .map(|limit| i32::try_from(limit).unwrap_or(i32::MAX));
+        let row = client
+            .query_one(
+                &statement,
+                &[
+                    &ask.bucket,
+                    &ask.holder,
+                    &want_requests,
+                    &want_tokens,
+                    &ask.tokens_whole,
+                    &want_slots,
+                    &in_use,
+                    &ask.requests_per_second,
+                    &ask.tokens_per_second,
+                    &slot_limit,
+                    &ask.slot_ttl.as_secs_f64(),
+                    &ask.adaptive,
+                ],
+            )
+            .await?;
+        Ok(Granted {
+            requests: count(row.get("requests")),
+            tokens: count(row.get("tokens")),
+            slots: u32::try_from(row.get::<_, i32>("slots")).unwrap_or(0),
+            wait: secs(row.get("wait")),
+            requests_per_second: row.get("requests_per_second"),
+            blocked_for: secs(row.get("blocked_for")),
+        })
+    }
+
+    /// Reports that the provider refused a call of `bucket` for capacity: every worker pauses
+    /// for `pause` (its Retry-After) and, with `adaptive`, the learned rate is cut. Returns the
+    /// learned rate now, if any.
+    pub async fn capacity_refused(
+        &self,
+        bucket: &str,
+        pause: Option<Duration>,
+        adaptive: bool,
+    ) -> Result<Option<f64>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT requests_per_second FROM replyd_capacity_refused($1, $2, $3)",
+                &[&bucket, &pause.map(|p| p.as_secs_f64()), &adaptive],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+}
