@@ -195,6 +195,7 @@ mod tests {
                 ProviderError::Retryable {
                     status: 429,
                     retry_after: None,
+                    signals: Box::default(),
                     message: "slow down".into(),
                 },
                 true,
@@ -322,6 +323,7 @@ mod tests {
         let rate_limited = ProviderError::Retryable {
             status: 429,
             retry_after: Some(Duration::from_secs(2)),
+            signals: Box::default(),
             message: "slow down".into(),
         };
         let Action::Fail { reason, .. } = decide(&rate_limited, hurried, &s, 0.5) else {
