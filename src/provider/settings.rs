@@ -73,8 +73,8 @@ pub struct OpenAiSettings {
     /// `REPLYD_PROVIDER__EXTRA_HEADERS__API-KEY` (names are taken in lower case; a Kubernetes
     /// `env` entry may hold a `-`). Headers replyd sets itself (`authorization`, `x-api-key`,
     /// `anthropic-version`, `content-type`, `idempotency-key`, `traceparent`, `tracestate`,
-    /// and the HTTP client's own) and names or values that are not valid HTTP are refused,
-    /// naming the header. Default: none.
+    /// and the HTTP client's own), names or values that are not valid HTTP, and a name given
+    /// twice (names ignore case) are refused, naming the header. Default: none.
     pub extra_headers: BTreeMap<String, Secret>,
     /// Whole-call limit, from sending the request to the last byte of the answer. A call that
     /// runs out of it is `Ambiguous`: the provider may still finish and bill the work. With
@@ -204,21 +204,37 @@ impl OpenAiSettings {
 
     /// Why each extra header cannot be sent, naming it (never its value).
     pub fn extra_header_problems(&self) -> Vec<String> {
-        self.extra_headers
-            .iter()
-            .filter_map(|(name, value)| extra_header(name, value).err())
-            .collect()
+        self.checked_extra_headers().1
     }
 
     /// The extra headers ready to send, each value marked sensitive so no debug output of a
     /// request shows it; the first problem if one cannot be sent.
     pub(crate) fn extra_header_map(&self) -> Result<HeaderMap, String> {
-        let mut map = HeaderMap::new();
-        for (name, value) in &self.extra_headers {
-            let (name, value) = extra_header(name, value)?;
-            map.insert(name, value);
+        let (map, problems) = self.checked_extra_headers();
+        match problems.into_iter().next() {
+            Some(problem) => Err(problem),
+            None => Ok(map),
         }
-        Ok(map)
+    }
+
+    /// The headers that can be sent, and why the others cannot.
+    fn checked_extra_headers(&self) -> (HeaderMap, Vec<String>) {
+        let mut map = HeaderMap::new();
+        let mut problems = Vec::new();
+        for (name, value) in &self.extra_headers {
+            match extra_header(name, value) {
+                // Names ignore case on the wire: `Api-Key` and `api-key` are one header, and
+                // one value would silently replace the other.
+                Ok((header, _)) if map.contains_key(&header) => problems.push(format!(
+                    "{name:?} is given twice (header names ignore case)"
+                )),
+                Ok((header, value)) => {
+                    map.insert(header, value);
+                }
+                Err(problem) => problems.push(problem),
+            }
+        }
+        (map, problems)
     }
 
     /// Whether `model`'s length limit goes out as `max_completion_tokens` (see
@@ -359,6 +375,24 @@ mod tests {
         assert_eq!(map["openai-project"], "proj_123");
         assert!(map.values().all(HeaderValue::is_sensitive));
         assert!(!format!("{settings:?} {map:?}").contains("azure-secret-1"));
+    }
+
+    #[test]
+    fn an_extra_header_given_twice_in_different_case_is_refused() {
+        let mut settings = OpenAiSettings::default();
+        settings
+            .extra_headers
+            .insert("API-Key".into(), Secret::new("first-hunter2"));
+        settings
+            .extra_headers
+            .insert("api-key".into(), Secret::new("second-hunter2"));
+        let problems = settings.extra_header_problems();
+        assert_eq!(
+            problems,
+            ["\"api-key\" is given twice (header names ignore case)"],
+            "{problems:?}"
+        );
+        assert!(settings.extra_header_map().is_err());
     }
 
     #[test]
