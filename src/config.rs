@@ -669,7 +669,11 @@ const CLASSIC_ONLY_LIBRDKAFKA: &[&str] = &[
 const MIN_HEADERS: usize = 32;
 
 /// Settings whose keys are free-form (librdkafka property names), not fields.
-const FREE_FORM: &[&str] = &["kafka.librdkafka", "kafka.producer_librdkafka"];
+const FREE_FORM: &[&str] = &[
+    "kafka.librdkafka",
+    "kafka.producer_librdkafka",
+    "provider.extra_headers",
+];
 
 /// Environment variables that set settings: `REPLYD_<SECTION>__<KEY>`.
 pub const ENV_PREFIX: &str = "REPLYD_";
@@ -1092,6 +1096,11 @@ impl Settings {
                 ),
             );
         }
+        // The provider's own checks (base URL, extra headers, Anthropic's settings), the same
+        // ones its adapters refuse with; none of them quotes a header's value.
+        for (setting, message) in self.provider.problems() {
+            refuse(setting, message);
+        }
         // Neither message quotes the URL, so no password leaks through them.
         match crate::store::parse_url(&self.database) {
             Err(crate::store::StoreError::Config(e)) => refuse("database.url", e),
@@ -1442,13 +1451,87 @@ session_timeout_ms = 10000
         let mut s = Settings::default();
         s.database.url = Secret::new("postgres://u:hunter2@db/replyd");
         s.provider.api_key = Some(Secret::new("sk-live-123"));
+        s.provider
+            .extra_headers
+            .insert("api-key".into(), Secret::new("azure-key-456"));
         let shown = s.to_redacted_toml();
-        assert!(
-            !shown.contains("hunter2") && !shown.contains("sk-live-123"),
-            "{shown}"
-        );
+        for secret in ["hunter2", "sk-live-123", "azure-key-456"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
         assert!(shown.contains("partition_window = 64"), "{shown}");
         assert!(shown.contains("url = \"***\""), "{shown}");
+        assert!(shown.contains("api-key = \"***\""), "{shown}");
+    }
+
+    #[test]
+    fn a_provider_base_url_ending_in_v1_is_refused_with_the_fix() {
+        for base_url in ["https://llm.example.com/v1", "https://llm.example.com/v1/"] {
+            let err = Settings::from_toml(&format!("[provider]\nbase_url = \"{base_url}\"\n"))
+                .unwrap_err();
+            assert_eq!(err.0.len(), 1, "{err}");
+            let text = err.to_string();
+            assert!(
+                text.starts_with(
+                    "provider.base_url: remove the trailing /v1: base_url = \"https://llm.example.com\""
+                ),
+                "{text}"
+            );
+        }
+        let err = Settings::from_toml("[provider]\nbase_url = \"ftp://llm.example.com\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("provider.base_url:") && err.contains("not http or https"),
+            "{err}"
+        );
+        Settings::from_toml("[provider]\nbase_url = \"https://llm.example.com/openai\"\n").unwrap();
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's test jail returns its own error type
+    fn extra_headers_come_from_the_file_or_the_environment_and_reserved_ones_are_refused() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "replyd.toml",
+                r#"
+                [provider]
+                base_url = "https://r.openai.azure.com/openai"
+                [provider.extra_headers]
+                "OpenAI-Project" = "proj_1"
+                "#,
+            )?;
+            jail.set_env("REPLYD_PROVIDER__EXTRA_HEADERS__API-KEY", "azure-789");
+            let s = Settings::load(Some(Path::new("replyd.toml"))).unwrap();
+            assert_eq!(s.provider.extra_headers.len(), 2, "{s:?}");
+            assert_eq!(
+                s.provider.extra_headers["api-key"].expose(),
+                "azure-789",
+                "names from the environment are lower case"
+            );
+            assert_eq!(
+                s.provider.extra_headers["OpenAI-Project"].expose(),
+                "proj_1"
+            );
+
+            jail.create_file(
+                "bad.toml",
+                r#"
+                [provider.extra_headers]
+                Authorization = "Bearer sk-hunter2"
+                "x-api-key" = "hunter2"
+                "two words" = "v"
+                "#,
+            )?;
+            let err = Settings::load(Some(Path::new("bad.toml"))).unwrap_err();
+            let settings: Vec<&str> = err.0.iter().map(|p| p.setting.as_str()).collect();
+            assert_eq!(settings, ["provider.extra_headers"; 3], "{err}");
+            let text = err.to_string();
+            for named in ["\"Authorization\"", "\"x-api-key\"", "\"two words\""] {
+                assert!(text.contains(named), "{named} in {text}");
+            }
+            assert!(!text.contains("hunter2"), "{text}");
+            Ok(())
+        });
     }
 
     #[test]

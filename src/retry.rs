@@ -247,6 +247,7 @@ mod tests {
             status: 429,
             retry_after,
             message: "rate_limit_exceeded".into(),
+            signals: Box::default(),
         }
     }
 
@@ -262,6 +263,7 @@ mod tests {
                 status: 503,
                 retry_after: None,
                 message: "overloaded".into(),
+                signals: Box::default(),
             },
         ] {
             assert_eq!(attempt_outcome(&refusal), AttemptOutcome::Refused);
@@ -354,6 +356,7 @@ mod tests {
                 ProviderError::Retryable {
                     status: 429,
                     retry_after: None,
+                    signals: Box::default(),
                     message: "slow down".into(),
                 },
                 true,
@@ -481,6 +484,7 @@ mod tests {
         let rate_limited = ProviderError::Retryable {
             status: 429,
             retry_after: Some(Duration::from_secs(2)),
+            signals: Box::default(),
             message: "slow down".into(),
         };
         let Action::Fail { reason, .. } = decide(&rate_limited, hurried, &s, 0.5) else {
@@ -514,6 +518,7 @@ mod tests {
                 status: 503,
                 retry_after: Some(Duration::from_secs(2)),
                 message: "".into(),
+                signals: Box::default(),
             },
         }
     }

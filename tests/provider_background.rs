@@ -35,6 +35,7 @@ fn settings_for(base_url: &str, limit_ms: u64) -> OpenAiSettings {
         api: ProviderApi::BackgroundResponses,
         poll_interval_ms: 10,
         operation_max_wait_ms: limit_ms,
+        ..OpenAiSettings::default()
     }
 }
 

@@ -8,7 +8,9 @@ mod helpers;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use helpers::provider::{assert_bad_requests_refused, request, set_faults, start_mock, stats};
+use helpers::provider::{
+    assert_bad_requests_refused, one_shot_server, request, set_faults, start_mock, stats,
+};
 use helpers::wait_until;
 use replyd::mock_provider::{FaultSettings, KeyStats, MockHandle, MockSettings};
 use replyd::provider::{OpenAiChatProvider, OpenAiSettings, Provider, ProviderError};
@@ -16,16 +18,20 @@ use replyd::provider::{OpenAiChatProvider, OpenAiSettings, Provider, ProviderErr
 /// Client timeout for tests that expect an answer: generous, since no test waits on it.
 const PATIENT_MS: u64 = 30_000;
 
-fn provider_for(base_url: &str, request_timeout_ms: u64) -> OpenAiChatProvider {
-    OpenAiChatProvider::new(&OpenAiSettings {
+fn settings_for(base_url: &str, request_timeout_ms: u64) -> OpenAiSettings {
+    OpenAiSettings {
         base_url: base_url.to_owned(),
         api_key: Some(replyd::config::Secret::new("sk-test")),
         request_timeout_ms,
         connect_timeout_ms: 2_000,
         default_model: "mock-model".into(),
         ..OpenAiSettings::default()
-    })
-    .expect("a loopback base URL is valid")
+    }
+}
+
+fn provider_for(base_url: &str, request_timeout_ms: u64) -> OpenAiChatProvider {
+    OpenAiChatProvider::new(&settings_for(base_url, request_timeout_ms))
+        .expect("a loopback base URL is valid")
 }
 
 async fn key_stats(mock: &MockHandle, key: &str) -> KeyStats {
@@ -393,32 +399,11 @@ async fn dropping_the_generate_future_closes_the_request_at_the_mock() {
 
 #[tokio::test]
 async fn the_adapter_sends_the_idempotency_key_and_the_bearer_token() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    // A one-shot server that records the request head and answers a fixed completion.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base_url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(async move {
-        let (mut socket, _) = listener.accept().await.unwrap();
-        let mut head = Vec::new();
-        let mut buf = [0u8; 4096];
-        // Bounded: stop at the end of the head or after 64 KiB.
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 * 1024 {
-            let n = socket.read(&mut buf).await.unwrap();
-            if n == 0 {
-                break;
-            }
-            head.extend_from_slice(&buf[..n]);
-        }
-        let body = r#"{"choices":[{"message":{"content":"ok"}}]}"#;
-        let response = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-             connection: close\r\n\r\n{body}",
-            body.len()
-        );
-        socket.write_all(response.as_bytes()).await.unwrap();
-        String::from_utf8_lossy(&head).to_lowercase()
-    });
+    let (base_url, server) = one_shot_server(
+        "HTTP/1.1 200 OK",
+        r#"{"choices":[{"message":{"content":"ok"}}]}"#,
+    )
+    .await;
     let provider = provider_for(&base_url, PATIENT_MS);
 
     let generation = provider
@@ -434,4 +419,116 @@ async fn the_adapter_sends_the_idempotency_key_and_the_bearer_token() {
     );
     assert!(head.contains("idempotency-key: task-headers\r\n"), "{head}");
     assert!(head.contains("authorization: bearer sk-test\r\n"), "{head}");
+}
+
+#[tokio::test]
+async fn extra_headers_go_out_with_every_request() {
+    let (base_url, server) = one_shot_server(
+        "HTTP/1.1 200 OK",
+        r#"{"choices":[{"message":{"content":"ok"}}]}"#,
+    )
+    .await;
+    let mut settings = settings_for(&base_url, PATIENT_MS);
+    settings.api_key = None;
+    for (name, value) in [("api-key", "azure-key-1"), ("OpenAI-Project", "proj_9")] {
+        settings
+            .extra_headers
+            .insert(name.into(), replyd::config::Secret::new(value));
+    }
+    let provider = OpenAiChatProvider::new(&settings).unwrap();
+
+    provider
+        .generate(&request("task-extra", "q"))
+        .await
+        .unwrap();
+
+    let received = server.await.unwrap();
+    assert!(received.contains("api-key: azure-key-1\r\n"), "{received}");
+    assert!(
+        received.contains("openai-project: proj_9\r\n"),
+        "{received}"
+    );
+    assert!(
+        received.contains("idempotency-key: task-extra\r\n"),
+        "{received}"
+    );
+    assert!(!received.contains("authorization:"), "{received}");
+    assert!(!format!("{provider:?}").contains("azure-key-1"));
+}
+
+#[tokio::test]
+async fn a_reasoning_model_is_asked_with_max_completion_tokens_on_the_wire() {
+    let (base_url, server) = one_shot_server(
+        "HTTP/1.1 200 OK",
+        r#"{"choices":[{"message":{"content":"ok"}}]}"#,
+    )
+    .await;
+    let provider = provider_for(&base_url, PATIENT_MS);
+    let mut asked = request("task-o3", "q");
+    asked.model = "o3-mini".into();
+
+    provider.generate(&asked).await.unwrap();
+
+    let received = server.await.unwrap();
+    let body: serde_json::Value =
+        serde_json::from_str(received.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(body["max_completion_tokens"], 64, "{body}");
+    assert!(body.get("max_tokens").is_none(), "{body}");
+}
+
+#[tokio::test]
+async fn a_reply_and_a_refusal_carry_the_providers_rate_limit_signals() {
+    let (base_url, server) = one_shot_server(
+        "HTTP/1.1 200 OK\r\nx-ratelimit-limit-requests: 5000\r\n\
+         x-ratelimit-remaining-requests: 4999\r\nx-ratelimit-reset-requests: 12ms\r\n\
+         x-ratelimit-limit-tokens: 160000\r\nx-ratelimit-remaining-tokens: 159976\r\n\
+         x-ratelimit-reset-tokens: 1m30.5s",
+        r#"{"choices":[{"message":{"content":"ok"}}]}"#,
+    )
+    .await;
+    let provider = provider_for(&base_url, PATIENT_MS);
+
+    let generation = provider
+        .generate(&request("task-signals", "q"))
+        .await
+        .unwrap();
+    server.await.unwrap();
+
+    let signals = generation.rate_signals;
+    assert_eq!(signals.requests.limit, Some(5000));
+    assert_eq!(signals.requests.remaining, Some(4999));
+    assert_eq!(signals.requests.resets_in, Some(Duration::from_millis(12)));
+    assert_eq!(signals.tokens.remaining, Some(159_976));
+    assert_eq!(
+        signals.tokens.resets_in,
+        Some(Duration::from_millis(90_500))
+    );
+    assert_eq!(signals.retry_after, None);
+
+    let (base_url, server) = one_shot_server(
+        "HTTP/1.1 429 Too Many Requests\r\nretry-after-ms: 1500\r\n\
+         x-ratelimit-remaining-tokens: 0\r\nx-ratelimit-reset-tokens: 6m0s",
+        r#"{"error":{"message":"Rate limit reached for tokens","type":"tokens","code":"rate_limit_exceeded"}}"#,
+    )
+    .await;
+    let provider = provider_for(&base_url, PATIENT_MS);
+
+    let error = provider
+        .generate(&request("task-signals", "q"))
+        .await
+        .unwrap_err();
+    server.await.unwrap();
+
+    let ProviderError::Retryable {
+        status: 429,
+        retry_after,
+        signals,
+        ..
+    } = error
+    else {
+        panic!("a 429 is retryable: {error:?}");
+    };
+    assert_eq!(retry_after, Some(Duration::from_millis(1500)));
+    assert_eq!(signals.tokens.remaining, Some(0));
+    assert_eq!(signals.tokens.resets_in, Some(Duration::from_secs(360)));
 }

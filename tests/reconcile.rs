@@ -65,6 +65,7 @@ async fn setup() -> Setup {
             api: ProviderApi::BackgroundResponses,
             poll_interval_ms: 10,
             operation_max_wait_ms: 5_000,
+            ..OpenAiSettings::default()
         })
         .unwrap(),
     );

@@ -1,6 +1,7 @@
 //! No secret in any output: `replyd serve` runs the whole chain with a database password, a
-//! provider key and a Kafka SASL password it was given (as a Deployment gives them:
-//! environment variables and the URL), and an API key a caller presses with. Then every
+//! provider key, a provider extra header (Azure's `api-key`) and a Kafka SASL password it was
+//! given (as a Deployment gives them: environment variables and the URL), and an API key a
+//! caller presses with. Then every
 //! output of the run is searched for each of them: the process's log, `/metrics`, `/readyz`,
 //! `/healthz`, `replyd config show` and `config check`, `--help`, an error that names the
 //! database it cannot reach, and `replyd check`.
@@ -49,17 +50,23 @@ async fn no_secret_shows_in_any_output_of_a_run() {
         app.db.schema
     );
     let provider_key = secret("sk-");
+    let extra_header = secret("azure-");
     app.db.store.create_workspace("acme").await.unwrap();
     let api_key = issue(&mut rand::rng());
     app.db.store.create_api_key("acme", &api_key).await.unwrap();
     let secrets = [
         ("database password", db_password.clone()),
         ("provider key", provider_key.clone()),
+        ("provider extra header", extra_header.clone()),
         ("SASL password", sasl_password.clone()),
         ("API key", api_key.token.clone()),
     ];
     let env = vec![
         ("REPLYD_PROVIDER__API_KEY".to_owned(), provider_key.clone()),
+        (
+            "REPLYD_PROVIDER__EXTRA_HEADERS__API-KEY".to_owned(),
+            extra_header.clone(),
+        ),
         (
             "REPLYD_KAFKA__SECURITY__SASL_PASSWORD".to_owned(),
             sasl_password.clone(),
@@ -143,6 +150,12 @@ async fn no_secret_shows_in_any_output_of_a_run() {
             .iter()
             .any(|(what, text)| what == "config show" && text.contains("***")),
         "config show redacts: {outputs:?}"
+    );
+    assert!(
+        outputs
+            .iter()
+            .any(|(what, text)| what == "config show" && text.contains("api-key = \"***\"")),
+        "config show names the extra header and redacts its value: {outputs:?}"
     );
     assert!(
         outputs

@@ -102,9 +102,12 @@ fn table(out: &mut String, defs: &Map<String, Value>, path: &[&str], schema: &Va
             .collect::<Vec<_>>()
             .join("__");
         let kind = type_of(defs, field);
-        // A pass-through map's keys (`fetch.max.bytes`) cannot be environment variable names.
+        // A pass-through map's keys (`fetch.max.bytes`) cannot be environment variable names;
+        // a map of secrets (headers) takes one variable per key.
         let env = if kind == "table of strings" {
             "file only".to_owned()
+        } else if kind == SECRET_TABLE {
+            format!("`REPLYD_{env}__<NAME>`")
         } else {
             format!("`REPLYD_{env}`")
         };
@@ -123,6 +126,9 @@ fn table(out: &mut String, defs: &Map<String, Value>, path: &[&str], schema: &Va
         table(out, defs, &inner, field);
     }
 }
+
+/// The type of a map whose values are secrets.
+const SECRET_TABLE: &str = "table of strings (secrets: never shown)";
 
 /// A doc comment as one paragraph.
 fn description(schema: &Value) -> Option<String> {
@@ -167,7 +173,17 @@ fn type_of(defs: &Map<String, Value>, schema: &Value) -> String {
     }
     match schema.get("type") {
         Some(Value::String(kind)) => match kind.as_str() {
-            "object" => "table of strings".into(),
+            "object" => {
+                let secret_values = schema
+                    .get("additionalProperties")
+                    .map(|values| resolve(defs, values))
+                    .is_some_and(|values| values.get("writeOnly") == Some(&Value::Bool(true)));
+                if secret_values {
+                    SECRET_TABLE.into()
+                } else {
+                    "table of strings".into()
+                }
+            }
             "array" => format!(
                 "list of {}",
                 schema
@@ -245,6 +261,12 @@ mod tests {
         assert!(missing.is_empty(), "not in the reference: {missing:?}");
         assert!(text.contains("## `[kafka.security]`"), "{text}");
         assert!(text.contains("string (secret: never shown)"), "{text}");
+        assert!(
+            text.contains(&format!(
+                "| `extra_headers` | {SECRET_TABLE} | empty | `REPLYD_PROVIDER__EXTRA_HEADERS__<NAME>` |"
+            )),
+            "{text}"
+        );
     }
 
     /// Calls `leaf` with the path of every value (not table) of a settings tree.

@@ -4,7 +4,9 @@
 //!
 //! Routes: `POST /v1/chat/completions`; `POST /v1/responses` (background create: answers the
 //! id at once, generates in a spawned task, honours `Idempotency-Key`) and
-//! `GET /v1/responses/{id}` (both 404 when `background_responses` is off); `GET /stats`,
+//! `GET /v1/responses/{id}` (both 404 when `background_responses` is off); `POST /v1/messages`
+//! (Anthropic's Messages API: `x-api-key` and `anthropic-version` required, Anthropic's bodies
+//! and error types, never deduplicated, as Anthropic documents no idempotency key); `GET /stats`,
 //! `GET /stats/{key}`, `GET|PUT /faults`, `GET /healthz`. The decisions (fault, latency, reply
 //! text) live in [`behaviour`] and the background responses' state machine in [`background`],
 //! both pure; the routes and state in `server`; this file starts and stops the server.

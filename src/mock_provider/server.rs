@@ -1,6 +1,7 @@
 //! The mock provider's HTTP routes and shared state: the OpenAI-compatible chat endpoint with
 //! its idempotency store, the background responses endpoints around the pure
-//! [`ResponseBook`], the counters behind `/stats`, and the run-time fault switch.
+//! [`ResponseBook`], Anthropic's messages endpoint (in [`messages`]), the counters behind
+//! `/stats`, and the run-time fault switch.
 //!
 //! The counters are what the tests and the chaos harness check I6 against: `generations` per key
 //! is the number of replies the provider "billed" for that task, through either API.
@@ -27,10 +28,12 @@ use super::behaviour::{
 };
 use super::settings::{FaultSettings, MockSettings};
 
+mod messages;
+
 /// What `GET /stats` answers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatsSnapshot {
-    /// Chat-completion requests received, malformed ones included.
+    /// Chat-completion and messages requests received, malformed ones included.
     pub requests: u64,
     /// Replies generated (the work a real provider bills for).
     pub generations: u64,
@@ -162,6 +165,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) fn router(state: Arc<MockState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/messages", post(messages::create_message))
         .route("/v1/responses", post(create_response))
         .route("/v1/responses/{id}", get(get_response))
         .route("/stats", get(stats))

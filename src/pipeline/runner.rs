@@ -554,7 +554,7 @@ impl TaskRunner {
         let outcome = attempt_outcome(&error);
         let ran = error.ran();
         if let ProviderError::Retryable {
-            status: 429 | 503,
+            status: 429 | 503 | 529,
             retry_after,
             ..
         } = &error

@@ -5,6 +5,9 @@
 //! because that is what decides whether a retry is free or must rely on the idempotency key (I6,
 //! I7). Statuses not named in the brief are put on the conservative side: an unknown 5xx may have
 //! executed, an unknown 4xx is the client's fault and will not get better by retrying.
+//!
+//! A refusal to retry later carries the answer's [`RateSignals`], read here once, so the caller
+//! sees how much capacity the provider says is left and when it comes back.
 
 use std::time::{Duration, SystemTime};
 
@@ -12,6 +15,7 @@ use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, LOCATION, RETRY_AFTER};
 
 use super::ProviderError;
+use super::signals::RateSignals;
 
 /// OpenAI's millisecond-precision companion to `Retry-After`; preferred when both are present.
 const RETRY_AFTER_MS: &str = "retry-after-ms";
@@ -42,11 +46,7 @@ pub fn classify_status_at(
         // 408: the server gave up waiting for our request, so it did not run it. 409: an
         // idempotency-keyed request with the same key is still in flight; asking again later
         // returns its result.
-        408 | 409 | 429 | 503 => ProviderError::Retryable {
-            status: code,
-            retry_after: retry_after(headers, now),
-            message,
-        },
+        408 | 409 | 429 | 503 => refusal(code, headers, now, message),
         500..=599 => ProviderError::MaybeExecuted {
             status: code,
             message,
@@ -68,6 +68,85 @@ pub fn classify_status_at(
             message,
         },
     }
+}
+
+/// Classifies a non-success answer of Anthropic's Messages API, by its documented statuses
+/// and `error.type`: 400 `invalid_request_error`, 401 `authentication_error`, 403
+/// `permission_error`, 404 `not_found_error`, 413 `request_too_large` are `Fatal`; 429
+/// `rate_limit_error` is `Retryable` with its `retry-after`; 500 `api_error` is
+/// `MaybeExecuted`; 529 `overloaded_error` is `Retryable`. Anything else as
+/// [`classify_status_at`]. The message starts with the error's type, which says more than its
+/// text ("overloaded_error: Overloaded").
+pub fn classify_anthropic_status_at(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body_snippet: &str,
+    now: SystemTime,
+) -> ProviderError {
+    let kind = anthropic_error_type(body_snippet);
+    let mut message = error_message(status, body_snippet);
+    if let Some(kind) = &kind {
+        message = format!("{kind}: {message}")
+            .chars()
+            .take(MAX_MESSAGE_CHARS)
+            .collect();
+    }
+    // 529 (or an overloaded_error behind a gateway's other 5xx): Anthropic sends it when the
+    // API as a whole is short of capacity, for every customer at once. Its documentation does
+    // not say whether an overloaded request did any work; it is refused before the model
+    // generates as far as its SDKs let on (they retry it like a 429, twice by default), and it
+    // is treated here as a refusal that did none: Retryable, not counted as an attempt (I7).
+    // Were that ever wrong, a retry could pay for a second generation, which the task's
+    // attempt budget would not see.
+    let overloaded = status.as_u16() == 529
+        || (status.is_server_error() && kind.as_deref() == Some("overloaded_error"));
+    if overloaded {
+        return refusal(status.as_u16(), headers, now, message);
+    }
+    match classify_status_at(status, headers, body_snippet, now) {
+        ProviderError::Retryable {
+            status,
+            retry_after,
+            signals,
+            ..
+        } => ProviderError::Retryable {
+            status,
+            retry_after,
+            signals,
+            message,
+        },
+        ProviderError::MaybeExecuted { status, .. } => {
+            ProviderError::MaybeExecuted { status, message }
+        }
+        // A redirect keeps its own message, which names the target.
+        ProviderError::Fatal { status, .. } if !(300..=399).contains(&status) => {
+            ProviderError::Fatal { status, message }
+        }
+        other => other,
+    }
+}
+
+/// A refusal that did no work: retry no sooner than the provider asked, and here is what it
+/// said about its capacity.
+fn refusal(status: u16, headers: &HeaderMap, now: SystemTime, message: String) -> ProviderError {
+    let signals = RateSignals::read(headers, now);
+    ProviderError::Retryable {
+        status,
+        retry_after: signals.retry_after,
+        signals: Box::new(signals),
+        message,
+    }
+}
+
+/// `error.type` of an Anthropic error body (`{"type":"error","error":{"type":...}}`).
+fn anthropic_error_type(body_snippet: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(body_snippet).ok()?;
+    value
+        .get("error")?
+        .get("type")?
+        .as_str()
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
 }
 
 /// How long the provider asked us to wait: `retry-after-ms`, else `Retry-After` as
@@ -222,8 +301,123 @@ mod tests {
             ProviderError::Retryable {
                 status: 429,
                 retry_after: Some(Duration::from_secs(3)),
+                signals: Box::new(RateSignals {
+                    retry_after: Some(Duration::from_secs(3)),
+                    ..RateSignals::default()
+                }),
                 message: "Too Many Requests".into(),
             }
+        );
+    }
+
+    #[test]
+    fn a_refusal_carries_what_the_provider_said_about_its_capacity() {
+        let error = classify_status_at(
+            StatusCode::TOO_MANY_REQUESTS,
+            &headers(&[
+                ("x-ratelimit-remaining-tokens", "0"),
+                ("x-ratelimit-reset-tokens", "1m30s"),
+                ("retry-after-ms", "1500"),
+            ]),
+            r#"{"error":{"message":"Rate limit reached for tokens","type":"tokens"}}"#,
+            now(),
+        );
+        let ProviderError::Retryable {
+            retry_after,
+            signals,
+            ..
+        } = error
+        else {
+            panic!("a 429 is retryable: {error:?}");
+        };
+        assert_eq!(retry_after, Some(Duration::from_millis(1500)));
+        assert_eq!(signals.retry_after, retry_after);
+        assert_eq!(signals.tokens.remaining, Some(0));
+        assert_eq!(signals.tokens.resets_in, Some(Duration::from_secs(90)));
+    }
+
+    fn anthropic_body(kind: &str, message: &str) -> String {
+        format!(r#"{{"type":"error","error":{{"type":"{kind}","message":"{message}"}}}}"#)
+    }
+
+    #[test]
+    fn anthropic_statuses_and_error_types_are_classified_as_documented() {
+        let cases: &[(u16, &str, &str)] = &[
+            (400, "invalid_request_error", "fatal"),
+            (401, "authentication_error", "fatal"),
+            (403, "permission_error", "fatal"),
+            (404, "not_found_error", "fatal"),
+            (413, "request_too_large", "fatal"),
+            (429, "rate_limit_error", "retryable"),
+            (500, "api_error", "maybe_executed"),
+            (529, "overloaded_error", "retryable"),
+            // Overloaded behind a gateway that turned the 529 into another 5xx.
+            (502, "overloaded_error", "retryable"),
+            (502, "api_error", "maybe_executed"),
+            (503, "api_error", "retryable"),
+        ];
+        for &(code, kind, class) in cases {
+            let status = StatusCode::from_u16(code).unwrap();
+            let error = classify_anthropic_status_at(
+                status,
+                &HeaderMap::new(),
+                &anthropic_body(kind, "the provider's words"),
+                now(),
+            );
+            assert_eq!(error.kind(), class, "{code} {kind}: {error}");
+            assert!(
+                error
+                    .to_string()
+                    .contains(&format!("{kind}: the provider's words")),
+                "{error}"
+            );
+        }
+        // A 529 without a body (a proxy's) is still overloaded.
+        let bare = classify_anthropic_status_at(
+            StatusCode::from_u16(529).unwrap(),
+            &headers(&[("retry-after", "4")]),
+            "",
+            now(),
+        );
+        assert!(
+            matches!(
+                bare,
+                ProviderError::Retryable { status: 529, retry_after: Some(after), .. }
+                    if after == Duration::from_secs(4)
+            ),
+            "{bare:?}"
+        );
+    }
+
+    #[test]
+    fn an_anthropic_rate_limit_carries_its_retry_after_and_windows() {
+        let error = classify_anthropic_status_at(
+            StatusCode::TOO_MANY_REQUESTS,
+            &headers(&[
+                ("retry-after", "12"),
+                ("anthropic-ratelimit-output-tokens-remaining", "0"),
+                (
+                    "anthropic-ratelimit-output-tokens-reset",
+                    "2015-10-21T07:28:12Z",
+                ),
+            ]),
+            &anthropic_body("rate_limit_error", "Number of request tokens has exceeded"),
+            now(),
+        );
+        let ProviderError::Retryable {
+            status: 429,
+            retry_after: Some(after),
+            signals,
+            ..
+        } = &error
+        else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*after, Duration::from_secs(12));
+        assert_eq!(signals.output_tokens.remaining, Some(0));
+        assert_eq!(
+            signals.output_tokens.resets_in,
+            Some(Duration::from_secs(12))
         );
     }
 

@@ -1,18 +1,22 @@
-//! The HTTP plumbing both OpenAI adapters share: one way to build the client (no retries, no
-//! redirects), to name an endpoint, to set the key and idempotency headers, and to turn a failed
-//! exchange into a [`ProviderError`]. Sharing it keeps the chat and the responses adapters from
-//! drifting apart on the question that matters to the caller: may the provider have run the
-//! request (I6, I7)?
+//! The HTTP plumbing every adapter shares: one way to build the client (no retries, no
+//! redirects), to name an endpoint, to set the key, idempotency and extra headers, and to turn a
+//! failed exchange into a [`ProviderError`]. Sharing it keeps the adapters from drifting apart on
+//! the question that matters to the caller: may the provider have run the request (I6, I7)?
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use reqwest::header::{AUTHORIZATION, HeaderValue};
-use reqwest::{Client, RequestBuilder, Response, Url};
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use reqwest::{Client, RequestBuilder, Response, StatusCode, Url};
 
+use super::ProviderError;
+use super::classify::classify_status_at;
 use super::openai::OpenAiBuildError;
 use super::settings::OpenAiSettings;
-use super::{ProviderError, classify_status};
 use crate::secret::Secret;
+
+/// A pure classification of a non-success answer (status, headers, start of the body, now):
+/// each API's own, [`classify_status_at`] for OpenAI's.
+pub(crate) type Classify = fn(StatusCode, &HeaderMap, &str, SystemTime) -> ProviderError;
 
 /// Most bytes of a non-success body kept for the error message.
 const MAX_ERROR_BODY_BYTES: usize = 4 * 1024;
@@ -28,21 +32,34 @@ pub(crate) fn build_client(settings: &OpenAiSettings) -> Result<Client, reqwest:
         .build()
 }
 
-/// `{base_url}{path}`, refusing a base URL that is not `http(s)`. `path` starts with `/v1/`.
+/// `{base_url}{path}`, refusing a base URL the settings' check refuses (not `http(s)`, a
+/// query, a trailing `/v1`). `path` starts with `/v1/`.
 pub(crate) fn endpoint(settings: &OpenAiSettings, path: &str) -> Result<Url, OpenAiBuildError> {
     let bad = |reason: String| OpenAiBuildError::BadBaseUrl {
         base_url: settings.base_url.clone(),
         reason,
     };
-    let base = settings.base_url.trim_end_matches('/');
-    let url = Url::parse(&format!("{base}{path}")).map_err(|e| bad(e.to_string()))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(bad(format!(
-            "scheme `{}` is not http or https",
-            url.scheme()
-        )));
+    if let Some(problem) = settings.base_url_problem() {
+        return Err(bad(problem));
     }
-    Ok(url)
+    let base = settings.base_url.trim_end_matches('/');
+    Url::parse(&format!("{base}{path}")).map_err(|e| bad(e.to_string()))
+}
+
+/// `provider.extra_headers` ready to send, refused as the settings' check refuses them.
+pub(crate) fn extra_headers(settings: &OpenAiSettings) -> Result<HeaderMap, OpenAiBuildError> {
+    settings
+        .extra_header_map()
+        .map_err(OpenAiBuildError::BadExtraHeader)
+}
+
+/// Adds the extra headers. Replyd's own are refused as extra headers, so none is sent twice.
+pub(crate) fn with_extra_headers(builder: RequestBuilder, extra: &HeaderMap) -> RequestBuilder {
+    if extra.is_empty() {
+        builder
+    } else {
+        builder.headers(extra.clone())
+    }
 }
 
 /// Adds `Idempotency-Key: <key>`; a key that cannot be a header value is refused before sending.
@@ -102,8 +119,14 @@ pub(crate) fn transport_error(error: reqwest::Error, timeout: Duration) -> Provi
     }
 }
 
-/// Classifies a non-success answer from its status, headers and the start of its body.
+/// Classifies a non-success answer from its status, headers and the start of its body, as
+/// OpenAI's APIs mean them.
 pub(crate) async fn status_error(response: Response) -> ProviderError {
+    status_error_as(response, classify_status_at).await
+}
+
+/// [`status_error`] with an API's own classification.
+pub(crate) async fn status_error_as(response: Response, classify: Classify) -> ProviderError {
     let status = response.status();
     let headers = response.headers().clone();
     // The status already decides the class; a body that fails to arrive only costs us the
@@ -115,7 +138,7 @@ pub(crate) async fn status_error(response: Response) -> ProviderError {
         }
         Err(_) => String::new(),
     };
-    classify_status(status, &headers, &snippet)
+    classify(status, &headers, &snippet, SystemTime::now())
 }
 
 /// The error and its causes on one line: reqwest's own `Display` hides the cause (refused,

@@ -20,13 +20,20 @@
 //! instead of generating a second time (I6). [`Provider::recovery`] says which of these an
 //! adapter offers, and [`Provider::as_background`] hands out the capability, so the caller can
 //! hold one `Arc<dyn Provider>` whatever the adapter. [`build_provider`] picks the adapter from
-//! the settings.
+//! the settings: OpenAI chat completions, OpenAI background responses, or Anthropic's Messages
+//! API (which offers no recovery at all).
+//!
+//! Every answer, a reply or a refusal, carries the provider's own word on its capacity
+//! ([`RateSignals`]: what is left of each limit, when it resets, how long to wait), so a caller
+//! can pace itself by it (I9) without reading headers.
 
+pub mod anthropic;
 pub mod classify;
 mod http;
 pub mod openai;
 pub mod responses;
 pub mod settings;
+pub mod signals;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,10 +42,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::{ChatMessage, ProviderRan, TaskSpec};
 
+pub use anthropic::AnthropicMessagesProvider;
 pub use classify::classify_status;
 pub use openai::{OpenAiBuildError, OpenAiChatProvider};
 pub use responses::OpenAiResponsesProvider;
 pub use settings::{OpenAiSettings, ProviderApi};
+pub use signals::{RateSignals, RateWindow};
 
 /// One call to make: what to ask, and the key under which the provider deduplicates it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +87,10 @@ pub struct Generation {
     pub usage: Option<Usage>,
     /// The provider's id of the response (OpenAI's `id`), kept for support and audits.
     pub provider_response_id: Option<String>,
+    /// What the answer that carried the reply said about the provider's capacity (empty when
+    /// it said nothing).
+    #[serde(default)]
+    pub rate_signals: RateSignals,
 }
 
 /// Tokens a generation cost, as the provider reports them.
@@ -170,6 +183,7 @@ pub fn build_provider(settings: &OpenAiSettings) -> Result<Arc<dyn Provider>, Op
     Ok(match settings.api {
         ProviderApi::ChatCompletions => Arc::new(OpenAiChatProvider::new(settings)?),
         ProviderApi::BackgroundResponses => Arc::new(OpenAiResponsesProvider::new(settings)?),
+        ProviderApi::AnthropicMessages => Arc::new(AnthropicMessagesProvider::new(settings)?),
     })
 }
 
@@ -181,12 +195,14 @@ pub enum ProviderError {
     /// timeout): surely not executed, safe to retry.
     #[error("request not sent: {message}")]
     NotSent { message: String },
-    /// The provider refused the request for now (429, 503) and did not execute it; retry, no
-    /// sooner than `retry_after` when it says so.
+    /// The provider refused the request for now (429, 503, Anthropic's 529) and did not
+    /// execute it; retry, no sooner than `retry_after` when it says so. `signals` is what the
+    /// refusal said about the provider's capacity (boxed: it is large, and errors travel far).
     #[error("provider asked to retry (status {status}, retry after {retry_after:?}): {message}")]
     Retryable {
         status: u16,
         retry_after: Option<Duration>,
+        signals: Box<RateSignals>,
         message: String,
     },
     /// The provider failed after accepting the request (500, 502, 504): it may have generated
@@ -262,6 +278,7 @@ mod tests {
             ProviderError::Retryable {
                 status: 429,
                 retry_after: None,
+                signals: Box::default(),
                 message: "".into(),
             },
             ProviderError::MaybeExecuted {

@@ -6,17 +6,18 @@
 //! (I7). The one re-send left is hyper's, for a request that was never written to a pooled
 //! connection that had just closed; that request cannot have run, so it is not a second call.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use reqwest::header::HeaderMap;
 use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
 use super::http::{
-    build_client, endpoint, status_error, transport_error, with_api_key, with_idempotency_key,
-    with_trace_context,
+    build_client, endpoint, extra_headers, status_error, transport_error, with_api_key,
+    with_extra_headers, with_idempotency_key, with_trace_context,
 };
-use super::settings::OpenAiSettings;
-use super::{Generation, GenerationRequest, Provider, ProviderError, Usage};
+use super::settings::{OpenAiSettings, takes_max_completion_tokens};
+use super::{Generation, GenerationRequest, Provider, ProviderError, RateSignals, Usage};
 use crate::domain::Role;
 use crate::secret::Secret;
 
@@ -27,28 +28,38 @@ pub struct OpenAiChatProvider {
     client: Client,
     endpoint: Url,
     api_key: Option<Secret>,
+    extra_headers: HeaderMap,
     default_model: String,
+    /// `provider.max_completion_tokens_models`.
+    max_completion_tokens_models: Vec<String>,
     request_timeout: Duration,
 }
 
-/// Why an OpenAI adapter could not be built from its settings.
+/// Why an adapter could not be built from its settings.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenAiBuildError {
-    #[error("provider base_url `{base_url}` is not a URL: {reason}")]
+    #[error("provider base_url `{base_url}` cannot be used: {reason}")]
     BadBaseUrl { base_url: String, reason: String },
+    /// Names the header and the rule, never its value.
+    #[error("provider.extra_headers: {0}")]
+    BadExtraHeader(String),
+    #[error("provider.anthropic_version {version:?} cannot be an anthropic-version header")]
+    BadAnthropicVersion { version: String },
     #[error("building the HTTP client: {0}")]
     Client(#[from] reqwest::Error),
 }
 
 impl OpenAiChatProvider {
-    /// Builds the adapter; fails on a base URL that is not an `http(s)` URL.
+    /// Builds the adapter; fails on a base URL or an extra header the settings' check refuses.
     pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
         let endpoint = endpoint(settings, "/v1/chat/completions")?;
         Ok(Self {
             client: build_client(settings)?,
             endpoint,
             api_key: settings.api_key.clone(),
+            extra_headers: extra_headers(settings)?,
             default_model: settings.default_model.clone(),
+            max_completion_tokens_models: settings.max_completion_tokens_models.clone(),
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
         })
     }
@@ -59,12 +70,21 @@ impl OpenAiChatProvider {
     }
 
     fn wire_request<'a>(&'a self, request: &'a GenerationRequest) -> WireRequest<'a> {
-        WireRequest {
-            model: if request.model.is_empty() {
-                &self.default_model
+        let model = if request.model.is_empty() {
+            &self.default_model
+        } else {
+            &request.model
+        };
+        // One name for the one limit: the reasoning models refuse `max_tokens`, and servers
+        // that predate `max_completion_tokens` ignore or refuse that one.
+        let (max_tokens, max_completion_tokens) =
+            if takes_max_completion_tokens(&self.max_completion_tokens_models, model) {
+                (None, request.max_output_tokens)
             } else {
-                &request.model
-            },
+                (request.max_output_tokens, None)
+            };
+        WireRequest {
+            model,
             messages: request
                 .messages
                 .iter()
@@ -73,7 +93,8 @@ impl OpenAiChatProvider {
                     content: &m.content,
                 })
                 .collect(),
-            max_tokens: request.max_output_tokens,
+            max_tokens,
+            max_completion_tokens,
         }
     }
 }
@@ -92,6 +113,7 @@ impl Provider for OpenAiChatProvider {
     async fn generate(&self, request: &GenerationRequest) -> Result<Generation, ProviderError> {
         let body = self.wire_request(request);
         let builder = self.client.post(self.endpoint.clone()).json(&body);
+        let builder = with_extra_headers(builder, &self.extra_headers);
         let builder = with_idempotency_key(builder, &request.idempotency_key)?;
         let builder = with_api_key(builder, self.api_key.as_ref())?;
         let builder = with_trace_context(builder);
@@ -104,11 +126,14 @@ impl Provider for OpenAiChatProvider {
         if !status.is_success() {
             return Err(status_error(response).await);
         }
+        let signals = RateSignals::read(response.headers(), SystemTime::now());
         let bytes = response
             .bytes()
             .await
             .map_err(|e| transport_error(e, self.request_timeout))?;
-        parse_completion(status, &bytes, body.model)
+        let mut generation = parse_completion(status, &bytes, body.model)?;
+        generation.rate_signals = signals;
+        Ok(generation)
     }
 
     fn name(&self) -> &str {
@@ -159,6 +184,7 @@ fn parse_completion(
             completion_tokens: u.completion_tokens,
         }),
         provider_response_id: completion.id,
+        rate_signals: RateSignals::default(),
     })
 }
 
@@ -166,10 +192,15 @@ fn parse_completion(
 struct WireRequest<'a> {
     model: &'a str,
     messages: Vec<WireMessage<'a>>,
-    // `max_tokens` rather than the newer `max_completion_tokens`: it is the one that every
-    // OpenAI-compatible server accepts.
+    // At most one of the two is set. `max_tokens` is the one every OpenAI-compatible server
+    // accepts, and OpenAI's reasoning models refuse it ("use 'max_completion_tokens'
+    // instead"); OpenAI takes `max_completion_tokens` for every model, but servers that
+    // predate it do not. Which one a model gets is `provider.max_completion_tokens_models`:
+    // the server cannot be asked, and a model's name is what tells a reasoning model apart.
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -229,8 +260,73 @@ mod tests {
                     completion_tokens: 1
                 }),
                 provider_response_id: Some("chatcmpl-1".into()),
+                rate_signals: RateSignals::default(),
             }
         );
+    }
+
+    fn asking(model: &str, max_output_tokens: Option<u32>) -> GenerationRequest {
+        GenerationRequest {
+            idempotency_key: "k".into(),
+            model: model.into(),
+            messages: vec![crate::domain::ChatMessage {
+                role: Role::User,
+                content: "hi".into(),
+            }],
+            max_output_tokens,
+        }
+    }
+
+    #[test]
+    fn the_length_limit_is_max_completion_tokens_for_reasoning_models_only() {
+        let provider = OpenAiChatProvider::new(&OpenAiSettings {
+            base_url: "http://127.0.0.1:9".into(),
+            default_model: "o4-mini".into(),
+            ..OpenAiSettings::default()
+        })
+        .unwrap();
+        let body = |model: &str, limit| {
+            serde_json::to_value(provider.wire_request(&asking(model, limit))).unwrap()
+        };
+        let user = serde_json::json!([{"role": "user", "content": "hi"}]);
+        for model in ["o1", "o3-mini", "o4-mini-2025-04-16", "gpt-5", "gpt-5-nano"] {
+            assert_eq!(
+                body(model, Some(64)),
+                serde_json::json!({"model": model, "messages": user,
+                                   "max_completion_tokens": 64}),
+                "{model}"
+            );
+        }
+        for model in ["gpt-4o-mini", "gpt-4.1", "mistral-large", "mock-model"] {
+            assert_eq!(
+                body(model, Some(64)),
+                serde_json::json!({"model": model, "messages": user, "max_tokens": 64}),
+                "{model}"
+            );
+        }
+        // The default model decides when the task names none; no limit sends neither field.
+        assert_eq!(
+            body("", Some(8)),
+            serde_json::json!({"model": "o4-mini", "messages": user,
+                               "max_completion_tokens": 8})
+        );
+        assert_eq!(
+            body("o3", None),
+            serde_json::json!({"model": "o3", "messages": user})
+        );
+
+        // A deployment named by the operator (Azure) is listed by its own name.
+        let azure = OpenAiChatProvider::new(&OpenAiSettings {
+            base_url: "http://127.0.0.1:9".into(),
+            max_completion_tokens_models: vec!["reasoning-prod".into()],
+            ..OpenAiSettings::default()
+        })
+        .unwrap();
+        let wire = serde_json::to_value(azure.wire_request(&asking("reasoning-prod-eu", Some(5))))
+            .unwrap();
+        assert_eq!(wire["max_completion_tokens"], 5);
+        let wire = serde_json::to_value(azure.wire_request(&asking("o3", Some(5)))).unwrap();
+        assert_eq!(wire["max_tokens"], 5);
     }
 
     #[test]
@@ -262,6 +358,30 @@ mod tests {
         let generation = parse(r#"{"choices":[{"message":{"content":"x"}}]}"#).unwrap();
         assert_eq!(generation.model, "asked");
         assert_eq!(generation.usage, None);
+    }
+
+    #[test]
+    fn a_base_url_ending_in_v1_or_a_reserved_extra_header_is_refused_at_build() {
+        let error = OpenAiChatProvider::new(&OpenAiSettings {
+            base_url: "https://llm.example.com/v1".into(),
+            ..OpenAiSettings::default()
+        })
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("remove the trailing /v1"),
+            "{error}"
+        );
+        let mut settings = OpenAiSettings::default();
+        settings
+            .extra_headers
+            .insert("Idempotency-Key".into(), Secret::new("hunter2"));
+        let error = OpenAiChatProvider::new(&settings).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.starts_with("provider.extra_headers: \"Idempotency-Key\" is set by replyd"),
+            "{text}"
+        );
+        assert!(!text.contains("hunter2"), "{text}");
     }
 
     #[test]

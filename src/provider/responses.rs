@@ -8,21 +8,22 @@
 //! client in `http`): re-sending a create or a poll is the caller's decision (I7). The reading of
 //! a response object is pure ([`parse_response`]) so each status is tested without a server.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use reqwest::header::HeaderMap;
 use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::http::{
-    build_client, endpoint, status_error, transport_error, with_api_key, with_idempotency_key,
-    with_trace_context,
+    build_client, endpoint, extra_headers, status_error, transport_error, with_api_key,
+    with_extra_headers, with_idempotency_key, with_trace_context,
 };
 use super::openai::{OpenAiBuildError, role_name};
 use super::settings::OpenAiSettings;
 use super::{
     BackgroundProvider, Generation, GenerationRequest, OperationId, Provider, ProviderError,
-    Recovery, Usage,
+    RateSignals, Recovery, Usage,
 };
 use crate::secret::Secret;
 
@@ -34,6 +35,7 @@ pub struct OpenAiResponsesProvider {
     client: Client,
     endpoint: Url,
     api_key: Option<Secret>,
+    extra_headers: HeaderMap,
     default_model: String,
     request_timeout: Duration,
     poll_interval: Duration,
@@ -42,13 +44,14 @@ pub struct OpenAiResponsesProvider {
 }
 
 impl OpenAiResponsesProvider {
-    /// Builds the adapter; fails on a base URL that is not an `http(s)` URL.
+    /// Builds the adapter; fails on a base URL or an extra header the settings' check refuses.
     pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
         let endpoint = endpoint(settings, "/v1/responses")?;
         Ok(Self {
             client: build_client(settings)?,
             endpoint,
             api_key: settings.api_key.clone(),
+            extra_headers: extra_headers(settings)?,
             default_model: settings.default_model.clone(),
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
             // A zero interval would poll as fast as the provider answers.
@@ -102,6 +105,7 @@ impl OpenAiResponsesProvider {
         limit: Duration,
     ) -> Result<Polled, ProviderError> {
         let builder = self.client.get(url.clone()).timeout(limit);
+        let builder = with_extra_headers(builder, &self.extra_headers);
         let builder = with_api_key(builder, self.api_key.as_ref())?;
         let builder = with_trace_context(builder);
         let response = builder
@@ -121,11 +125,19 @@ impl OpenAiResponsesProvider {
                 other => other,
             });
         }
+        let signals = RateSignals::read(response.headers(), SystemTime::now());
         let bytes = response
             .bytes()
             .await
             .map_err(|e| transport_error(e, limit))?;
-        parse_response(status, &bytes, &self.default_model)
+        Ok(match parse_response(status, &bytes, &self.default_model)? {
+            // The reply carries what the poll that brought it said about capacity.
+            Polled::Done(generation) => Polled::Done(Box::new(Generation {
+                rate_signals: signals,
+                ..*generation
+            })),
+            Polled::Pending => Polled::Pending,
+        })
     }
 }
 
@@ -156,6 +168,7 @@ impl BackgroundProvider for OpenAiResponsesProvider {
     async fn start(&self, request: &GenerationRequest) -> Result<OperationId, ProviderError> {
         let body = self.wire_request(request);
         let builder = self.client.post(self.endpoint.clone()).json(&body);
+        let builder = with_extra_headers(builder, &self.extra_headers);
         let builder = with_idempotency_key(builder, &request.idempotency_key)?;
         let builder = with_api_key(builder, self.api_key.as_ref())?;
         let builder = with_trace_context(builder);
@@ -177,7 +190,7 @@ impl BackgroundProvider for OpenAiResponsesProvider {
         let url = self.operation_url(operation)?;
         Ok(
             match self.poll(&url, operation, self.request_timeout).await? {
-                Polled::Done(generation) => Some(generation),
+                Polled::Done(generation) => Some(*generation),
                 Polled::Pending => None,
             },
         )
@@ -207,7 +220,7 @@ impl BackgroundProvider for OpenAiResponsesProvider {
                 .poll(&url, operation, remaining.min(self.request_timeout))
                 .await
             {
-                Ok(Polled::Done(generation)) => return Ok(generation),
+                Ok(Polled::Done(generation)) => return Ok(*generation),
                 Ok(Polled::Pending) => last_error = None,
                 Err(e) if poll_may_be_retried(&e) => {
                     if let ProviderError::Retryable {
@@ -269,8 +282,9 @@ fn poll_may_be_retried(error: &ProviderError) -> bool {
 pub(crate) enum Polled {
     /// `queued` or `in_progress`: poll again.
     Pending,
-    /// Done with a reply.
-    Done(Generation),
+    /// Done with a reply (boxed: a generation with its rate signals is large, and most polls
+    /// are `Pending`).
+    Done(Box<Generation>),
 }
 
 /// The documented "operation is gone" error: only a new `start` can produce a reply.
@@ -317,12 +331,20 @@ pub(crate) fn parse_response(
         "completed" => {
             let text = reply_text(&response, code)?
                 .ok_or_else(|| malformed("completed response has no output_text".into()))?;
-            Ok(Polled::Done(generation(response, text, asked_model)))
+            Ok(Polled::Done(Box::new(generation(
+                response,
+                text,
+                asked_model,
+            ))))
         }
         // Cut short (say, at max_output_tokens): the chat adapter keeps a reply cut by
         // `finish_reason: length`, and so does this one.
         "incomplete" => match reply_text(&response, code)? {
-            Some(text) => Ok(Polled::Done(generation(response, text, asked_model))),
+            Some(text) => Ok(Polled::Done(Box::new(generation(
+                response,
+                text,
+                asked_model,
+            )))),
             None => Err(ProviderError::Fatal {
                 status: code,
                 message: format!(
@@ -398,6 +420,7 @@ fn generation(response: WireResponse, text: String, asked_model: &str) -> Genera
             completion_tokens: u.output_tokens,
         }),
         provider_response_id: response.id,
+        rate_signals: RateSignals::default(),
     }
 }
 
@@ -490,7 +513,7 @@ mod tests {
             "usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4},"error":null}"#;
         assert_eq!(
             parse(body).unwrap(),
-            Polled::Done(Generation {
+            Polled::Done(Box::new(Generation {
                 text: "hello".into(),
                 model: "m-2025".into(),
                 usage: Some(Usage {
@@ -498,7 +521,8 @@ mod tests {
                     completion_tokens: 1
                 }),
                 provider_response_id: Some("resp_1".into()),
-            })
+                rate_signals: RateSignals::default(),
+            }))
         );
     }
 

@@ -1,9 +1,35 @@
-//! The settings both OpenAI adapters read (`[provider]` in the settings file): where the
-//! server is, its key, the time limits, and which of its APIs to call.
+//! The settings every adapter reads (`[provider]` in the settings file): where the server is,
+//! its key and any headers it needs, the time limits, which of its APIs to call, and what that
+//! API needs of a request. The checks of these settings live here too ([`OpenAiSettings::problems`]),
+//! so `Settings::validate` and the adapters' constructors refuse the same things with the same
+//! words.
 
+use std::collections::BTreeMap;
+
+use reqwest::Url;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
 use crate::secret::Secret;
+
+/// Headers replyd sets itself, with who sets them: an extra header by one of these names would
+/// be sent twice or fight the one replyd means.
+const RESERVED_HEADERS: &[(&str, &str)] = &[
+    ("authorization", "from provider.api_key"),
+    ("x-api-key", "from provider.api_key with anthropic_messages"),
+    ("anthropic-version", "from provider.anthropic_version"),
+    ("content-type", "for the JSON body"),
+    ("idempotency-key", "the task id"),
+    ("traceparent", "the trace context"),
+    ("tracestate", "the trace context"),
+    ("content-length", "by the HTTP client"),
+    ("transfer-encoding", "by the HTTP client"),
+    ("host", "by the HTTP client"),
+    ("connection", "by the HTTP client"),
+];
+
+/// The default of `max_completion_tokens_models`: OpenAI's reasoning models as of writing.
+const REASONING_MODEL_PREFIXES: &[&str] = &["o1", "o3", "o4", "gpt-5"];
 
 /// Which of the provider's APIs replyd calls.
 #[derive(
@@ -18,19 +44,38 @@ pub enum ProviderApi {
     /// `POST /v1/responses` with `"background": true`, then `GET /v1/responses/{id}` until the
     /// response is done: the operation id survives an ambiguous call and a restart.
     BackgroundResponses,
+    /// Anthropic's `POST /v1/messages`: one request per call, with `x-api-key` and
+    /// `anthropic-version`. Anthropic documents no idempotency key and no way to look a call
+    /// up, so an ambiguous call cannot be recovered: `retry.ambiguous` decides whether it is
+    /// sent again (and may be paid twice) or the task fails.
+    AnthropicMessages,
 }
 
-/// How replyd reaches an OpenAI-compatible server.
+/// How replyd reaches the LLM provider: an OpenAI-compatible server (OpenAI, Azure OpenAI's v1
+/// API, vLLM, a gateway) or Anthropic's Messages API. For Azure OpenAI, set `base_url` to
+/// `https://<resource>.openai.azure.com/openai`, the key as `extra_headers.api-key` (not
+/// `api_key`), and `default_model` (and each task's model) to the deployment's name.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OpenAiSettings {
-    /// Scheme, host and port (and any path prefix) of the server, without `/v1`; the adapter
-    /// posts to `{base_url}/v1/chat/completions` (or `{base_url}/v1/responses`). Default
-    /// `https://api.openai.com`.
+    /// Scheme, host and port (and any path prefix) of the server, without `/v1`: every adapter
+    /// appends the API's own path, `{base_url}/v1/chat/completions` (`/v1/responses`,
+    /// `/v1/messages`), so a base URL ending in `/v1` is refused, as is one with a query.
+    /// Default `https://api.openai.com`; Anthropic's is `https://api.anthropic.com`.
     pub base_url: String,
-    /// Sent as `Authorization: Bearer <key>` when set; never logged. Servers without
-    /// authentication (the mock provider, a local vLLM) need none. Default: none.
+    /// Sent as `Authorization: Bearer <key>` when set (as `x-api-key: <key>` with
+    /// `anthropic_messages`); never logged. Servers without authentication (the mock provider,
+    /// a local vLLM) need none. Default: none.
     pub api_key: Option<Secret>,
+    /// More headers sent with every request to the provider, by name, e.g. Azure OpenAI's
+    /// `api-key` or OpenAI's `OpenAI-Project`. Values are secrets: `config show`, logs and
+    /// errors never show them. One variable per header overrides the file:
+    /// `REPLYD_PROVIDER__EXTRA_HEADERS__API-KEY` (names are taken in lower case; a Kubernetes
+    /// `env` entry may hold a `-`). Headers replyd sets itself (`authorization`, `x-api-key`,
+    /// `anthropic-version`, `content-type`, `idempotency-key`, `traceparent`, `tracestate`,
+    /// and the HTTP client's own), names or values that are not valid HTTP, and a name given
+    /// twice (names ignore case) are refused, naming the header. Default: none.
+    pub extra_headers: BTreeMap<String, Secret>,
     /// Whole-call limit, from sending the request to the last byte of the answer. A call that
     /// runs out of it is `Ambiguous`: the provider may still finish and bill the work. With
     /// `background_responses` it bounds each request (the create, each poll), not the wait for
@@ -41,10 +86,23 @@ pub struct OpenAiSettings {
     pub connect_timeout_ms: u64,
     /// Model asked for when a task names none. Default `gpt-4o-mini`.
     pub default_model: String,
-    /// `chat_completions` or `background_responses` (see [`ProviderApi`]). Default
-    /// `chat_completions`.
+    /// `chat_completions`, `background_responses` or `anthropic_messages` (see
+    /// [`ProviderApi`]). Default `chat_completions`.
     #[serde(default)]
     pub api: ProviderApi,
+    /// `chat_completions` only: models (by name prefix, case ignored; a router's `openai/o3`
+    /// counts as `o3`) whose length limit is sent as `max_completion_tokens` rather than
+    /// `max_tokens`. OpenAI's reasoning models refuse `max_tokens`, while many
+    /// OpenAI-compatible servers know only `max_tokens`; the model's name is what tells them
+    /// apart. Add a deployment's name on Azure; `[""]` sends `max_completion_tokens` for every
+    /// model, `[]` never. Default `["o1", "o3", "o4", "gpt-5"]`.
+    pub max_completion_tokens_models: Vec<String>,
+    /// `anthropic_messages` only: the `anthropic-version` header, the API version replyd's
+    /// requests and its reading of the answers are written against. Default `2023-06-01`.
+    pub anthropic_version: String,
+    /// `anthropic_messages` only: `max_tokens` of a task that sets no `max_output_tokens` (the
+    /// Messages API requires one). At least 1. Default 4096.
+    pub anthropic_max_tokens: u32,
     /// `background_responses` only: pause between two polls of a response that is not done
     /// yet. Values below 1 are taken as 1. Default 500.
     pub poll_interval_ms: u64,
@@ -68,6 +126,324 @@ impl Default for OpenAiSettings {
             api: ProviderApi::ChatCompletions,
             poll_interval_ms: 500,
             operation_max_wait_ms: 30 * 60 * 1000,
+            extra_headers: BTreeMap::new(),
+            max_completion_tokens_models: REASONING_MODEL_PREFIXES
+                .iter()
+                .map(|p| (*p).to_owned())
+                .collect(),
+            anthropic_version: "2023-06-01".into(),
+            anthropic_max_tokens: 4096,
         }
+    }
+}
+
+impl OpenAiSettings {
+    /// What is wrong with these settings, as `(setting, why)`: a base URL the adapters cannot
+    /// use, extra headers that cannot be sent, Anthropic's settings out of range. Empty when
+    /// nothing is.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(problem) = self.base_url_problem() {
+            out.push(("provider.base_url", problem));
+        }
+        for problem in self.extra_header_problems() {
+            out.push(("provider.extra_headers", problem));
+        }
+        if self.api == ProviderApi::AnthropicMessages {
+            if self.anthropic_max_tokens == 0 {
+                out.push((
+                    "provider.anthropic_max_tokens",
+                    "must be at least 1: the Messages API requires a positive max_tokens".into(),
+                ));
+            }
+            if self.anthropic_version.trim().is_empty()
+                || HeaderValue::from_str(&self.anthropic_version).is_err()
+            {
+                out.push((
+                    "provider.anthropic_version",
+                    format!(
+                        "{:?} cannot be an anthropic-version header (e.g. \"2023-06-01\")",
+                        self.anthropic_version
+                    ),
+                ));
+            }
+        }
+        out
+    }
+
+    /// Why `base_url` cannot be used, if it cannot: not an http(s) URL, a query or fragment
+    /// (the API's path would land after it), or a path ending in `/v1`, which every adapter
+    /// appends itself: `https://host/v1` would send every call to `/v1/v1/...` and fail.
+    pub fn base_url_problem(&self) -> Option<String> {
+        let url = match Url::parse(&self.base_url) {
+            Ok(url) => url,
+            Err(e) => return Some(format!("{:?} is not a URL: {e}", self.base_url)),
+        };
+        if !matches!(url.scheme(), "http" | "https") {
+            return Some(format!("scheme `{}` is not http or https", url.scheme()));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Some(format!(
+                "{:?} has a query or fragment; the API's path (/v1/...) is appended to the base URL, so it takes neither",
+                self.base_url
+            ));
+        }
+        let path = url.path().trim_end_matches('/');
+        let last = path.rsplit('/').next().unwrap_or_default();
+        if last.eq_ignore_ascii_case("v1") {
+            let mut fixed = url.clone();
+            fixed.set_path(&path[..path.len() - last.len()]);
+            let fixed = fixed.as_str().trim_end_matches('/').to_owned();
+            return Some(format!(
+                "remove the trailing /v1: base_url = {fixed:?}; replyd appends /v1/chat/completions (/v1/responses, /v1/messages) itself, so {:?} would send every call to {path}/v1/...",
+                self.base_url
+            ));
+        }
+        None
+    }
+
+    /// Why each extra header cannot be sent, naming it (never its value).
+    pub fn extra_header_problems(&self) -> Vec<String> {
+        self.checked_extra_headers().1
+    }
+
+    /// The extra headers ready to send, each value marked sensitive so no debug output of a
+    /// request shows it; the first problem if one cannot be sent.
+    pub(crate) fn extra_header_map(&self) -> Result<HeaderMap, String> {
+        let (map, problems) = self.checked_extra_headers();
+        match problems.into_iter().next() {
+            Some(problem) => Err(problem),
+            None => Ok(map),
+        }
+    }
+
+    /// The headers that can be sent, and why the others cannot.
+    fn checked_extra_headers(&self) -> (HeaderMap, Vec<String>) {
+        let mut map = HeaderMap::new();
+        let mut problems = Vec::new();
+        for (name, value) in &self.extra_headers {
+            match extra_header(name, value) {
+                // Names ignore case on the wire: `Api-Key` and `api-key` are one header, and
+                // one value would silently replace the other.
+                Ok((header, _)) if map.contains_key(&header) => problems.push(format!(
+                    "{name:?} is given twice (header names ignore case)"
+                )),
+                Ok((header, value)) => {
+                    map.insert(header, value);
+                }
+                Err(problem) => problems.push(problem),
+            }
+        }
+        (map, problems)
+    }
+
+    /// Whether `model`'s length limit goes out as `max_completion_tokens` (see
+    /// `max_completion_tokens_models`).
+    pub fn takes_max_completion_tokens(&self, model: &str) -> bool {
+        takes_max_completion_tokens(&self.max_completion_tokens_models, model)
+    }
+}
+
+/// Whether `model`'s name starts with one of `prefixes` (case ignored).
+pub(crate) fn takes_max_completion_tokens(prefixes: &[String], model: &str) -> bool {
+    // A router's `vendor/model` names the model after the last slash.
+    let name = model.rsplit('/').next().unwrap_or(model);
+    prefixes.iter().any(|prefix| {
+        name.get(..prefix.len())
+            .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+    })
+}
+
+/// One extra header as it goes on the wire, or why it cannot.
+fn extra_header(name: &str, value: &Secret) -> Result<(HeaderName, HeaderValue), String> {
+    let lower = name.to_ascii_lowercase();
+    if let Some((_, by)) = RESERVED_HEADERS.iter().find(|(n, _)| *n == lower) {
+        return Err(format!(
+            "{name:?} is set by replyd itself ({by}) and cannot be an extra header"
+        ));
+    }
+    let header = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("{name:?} is not a valid HTTP header name"))?;
+    // The value is a secret: the message names the header and the rule, never the value.
+    let mut value = HeaderValue::from_str(value.expose()).map_err(|_| {
+        format!("the value of {name:?} is not a valid HTTP header value (visible ASCII, spaces and tabs only)")
+    })?;
+    value.set_sensitive(true);
+    Ok((header, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_base_url(base_url: &str) -> OpenAiSettings {
+        OpenAiSettings {
+            base_url: base_url.into(),
+            ..OpenAiSettings::default()
+        }
+    }
+
+    #[test]
+    fn a_base_url_ending_in_v1_is_refused_with_the_fix() {
+        for (given, fixed) in [
+            ("https://llm.example.com/v1", "https://llm.example.com"),
+            ("https://llm.example.com/v1/", "https://llm.example.com"),
+            ("https://llm.example.com/V1", "https://llm.example.com"),
+            (
+                "https://r.openai.azure.com/openai/v1/",
+                "https://r.openai.azure.com/openai",
+            ),
+            ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
+        ] {
+            let problem = with_base_url(given)
+                .base_url_problem()
+                .unwrap_or_else(|| panic!("{given} is refused"));
+            assert!(
+                problem.starts_with(&format!("remove the trailing /v1: base_url = {fixed:?}")),
+                "{given}: {problem}"
+            );
+            assert_eq!(with_base_url(fixed).base_url_problem(), None, "{fixed}");
+        }
+    }
+
+    #[test]
+    fn only_http_base_urls_without_a_query_are_taken() {
+        for ok in [
+            "https://api.openai.com",
+            "https://api.anthropic.com/",
+            "http://127.0.0.1:9",
+            "https://gateway.example.com/llm",
+            "https://gateway.example.com/v1beta",
+            "https://gateway.example.com/v10",
+        ] {
+            assert_eq!(with_base_url(ok).base_url_problem(), None, "{ok}");
+        }
+        for (bad, why) in [
+            ("ftp://example.com", "not http or https"),
+            ("llm.example.com", "not a URL"),
+            ("", "not a URL"),
+            ("https://r.openai.azure.com/openai?api-version=1", "query"),
+        ] {
+            let problem = with_base_url(bad).base_url_problem().unwrap_or_default();
+            assert!(problem.contains(why), "{bad}: {problem:?}");
+        }
+    }
+
+    #[test]
+    fn extra_headers_replyd_sets_or_http_refuses_are_named_without_their_value() {
+        let mut settings = OpenAiSettings::default();
+        for (name, value) in [
+            ("api-key", "azure-secret-1"),
+            ("OpenAI-Project", "proj_123"),
+            ("Authorization", "Bearer hunter2"),
+            ("x-api-key", "hunter2"),
+            ("Anthropic-Version", "2023-06-01"),
+            ("traceparent", "00-x"),
+            ("bad header", "v"),
+            ("x-ok-name", "line\nbreak-hunter2"),
+        ] {
+            settings
+                .extra_headers
+                .insert(name.into(), Secret::new(value));
+        }
+        let problems = settings.extra_header_problems();
+        assert_eq!(problems.len(), 6, "{problems:#?}");
+        for named in [
+            "\"Authorization\" is set by replyd itself (from provider.api_key)",
+            "\"x-api-key\" is set by replyd itself",
+            "\"Anthropic-Version\" is set by replyd itself",
+            "\"traceparent\" is set by replyd itself",
+            "\"bad header\" is not a valid HTTP header name",
+            "the value of \"x-ok-name\" is not a valid HTTP header value",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.starts_with(named)),
+                "{named} in {problems:#?}"
+            );
+        }
+        assert!(
+            problems.iter().all(|p| !p.contains("hunter2")),
+            "{problems:#?}"
+        );
+        assert!(settings.extra_header_map().is_err());
+
+        settings
+            .extra_headers
+            .retain(|name, _| name == "api-key" || name == "OpenAI-Project");
+        let map = settings.extra_header_map().unwrap();
+        assert_eq!(map["api-key"], "azure-secret-1");
+        assert_eq!(map["openai-project"], "proj_123");
+        assert!(map.values().all(HeaderValue::is_sensitive));
+        assert!(!format!("{settings:?} {map:?}").contains("azure-secret-1"));
+    }
+
+    #[test]
+    fn an_extra_header_given_twice_in_different_case_is_refused() {
+        let mut settings = OpenAiSettings::default();
+        settings
+            .extra_headers
+            .insert("API-Key".into(), Secret::new("first-hunter2"));
+        settings
+            .extra_headers
+            .insert("api-key".into(), Secret::new("second-hunter2"));
+        let problems = settings.extra_header_problems();
+        assert_eq!(
+            problems,
+            ["\"api-key\" is given twice (header names ignore case)"],
+            "{problems:?}"
+        );
+        assert!(settings.extra_header_map().is_err());
+    }
+
+    #[test]
+    fn reasoning_models_take_max_completion_tokens_by_name_prefix() {
+        let settings = OpenAiSettings::default();
+        for model in [
+            "o1",
+            "o1-mini",
+            "o3-2025-04-16",
+            "o4-mini",
+            "gpt-5",
+            "gpt-5.1-codex",
+            "GPT-5-mini",
+            "openai/o3",
+        ] {
+            assert!(settings.takes_max_completion_tokens(model), "{model}");
+        }
+        for model in ["gpt-4o-mini", "gpt-4.1", "llama-3-70b", "", "é", "my-o3"] {
+            assert!(!settings.takes_max_completion_tokens(model), "{model}");
+        }
+        let every = OpenAiSettings {
+            max_completion_tokens_models: vec![String::new()],
+            ..OpenAiSettings::default()
+        };
+        assert!(every.takes_max_completion_tokens("llama-3-70b"));
+        let none = OpenAiSettings {
+            max_completion_tokens_models: vec![],
+            ..OpenAiSettings::default()
+        };
+        assert!(!none.takes_max_completion_tokens("o3"));
+    }
+
+    #[test]
+    fn anthropic_settings_are_checked_only_for_anthropic() {
+        let broken = OpenAiSettings {
+            anthropic_max_tokens: 0,
+            anthropic_version: "".into(),
+            ..OpenAiSettings::default()
+        };
+        assert_eq!(broken.problems(), vec![]);
+        let anthropic = OpenAiSettings {
+            api: ProviderApi::AnthropicMessages,
+            ..broken
+        };
+        let settings: Vec<_> = anthropic.problems().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(
+            settings,
+            [
+                "provider.anthropic_max_tokens",
+                "provider.anthropic_version"
+            ]
+        );
     }
 }

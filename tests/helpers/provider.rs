@@ -1,4 +1,5 @@
-//! Fixtures of the provider tests: the mock provider on a loopback port, a request, its stats.
+//! Fixtures of the provider tests: the mock provider on a loopback port, a request, its stats,
+//! and a one-shot server that shows what an adapter put on the wire.
 
 use std::net::SocketAddr;
 
@@ -78,4 +79,54 @@ pub async fn stats(mock: &MockHandle) -> StatsSnapshot {
         .json()
         .await
         .expect("/stats is JSON")
+}
+
+/// A server on a loopback port that takes one request, answers it with `head` (the status line
+/// and headers, without the blank line) and `body`, and hands back the request as received
+/// (head and body, the head's names in lower case). For what the mock does not show: the
+/// headers an adapter sends, and answers the mock does not give (rate-limit headers).
+pub async fn one_shot_server(head: &str, body: &str) -> (String, tokio::task::JoinHandle<String>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}", listener.local_addr().unwrap());
+    let response = format!(
+        "{head}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut received = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Bounded: the head, then the body its content-length announces, at most 1 MiB.
+        loop {
+            let n = socket.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            received.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&received).to_lowercase();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let length = text[..end]
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                if received.len() >= end + 4 + length {
+                    break;
+                }
+            }
+            if received.len() > 1 << 20 {
+                break;
+            }
+        }
+        socket.write_all(response.as_bytes()).await.unwrap();
+        let text = String::from_utf8_lossy(&received).into_owned();
+        match text.split_once("\r\n\r\n") {
+            Some((head, body)) => format!("{}\r\n\r\n{body}", head.to_lowercase()),
+            None => text.to_lowercase(),
+        }
+    });
+    (base_url, server)
 }

@@ -1,0 +1,441 @@
+//! [`AnthropicMessagesProvider`]: one `POST {base_url}/v1/messages` per call to Anthropic's
+//! Messages API, with `x-api-key` and `anthropic-version`.
+//!
+//! What this API offers the caller after an ambiguous call is nothing: Anthropic documents no
+//! idempotency key and no way to look a message up, and its own SDKs send none. So
+//! [`Provider::recovery`] is [`Recovery::None`], and `retry.ambiguous` decides whether a lost
+//! answer is asked for again (and may be paid twice) or ends the task (I6, I7). The task id is
+//! still sent as `Idempotency-Key`: Anthropic ignores it, a gateway in front may honour it, and
+//! the mock provider counts the generations of each task by it.
+//!
+//! Like the OpenAI adapters, every call is one request (the shared client in `http`: no
+//! retries, no redirects). The shapes are the API's: system messages go to the top-level
+//! `system`, the others to `messages`, and `max_tokens` is always sent, because the API
+//! requires it. The reading of an answer is pure ([`parse_message`]), and so is its
+//! classification ([`classify_anthropic_status_at`]).
+
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::{Client, StatusCode, Url};
+use serde::{Deserialize, Serialize};
+
+use super::classify::classify_anthropic_status_at;
+use super::http::{
+    build_client, endpoint, extra_headers, status_error_as, transport_error, with_extra_headers,
+    with_idempotency_key, with_trace_context,
+};
+use super::openai::OpenAiBuildError;
+use super::settings::OpenAiSettings;
+use super::{Generation, GenerationRequest, Provider, ProviderError, RateSignals, Recovery, Usage};
+use crate::domain::Role;
+use crate::secret::Secret;
+
+/// The adapter. Cheap to share: hold it in an `Arc`; all calls share one connection pool.
+#[derive(Debug, Clone)]
+pub struct AnthropicMessagesProvider {
+    client: Client,
+    endpoint: Url,
+    api_key: Option<Secret>,
+    /// `provider.anthropic_version`, checked to be a header value when built.
+    version: HeaderValue,
+    extra_headers: HeaderMap,
+    default_model: String,
+    /// `max_tokens` of a task that sets none (`provider.anthropic_max_tokens`).
+    default_max_tokens: u32,
+    request_timeout: Duration,
+}
+
+impl AnthropicMessagesProvider {
+    /// Builds the adapter; fails on settings the settings' check refuses (a base URL, an extra
+    /// header, an `anthropic_version` that cannot be a header).
+    pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
+        let endpoint = endpoint(settings, "/v1/messages")?;
+        let version = HeaderValue::from_str(settings.anthropic_version.trim())
+            .ok()
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| OpenAiBuildError::BadAnthropicVersion {
+                version: settings.anthropic_version.clone(),
+            })?;
+        Ok(Self {
+            client: build_client(settings)?,
+            endpoint,
+            api_key: settings.api_key.clone(),
+            version,
+            extra_headers: extra_headers(settings)?,
+            default_model: settings.default_model.clone(),
+            // The API refuses 0; the settings' check does too, this keeps a direct caller safe.
+            default_max_tokens: settings.anthropic_max_tokens.max(1),
+            request_timeout: Duration::from_millis(settings.request_timeout_ms),
+        })
+    }
+
+    /// The URL every call is posted to.
+    pub fn endpoint(&self) -> &Url {
+        &self.endpoint
+    }
+
+    fn wire_request<'a>(&'a self, request: &'a GenerationRequest) -> WireRequest<'a> {
+        // The API has no system role inside `messages`: every system message, wherever it
+        // stands, becomes part of the one top-level `system` prompt, in order.
+        let system: Vec<&str> = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::System)
+            .map(|m| m.content.as_str())
+            .collect();
+        WireRequest {
+            model: if request.model.is_empty() {
+                &self.default_model
+            } else {
+                &request.model
+            },
+            max_tokens: request
+                .max_output_tokens
+                .filter(|&n| n > 0)
+                .unwrap_or(self.default_max_tokens),
+            system: (!system.is_empty()).then(|| system.join("\n\n")),
+            messages: request
+                .messages
+                .iter()
+                .filter_map(|m| {
+                    let role = match m.role {
+                        Role::User => "user",
+                        Role::Assistant => "assistant",
+                        Role::System => return None,
+                    };
+                    Some(WireMessage {
+                        role,
+                        content: &m.content,
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for AnthropicMessagesProvider {
+    async fn generate(&self, request: &GenerationRequest) -> Result<Generation, ProviderError> {
+        let body = self.wire_request(request);
+        let builder = self.client.post(self.endpoint.clone()).json(&body);
+        let builder = with_extra_headers(builder, &self.extra_headers);
+        let builder = with_idempotency_key(builder, &request.idempotency_key)?;
+        let builder = with_anthropic_key(builder, self.api_key.as_ref())?;
+        let builder = builder.header("anthropic-version", self.version.clone());
+        let builder = with_trace_context(builder);
+
+        let response = builder
+            .send()
+            .await
+            .map_err(|e| transport_error(e, self.request_timeout))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(status_error_as(response, classify_anthropic_status_at).await);
+        }
+        let signals = RateSignals::read(response.headers(), SystemTime::now());
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| transport_error(e, self.request_timeout))?;
+        let mut generation = parse_message(status, &bytes, body.model)?;
+        generation.rate_signals = signals;
+        Ok(generation)
+    }
+
+    fn name(&self) -> &str {
+        "anthropic"
+    }
+
+    /// Anthropic documents no idempotency key and no look-up of a message.
+    fn recovery(&self) -> Recovery {
+        Recovery::None
+    }
+}
+
+/// Adds `x-api-key: <key>` when a key is configured, marked sensitive like the bearer token.
+fn with_anthropic_key(
+    builder: reqwest::RequestBuilder,
+    api_key: Option<&Secret>,
+) -> Result<reqwest::RequestBuilder, ProviderError> {
+    let Some(api_key) = api_key else {
+        return Ok(builder);
+    };
+    let mut value = HeaderValue::from_str(api_key.expose()).map_err(|_| ProviderError::Fatal {
+        status: 0,
+        message: "API key is not a valid header value; request not sent".into(),
+    })?;
+    value.set_sensitive(true);
+    Ok(builder.header("x-api-key", value))
+}
+
+/// Reads a success body as a Messages API message: the reply is its text blocks, in order.
+/// A `refusal` stop is a content refusal (`Fatal`), as in the OpenAI adapters; a message cut
+/// at `max_tokens` keeps its text. Pure.
+pub(crate) fn parse_message(
+    status: StatusCode,
+    bytes: &[u8],
+    asked_model: &str,
+) -> Result<Generation, ProviderError> {
+    let malformed = |message: String| ProviderError::MalformedResponse { message };
+    let message: WireMessageAnswer = serde_json::from_slice(bytes)
+        .map_err(|e| malformed(format!("body is not a message: {e}")))?;
+    if message.kind.as_deref().is_some_and(|k| k != "message") {
+        return Err(malformed(format!(
+            "body is a `{}`, not a message",
+            message.kind.unwrap_or_default()
+        )));
+    }
+    let stop = message.stop_reason.as_deref();
+    let mut text: Option<String> = None;
+    for block in &message.content {
+        if block.kind == "text" {
+            text.get_or_insert_with(String::new)
+                .push_str(block.text.as_deref().unwrap_or(""));
+        }
+    }
+    if stop == Some("refusal") {
+        return Err(ProviderError::Fatal {
+            status: status.as_u16(),
+            message: "content refused: stop_reason is refusal".into(),
+        });
+    }
+    let Some(text) = text else {
+        return Err(match stop {
+            Some("max_tokens") => ProviderError::Fatal {
+                status: status.as_u16(),
+                message: "reply cut at max_tokens before any text".into(),
+            },
+            _ => malformed("message has no text content".into()),
+        });
+    };
+    Ok(Generation {
+        text,
+        model: message
+            .model
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| asked_model.to_owned()),
+        usage: message.usage.map(|u| Usage {
+            prompt_tokens: u.input_tokens,
+            completion_tokens: u.output_tokens,
+        }),
+        provider_response_id: message.id,
+        rate_signals: RateSignals::default(),
+    })
+}
+
+#[derive(Debug, Serialize)]
+struct WireRequest<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<String>,
+    messages: Vec<WireMessage<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireMessageAnswer {
+    id: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    model: Option<String>,
+    #[serde(default)]
+    content: Vec<WireBlock>,
+    stop_reason: Option<String>,
+    usage: Option<WireUsage>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireBlock {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireUsage {
+    // Absent counts as none: the API always sends both, a gateway may not.
+    #[serde(default)]
+    input_tokens: u32,
+    #[serde(default)]
+    output_tokens: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::ChatMessage;
+
+    fn parse(body: &str) -> Result<Generation, ProviderError> {
+        parse_message(StatusCode::OK, body.as_bytes(), "asked")
+    }
+
+    fn message(role: Role, content: &str) -> ChatMessage {
+        ChatMessage {
+            role,
+            content: content.into(),
+        }
+    }
+
+    fn provider(settings: OpenAiSettings) -> AnthropicMessagesProvider {
+        AnthropicMessagesProvider::new(&OpenAiSettings {
+            base_url: "http://127.0.0.1:9".into(),
+            ..settings
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_message_becomes_a_generation_from_its_text_blocks() {
+        let body = r#"{"id":"msg_01","type":"message","role":"assistant","model":"claude-x",
+            "content":[{"type":"thinking","thinking":"hm"},{"type":"text","text":"hel"},
+                       {"type":"tool_use","id":"t","name":"n","input":{}},
+                       {"type":"text","text":"lo"}],
+            "stop_reason":"end_turn","stop_sequence":null,
+            "usage":{"input_tokens":12,"output_tokens":3,"cache_read_input_tokens":0}}"#;
+        assert_eq!(
+            parse(body).unwrap(),
+            Generation {
+                text: "hello".into(),
+                model: "claude-x".into(),
+                usage: Some(Usage {
+                    prompt_tokens: 12,
+                    completion_tokens: 3
+                }),
+                provider_response_id: Some("msg_01".into()),
+                rate_signals: RateSignals::default(),
+            }
+        );
+    }
+
+    #[test]
+    fn a_reply_cut_at_max_tokens_keeps_its_text() {
+        let body = r#"{"type":"message","content":[{"type":"text","text":"half"}],
+            "stop_reason":"max_tokens"}"#;
+        let generation = parse(body).unwrap();
+        assert_eq!(generation.text, "half");
+        assert_eq!(generation.model, "asked");
+        assert_eq!(generation.usage, None);
+        let empty = r#"{"type":"message","content":[],"stop_reason":"max_tokens"}"#;
+        let error = parse(empty).unwrap_err();
+        assert_eq!(error.kind(), "fatal");
+        assert!(error.to_string().contains("max_tokens"), "{error}");
+    }
+
+    #[test]
+    fn a_refusal_is_fatal() {
+        let body = r#"{"type":"message","content":[{"type":"text","text":"I can"}],
+            "stop_reason":"refusal"}"#;
+        let error = parse(body).unwrap_err();
+        assert_eq!(error.kind(), "fatal");
+        assert!(error.to_string().contains("refus"), "{error}");
+    }
+
+    #[test]
+    fn bodies_without_a_reply_are_malformed() {
+        for body in [
+            "not json",
+            "{}",
+            r#"{"type":"message","content":[]}"#,
+            r#"{"type":"message","content":[{"type":"tool_use","id":"t"}]}"#,
+            r#"{"type":"error","error":{"type":"api_error","message":"x"}}"#,
+            r#"{"type":"message","content":"text"}"#,
+        ] {
+            let error = parse(body).unwrap_err();
+            assert_eq!(error.kind(), "malformed_response", "{body}: {error}");
+        }
+    }
+
+    #[test]
+    fn system_messages_become_the_top_level_system_prompt() {
+        let provider = provider(OpenAiSettings {
+            default_model: "claude-default".into(),
+            ..OpenAiSettings::default()
+        });
+        let request = GenerationRequest {
+            idempotency_key: "k".into(),
+            model: String::new(),
+            messages: vec![
+                message(Role::System, "Be brief."),
+                message(Role::User, "hi"),
+                message(Role::Assistant, "hello"),
+                message(Role::System, "Answer in French."),
+                message(Role::User, "again"),
+            ],
+            max_output_tokens: Some(64),
+        };
+        assert_eq!(
+            serde_json::to_value(provider.wire_request(&request)).unwrap(),
+            serde_json::json!({
+                "model": "claude-default",
+                "max_tokens": 64,
+                "system": "Be brief.\n\nAnswer in French.",
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello"},
+                    {"role": "user", "content": "again"},
+                ],
+            })
+        );
+    }
+
+    #[test]
+    fn max_tokens_is_always_sent_from_the_task_or_the_setting() {
+        let provider = provider(OpenAiSettings {
+            anthropic_max_tokens: 777,
+            ..OpenAiSettings::default()
+        });
+        let mut request = GenerationRequest {
+            idempotency_key: "k".into(),
+            model: "claude-x".into(),
+            messages: vec![message(Role::User, "hi")],
+            max_output_tokens: None,
+        };
+        let body = serde_json::to_value(provider.wire_request(&request)).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"model": "claude-x", "max_tokens": 777,
+                               "messages": [{"role": "user", "content": "hi"}]})
+        );
+        request.max_output_tokens = Some(0);
+        let body = serde_json::to_value(provider.wire_request(&request)).unwrap();
+        assert_eq!(body["max_tokens"], 777);
+        request.max_output_tokens = Some(9);
+        let body = serde_json::to_value(provider.wire_request(&request)).unwrap();
+        assert_eq!(body["max_tokens"], 9);
+    }
+
+    #[test]
+    fn the_adapter_posts_to_v1_messages_and_offers_no_recovery() {
+        let provider = provider(OpenAiSettings::default());
+        assert_eq!(
+            provider.endpoint().as_str(),
+            "http://127.0.0.1:9/v1/messages"
+        );
+        assert_eq!(provider.recovery(), Recovery::None);
+        assert!(provider.as_background().is_none());
+        assert_eq!(provider.name(), "anthropic");
+        let error = AnthropicMessagesProvider::new(&OpenAiSettings {
+            base_url: "https://api.anthropic.com".into(),
+            anthropic_version: "bad\nversion".into(),
+            ..OpenAiSettings::default()
+        })
+        .unwrap_err();
+        assert!(error.to_string().contains("anthropic_version"), "{error}");
+    }
+
+    #[test]
+    fn the_key_is_never_shown() {
+        let provider = provider(OpenAiSettings {
+            api_key: Some(Secret::new("sk-ant-hunter2")),
+            ..OpenAiSettings::default()
+        });
+        assert!(!format!("{provider:?}").contains("hunter2"));
+    }
+}
