@@ -36,6 +36,9 @@ pub struct WorkerConfig {
     pub retry_base_delay_ms: u64,
     /// `retry` or `stop`.
     pub ambiguous: &'static str,
+    /// `retry.provider_honours_idempotency_key`; false, the product's default. A test whose
+    /// mock honours keys (`MockSettings { honour_idempotency_key: true, .. }`) and that relies
+    /// on the worker knowing it says so.
     pub provider_honours_idempotency_key: bool,
     /// `chat_completions` or `background_responses`.
     pub provider_api: &'static str,
@@ -63,7 +66,7 @@ impl Default for WorkerConfig {
             dead_letter_topic: String::new(),
             retry_base_delay_ms: 100,
             ambiguous: "retry",
-            provider_honours_idempotency_key: true,
+            provider_honours_idempotency_key: false,
             provider_api: "chat_completions",
             listen: true,
             max_prompt_bytes: 256 * 1024,
