@@ -198,15 +198,17 @@ impl ResponseBook {
             if *ended_at + retention > now {
                 break;
             }
+            // `front` was just seen under the same borrow of `self`.
             let (_, id) = self.ended.pop_front().expect("front exists");
-            if let Some(entry) = self.by_id.remove(&id) {
-                self.forgotten += 1;
-                // The key now maps to nothing: a create with it starts a new response.
-                if let Some(key) = entry.key {
-                    if self.by_key.get(&key) == Some(&id) {
-                        self.by_key.remove(&key);
-                    }
-                }
+            let Some(entry) = self.by_id.remove(&id) else {
+                continue;
+            };
+            self.forgotten += 1;
+            // The key now maps to nothing: a create with it starts a new response.
+            if let Some(key) = entry.key
+                && self.by_key.get(&key) == Some(&id)
+            {
+                self.by_key.remove(&key);
             }
         }
     }

@@ -213,8 +213,9 @@ impl MockState {
 
     /// Admits a generating request costing `tokens` against the limits, or answers its refusal
     /// (429 in the profile's dialect, at once, with no work done). The admission holds the
-    /// request's place among those in progress until it is dropped.
-    pub(crate) fn admit(self: &Arc<Self>, tokens: u64) -> Result<Admitted, Response> {
+    /// request's place among those in progress until it is dropped. The refusal is boxed:
+    /// a `Response` is large, and admission is the common path.
+    pub(crate) fn admit(self: &Arc<Self>, tokens: u64) -> Result<Admitted, Box<Response>> {
         let now = self.now();
         let dialect = self.settings.profile.refusal_dialect();
         let mut capacity = lock(&self.capacity);
@@ -247,7 +248,7 @@ impl MockState {
                 let mut response =
                     (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
                 add_headers(&mut response, &headers);
-                Err(response)
+                Err(Box::new(response))
             }
         }
     }
@@ -497,7 +498,7 @@ async fn chat_completions(
     );
     let admitted = match state.admit(cost) {
         Ok(admitted) => admitted,
-        Err(refusal) => return in_flight.answered(refusal),
+        Err(refusal) => return in_flight.answered(*refusal),
     };
 
     let (fault, latency) = state.draw();
@@ -603,7 +604,7 @@ async fn create_response(
     );
     let admitted = match state.admit(cost) {
         Ok(admitted) => admitted,
-        Err(refusal) => return refusal,
+        Err(refusal) => return *refusal,
     };
     let (fault, latency) = state.draw();
     let latency =
