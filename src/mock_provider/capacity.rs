@@ -316,32 +316,38 @@ pub fn limit_headers(
     retry_after: Option<Duration>,
     now: SystemTime,
 ) -> Vec<(&'static str, String)> {
-    let mut headers = Vec::new();
-    let limits = [("requests", standing.requests), ("tokens", standing.tokens)];
-    for (what, headroom) in limits {
-        let Some(h) = headroom else { continue };
-        let (limit, remaining, reset) = match (dialect, what) {
-            (RefusalDialect::OpenAi, "requests") => (
+    // (limit, remaining, reset) for requests, then for tokens.
+    let names = match dialect {
+        RefusalDialect::OpenAi => [
+            [
                 "x-ratelimit-limit-requests",
                 "x-ratelimit-remaining-requests",
                 "x-ratelimit-reset-requests",
-            ),
-            (RefusalDialect::OpenAi, _) => (
+            ],
+            [
                 "x-ratelimit-limit-tokens",
                 "x-ratelimit-remaining-tokens",
                 "x-ratelimit-reset-tokens",
-            ),
-            (RefusalDialect::Anthropic, "requests") => (
+            ],
+        ],
+        RefusalDialect::Anthropic => [
+            [
                 "anthropic-ratelimit-requests-limit",
                 "anthropic-ratelimit-requests-remaining",
                 "anthropic-ratelimit-requests-reset",
-            ),
-            (RefusalDialect::Anthropic, _) => (
+            ],
+            [
                 "anthropic-ratelimit-tokens-limit",
                 "anthropic-ratelimit-tokens-remaining",
                 "anthropic-ratelimit-tokens-reset",
-            ),
-        };
+            ],
+        ],
+    };
+    let mut headers = Vec::new();
+    for ([limit, remaining, reset], headroom) in
+        names.into_iter().zip([standing.requests, standing.tokens])
+    {
+        let Some(h) = headroom else { continue };
         let reset_value = match dialect {
             RefusalDialect::OpenAi => reset_text(h.reset),
             RefusalDialect::Anthropic => rfc3339_after(now, h.reset),
