@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit client-test infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota chaos fuzz
+.PHONY: build test lint unit client-test infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-capacity chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -81,6 +81,14 @@ bench-api:
 ## faults: admitted, 429s, charged, released, reconciled, unsettled, double charges.
 bench-quota:
 	bash deploy/bench-quota.sh 1000 800
+
+## bench-capacity: 2,000 tasks at once, two workers, against a mock limited like a hosted API
+## (3,000 RPM, 64 at once): completed, failed, replies/s against the limit, refusals.
+## VARIANT=tpm adds a token limit and prompts of mixed sizes; VARIANT=adaptive ignores
+## WORKER_TOML (worker settings under test, or WORKER_TOML_FILE).
+VARIANT ?= plain
+bench-capacity:
+	bash deploy/bench-capacity.sh $(VARIANT) 2000
 
 ## chaos: every fault scenario for CHAOS_SECONDS (default 180) each, or one: make chaos SCENARIO=kill.
 ## Reports in target/chaos/<scenario>.json and target/chaos/summary.json. (make test runs a

@@ -29,7 +29,9 @@ id="quota-$(date +%Y%m%d%H%M%S)-$$"
 dir="$root/target/bench/$id"
 mkdir -p "$dir"
 db_url=$(schema_url "bench_$id")
-start_mock "$dir/mock" --latency-ms 100 --drop-after-work-rate 0.2
+# The mock honours Idempotency-Key here (no real API documents it; off by default) so a lost
+# create resent under its key finds its response, as in the figures of earlier runs.
+start_mock "$dir/mock" --latency-ms 100 --drop-after-work-rate 0.2 --honour-idempotency-key true
 for name in api relay w1 w2; do
   cat >"$dir/$name.toml" <<TOML
 [database]

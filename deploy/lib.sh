@@ -38,7 +38,9 @@ stop_started() {
 trap stop_started EXIT
 
 # start_mock LOG_PREFIX [mock-provider flags...]: starts the mock on a free port, records its
-# pid in $mock_pid and its base URL in $mock_url.
+# pid in $mock_pid and its base URL in $mock_url. Like the real chat APIs the mock honours no
+# Idempotency-Key unless given `--honour-idempotency-key true`; a script whose figures depend
+# on it says so.
 start_mock() {
   local prefix=$1
   shift

@@ -107,8 +107,9 @@ pub struct Report {
     pub replies_by_worker: BTreeMap<String, i64>,
     /// HTTP requests the mock provider received (when `--mock-url` is given).
     pub mock_requests: Option<i64>,
-    /// Generations the mock ran. The mock honours `Idempotency-Key` by default, so a resent
-    /// request for work already done is a request but not a generation: compare the two.
+    /// Generations the mock ran. A mock started with `--honour-idempotency-key true` answers a
+    /// resent request for work already done without generating again (a request but not a
+    /// generation: compare the two); by default, like the real chat APIs, it generates anew.
     pub mock_generations: Option<i64>,
     /// `mock_requests / tasks`.
     pub mock_requests_per_task: Option<f64>,

@@ -50,6 +50,67 @@ pub struct ProduceArgs {
     /// Write the task ids to this file, one a line (standard output gets only the summary).
     #[arg(long)]
     pub ids_file: Option<std::path::PathBuf>,
+    /// Words in each task's question, `N` or a range `MIN-MAX` that the tasks are spread over
+    /// (task n gets a size of its own, the same on every run): prompts of mixed sizes, for a
+    /// provider that limits tokens. Default: the demo's ten-word question.
+    #[arg(long, value_parser = PromptWords::parse)]
+    pub prompt_words: Option<PromptWords>,
+}
+
+/// The sizes of the tasks' questions, in words (`--prompt-words`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptWords {
+    pub min: usize,
+    pub max: usize,
+}
+
+impl PromptWords {
+    /// `N` or `MIN-MAX`, with 1 <= MIN <= MAX.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let number = |part: &str| {
+            part.trim()
+                .parse::<usize>()
+                .map_err(|e| format!("`{part}` is not a number of words: {e}"))
+        };
+        let (min, max) = match text.split_once('-') {
+            Some((min, max)) => (number(min)?, number(max)?),
+            None => (number(text)?, number(text)?),
+        };
+        if min == 0 || min > max {
+            return Err(format!(
+                "`{text}`: the sizes must be N or MIN-MAX with 1 <= MIN <= MAX"
+            ));
+        }
+        Ok(Self { min, max })
+    }
+
+    /// The size of task `n`'s question: spread over the range by a fixed stride (a prime, so
+    /// consecutive tasks differ and every size in a range of fewer than 7,919 words is used).
+    pub fn of_task(self, n: usize) -> usize {
+        let span = self.max - self.min + 1;
+        self.min + n.wrapping_mul(7_919) % span
+    }
+}
+
+/// `task` with its question padded (or cut) to `words` words, the question's own first.
+pub fn with_question_words(mut task: TaskSpec, words: usize) -> TaskSpec {
+    if let Some(question) = task
+        .request
+        .messages
+        .iter_mut()
+        .rev()
+        .find(|m| m.role == Role::User)
+    {
+        let own: Vec<&str> = question.content.split_whitespace().collect();
+        let padded: Vec<&str> = own
+            .iter()
+            .copied()
+            .chain(std::iter::repeat("context"))
+            .take(words)
+            .collect();
+        question.content = padded.join(" ");
+    }
+    task
 }
 
 /// What was published, printed as one JSON line.
@@ -258,7 +319,13 @@ pub async fn run(
             .map_err(at_kafka)?;
     }
     let tasks: Vec<TaskSpec> = (0..args.count)
-        .map(|n| demo_task(&args.workspace, n, args.conversations, args.max_attempts))
+        .map(|n| {
+            let task = demo_task(&args.workspace, n, args.conversations, args.max_attempts);
+            match args.prompt_words {
+                Some(sizes) => with_question_words(task, sizes.of_task(n)),
+                None => task,
+            }
+        })
         .collect();
     let encoded: Vec<(String, Vec<u8>)> = tasks
         .iter()
@@ -319,6 +386,34 @@ mod tests {
             };
             assert_eq!(err.kind(), expected, "{err}");
         }
+    }
+
+    #[test]
+    fn prompt_sizes_are_spread_over_their_range_and_padded_to_them() {
+        let sizes = PromptWords::parse("50-1950").unwrap();
+        let of: Vec<usize> = (0..2000).map(|n| sizes.of_task(n)).collect();
+        assert!(of.iter().all(|w| (50..=1950).contains(w)));
+        assert_eq!(
+            of.iter().collect::<std::collections::HashSet<_>>().len(),
+            1901
+        );
+        assert_eq!(PromptWords::parse("8"), Ok(PromptWords { min: 8, max: 8 }));
+        for bad in ["0", "9-3", "x", "3-"] {
+            assert!(PromptWords::parse(bad).is_err(), "{bad}");
+        }
+
+        let task = with_question_words(demo_task("ws", 3, 1, 0), 14);
+        let question = &task.request.messages[1].content;
+        assert!(question.starts_with("Question 3: what are"), "{question}");
+        assert_eq!(question.split_whitespace().count(), 14);
+        assert!(question.ends_with("document? context context context context"));
+        let short = with_question_words(demo_task("ws", 3, 1, 0), 2);
+        assert_eq!(short.request.messages[1].content, "Question 3:");
+        assert_eq!(
+            short.request.messages[0].role,
+            Role::System,
+            "the system prompt is kept"
+        );
     }
 
     #[test]

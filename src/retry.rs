@@ -46,8 +46,12 @@ pub struct RetrySettings {
     /// idempotency key nor an operation id): `retry` or `stop`.
     pub ambiguous: AmbiguousPolicy,
     /// Whether the provider honours `Idempotency-Key` (the same key while in flight or done
-    /// returns the same result without a new generation). When false, and the adapter has no
-    /// other recovery, an ambiguous failure follows `ambiguous`.
+    /// returns the same result without a new generation). Default false: OpenAI chat
+    /// completions and Anthropic Messages document no such key (their SDKs send none), so a
+    /// resend after an ambiguous failure may be a second, paid generation. Set it true only
+    /// for a provider or gateway that documents it. When false, and the adapter has no other
+    /// recovery (background responses recover by operation id instead), an ambiguous failure
+    /// follows `ambiguous`.
     pub provider_honours_idempotency_key: bool,
     /// How long a task may keep being refused by the provider (429, 503, connection refused),
     /// counted from its first refusal. Refusals spend no attempt (they cost nothing); this is
@@ -61,7 +65,7 @@ impl Default for RetrySettings {
             base_delay_ms: 500,
             max_delay_ms: 30_000,
             ambiguous: AmbiguousPolicy::Retry,
-            provider_honours_idempotency_key: true,
+            provider_honours_idempotency_key: false,
             refusal_budget_ms: 10 * 60 * 1000,
         }
     }

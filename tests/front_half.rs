@@ -91,9 +91,13 @@ impl Front {
     }
 }
 
+/// A provider that honours `Idempotency-Key` (an opt-in: no real chat API documents it). These
+/// scenarios lose answers and kill processes mid-call, and count a generation per press: a
+/// call resent under the same key finds the first generation.
 fn mock() -> MockSettings {
     MockSettings {
         latency_ms: 50,
+        honour_idempotency_key: true,
         ..MockSettings::default()
     }
 }

@@ -1,7 +1,8 @@
 //! The background-responses adapter against the mock provider over real HTTP on 127.0.0.1 (mock
-//! on port 0): start then wait, recovery of a lost create or a lost poll by the operation id or
-//! the idempotency key without a second generation (I6), the errors a caller branches on, and
-//! cancellation by dropping `wait`. Faults are forced with `PUT /faults` at rate 1.0, so no test
+//! on port 0): start then wait, recovery of a lost create or a lost poll by the operation id
+//! (within the response's retention) or, when the provider honours it, the idempotency key
+//! without a second generation (I6), the errors a caller branches on, and cancellation by
+//! dropping `wait`. Faults are forced with `PUT /faults` at rate 1.0, so no test
 //! depends on chance. Needs no PostgreSQL or Kafka.
 
 mod helpers;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use helpers::provider::{assert_bad_requests_refused, request, set_faults, start_mock, stats};
 use helpers::wait_until;
-use replyd::mock_provider::{FaultSettings, MockSettings};
+use replyd::mock_provider::{FaultSettings, MockProfile, MockSettings};
 use replyd::provider::{
     BackgroundProvider, OpenAiResponsesProvider, OpenAiSettings, OperationId, ProviderApi,
     ProviderError, Recovery, build_provider,
@@ -144,7 +145,12 @@ async fn when_every_poll_answer_is_lost_the_wait_ends_ambiguous_and_waiting_agai
 
 #[tokio::test]
 async fn a_create_lost_after_the_work_is_found_again_by_its_idempotency_key() {
-    let mock = start_mock(MockSettings::default()).await;
+    // Only a provider that honours the key (an opt-in: OpenAI documents none) finds it again.
+    let mock = start_mock(MockSettings {
+        honour_idempotency_key: true,
+        ..MockSettings::default()
+    })
+    .await;
     let provider = provider_for(&mock.base_url(), PATIENT_MS);
     set_faults(&mock, drop_after_work()).await;
 
@@ -264,6 +270,7 @@ async fn a_provider_without_background_responses_refuses_the_create_with_404() {
 async fn generate_on_the_responses_adapter_works_end_to_end_and_once_per_key() {
     let mock = start_mock(MockSettings {
         latency_ms: 20,
+        honour_idempotency_key: true,
         ..MockSettings::default()
     })
     .await;
@@ -511,5 +518,53 @@ async fn a_flaky_poll_is_asked_again_within_one_wait() {
         .expect("half the polls lost, the wait still gets the reply");
 
     assert_eq!(generation.text, "reply to task-flaky: q [generation 1]");
+    assert_eq!(stats(&mock).await.generations, 1);
+}
+
+#[tokio::test]
+async fn by_default_a_resent_create_is_a_second_response_and_a_second_generation() {
+    // OpenAI documents no Idempotency-Key for its responses either: the id is the only handle.
+    let mock = start_mock(MockSettings::default()).await;
+    let provider = provider_for(&mock.base_url(), PATIENT_MS);
+
+    let first = provider.start(&request("task-again", "q")).await.unwrap();
+    let second = provider.start(&request("task-again", "q")).await.unwrap();
+
+    assert_eq!(first, OperationId("resp_1".into()));
+    assert_eq!(second, OperationId("resp_2".into()));
+    provider.wait(&first).await.unwrap();
+    provider.wait(&second).await.unwrap();
+    let stats = stats(&mock).await;
+    assert_eq!((stats.generations, stats.responses_created), (2, 2));
+}
+
+#[tokio::test]
+async fn an_ended_response_is_gone_after_its_retention_and_cannot_be_recovered_by_id() {
+    let mock = start_mock(MockSettings {
+        profile: MockProfile::OpenAiResponses,
+        response_retention_ms: Some(300),
+        ..MockSettings::default()
+    })
+    .await;
+    let provider = provider_for(&mock.base_url(), PATIENT_MS);
+    let operation = provider.start(&request("task-kept", "q")).await.unwrap();
+    provider
+        .wait(&operation)
+        .await
+        .expect("found while it is kept");
+    let url = format!("{}/v1/responses/{}", mock.base_url(), operation.0);
+    let status = || async { reqwest::get(&url).await.unwrap().status().as_u16() };
+
+    wait_until("the response is forgotten", CONDITION_LIMIT, || async {
+        status().await == 404
+    })
+    .await;
+
+    assert_eq!(mock.stats().responses_forgotten, 1);
+    let gone = provider.wait(&operation).await.unwrap_err();
+    assert!(
+        matches!(gone, ProviderError::OperationGone { .. }),
+        "{gone:?}"
+    );
     assert_eq!(stats(&mock).await.generations, 1);
 }

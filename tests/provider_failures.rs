@@ -305,12 +305,16 @@ async fn an_unrecoverable_ambiguous_call_fails_the_task_under_stop_after_one_gen
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_answer_resent_with_the_same_key_costs_one_generation() {
-    // The provider honours Idempotency-Key: the retry gets the stored result, not a new one.
+    // The provider honours Idempotency-Key, and the worker is told so: the retry gets the
+    // stored result, not a new one.
     let task = one_task(3);
     let app = work_under_faults(
         1,
         mock(20, true),
-        WorkerConfig::default(),
+        WorkerConfig {
+            provider_honours_idempotency_key: true,
+            ..WorkerConfig::default()
+        },
         json!({"drop_after_work_rate": 1.0}),
         &task,
     )

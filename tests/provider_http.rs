@@ -1,7 +1,10 @@
 //! The OpenAI adapter against the mock provider over real HTTP on 127.0.0.1 (mock on port 0):
-//! each error class the caller branches on, one generation per idempotency key (I6), and
+//! each error class the caller branches on, one generation per idempotency key (I6) when the
+//! provider honours it and a second one when, like the real chat APIs, it does not, and
 //! cancellation by dropping the call. Faults are forced with `PUT /faults` at rate 1.0, so no
-//! test depends on chance. Needs no PostgreSQL or Kafka.
+//! test depends on chance. Then the mock's capacity limits as a client meets them: a burst
+//! refused at once with the real APIs' bodies and headers, requests at once capped. Needs no
+//! PostgreSQL or Kafka.
 
 mod helpers;
 
@@ -12,7 +15,9 @@ use helpers::provider::{
     assert_bad_requests_refused, one_shot_server, request, set_faults, start_mock, stats,
 };
 use helpers::wait_until;
-use replyd::mock_provider::{FaultSettings, KeyStats, MockHandle, MockSettings};
+use replyd::mock_provider::{
+    FaultSettings, KeyStats, LimitSettings, MockHandle, MockProfile, MockSettings,
+};
 use replyd::provider::{OpenAiChatProvider, OpenAiSettings, Provider, ProviderError};
 
 /// Client timeout for tests that expect an answer: generous, since no test waits on it.
@@ -74,9 +79,11 @@ async fn a_reply_from_the_mock_is_one_counted_generation() {
 #[tokio::test]
 async fn concurrent_requests_with_one_key_cost_one_generation() {
     // The latency keeps the first request in flight while the others arrive, so most of them
-    // take the wait-for-the-first path; the count holds either way.
+    // take the wait-for-the-first path; the count holds either way. A provider that honours
+    // the key (an opt-in: no real chat API documents one).
     let mock = start_mock(MockSettings {
         latency_ms: 200,
+        honour_idempotency_key: true,
         ..MockSettings::default()
     })
     .await;
@@ -97,8 +104,13 @@ async fn concurrent_requests_with_one_key_cost_one_generation() {
 }
 
 #[tokio::test]
-async fn a_repeated_key_gets_the_stored_reply_without_a_new_generation() {
-    let mock = start_mock(MockSettings::default()).await;
+async fn a_repeated_key_gets_the_stored_reply_without_a_new_generation_when_the_provider_honours_it()
+ {
+    let mock = start_mock(MockSettings {
+        honour_idempotency_key: true,
+        ..MockSettings::default()
+    })
+    .await;
     let provider = provider_for(&mock.base_url(), PATIENT_MS);
 
     let first = provider.generate(&request("task-seq", "q")).await.unwrap();
@@ -268,7 +280,12 @@ async fn a_hanging_provider_is_ambiguous_after_the_client_timeout() {
 
 #[tokio::test]
 async fn a_response_lost_after_the_work_is_ambiguous_but_the_work_was_done() {
-    let mock = start_mock(MockSettings::default()).await;
+    // A provider that honours the key, so the resend below can recover the lost reply.
+    let mock = start_mock(MockSettings {
+        honour_idempotency_key: true,
+        ..MockSettings::default()
+    })
+    .await;
     let provider = provider_for(&mock.base_url(), PATIENT_MS);
     set_faults(
         &mock,
@@ -531,4 +548,291 @@ async fn a_reply_and_a_refusal_carry_the_providers_rate_limit_signals() {
     assert_eq!(retry_after, Some(Duration::from_millis(1500)));
     assert_eq!(signals.tokens.remaining, Some(0));
     assert_eq!(signals.tokens.resets_in, Some(Duration::from_secs(360)));
+}
+
+#[tokio::test]
+async fn by_default_a_repeated_key_is_a_second_generation_as_with_the_real_chat_apis() {
+    // OpenAI chat completions and Anthropic Messages document no Idempotency-Key: a resend is
+    // new, paid work, and the mock plays them so unless a test opts in.
+    let mock = start_mock(MockSettings::default()).await;
+    let provider = provider_for(&mock.base_url(), PATIENT_MS);
+
+    let first = provider
+        .generate(&request("task-twice", "q"))
+        .await
+        .unwrap();
+    let second = provider
+        .generate(&request("task-twice", "q"))
+        .await
+        .unwrap();
+
+    assert_ne!(first.text, second.text);
+    assert_eq!(second.text, "reply to task-twice: q [generation 2]");
+    assert_eq!(key_stats(&mock, "task-twice").await.generations, 2);
+}
+
+/// One answer of the mock, as a client saw it.
+struct Answer {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: serde_json::Value,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name} header in {:?}", self.headers))
+            .to_str()
+            .unwrap()
+    }
+}
+
+async fn post_chat(
+    client: &reqwest::Client,
+    mock: &MockHandle,
+    body: &serde_json::Value,
+) -> Answer {
+    let response = client
+        .post(format!("{}/v1/chat/completions", mock.base_url()))
+        .json(body)
+        .send()
+        .await
+        .expect("the mock answers");
+    Answer {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.json().await.expect("a JSON body"),
+    }
+}
+
+/// A chat body of `words` prompt words asking for at most `max_tokens`: it costs
+/// `words + max_tokens` against a token limit.
+fn chat_body(words: usize, max_tokens: u32) -> serde_json::Value {
+    let prompt = vec!["word"; words].join(" ");
+    serde_json::json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+    })
+}
+
+/// `n` requests sent at once to a new mock with `settings`; their answers, with the mock.
+/// Limits are per second: a burst must arrive within one for its count of refusals to be the
+/// limit's. On a machine too busy to send `n` requests within 900 ms the burst is sent again
+/// to a new mock, three times at most.
+async fn burst(
+    settings: MockSettings,
+    n: usize,
+    body: serde_json::Value,
+) -> (MockHandle, Vec<Answer>) {
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let mock = start_mock(settings.clone()).await;
+        // Connections first, so the burst measures requests rather than handshakes.
+        let warm =
+            join_all((0..n).map(|_| client.get(format!("{}/healthz", mock.base_url())).send()))
+                .await;
+        assert!(warm.iter().all(|r| r.is_ok()));
+        let started = std::time::Instant::now();
+        let answers = join_all((0..n).map(|_| post_chat(&client, &mock, &body))).await;
+        if started.elapsed() < Duration::from_millis(900) {
+            return (mock, answers);
+        }
+    }
+    panic!("three bursts of {n} requests each took a second or more to be answered");
+}
+
+#[tokio::test]
+async fn a_burst_over_the_request_limit_gets_the_refusals_the_limit_implies_at_once_with_openais_body_and_headers()
+ {
+    // 600 requests per minute is 10 in any second.
+    let settings = MockSettings {
+        limits: LimitSettings {
+            requests_per_minute: Some(600),
+            ..LimitSettings::default()
+        },
+        ..MockSettings::default()
+    };
+    let (mock, answers) = burst(settings, 30, chat_body(3, 16)).await;
+
+    let (admitted, refused): (Vec<&Answer>, Vec<&Answer>) =
+        answers.iter().partition(|a| a.status == 200);
+    assert_eq!((admitted.len(), refused.len()), (10, 20));
+    for answer in &admitted {
+        assert_eq!(answer.header("x-ratelimit-limit-requests"), "600");
+        assert!(answer.headers.get("retry-after").is_none());
+    }
+    let mut remaining: Vec<u64> = admitted
+        .iter()
+        .map(|a| a.header("x-ratelimit-remaining-requests").parse().unwrap())
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..10).collect::<Vec<u64>>());
+    for answer in &refused {
+        assert_eq!(answer.status, 429);
+        let error = &answer.body["error"];
+        assert_eq!(error["type"], "requests", "{}", answer.body);
+        assert_eq!(error["code"], "rate_limit_exceeded");
+        assert_eq!(error["param"], serde_json::Value::Null);
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(
+                "Rate limit reached for requests on requests per min (RPM): Limit 600, Used 600, Requested 1."
+            ),
+            "{message}"
+        );
+        assert_eq!(answer.header("x-ratelimit-limit-requests"), "600");
+        assert_eq!(answer.header("x-ratelimit-remaining-requests"), "0");
+        let reset = answer.header("x-ratelimit-reset-requests");
+        assert!(reset == "1s" || reset.ends_with("ms"), "{reset}");
+        assert_eq!(answer.header("retry-after"), "1");
+        assert!(answer.headers.get("x-ratelimit-limit-tokens").is_none());
+    }
+    // Refused requests did no work; the mock's own tally never saw the limit exceeded.
+    let stats = stats(&mock).await;
+    assert_eq!((stats.admitted, stats.generations), (10, 10));
+    assert_eq!((stats.refused.requests, stats.refused.total()), (20, 20));
+    assert_eq!(stats.requests, 30);
+    assert!(stats.max_admitted_in_a_second <= 10, "{stats:?}");
+    let tallied: u64 = stats.admissions_per_second.iter().map(|s| s.requests).sum();
+    assert_eq!(tallied, 10);
+}
+
+#[tokio::test]
+async fn a_burst_over_the_token_limit_is_refused_by_cost_and_a_request_no_second_admits_is_too_large()
+ {
+    // 21,000 tokens per minute is 350 in any second; each request costs 10 + 90 = 100.
+    let settings = MockSettings {
+        limits: LimitSettings {
+            tokens_per_minute: Some(21_000),
+            ..LimitSettings::default()
+        },
+        ..MockSettings::default()
+    };
+    let (mock, answers) = burst(settings, 10, chat_body(10, 90)).await;
+
+    let admitted = answers.iter().filter(|a| a.status == 200).count();
+    assert_eq!(admitted, 3);
+    let refused: Vec<&Answer> = answers.iter().filter(|a| a.status == 429).collect();
+    assert_eq!(refused.len(), 7);
+    for answer in &refused {
+        assert_eq!(answer.body["error"]["type"], "tokens", "{}", answer.body);
+        assert_eq!(answer.body["error"]["code"], "rate_limit_exceeded");
+        assert_eq!(answer.header("x-ratelimit-limit-tokens"), "21000");
+        assert_eq!(answer.header("x-ratelimit-remaining-tokens"), "50");
+        assert!(answer.header("x-ratelimit-reset-tokens").ends_with('s'));
+        assert_eq!(answer.header("retry-after"), "1");
+    }
+
+    let client = reqwest::Client::new();
+    let too_large = post_chat(&client, &mock, &chat_body(10, 400)).await;
+    assert_eq!(too_large.status, 429);
+    let message = too_large.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message
+            .starts_with("Request too large on tokens per min (TPM): Limit 21000, Requested 410."),
+        "{message}"
+    );
+    let stats = stats(&mock).await;
+    assert_eq!((stats.admitted, stats.refused.tokens), (3, 8));
+    assert!(stats.max_tokens_in_a_second <= 350, "{stats:?}");
+}
+
+#[tokio::test]
+async fn the_anthropic_profile_refuses_with_anthropics_body_and_headers() {
+    let settings = MockSettings {
+        profile: MockProfile::AnthropicMessages,
+        limits: LimitSettings {
+            requests_per_minute: Some(60),
+            tokens_per_minute: Some(60_000),
+            ..LimitSettings::default()
+        },
+        ..MockSettings::default()
+    };
+    let (_mock, answers) = burst(settings, 3, chat_body(10, 90)).await;
+
+    assert_eq!(answers.iter().filter(|a| a.status == 200).count(), 1);
+    let refused = answers.iter().find(|a| a.status == 429).expect("a refusal");
+    assert_eq!(refused.body["type"], "error", "{}", refused.body);
+    assert_eq!(refused.body["error"]["type"], "rate_limit_error");
+    assert!(
+        refused.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("rate limit of 60 requests per minute")
+    );
+    assert_eq!(refused.header("anthropic-ratelimit-requests-limit"), "60");
+    assert_eq!(
+        refused.header("anthropic-ratelimit-requests-remaining"),
+        "0"
+    );
+    assert_eq!(refused.header("anthropic-ratelimit-tokens-limit"), "60000");
+    assert_eq!(
+        refused.header("anthropic-ratelimit-tokens-remaining"),
+        "900"
+    );
+    for reset in [
+        "anthropic-ratelimit-requests-reset",
+        "anthropic-ratelimit-tokens-reset",
+    ] {
+        let at = chrono::DateTime::parse_from_rfc3339(refused.header(reset))
+            .unwrap_or_else(|e| panic!("{reset} is not RFC 3339: {e}"));
+        let ahead = at.signed_duration_since(chrono::Utc::now());
+        assert!(ahead <= chrono::Duration::seconds(2), "{reset} {at}");
+    }
+    assert_eq!(refused.header("retry-after"), "1");
+    assert!(refused.headers.get("x-ratelimit-limit-requests").is_none());
+}
+
+#[tokio::test]
+async fn requests_in_progress_are_capped_and_a_place_frees_when_one_ends() {
+    // Ten minutes of latency: the first two stay in progress until their clients go away.
+    let mock = start_mock(MockSettings {
+        latency_ms: 600_000,
+        limits: LimitSettings {
+            concurrent_requests: Some(2),
+            ..LimitSettings::default()
+        },
+        ..MockSettings::default()
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", mock.base_url());
+    let slow = || {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move { client.post(url).json(&chat_body(1, 1)).send().await })
+    };
+    let first = slow();
+    let _second = slow();
+    let limit = Duration::from_secs(10);
+    wait_until("two requests in progress", limit, || async {
+        mock.stats().in_progress == 2
+    })
+    .await;
+
+    let third = post_chat(&client, &mock, &chat_body(1, 1)).await;
+
+    assert_eq!(third.status, 429);
+    assert_eq!(third.body["error"]["code"], "rate_limit_exceeded");
+    let message = third.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("Too many requests in progress at once: Limit 2, In progress 2"),
+        "{message}"
+    );
+    assert_eq!(third.header("retry-after"), "1");
+
+    first.abort();
+    wait_until("the abandoned request's place is free", limit, || async {
+        mock.stats().in_progress == 1
+    })
+    .await;
+    let fast = serde_json::json!({
+        "messages": [{"role": "user", "content": "[mock:latency_ms=0] now"}],
+    });
+    let fourth = post_chat(&client, &mock, &fast).await;
+    assert_eq!(fourth.status, 200, "{}", fourth.body);
+    let stats = stats(&mock).await;
+    assert_eq!(stats.max_in_progress, 2);
+    assert_eq!((stats.refused.concurrent, stats.admitted), (1, 3));
 }

@@ -30,9 +30,13 @@ fn ids(tasks: &[TaskSpec]) -> Vec<TaskId> {
     tasks.iter().map(|t| t.task_id).collect()
 }
 
+/// A provider that honours `Idempotency-Key` (an opt-in: no real chat API documents it). These
+/// scenarios kill and stop workers mid-call and count generations; a call resent under the
+/// same key after a kill or a takeover finds the first generation, so one per task.
 fn mock(latency_ms: u64) -> MockSettings {
     MockSettings {
         latency_ms,
+        honour_idempotency_key: true,
         ..MockSettings::default()
     }
 }

@@ -3,19 +3,27 @@
 //! map that makes a re-sent create find the first response instead of generating again (I6),
 //! the validation of a create body, and the JSON of a response object. The server module does
 //! the I/O (the spawned generation, the routes, the counters) around it.
+//!
+//! A response can be retrieved only within its retention after it ended (OpenAI keeps one
+//! about ten minutes unless stored): after it, the book forgets the response and its key, so a
+//! lookup is 404 and a client that waited too long has no recovery left. Time is a monotonic
+//! offset supplied by the caller.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-/// The part of a `POST /v1/responses` body the mock reads; other fields (`store`,
-/// `max_output_tokens`, ...) are accepted and ignored, as OpenAI-compatible servers do.
+/// The part of a `POST /v1/responses` body the mock reads; other fields (`store`, ...) are
+/// accepted and ignored, as OpenAI-compatible servers do.
 #[derive(Debug, Clone, Deserialize)]
 pub struct CreateRequest {
     pub model: Option<String>,
     pub input: Vec<InputMessage>,
     pub background: Option<bool>,
+    /// Counted against a token limit (the reply itself is not cut to it).
+    pub max_output_tokens: Option<u32>,
 }
 
 /// One message of `input`; only the plain-string `content` form is served.
@@ -84,6 +92,8 @@ impl ResponseState {
 pub struct ResponseEntry {
     pub model: String,
     pub state: ResponseState,
+    /// The idempotency key it was created under, when keys are honoured (forgotten with it).
+    pub key: Option<String>,
 }
 
 /// What a create did.
@@ -95,18 +105,39 @@ pub enum Creation {
     Existing(String),
 }
 
-/// Every response the mock has created, by id, and the first response of each idempotency key.
+/// Every response the mock has created and not yet forgotten, by id, and the first response of
+/// each idempotency key.
 #[derive(Debug, Default)]
 pub struct ResponseBook {
     created: u64,
     by_id: HashMap<String, ResponseEntry>,
     by_key: HashMap<String, String>,
+    /// How long an ended response is kept; `None`: for ever.
+    retention: Option<Duration>,
+    /// Ended responses, in the order they ended, which is the order they are forgotten in.
+    ended: VecDeque<(Duration, String)>,
+    forgotten: u64,
 }
 
 impl ResponseBook {
+    /// A book that forgets a response `retention` after it ended (`None`: never).
+    pub fn with_retention(retention: Option<Duration>) -> Self {
+        Self {
+            retention,
+            ..Self::default()
+        }
+    }
+
     /// Creates a response `resp_<n>` for `model`, unless `honour_key` and `key` names an
-    /// earlier one, which is then returned instead.
-    pub fn create(&mut self, key: Option<&str>, honour_key: bool, model: &str) -> Creation {
+    /// earlier one still kept, which is then returned instead.
+    pub fn create(
+        &mut self,
+        key: Option<&str>,
+        honour_key: bool,
+        model: &str,
+        now: Duration,
+    ) -> Creation {
+        self.forget_expired(now);
         let key = key.filter(|_| honour_key);
         if let Some(id) = key.and_then(|k| self.by_key.get(k)) {
             return Creation::Existing(id.clone());
@@ -118,6 +149,7 @@ impl ResponseBook {
             ResponseEntry {
                 model: model.to_owned(),
                 state: ResponseState::Queued,
+                key: key.map(str::to_owned),
             },
         );
         if let Some(key) = key {
@@ -135,15 +167,50 @@ impl ResponseBook {
         )
     }
 
-    /// Ends a response that has not ended yet; false (and no change) otherwise.
-    pub fn finish(&mut self, id: &str, end: ResponseState) -> bool {
+    /// Ends a response that has not ended yet at `now`, from which its retention counts;
+    /// false (and no change) otherwise.
+    pub fn finish(&mut self, id: &str, end: ResponseState, now: Duration) -> bool {
         debug_assert!(end.is_terminal(), "finish takes a terminal state");
-        self.advance(id, |state| !state.is_terminal(), end)
+        let ended = self.advance(id, |state| !state.is_terminal(), end);
+        if ended && self.retention.is_some() {
+            self.ended.push_back((now, id.to_owned()));
+        }
+        ended
     }
 
-    /// The response `id`, if the mock created it.
-    pub fn get(&self, id: &str) -> Option<&ResponseEntry> {
+    /// The response `id`, if the mock created it and has not forgotten it by `now`.
+    pub fn get(&mut self, id: &str, now: Duration) -> Option<&ResponseEntry> {
+        self.forget_expired(now);
         self.by_id.get(id)
+    }
+
+    /// Responses forgotten after their retention.
+    pub fn forgotten(&self) -> u64 {
+        self.forgotten
+    }
+
+    /// Forgets every response that ended a whole retention ago or earlier, with its key.
+    fn forget_expired(&mut self, now: Duration) {
+        let Some(retention) = self.retention else {
+            return;
+        };
+        while let Some((ended_at, _)) = self.ended.front() {
+            if *ended_at + retention > now {
+                break;
+            }
+            // `front` was just seen under the same borrow of `self`.
+            let (_, id) = self.ended.pop_front().expect("front exists");
+            let Some(entry) = self.by_id.remove(&id) else {
+                continue;
+            };
+            self.forgotten += 1;
+            // The key now maps to nothing: a create with it starts a new response.
+            if let Some(key) = entry.key
+                && self.by_key.get(&key) == Some(&id)
+            {
+                self.by_key.remove(&key);
+            }
+        }
     }
 
     fn advance(
@@ -219,53 +286,92 @@ mod tests {
     #[test]
     fn a_response_goes_from_queued_through_in_progress_to_completed() {
         let mut book = ResponseBook::default();
-        let Creation::New(id) = book.create(Some("k"), true, "m") else {
+        let t = Duration::ZERO;
+        let Creation::New(id) = book.create(Some("k"), true, "m", t) else {
             panic!("the first create is new");
         };
         assert_eq!(id, "resp_1");
-        assert_eq!(book.get(&id).unwrap().state, ResponseState::Queued);
+        assert_eq!(book.get(&id, t).unwrap().state, ResponseState::Queued);
 
         assert!(book.begin(&id));
         assert!(!book.begin(&id), "begins once");
-        assert_eq!(book.get(&id).unwrap().state.status(), "in_progress");
+        assert_eq!(book.get(&id, t).unwrap().state.status(), "in_progress");
 
-        assert!(book.finish(&id, ResponseState::Completed(output("hi"))));
+        assert!(book.finish(&id, ResponseState::Completed(output("hi")), t));
         assert!(
             !book.finish(
                 &id,
                 ResponseState::Failed {
                     message: "late".into()
-                }
+                },
+                t
             ),
             "an ended response stays as it ended"
         );
         assert_eq!(
-            book.get(&id).unwrap().state,
+            book.get(&id, t).unwrap().state,
             ResponseState::Completed(output("hi"))
         );
         assert!(!book.begin("resp_404"));
-        assert!(book.get("resp_404").is_none());
+        assert!(book.get("resp_404", t).is_none());
+        // Without a retention, a response is kept for ever.
+        assert!(book.get(&id, Duration::from_secs(86_400 * 365)).is_some());
+    }
+
+    #[test]
+    fn an_ended_response_is_forgotten_with_its_key_after_its_retention() {
+        let secs = Duration::from_secs;
+        let mut book = ResponseBook::with_retention(Some(secs(600)));
+        let Creation::New(id) = book.create(Some("k"), true, "m", secs(0)) else {
+            panic!("new");
+        };
+        book.begin(&id);
+        // Still generating long past the retention: a response in progress is always found.
+        assert!(book.get(&id, secs(5_000)).is_some());
+        assert!(book.finish(&id, ResponseState::Completed(output("hi")), secs(5_000)));
+        assert!(book.get(&id, secs(5_599)).is_some());
+        assert_eq!(
+            book.create(Some("k"), true, "m", secs(5_599)),
+            Creation::Existing(id.clone())
+        );
+        assert!(
+            book.get(&id, secs(5_600)).is_none(),
+            "gone at its retention"
+        );
+        assert_eq!(book.forgotten(), 1);
+        assert_eq!(
+            book.create(Some("k"), true, "m", secs(5_600)),
+            Creation::New("resp_2".into()),
+            "the key is forgotten with it"
+        );
     }
 
     #[test]
     fn a_repeated_key_finds_the_first_response_unless_keys_are_ignored() {
         let mut book = ResponseBook::default();
+        let t = Duration::ZERO;
         assert_eq!(
-            book.create(Some("k"), true, "m"),
+            book.create(Some("k"), true, "m", t),
             Creation::New("resp_1".into())
         );
         assert_eq!(
-            book.create(Some("k"), true, "m"),
+            book.create(Some("k"), true, "m", t),
             Creation::Existing("resp_1".into())
         );
         assert_eq!(
-            book.create(Some("other"), true, "m"),
+            book.create(Some("other"), true, "m", t),
             Creation::New("resp_2".into())
         );
-        assert_eq!(book.create(None, true, "m"), Creation::New("resp_3".into()));
-        assert_eq!(book.create(None, true, "m"), Creation::New("resp_4".into()));
         assert_eq!(
-            book.create(Some("k"), false, "m"),
+            book.create(None, true, "m", t),
+            Creation::New("resp_3".into())
+        );
+        assert_eq!(
+            book.create(None, true, "m", t),
+            Creation::New("resp_4".into())
+        );
+        assert_eq!(
+            book.create(Some("k"), false, "m", t),
             Creation::New("resp_5".into())
         );
     }
@@ -275,6 +381,7 @@ mod tests {
         let mut entry = ResponseEntry {
             model: "asked".into(),
             state: ResponseState::Queued,
+            key: None,
         };
         let queued = response_object("resp_1", &entry);
         assert_eq!(queued["status"], "queued");

@@ -1,18 +1,26 @@
-//! An OpenAI-compatible mock provider with injectable faults, for the tests and the chaos
-//! harness. It counts every generation per `Idempotency-Key`, which is how a run proves one
-//! logical request per task (I6) and bounded effort (I7) from the provider's side.
+//! An OpenAI-compatible mock provider with injectable faults and the limits and recovery of
+//! the real APIs, for the tests, the benchmarks and the chaos harness. It counts every
+//! generation per `Idempotency-Key`, which is how a run proves one logical request per task
+//! (I6) and bounded effort (I7) from the provider's side, and every admission per second,
+//! which is how it proves a capacity held (I9).
 //!
-//! Routes: `POST /v1/chat/completions`; `POST /v1/responses` (background create: answers the
-//! id at once, generates in a spawned task, honours `Idempotency-Key`) and
-//! `GET /v1/responses/{id}` (both 404 when `background_responses` is off); `POST /v1/messages`
-//! (Anthropic's Messages API: `x-api-key` and `anthropic-version` required, Anthropic's bodies
-//! and error types, never deduplicated, as Anthropic documents no idempotency key); `GET /stats`,
-//! `GET /stats/{key}`, `GET|PUT /faults`, `GET /healthz`. The decisions (fault, latency, reply
-//! text) live in [`behaviour`] and the background responses' state machine in [`background`],
-//! both pure; the routes and state in `server`; this file starts and stops the server.
+//! Like the real chat APIs it honours no `Idempotency-Key` unless told to
+//! (`honour_idempotency_key`), and it imitates one real API's refusals and recovery
+//! ([`MockProfile`]). Routes: `POST /v1/chat/completions`; `POST /v1/responses` (background
+//! create: answers the id at once, generates in a spawned task) and `GET /v1/responses/{id}`
+//! (both 404 when `background_responses` is off; an ended response is 404 after its
+//! retention); `POST /v1/messages` (Anthropic's Messages API: `x-api-key` and
+//! `anthropic-version` required, Anthropic's bodies and error types, never deduplicated, as
+//! Anthropic documents no idempotency key); `GET /stats`, `GET /stats/{key}`, `GET|PUT /faults`, `GET /healthz`. With
+//! limits set, a generating request over one is answered 429 at once without any work, and
+//! every answer carries the rate-limit headers. The decisions (fault, latency, reply text) live
+//! in [`behaviour`], the limits in [`capacity`] and the background responses' state machine in
+//! [`background`], all pure; the routes and state in `server`; this file starts and stops the
+//! server.
 
 pub mod background;
 pub mod behaviour;
+pub mod capacity;
 mod server;
 pub mod settings;
 
@@ -25,8 +33,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use server::{KeyStats, StatsSnapshot};
-pub use settings::{FaultSettings, InvalidSettings, MockProviderArgs, MockSettings};
+pub use server::{KeyStats, RefusalCounts, SecondTally, StatsSnapshot};
+pub use settings::{
+    FaultSettings, InvalidSettings, LimitSettings, MockProfile, MockProviderArgs, MockSettings,
+};
 
 use server::MockState;
 
@@ -73,10 +83,9 @@ impl Drop for MockHandle {
 }
 
 /// Binds `listen` (port 0 allowed) and serves the mock in a tokio task. Settings that
-/// contradict themselves are refused as `InvalidInput`.
+/// contradict themselves, or limits that could admit nothing, are refused as `InvalidInput`.
 pub async fn spawn(settings: MockSettings, listen: SocketAddr) -> std::io::Result<MockHandle> {
     settings
-        .faults
         .validate()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let listener = TcpListener::bind(listen).await?;

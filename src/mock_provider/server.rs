@@ -1,14 +1,17 @@
 //! The mock provider's HTTP routes and shared state: the OpenAI-compatible chat endpoint with
 //! its idempotency store, the background responses endpoints around the pure
-//! [`ResponseBook`], Anthropic's messages endpoint (in [`messages`]), the counters behind
+//! [`ResponseBook`], Anthropic's messages endpoint (in [`messages`]), the capacity limits
+//! around the pure [`Capacity`], the counters behind
 //! `/stats`, and the run-time fault switch.
 //!
 //! The counters are what the tests and the chaos harness check I6 against: `generations` per key
-//! is the number of replies the provider "billed" for that task, through either API.
+//! is the number of replies the provider "billed" for that task, through either API. The
+//! admissions per second are what a run checks I9 against from the provider's side: a limit
+//! never exceeded, sampled at the mock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -26,7 +29,8 @@ use super::background::{
 use super::behaviour::{
     Fault, FaultRng, choose_fault, count_tokens, latency_directive, reply_text, sample_latency,
 };
-use super::settings::{FaultSettings, MockSettings};
+use super::capacity::{Admission, Capacity, Limit, limit_headers, refusal_body};
+use super::settings::{DEFAULT_MAX_OUTPUT_TOKENS, FaultSettings, MockSettings};
 
 mod messages;
 
@@ -55,7 +59,68 @@ pub struct StatsSnapshot {
     /// `POST /v1/responses` requests received (each create, resent or faulted ones included).
     #[serde(default)]
     pub create_requests: u64,
+    /// Background responses forgotten after their retention (their lookup is 404 since).
+    #[serde(default)]
+    pub responses_forgotten: u64,
+    /// Generating requests (chat completions, background creates) admitted by the limits.
+    #[serde(default)]
+    pub admitted: u64,
+    /// Generating requests refused over a limit, by limit; they did no work.
+    #[serde(default)]
+    pub refused: RefusalCounts,
+    /// Admitted requests not yet ended: a chat completion until answered, a background
+    /// response until its generation ends.
+    #[serde(default)]
+    pub in_progress: u64,
+    /// The most admitted requests ever in progress at once.
+    #[serde(default)]
+    pub max_in_progress: u64,
+    /// Admissions per second of the mock's life (second 0 starts when it started), for the
+    /// last [`SECONDS_KEPT`] seconds that had any, oldest first.
+    #[serde(default)]
+    pub admissions_per_second: Vec<SecondTally>,
+    /// The most requests admitted within one of those seconds, over the mock's whole life.
+    #[serde(default)]
+    pub max_admitted_in_a_second: u64,
+    /// The most tokens (as the token limit counts them) admitted within one second.
+    #[serde(default)]
+    pub max_tokens_in_a_second: u64,
 }
+
+/// Refusals over each limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusalCounts {
+    pub requests: u64,
+    pub tokens: u64,
+    pub concurrent: u64,
+}
+
+impl RefusalCounts {
+    /// All refusals.
+    pub fn total(&self) -> u64 {
+        self.requests + self.tokens + self.concurrent
+    }
+
+    fn count(&mut self, limit: Limit) {
+        match limit {
+            Limit::Requests => self.requests += 1,
+            Limit::Tokens => self.tokens += 1,
+            Limit::Concurrent => self.concurrent += 1,
+        }
+    }
+}
+
+/// What one second of the mock's life admitted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecondTally {
+    /// Whole seconds since the mock started.
+    pub second: u64,
+    pub requests: u64,
+    pub tokens: u64,
+}
+
+/// How many seconds of admissions `/stats` keeps.
+pub const SECONDS_KEPT: usize = 3600;
 
 /// What `GET /stats/{key}` answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,10 +139,19 @@ pub const TRACEPARENTS_KEPT: usize = 32;
 
 /// State shared by all requests. Every lock is a `std` mutex held for a few field updates and
 /// never across an `.await`, so it cannot stall the runtime.
+///
+/// Lock order where two are held: `capacity` before `stats`, so the in-progress count and its
+/// maximum move with the limiter's.
 pub(crate) struct MockState {
     settings: MockSettings,
     faults: Mutex<FaultSettings>,
     rng: Mutex<FaultRng>,
+    capacity: Mutex<Capacity>,
+    /// The admissions per second, as `/stats` answers them (a copy goes into each snapshot).
+    seconds: Mutex<VecDeque<SecondTally>>,
+    /// The mock's clock for the limits and the retention: monotonic, so a wall-clock step
+    /// cannot let a burst through.
+    started: Instant,
     stats: Mutex<StatsSnapshot>,
     keys: Mutex<HashMap<String, KeyState>>,
     responses: Mutex<ResponseBook>,
@@ -99,9 +173,14 @@ impl MockState {
         Self {
             faults: Mutex::new(settings.faults.clone()),
             rng: Mutex::new(FaultRng::new(settings.seed)),
+            capacity: Mutex::new(Capacity::new(&settings.limits)),
+            seconds: Mutex::new(VecDeque::new()),
+            started: Instant::now(),
             stats: Mutex::new(StatsSnapshot::default()),
             keys: Mutex::new(HashMap::new()),
-            responses: Mutex::new(ResponseBook::default()),
+            responses: Mutex::new(ResponseBook::with_retention(
+                settings.response_retention_ms().map(Duration::from_millis),
+            )),
             traceparents: Mutex::new(HashMap::new()),
             shutdown,
             settings,
@@ -124,7 +203,89 @@ impl MockState {
     }
 
     pub(crate) fn stats(&self) -> StatsSnapshot {
-        lock(&self.stats).clone()
+        let mut stats = lock(&self.stats).clone();
+        stats.admissions_per_second = lock(&self.seconds).iter().cloned().collect();
+        stats.responses_forgotten = lock(&self.responses).forgotten();
+        stats
+    }
+
+    /// The mock's age: the clock of the limits and the retention.
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Admits a generating request costing `tokens` against the limits, or answers its refusal
+    /// (429 in the profile's dialect, at once, with no work done). The admission holds the
+    /// request's place among those in progress until it is dropped. The refusal is boxed:
+    /// a `Response` is large, and admission is the common path.
+    pub(crate) fn admit(self: &Arc<Self>, tokens: u64) -> Result<Admitted, Box<Response>> {
+        let now = self.now();
+        let dialect = self.settings.profile.refusal_dialect();
+        let mut capacity = lock(&self.capacity);
+        match capacity.admit(now, tokens) {
+            Admission::Admitted(standing) => {
+                let in_progress = capacity.in_progress();
+                {
+                    let mut stats = lock(&self.stats);
+                    stats.admitted += 1;
+                    stats.in_progress = in_progress;
+                    stats.max_in_progress = stats.max_in_progress.max(in_progress);
+                }
+                drop(capacity);
+                self.tally(now, tokens);
+                Ok(Admitted {
+                    state: Arc::clone(self),
+                    headers: limit_headers(dialect, &standing, None, SystemTime::now()),
+                })
+            }
+            Admission::Refused(refusal) => {
+                drop(capacity);
+                lock(&self.stats).refused.count(refusal.limit);
+                let headers = limit_headers(
+                    dialect,
+                    &refusal.standing,
+                    Some(refusal.retry_after),
+                    SystemTime::now(),
+                );
+                let body = refusal_body(dialect, &refusal);
+                let mut response =
+                    (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
+                add_headers(&mut response, &headers);
+                Err(Box::new(response))
+            }
+        }
+    }
+
+    /// Counts an admission in its second of the mock's life.
+    fn tally(&self, now: Duration, tokens: u64) {
+        let second = now.as_secs();
+        let mut seconds = lock(&self.seconds);
+        // Admissions arrive in clock order up to the lock's scheduling; one that lost the race
+        // over a second's edge still lands in its own second.
+        let slot = match seconds.iter().rposition(|s| s.second <= second) {
+            Some(i) if seconds[i].second == second => i,
+            found => {
+                let at = found.map_or(0, |i| i + 1);
+                seconds.insert(
+                    at,
+                    SecondTally {
+                        second,
+                        ..SecondTally::default()
+                    },
+                );
+                at
+            }
+        };
+        seconds[slot].requests += 1;
+        seconds[slot].tokens += tokens;
+        let (requests, tokens) = (seconds[slot].requests, seconds[slot].tokens);
+        while seconds.len() > SECONDS_KEPT {
+            seconds.pop_front();
+        }
+        drop(seconds);
+        let mut stats = lock(&self.stats);
+        stats.max_admitted_in_a_second = stats.max_admitted_in_a_second.max(requests);
+        stats.max_tokens_in_a_second = stats.max_tokens_in_a_second.max(tokens);
     }
 
     /// One fault and one latency per request, drawn together under one lock so a run's draws
@@ -153,6 +314,52 @@ impl MockState {
 }
 
 struct ShuttingDown;
+
+/// An admitted generating request's place in the limits. Dropping it ends the request's time in
+/// progress: when it is answered, when its client goes away (hyper drops the handler), or, for
+/// a background response, when its generation ends.
+pub(crate) struct Admitted {
+    state: Arc<MockState>,
+    /// The rate-limit headers of the answer, as the limits stood at admission.
+    headers: Vec<(&'static str, String)>,
+}
+
+impl Admitted {
+    /// `response` with the rate-limit headers the real APIs send on every answer.
+    pub(crate) fn decorate(&self, mut response: Response) -> Response {
+        add_headers(&mut response, &self.headers);
+        response
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut capacity = lock(&self.state.capacity);
+        capacity.finish();
+        lock(&self.state.stats).in_progress = capacity.in_progress();
+    }
+}
+
+fn add_headers(response: &mut Response, headers: &[(&'static str, String)]) {
+    for (name, value) in headers {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            response.headers_mut().insert(*name, value);
+        }
+    }
+}
+
+/// What a request costs against a token limit: its prompt's tokens, counted as the usage block
+/// counts them, plus the most it may generate (OpenAI counts the maximum, not the output).
+pub(crate) fn token_cost<'a>(
+    prompt: impl IntoIterator<Item = &'a str>,
+    max_output_tokens: Option<u32>,
+) -> u64 {
+    let prompt: u64 = prompt
+        .into_iter()
+        .map(|text| u64::from(count_tokens(text)))
+        .sum();
+    prompt + max_output_tokens.map_or(DEFAULT_MAX_OUTPUT_TOKENS, u64::from)
+}
 
 /// Poisoning only means another request panicked mid-update of plain counters; the data is still
 /// usable, and a mock that stops answering would hide the real failure.
@@ -216,6 +423,12 @@ async fn put_faults(State(state): State<Arc<MockState>>, body: Bytes) -> Respons
 struct ChatRequest {
     model: Option<String>,
     messages: Vec<ChatRequestMessage>,
+    /// Counted against a token limit, as is `max_completion_tokens` (the reasoning models'
+    /// name for it); the reply itself is not cut to it.
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -283,12 +496,20 @@ async fn chat_completions(
     };
     let key = idempotency_key(&headers);
     state.note_traceparent(key.as_deref(), &headers);
+    let cost = token_cost(
+        request.messages.iter().map(|m| m.content.as_str()),
+        request.max_tokens.or(request.max_completion_tokens),
+    );
+    let admitted = match state.admit(cost) {
+        Ok(admitted) => admitted,
+        Err(refusal) => return in_flight.answered(*refusal),
+    };
 
     let (fault, latency) = state.draw();
     let latency =
         latency_directive(request.messages.iter().map(|m| m.content.as_str())).unwrap_or(latency);
     if let Err(response) = apply_fault_before_work(&state, fault).await {
-        return in_flight.answered(response);
+        return in_flight.answered(admitted.decorate(response));
     }
 
     let reply = match key {
@@ -298,9 +519,9 @@ async fn chat_completions(
         key => generate(&state, key.as_deref(), &request, latency).await,
     };
     let Ok(reply) = reply else {
-        return in_flight.answered(shutting_down());
+        return in_flight.answered(admitted.decorate(shutting_down()));
     };
-    in_flight.answered(answer(fault, reply))
+    in_flight.answered(admitted.decorate(answer(fault, reply)))
 }
 
 /// The request's `Idempotency-Key`, when it has a non-empty one.
@@ -381,26 +602,36 @@ async fn create_response(
     };
     let key = idempotency_key(&headers);
     state.note_traceparent(key.as_deref(), &headers);
+    let cost = token_cost(
+        request.input.iter().map(|m| m.content.as_str()),
+        request.max_output_tokens,
+    );
+    let admitted = match state.admit(cost) {
+        Ok(admitted) => admitted,
+        Err(refusal) => return *refusal,
+    };
     let (fault, latency) = state.draw();
     let latency =
         latency_directive(request.input.iter().map(|m| m.content.as_str())).unwrap_or(latency);
     if let Err(response) = apply_fault_before_work(&state, fault).await {
-        return response;
+        return admitted.decorate(response);
     }
 
     let model = request.model.clone().unwrap_or_else(|| "mock-model".into());
+    let now = state.now();
     let (id, object) = {
         let mut book = lock(&state.responses);
         let creation = book.create(
             key.as_deref(),
             state.settings.honour_idempotency_key,
             &model,
+            now,
         );
         let (Creation::New(id) | Creation::Existing(id)) = &creation;
         // Rendered under the same lock as the create, so a new response is answered `queued`
         // even if its generation starts before this answer is sent.
         let object = book
-            .get(id)
+            .get(id, now)
             .map(|entry| response_object(id, entry))
             .expect("the book holds the response it just created or found");
         match creation {
@@ -408,6 +639,7 @@ async fn create_response(
             Creation::Existing(_) => (None, object),
         }
     };
+    let response = admitted.decorate(answer(fault, Bytes::from(object.to_string())));
     if let Some(id) = id {
         lock(&state.stats).responses_created += 1;
         let chat = ChatRequest {
@@ -420,20 +652,31 @@ async fn create_response(
                     content: m.content,
                 })
                 .collect(),
+            max_tokens: request.max_output_tokens,
+            max_completion_tokens: None,
         };
-        tokio::spawn(run_background(Arc::clone(&state), id, key, chat, latency));
+        tokio::spawn(run_background(
+            Arc::clone(&state),
+            id,
+            key,
+            chat,
+            latency,
+            admitted,
+        ));
     }
-    answer(fault, Bytes::from(object.to_string()))
+    response
 }
 
 /// The generation of one background response: `in_progress`, the latency, then `completed`
 /// (counted like a chat generation, under the key), or `failed` if the mock shuts down first.
+/// The create's admission is held until the generation ends: it is in progress till then.
 async fn run_background(
     state: Arc<MockState>,
     id: String,
     key: Option<String>,
     request: ChatRequest,
     latency: Duration,
+    admitted: Admitted,
 ) {
     lock(&state.responses).begin(&id);
     let end = match produce(&state, key.as_deref(), &request, latency).await {
@@ -447,7 +690,8 @@ async fn run_background(
             message: "mock provider shut down before the response was done".into(),
         },
     };
-    lock(&state.responses).finish(&id, end);
+    lock(&state.responses).finish(&id, end, state.now());
+    drop(admitted);
 }
 
 /// `GET /v1/responses/{id}`: the response object as it is now; 404 for an unknown id. Faults
@@ -461,8 +705,9 @@ async fn get_response(State(state): State<Arc<MockState>>, Path(id): Path<String
     if let Err(response) = apply_fault_before_work(&state, fault).await {
         return response;
     }
+    let now = state.now();
     let object = lock(&state.responses)
-        .get(&id)
+        .get(&id, now)
         .map(|entry| response_object(&id, entry));
     match object {
         Some(object) => answer(fault, Bytes::from(object.to_string())),

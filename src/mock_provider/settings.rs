@@ -1,8 +1,12 @@
-//! Settings of the mock provider: latency, fault rates, idempotency, the background-responses
-//! capability, seed; and the command-line flags that carry them.
+//! Settings of the mock provider: the real API it imitates (its profile), latency, fault rates,
+//! capacity limits, idempotency, the background-responses capability and their retention,
+//! seed; and the command-line flags that carry them.
 //!
-//! What the provider *is* (honours keys, has background responses) is fixed at start in
-//! [`MockSettings`]; what goes wrong with it ([`FaultSettings`]) can change at run time.
+//! What the provider *is* (its profile, its limits, whether it honours keys, whether it has
+//! background responses) is fixed at start in [`MockSettings`]; what goes wrong with it
+//! ([`FaultSettings`]) can change at run time. The defaults are what the real APIs document:
+//! no `Idempotency-Key` is honoured (OpenAI chat completions and Anthropic Messages document
+//! none), so a resent request is a second generation unless a test opts in.
 
 use std::net::SocketAddr;
 
@@ -57,6 +61,16 @@ pub enum InvalidSettings {
     RatesOverOne { sum: f64 },
     #[error("error_status {0} is not a 4xx or 5xx status")]
     NotAnErrorStatus(u16),
+    #[error(
+        "limits.{name} ({flag}) = {value} admits nothing: limits are enforced per second (a 60th of the limit in any second), so it must be at least 60"
+    )]
+    LimitUnderOnePerSecond {
+        name: &'static str,
+        flag: &'static str,
+        value: u64,
+    },
+    #[error("limits.concurrent_requests (--limit-concurrent) = 0 admits nothing: at least 1")]
+    NoConcurrency,
 }
 
 impl FaultSettings {
@@ -86,10 +100,120 @@ impl FaultSettings {
     }
 }
 
+/// The real API whose behaviour the mock imitates where the APIs differ: the body and headers
+/// of a refusal over a limit, and how long a background response can be retrieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+pub enum MockProfile {
+    /// OpenAI chat completions: no `Idempotency-Key` is documented, so none is honoured;
+    /// refusals are OpenAI's (`x-ratelimit-*` headers, a `rate_limit_exceeded` body).
+    /// Background responses, when switched on, are kept while the mock runs.
+    #[default]
+    #[serde(rename = "openai-chat")]
+    #[value(name = "openai-chat")]
+    OpenAiChat,
+    /// OpenAI background responses: an ambiguous create is recovered only by looking the
+    /// response up by its id, and only within its retention (`response_retention_ms`, by
+    /// default [`OPENAI_RESPONSE_RETENTION_MS`]); after it, `GET /v1/responses/{id}` is 404.
+    /// No key honoured; OpenAI's refusals.
+    #[serde(rename = "openai-responses")]
+    #[value(name = "openai-responses")]
+    OpenAiResponses,
+    /// Anthropic Messages: no key honoured (none is documented); refusals are Anthropic's
+    /// (`anthropic-ratelimit-*` headers with RFC 3339 resets, a `rate_limit_error` body).
+    #[serde(rename = "anthropic-messages")]
+    #[value(name = "anthropic-messages")]
+    AnthropicMessages,
+}
+
+/// How long OpenAI keeps a background response retrievable by id when it is not stored: about
+/// ten minutes. The default retention of the `openai-responses` profile.
+pub const OPENAI_RESPONSE_RETENTION_MS: u64 = 600_000;
+
+impl MockProfile {
+    /// The retention of background responses when `response_retention_ms` does not set one:
+    /// `None` keeps them while the mock runs.
+    pub fn default_response_retention_ms(self) -> Option<u64> {
+        match self {
+            MockProfile::OpenAiResponses => Some(OPENAI_RESPONSE_RETENTION_MS),
+            MockProfile::OpenAiChat | MockProfile::AnthropicMessages => None,
+        }
+    }
+
+    /// Whose refusals the mock answers: OpenAI's or Anthropic's.
+    pub fn refusal_dialect(self) -> RefusalDialect {
+        match self {
+            MockProfile::OpenAiChat | MockProfile::OpenAiResponses => RefusalDialect::OpenAi,
+            MockProfile::AnthropicMessages => RefusalDialect::Anthropic,
+        }
+    }
+}
+
+/// The shape of a refusal over a limit (see [`crate::mock_provider::capacity`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalDialect {
+    /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (reset as a duration such as
+    /// `20ms` or `6m0s`) and `{"error":{…,"code":"rate_limit_exceeded"}}`.
+    OpenAi,
+    /// `anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}` (reset as an RFC 3339
+    /// time) and `{"type":"error","error":{"type":"rate_limit_error",…}}`.
+    Anthropic,
+}
+
+/// Capacity limits, enforced as OpenAI documents its own: quantized to the second, so a limit
+/// of N per minute admits N/60 in any window of one second and a burst over it is refused at
+/// once. A request over a limit does no work and is answered 429 at once. Off (`None`) by
+/// default: the mock then never runs out of capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitSettings {
+    /// Requests per minute (`--limit-rpm`): at most a 60th of it in any second. At least 60.
+    pub requests_per_minute: Option<u64>,
+    /// Tokens per minute (`--limit-tpm`): at most a 60th of it in any second. A request costs
+    /// its prompt's tokens (counted as the usage block counts them: whitespace-separated
+    /// words) plus the most it may generate: `max_tokens`, `max_completion_tokens` or
+    /// `max_output_tokens`, else [`DEFAULT_MAX_OUTPUT_TOKENS`] (OpenAI counts the maximum
+    /// against the limit, not what is generated). A request costing more than a second's
+    /// share can never be admitted and is refused as too large. At least 60.
+    pub tokens_per_minute: Option<u64>,
+    /// Generating requests in progress at once (`--limit-concurrent`): a chat completion from
+    /// admission to its answer, a background response from its create to the end of its
+    /// generation. At least 1.
+    pub concurrent_requests: Option<u64>,
+}
+
+/// The output tokens a request is charged against the token limit when it names no maximum.
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 1024;
+
+impl LimitSettings {
+    /// Refuses a limit that could admit nothing.
+    pub fn validate(&self) -> Result<(), InvalidSettings> {
+        let per_minute = [
+            (
+                "requests_per_minute",
+                "--limit-rpm",
+                self.requests_per_minute,
+            ),
+            ("tokens_per_minute", "--limit-tpm", self.tokens_per_minute),
+        ];
+        for (name, flag, value) in per_minute {
+            if let Some(value) = value.filter(|v| *v < 60) {
+                return Err(InvalidSettings::LimitUnderOnePerSecond { name, flag, value });
+            }
+        }
+        if self.concurrent_requests == Some(0) {
+            return Err(InvalidSettings::NoConcurrency);
+        }
+        Ok(())
+    }
+}
+
 /// Everything the mock provider does, fixed at start except `faults`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MockSettings {
+    /// The real API the mock imitates where they differ (refusals, retention). Default
+    /// `openai-chat`.
+    pub profile: MockProfile,
     /// Mean time a generation takes, in milliseconds.
     pub latency_ms: u64,
     /// Uniform spread around `latency_ms`: each generation takes `latency_ms ± latency_jitter_ms`
@@ -97,13 +221,22 @@ pub struct MockSettings {
     pub latency_jitter_ms: u64,
     /// Injected faults; `PUT /faults` replaces them while the mock runs.
     pub faults: FaultSettings,
+    /// Capacity limits (requests and tokens per minute, requests at once); none by default.
+    pub limits: LimitSettings,
     /// Whether a repeated `Idempotency-Key` gets the first request's reply instead of a new
-    /// generation. Default true; false imitates a provider that ignores the header. Applies to
-    /// background-response creates too: a repeated key gets the first response's id.
+    /// generation. Default false, as no real chat API documents such a key (OpenAI chat
+    /// completions, Anthropic Messages): a resent request is paid for again. True plays a
+    /// provider that honours it. Applies to background-response creates too: a repeated key
+    /// then gets the first response's id.
     pub honour_idempotency_key: bool,
     /// Whether `POST /v1/responses` and `GET /v1/responses/{id}` exist. Default true; false
     /// answers them 404, like a provider without background responses.
     pub background_responses: bool,
+    /// How long a background response can be retrieved by id after it ended, in
+    /// milliseconds; after it `GET /v1/responses/{id}` is 404 and its key (when honoured) is
+    /// forgotten. A response still generating is always found. Unset: the profile's
+    /// ([`MockProfile::default_response_retention_ms`]).
+    pub response_retention_ms: Option<u64>,
     /// Seed of the fault and latency draws, so a run can be replayed.
     pub seed: u64,
 }
@@ -111,13 +244,30 @@ pub struct MockSettings {
 impl Default for MockSettings {
     fn default() -> Self {
         Self {
+            profile: MockProfile::OpenAiChat,
             latency_ms: 0,
             latency_jitter_ms: 0,
             faults: FaultSettings::default(),
-            honour_idempotency_key: true,
+            limits: LimitSettings::default(),
+            honour_idempotency_key: false,
             background_responses: true,
+            response_retention_ms: None,
             seed: 0,
         }
+    }
+}
+
+impl MockSettings {
+    /// Refuses faults and limits that contradict themselves or could admit nothing.
+    pub fn validate(&self) -> Result<(), InvalidSettings> {
+        self.faults.validate()?;
+        self.limits.validate()
+    }
+
+    /// How long an ended background response stays retrievable; `None` while the mock runs.
+    pub fn response_retention_ms(&self) -> Option<u64> {
+        self.response_retention_ms
+            .or(self.profile.default_response_retention_ms())
     }
 }
 
@@ -127,6 +277,21 @@ pub struct MockProviderArgs {
     /// Address to listen on; port 0 picks a free port (the bound one is printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
+    /// The real API imitated where they differ: refusals' body and headers, retention of
+    /// background responses.
+    #[arg(long, value_enum, default_value_t = MockProfile::OpenAiChat)]
+    pub profile: MockProfile,
+    /// Requests per minute admitted, enforced per second (a 60th of it in any second); none
+    /// when absent.
+    #[arg(long)]
+    pub limit_rpm: Option<u64>,
+    /// Tokens per minute admitted (prompt tokens plus the request's maximum output, else
+    /// 1024), enforced per second; none when absent.
+    #[arg(long)]
+    pub limit_tpm: Option<u64>,
+    /// Generating requests in progress at once; none when absent.
+    #[arg(long)]
+    pub limit_concurrent: Option<u64>,
     /// Mean time a generation takes, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub latency_ms: u64,
@@ -154,12 +319,17 @@ pub struct MockProviderArgs {
     /// Share of requests whose work is done and whose response is then broken mid-body.
     #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
     pub drop_after_work_rate: f64,
-    /// Whether a repeated Idempotency-Key returns the first reply instead of generating anew.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// Whether a repeated Idempotency-Key returns the first reply instead of generating anew
+    /// (no real chat API documents it: false by default).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub honour_idempotency_key: bool,
     /// Whether the background-responses endpoints exist (false: they answer 404).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub background_responses: bool,
+    /// How long an ended background response can be retrieved by id, in milliseconds
+    /// (default: the profile's; openai-responses keeps one 600000 ms).
+    #[arg(long)]
+    pub response_retention_ms: Option<u64>,
     /// Seed of the fault and latency draws.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -168,6 +338,7 @@ pub struct MockProviderArgs {
 impl From<MockProviderArgs> for MockSettings {
     fn from(args: MockProviderArgs) -> Self {
         MockSettings {
+            profile: args.profile,
             latency_ms: args.latency_ms,
             latency_jitter_ms: args.latency_jitter_ms,
             faults: FaultSettings {
@@ -179,8 +350,14 @@ impl From<MockProviderArgs> for MockSettings {
                 hang_ms: args.hang_ms,
                 drop_after_work_rate: args.drop_after_work_rate,
             },
+            limits: LimitSettings {
+                requests_per_minute: args.limit_rpm,
+                tokens_per_minute: args.limit_tpm,
+                concurrent_requests: args.limit_concurrent,
+            },
             honour_idempotency_key: args.honour_idempotency_key,
             background_responses: args.background_responses,
+            response_retention_ms: args.response_retention_ms,
             seed: args.seed,
         }
     }
@@ -222,19 +399,104 @@ mod tests {
             "--latency-ms=20",
             "--error-rate=0.25",
             "--error-status=502",
-            "--honour-idempotency-key=false",
+            "--honour-idempotency-key=true",
             "--background-responses=false",
             "--seed=9",
+            "--profile=anthropic-messages",
+            "--limit-rpm=3000",
+            "--limit-tpm=90000",
+            "--limit-concurrent=64",
+            "--response-retention-ms=5000",
         ])
         .unwrap();
         let settings = MockSettings::from(cli.args);
         assert_eq!(settings.latency_ms, 20);
         assert_eq!(settings.faults.error_rate, 0.25);
         assert_eq!(settings.faults.error_status, 502);
-        assert!(!settings.honour_idempotency_key);
+        assert!(settings.honour_idempotency_key);
         assert!(!settings.background_responses);
         assert_eq!(settings.seed, 9);
+        assert_eq!(settings.profile, MockProfile::AnthropicMessages);
+        assert_eq!(
+            settings.limits,
+            LimitSettings {
+                requests_per_minute: Some(3000),
+                tokens_per_minute: Some(90_000),
+                concurrent_requests: Some(64),
+            }
+        );
+        assert_eq!(settings.response_retention_ms(), Some(5000));
         assert!(Cli::try_parse_from(["mock", "--hang-rate=1.5"]).is_err());
+        assert!(Cli::try_parse_from(["mock", "--profile=openai"]).is_err());
+    }
+
+    #[test]
+    fn by_default_no_key_is_honoured_and_nothing_is_limited() {
+        let settings = MockSettings::default();
+        assert!(!settings.honour_idempotency_key);
+        assert_eq!(settings.profile, MockProfile::OpenAiChat);
+        assert_eq!(settings.limits, LimitSettings::default());
+        assert_eq!(settings.response_retention_ms(), None);
+        assert_eq!(settings.validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_responses_profile_keeps_a_response_about_ten_minutes_unless_told() {
+        let responses = MockSettings {
+            profile: MockProfile::OpenAiResponses,
+            ..MockSettings::default()
+        };
+        assert_eq!(responses.response_retention_ms(), Some(600_000));
+        let told = MockSettings {
+            response_retention_ms: Some(1_500),
+            ..responses
+        };
+        assert_eq!(told.response_retention_ms(), Some(1_500));
+        assert_eq!(
+            MockProfile::AnthropicMessages.refusal_dialect(),
+            RefusalDialect::Anthropic
+        );
+        assert_eq!(
+            MockProfile::OpenAiResponses.refusal_dialect(),
+            RefusalDialect::OpenAi
+        );
+    }
+
+    #[test]
+    fn a_limit_that_could_admit_nothing_is_refused_naming_its_flag() {
+        let slow = LimitSettings {
+            requests_per_minute: Some(30),
+            ..LimitSettings::default()
+        };
+        let error = slow.validate().unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("requests_per_minute (--limit-rpm) = 30"),
+            "{error}"
+        );
+        let tokens = LimitSettings {
+            tokens_per_minute: Some(59),
+            ..LimitSettings::default()
+        };
+        assert!(
+            tokens
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--limit-tpm")
+        );
+        let none_at_once = LimitSettings {
+            concurrent_requests: Some(0),
+            ..LimitSettings::default()
+        };
+        assert_eq!(none_at_once.validate(), Err(InvalidSettings::NoConcurrency));
+        let ok = LimitSettings {
+            requests_per_minute: Some(60),
+            tokens_per_minute: Some(60),
+            concurrent_requests: Some(1),
+        };
+        assert_eq!(ok.validate(), Ok(()));
     }
 
     #[test]

@@ -36,6 +36,9 @@ pub struct WorkerConfig {
     pub retry_base_delay_ms: u64,
     /// `retry` or `stop`.
     pub ambiguous: &'static str,
+    /// `retry.provider_honours_idempotency_key`; false, the product's default. A test whose
+    /// mock honours keys (`MockSettings { honour_idempotency_key: true, .. }`) and that relies
+    /// on the worker knowing it says so.
     pub provider_honours_idempotency_key: bool,
     /// `retry.refusal_budget_ms`.
     pub refusal_budget_ms: u64,
@@ -65,7 +68,7 @@ impl Default for WorkerConfig {
             dead_letter_topic: String::new(),
             retry_base_delay_ms: 100,
             ambiguous: "retry",
-            provider_honours_idempotency_key: true,
+            provider_honours_idempotency_key: false,
             refusal_budget_ms: 600_000,
             provider_api: "chat_completions",
             listen: true,

@@ -21,7 +21,7 @@ use serde_json::json;
 
 use super::{
     ChatRequest, ChatRequestMessage, InFlight, MockState, ShuttingDown, answer,
-    apply_fault_before_work, idempotency_key, produce, shutting_down,
+    apply_fault_before_work, idempotency_key, produce, shutting_down, token_cost,
 };
 use crate::mock_provider::behaviour::latency_directive;
 
@@ -110,6 +110,9 @@ fn parse_messages_request(body: &[u8]) -> Result<ChatRequest, String> {
     Ok(ChatRequest {
         model: Some(request.model),
         messages,
+        // Always sent to this API; counted against a token limit like OpenAI's.
+        max_tokens: Some(u32::try_from(request.max_tokens).unwrap_or(u32::MAX)),
+        max_completion_tokens: None,
     })
 }
 
@@ -131,16 +134,28 @@ pub(super) async fn create_message(
     };
     let key = idempotency_key(&headers);
     state.note_traceparent(key.as_deref(), &headers);
+    // The limits, as on the other generating routes (their refusal in the profile's shape).
+    let cost = token_cost(
+        request.messages.iter().map(|m| m.content.as_str()),
+        request.max_tokens,
+    );
+    let admitted = match state.admit(cost) {
+        Ok(admitted) => admitted,
+        Err(refusal) => return in_flight.answered(*refusal),
+    };
 
     let (fault, latency) = state.draw();
     let latency =
         latency_directive(request.messages.iter().map(|m| m.content.as_str())).unwrap_or(latency);
     if let Err(response) = apply_fault_before_work(&state, fault).await {
-        return in_flight.answered(in_anthropic_shape(response).await);
+        return in_flight.answered(admitted.decorate(in_anthropic_shape(response).await));
     }
     let produced = match produce(&state, key.as_deref(), &request, latency).await {
         Ok(produced) => produced,
-        Err(ShuttingDown) => return in_flight.answered(in_anthropic_shape(shutting_down()).await),
+        Err(ShuttingDown) => {
+            return in_flight
+                .answered(admitted.decorate(in_anthropic_shape(shutting_down()).await));
+        }
     };
     let body = json!({
         "id": format!("msg_mock_{}", produced.generation),
@@ -155,7 +170,7 @@ pub(super) async fn create_message(
             "output_tokens": produced.completion_tokens,
         },
     });
-    in_flight.answered(answer(fault, Bytes::from(body.to_string())))
+    in_flight.answered(admitted.decorate(answer(fault, Bytes::from(body.to_string()))))
 }
 
 /// The API's own header checks, before the body is read: a key (any non-empty one) and a
