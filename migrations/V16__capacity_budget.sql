@@ -1,12 +1,12 @@
 -- The provider's capacity, one budget for every worker of a deployment (I9). A bucket per
--- model: its requests and tokens as GCRA schedules (`tat`: the theoretical arrival time of the
--- next unit, seconds since the epoch by the database clock), a pause the provider asked for
--- (`blocked_until`), and, where no request limit is configured, a rate learned from the
--- provider's refusals. Workers take grants ahead (a few requests and their tokens at a time,
--- for the records waiting in that worker), so a call costs no round trip of its own.
+-- model: its requests and tokens as paced schedules (`tat`: the theoretical arrival time of
+-- the next unit, seconds since the epoch by the database clock), a pause the provider asked
+-- for (`blocked_until`), and, where no request limit is configured, a rate learned from the
+-- provider's refusals. Workers take their schedule ahead (the send times of the calls waiting
+-- in that worker, a quarter of a second at most), so a call costs no round trip of its own.
 --
--- The arithmetic is `capacity::gcra`'s, written again here to run under the bucket's row lock;
--- `tests/store_functions.rs` holds the two together over generated inputs.
+-- The arithmetic is `capacity::pacing`'s, written again here to run under the bucket's row
+-- lock; `tests/store_functions.rs` holds the two together over generated inputs.
 
 create table capacity_buckets (
     bucket             text        primary key,
@@ -14,7 +14,9 @@ create table capacity_buckets (
     tokens_tat         float8,
     -- The provider said to wait until then (a 429's Retry-After): no grant before it.
     blocked_until      float8,
-    -- The learned rate (requests a second), when no limit is configured; null: none learned.
+    -- The provider's reported limit (its rate-limit headers), as requests a second, and the
+    -- rate learned from it and from refusals, when no limit is configured; null: none.
+    reported_rps       float8,
     learned_rps        float8,
     learned_changed_at float8      not null default 0,
     -- Requests granted in the current one-second window and the rate of the one before.
@@ -38,70 +40,70 @@ create table capacity_holders (
     primary key (bucket, holder)
 );
 
--- `capacity::gcra::grant` (`whole` false): up to `want` units of a bucket whose schedule is
--- at `tat`, at `now`; `capacity::gcra::grant_whole` (`whole` true): all of `want` once the
--- bucket is at rest, or none (one request whose tokens are more than the burst).
-create function replyd_gcra(tat float8, now float8, want bigint, per_second float8,
-                            burst float8, whole boolean, out granted bigint,
-                            out new_tat float8, out wait float8)
+-- `capacity::pacing::schedule`: when each of `waiters` (a call's tokens each, in arrival
+-- order) may go, from the bucket's schedules at `now`: when both its request and its tokens
+-- are due, none past `now + horizon`; each schedule moves on from when its call goes. Null
+-- rates are no limit. Returns the delays of the granted calls and the schedules after them.
+create function replyd_pace(requests_tat float8, tokens_tat float8, requests_per_second float8,
+                            tokens_per_second float8, now float8, horizon float8,
+                            waiters bigint[], out delays float8[], out new_requests_tat float8,
+                            out new_tokens_tat float8, out wait float8)
 language plpgsql immutable as $$
 declare
-    start float8 := greatest(coalesce(tat, now), now);
-    spacing float8 := 1.0 / per_second;
-    tolerance float8 := greatest(burst - 1.0, 0.0) * (1.0 / per_second);
-    room float8;
-    allowed bigint;
+    tokens bigint;
+    at float8;
 begin
-    if whole then
-        if start <= now then
-            granted := want; new_tat := start + want * spacing; wait := 0;
-        else
-            granted := 0; new_tat := start; wait := start - now;
+    delays := '{}';
+    new_requests_tat := requests_tat;
+    new_tokens_tat := tokens_tat;
+    wait := 0;
+    foreach tokens in array coalesce(waiters, '{}'::bigint[]) loop
+        at := greatest(
+            case when requests_per_second is null then now
+                 else greatest(coalesce(new_requests_tat, now), now) end,
+            case when tokens_per_second is null then now
+                 else greatest(coalesce(new_tokens_tat, now), now) end);
+        if at > now + horizon then
+            if cardinality(delays) = 0 then
+                wait := at - horizon - now;
+            end if;
+            exit;
         end if;
-        return;
-    end if;
-    if want = 0 then
-        granted := 0; new_tat := start; wait := 0;
-        return;
-    end if;
-    room := (now + tolerance - start) / spacing;
-    if room < -1e-9 then
-        allowed := 0;
-    else
-        allowed := floor(room + 1e-9)::bigint + 1;
-    end if;
-    granted := least(allowed, want);
-    new_tat := start + granted * spacing;
-    wait := case when granted = 0 then start - tolerance - now else 0 end;
+        if requests_per_second is not null then
+            new_requests_tat := at + 1.0 / requests_per_second;
+        end if;
+        if tokens_per_second is not null then
+            new_tokens_tat := at + tokens / tokens_per_second;
+        end if;
+        delays := delays || (at - now);
+    end loop;
 end;
 $$;
 
--- One grant for `p_holder`: requests and tokens (null rates: not limited; a learned rate
--- applies to requests when `p_adaptive` and none is configured; `p_tokens_whole`: the tokens
--- of one request larger than the burst, all or none), and its share of the
--- bucket's `p_slot_limit` (null: not limited): at most the free slots, and while others wait
--- for a share, no more than a fair one (but never fewer than the `p_in_use` it is using).
+-- One grant for `p_holder`: its share of the bucket's `p_slot_limit` (null: not limited): at
+-- most the free slots, and while others wait for a share, no more than a fair one (but never
+-- fewer than the `p_in_use` it is using); then the send times of as many of its `p_waiters`
+-- (their tokens, in order) as its free slots allow (`replyd_pace`). Null rates: not limited;
+-- a learned rate applies to requests when `p_adaptive` and none is configured. A pause the
+-- provider asked for grants nothing until it ends.
 create function replyd_capacity_grant(
-    p_bucket text, p_holder text, p_want_requests bigint, p_want_tokens bigint,
-    p_tokens_whole boolean, p_want_slots integer, p_in_use integer,
+    p_bucket text, p_holder text, p_waiters bigint[], p_want_slots integer, p_in_use integer,
     p_requests_per_second float8, p_tokens_per_second float8, p_slot_limit integer,
-    p_slot_ttl_secs float8, p_adaptive boolean)
-returns table (requests bigint, tokens bigint, slots integer, wait float8,
-               requests_per_second float8, blocked_for float8)
+    p_slot_ttl_secs float8, p_adaptive boolean, p_horizon float8)
+returns table (delays float8[], slots integer, wait float8, requests_per_second float8,
+               blocked_for float8)
 language plpgsql volatile as $$
 #variable_conflict use_column
 declare
     b capacity_buckets;
     v_now float8;
-    g record;
+    p record;
     v_rate float8;
-    v_requests bigint;
-    v_tokens bigint;
-    v_wait float8 := 0;
     v_slots integer;
     v_others bigint;
     v_sharing bigint;
     v_starving boolean;
+    v_schedulable integer;
     v_elapsed float8;
 begin
     insert into capacity_buckets (bucket) values (p_bucket) on conflict do nothing;
@@ -111,6 +113,7 @@ begin
 
     if p_slot_limit is null then
         v_slots := p_want_slots;
+        v_schedulable := cardinality(coalesce(p_waiters, '{}'::bigint[]));
     else
         delete from capacity_holders h
          where h.bucket = p_bucket and h.expires_at <= clock_timestamp();
@@ -134,38 +137,24 @@ begin
                set slots = excluded.slots, wanted = excluded.wanted,
                    expires_at = excluded.expires_at;
         end if;
+        v_schedulable := greatest(v_slots - p_in_use, 0);
     end if;
 
     v_rate := coalesce(p_requests_per_second,
                        case when p_adaptive then b.learned_rps end);
     if b.blocked_until is not null and b.blocked_until > v_now then
-        return query select 0::bigint, 0::bigint, v_slots, b.blocked_until - v_now, v_rate,
+        return query select '{}'::float8[], v_slots, b.blocked_until - v_now, v_rate,
                             b.blocked_until - v_now;
         return;
     end if;
 
-    if v_rate is null then
-        v_requests := p_want_requests;
-    else
-        select * into g from replyd_gcra(b.requests_tat, v_now, p_want_requests, v_rate,
-                                         greatest(v_rate, 1.0), false);
-        v_requests := g.granted;
-        b.requests_tat := g.new_tat;
-        v_wait := greatest(v_wait, g.wait);
-    end if;
-    if p_tokens_per_second is null then
-        v_tokens := p_want_tokens;
-    else
-        select * into g from replyd_gcra(b.tokens_tat, v_now, p_want_tokens,
-                                         p_tokens_per_second, greatest(p_tokens_per_second, 1.0),
-                                         p_tokens_whole);
-        v_tokens := g.granted;
-        b.tokens_tat := g.new_tat;
-        v_wait := greatest(v_wait, g.wait);
-    end if;
+    select * into p from replyd_pace(b.requests_tat, b.tokens_tat, v_rate, p_tokens_per_second,
+                                     v_now, p_horizon,
+                                     (coalesce(p_waiters, '{}'::bigint[]))[1:v_schedulable]);
 
-    -- `gcra::Learned::granted`: the one-second windows, and a learned limit regrown by 5 %
-    -- (at least half a request a second) for every second without a refusal.
+    -- `pacing::Learned::granted`: the one-second windows, and a learned limit regrown by 10 %
+    -- (at least one request a second) for every second without a refusal, never past the
+    -- reported one.
     if p_adaptive and p_requests_per_second is null then
         if v_now >= b.window_start + 1.0 then
             v_elapsed := v_now - b.window_start;
@@ -174,26 +163,27 @@ begin
             b.window_start := v_now;
             b.window_granted := 0;
         end if;
-        b.window_granted := b.window_granted + v_requests;
+        b.window_granted := b.window_granted + cardinality(p.delays);
         if b.learned_rps is not null and v_now >= b.learned_changed_at + 1.0 then
-            b.learned_rps := b.learned_rps + greatest(b.learned_rps * 0.05, 0.5);
+            b.learned_rps := least(b.learned_rps + greatest(b.learned_rps * 0.1, 1.0),
+                                   coalesce(b.reported_rps, 'infinity'::float8));
             b.learned_changed_at := v_now;
         end if;
     end if;
 
     update capacity_buckets c
-       set requests_tat = b.requests_tat, tokens_tat = b.tokens_tat,
+       set requests_tat = p.new_requests_tat, tokens_tat = p.new_tokens_tat,
            learned_rps = b.learned_rps, learned_changed_at = b.learned_changed_at,
            window_start = b.window_start, window_granted = b.window_granted,
            previous_rate = b.previous_rate, updated_at = clock_timestamp()
      where c.bucket = p_bucket;
-    return query select v_requests, v_tokens, v_slots, v_wait, v_rate, 0::float8;
+    return query select p.delays, v_slots, p.wait, v_rate, 0::float8;
 end;
 $$;
 
 -- The provider refused a call for capacity: every worker pauses until `p_pause_secs` from now
 -- (its Retry-After, or when its limit resets), and, when `p_adaptive` and no request limit is
--- configured, the learned rate is cut (`gcra::Learned::refused`: to 70 % of it, or the first
+-- configured, the learned rate is cut (`pacing::Learned::refused`: to 70 % of it, or the first
 -- time of the rate being sent, at most once a second).
 create function replyd_capacity_refused(p_bucket text, p_pause_secs float8,
                                         p_adaptive boolean)
@@ -224,5 +214,37 @@ begin
            updated_at = clock_timestamp()
      where c.bucket = p_bucket;
     return query select b.learned_rps, greatest(coalesce(b.blocked_until, 0) - v_now, 0);
+end;
+$$;
+
+-- The provider reported its request limit (`pacing::Learned::reported`): the learned rate is
+-- that, unless a refusal has cut below it since (then the regrowth stops there).
+create function replyd_capacity_reported(p_bucket text, p_requests_per_second float8)
+returns void language plpgsql volatile as $$
+declare
+    v_now float8 := extract(epoch from clock_timestamp());
+    v_rate float8 := greatest(p_requests_per_second, 0.5);
+begin
+    insert into capacity_buckets (bucket) values (p_bucket) on conflict do nothing;
+    update capacity_buckets c
+       set reported_rps = v_rate,
+           learned_rps = case when c.learned_rps < v_rate then c.learned_rps else v_rate end,
+           learned_changed_at = case when c.learned_rps < v_rate then c.learned_changed_at
+                                     else v_now end,
+           updated_at = clock_timestamp()
+     where c.bucket = p_bucket;
+end;
+$$;
+
+-- The provider said its window is spent (`remaining` 0): every worker waits for its reset.
+create function replyd_capacity_pause(p_bucket text, p_pause_secs float8)
+returns void language plpgsql volatile as $$
+begin
+    insert into capacity_buckets (bucket) values (p_bucket) on conflict do nothing;
+    update capacity_buckets c
+       set blocked_until = greatest(coalesce(c.blocked_until, 0),
+                                    extract(epoch from clock_timestamp()) + p_pause_secs),
+           updated_at = clock_timestamp()
+     where c.bucket = p_bucket;
 end;
 $$;

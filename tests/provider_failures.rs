@@ -584,3 +584,93 @@ async fn a_create_whose_answer_is_lost_is_resent_within_the_attempt_and_found_by
         Some(AttemptOutcome::Accepted)
     );
 }
+
+/// A provider enforcing `rpm` requests a minute and `concurrent` at once, the way hosted APIs
+/// do (refused at once with a 429, no work done), at 100 ms a generation.
+fn limited_mock(rpm: u64, concurrent: u64) -> MockSettings {
+    MockSettings {
+        latency_ms: 100,
+        limits: replyd::mock_provider::LimitSettings {
+            requests_per_minute: Some(rpm),
+            tokens_per_minute: None,
+            concurrent_requests: Some(concurrent),
+        },
+        ..MockSettings::default()
+    }
+}
+
+/// Publishes `n` tasks at once to three workers (once the group has settled, so no rebalance
+/// cuts a call short) and waits until all are terminal.
+async fn burst(mock: MockSettings, config: WorkerConfig, n: usize) -> TestApp {
+    let app = TestApp::start(3, mock, config).await;
+    let workers = ["w1", "w2", "w3"];
+    for worker in workers {
+        app.spawn_worker(worker);
+    }
+    app.wait_until_assigned(&workers).await;
+    let workspace = unique("ws");
+    let tasks: Vec<TaskSpec> = (0..n).map(|i| demo_task(&workspace, i, 10, 3)).collect();
+    app.produce_tasks(&tasks, 1).await;
+    let ids: Vec<_> = tasks.iter().map(|t| t.task_id).collect();
+    app.wait_until_terminal(&ids, LIMIT).await;
+    app
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_paced_by_the_shared_budget_never_meets_the_providers_limit() {
+    // The provider allows 1,200 a minute (20 a second) and 8 at once; the deployment is
+    // configured a little under the rate, as an operator sets it, and at the concurrency.
+    let config = WorkerConfig {
+        extra_toml: "[capacity]\nrequests_per_minute = 1080\nmax_concurrent = 8\n".into(),
+        ..WorkerConfig::default()
+    };
+    let app = burst(limited_mock(1_200, 8), config, 120).await;
+
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!((report.completed, report.failed), (120, 0), "{report:#?}");
+    // Three workers together kept to one budget: the provider refused nothing.
+    let stats = app.mock.stats();
+    assert_eq!(stats.refused.total(), 0, "{stats:?}");
+    assert!(stats.max_in_progress <= 8, "{stats:?}");
+    assert!(stats.max_admitted_in_a_second <= 18, "{stats:?}");
+    assert_eq!(report.attempts, 120, "one attempt a task: {report:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_limit_configured_the_workers_back_off_on_the_providers_refusals() {
+    // Nothing configured: the provider's 429s pause the deployment and teach it a rate.
+    let app = burst(limited_mock(1_200, 8), WorkerConfig::default(), 120).await;
+
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!((report.completed, report.failed), (120, 0), "{report:#?}");
+    let stats = app.mock.stats();
+    assert!(
+        stats.refused.total() > 0,
+        "the burst did meet the limit: {stats:?}"
+    );
+    // Refusals spent no attempt of any task (I7).
+    assert_eq!(report.attempts, 120, "{report:#?}");
+    // Each of the provider's refusals is an attempt row `refused`, outside the budget.
+    assert_eq!(
+        report.refused_calls as u64,
+        stats.refused.total(),
+        "{stats:?}"
+    );
+    let row = app
+        .db
+        .raw_client()
+        .await
+        .query_one(
+            "SELECT max(reported_rps), max(learned_rps) FROM capacity_buckets",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (reported, learned): (Option<f64>, Option<f64>) = (row.get(0), row.get(1));
+    // The provider's own headers named its limit (1,200 a minute: 20 a second); its refusals
+    // (here, of calls over its concurrency) cut the rate below it, to regrow towards it.
+    assert_eq!(reported, Some(20.0));
+    assert!(learned.is_some_and(|l| l > 0.0 && l <= 20.0), "{learned:?}");
+}

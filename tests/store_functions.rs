@@ -223,11 +223,11 @@ async fn a_record_claim_inserts_its_task_once_and_reports_a_disagreeing_copy() {
     assert_eq!(attempts, 1);
 }
 
-/// `replyd_gcra` (migration V16) grants what `capacity::gcra::grant`, its specification,
-/// grants, over generated buckets, asks and instants.
+/// `replyd_pace` (migration V16) schedules what `capacity::pacing::schedule`, its
+/// specification, schedules, over generated buckets, waiters and instants.
 #[test]
-fn the_capacity_function_grants_what_gcra_grants() {
-    use replyd::capacity::gcra::{Rate, grant, grant_whole};
+fn the_capacity_function_schedules_what_pacing_schedules() {
+    use replyd::capacity::pacing::{Budget, HORIZON_SECONDS, schedule};
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let db = runtime.block_on(TestDb::new());
     let client = runtime.block_on(db.raw_client());
@@ -237,43 +237,60 @@ fn the_capacity_function_grants_what_gcra_grants() {
     });
     let case = (
         proptest::option::of(0.0f64..20.0),
+        proptest::option::of(0.0f64..20.0),
+        proptest::option::of(0.1f64..400.0),
+        proptest::option::of(10.0f64..50_000.0),
         0.0f64..20.0,
-        0u64..5_000,
-        1u64..200_000,
-        proptest::bool::ANY,
+        proptest::collection::vec(1u64..5_000, 0..40),
     );
     runner
-        .run(&case, |(tat, now, want, per_minute, whole)| {
-            let rate = Rate::per_minute(per_minute);
-            let spec = if whole {
-                grant_whole(tat, now, want, rate)
-            } else {
-                grant(tat, now, want, rate)
-            };
-            let row = runtime.block_on(async {
-                client
-                    .query_one(
-                        "SELECT granted, new_tat, wait FROM replyd_gcra($1, $2, $3, $4, $5, $6)",
-                        &[
-                            &tat,
-                            &now,
-                            &i64::try_from(want).unwrap(),
-                            &rate.per_second,
-                            &rate.burst,
-                            &whole,
-                        ],
-                    )
-                    .await
-                    .unwrap()
-            });
-            let granted: i64 = row.get(0);
-            let new_tat: f64 = row.get(1);
-            let wait: f64 = row.get(2);
-            prop_assert_eq!(granted as u64, spec.granted, "{:?}", spec);
-            prop_assert!((new_tat - spec.tat).abs() < 1e-6, "{new_tat} vs {spec:?}");
-            prop_assert!((wait - spec.wait).abs() < 1e-6, "{wait} vs {spec:?}");
-            Ok::<(), TestCaseError>(())
-        })
+        .run(
+            &case,
+            |(requests_tat, tokens_tat, rps, tps, now, waiters)| {
+                let spec = schedule(
+                    Budget {
+                        requests_tat,
+                        tokens_tat,
+                        requests_per_second: rps,
+                        tokens_per_second: tps,
+                    },
+                    now,
+                    &waiters,
+                );
+                let waiters: Vec<i64> = waiters.iter().map(|t| *t as i64).collect();
+                let row = runtime.block_on(async {
+                    client
+                        .query_one(
+                            "SELECT delays, new_requests_tat, new_tokens_tat, wait \
+                         FROM replyd_pace($1, $2, $3, $4, $5, $6, $7)",
+                            &[
+                                &requests_tat,
+                                &tokens_tat,
+                                &rps,
+                                &tps,
+                                &now,
+                                &HORIZON_SECONDS,
+                                &waiters,
+                            ],
+                        )
+                        .await
+                        .unwrap()
+                });
+                let delays: Vec<f64> = row.get(0);
+                let close = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                    (Some(a), Some(b)) => (a - b).abs() < 1e-6,
+                    (a, b) => a == b,
+                };
+                prop_assert_eq!(delays.len(), spec.delays.len(), "{:?}", spec);
+                for (sql, rust) in delays.iter().zip(&spec.delays) {
+                    prop_assert!((sql - rust).abs() < 1e-6, "{sql} vs {rust}");
+                }
+                prop_assert!(close(row.get(1), spec.requests_tat));
+                prop_assert!(close(row.get(2), spec.tokens_tat));
+                prop_assert!((row.get::<_, f64>(3) - spec.wait).abs() < 1e-6);
+                Ok::<(), TestCaseError>(())
+            },
+        )
         .unwrap();
 }
 
@@ -281,26 +298,29 @@ fn the_capacity_function_grants_what_gcra_grants() {
 async fn two_workers_share_one_budget_and_a_refusal_pauses_both() {
     use replyd::store::capacity::GrantAsk;
     let db = TestDb::new().await;
-    let ask = |holder: &'static str, want: u64, slots: u32, in_use: u32| GrantAsk {
+    let waiters = [10u64; 8];
+    let ask = |holder: &'static str, n: usize, slots: u32, in_use: u32| GrantAsk {
         bucket: "model-a",
         holder,
-        want_requests: want,
-        want_tokens: 0,
-        tokens_whole: false,
+        waiters: &waiters[..n],
         want_slots: slots,
         in_use,
-        // 600 a minute: 10 a second, 10 at once.
+        // 600 a minute: one every 100 ms.
         requests_per_second: Some(10.0),
         tokens_per_second: None,
         slot_limit: Some(4),
         slot_ttl: Duration::from_secs(10),
         adaptive: false,
+        horizon: Duration::from_millis(250),
     };
     let a = db.store.capacity_grant(&ask("w-a", 8, 3, 0)).await.unwrap();
     let b = db.store.capacity_grant(&ask("w-b", 8, 3, 0)).await.unwrap();
-    // One second's worth between them, and the four slots between them.
-    assert_eq!(a.requests + b.requests, 10, "{a:?} {b:?}");
+    // The four slots between them; the schedule is one: w-a's three calls go 100 ms apart,
+    // and w-b's one slot gets a send time after theirs, past the quarter second (none yet).
     assert_eq!((a.slots, b.slots), (3, 1));
+    assert_eq!(a.delays.len(), 3, "{a:?}");
+    assert!(a.delays[2] >= Duration::from_millis(199), "{a:?}");
+    assert!(b.delays.is_empty() && b.wait > Duration::ZERO, "{b:?}");
     // w-b waits for a share: w-a, asked again, keeps no more than a fair one (it uses one).
     let a = db.store.capacity_grant(&ask("w-a", 0, 3, 1)).await.unwrap();
     assert_eq!(a.slots, 2);
@@ -312,7 +332,7 @@ async fn two_workers_share_one_budget_and_a_refusal_pauses_both() {
         .await
         .unwrap();
     let paused = db.store.capacity_grant(&ask("w-b", 5, 2, 0)).await.unwrap();
-    assert_eq!(paused.requests, 0);
+    assert!(paused.delays.is_empty());
     assert!(paused.blocked_for > Duration::from_secs(25), "{paused:?}");
     // Another model's budget is its own.
     let other = db
@@ -323,5 +343,5 @@ async fn two_workers_share_one_budget_and_a_refusal_pauses_both() {
         })
         .await
         .unwrap();
-    assert_eq!(other.requests, 5);
+    assert_eq!(other.delays.len(), 2, "two slots, two calls: {other:?}");
 }

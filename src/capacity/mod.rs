@@ -2,28 +2,25 @@
 //! never send the provider more than its configured requests per minute, tokens per minute and
 //! requests at once; with none configured they back off on the provider's own signals).
 //!
-//! A record waits here for a [`Permit`] **before** its task is claimed: it holds no lease
-//! (nothing to renew, nothing for another worker to wait out), spends no attempt, and leaves
-//! the row free for a duplicate to find terminal. It keeps its place in its partition's
-//! window, as every record does until its task is terminal (I3); the window and the
-//! read-ahead bound how many wait. A permit is one request, its tokens and, under a
-//! concurrency limit, one slot, released when the call ends.
+//! A claimed task waits here for a [`Permit`] before its call, with its lease held (and
+//! renewed) and no attempt spent: a wait that ends without a call gives the attempt back. Only
+//! a task this worker holds waits, so a duplicate, or a task backing off, takes no permit. A
+//! permit is a send time (calls are paced, [`pacing`]) and, under a concurrency limit, a slot,
+//! released when the call ends.
 //!
-//! Permits come from the budget in PostgreSQL ([`crate::store::capacity`]) in grants: one
-//! worker's refill loop per model asks for what its waiting records need (a request each,
-//! their tokens, its share of the slots) in one call, and hands the grant out in arrival
-//! order, so a call costs no round trip of its own. Requests and tokens granted but not used
-//! within a second are dropped: the budget counted them when it granted them, and holding them
-//! longer would let a worker send a burst the provider's per-second quantization refuses. The
-//! concurrency share is renewed while the worker uses it and lapses when it vanishes.
+//! The budget is kept in PostgreSQL ([`crate::store::capacity`]): one refill loop per model in
+//! each worker asks, in one call, for the send times of the calls waiting in that worker (a
+//! quarter of a second ahead at most) and for its share of the slots, and hands them out in
+//! arrival order, so a call costs no round trip of its own. The share is renewed while the
+//! worker uses it and lapses when the worker vanishes.
 //!
 //! Where nothing is configured for a model and `capacity.adaptive` is on, the budget is the
 //! provider's own: a refusal ([`Capacity::refused`]) pauses every worker for its
-//! `Retry-After` and cuts a learned rate ([`gcra::Learned`]), which regrows slowly. While
-//! nothing is learned and nothing paused, a worker grants itself freely and asks the database
-//! only once a second.
+//! `Retry-After` and cuts a learned rate ([`pacing::Learned`]), which regrows slowly. While
+//! nothing is learned and nothing paused, a worker lets its calls go freely and asks the
+//! database only once a second.
 
-pub mod gcra;
+pub mod pacing;
 pub mod settings;
 
 use std::collections::{HashMap, VecDeque};
@@ -39,33 +36,27 @@ use crate::store::Store;
 use crate::store::capacity::GrantAsk;
 use crate::telemetry;
 
-/// How long granted requests and tokens may wait for a record before they are dropped.
-const GRANT_LIFETIME: Duration = Duration::from_secs(1);
-
-/// How long a worker grants itself freely, without asking the database, while a model has
+/// How long a worker lets calls go freely, without asking the database, while a model has
 /// nothing configured, learned or paused.
 const FREE_LEASE: Duration = Duration::from_secs(1);
 
-/// The longest a refill loop sleeps while records wait (the budget may free capacity sooner
-/// than its estimate: another worker's slots lapse, a pause ends).
+/// The longest a refill loop sleeps while calls wait (the budget may free capacity sooner than
+/// its estimate: another worker's slots lapse, a pause ends).
 const MAX_REFILL_SLEEP: Duration = Duration::from_millis(250);
 
-/// The right to make one call: released (its concurrency slot given back) when dropped.
-pub struct Permit {
-    release: Option<(Arc<Bucket>, bool)>,
-}
+/// Calls scheduled by one grant at most (a quarter of a second of a very high limit).
+const MAX_SCHEDULED: usize = 512;
 
-impl Permit {
-    /// A permit outside any budget (nothing governs this worker).
-    fn free() -> Self {
-        Self { release: None }
-    }
+/// The right to make one call, from `ready_at` on: its slot given back when dropped.
+pub struct Permit {
+    ready_at: Instant,
+    release: Option<Arc<Bucket>>,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if let Some((bucket, slotted)) = self.release.take() {
-            bucket.release(slotted);
+        if let Some(bucket) = self.release.take() {
+            bucket.release();
         }
     }
 }
@@ -100,16 +91,17 @@ struct Waiter {
 
 #[derive(Default)]
 struct BucketState {
-    requests: u64,
-    tokens: u64,
-    granted_at: Option<Instant>,
     /// The concurrency share this worker holds, and how much of it is in use.
     slots: u32,
     in_use: u32,
     waiting: VecDeque<Waiter>,
-    /// Granting freely until then (nothing configured, learned or paused).
+    /// Letting calls go freely until then (nothing configured, learned or paused).
     free_until: Option<Instant>,
     refilling: bool,
+    /// The request limit (a minute's) the provider last reported, as recorded in the budget.
+    reported: Option<u64>,
+    /// A pause this worker already recorded for a window the provider said was spent.
+    paused_until: Option<Instant>,
 }
 
 impl Capacity {
@@ -148,17 +140,30 @@ impl Capacity {
         cancel: &CancellationToken,
     ) -> Option<Permit> {
         let Some(governor) = &self.inner else {
-            return Some(Permit::free());
+            return Some(Permit {
+                ready_at: Instant::now(),
+                release: None,
+            });
         };
         let bucket = governor.bucket(model);
         let since = Instant::now();
         let receive = {
             // A poisoned lock only means a panic elsewhere; the counts stay usable.
             let mut state = bucket.state.lock().unwrap_or_else(|p| p.into_inner());
-            if state.waiting.is_empty()
-                && let Some(permit) = bucket.take_now(&mut state, tokens)
-            {
-                return Some(permit);
+            if state.waiting.is_empty() && state.free_until.is_some_and(|until| until > since) {
+                if !bucket.slotted() {
+                    return Some(Permit {
+                        ready_at: since,
+                        release: None,
+                    });
+                }
+                if state.in_use < state.slots {
+                    state.in_use += 1;
+                    return Some(Permit {
+                        ready_at: since,
+                        release: Some(Arc::clone(&bucket)),
+                    });
+                }
             }
             let (send, receive) = oneshot::channel();
             state.waiting.push_back(Waiter { tokens, send });
@@ -170,15 +175,19 @@ impl Capacity {
             receive
         };
         bucket.wake.notify_one();
+        let permit = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return None,
+            permit = receive => permit.ok()?,
+        };
+        // Paced: the call goes at its send time.
         tokio::select! {
             biased;
-            _ = cancel.cancelled() => None,
-            permit = receive => {
-                let permit = permit.ok();
-                telemetry::capacity_waited(&bucket.name, since.elapsed());
-                permit
-            }
+            _ = cancel.cancelled() => return None,
+            _ = tokio::time::sleep_until(permit.ready_at.into()) => {}
         }
+        telemetry::capacity_waited(&bucket.name, since.elapsed());
+        Some(permit)
     }
 
     /// The provider refused a call of `model` for capacity (a 429, an overload): every worker
@@ -192,10 +201,8 @@ impl Capacity {
         let adaptive = governor.settings.adaptive && bucket.limits.requests_per_minute.is_none();
         {
             let mut state = bucket.state.lock().unwrap_or_else(|p| p.into_inner());
-            // Ask the budget again before granting freely.
+            // Ask the budget again before letting calls go freely.
             state.free_until = None;
-            state.requests = 0;
-            state.tokens = 0;
         }
         telemetry::capacity_refused(&bucket.name);
         match governor
@@ -209,6 +216,66 @@ impl Capacity {
                 }
             }
             Err(e) => telemetry::store_error("capacity_refused", &e),
+        }
+    }
+}
+
+impl Capacity {
+    /// What the provider said of its limits with an answer (its rate-limit headers, read by
+    /// the adapter): where nothing is configured and `capacity.adaptive` is on, a reported
+    /// request limit (a minute's) becomes the deployment's rate, and a window reported spent
+    /// (`remaining` 0) pauses every worker until it resets. Written to the budget only when it
+    /// changes, not on every answer. Best effort: a failure to record it is logged.
+    pub async fn observed(
+        &self,
+        model: &str,
+        requests_per_minute: Option<u64>,
+        requests_remaining: Option<u64>,
+        resets_in: Option<Duration>,
+    ) {
+        let Some(governor) = &self.inner else {
+            return;
+        };
+        if !governor.settings.adaptive {
+            return;
+        }
+        let bucket = governor.bucket(model);
+        if bucket.limits.requests_per_minute.is_some() {
+            return;
+        }
+        let (report, pause) = {
+            let mut state = bucket.state.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            let report =
+                requests_per_minute.filter(|limit| *limit > 0 && state.reported != Some(*limit));
+            if let Some(limit) = report {
+                state.reported = Some(limit);
+                // Ask the budget again: it paces from now on.
+                state.free_until = None;
+            }
+            let pause = match (requests_remaining, resets_in) {
+                (Some(0), Some(reset))
+                    if !reset.is_zero() && state.paused_until.is_none_or(|until| until <= now) =>
+                {
+                    state.paused_until = Some(now + reset);
+                    state.free_until = None;
+                    Some(reset)
+                }
+                _ => None,
+            };
+            (report, pause)
+        };
+        if let Some(limit) = report {
+            let rate = limit as f64 / 60.0;
+            match governor.store.capacity_reported(&bucket.name, rate).await {
+                Ok(()) => telemetry::capacity_limit(&bucket.name, rate),
+                Err(e) => telemetry::store_error("capacity_reported", &e),
+            }
+        }
+        if let Some(pause) = pause
+            && let Err(e) = governor.store.capacity_pause(&bucket.name, pause).await
+        {
+            telemetry::store_error("capacity_pause", &e);
         }
     }
 }
@@ -232,67 +299,33 @@ impl Bucket {
         self.limits.max_concurrent.is_some()
     }
 
-    /// A permit from what this worker holds, if it holds enough now.
-    fn take_now(self: &Arc<Self>, state: &mut BucketState, tokens: u64) -> Option<Permit> {
-        let now = Instant::now();
-        let free = state.free_until.is_some_and(|until| until > now);
-        if !free {
-            if state
-                .granted_at
-                .is_none_or(|at| now.duration_since(at) > GRANT_LIFETIME)
-            {
-                state.requests = 0;
-                state.tokens = 0;
-            }
-            let tokens_ok = self.limits.tokens_per_minute.is_none() || state.tokens >= tokens;
-            if state.requests == 0 || !tokens_ok {
-                return None;
-            }
-        }
-        if self.slotted() && state.in_use >= state.slots {
-            return None;
-        }
-        if !free {
-            state.requests -= 1;
-            if self.limits.tokens_per_minute.is_some() {
-                state.tokens -= tokens;
-            }
-        }
-        if self.slotted() {
-            state.in_use += 1;
-        }
-        Some(Permit {
-            release: Some((Arc::clone(self), self.slotted())),
-        })
-    }
-
-    /// A permit's end: its slot back to this worker's share, and the next waiter served.
-    fn release(&self, slotted: bool) {
-        if slotted {
-            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            state.in_use = state.in_use.saturating_sub(1);
-        }
+    /// A permit's end: its slot back to this worker's share, and the refill loop told.
+    fn release(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.in_use = state.in_use.saturating_sub(1);
+        drop(state);
         self.wake.notify_one();
     }
 
-    /// Hands out what this worker holds to its waiters, in arrival order. A waiter that gave
-    /// up (cancelled) gets nothing, and what it would have taken stays.
-    fn serve(self: &Arc<Self>, state: &mut BucketState) {
-        while let Some(front) = state.waiting.front() {
-            if front.send.is_closed() {
-                state.waiting.pop_front();
-                continue;
-            }
-            let tokens = front.tokens;
-            let Some(permit) = self.take_now(state, tokens) else {
+    /// Hands the first `delays.len()` waiters their send times, in arrival order. A waiter
+    /// that gave up meanwhile gets nothing (its send time is spent: the budget counted it).
+    fn serve(self: &Arc<Self>, state: &mut BucketState, now: Instant, delays: &[Duration]) {
+        for delay in delays {
+            let Some(waiter) = state.waiting.pop_front() else {
                 break;
             };
-            let waiter = state.waiting.pop_front().expect("the front exists");
+            let slotted = self.slotted();
+            if slotted {
+                state.in_use += 1;
+            }
+            let permit = Permit {
+                ready_at: now + *delay,
+                release: slotted.then(|| Arc::clone(self)),
+            };
             if let Err(mut permit) = waiter.send.send(permit) {
-                // Gave up between the check and the send. Its slot is given back here, under
-                // the lock this function already holds (the permit's own release would take
-                // it again); the requests and tokens taken for it are spent either way.
-                if let Some((_, true)) = permit.release.take() {
+                // Gave up: its slot back here, under the lock this function already holds
+                // (the permit's own release would take it again).
+                if permit.release.take().is_some() {
                     state.in_use = state.in_use.saturating_sub(1);
                 }
             }
@@ -301,68 +334,72 @@ impl Bucket {
     }
 }
 
-/// The refill loop of one bucket in this worker: asks the budget for what its waiters need,
-/// serves them, renews its concurrency share while it has one, and ends when it has nothing
-/// waiting and nothing held.
+/// The least time between two grants of one bucket while calls wait: releases that come
+/// together are served by one grant.
+const MIN_GRANT_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The refill loop of one bucket in this worker: serves its waiters from what it holds when
+/// the budget lets calls go unpaced, asks the budget for their send times (and a larger share
+/// of the slots) when it does not, renews the share while it has one, and ends when it has
+/// nothing waiting and nothing held.
 async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
     let limits = bucket.limits;
     let slot_ttl = governor.settings.slot_ttl();
     let mut renewed = Instant::now();
+    let mut last_grant: Option<Instant> = None;
     loop {
         let ask = {
             let mut state = bucket.state.lock().unwrap_or_else(|p| p.into_inner());
-            bucket.serve(&mut state);
-            let waiting = state.waiting.len() as u64;
+            state.waiting.retain(|w| !w.send.is_closed());
+            let now = Instant::now();
+            if state.free_until.is_some_and(|until| until > now) {
+                // Unpaced: every waiter that has a slot (or needs none) goes now, without a
+                // round trip.
+                let room = if bucket.slotted() {
+                    state.slots.saturating_sub(state.in_use) as usize
+                } else {
+                    state.waiting.len()
+                };
+                let now_delays = vec![Duration::ZERO; room.min(state.waiting.len())];
+                bucket.serve(&mut state, now, &now_delays);
+            }
+            let waiting = state.waiting.len();
             if waiting == 0 && state.in_use == 0 && state.slots == 0 {
                 state.refilling = false;
                 return;
             }
-            let now = Instant::now();
-            let free = state.free_until.is_some_and(|until| until > now);
-            let renew_due =
-                limits.max_concurrent.is_some() && now.duration_since(renewed) >= slot_ttl / 3;
-            // Nothing to ask while everyone is served, the worker grants itself freely or no
-            // share needs renewing (or giving back: an idle worker frees its share).
+            let renew_due = bucket.slotted() && now.duration_since(renewed) >= slot_ttl / 3;
+            // An idle worker gives its share back.
             let give_back = waiting == 0 && state.slots > state.in_use;
-            if (waiting == 0 || free) && !renew_due && !give_back {
+            if waiting == 0 && !renew_due && !give_back {
                 None
             } else {
-                // Tokens: what the waiters need, at most a second's worth at a time (more would
-                // only be held while the grant ages); one request needing more than that asks
-                // for its own tokens whole.
-                let burst = limits
-                    .tokens_per_minute
-                    .map_or(u64::MAX, |n| (n / 60).max(1));
-                let front = state.waiting.front().map_or(0, |w| w.tokens);
-                let waiting_tokens: u64 = state.waiting.iter().map(|w| w.tokens).sum();
-                let (want_tokens, whole) = if front > burst {
-                    (front, true)
-                } else {
-                    (
-                        waiting_tokens.min(burst).saturating_sub(state.tokens),
-                        false,
-                    )
-                };
-                Some((
-                    waiting.saturating_sub(state.requests),
-                    want_tokens,
-                    whole,
-                    (state.in_use + waiting as u32).min(limits.max_concurrent.unwrap_or(u32::MAX)),
-                    state.in_use,
-                ))
+                let waiters: Vec<u64> = state
+                    .waiting
+                    .iter()
+                    .take(MAX_SCHEDULED)
+                    .map(|w| w.tokens)
+                    .collect();
+                let want_slots =
+                    (state.in_use + waiting as u32).min(limits.max_concurrent.unwrap_or(u32::MAX));
+                Some((waiters, want_slots, state.in_use))
             }
         };
         let sleep = match ask {
             None => slot_ttl / 3,
-            Some((want_requests, want_tokens, tokens_whole, want_slots, in_use)) => {
+            Some((waiters, want_slots, in_use)) => {
+                if let Some(since) = last_grant.map(|at| at.elapsed())
+                    && since < MIN_GRANT_INTERVAL
+                {
+                    tokio::time::sleep(MIN_GRANT_INTERVAL - since).await;
+                }
+                last_grant = Some(Instant::now());
                 let granted = governor
                     .store
                     .capacity_grant(&GrantAsk {
                         bucket: &bucket.name,
                         holder: &governor.holder,
-                        want_requests,
-                        want_tokens,
-                        tokens_whole,
+                        waiters: &waiters,
                         want_slots,
                         in_use,
                         requests_per_second: limits.requests_per_minute.map(|n| n as f64 / 60.0),
@@ -370,6 +407,7 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
                         slot_limit: limits.max_concurrent,
                         slot_ttl,
                         adaptive: governor.settings.adaptive,
+                        horizon: Duration::from_secs_f64(pacing::HORIZON_SECONDS),
                     })
                     .await;
                 match granted {
@@ -380,28 +418,25 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
                         }
                         let mut state = bucket.state.lock().unwrap_or_else(|p| p.into_inner());
                         let now = Instant::now();
-                        let unconstrained = granted.requests_per_second.is_none()
+                        // Unpaced while no rate applies and nothing is paused: slots, if any,
+                        // are then this worker's to hand out as they free.
+                        let unpaced = granted.requests_per_second.is_none()
                             && limits.tokens_per_minute.is_none()
-                            && limits.max_concurrent.is_none()
                             && granted.blocked_for.is_zero();
-                        state.free_until = unconstrained.then(|| now + FREE_LEASE);
-                        if state
-                            .granted_at
-                            .is_some_and(|at| now.duration_since(at) > GRANT_LIFETIME)
-                        {
-                            state.requests = 0;
-                            state.tokens = 0;
-                        }
-                        state.requests += granted.requests;
-                        state.tokens += granted.tokens;
-                        state.granted_at = Some(now);
+                        state.free_until = unpaced.then(|| now + FREE_LEASE);
                         state.slots = granted.slots.max(state.in_use);
-                        bucket.serve(&mut state);
+                        bucket.serve(&mut state, now, &granted.delays);
                         if state.waiting.is_empty() {
                             slot_ttl / 3
+                        } else if unpaced {
+                            // Waiting for a slot: a release wakes the loop; ask again for a
+                            // larger share now and then.
+                            MAX_REFILL_SLEEP
                         } else {
-                            granted
-                                .wait
+                            // Ask again when the granted schedule runs out, or when the
+                            // budget said something could be granted.
+                            let last = granted.delays.last().copied().unwrap_or_default();
+                            last.max(granted.wait)
                                 .max(granted.blocked_for)
                                 .clamp(Duration::from_millis(5), MAX_REFILL_SLEEP)
                         }

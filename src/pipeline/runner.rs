@@ -23,6 +23,7 @@ use crate::domain::{AttemptOutcome, ProviderRan, RecordEnd, StoredTask, TaskId, 
 use crate::parking::{ParkedTasks, TaskWatch, WakeSource};
 use crate::provider::{
     BackgroundProvider, Generation, GenerationRequest, OperationId, Provider, ProviderError,
+    RateSignals,
 };
 use crate::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
 use crate::store::{
@@ -328,6 +329,7 @@ impl TaskRunner {
                 call_span.record("replyd.outcome", CallEnd::Replied.label());
                 drop(call_span);
                 telemetry::provider_call(&id, lease.version, CallEnd::Replied, started.elapsed());
+                self.observe(&request.model, &generation.rate_signals).await;
                 let meta = serde_json::to_value(&generation).ok();
                 let saving = trace::completion(trace, "save reply");
                 let Some(outcome) = self
@@ -439,6 +441,18 @@ impl TaskRunner {
                 _ => return started,
             }
         }
+    }
+
+    /// Tells the capacity budget what the provider said of its request limit with an answer.
+    async fn observe(&self, model: &str, signals: &RateSignals) {
+        self.capacity
+            .observed(
+                model,
+                signals.requests.limit,
+                signals.requests.remaining,
+                signals.requests.resets_in,
+            )
+            .await;
     }
 
     /// A claimed task whose wait for capacity was cancelled (revoked, stopping) gives its lease
@@ -554,16 +568,22 @@ impl TaskRunner {
         let outcome = attempt_outcome(&error);
         let ran = error.ran();
         if let ProviderError::Retryable {
-            status: 429 | 503 | 529,
+            status,
             retry_after,
+            signals,
             ..
         } = &error
         {
-            // Out of capacity at the provider: every worker of the deployment pauses as it
-            // asked, and a learned limit is cut (I9).
             let model =
                 GenerationRequest::for_task(&stored.spec, &self.settings.default_model).model;
-            self.capacity.refused(&model, *retry_after).await;
+            self.observe(&model, signals).await;
+            if matches!(status, 429 | 503 | 529) {
+                // Out of capacity at the provider: every worker of the deployment pauses as
+                // it asked, and a learned limit is cut (I9).
+                self.capacity
+                    .refused(&model, retry_after.or(signals.requests.resets_in))
+                    .await;
+            }
         }
         match retry::decide(&error, attempt, &self.settings.retry, fastrand::f64()) {
             Action::Fail { reason, outcome } => {

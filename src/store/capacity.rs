@@ -1,7 +1,7 @@
 //! The capacity budget's SQL (I9): one grant for a worker (requests, tokens, its share of the
 //! concurrency limit) and the report of a provider's refusal, each one call of a server-side
 //! function of `migrations/V16` that locks the model's bucket row, so every worker of the
-//! deployment draws from the same budget. The arithmetic is `capacity::gcra`'s.
+//! deployment draws from the same budget. The arithmetic is `capacity::pacing`'s.
 
 use std::time::Duration;
 
@@ -12,28 +12,28 @@ use super::{Store, StoreError};
 pub struct GrantAsk<'a> {
     pub bucket: &'a str,
     pub holder: &'a str,
-    pub want_requests: u64,
-    pub want_tokens: u64,
-    /// `want_tokens` are one request's, more than a second's worth: granted whole or not.
-    pub tokens_whole: bool,
+    /// The tokens of each call waiting in this worker, in arrival order.
+    pub waiters: &'a [u64],
     /// The concurrency share the worker wants to hold (in use plus waiting).
     pub want_slots: u32,
     /// Slots the worker is using now: never taken away while it does.
     pub in_use: u32,
-    /// Configured limits (None: not limited), quantized to the second.
+    /// Configured limits (None: not limited).
     pub requests_per_second: Option<f64>,
     pub tokens_per_second: Option<f64>,
     pub slot_limit: Option<u32>,
     pub slot_ttl: Duration,
     /// Learn a request rate from refusals where none is configured.
     pub adaptive: bool,
+    /// How far ahead calls are scheduled.
+    pub horizon: Duration,
 }
 
 /// What one grant gave.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Granted {
-    pub requests: u64,
-    pub tokens: u64,
+    /// When each of the first `delays.len()` waiters may go, from now.
+    pub delays: Vec<Duration>,
     /// The worker's concurrency share now (the slots it may use at once).
     pub slots: u32,
     /// When nothing was granted: how long until something could be.
@@ -48,22 +48,21 @@ fn secs(value: f64) -> Duration {
     Duration::try_from_secs_f64(value.max(0.0)).unwrap_or(Duration::MAX)
 }
 
-fn count(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
-}
-
 impl Store {
     /// One grant of `ask.bucket` for `ask.holder`.
     pub async fn capacity_grant(&self, ask: &GrantAsk<'_>) -> Result<Granted, StoreError> {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(
-                "SELECT requests, tokens, slots, wait, requests_per_second, blocked_for \
-                 FROM replyd_capacity_grant($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                "SELECT delays, slots, wait, requests_per_second, blocked_for \
+                 FROM replyd_capacity_grant($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             )
             .await?;
-        let want_requests = i64::try_from(ask.want_requests).unwrap_or(i64::MAX);
-        let want_tokens = i64::try_from(ask.want_tokens).unwrap_or(i64::MAX);
+        let waiters: Vec<i64> = ask
+            .waiters
+            .iter()
+            .map(|t| i64::try_from(*t).unwrap_or(i64::MAX))
+            .collect();
         let want_slots = i32::try_from(ask.want_slots).unwrap_or(i32::MAX);
         let in_use = i32::try_from(ask.in_use).unwrap_or(i32::MAX);
         let slot_limit = ask
@@ -75,9 +74,7 @@ impl Store {
                 &[
                     &ask.bucket,
                     &ask.holder,
-                    &want_requests,
-                    &want_tokens,
-                    &ask.tokens_whole,
+                    &waiters,
                     &want_slots,
                     &in_use,
                     &ask.requests_per_second,
@@ -85,17 +82,48 @@ impl Store {
                     &slot_limit,
                     &ask.slot_ttl.as_secs_f64(),
                     &ask.adaptive,
+                    &ask.horizon.as_secs_f64(),
                 ],
             )
             .await?;
+        let delays: Vec<f64> = row.get("delays");
         Ok(Granted {
-            requests: count(row.get("requests")),
-            tokens: count(row.get("tokens")),
+            delays: delays.into_iter().map(secs).collect(),
             slots: u32::try_from(row.get::<_, i32>("slots")).unwrap_or(0),
             wait: secs(row.get("wait")),
             requests_per_second: row.get("requests_per_second"),
             blocked_for: secs(row.get("blocked_for")),
         })
+    }
+
+    /// Records the request limit the provider reports for `bucket` (its rate-limit headers),
+    /// as requests a second.
+    pub async fn capacity_reported(
+        &self,
+        bucket: &str,
+        requests_per_second: f64,
+    ) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "SELECT replyd_capacity_reported($1, $2)",
+                &[&bucket, &requests_per_second],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Pauses every worker's calls of `bucket` for `pause`: the provider said its window is
+    /// spent until then.
+    pub async fn capacity_pause(&self, bucket: &str, pause: Duration) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "SELECT replyd_capacity_pause($1, $2)",
+                &[&bucket, &pause.as_secs_f64()],
+            )
+            .await?;
+        Ok(())
     }
 
     /// Reports that the provider refused a call of `bucket` for capacity: every worker pauses

@@ -50,6 +50,8 @@ pub struct WorkerConfig {
     pub max_prompt_bytes: usize,
     /// `worker.commit_interval_ms`.
     pub commit_interval_ms: u64,
+    /// More tables at the end of the settings (e.g. `[capacity]`).
+    pub extra_toml: String,
 }
 
 impl Default for WorkerConfig {
@@ -74,6 +76,7 @@ impl Default for WorkerConfig {
             listen: true,
             max_prompt_bytes: 256 * 1024,
             commit_interval_ms: 200,
+            extra_toml: String::new(),
         }
     }
 }
@@ -236,6 +239,8 @@ listen = "127.0.0.1:0"
 
 [api]
 listen = "127.0.0.1:0"
+
+{extra}
 "#,
             url = self.worker_database_url(),
             commit = c.commit_interval_ms,
@@ -274,6 +279,7 @@ listen = "127.0.0.1:0"
             api = c.provider_api,
             listen = c.listen,
             max_prompt = c.max_prompt_bytes,
+            extra = c.extra_toml,
         )
     }
 
