@@ -181,10 +181,12 @@ begin
 end;
 $$;
 
--- The provider refused a call for capacity: every worker pauses until `p_pause_secs` from now
--- (its Retry-After, or when its limit resets), and, when `p_adaptive` and no request limit is
--- configured, the learned rate is cut (`pacing::Learned::refused`: to 70 % of it, or the first
--- time of the rate being sent, at most once a second).
+-- The provider refused a call for capacity, where no limit is configured: unless the provider
+-- reported its limit (the deployment paces at it, and a refusal is a call a moment early), every
+-- worker pauses until `p_pause_secs` from now (its Retry-After, or when its limit resets); and
+-- with `p_adaptive` the learned rate is cut (`pacing::Learned::refused`: to 90 % of it with a
+-- reported limit, else to 70 % of it or, the first time, of the rate being sent; at most once a
+-- second).
 create function replyd_capacity_refused(p_bucket text, p_pause_secs float8,
                                         p_adaptive boolean)
 returns table (requests_per_second float8, blocked_for float8)
@@ -198,14 +200,17 @@ begin
     insert into capacity_buckets (bucket) values (p_bucket) on conflict do nothing;
     select * into b from capacity_buckets c where c.bucket = p_bucket for update;
     v_now := extract(epoch from clock_timestamp());
-    if p_pause_secs is not null and p_pause_secs > 0 then
+    -- Pacing at a limit the provider reported, a refusal is a call that arrived a moment
+    -- early: no pause, a gentle cut. Without one, the provider's word is all there is.
+    if b.reported_rps is null and p_pause_secs is not null and p_pause_secs > 0 then
         b.blocked_until := greatest(coalesce(b.blocked_until, 0), v_now + p_pause_secs);
     end if;
     if p_adaptive and not (b.learned_rps is not null and v_now < b.learned_changed_at + 1.0) then
         v_sending := coalesce(b.learned_rps,
                               greatest(b.previous_rate,
                                        b.window_granted / greatest(v_now - b.window_start, 1.0)));
-        b.learned_rps := greatest(v_sending * 0.7, 0.5);
+        b.learned_rps := greatest(v_sending * case when b.reported_rps is null then 0.7
+                                                   else 0.9 end, 0.5);
         b.learned_changed_at := v_now;
     end if;
     update capacity_buckets c
@@ -231,19 +236,6 @@ begin
            learned_rps = case when c.learned_rps < v_rate then c.learned_rps else v_rate end,
            learned_changed_at = case when c.learned_rps < v_rate then c.learned_changed_at
                                      else v_now end,
-           updated_at = clock_timestamp()
-     where c.bucket = p_bucket;
-end;
-$$;
-
--- The provider said its window is spent (`remaining` 0): every worker waits for its reset.
-create function replyd_capacity_pause(p_bucket text, p_pause_secs float8)
-returns void language plpgsql volatile as $$
-begin
-    insert into capacity_buckets (bucket) values (p_bucket) on conflict do nothing;
-    update capacity_buckets c
-       set blocked_until = greatest(coalesce(c.blocked_until, 0),
-                                    extract(epoch from clock_timestamp()) + p_pause_secs),
            updated_at = clock_timestamp()
      where c.bucket = p_bucket;
 end;

@@ -124,6 +124,7 @@ pub async fn run_worker(
             io_retry: settings.worker.io_retry(),
             default_model: settings.provider.default_model.clone(),
             default_output_tokens: settings.capacity.default_output_tokens,
+            chars_per_token: settings.capacity.chars_per_token,
             retry: settings.retry.clone(),
             recoverable,
         },

@@ -100,8 +100,6 @@ struct BucketState {
     refilling: bool,
     /// The request limit (a minute's) the provider last reported, as recorded in the budget.
     reported: Option<u64>,
-    /// A pause this worker already recorded for a window the provider said was spent.
-    paused_until: Option<Instant>,
 }
 
 impl Capacity {
@@ -190,21 +188,28 @@ impl Capacity {
         Some(permit)
     }
 
-    /// The provider refused a call of `model` for capacity (a 429, an overload): every worker
-    /// of the deployment pauses for `retry_after` and, where nothing is configured, the
-    /// learned rate is cut. Best effort: a failure to record it is logged.
+    /// The provider refused a call of `model` for capacity (a 429, an overload). Where a limit
+    /// is configured, the pacing already holds the deployment to it, and a refusal now and
+    /// then (a call arriving a moment early) is only counted: pausing every worker for it would
+    /// cost far more than it saves. Where none is, the learned rate is cut, and, unless the
+    /// provider reported its limit (the same reasoning), every worker of the deployment pauses
+    /// for `retry_after`. Best effort: a failure to record it is logged.
     pub async fn refused(&self, model: &str, retry_after: Option<Duration>) {
         let Some(governor) = &self.inner else {
             return;
         };
         let bucket = governor.bucket(model);
-        let adaptive = governor.settings.adaptive && bucket.limits.requests_per_minute.is_none();
+        telemetry::capacity_refused(&bucket.name);
+        if bucket.limits.requests_per_minute.is_some() || bucket.limits.tokens_per_minute.is_some()
+        {
+            return;
+        }
+        let adaptive = governor.settings.adaptive;
         {
             let mut state = bucket.state.lock().unwrap_or_else(|p| p.into_inner());
             // Ask the budget again before letting calls go freely.
             state.free_until = None;
         }
-        telemetry::capacity_refused(&bucket.name);
         match governor
             .store
             .capacity_refused(&bucket.name, retry_after, adaptive)
@@ -223,16 +228,12 @@ impl Capacity {
 impl Capacity {
     /// What the provider said of its limits with an answer (its rate-limit headers, read by
     /// the adapter): where nothing is configured and `capacity.adaptive` is on, a reported
-    /// request limit (a minute's) becomes the deployment's rate, and a window reported spent
-    /// (`remaining` 0) pauses every worker until it resets. Written to the budget only when it
-    /// changes, not on every answer. Best effort: a failure to record it is logged.
-    pub async fn observed(
-        &self,
-        model: &str,
-        requests_per_minute: Option<u64>,
-        requests_remaining: Option<u64>,
-        resets_in: Option<Duration>,
-    ) {
+    /// request limit (a minute's) becomes the deployment's rate, written to the budget only
+    /// when it changes. The remaining count is not acted on: pacing at the reported limit
+    /// drives it to 0 at the end of every window by design, and a pause for that would halve
+    /// the rate; a `429` (with its `Retry-After`) is what says the deployment went over. Best
+    /// effort: a failure to record it is logged.
+    pub async fn observed(&self, model: &str, requests_per_minute: Option<u64>) {
         let Some(governor) = &self.inner else {
             return;
         };
@@ -243,9 +244,8 @@ impl Capacity {
         if bucket.limits.requests_per_minute.is_some() {
             return;
         }
-        let (report, pause) = {
+        let report = {
             let mut state = bucket.state.lock().unwrap_or_else(|p| p.into_inner());
-            let now = Instant::now();
             let report =
                 requests_per_minute.filter(|limit| *limit > 0 && state.reported != Some(*limit));
             if let Some(limit) = report {
@@ -253,17 +253,7 @@ impl Capacity {
                 // Ask the budget again: it paces from now on.
                 state.free_until = None;
             }
-            let pause = match (requests_remaining, resets_in) {
-                (Some(0), Some(reset))
-                    if !reset.is_zero() && state.paused_until.is_none_or(|until| until <= now) =>
-                {
-                    state.paused_until = Some(now + reset);
-                    state.free_until = None;
-                    Some(reset)
-                }
-                _ => None,
-            };
-            (report, pause)
+            report
         };
         if let Some(limit) = report {
             let rate = limit as f64 / 60.0;
@@ -271,11 +261,6 @@ impl Capacity {
                 Ok(()) => telemetry::capacity_limit(&bucket.name, rate),
                 Err(e) => telemetry::store_error("capacity_reported", &e),
             }
-        }
-        if let Some(pause) = pause
-            && let Err(e) = governor.store.capacity_pause(&bucket.name, pause).await
-        {
-            telemetry::store_error("capacity_pause", &e);
         }
     }
 }
@@ -461,14 +446,15 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
 }
 
 /// Tokens a request counts against a tokens-per-minute limit: its prompt, estimated from the
-/// text (about four characters a token, as providers' own estimates go, rounded up), and the
-/// most its reply may have.
+/// text (`chars_per_token` characters a token, rounded up), and the most its reply may have.
 pub fn request_tokens(
     prompt_chars: usize,
     max_output_tokens: Option<u32>,
     default_output: u32,
+    chars_per_token: u32,
 ) -> u64 {
-    (prompt_chars as u64).div_ceil(4) + u64::from(max_output_tokens.unwrap_or(default_output))
+    (prompt_chars as u64).div_ceil(u64::from(chars_per_token.max(1)))
+        + u64::from(max_output_tokens.unwrap_or(default_output))
 }
 
 #[cfg(test)]
@@ -477,7 +463,8 @@ mod tests {
 
     #[test]
     fn a_request_counts_its_prompt_and_its_reply_ceiling() {
-        assert_eq!(request_tokens(400, Some(256), 1024), 100 + 256);
-        assert_eq!(request_tokens(401, None, 1024), 101 + 1024);
+        assert_eq!(request_tokens(400, Some(256), 1024, 4), 100 + 256);
+        assert_eq!(request_tokens(401, None, 1024, 4), 101 + 1024);
+        assert_eq!(request_tokens(800, Some(1), 1024, 8), 100 + 1);
     }
 }

@@ -58,6 +58,12 @@ pub struct CapacitySettings {
     /// Output tokens counted against `tokens_per_minute` for a task that names no
     /// `max_output_tokens`. Default 1024.
     pub default_output_tokens: u32,
+    /// Characters of prompt counted as one token against `tokens_per_minute`: a prompt's
+    /// tokens are estimated from its length before the call, as providers' own rule of thumb
+    /// goes (about 4 for English with OpenAI's and Anthropic's tokenizers). Set it to match
+    /// your provider's tokenizer on your traffic (its reported usage over the prompt's length).
+    /// Default 4.
+    pub chars_per_token: u32,
     /// How long a worker's share of `max_concurrent` stays held without being renewed: a
     /// worker that vanished gives its share back after this. Default 10000.
     pub slot_ttl_ms: u64,
@@ -72,6 +78,7 @@ impl Default for CapacitySettings {
             models: BTreeMap::new(),
             adaptive: true,
             default_output_tokens: 1024,
+            chars_per_token: 4,
             slot_ttl_ms: 10_000,
         }
     }
@@ -127,6 +134,12 @@ impl CapacitySettings {
                     ));
                 }
             }
+        }
+        if self.chars_per_token == 0 {
+            out.push((
+                "capacity.chars_per_token".to_owned(),
+                "must be at least 1".to_owned(),
+            ));
         }
         if self.slot_ttl_ms < 1_000 {
             out.push((

@@ -56,6 +56,8 @@ pub struct RunnerSettings {
     /// Output tokens counted against a tokens-per-minute limit for a task that names no
     /// `max_output_tokens` (`capacity.default_output_tokens`).
     pub default_output_tokens: u32,
+    /// Characters of prompt counted as a token (`capacity.chars_per_token`).
+    pub chars_per_token: u32,
     pub retry: RetrySettings,
     /// Whether an ambiguous call can be recovered by the provider (it honours
     /// Idempotency-Key, or looks operations up by id) instead of generating again.
@@ -282,6 +284,7 @@ impl TaskRunner {
                 .sum(),
             request.max_output_tokens,
             self.settings.default_output_tokens,
+            self.settings.chars_per_token,
         );
         let _permit = match self
             .guarded(
@@ -445,14 +448,7 @@ impl TaskRunner {
 
     /// Tells the capacity budget what the provider said of its request limit with an answer.
     async fn observe(&self, model: &str, signals: &RateSignals) {
-        self.capacity
-            .observed(
-                model,
-                signals.requests.limit,
-                signals.requests.remaining,
-                signals.requests.resets_in,
-            )
-            .await;
+        self.capacity.observed(model, signals.requests.limit).await;
     }
 
     /// A claimed task whose wait for capacity was cancelled (revoked, stopping) gives its lease

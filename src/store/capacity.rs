@@ -113,19 +113,6 @@ impl Store {
         Ok(())
     }
 
-    /// Pauses every worker's calls of `bucket` for `pause`: the provider said its window is
-    /// spent until then.
-    pub async fn capacity_pause(&self, bucket: &str, pause: Duration) -> Result<(), StoreError> {
-        let client = self.client().await?;
-        client
-            .execute(
-                "SELECT replyd_capacity_pause($1, $2)",
-                &[&bucket, &pause.as_secs_f64()],
-            )
-            .await?;
-        Ok(())
-    }
-
     /// Reports that the provider refused a call of `bucket` for capacity: every worker pauses
     /// for `pause` (its Retry-After) and, with `adaptive`, the learned rate is cut. Returns the
     /// learned rate now, if any.

@@ -104,6 +104,7 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
     (CAPACITY_WAIT_SECONDS, Kind::Histogram),
     (CAPACITY_WAITING, Kind::Gauge),
     (CAPACITY_REFUSALS, Kind::Counter),
+    (CAPACITY_LIMIT, Kind::Gauge),
     (COMPLETION_BATCH_ROWS, Kind::Histogram),
     (RENEWAL_BATCH_ROWS, Kind::Histogram),
     (CLAIM_BATCH_ROWS, Kind::Histogram),
