@@ -149,17 +149,20 @@ impl Capacity {
             // A poisoned lock only means a panic elsewhere; the counts stay usable.
             let mut state = bucket.state.lock().unwrap_or_else(|p| p.into_inner());
             if state.waiting.is_empty() && state.free_until.is_some_and(|until| until > since) {
-                if !bucket.slotted() {
-                    return Some(Permit {
-                        ready_at: since,
-                        release: None,
-                    });
-                }
-                if state.in_use < state.slots {
+                let release = if !bucket.slotted() {
+                    Some(None)
+                } else if state.in_use < state.slots {
                     state.in_use += 1;
+                    Some(Some(Arc::clone(&bucket)))
+                } else {
+                    None
+                };
+                if let Some(release) = release {
+                    // No wait: counted too, so the wait's quantiles are over every call.
+                    telemetry::capacity_waited(&bucket.name, Duration::ZERO);
                     return Some(Permit {
                         ready_at: since,
-                        release: Some(Arc::clone(&bucket)),
+                        release,
                     });
                 }
             }
