@@ -101,8 +101,12 @@ pub struct Report {
     /// Charged reservations whose task neither completed nor failed under a policy that
     /// charges failures, nor failed while the provider may have done its work (must be 0).
     pub charges_without_reply: i64,
-    /// Workspaces whose counter of open reservations differs from the reservations (must be 0).
+    /// Workspaces whose counter of open reservations (or of the tokens they hold) differs from
+    /// the reservations (must be 0).
     pub quota_counter_mismatches: i64,
+    /// Settled reservations whose tokens are not what their settlement charges: a charge the
+    /// saved reply's reported usage, else the ceiling; anything else none (must be 0).
+    pub token_charge_mismatches: i64,
     /// Accepted replies per worker id: how the work was shared.
     pub replies_by_worker: BTreeMap<String, i64>,
     /// HTTP requests the mock provider received (when `--mock-url` is given).
@@ -282,6 +286,11 @@ impl Report {
             "quota counters off",
             self.quota_counter_mismatches.to_string(),
             "I8: must be 0",
+        );
+        row(
+            "token charges off",
+            self.token_charge_mismatches.to_string(),
+            "I8: must be 0 (the reply's reported usage, else the ceiling)",
         );
         for (worker, replies) in &self.replies_by_worker {
             row(&format!("replies by {worker}"), replies.to_string(), "");
@@ -487,6 +496,7 @@ pub struct QuotaFacts {
     pub completed_without_charge: i64,
     pub charges_without_reply: i64,
     pub counter_mismatches: i64,
+    pub token_charge_mismatches: i64,
 }
 
 /// Runs every check and returns the report.
@@ -602,9 +612,16 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
                count(*) FILTER (WHERE r.state = 'charged' AND NOT (t.status = 'completed' \
                                 OR (t.status = 'failed' \
                                     AND (r.charge_on_failure OR t.provider_may_have_run)))), \
-               (SELECT count(*) FROM quota_counters q WHERE q.reserved <> \
-                  (SELECT count(*) FROM quota_reservations o \
-                    WHERE o.workspace_id = q.workspace_id AND o.state = 'reserved')) \
+               (SELECT count(*) FROM quota_counters q WHERE (q.reserved, q.tokens_reserved) <> \
+                  (SELECT count(*), coalesce(sum(o.token_ceiling), 0) FROM quota_reservations o \
+                    WHERE o.workspace_id = q.workspace_id AND o.state = 'reserved')), \
+               count(*) FILTER (WHERE r.state <> 'reserved' AND r.tokens_charged IS DISTINCT FROM \
+                 CASE WHEN r.state <> 'charged' THEN 0 \
+                      ELSE coalesce((SELECT a.prompt_tokens + a.completion_tokens \
+                                       FROM reply_attempts a \
+                                      WHERE a.task_id = t.task_id \
+                                        AND a.assignment_version = t.assignment_version \
+                                        AND t.status = 'completed'), r.token_ceiling) END) \
              FROM quota_reservations r JOIN reply_tasks t USING (task_id)",
             &[],
         )
@@ -619,6 +636,7 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         completed_without_charge: row.get(6),
         charges_without_reply: row.get(7),
         counter_mismatches: row.get(8),
+        token_charge_mismatches: row.get(9),
     };
     let attempts_per_task = client
         .query(
@@ -783,6 +801,7 @@ pub fn verdict(facts: Facts) -> Report {
         completed_without_charge: facts.quota.completed_without_charge,
         charges_without_reply: facts.quota.charges_without_reply,
         quota_counter_mismatches: facts.quota.counter_mismatches,
+        token_charge_mismatches: facts.quota.token_charge_mismatches,
         replies_by_worker: facts.replies_by_worker,
         mock_requests: facts.mock.map(|m| m.requests),
         mock_generations: facts.mock.map(|m| m.generations),
@@ -812,9 +831,10 @@ pub fn verdict(facts: Facts) -> Report {
         || report.completed_without_charge > 0
         || report.charges_without_reply > 0
         || report.quota_counter_mismatches > 0
+        || report.token_charge_mismatches > 0
     {
         report.violations.push(
-            "I8 quota once: a reservation past its TTL unsettled, a completed task without its charge, a charge without its reply, or a counter that disagrees with its reservations"
+            "I8 quota once: a reservation past its TTL unsettled, a completed task without its charge, a charge without its reply, a counter that disagrees with its reservations, or a token charge other than the reply's reported usage (else its ceiling)"
                 .into(),
         );
     }

@@ -91,17 +91,25 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum QuotaCommand {
-    /// Set a workspace's limit of generations per period (`--limit none` removes it).
-    #[command(after_help = "Exit codes: 0 set; 2 a bad limit or period; 4 no such workspace.")]
+    /// Set a workspace's limits per period: generations (`--limit`), tokens (`--tokens`), or
+    /// both; `none` removes one. What is not given stays as it is.
+    #[command(
+        after_help = "Exit codes: 0 set; 2 a bad limit or period, or nothing to set; 4 no such workspace."
+    )]
     Set {
         #[arg(long)]
         workspace: String,
         /// Generations per period, or `none`.
         #[arg(long)]
-        limit: String,
-        /// The period: a number of d, h, m or s (windows aligned to the Unix epoch).
-        #[arg(long, default_value = "1d")]
-        period: String,
+        limit: Option<String>,
+        /// Tokens per period, or `none`: each request reserves its ceiling (its prompt's
+        /// bytes, 8 a message, and its output bound) and is charged what its reply reported.
+        #[arg(long)]
+        tokens: Option<String>,
+        /// The period: a number of d, h, m or s (windows aligned to the Unix epoch); the
+        /// current one when absent (1d for a new workspace).
+        #[arg(long)]
+        period: Option<String>,
     },
     /// Show a workspace's quota: limit, used, reserved, when it resets, and the policy.
     #[command(after_help = "Exit codes: 0 shown; 4 no such workspace.")]
@@ -117,6 +125,18 @@ pub enum WorkspaceCommand {
     /// Create a workspace (lowercase letters, digits, `-`, `_`; at most 63 characters).
     #[command(after_help = "Exit codes: 0 created or already there; 2 a bad name.")]
     Create { name: String },
+    /// Set what a workspace's requests may ask for: the models (`--models a,b` or `any`) and
+    /// the most output tokens (`--max-output-tokens N` or `none`). A request outside them is a
+    /// `422` naming the field; one that names no `max_output_tokens` asks for the cap. What
+    /// is not given stays as it is; with neither, the policy is shown.
+    #[command(after_help = "Exit codes: 0 set or shown; 2 a bad value; 4 no such workspace.")]
+    Policy {
+        workspace: String,
+        #[arg(long)]
+        models: Option<String>,
+        #[arg(long)]
+        max_output_tokens: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::config::Settings;
-use crate::domain::{AttemptRecord, StoredTask, TaskId};
+use crate::domain::{AttemptOutcome, AttemptRecord, StoredTask, TaskId, TokenUsage};
 use crate::store::Store;
 
 /// Exit code when the task does not exist.
@@ -48,6 +48,7 @@ pub fn render_json(task: &StoredTask, attempts: &[AttemptRecord]) -> serde_json:
         "provider_operation_id": task.provider_operation_id,
         "failure": task.failure,
         "saved_response": task.saved_response,
+        "usage": TokenUsage::total_of(attempts.iter().map(|a| a.usage)),
         "attempts": attempts,
     })
 }
@@ -104,13 +105,34 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
     if let Some(failure) = &task.failure {
         let _ = writeln!(out, "failure     {failure}");
     }
+    // Tokens as the provider reported them; "not reported" is never shown as 0.
+    let unreported = attempts
+        .iter()
+        .filter(|a| a.usage.is_none() && a.outcome.is_some_and(|o| o != AttemptOutcome::Refused))
+        .count();
+    let _ = writeln!(
+        out,
+        "tokens      {}{}",
+        TokenUsage::total_of(attempts.iter().map(|a| a.usage)).map_or_else(
+            || "not reported".to_owned(),
+            |u| format!(
+                "{} prompt, {} completion",
+                u.prompt_tokens, u.completion_tokens
+            )
+        ),
+        if unreported > 0 {
+            format!(" ({unreported} finished attempts reported none)")
+        } else {
+            String::new()
+        }
+    );
     let _ = writeln!(out, "created     {}", task.created_at);
     if let Some(at) = task.finished_at {
         let _ = writeln!(out, "finished    {at}");
     }
     let _ = writeln!(
         out,
-        "\n#  version  worker                claimed                           took      outcome"
+        "\n#  version  worker                claimed                           took      tokens (prompt+completion)  outcome"
     );
     for a in attempts {
         let took = a
@@ -124,12 +146,16 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "{:<2} {:<8} {:<21} {:<33} {:<9} {}{}",
+            "{:<2} {:<8} {:<21} {:<33} {:<9} {:<27} {}{}",
             a.attempt_no,
             a.assignment_version,
             a.worker,
             a.claimed_at.to_string(),
             took,
+            a.usage.map_or_else(
+                || "not reported".to_owned(),
+                |u| format!("{}+{}", u.prompt_tokens, u.completion_tokens)
+            ),
             a.outcome.map_or("(open)", |o| o.as_str()),
             a.detail
                 .as_deref()

@@ -30,3 +30,4 @@ pub mod startup;
 pub mod store;
 pub mod telemetry;
 pub mod worker;
+pub mod workspace_policy;

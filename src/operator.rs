@@ -1,5 +1,5 @@
 //! The operator's commands for tenants: `replyd workspace create`, `replyd api-key create`,
-//! `replyd api-key revoke`, `replyd quota set`, `replyd quota show`. A new key is printed once, to standard output, and never again:
+//! `replyd api-key revoke`, `replyd quota set`, `replyd quota show`, `replyd workspace policy`. A new key is printed once, to standard output, and never again:
 //! only its hash is stored.
 
 use std::process::ExitCode;
@@ -10,7 +10,7 @@ use crate::api_key::issue;
 use crate::cli::{ApiKeyCommand, QuotaCommand, WorkspaceCommand};
 use crate::config::Settings;
 use crate::store::Store;
-use crate::store::workspaces::{Revoked, WorkspaceCreated, valid_workspace_id};
+use crate::store::workspaces::{PolicyChange, Revoked, WorkspaceCreated, valid_workspace_id};
 
 /// Exit code when the named workspace or key does not exist.
 pub const NOT_FOUND: u8 = 4;
@@ -21,7 +21,14 @@ pub async fn workspace(
     settings: &Settings,
     command: &WorkspaceCommand,
 ) -> anyhow::Result<ExitCode> {
-    let WorkspaceCommand::Create { name } = command;
+    let name = match command {
+        WorkspaceCommand::Create { name } => name,
+        WorkspaceCommand::Policy {
+            workspace,
+            models,
+            max_output_tokens,
+        } => return workspace_policy(settings, workspace, models, max_output_tokens).await,
+    };
     if !valid_workspace_id(name) {
         eprintln!(
             "replyd: workspace name {name:?} is not valid: use 1 to 63 lowercase letters, digits, `-` or `_`, starting with a letter or digit"
@@ -75,17 +82,98 @@ pub async fn api_key(settings: &Settings, command: &ApiKeyCommand) -> anyhow::Re
     Ok(ExitCode::SUCCESS)
 }
 
-/// Parses `--limit`: a count of generations, or `none`.
-fn parse_limit(text: &str) -> Result<Option<i64>, String> {
+async fn workspace_policy(
+    settings: &Settings,
+    workspace: &str,
+    models: &Option<String>,
+    max_output_tokens: &Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let parsed = (|| {
+        let models = models
+            .as_deref()
+            .map(crate::workspace_policy::parse_models)
+            .transpose()
+            .map_err(|e| format!("--models: {e}"))?;
+        let cap = max_output_tokens
+            .as_deref()
+            .map(
+                |text| match parse_count(text, "--max-output-tokens", "output tokens")? {
+                    None => Ok(None),
+                    Some(n)
+                        if (1..=i64::from(crate::api::replies::MAX_OUTPUT_TOKENS)).contains(&n) =>
+                    {
+                        Ok(Some(n as u32))
+                    }
+                    Some(n) => Err(format!(
+                        "--max-output-tokens {n} is not between 1 and {}",
+                        crate::api::replies::MAX_OUTPUT_TOKENS
+                    )),
+                },
+            )
+            .transpose()?;
+        Ok::<_, String>(PolicyChange {
+            allowed_models: models,
+            max_output_tokens: cap,
+        })
+    })();
+    let change = match parsed {
+        Ok(change) => change,
+        Err(e) => {
+            eprintln!("replyd: {e}");
+            return Ok(ExitCode::from(BAD_NAME));
+        }
+    };
+    let store = Store::connect(&settings.database)?;
+    if change != PolicyChange::default()
+        && !store
+            .set_workspace_policy(workspace, &change)
+            .await
+            .context("setting the workspace's policy")?
+    {
+        eprintln!("replyd: no workspace {workspace:?}");
+        return Ok(ExitCode::from(NOT_FOUND));
+    }
+    let Some(policy) = store
+        .workspace_policy(workspace)
+        .await
+        .context("reading the workspace's policy")?
+    else {
+        eprintln!("replyd: no workspace {workspace:?}");
+        return Ok(ExitCode::from(NOT_FOUND));
+    };
+    println!("workspace {workspace}: {}", describe_policy(&policy));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn describe_policy(policy: &crate::workspace_policy::WorkspacePolicy) -> String {
+    format!(
+        "models {}, max_output_tokens {}",
+        policy
+            .allowed_models
+            .as_ref()
+            .map_or_else(|| "any".to_owned(), |m| m.join(",")),
+        policy
+            .max_output_tokens
+            .map_or_else(|| "none".to_owned(), |n| n.to_string())
+    )
+}
+
+/// Parses a count given to `flag` (generations, tokens), or `none`.
+fn parse_count(text: &str, flag: &str, what: &str) -> Result<Option<i64>, String> {
     if text.eq_ignore_ascii_case("none") {
         return Ok(None);
     }
     match text.parse::<i64>() {
         Ok(n) if n >= 0 => Ok(Some(n)),
         _ => Err(format!(
-            "--limit {text:?} is not a number of generations (0 or more) or `none`"
+            "{flag} {text:?} is not a number of {what} (0 or more) or `none`"
         )),
     }
+}
+
+/// Parses `--limit`: a count of generations, or `none`.
+fn parse_limit(text: &str) -> Result<Option<i64>, String> {
+    parse_count(text, "--limit", "generations")
 }
 
 pub async fn quota(settings: &Settings, command: &QuotaCommand) -> anyhow::Result<ExitCode> {
@@ -94,34 +182,69 @@ pub async fn quota(settings: &Settings, command: &QuotaCommand) -> anyhow::Resul
         QuotaCommand::Set {
             workspace,
             limit,
+            tokens,
             period,
         } => {
-            let parsed = parse_limit(limit).and_then(|limit| {
-                crate::quota::parse_period(period)
-                    .map(|period| (limit, period))
-                    .map_err(|e| format!("--period: {e}"))
-            });
-            let (limit, period) = match parsed {
+            if limit.is_none() && tokens.is_none() && period.is_none() {
+                eprintln!("replyd: nothing to set: give --limit, --tokens or --period");
+                return Ok(ExitCode::from(BAD_NAME));
+            }
+            let parsed = (|| {
+                let limit = limit.as_deref().map(parse_limit).transpose()?;
+                let tokens = tokens
+                    .as_deref()
+                    .map(|t| parse_count(t, "--tokens", "tokens"))
+                    .transpose()?;
+                let period = period
+                    .as_deref()
+                    .map(crate::quota::parse_period)
+                    .transpose()
+                    .map_err(|e| format!("--period: {e}"))?;
+                Ok::<_, String>((limit, tokens, period))
+            })();
+            let (limit, tokens, period) = match parsed {
                 Ok(parsed) => parsed,
                 Err(e) => {
                     eprintln!("replyd: {e}");
                     return Ok(ExitCode::from(BAD_NAME));
                 }
             };
+            let Some(current) = store.quota(workspace).await.context("reading the quota")? else {
+                eprintln!("replyd: no workspace {workspace:?}");
+                return Ok(ExitCode::from(NOT_FOUND));
+            };
             // parse_period bounds the period to quota::MAX_PERIOD_SECONDS, far inside i64.
-            let period_seconds = i64::try_from(period).unwrap_or(i64::MAX);
-            if !store
+            let period_seconds = period.map_or(current.period_seconds, |p| {
+                i64::try_from(p).unwrap_or(i64::MAX)
+            });
+            let limit = limit.unwrap_or(current.usage.limit);
+            let set = store
                 .set_quota(workspace, limit, period_seconds)
                 .await
                 .context("setting the quota")?
-            {
+                && match tokens {
+                    Some(tokens) => store
+                        .set_token_limit(workspace, tokens)
+                        .await
+                        .context("setting the token quota")?,
+                    None => true,
+                };
+            if !set {
                 eprintln!("replyd: no workspace {workspace:?}");
                 return Ok(ExitCode::from(NOT_FOUND));
             }
-            let shown = limit.map_or_else(|| "no limit".to_owned(), |n| format!("{n} generations"));
+            let token_limit = match tokens {
+                Some(tokens) => tokens,
+                None => current.tokens.limit,
+            };
+            let shown = |n: Option<i64>, unit: &str| {
+                n.map_or_else(|| format!("no limit of {unit}"), |n| format!("{n} {unit}"))
+            };
             println!(
-                "quota of workspace {workspace}: {shown} per {}",
-                crate::quota::format_period(period)
+                "quota of workspace {workspace}: {} per {}, {}",
+                shown(limit, "generations"),
+                crate::quota::format_period(period_seconds.max(1) as u64),
+                shown(token_limit, "tokens")
             );
         }
         QuotaCommand::Show { workspace, json } => {
@@ -129,7 +252,12 @@ pub async fn quota(settings: &Settings, command: &QuotaCommand) -> anyhow::Resul
                 eprintln!("replyd: no workspace {workspace:?}");
                 return Ok(ExitCode::from(NOT_FOUND));
             };
-            let view = crate::api::quota::view(&state, settings.quota.policy());
+            let rules = store
+                .workspace_policy(workspace)
+                .await
+                .context("reading the workspace's policy")?
+                .unwrap_or_default();
+            let view = crate::api::quota::view(&state, settings.quota.policy(), &rules);
             if *json {
                 println!("{}", serde_json::to_string(&view)?);
             } else {
@@ -143,6 +271,15 @@ pub async fn quota(settings: &Settings, command: &QuotaCommand) -> anyhow::Resul
                     view.reserved,
                     view.resets_at.to_rfc3339()
                 );
+                let token_limit = view
+                    .tokens
+                    .limit
+                    .map_or_else(|| "none".to_owned(), |n| n.to_string());
+                println!(
+                    "tokens: limit {token_limit}, used {}, reserved {}",
+                    view.tokens.used, view.tokens.reserved
+                );
+                println!("requests: {}", describe_policy(&rules));
                 println!(
                     "policy: charge_failed={} pending_reserves={} reservation_ttl_ms={}",
                     view.policy.charge_failed,

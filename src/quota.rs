@@ -147,6 +147,42 @@ impl Usage {
     }
 }
 
+impl Usage {
+    /// The token counter as a count of units, for a request of `asked` tokens: it fits when
+    /// `used + held + asked <= limit`, exactly when one unit fits under `limit - asked + 1`,
+    /// so the generation rules ([`Usage::admits`], [`advise_retry`]) apply unchanged. A
+    /// request larger than the whole limit reads as a limit of 0: no window admits it.
+    pub fn in_units_of(self, asked: i64) -> Usage {
+        Usage {
+            limit: self
+                .limit
+                .map(|limit| limit.saturating_sub(asked).saturating_add(1).max(0)),
+            ..self
+        }
+    }
+}
+
+/// Which of a workspace's limits refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limited {
+    Generations,
+    /// The request's token ceiling (`asked`) does not fit the token limit.
+    Tokens {
+        asked: i64,
+    },
+}
+
+/// Tokens a settlement charges (`replyd_tokens_to_charge` of V17 is its twin): a charge, the
+/// usage the saved reply reported, else the request's ceiling (a reply that reported none, or
+/// a charged failure, which saved none: "not reported" is never charged as 0); a release or an
+/// expiry, none.
+pub fn tokens_to_charge(settle: Settle, reported: Option<i64>, ceiling: i64) -> i64 {
+    match settle {
+        Settle::Charge => reported.unwrap_or(ceiling),
+        Settle::Release | Settle::Expire => 0,
+    }
+}
+
 /// The longest period an operator may set: 3650 days. PostgreSQL does the window arithmetic
 /// (a window's end is its start plus the period) and its timestamps end in 294276 AD, so a
 /// period near `i64::MAX` seconds made every admission and read of the workspace fail with
@@ -971,5 +1007,53 @@ mod reconcile_tests {
             decide_looked_up(LookedUp::Gone),
             ExpiredDecision::Expire(_)
         ));
+    }
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::*;
+
+    fn policy(pending_reserves: bool) -> QuotaPolicy {
+        QuotaPolicy {
+            charge_failed: false,
+            pending_reserves,
+            reservation_ttl: Duration::from_secs(3600),
+            charge_unresolved: true,
+        }
+    }
+
+    #[test]
+    fn a_request_fits_the_token_limit_exactly_when_its_units_admit_one() {
+        let tokens = Usage {
+            limit: Some(1_000),
+            used: 600,
+            reserved: 300,
+        };
+        assert!(tokens.in_units_of(100).admits(policy(true)));
+        assert!(!tokens.in_units_of(101).admits(policy(true)));
+        // Open reservations do not count when pending work does not reserve.
+        assert!(tokens.in_units_of(400).admits(policy(false)));
+        assert!(!tokens.in_units_of(401).admits(policy(false)));
+        // Larger than the whole limit: a limit of 0, which no window admits.
+        assert_eq!(tokens.in_units_of(5_000).limit, Some(0));
+        assert_eq!(
+            Usage {
+                limit: None,
+                ..tokens
+            }
+            .in_units_of(9)
+            .limit,
+            None
+        );
+    }
+
+    #[test]
+    fn a_charge_is_the_reported_usage_else_the_ceiling_and_nothing_else_charges() {
+        assert_eq!(tokens_to_charge(Settle::Charge, Some(42), 900), 42);
+        assert_eq!(tokens_to_charge(Settle::Charge, Some(0), 900), 0);
+        assert_eq!(tokens_to_charge(Settle::Charge, None, 900), 900);
+        assert_eq!(tokens_to_charge(Settle::Release, Some(42), 900), 0);
+        assert_eq!(tokens_to_charge(Settle::Expire, None, 900), 0);
     }
 }

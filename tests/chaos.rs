@@ -12,7 +12,8 @@
 //! `cargo test --test chaos` runs the short version of every scenario (CI). `make chaos` runs
 //! the long one: `CHAOS_SECONDS=180 cargo test --release --test chaos -- --test-threads=1`,
 //! and `make chaos SCENARIO=kill` one of them. A scenario that injected no fault fails: a run
-//! must prove the fault fired.
+//! must prove the fault fired. `CHAOS_PROFILE` picks the provider it plays: `key-honouring` (the
+//! default), `openai-chat` (no recovery of a lost answer) or `openai-responses` (looked up by id).
 
 mod helpers;
 
@@ -87,10 +88,39 @@ fn config(protocol: &'static str) -> WorkerConfig {
         default_max_attempts: 8,
         request_timeout_ms: 3_000,
         retry_base_delay_ms: 100,
-        // The harness plays a provider that honours the key (below), and its workers know it,
-        // so its figures stay comparable with the runs before the honest default.
-        provider_honours_idempotency_key: true,
+        // By default the harness plays a provider that honours the key (below), and its
+        // workers know it, so its figures stay comparable with the runs before the honest
+        // default. The other profiles leave the product's default (false).
+        provider_honours_idempotency_key: (profile() == Profile::KeyHonouring).then_some(true),
+        provider_api: match profile() {
+            Profile::OpenAiResponses => "background_responses",
+            _ => "chat_completions",
+        },
         ..WorkerConfig::default()
+    }
+}
+
+/// The provider the harness plays (`CHAOS_PROFILE`): what recovery a lost answer has, and so
+/// what a kill costs in generations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Profile {
+    /// `key-honouring` (the default): chat completions from a provider that honours
+    /// `Idempotency-Key`, an opt-in no real chat API documents.
+    KeyHonouring,
+    /// `openai-chat`: OpenAI's chat completions as documented: no key honoured, no recovery.
+    OpenAiChat,
+    /// `openai-responses`: OpenAI's background responses: a lost answer is looked up by its id.
+    OpenAiResponses,
+}
+
+fn profile() -> Profile {
+    match std::env::var("CHAOS_PROFILE").as_deref() {
+        Ok("openai-chat") => Profile::OpenAiChat,
+        Ok("openai-responses") => Profile::OpenAiResponses,
+        Ok("key-honouring") | Ok("") | Err(_) => Profile::KeyHonouring,
+        Ok(other) => {
+            panic!("CHAOS_PROFILE={other:?}: use key-honouring, openai-chat or openai-responses")
+        }
     }
 }
 
@@ -101,7 +131,11 @@ fn mock() -> MockSettings {
     MockSettings {
         latency_ms: 80,
         latency_jitter_ms: 60,
-        honour_idempotency_key: true,
+        honour_idempotency_key: profile() == Profile::KeyHonouring,
+        profile: match profile() {
+            Profile::OpenAiResponses => replyd::mock_provider::MockProfile::OpenAiResponses,
+            _ => replyd::mock_provider::MockProfile::OpenAiChat,
+        },
         ..MockSettings::default()
     }
 }
@@ -430,6 +464,7 @@ where
     let out = json!({
         "scenario": name,
         "protocol": protocol,
+        "profile": format!("{:?}", profile()),
         "seed": seed,
         "fault_window_s": fault_window().as_secs(),
         "duration_s": started.elapsed().as_secs_f64(),

@@ -94,8 +94,32 @@ struct TaskRow {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Reservation {
     Reserved,
-    Charged,
+    /// Settled with a charge of these tokens (V17).
+    Charged(Tokens),
     Released,
+}
+
+/// What a charge counts in tokens: the usage a reply reported, or the request's ceiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Tokens {
+    /// The usage the reply of this worker's claim at this version reported.
+    ReportedBy(SavedReply),
+    Ceiling,
+}
+
+/// Whether a reply carries usage: worker 0's provider answers report it, worker 1's do not,
+/// so both kinds of reply (and of charge) are in every run without a state of their own.
+fn reports_usage(reply: SavedReply) -> bool {
+    reply.worker == 0
+}
+
+/// `replyd_tokens_to_charge` (V17) at a charge: the saved reply's reported usage, else the
+/// ceiling (no reply saved, or it reported none).
+fn tokens_of(saved: Option<SavedReply>) -> Tokens {
+    match saved {
+        Some(reply) if reports_usage(reply) => Tokens::ReportedBy(reply),
+        _ => Tokens::Ceiling,
+    }
 }
 
 /// Whose reply the row's `saved_response` holds.
@@ -626,7 +650,7 @@ impl Model for LeaseProtocol {
                 if state.reservation != Reservation::Reserved {
                     return None;
                 }
-                state.reservation = Reservation::Charged;
+                state.reservation = Reservation::Charged(tokens_of(state.row.saved));
             }
             Action::StartCompletion(id) => {
                 let now = state.now;
@@ -676,7 +700,9 @@ impl Model for LeaseProtocol {
             // completed is charged; failed is released unless its work may exist, in which
             // case the reservation stays open, unresolved, for the reconciler.
             match state.row.status {
-                TaskStatus::Completed => state.reservation = Reservation::Charged,
+                TaskStatus::Completed => {
+                    state.reservation = Reservation::Charged(tokens_of(state.row.saved))
+                }
                 _ if state.row.may_have_run => state.history.held_unresolved = true,
                 _ => state.reservation = Reservation::Released,
             }
@@ -748,7 +774,22 @@ impl Model for LeaseProtocol {
             Property::always(
                 "I8: a completed task's reservation is charged",
                 |_, s: &State| {
-                    s.row.status != TaskStatus::Completed || s.reservation == Reservation::Charged
+                    s.row.status != TaskStatus::Completed
+                        || matches!(s.reservation, Reservation::Charged(_))
+                },
+            ),
+            Property::always(
+                "I8: a charge counts the saved reply's reported usage, else the ceiling, and no other reply's",
+                |_, s: &State| match s.reservation {
+                    Reservation::Charged(Tokens::ReportedBy(reply)) => {
+                        s.row.saved == Some(reply)
+                            && s.history.accepted.len() == 1
+                            && reports_usage(reply)
+                    }
+                    Reservation::Charged(Tokens::Ceiling) => {
+                        s.row.saved.is_none_or(|reply| !reports_usage(reply))
+                    }
+                    _ => true,
                 },
             ),
             Property::always(
@@ -789,6 +830,17 @@ impl Model for LeaseProtocol {
             Property::sometimes(
                 "a retried completion finds its own saved reply",
                 |_, s: &State| s.history.own_write_recognised,
+            ),
+            Property::sometimes(
+                "a charge counts a reply's reported usage",
+                |_, s: &State| matches!(s.reservation, Reservation::Charged(Tokens::ReportedBy(_))),
+            ),
+            Property::sometimes(
+                "a completed task whose reply reported no usage is charged its ceiling",
+                |_, s: &State| {
+                    s.row.status == TaskStatus::Completed
+                        && s.reservation == Reservation::Charged(Tokens::Ceiling)
+                },
             ),
         ];
         // What only some configurations can reach: a `sometimes` that cannot be reached fails

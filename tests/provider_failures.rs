@@ -252,7 +252,8 @@ async fn the_deadline_passing_during_a_backoff_fails_the_task_without_another_ca
 async fn ambiguous_without_recovery(policy: &'static str) -> (TestApp, TaskSpec) {
     let config = WorkerConfig {
         ambiguous: policy,
-        provider_honours_idempotency_key: false,
+        // Left to the product's default (false): an unrecoverable call is stopped by that
+        // default alone, with no setting saying the provider has no recovery.
         request_timeout_ms: 5_000,
         ..WorkerConfig::default()
     };
@@ -288,7 +289,8 @@ async fn an_unrecoverable_ambiguous_call_is_retried_within_the_budget_under_retr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unrecoverable_ambiguous_call_fails_the_task_under_stop_after_one_generation() {
+async fn under_stop_with_the_honest_default_an_unrecoverable_ambiguous_call_fails_after_one_generation()
+ {
     let (app, task) = ambiguous_without_recovery("stop").await;
     let stored = app.db.store.read(task.task_id).await.unwrap().unwrap();
     assert_eq!(stored.status, TaskStatus::Failed);
@@ -312,7 +314,7 @@ async fn a_dropped_answer_resent_with_the_same_key_costs_one_generation() {
         1,
         mock(20, true),
         WorkerConfig {
-            provider_honours_idempotency_key: true,
+            provider_honours_idempotency_key: Some(true),
             ..WorkerConfig::default()
         },
         json!({"drop_after_work_rate": 1.0}),

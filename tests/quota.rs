@@ -442,13 +442,58 @@ async fn the_operator_sets_and_shows_a_quota() {
     );
     assert_eq!(
         String::from_utf8_lossy(&set.stdout).trim(),
-        "quota of workspace acme: 25 generations per 12h"
+        "quota of workspace acme: 25 generations per 12h, no limit of tokens"
     );
+    // Tokens alone: the generation limit and the period stay.
+    let tokens = replyd.run(&["quota", "set", "--workspace", "acme", "--tokens", "5000"]);
+    assert_eq!(
+        String::from_utf8_lossy(&tokens.stdout).trim(),
+        "quota of workspace acme: 25 generations per 12h, 5000 tokens",
+        "{}",
+        String::from_utf8_lossy(&tokens.stderr)
+    );
+    let bad_tokens = replyd.run(&["quota", "set", "--workspace", "acme", "--tokens", "lots"]);
+    assert_eq!(bad_tokens.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad_tokens.stderr).contains("--tokens \"lots\""));
+    let nothing = replyd.run(&["quota", "set", "--workspace", "acme"]);
+    assert_eq!(nothing.status.code(), Some(2));
+    // The workspace's policy: set, shown, refused when bad, and in `quota show`.
+    let policy = replyd.run(&[
+        "workspace",
+        "policy",
+        "acme",
+        "--models",
+        "small,large",
+        "--max-output-tokens",
+        "700",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&policy.stdout).trim(),
+        "workspace acme: models small,large, max_output_tokens 700",
+        "{}",
+        String::from_utf8_lossy(&policy.stderr)
+    );
+    let bad_cap = replyd.run(&["workspace", "policy", "acme", "--max-output-tokens", "0"]);
+    assert_eq!(bad_cap.status.code(), Some(2));
+    let no_models = replyd.run(&["workspace", "policy", "acme", "--models", " , "]);
+    assert_eq!(no_models.status.code(), Some(2));
+    let nobody = replyd.run(&["workspace", "policy", "nobody", "--models", "any"]);
+    assert_eq!(nobody.status.code(), Some(4));
     let shown = replyd.run(&["quota", "show", "acme", "--json"]);
     let view: Value = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(
-        (&view["limit"], &view["period"]),
-        (&json!(25), &json!("12h"))
+        (
+            &view["limit"],
+            &view["period"],
+            &view["tokens"]["limit"],
+            &view["workspace_policy"]
+        ),
+        (
+            &json!(25),
+            &json!("12h"),
+            &json!(5000),
+            &json!({"allowed_models": ["small", "large"], "max_output_tokens": 700})
+        )
     );
 
     let bad = replyd.run(&["quota", "set", "--workspace", "acme", "--limit=-3"]);
@@ -850,4 +895,235 @@ async fn a_limit_of_zero_is_refused_without_a_time_to_retry() {
     let (retry_after, detail) = refusal(&api, "never").await;
     assert_eq!(retry_after, None, "{detail}");
     assert!(detail.contains("the limit is 0"), "{detail}");
+}
+
+impl Api {
+    async fn post_json(&self, key: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/replies", self.base))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Plays a worker that completes the task with a reply whose meta reports `usage`
+    /// (`Generation` as JSON, as the worker saves it), or none.
+    async fn complete_reporting(&self, task: TaskId, usage: Option<(i64, i64)>) {
+        let ClaimOutcome::Claimed(lease) = self
+            .db
+            .store
+            .claim(task, "w-test", Duration::from_secs(30))
+            .await
+            .unwrap()
+        else {
+            panic!("the task can be claimed");
+        };
+        let meta = json!({
+            "text": "the answer",
+            "model": "m",
+            "usage": usage.map(|(p, c)| json!({"prompt_tokens": p, "completion_tokens": c})),
+            "provider_response_id": null,
+        });
+        self.db
+            .store
+            .complete(&lease, "the answer", Some(&meta))
+            .await
+            .unwrap();
+    }
+
+    /// Each reservation's (token_ceiling, tokens_charged), oldest first.
+    async fn token_ledger(&self) -> Vec<(i64, Option<i64>)> {
+        self.db
+            .raw_client()
+            .await
+            .query(
+                "SELECT token_ceiling, tokens_charged FROM quota_reservations ORDER BY created_at",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+}
+
+/// A token quota: admission holds each request's ceiling (its prompt's bytes, 8 a message, and
+/// its output bound), refuses what does not fit with a `429` that says so, and each settlement
+/// charges the reply's reported usage, or the ceiling when it reported none, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_quota_reserves_the_ceiling_and_settles_once_to_the_reported_usage() {
+    let api = start(policy()).await;
+    assert!(
+        api.db
+            .store
+            .set_token_limit("acme", Some(10_000))
+            .await
+            .unwrap()
+    );
+    let cap = replyd::store::workspaces::PolicyChange {
+        max_output_tokens: Some(Some(4_000)),
+        ..Default::default()
+    };
+    assert!(
+        api.db
+            .store
+            .set_workspace_policy("acme", &cap)
+            .await
+            .unwrap()
+    );
+    // "q" is 1 byte: a ceiling of 1 + 8 + 4,000.
+    let first: Accepted = api.post("k1", "q").await.json().await.unwrap();
+    let second: Accepted = api.post("k2", "q").await.json().await.unwrap();
+    let quota = api.quota().await;
+    assert_eq!(
+        (
+            &quota["tokens"]["reserved"],
+            &quota["tokens"]["remaining"],
+            &quota["workspace_policy"]["max_output_tokens"]
+        ),
+        (&json!(8_018), &json!(1_982), &json!(4_000)),
+        "{quota}"
+    );
+    let refused = api.post("k3", "q").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers().contains_key("retry-after"));
+    let problem: Value = refused.json().await.unwrap();
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("up to 4009 tokens")
+            && detail.contains("10000 tokens per 1d")
+            && detail.contains("8018 held"),
+        "{detail}"
+    );
+    assert_eq!(api.ledger().await.0, 2, "the refused request wrote nothing");
+
+    api.complete_reporting(first.task_id, Some((12, 30))).await;
+    api.complete_reporting(second.task_id, None).await;
+    assert_eq!(
+        api.token_ledger().await,
+        vec![(4_009, Some(42)), (4_009, Some(4_009))],
+        "the reported usage, and the ceiling for a reply that reported none"
+    );
+    let tokens = api.db.store.quota("acme").await.unwrap().unwrap().tokens;
+    assert_eq!((tokens.used, tokens.reserved), (42 + 4_009, 0));
+
+    // Settled once: the completed task is not claimed again, and settling it again (as the
+    // reconciler mends a missed settlement) changes nothing.
+    assert_eq!(
+        api.db
+            .store
+            .claim(first.task_id, "w-late", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .label(),
+        ClaimOutcome::AlreadyCompleted.label()
+    );
+    assert_eq!(
+        api.db
+            .store
+            .settle_terminal(first.task_id, "w-late", "again")
+            .await
+            .unwrap(),
+        None
+    );
+    let again = api.db.store.quota("acme").await.unwrap().unwrap().tokens;
+    assert_eq!(again, tokens);
+
+    // Room again: 10,000 − 4,051 holds another 4,009.
+    assert_eq!(api.post("k3", "q").await.status(), StatusCode::ACCEPTED);
+}
+
+/// The workspace's policy, judged before anything is written: a model outside its list and
+/// output over its cap are `422`s naming the field and the setting; a request that names no
+/// bound asks the provider for the cap; a replay is answered whatever the policy says now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_outside_the_workspace_list_or_output_over_its_cap_is_422_and_writes_nothing() {
+    let api = start(policy()).await;
+    let rules = replyd::store::workspaces::PolicyChange {
+        allowed_models: Some(Some(vec!["gpt-4o-mini".into(), "small".into()])),
+        max_output_tokens: Some(Some(500)),
+    };
+    assert!(
+        api.db
+            .store
+            .set_workspace_policy("acme", &rules)
+            .await
+            .unwrap()
+    );
+
+    let asked = |extra: Value| {
+        let mut body = json!({"conversation_id": "c", "message": "q"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    for (extra, field, words) in [
+        (
+            json!({"model": "gpt-4o"}),
+            "model",
+            ["`gpt-4o`", "gpt-4o-mini, small"],
+        ),
+        (
+            json!({"max_output_tokens": 501}),
+            "max_output_tokens",
+            ["501", "cap of 500"],
+        ),
+    ] {
+        let refused = api.post_json(&format!("bad-{field}"), &asked(extra)).await;
+        assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let problem: Value = refused.json().await.unwrap();
+        assert!(
+            problem["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("/outside_workspace_policy"),
+            "{problem}"
+        );
+        assert_eq!(problem["fields"], json!([field]), "{problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(words.iter().all(|w| detail.contains(w)), "{detail}");
+    }
+    assert_eq!(api.ledger().await, (0, 0, 0, 0, 0, 0), "nothing written");
+
+    // No model: the default (gpt-4o-mini) is judged; no bound: the cap is asked for.
+    let admitted: Accepted = api
+        .post_json("ok", &asked(json!({})))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let task = api.db.store.read(admitted.task_id).await.unwrap().unwrap();
+    assert_eq!(task.spec.request.max_output_tokens, Some(500));
+
+    // The policy changes: the admitted key's replay is still answered; new work is refused.
+    let only_small = replyd::store::workspaces::PolicyChange {
+        allowed_models: Some(Some(vec!["small".into()])),
+        ..Default::default()
+    };
+    assert!(
+        api.db
+            .store
+            .set_workspace_policy("acme", &only_small)
+            .await
+            .unwrap()
+    );
+    let replay = api.post_json("ok", &asked(json!({}))).await;
+    assert_eq!(replay.status(), StatusCode::ACCEPTED);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let new_work = api.post_json("new", &asked(json!({}))).await;
+    assert_eq!(new_work.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let problem: Value = new_work.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("default model `gpt-4o-mini`"),
+        "{problem}"
+    );
+    assert_eq!(api.ledger().await.0, 1);
 }

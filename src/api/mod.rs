@@ -33,7 +33,7 @@ use problem::Problem;
 pub use server::serve;
 
 /// What bounds the work the API admits, from the worker's and Kafka's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IntakeLimits {
     /// Attempt budget of API-created tasks (`worker.default_max_attempts`).
     pub max_attempts: u32,
@@ -43,6 +43,9 @@ pub struct IntakeLimits {
     /// Largest Kafka record (`kafka.max_record_bytes`): the API refuses at once a task whose
     /// record the relay could never publish.
     pub max_record_bytes: usize,
+    /// The model a request that names none is asked of (`provider.default_model`): what a
+    /// workspace's model list judges it by.
+    pub default_model: String,
 }
 
 impl IntakeLimits {
@@ -51,6 +54,7 @@ impl IntakeLimits {
             max_attempts: settings.worker.default_max_attempts,
             max_prompt_bytes: settings.worker.max_prompt_bytes,
             max_record_bytes: settings.kafka.max_record_bytes,
+            default_model: settings.provider.default_model.clone(),
         }
     }
 }

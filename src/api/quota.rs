@@ -12,8 +12,11 @@ use utoipa::ToSchema;
 use super::ApiState;
 use super::auth::Workspace;
 use super::problem::{Problem, ProblemDetails};
-use crate::quota::{QuotaPolicy, RetryAdvice, SettleEstimate, advise_retry, format_period};
+use crate::quota::{
+    Limited, QuotaPolicy, RetryAdvice, SettleEstimate, Usage, advise_retry, format_period,
+};
 use crate::store::quota::{QuotaRefusal, QuotaState};
+use crate::workspace_policy::WorkspacePolicy;
 
 /// The policy every reservation follows.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
@@ -45,6 +48,35 @@ pub struct QuotaView {
     /// When the current window ends and `used` starts again from 0.
     pub resets_at: DateTime<Utc>,
     pub policy: PolicyView,
+    /// The same quota in tokens, in the same window.
+    pub tokens: TokenQuotaView,
+    /// What this workspace's requests may ask for.
+    pub workspace_policy: WorkspacePolicyView,
+}
+
+/// A workspace's quota in tokens. A reservation holds its request's ceiling (its prompt's
+/// bytes, 8 tokens a message, and its output bound) and is settled to the usage its reply
+/// reported (the ceiling when none was reported).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct TokenQuotaView {
+    /// Tokens per period; absent: no limit.
+    pub limit: Option<i64>,
+    /// Charged in the current window.
+    pub used: i64,
+    /// Held by open reservations.
+    pub reserved: i64,
+    /// What may still be reserved now; absent: no limit.
+    pub remaining: Option<i64>,
+}
+
+/// What a workspace's requests may ask for (`replyd workspace policy`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct WorkspacePolicyView {
+    /// The models a request may name (an absent `model` is judged as the default); absent: any.
+    pub allowed_models: Option<Vec<String>>,
+    /// The most output tokens a request may ask for, and what one that names none asks for;
+    /// absent: no cap.
+    pub max_output_tokens: Option<u32>,
 }
 
 fn policy_view(policy: QuotaPolicy) -> PolicyView {
@@ -56,22 +88,39 @@ fn policy_view(policy: QuotaPolicy) -> PolicyView {
     }
 }
 
-pub fn view(quota: &QuotaState, policy: QuotaPolicy) -> QuotaView {
+pub fn view(quota: &QuotaState, policy: QuotaPolicy, workspace: &WorkspacePolicy) -> QuotaView {
     let usage = quota.usage;
-    let held = if policy.pending_reserves {
-        usage.reserved
-    } else {
-        0
+    let held = |usage: Usage| {
+        if policy.pending_reserves {
+            usage.reserved
+        } else {
+            0
+        }
     };
+    let tokens = quota.tokens;
     QuotaView {
         limit: usage.limit,
         used: usage.used,
         reserved: usage.reserved,
-        remaining: usage.limit.map(|limit| (limit - usage.used - held).max(0)),
+        remaining: usage
+            .limit
+            .map(|limit| (limit - usage.used - held(usage)).max(0)),
         period: format_period(quota.period_seconds.max(1) as u64),
         window_start: quota.window_start,
         resets_at: quota.resets_at,
         policy: policy_view(policy),
+        tokens: TokenQuotaView {
+            limit: tokens.limit,
+            used: tokens.used,
+            reserved: tokens.reserved,
+            remaining: tokens
+                .limit
+                .map(|limit| (limit - tokens.used - held(tokens)).max(0)),
+        },
+        workspace_policy: WorkspacePolicyView {
+            allowed_models: workspace.allowed_models.clone(),
+            max_output_tokens: workspace.max_output_tokens,
+        },
     }
 }
 
@@ -92,9 +141,17 @@ pub fn view(quota: &QuotaState, policy: QuotaPolicy) -> QuotaView {
     security(("api_key" = []))
 )]
 pub async fn show(State(state): State<ApiState>, Workspace(workspace): Workspace) -> Response {
-    match state.store.quota(&workspace).await {
-        Ok(Some(quota)) => Json(view(&quota, state.quota)).into_response(),
-        Ok(None) => {
+    let read = async {
+        futures_util::try_join!(
+            state.store.quota(&workspace),
+            state.store.workspace_policy(&workspace)
+        )
+    };
+    match read.await {
+        Ok((Some(quota), rules)) => {
+            Json(view(&quota, state.quota, &rules.unwrap_or_default())).into_response()
+        }
+        Ok((None, _)) => {
             Problem::not_found(format!("workspace {workspace} has no quota")).into_response()
         }
         Err(e) => Problem::unavailable(crate::telemetry::chain(&e)).into_response(),
@@ -106,13 +163,18 @@ pub async fn show(State(state): State<ApiState>, Workspace(workspace): Workspace
 /// and, in `detail`, where the quota stands and what that time is based on.
 pub fn over_quota(refusal: &QuotaRefusal, policy: QuotaPolicy) -> Response {
     crate::telemetry::quota_refused();
-    let advice = advise_retry(&refusal.facts(), policy, crate::reconcile::INTERVAL);
+    let advice = advise_retry(&refusal.facts(policy), policy, crate::reconcile::INTERVAL);
     let seconds = advice.after().map(super::problem::retry_after_seconds);
     let problem = Problem::new(
         StatusCode::TOO_MANY_REQUESTS,
         "quota_exceeded",
         "Quota exceeded",
-        refusal_detail(&refusal.state, advice, seconds.unwrap_or_default()),
+        refusal_detail(
+            &refusal.state,
+            refusal.limited_by(policy),
+            advice,
+            seconds.unwrap_or_default(),
+        ),
     );
     match seconds {
         Some(seconds) => problem.with_retry_after(seconds),
@@ -122,9 +184,17 @@ pub fn over_quota(refusal: &QuotaRefusal, policy: QuotaPolicy) -> Response {
 }
 
 /// The refusal's `detail`: the quota as it stands, then what the wait is based on.
-fn refusal_detail(quota: &QuotaState, advice: RetryAdvice, seconds: u64) -> String {
-    let usage = quota.usage;
+fn refusal_detail(
+    quota: &QuotaState,
+    limited: Limited,
+    advice: RetryAdvice,
+    seconds: u64,
+) -> String {
     let period = format_period(quota.period_seconds.max(1) as u64);
+    if let Limited::Tokens { asked } = limited {
+        return token_refusal_detail(quota, asked, &period, advice, seconds);
+    }
+    let usage = quota.usage;
     let limit = usage.limit.unwrap_or_default();
     let taken = format!(
         "the workspace's quota of {limit} generations per {period} is taken ({} charged, {} reserved)",
@@ -171,6 +241,38 @@ fn refusal_detail(quota: &QuotaState, advice: RetryAdvice, seconds: u64) -> Stri
             "{taken}; open reservations hold the capacity, and the first passed its TTL (quota.reservation_ttl_ms) {} s ago: the reconciler's next pass (one every {} s) decides it, in {seconds} s at the latest; a settlement that is charged keeps its unit until the window resets at {resets_at}",
             overdue.as_secs(),
             crate::reconcile::INTERVAL.as_secs()
+        ),
+    }
+}
+
+/// The refusal's `detail` when the token limit refused: the request's ceiling against what the
+/// window has left, then what the wait is based on.
+fn token_refusal_detail(
+    quota: &QuotaState,
+    asked: i64,
+    period: &str,
+    advice: RetryAdvice,
+    seconds: u64,
+) -> String {
+    let tokens = quota.tokens;
+    let limit = tokens.limit.unwrap_or_default();
+    let taken = format!(
+        "this request may cost up to {asked} tokens, and the workspace's quota of {limit} tokens per {period} has no room for it ({} charged, {} held by open reservations)",
+        tokens.used, tokens.reserved
+    );
+    let resets_at = quota.resets_at.to_rfc3339();
+    match advice {
+        RetryAdvice::Never => format!(
+            "{taken}; no window admits it (an operator can raise the limit: `replyd quota set --tokens`), so there is no Retry-After"
+        ),
+        RetryAdvice::Now => {
+            format!("{taken} at the moment of the refusal, but has room again: try again")
+        }
+        RetryAdvice::WindowEnd { .. } => format!(
+            "{taken}; capacity returns when the window resets at {resets_at}, in {seconds} s"
+        ),
+        RetryAdvice::FirstSettlement { .. } | RetryAdvice::ReconcilerPass { .. } => format!(
+            "{taken}; open reservations hold the tokens, and each returns what its reply did not use when it settles: try again in {seconds} s"
         ),
     }
 }

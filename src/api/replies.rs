@@ -21,9 +21,12 @@ use super::problem::{Problem, ProblemDetails};
 use crate::domain::limits::{
     MAX_CONVERSATION_ID_BYTES, MAX_DOCUMENT_VERSION_BYTES, MAX_MODEL_BYTES,
 };
-use crate::domain::{Role, StoredTask, TaskId, TaskStatus};
+use crate::domain::{
+    AttemptOutcome, AttemptRecord, Role, StoredTask, TaskId, TaskStatus, TokenUsage,
+};
 use crate::idempotency::{BoundInputs, IdempotencyKey, Operation};
 use crate::store::intake::{Submission, Submitted, task_spec};
+use crate::workspace_policy::{Admitted, PolicyRefusal};
 
 /// The body of `POST /v1/replies`: a JSON object. Every field is bound to the
 /// `Idempotency-Key`: a retry with the same key must send the same values. No text may
@@ -108,6 +111,65 @@ pub struct ReplyView {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Tokens the provider reported, per attempt and in all (in `GET /v1/replies/{task_id}`;
+    /// absent from the event stream's snapshots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageView>,
+}
+
+/// Tokens the provider reported for a task. A number is what the provider said; `null` is
+/// "not reported" (no answer came, or it carried no usage), never 0.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct UsageView {
+    /// Prompt tokens over the attempts that reported usage; `null` when none did.
+    pub prompt_tokens: Option<i64>,
+    /// Completion tokens over the attempts that reported usage; `null` when none did.
+    pub completion_tokens: Option<i64>,
+    /// Finished attempts that may have reached the provider and reported nothing (an answer
+    /// lost or refused by the lease, a timeout, an error): whatever they cost is not in the
+    /// totals. Refused calls (`refused`), which the provider did not run, are not counted.
+    pub unreported_attempts: u32,
+    /// Every attempt, oldest first.
+    pub attempts: Vec<AttemptUsageView>,
+}
+
+/// One attempt's usage.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct AttemptUsageView {
+    /// 1 for the first claim of the task.
+    pub attempt: i32,
+    /// How the attempt ended (`accepted`, `timeout`, `refused`, ...); `null` while it runs.
+    pub outcome: Option<String>,
+    /// `null`: not reported.
+    pub prompt_tokens: Option<i64>,
+    /// `null`: not reported.
+    pub completion_tokens: Option<i64>,
+}
+
+impl UsageView {
+    pub fn of(attempts: &[AttemptRecord]) -> Self {
+        let total = TokenUsage::total_of(attempts.iter().map(|a| a.usage));
+        let unreported = attempts
+            .iter()
+            .filter(|a| {
+                a.usage.is_none() && a.outcome.is_some_and(|o| o != AttemptOutcome::Refused)
+            })
+            .count();
+        Self {
+            prompt_tokens: total.map(|t| t.prompt_tokens),
+            completion_tokens: total.map(|t| t.completion_tokens),
+            unreported_attempts: u32::try_from(unreported).unwrap_or(u32::MAX),
+            attempts: attempts
+                .iter()
+                .map(|a| AttemptUsageView {
+                    attempt: a.attempt_no,
+                    outcome: a.outcome.map(|o| o.as_str().to_owned()),
+                    prompt_tokens: a.usage.map(|u| u.prompt_tokens),
+                    completion_tokens: a.usage.map(|u| u.completion_tokens),
+                })
+                .collect(),
+        }
+    }
 }
 
 impl ReplyView {
@@ -122,6 +184,7 @@ impl ReplyView {
             created_at: task.created_at,
             updated_at: task.updated_at,
             finished_at: task.finished_at,
+            usage: None,
         }
     }
 }
@@ -405,8 +468,8 @@ fn urls(task_id: TaskId) -> (String, String) {
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 413, description = "The body is over `api.max_body_bytes` (`body_too_large`); a declared `Content-Length` over it is refused before the body is read (no `100 Continue`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 429, description = "New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
+        (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, or a request whose token ceiling is over its whole token quota (`outside_workspace_policy`; `fields` names them, `detail` the setting)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 429, description = "New work over the workspace's quota of generations or of tokens (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
     ),
@@ -432,6 +495,14 @@ async fn create_inner(
 ) -> Result<Response, Problem> {
     let key = key_of(headers)?;
     let create = parse_body(state, headers, body).await?;
+    let verdict = judge(
+        state,
+        &workspace,
+        create.model.as_deref(),
+        create.max_output_tokens,
+        &prompt_parts(&create.message, create.context.as_deref()),
+    )
+    .await?;
     let submission = Submission {
         workspace_id: workspace,
         operation: Operation::CreateReply,
@@ -450,6 +521,7 @@ async fn create_inner(
         existing_message: None,
         quota: state.quota,
         traceparent: crate::telemetry::trace::traceparent(&tracing::Span::current()),
+        verdict,
     };
     check_record_size(&submission, state.limits.max_record_bytes)
         .map_err(|refusal| Problem::invalid_body(refusal.detail).with_fields(refusal.fields))?;
@@ -495,8 +567,8 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
         (status = 400, description = "A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 429, description = "New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
+        (status = 422, description = "The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest), or the source's model or output bound is outside the workspace's policy now (`outside_workspace_policy`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 429, description = "New work over the workspace's quota of generations or of tokens (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
     ),
@@ -511,16 +583,26 @@ pub async fn regenerate(
     let result = async {
         let key = key_of(&headers)?;
         let source = task_of(&state, &workspace, &task_id).await?;
+        let inputs = regenerate_inputs(&source);
+        let verdict = judge(
+            &state,
+            &workspace,
+            inputs.model.as_deref(),
+            inputs.max_output_tokens,
+            &prompt_parts(&inputs.message, inputs.context.as_deref()),
+        )
+        .await?;
         let submission = Submission {
             workspace_id: workspace,
             operation: Operation::Regenerate,
             key,
-            inputs: regenerate_inputs(&source),
+            inputs,
             max_attempts: state.limits.max_attempts,
             retention: state.settings.idempotency_retention(),
             existing_message: Some(source.spec.message_id.clone()),
             quota: state.quota,
             traceparent: crate::telemetry::trace::traceparent(&tracing::Span::current()),
+            verdict,
         };
         // A task that came from Kafka was not held to the API's bounds, and the record
         // limit may have been lowered since.
@@ -539,6 +621,41 @@ pub async fn regenerate(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
+/// The byte lengths of the messages a request sends: its context (when not empty) and its
+/// message, as [`crate::store::intake::provider_request`] builds them.
+fn prompt_parts(message: &str, context: Option<&str>) -> Vec<usize> {
+    context
+        .filter(|c| !c.is_empty())
+        .map(str::len)
+        .into_iter()
+        .chain([message.len()])
+        .collect()
+}
+
+/// The workspace policy's verdict on a request: read now, so an operator's change applies to
+/// the next request.
+async fn judge(
+    state: &ApiState,
+    workspace: &str,
+    model: Option<&str>,
+    max_output_tokens: Option<u32>,
+    prompt_parts: &[usize],
+) -> Result<Result<Admitted, PolicyRefusal>, Problem> {
+    let policy = state
+        .store
+        .workspace_policy(workspace)
+        .await
+        .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?
+        .unwrap_or_default();
+    Ok(crate::workspace_policy::judge(
+        &policy,
+        model,
+        &state.limits.default_model,
+        max_output_tokens,
+        prompt_parts,
+    ))
+}
+
 /// Runs the intake transaction and answers: 202 with where to follow the task.
 async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Problem> {
     let unavailable =
@@ -547,6 +664,15 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
         Submitted::Created { task_id } => (task_id, false),
         Submitted::Replayed { task_id } => (task_id, true),
         Submitted::OverQuota { quota } => return Ok(super::quota::over_quota(&quota, state.quota)),
+        Submitted::Refused(refusal) => {
+            return Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "outside_workspace_policy",
+                "Outside the workspace's policy",
+                refusal.detail,
+            )
+            .with_fields(refusal.fields));
+        }
         Submitted::Mismatch { fields } => {
             return Err(Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -623,8 +749,20 @@ pub async fn show(
     Workspace(workspace): Workspace,
     Path(task_id): Path<String>,
 ) -> Response {
-    match task_of(&state, &workspace, &task_id).await {
-        Ok(task) => Json(ReplyView::of(&task)).into_response(),
+    let shown = async {
+        let task = task_of(&state, &workspace, &task_id).await?;
+        let attempts = state
+            .store
+            .attempts(task.spec.task_id)
+            .await
+            .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?;
+        Ok::<_, Problem>(ReplyView {
+            usage: Some(UsageView::of(&attempts)),
+            ..ReplyView::of(&task)
+        })
+    };
+    match shown.await {
+        Ok(view) => Json(view).into_response(),
         Err(problem) => problem.into_response(),
     }
 }
@@ -820,6 +958,10 @@ mod tests {
             existing_message: None,
             quota: crate::config::QuotaSettings::default().policy(),
             traceparent: None,
+            verdict: Ok(Admitted {
+                max_output_tokens: None,
+                token_ceiling: 0,
+            }),
         };
         let small = submission("q", Some("c"));
         let size = task_spec(&small, TaskId::new_random(), uuid::Uuid::new_v4()).record_bytes();

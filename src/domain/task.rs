@@ -179,4 +179,24 @@ pub struct AttemptRecord {
     pub finished_at: Option<DateTime<Utc>>,
     pub outcome: Option<AttemptOutcome>,
     pub detail: Option<String>,
+    /// The tokens the provider reported for this attempt's call; None: not reported (the call
+    /// ended without an answer, or the answer said nothing), which is never the same as 0.
+    pub usage: Option<TokenUsage>,
+}
+
+/// Tokens a provider reported for one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TokenUsage {
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+}
+
+impl TokenUsage {
+    /// The sum of what was reported; None when nothing was.
+    pub fn total_of(reported: impl IntoIterator<Item = Option<TokenUsage>>) -> Option<TokenUsage> {
+        reported.into_iter().flatten().reduce(|a, b| TokenUsage {
+            prompt_tokens: a.prompt_tokens + b.prompt_tokens,
+            completion_tokens: a.completion_tokens + b.completion_tokens,
+        })
+    }
 }

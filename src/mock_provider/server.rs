@@ -849,7 +849,7 @@ async fn generate(
     let created = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let body = json!({
+    let mut body = json!({
         "id": format!("chatcmpl-mock-{generation}"),
         "object": "chat.completion",
         "created": created,
@@ -865,6 +865,11 @@ async fn generate(
             "total_tokens": prompt_tokens + completion_tokens,
         },
     });
+    if lock(&state.faults).omit_usage
+        && let Some(fields) = body.as_object_mut()
+    {
+        fields.remove("usage");
+    }
     Ok(Bytes::from(body.to_string()))
 }
 

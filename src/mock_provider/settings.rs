@@ -36,6 +36,9 @@ pub struct FaultSettings {
     /// Share of requests whose work is done, counted and stored under the key, and whose
     /// response is then broken mid-body.
     pub drop_after_work_rate: f64,
+    /// Answers leave out their `usage` block, as some OpenAI-compatible servers do (not a
+    /// rate: every answer, while set). Chat completions only.
+    pub omit_usage: bool,
 }
 
 impl Default for FaultSettings {
@@ -48,6 +51,7 @@ impl Default for FaultSettings {
             hang_rate: 0.0,
             hang_ms: 600_000,
             drop_after_work_rate: 0.0,
+            omit_usage: false,
         }
     }
 }
@@ -349,6 +353,7 @@ impl From<MockProviderArgs> for MockSettings {
                 hang_rate: args.hang_rate,
                 hang_ms: args.hang_ms,
                 drop_after_work_rate: args.drop_after_work_rate,
+                omit_usage: false,
             },
             limits: LimitSettings {
                 requests_per_minute: args.limit_rpm,

@@ -333,6 +333,12 @@ impl TaskRunner {
                 drop(call_span);
                 telemetry::provider_call(&id, lease.version, CallEnd::Replied, started.elapsed());
                 self.observe(&request.model, &generation.rate_signals).await;
+                telemetry::provider_usage(
+                    &request.model,
+                    generation
+                        .usage
+                        .map(|u| (u.prompt_tokens, u.completion_tokens)),
+                );
                 let meta = serde_json::to_value(&generation).ok();
                 let saving = trace::completion(trace, "save reply");
                 let Some(outcome) = self

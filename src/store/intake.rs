@@ -13,6 +13,7 @@ use uuid::Uuid;
 use crate::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
 use crate::idempotency::{BoundInputs, IdempotencyKey, Operation, Reuse, decide_reuse};
 use crate::quota::QuotaPolicy;
+use crate::workspace_policy::{Admitted, PolicyRefusal};
 
 use super::quota::QuotaRefusal;
 
@@ -35,6 +36,10 @@ pub struct Submission {
     /// The request's trace context, kept with the outbox row so the task's record continues
     /// its trace (`None` when traces are off).
     pub traceparent: Option<String>,
+    /// The workspace policy's verdict on the request ([`crate::workspace_policy::judge`]):
+    /// what new work asks the provider for and reserves, or why new work is refused. A replay
+    /// is answered whatever it says now, as it is whatever the quota says.
+    pub verdict: Result<Admitted, PolicyRefusal>,
 }
 
 /// What the intake did.
@@ -48,6 +53,9 @@ pub enum Submitted {
     Mismatch { fields: Vec<&'static str> },
     /// New work the workspace's quota does not admit now; nothing written.
     OverQuota { quota: QuotaRefusal },
+    /// New work the workspace's policy refuses (a model it may not use, output over its cap);
+    /// nothing written.
+    Refused(PolicyRefusal),
 }
 
 /// The provider request a submission asks for: the context as a system message, then the
@@ -76,6 +84,12 @@ pub fn provider_request(inputs: &BoundInputs) -> ProviderRequest {
 /// intake makes (a regenerate keeps its message's id); the text of every UUID is as long, so
 /// any ids give the record's exact size.
 pub fn task_spec(s: &Submission, task_id: TaskId, new_message_id: Uuid) -> TaskSpec {
+    let mut request = provider_request(&s.inputs);
+    if let Ok(admitted) = &s.verdict {
+        // The workspace's cap stands in for an absent bound: the provider keeps to the
+        // ceiling the reservation holds.
+        request.max_output_tokens = admitted.max_output_tokens;
+    }
     TaskSpec {
         task_id,
         workspace_id: s.workspace_id.clone(),
@@ -85,7 +99,7 @@ pub fn task_spec(s: &Submission, task_id: TaskId, new_message_id: Uuid) -> TaskS
             .clone()
             .unwrap_or_else(|| new_message_id.to_string()),
         document_version: s.inputs.document_version.clone(),
-        request: provider_request(&s.inputs),
+        request,
         max_attempts: s.max_attempts,
         deadline: None,
     }
@@ -166,6 +180,7 @@ impl Store {
         let task_uuid = task_id.as_uuid();
         let hash = s.inputs.hash();
         let ttl_s = s.quota.reservation_ttl.as_secs_f64();
+        let ceiling = s.verdict.as_ref().map_or(0, |a| a.token_ceiling);
         let (_, _, won, _, _, admitted) = futures_util::try_join!(
             // A remembered key past its retention is new work: take its row out first.
             async { tx.execute(&expire, &[&s.workspace_id, &op, &key]).await },
@@ -210,8 +225,12 @@ impl Store {
                 )
                 .await
             },
-            // Last, so the workspace's counter row is locked only from here to the commit.
+            // Last, so the workspace's counter row is locked only from here to the commit. Work
+            // the policy refuses is not admitted (and is rolled back below).
             async {
+                if s.verdict.is_err() {
+                    return Ok(None);
+                }
                 tx.query_opt(
                     &admit,
                     &[
@@ -222,12 +241,17 @@ impl Store {
                         &s.quota.pending_reserves,
                         &ttl_s,
                         &s.quota.charge_failed,
+                        &ceiling,
                     ],
                 )
                 .await
             },
         )?;
         if won.is_some() {
+            if let Err(refusal) = &s.verdict {
+                tx.rollback().await?;
+                return Ok(Some(Submitted::Refused(refusal.clone())));
+            }
             if admitted.is_some() {
                 tx.commit().await?;
                 return Ok(Some(Submitted::Created { task_id }));
@@ -236,9 +260,12 @@ impl Store {
             // answered below whatever the quota says now.
             tx.rollback().await?;
             drop(client);
-            let quota = self.quota_refusal(&s.workspace_id).await?.ok_or_else(|| {
-                StoreError::Config(format!("workspace {} has no quota counter", s.workspace_id))
-            })?;
+            let quota = self
+                .quota_refusal(&s.workspace_id, ceiling)
+                .await?
+                .ok_or_else(|| {
+                    StoreError::Config(format!("workspace {} has no quota counter", s.workspace_id))
+                })?;
             return Ok(Some(Submitted::OverQuota { quota }));
         }
         // Lost (or a retry): nothing of this attempt may stay.

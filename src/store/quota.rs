@@ -11,25 +11,28 @@ use tokio_postgres::IsolationLevel;
 
 use super::{Store, StoreError};
 use crate::domain::{TaskId, TaskStatus};
-use crate::quota::{ExpiredTask, FirstExpiry, RefusalFacts, Settle, Usage};
+use crate::quota::{ExpiredTask, FirstExpiry, Limited, QuotaPolicy, RefusalFacts, Settle, Usage};
 
 /// Admits one request and writes its reservation, in one statement: the workspace's counter
-/// row is updated only while `used + reserved < limit` (`$5`: whether open reservations count),
-/// rolling the window over first when it has ended. The row lock serializes concurrent
-/// admissions of one workspace, and the condition is evaluated again on the locked row, so two
-/// requests cannot both take the last unit. Only a submission whose key this transaction has
-/// just written is admitted: a replay (the key was there) never touches the counter row, so
-/// it neither waits on that lock nor holds it. No row returned: refused or a replay, nothing
+/// row is updated only while `used + reserved < limit` (`$5`: whether open reservations count)
+/// and, in tokens, `tokens_used + tokens_reserved + ceiling <= token_limit`, rolling the window
+/// over first when it has ended. The row lock serializes concurrent admissions of one
+/// workspace, and the condition is evaluated again on the locked row, so two requests cannot
+/// both take the last unit (or token). Only a submission whose key this transaction has just
+/// written is admitted: a replay (the key was there) never touches the counter row, so it
+/// neither waits on that lock nor holds it. No row returned: refused or a replay, nothing
 /// changed.
 /// `$1` workspace, `$2` task, `$3` operation, `$4` key, `$6` TTL in seconds, `$7` whether a
-/// failure is charged.
+/// failure is charged, `$8` the request's token ceiling.
 pub(crate) const ADMIT: &str = "WITH now AS (SELECT clock_timestamp() AS at), \
      admitted AS ( \
        UPDATE quota_counters q \
           SET used = CASE WHEN replyd_quota_window(q.window_start, q.period_seconds, now.at) = q.window_start \
                           THEN q.used ELSE 0 END, \
+              tokens_used = CASE WHEN replyd_quota_window(q.window_start, q.period_seconds, now.at) = q.window_start \
+                          THEN q.tokens_used ELSE 0 END, \
               window_start = replyd_quota_window(q.window_start, q.period_seconds, now.at), \
-              reserved = q.reserved + 1, updated_at = now.at \
+              reserved = q.reserved + 1, tokens_reserved = q.tokens_reserved + $8, updated_at = now.at \
          FROM now \
         WHERE q.workspace_id = $1 \
           AND EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.workspace_id = $1 \
@@ -37,15 +40,22 @@ pub(crate) const ADMIT: &str = "WITH now AS (SELECT clock_timestamp() AS at), \
           AND (q.generation_limit IS NULL OR \
               CASE WHEN replyd_quota_window(q.window_start, q.period_seconds, now.at) = q.window_start \
                    THEN q.used ELSE 0 END + CASE WHEN $5 THEN q.reserved ELSE 0 END < q.generation_limit) \
+          AND (q.token_limit IS NULL OR \
+              CASE WHEN replyd_quota_window(q.window_start, q.period_seconds, now.at) = q.window_start \
+                   THEN q.tokens_used ELSE 0 END + CASE WHEN $5 THEN q.tokens_reserved ELSE 0 END + $8 \
+              <= q.token_limit) \
        RETURNING q.workspace_id, now.at) \
-     INSERT INTO quota_reservations (task_id, workspace_id, operation, idempotency_key, expires_at, charge_on_failure) \
-     SELECT $2, workspace_id, $3, $4, at + make_interval(secs => $6), $7 FROM admitted \
+     INSERT INTO quota_reservations (task_id, workspace_id, operation, idempotency_key, expires_at, \
+       charge_on_failure, token_ceiling) \
+     SELECT $2, workspace_id, $3, $4, at + make_interval(secs => $6), $7, $8 FROM admitted \
      RETURNING task_id";
 
 /// A workspace's quota as `GET /v1/quota` and `replyd quota show` report it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuotaState {
     pub usage: Usage,
+    /// The same counter in tokens (`limit`: the workspace's token limit).
+    pub tokens: Usage,
     pub period_seconds: i64,
     /// The current window (the one that holds now).
     pub window_start: DateTime<Utc>,
@@ -66,6 +76,8 @@ impl QuotaState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuotaRefusal {
     pub state: QuotaState,
+    /// The refused request's token ceiling.
+    pub asked_tokens: i64,
     /// When the oldest open reservation was admitted.
     pub oldest_open_since: Option<DateTime<Utc>>,
     /// How long the workspace's latest [`SETTLE_HISTORY`] settled reservations (charged or
@@ -74,12 +86,35 @@ pub struct QuotaRefusal {
 }
 
 impl QuotaRefusal {
-    /// The facts as durations from the database's now, for [`crate::quota::advise_retry`].
-    pub fn facts(&self) -> RefusalFacts {
+    /// Which limit refused the request: generations when they have no room, else tokens
+    /// when the request's ceiling does not fit; generations (with room again) when neither.
+    pub fn limited_by(&self, policy: QuotaPolicy) -> Limited {
+        if !self.state.usage.admits(policy) {
+            Limited::Generations
+        } else if !self
+            .state
+            .tokens
+            .in_units_of(self.asked_tokens)
+            .admits(policy)
+        {
+            Limited::Tokens {
+                asked: self.asked_tokens,
+            }
+        } else {
+            Limited::Generations
+        }
+    }
+
+    /// The facts as durations from the database's now, for [`crate::quota::advise_retry`],
+    /// about the limit that refused the request.
+    pub fn facts(&self, policy: QuotaPolicy) -> RefusalFacts {
         let now = self.state.now;
         let since = |at: DateTime<Utc>| (now - at).to_std().unwrap_or_default();
         RefusalFacts {
-            usage: self.state.usage,
+            usage: match self.limited_by(policy) {
+                Limited::Generations => self.state.usage,
+                Limited::Tokens { asked } => self.state.tokens.in_units_of(asked),
+            },
             until_window_end: self.state.until_reset(),
             first_expiry: self.state.first_expiry.map(|at| {
                 if at > now {
@@ -104,6 +139,8 @@ pub const SETTLE_HISTORY: i64 = 50;
 /// `$2` settled reservations (0 for a plain read: `LIMIT 0` reads none of them).
 const READ_QUOTA: &str = "SELECT q.generation_limit, q.period_seconds, \
      CASE WHEN w.start = q.window_start THEN q.used ELSE 0 END AS used, q.reserved, \
+     q.token_limit, CASE WHEN w.start = q.window_start THEN q.tokens_used ELSE 0 END AS tokens_used, \
+     q.tokens_reserved, \
      w.start AS window_start, \
      w.start + make_interval(secs => q.period_seconds) AS resets_at, \
      o.first_expiry, o.oldest_open_since, \
@@ -128,6 +165,9 @@ const RECOUNT_ON_PERIOD_CHANGE: &str = "WITH w AS ( \
      UPDATE quota_counters q \
         SET generation_limit = $2, period_seconds = $3, window_start = w.start, \
             used = (SELECT count(*) FROM quota_reservations r \
+                     WHERE r.workspace_id = q.workspace_id AND r.state = 'charged' \
+                       AND r.settled_at >= w.start), \
+            tokens_used = (SELECT coalesce(sum(r.tokens_charged), 0) FROM quota_reservations r \
                      WHERE r.workspace_id = q.workspace_id AND r.state = 'charged' \
                        AND r.settled_at >= w.start), \
             updated_at = clock_timestamp() \
@@ -195,6 +235,24 @@ impl Store {
         Ok(true)
     }
 
+    /// Sets `workspace_id`'s limit in tokens per period (None: no limit); `false` when there
+    /// is no such workspace. The window and what was charged in it stay.
+    pub async fn set_token_limit(
+        &self,
+        workspace_id: &str,
+        limit: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let updated = client
+            .execute(
+                "UPDATE quota_counters SET token_limit = $2, updated_at = clock_timestamp() \
+                 WHERE workspace_id = $1",
+                &[&workspace_id, &limit],
+            )
+            .await?;
+        Ok(updated == 1)
+    }
+
     /// The workspace's quota now (a window that has ended reads as the new, empty one).
     pub async fn quota(&self, workspace_id: &str) -> Result<Option<QuotaState>, StoreError> {
         Ok(self
@@ -208,8 +266,15 @@ impl Store {
     pub async fn quota_refusal(
         &self,
         workspace_id: &str,
+        asked_tokens: i64,
     ) -> Result<Option<QuotaRefusal>, StoreError> {
-        self.read_quota(workspace_id, SETTLE_HISTORY).await
+        Ok(self
+            .read_quota(workspace_id, SETTLE_HISTORY)
+            .await?
+            .map(|refusal| QuotaRefusal {
+                asked_tokens,
+                ..refusal
+            }))
     }
 
     async fn read_quota(
@@ -233,12 +298,18 @@ impl Store {
                     used: row.get("used"),
                     reserved: row.get("reserved"),
                 },
+                tokens: Usage {
+                    limit: row.get("token_limit"),
+                    used: row.get("tokens_used"),
+                    reserved: row.get("tokens_reserved"),
+                },
                 period_seconds: row.get("period_seconds"),
                 window_start: row.get("window_start"),
                 resets_at: row.get("resets_at"),
                 first_expiry: row.get("first_expiry"),
                 now: row.get("now"),
             },
+            asked_tokens: 0,
             oldest_open_since: row.get("oldest_open_since"),
             // A settlement before its admission cannot happen (both by the database clock);
             // a negative or odd value reads as 0 rather than failing the refusal.

@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::domain::{
     AttemptOutcome, AttemptRecord, ProviderRan, ProviderRequest, StoredTask, TaskId, TaskSpec,
-    TaskStatus,
+    TaskStatus, TokenUsage,
 };
 
 use super::batch::BatchAnswer;
@@ -645,8 +645,8 @@ impl Store {
         let rows = client
             .query(
                 "SELECT attempt_no, assignment_version, worker, claimed_at, lease_until, \
-                 finished_at, outcome, detail FROM reply_attempts WHERE task_id = $1 \
-                 ORDER BY assignment_version",
+                 finished_at, outcome, detail, prompt_tokens, completion_tokens \
+                 FROM reply_attempts WHERE task_id = $1 ORDER BY assignment_version",
                 &[&task_id.as_uuid()],
             )
             .await?;
@@ -668,6 +668,13 @@ impl Store {
                         })
                         .transpose()?,
                     detail: r.get(7),
+                    usage: match (r.get(8), r.get(9)) {
+                        (Some(prompt_tokens), Some(completion_tokens)) => Some(TokenUsage {
+                            prompt_tokens,
+                            completion_tokens,
+                        }),
+                        _ => None,
+                    },
                 })
             })
             .collect()

@@ -2,6 +2,7 @@
 //! request. Only a key's hash is stored (see `api_key`).
 
 use crate::api_key::{IssuedKey, PresentedKey, matches};
+use crate::workspace_policy::WorkspacePolicy;
 
 use super::{Store, StoreError};
 
@@ -140,5 +141,66 @@ mod tests {
         ] {
             assert!(!valid_workspace_id(bad), "{bad}");
         }
+    }
+}
+
+/// A change to a workspace's policy: `None` keeps a setting, `Some(None)` removes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyChange {
+    pub allowed_models: Option<Option<Vec<String>>>,
+    pub max_output_tokens: Option<Option<u32>>,
+}
+
+impl Store {
+    /// The rules `workspace_id`'s requests are judged by, with its token limit; None when
+    /// there is no such workspace.
+    pub async fn workspace_policy(
+        &self,
+        workspace_id: &str,
+    ) -> Result<Option<WorkspacePolicy>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT w.allowed_models, w.max_output_tokens, q.token_limit \
+                 FROM workspaces w LEFT JOIN quota_counters q USING (workspace_id) \
+                 WHERE w.workspace_id = $1",
+            )
+            .await?;
+        let row = client.query_opt(&statement, &[&workspace_id]).await?;
+        Ok(row.map(|row| WorkspacePolicy {
+            allowed_models: row.get("allowed_models"),
+            max_output_tokens: row
+                .get::<_, Option<i32>>("max_output_tokens")
+                .and_then(|n| u32::try_from(n).ok()),
+            token_limit: row.get("token_limit"),
+        }))
+    }
+
+    /// Applies `change` to `workspace_id`'s policy; `false` when there is no such workspace.
+    pub async fn set_workspace_policy(
+        &self,
+        workspace_id: &str,
+        change: &PolicyChange,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let cap = change
+            .max_output_tokens
+            .map(|cap| cap.map(|n| i32::try_from(n).unwrap_or(i32::MAX)));
+        let updated = client
+            .execute(
+                "UPDATE workspaces SET \
+                 allowed_models = CASE WHEN $2 THEN $3 ELSE allowed_models END, \
+                 max_output_tokens = CASE WHEN $4 THEN $5 ELSE max_output_tokens END \
+                 WHERE workspace_id = $1",
+                &[
+                    &workspace_id,
+                    &change.allowed_models.is_some(),
+                    &change.allowed_models.clone().flatten(),
+                    &cap.is_some(),
+                    &cap.flatten(),
+                ],
+            )
+            .await?;
+        Ok(updated == 1)
     }
 }

@@ -27,6 +27,8 @@ pub mod names {
     pub const CAPACITY_WAITING: &str = "replyd_capacity_waiting_records";
     pub const CAPACITY_REFUSALS: &str = "replyd_capacity_refusals_total";
     pub const CAPACITY_LIMIT: &str = "replyd_capacity_requests_per_second";
+    pub const PROVIDER_TOKENS: &str = "replyd_provider_tokens_total";
+    pub const PROVIDER_USAGE_UNREPORTED: &str = "replyd_provider_usage_unreported_total";
     pub const COMPLETION_BATCH_ROWS: &str = "replyd_completion_batch_rows";
     pub const RENEWAL_BATCH_ROWS: &str = "replyd_lease_renewal_batch_rows";
     pub const CLAIM_BATCH_ROWS: &str = "replyd_claim_batch_rows";
@@ -105,6 +107,8 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
     (CAPACITY_WAITING, Kind::Gauge),
     (CAPACITY_REFUSALS, Kind::Counter),
     (CAPACITY_LIMIT, Kind::Gauge),
+    (PROVIDER_TOKENS, Kind::Counter),
+    (PROVIDER_USAGE_UNREPORTED, Kind::Counter),
     (COMPLETION_BATCH_ROWS, Kind::Histogram),
     (RENEWAL_BATCH_ROWS, Kind::Histogram),
     (CLAIM_BATCH_ROWS, Kind::Histogram),
@@ -342,6 +346,20 @@ pub fn capacity_refused(bucket: &str) {
         );
     }
     counter!(CAPACITY_REFUSALS, "model" => bucket.to_owned()).increment(1);
+}
+
+/// The tokens a provider's answer reported, by the model asked and the kind (`prompt`,
+/// `completion`); an answer that reported none is counted apart, never as 0 tokens.
+pub fn provider_usage(model: &str, usage: Option<(u32, u32)>) {
+    match usage {
+        Some((prompt, completion)) => {
+            counter!(PROVIDER_TOKENS, "model" => model.to_owned(), "kind" => "prompt")
+                .increment(u64::from(prompt));
+            counter!(PROVIDER_TOKENS, "model" => model.to_owned(), "kind" => "completion")
+                .increment(u64::from(completion));
+        }
+        None => counter!(PROVIDER_USAGE_UNREPORTED, "model" => model.to_owned()).increment(1),
+    }
 }
 
 /// The request rate the budget applies to `bucket` now: configured, or learned.

@@ -36,10 +36,10 @@ pub struct WorkerConfig {
     pub retry_base_delay_ms: u64,
     /// `retry` or `stop`.
     pub ambiguous: &'static str,
-    /// `retry.provider_honours_idempotency_key`; false, the product's default. A test whose
-    /// mock honours keys (`MockSettings { honour_idempotency_key: true, .. }`) and that relies
-    /// on the worker knowing it says so.
-    pub provider_honours_idempotency_key: bool,
+    /// `retry.provider_honours_idempotency_key`; `None` writes nothing, so the product's
+    /// default (false) holds. A test whose mock honours keys (`MockSettings {
+    /// honour_idempotency_key: true, .. }`) and that relies on the worker knowing it says so.
+    pub provider_honours_idempotency_key: Option<bool>,
     /// `retry.refusal_budget_ms`.
     pub refusal_budget_ms: u64,
     /// `chat_completions` or `background_responses`.
@@ -70,7 +70,7 @@ impl Default for WorkerConfig {
             dead_letter_topic: String::new(),
             retry_base_delay_ms: 100,
             ambiguous: "retry",
-            provider_honours_idempotency_key: false,
+            provider_honours_idempotency_key: None,
             refusal_budget_ms: 600_000,
             provider_api: "chat_completions",
             listen: true,
@@ -231,8 +231,7 @@ poll_interval_ms = 100
 base_delay_ms = {retry_base}
 max_delay_ms = 5000
 ambiguous = "{ambiguous}"
-provider_honours_idempotency_key = {honours}
-refusal_budget_ms = {refusal_budget}
+{honours}refusal_budget_ms = {refusal_budget}
 
 [observability]
 listen = "127.0.0.1:0"
@@ -274,7 +273,10 @@ listen = "127.0.0.1:0"
             timeout = c.request_timeout_ms,
             retry_base = c.retry_base_delay_ms,
             ambiguous = c.ambiguous,
-            honours = c.provider_honours_idempotency_key,
+            honours = c
+                .provider_honours_idempotency_key
+                .map(|honours| format!("provider_honours_idempotency_key = {honours}\n"))
+                .unwrap_or_default(),
             refusal_budget = c.refusal_budget_ms,
             api = c.provider_api,
             listen = c.listen,

@@ -110,6 +110,26 @@ export interface components {
             /** Format: uuid */
             task_id: string;
         };
+        /** @description One attempt's usage. */
+        AttemptUsageView: {
+            /**
+             * Format: int32
+             * @description 1 for the first claim of the task.
+             */
+            attempt: number;
+            /**
+             * Format: int64
+             * @description `null`: not reported.
+             */
+            completion_tokens?: number | null;
+            /** @description How the attempt ended (`accepted`, `timeout`, `refused`, ...); `null` while it runs. */
+            outcome?: string | null;
+            /**
+             * Format: int64
+             * @description `null`: not reported.
+             */
+            prompt_tokens?: number | null;
+        };
         /**
          * @description The body of `POST /v1/replies`: a JSON object. Every field is bound to the
          *     `Idempotency-Key`: a retry with the same key must send the same values. No text may
@@ -194,6 +214,8 @@ export interface components {
              * @description When the current window ends and `used` starts again from 0.
              */
             resets_at: string;
+            /** @description The same quota in tokens, in the same window. */
+            tokens: components["schemas"]["TokenQuotaView"];
             /**
              * Format: int64
              * @description Charged in the current window.
@@ -201,6 +223,8 @@ export interface components {
             used: number;
             /** Format: date-time */
             window_start: string;
+            /** @description What this workspace's requests may ask for. */
+            workspace_policy: components["schemas"]["WorkspacePolicyView"];
         };
         /**
          * @description Where a task is in its life.
@@ -229,6 +253,7 @@ export interface components {
             task_id: string;
             /** Format: date-time */
             updated_at: string;
+            usage?: components["schemas"]["UsageView"] | null;
         };
         /** @description One event of a follow stream, as its fields arrive (the schema of each event). */
         StatusEvent: {
@@ -241,6 +266,69 @@ export interface components {
              *     `Last-Event-ID`, that state is not sent again.
              */
             id: string;
+        };
+        /**
+         * @description A workspace's quota in tokens. A reservation holds its request's ceiling (its prompt's
+         *     bytes, 8 tokens a message, and its output bound) and is settled to the usage its reply
+         *     reported (the ceiling when none was reported).
+         */
+        TokenQuotaView: {
+            /**
+             * Format: int64
+             * @description Tokens per period; absent: no limit.
+             */
+            limit?: number | null;
+            /**
+             * Format: int64
+             * @description What may still be reserved now; absent: no limit.
+             */
+            remaining?: number | null;
+            /**
+             * Format: int64
+             * @description Held by open reservations.
+             */
+            reserved: number;
+            /**
+             * Format: int64
+             * @description Charged in the current window.
+             */
+            used: number;
+        };
+        /**
+         * @description Tokens the provider reported for a task. A number is what the provider said; `null` is
+         *     "not reported" (no answer came, or it carried no usage), never 0.
+         */
+        UsageView: {
+            /** @description Every attempt, oldest first. */
+            attempts: components["schemas"]["AttemptUsageView"][];
+            /**
+             * Format: int64
+             * @description Completion tokens over the attempts that reported usage; `null` when none did.
+             */
+            completion_tokens?: number | null;
+            /**
+             * Format: int64
+             * @description Prompt tokens over the attempts that reported usage; `null` when none did.
+             */
+            prompt_tokens?: number | null;
+            /**
+             * Format: int32
+             * @description Finished attempts that may have reached the provider and reported nothing (an answer
+             *     lost or refused by the lease, a timeout, an error): whatever they cost is not in the
+             *     totals. Refused calls (`refused`), which the provider did not run, are not counted.
+             */
+            unreported_attempts: number;
+        };
+        /** @description What a workspace's requests may ask for (`replyd workspace policy`). */
+        WorkspacePolicyView: {
+            /** @description The models a request may name (an absent `model` is judged as the default); absent: any. */
+            allowed_models?: string[] | null;
+            /**
+             * Format: int32
+             * @description The most output tokens a request may ask for, and what one that names none asks for;
+             *     absent: no cap.
+             */
+            max_output_tokens?: number | null;
         };
     };
     responses: never;
@@ -410,7 +498,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them) */
+            /** @description The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, or a request whose token ceiling is over its whole token quota (`outside_workspace_policy`; `fields` names them, `detail` the setting) */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -419,7 +507,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            /** @description New work over the workspace's quota of generations or of tokens (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
                     /** @description Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again */
@@ -720,7 +808,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest) */
+            /** @description The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest), or the source's model or output bound is outside the workspace's policy now (`outside_workspace_policy`) */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -729,7 +817,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description New work over the workspace's quota (`quota_exceeded`; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            /** @description New work over the workspace's quota of generations or of tokens (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
                     /** @description Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again */
