@@ -208,9 +208,9 @@ async fn a_completed_task_without_its_charge_fails_as_i8() {
     client
         .batch_execute(&format!(
             "INSERT INTO workspaces VALUES ('{ws}') ON CONFLICT DO NOTHING; \
-             INSERT INTO quota_reservations (task_id, workspace_id, operation, idempotency_key, expires_at, charge_on_failure, state, settled_at) VALUES \
-               ('{a}', '{ws}', 'create_reply', 'k-a', clock_timestamp() + interval '1 hour', false, 'charged', clock_timestamp()), \
-               ('{b}', '{ws}', 'create_reply', 'k-b', clock_timestamp() - interval '1 second', false, 'reserved', NULL);",
+             INSERT INTO quota_reservations (task_id, workspace_id, operation, idempotency_key, expires_at, charge_on_failure, state, settled_at, tokens_charged) VALUES \
+               ('{a}', '{ws}', 'create_reply', 'k-a', clock_timestamp() + interval '1 hour', false, 'charged', clock_timestamp(), replyd_tokens_to_charge('{a}', 'charged', 0)), \
+               ('{b}', '{ws}', 'create_reply', 'k-b', clock_timestamp() - interval '1 second', false, 'reserved', NULL, NULL);",
             a = tasks[0].task_id.as_uuid(),
             b = tasks[1].task_id.as_uuid(),
         ))
@@ -223,5 +223,42 @@ async fn a_completed_task_without_its_charge_fails_as_i8() {
     assert_eq!(report["completed_without_charge"], 1, "{report:#}");
     assert_eq!(report["quota_counter_mismatches"], 1, "{report:#}");
     assert_eq!(report["charges_without_reply"], 0, "{report:#}");
+    assert_eq!(report["token_charge_mismatches"], 0, "{report:#}");
     assert!(report["violations"].to_string().contains("I8"));
+}
+
+/// A charge whose tokens are not the saved reply's reported usage (nor, with none reported,
+/// the ceiling) is named as I8, from durable state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_charge_other_than_the_reported_usage_fails_as_i8() {
+    let (app, tasks) = app_with_completed_tasks(1).await;
+    let client = app.db.raw_client().await;
+    let ws = &tasks[0].workspace_id;
+    let a = tasks[0].task_id.as_uuid();
+    let insert = |tokens: &str| {
+        format!(
+            "INSERT INTO workspaces VALUES ('{ws}') ON CONFLICT DO NOTHING; \
+             DELETE FROM quota_reservations; \
+             INSERT INTO quota_reservations (task_id, workspace_id, operation, idempotency_key, expires_at, charge_on_failure, state, settled_at, token_ceiling, tokens_charged) VALUES \
+               ('{a}', '{ws}', 'create_reply', 'k-a', clock_timestamp() + interval '1 hour', false, 'charged', clock_timestamp(), 5000, {tokens});"
+        )
+    };
+    client
+        .batch_execute(&insert(&format!(
+            "replyd_tokens_to_charge('{a}', 'charged', 5000)"
+        )))
+        .await
+        .unwrap();
+    let (code, report) = check(&app);
+    assert_eq!(code, Some(0), "the rule's own charge is clean: {report:#}");
+    client
+        .batch_execute(&insert(&format!(
+            "replyd_tokens_to_charge('{a}', 'charged', 5000) + 1"
+        )))
+        .await
+        .unwrap();
+    let (code, report) = check(&app);
+    assert_eq!(code, Some(3), "{report:#}");
+    assert_eq!(report["token_charge_mismatches"], 1, "{report:#}");
+    assert!(report["violations"].to_string().contains("token charge"));
 }
