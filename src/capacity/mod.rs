@@ -390,8 +390,12 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
                         waiters: &waiters,
                         want_slots,
                         in_use,
-                        requests_per_second: limits.requests_per_minute.map(|n| n as f64 / 60.0),
-                        tokens_per_second: limits.tokens_per_minute.map(|n| n as f64 / 60.0),
+                        requests_per_second: limits
+                            .requests_per_minute
+                            .map(|n| pacing::paced(n as f64 / 60.0)),
+                        tokens_per_second: limits
+                            .tokens_per_minute
+                            .map(|n| pacing::paced(n as f64 / 60.0)),
                         slot_limit: limits.max_concurrent,
                         slot_ttl,
                         adaptive: governor.settings.adaptive,

@@ -419,7 +419,7 @@ async fn put_faults(State(state): State<Arc<MockState>>, body: Bytes) -> Respons
 
 /// The part of a chat-completion request the mock reads; other fields are accepted and ignored,
 /// as OpenAI-compatible servers do.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct ChatRequest {
     model: Option<String>,
     messages: Vec<ChatRequestMessage>,
@@ -431,7 +431,7 @@ struct ChatRequest {
     max_completion_tokens: Option<u32>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct ChatRequestMessage {
     role: String,
     content: String,
@@ -512,16 +512,34 @@ async fn chat_completions(
         return in_flight.answered(admitted.decorate(response));
     }
 
-    let reply = match key {
-        Some(key) if state.settings.honour_idempotency_key => {
-            reply_once(&state, key, &request, latency).await
+    let work = {
+        let state = Arc::clone(&state);
+        async move {
+            match key {
+                Some(key) if state.settings.honour_idempotency_key => {
+                    reply_once(&state, key, &request, latency).await
+                }
+                key => generate(&state, key.as_deref(), &request, latency).await,
+            }
         }
-        key => generate(&state, key.as_deref(), &request, latency).await,
     };
-    let Ok(reply) = reply else {
+    let Ok(reply) = finish_unless_asked(&state, work).await else {
         return in_flight.answered(admitted.decorate(shutting_down()));
     };
     in_flight.answered(admitted.decorate(answer(fault, reply)))
+}
+
+/// Runs a generation to its end even when the client goes away (the handler's future is then
+/// dropped, the work's task is not), as the hosted APIs do; with `cancel_on_disconnect`, in
+/// the handler's future, so a client that leaves stops it.
+async fn finish_unless_asked<T: Send + 'static>(
+    state: &MockState,
+    work: impl std::future::Future<Output = Result<T, ShuttingDown>> + Send + 'static,
+) -> Result<T, ShuttingDown> {
+    if state.settings.cancel_on_disconnect {
+        return work.await;
+    }
+    tokio::spawn(work).await.unwrap_or(Err(ShuttingDown))
 }
 
 /// The request's `Idempotency-Key`, when it has a non-empty one.

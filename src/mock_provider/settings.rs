@@ -236,6 +236,10 @@ pub struct MockSettings {
     /// Whether `POST /v1/responses` and `GET /v1/responses/{id}` exist. Default true; false
     /// answers them 404, like a provider without background responses.
     pub background_responses: bool,
+    /// Whether a chat or messages generation stops when its client goes away. Default false:
+    /// the hosted APIs finish (and bill) a request whose connection closed, so a caller killed
+    /// mid-call has cost a generation. True is the kinder provider that drops it.
+    pub cancel_on_disconnect: bool,
     /// How long a background response can be retrieved by id after it ended, in
     /// milliseconds; after it `GET /v1/responses/{id}` is 404 and its key (when honoured) is
     /// forgotten. A response still generating is always found. Unset: the profile's
@@ -255,6 +259,7 @@ impl Default for MockSettings {
             limits: LimitSettings::default(),
             honour_idempotency_key: false,
             background_responses: true,
+            cancel_on_disconnect: false,
             response_retention_ms: None,
             seed: 0,
         }
@@ -330,6 +335,10 @@ pub struct MockProviderArgs {
     /// Whether the background-responses endpoints exist (false: they answer 404).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub background_responses: bool,
+    /// Whether a generation stops when its client goes away (false, as the hosted APIs:
+    /// the work finishes and is counted).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub cancel_on_disconnect: bool,
     /// How long an ended background response can be retrieved by id, in milliseconds
     /// (default: the profile's; openai-responses keeps one 600000 ms).
     #[arg(long)]
@@ -362,6 +371,7 @@ impl From<MockProviderArgs> for MockSettings {
             },
             honour_idempotency_key: args.honour_idempotency_key,
             background_responses: args.background_responses,
+            cancel_on_disconnect: args.cancel_on_disconnect,
             response_retention_ms: args.response_retention_ms,
             seed: args.seed,
         }

@@ -21,7 +21,8 @@ use serde_json::json;
 
 use super::{
     ChatRequest, ChatRequestMessage, InFlight, MockState, ShuttingDown, answer,
-    apply_fault_before_work, idempotency_key, produce, shutting_down, token_cost,
+    apply_fault_before_work, finish_unless_asked, idempotency_key, produce, shutting_down,
+    token_cost,
 };
 use crate::mock_provider::behaviour::latency_directive;
 
@@ -150,7 +151,12 @@ pub(super) async fn create_message(
     if let Err(response) = apply_fault_before_work(&state, fault).await {
         return in_flight.answered(admitted.decorate(in_anthropic_shape(response).await));
     }
-    let produced = match produce(&state, key.as_deref(), &request, latency).await {
+    let work = {
+        let state = Arc::clone(&state);
+        let request = request.clone();
+        async move { produce(&state, key.as_deref(), &request, latency).await }
+    };
+    let produced = match finish_unless_asked(&state, work).await {
         Ok(produced) => produced,
         Err(ShuttingDown) => {
             return in_flight
