@@ -143,6 +143,7 @@ line = {
     "unfinished": tasks - completed - failed,
     "replies_per_s": round(completed / wall, 1),
     "ratio_to_limit": round(completed / wall / limit_per_s, 3),
+    "limit_per_s": limit_per_s,
     "requests": asked,
     "refused": refusals,
     "refused_share": round(refusals / asked, 3) if asked else 0.0,
@@ -153,6 +154,12 @@ line = {
     "max_admitted_in_a_second": stats["max_admitted_in_a_second"],
     "max_in_progress": stats["max_in_progress"],
     "wall_s": round(wall, 1),
+    # What the mock admitted in each second of the run (its own tally), for the P7 plot.
+    "admitted_per_second": [
+        second["requests"]
+        for second in stats["admissions_per_second"]
+        if second["requests"] > 0
+    ],
 }
 if variant == "tpm":
     tokens = sum(second["tokens"] for second in stats["admissions_per_second"])

@@ -1,7 +1,8 @@
 """Summarises the benchmark runs of `make bench` into target/bench/summary.json, and draws
 docs/bench/p1-window.png (throughput against window, with the ideal line),
-docs/bench/p4-memory.png (peak RSS against backlog) and docs/bench/p6-latency-cdf.png (press to
-completed, against the provider's latency) when matplotlib is importable
+docs/bench/p4-memory.png (peak RSS against backlog), docs/bench/p6-latency-cdf.png (press to
+completed, against the provider's latency) and docs/bench/p7-capacity.png (from the recorded runs
+of docs/bench/p7-runs.jsonl) when matplotlib is importable
 (deploy/bench-summary.sh provides it).
 
 Reads the JSON lines the bench scripts wrote (target/bench/window.jsonl, ceiling.jsonl,
@@ -234,6 +235,55 @@ def plot(points, out):
     print(f"bench-summary: wrote {out}", file=sys.stderr)
 
 
+def plot_capacity(runs, out):
+    """P7: the tasks each variant failed before and after the shared capacity budget, and
+    what the mock admitted in each second of the after runs against its limit. `runs` are the
+    recorded one-line results of docs/bench/p7-runs.jsonl, each with its `side`."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, (bars, seconds) = plt.subplots(1, 2, figsize=(11, 4.2))
+    variants = list(dict.fromkeys(r["variant"] for r in runs))
+    width = 0.38
+    for offset, side, color in ((-width / 2, "before", "tab:red"), (width / 2, "after", "tab:green")):
+        by_variant = {r["variant"]: r for r in runs if r["side"] == side}
+        xs = [i + offset for i, v in enumerate(variants) if v in by_variant]
+        failed = [by_variant[v]["failed"] for v in variants if v in by_variant]
+        bars.bar(xs, failed, width, color=color, label=side)
+        for x, n in zip(xs, failed):
+            bars.annotate(f"{n:,}", (x, n), ha="center", va="bottom", fontsize=8)
+    bars.set_xticks(range(len(variants)), variants)
+    bars.set_ylabel("tasks failed (of 2,000)")
+    bars.set_title("Failed tasks, before and after")
+    bars.legend()
+    limit = None
+    for r in runs:
+        if r["side"] != "after" or not r.get("admitted_per_second"):
+            continue
+        series = r["admitted_per_second"]
+        seconds.plot(range(1, len(series) + 1), series,
+                     label=f"{r['variant']}: {r['ratio_to_limit']:.3f} of the limit, "
+                           f"{r['refused_share']:.1%} refused")
+        limit = r.get("limit_per_s", 50)
+    if limit:
+        seconds.axhline(limit, linestyle="--", color="grey", linewidth=0.8,
+                        label=f"the provider's limit: {limit:g}/s")
+    seconds.set_xlabel("second of the run")
+    seconds.set_ylabel("requests the mock admitted")
+    seconds.set_title("After: admitted per second")
+    seconds.grid(True, linewidth=0.3)
+    seconds.legend(fontsize=8, loc="lower center")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.suptitle("P7: 2,000 tasks at once against a provider allowing 50 requests/s and 64 at once")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"bench-summary: wrote {out}", file=sys.stderr)
+
+
 def main():
     root = Path(__file__).resolve().parent.parent
     bench = root / "target" / "bench"
@@ -259,6 +309,9 @@ def main():
     latencies = load(bench / "front-latencies.jsonl")
     if latencies:
         plot_latency_cdf(latencies, root / "docs" / "bench" / "p6-latency-cdf.png")
+    capacity = load(root / "docs" / "bench" / "p7-runs.jsonl")
+    if capacity:
+        plot_capacity(capacity, root / "docs" / "bench" / "p7-capacity.png")
 
 
 if __name__ == "__main__":

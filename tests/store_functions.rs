@@ -345,3 +345,52 @@ async fn two_workers_share_one_budget_and_a_refusal_pauses_both() {
         .unwrap();
     assert_eq!(other.delays.len(), 2, "two slots, two calls: {other:?}");
 }
+
+/// A refusal that reaches the budget before the provider's first report of its limit (another
+/// call of the same worker reported it, in its own round trip) cuts a rate measured from
+/// nothing; the report then replaces it. A cut made once a report is known stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_report_replaces_a_rate_cut_before_it_and_a_later_cut_stands() {
+    let db = TestDb::new().await;
+    let client = db.raw_client().await;
+    let learned = || async {
+        client
+            .query_one(
+                "SELECT learned_rps FROM capacity_buckets WHERE bucket = 'model-a'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<f64>>(0)
+    };
+    let cut = db
+        .store
+        .capacity_refused("model-a", Some(Duration::from_secs(1)), true)
+        .await
+        .unwrap();
+    assert_eq!(cut, Some(0.5), "a rate measured from nothing: the floor");
+    db.store.capacity_reported("model-a", 50.0).await.unwrap();
+    assert_eq!(
+        learned().await,
+        Some(50.0),
+        "the first report replaces the guess"
+    );
+    // Once the report is known, a refusal (over a second after the rate last changed) cuts
+    // it, and the same report again does not undo the cut.
+    client
+        .execute(
+            "UPDATE capacity_buckets SET learned_changed_at = learned_changed_at - 2",
+            &[],
+        )
+        .await
+        .unwrap();
+    let cut = db
+        .store
+        .capacity_refused("model-a", None, true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!((cut - 45.0).abs() < 1e-9, "{cut}");
+    db.store.capacity_reported("model-a", 50.0).await.unwrap();
+    assert_eq!(learned().await, Some(cut));
+}

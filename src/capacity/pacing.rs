@@ -151,11 +151,13 @@ impl Learned {
     }
 
     /// The provider reported its limit (`x-ratelimit-limit-requests`, a minute's worth, as a
-    /// rate a second): that is the rate, unless a refusal has cut below it since, in which case
-    /// it is what the regrowth goes back up to.
+    /// rate a second): that is the rate, unless a refusal has cut below it since an earlier
+    /// report, in which case it is what the regrowth goes back up to. A first report replaces
+    /// whatever was guessed before it: a refusal with no report known cut a rate measured from
+    /// nothing, often to the floor.
     pub fn reported(self, now: f64, per_second: f64) -> Self {
         let per_second = per_second.max(MIN_LEARNED_PER_SECOND);
-        let below = self.per_second.is_some_and(|p| p < per_second);
+        let below = self.reported.is_some() && self.per_second.is_some_and(|p| p < per_second);
         Self {
             reported: Some(per_second),
             per_second: if below {
@@ -286,6 +288,16 @@ mod tests {
             grown = grown.granted(f64::from(t) + 0.5, 1);
         }
         assert_eq!(grown.per_second, Some(50.0));
+    }
+
+    #[test]
+    fn a_first_report_replaces_a_rate_guessed_before_it() {
+        // A refusal before any report, with nothing granted to measure: the floor.
+        let guessed = Learned::new(0.0).refused(0.2);
+        assert_eq!(guessed.per_second, Some(MIN_LEARNED_PER_SECOND));
+        let told = guessed.reported(0.3, 50.0);
+        assert_eq!(told.per_second, Some(50.0));
+        assert_eq!(told.changed_at, 0.3);
     }
 
     proptest! {
