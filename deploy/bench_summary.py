@@ -265,9 +265,10 @@ def plot_capacity(runs, out):
         if r["side"] != "after" or not r.get("admitted_per_second"):
             continue
         series = r["admitted_per_second"]
+        ratio = (f"{r['ratio_to_token_limit']:.3f} of the token limit"
+                 if "ratio_to_token_limit" in r else f"{r['ratio_to_limit']:.3f} of the limit")
         seconds.plot(range(1, len(series) + 1), series,
-                     label=f"{r['variant']}: {r['ratio_to_limit']:.3f} of the limit, "
-                           f"{r['refused_share']:.1%} refused")
+                     label=f"{r['variant']}: {ratio}, {r['refused_share']:.1%} refused")
         limit = r.get("limit_per_s", 50)
     if limit:
         seconds.axhline(limit, linestyle="--", color="grey", linewidth=0.8,
