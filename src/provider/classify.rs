@@ -46,6 +46,17 @@ pub fn classify_status_at(
         // 408: the server gave up waiting for our request, so it did not run it. 409: an
         // idempotency-keyed request with the same key is still in flight; asking again later
         // returns its result.
+        // OpenAI answers a spent account (credits gone, the monthly budget reached) with a 429
+        // too, `insufficient_quota`: no retry passes until someone pays, so it is not a
+        // refusal for capacity to wait out for the refusal budget's ten minutes.
+        429 if openai_error_code(body_snippet).as_deref() == Some("insufficient_quota") => {
+            ProviderError::Fatal {
+                status: code,
+                message: format!(
+                    "the provider account's quota is spent (insufficient_quota: credits or the spending limit); no retry passes until it is raised: {message}"
+                ),
+            }
+        }
         408 | 409 | 429 | 503 => refusal(code, headers, now, message),
         500..=599 => ProviderError::MaybeExecuted {
             status: code,
@@ -136,6 +147,16 @@ fn refusal(status: u16, headers: &HeaderMap, now: SystemTime, message: String) -
         signals: Box::new(signals),
         message,
     }
+}
+
+/// `error.code` (else `error.type`) of an OpenAI error body (`{"error":{"code":...,"type":...}}`).
+fn openai_error_code(body_snippet: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(body_snippet).ok()?;
+    let error = value.get("error")?;
+    ["code", "type"]
+        .iter()
+        .find_map(|field| error.get(*field)?.as_str().filter(|t| !t.is_empty()))
+        .map(str::to_owned)
 }
 
 /// `error.type` of an Anthropic error body (`{"type":"error","error":{"type":...}}`).
@@ -456,5 +477,26 @@ mod tests {
             panic!("expected Fatal, got {error:?}");
         };
         assert_eq!(message.len(), MAX_MESSAGE_CHARS);
+    }
+
+    #[test]
+    fn a_spent_account_is_fatal_and_a_rate_limit_is_a_refusal() {
+        let spent = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+        let error = classify_status_at(
+            StatusCode::TOO_MANY_REQUESTS,
+            &HeaderMap::new(),
+            spent,
+            now(),
+        );
+        assert_eq!(error.kind(), "fatal", "{error:?}");
+        assert!(error.to_string().contains("insufficient_quota"), "{error}");
+        let limited = r#"{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
+        let error = classify_status_at(
+            StatusCode::TOO_MANY_REQUESTS,
+            &HeaderMap::new(),
+            limited,
+            now(),
+        );
+        assert_eq!(error.kind(), "retryable", "{error:?}");
     }
 }
