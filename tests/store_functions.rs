@@ -394,3 +394,135 @@ async fn a_first_report_replaces_a_rate_cut_before_it_and_a_later_cut_stands() {
     db.store.capacity_reported("model-a", 50.0).await.unwrap();
     assert_eq!(learned().await, Some(cut));
 }
+
+/// One step of the learned rate's life, as the budget sees it.
+#[derive(Debug, Clone)]
+enum LearnedStep {
+    /// A grant for this many waiting calls (the budget decides how many go).
+    Grant(usize),
+    /// A refusal for capacity (no pause asked: the pause is not the learned rate's).
+    Refused,
+    /// The provider reported its limit, requests a second.
+    Reported(f64),
+}
+
+/// The learned rate's SQL (`replyd_capacity_grant`, `_refused`, `_reported`, migrations V16
+/// and V18) moves the bucket exactly as `capacity::pacing::Learned`, its twin, moves: over
+/// generated runs of grants, refusals and reports at generated instants. The SQL's clock is
+/// set per step (`replyd.capacity_now`); the instants are multiples of 1/64 s, so both sides
+/// do the same arithmetic on the same doubles.
+#[test]
+fn the_learned_rate_moves_in_sql_as_pacing_learned_moves() {
+    use replyd::capacity::pacing::Learned;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let db = runtime.block_on(TestDb::new());
+    let client = runtime.block_on(db.raw_client());
+    let mut runner = TestRunner::new(Config {
+        cases: 150,
+        ..Config::default()
+    });
+    let step = prop_oneof![
+        (0usize..12).prop_map(LearnedStep::Grant),
+        Just(LearnedStep::Refused),
+        (1u32..12_800).prop_map(|r| LearnedStep::Reported(f64::from(r) / 64.0)),
+    ];
+    let case = proptest::collection::vec((0u32..160, step), 1..40);
+    let bucket_no = std::sync::atomic::AtomicU64::new(0);
+    runner
+        .run(&case, |steps| {
+            let n = bucket_no.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let bucket = format!("learned-{n}");
+            // The bucket row's defaults: nothing learned, windows and changes at 0.
+            let mut rust = Learned {
+                changed_at: 0.0,
+                window_start: 0.0,
+                ..Learned::new(0.0)
+            };
+            let mut now = 1_000.0f64;
+            for (sixty_fourths, step) in steps {
+                now += f64::from(sixty_fourths) / 64.0;
+                runtime.block_on(async {
+                    client
+                        .execute(
+                            "SELECT set_config('replyd.capacity_now', $1, false)",
+                            &[&format!("{now:?}")],
+                        )
+                        .await
+                        .unwrap();
+                });
+                rust = match &step {
+                    LearnedStep::Grant(waiting) => {
+                        let waiters = vec![1i64; *waiting];
+                        let granted = runtime.block_on(async {
+                            client
+                                .query_one(
+                                    "SELECT cardinality(delays) FROM replyd_capacity_grant( \
+                                     $1, 'holder', $2, $3, 0, NULL, NULL, NULL, 10, true, 0.25)",
+                                    &[&bucket, &waiters, &(*waiting as i32)],
+                                )
+                                .await
+                                .unwrap()
+                                .get::<_, Option<i32>>(0)
+                                .unwrap_or(0)
+                        });
+                        rust.granted(now, granted as u64)
+                    }
+                    LearnedStep::Refused => {
+                        runtime.block_on(async {
+                            client
+                                .query_one(
+                                    "SELECT * FROM replyd_capacity_refused($1, NULL, true)",
+                                    &[&bucket],
+                                )
+                                .await
+                                .unwrap()
+                        });
+                        rust.refused(now)
+                    }
+                    LearnedStep::Reported(rate) => {
+                        runtime.block_on(async {
+                            client
+                                .execute(
+                                    "SELECT replyd_capacity_reported($1, $2)",
+                                    &[&bucket, rate],
+                                )
+                                .await
+                                .unwrap()
+                        });
+                        rust.reported(now, *rate)
+                    }
+                };
+                let row = runtime.block_on(async {
+                    client
+                        .query_one(
+                            "SELECT reported_rps, learned_rps, learned_changed_at, window_start, \
+                             window_granted, previous_rate FROM capacity_buckets WHERE bucket = $1",
+                            &[&bucket],
+                        )
+                        .await
+                        .unwrap()
+                });
+                let close = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                    (Some(a), Some(b)) => (a - b).abs() < 1e-9,
+                    (a, b) => a == b,
+                };
+                let sql = (
+                    row.get::<_, Option<f64>>(0),
+                    row.get::<_, Option<f64>>(1),
+                    row.get::<_, f64>(2),
+                    row.get::<_, f64>(3),
+                    row.get::<_, i64>(4),
+                    row.get::<_, f64>(5),
+                );
+                let agree = close(sql.0, rust.reported)
+                    && close(sql.1, rust.per_second)
+                    && (sql.2 - rust.changed_at).abs() < 1e-9
+                    && (sql.3 - rust.window_start).abs() < 1e-9
+                    && sql.4 as u64 == rust.window_granted
+                    && (sql.5 - rust.previous_rate).abs() < 1e-9;
+                prop_assert!(agree, "after {step:?} at {now}: sql {sql:?}, rust {rust:?}");
+            }
+            Ok::<(), TestCaseError>(())
+        })
+        .unwrap();
+}
