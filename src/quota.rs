@@ -51,6 +51,26 @@ pub enum ReservationState {
 }
 
 impl ReservationState {
+    /// Every state, as `quota_reservations.state`'s `CHECK` list holds them (a test holds the
+    /// two together); the match below fails to compile until a new variant is listed here too.
+    pub const ALL: [ReservationState; 4] = {
+        const fn listed(s: ReservationState) {
+            match s {
+                ReservationState::Reserved
+                | ReservationState::Charged
+                | ReservationState::Released
+                | ReservationState::Expired => {}
+            }
+        }
+        listed(ReservationState::Reserved);
+        [
+            ReservationState::Reserved,
+            ReservationState::Charged,
+            ReservationState::Released,
+            ReservationState::Expired,
+        ]
+    };
+
     pub fn as_str(self) -> &'static str {
         match self {
             ReservationState::Reserved => "reserved",

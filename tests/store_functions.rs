@@ -526,3 +526,66 @@ fn the_learned_rate_moves_in_sql_as_pacing_learned_moves() {
         })
         .unwrap();
 }
+
+/// The values a column's `CHECK (col in (...))` constraint allows, as the database holds it.
+async fn check_list(client: &tokio_postgres::Client, table: &str, constraint: &str) -> Vec<String> {
+    let definition: String = client
+        .query_one(
+            "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c \
+             WHERE c.conrelid = $1::text::regclass AND c.conname = $2",
+            &[&table, &constraint],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // `CHECK ((col = ANY (ARRAY['a'::text, 'b'::text])))`: the quoted values, in order.
+    let mut values: Vec<String> = definition
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    values.sort();
+    values
+}
+
+/// Every closed set the code spells as text is the set its column's `CHECK` allows: a value
+/// the code writes is never refused, and a value the database takes can always be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_closed_set_is_its_columns_check_list() {
+    use replyd::domain::AttemptOutcome;
+    use replyd::quota::ReservationState;
+    let db = TestDb::new().await;
+    let client = db.raw_client().await;
+    let sorted = |mut values: Vec<&str>| {
+        values.sort();
+        values.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        check_list(&client, "reply_tasks", "reply_tasks_status_check").await,
+        sorted(TaskStatus::ALL.iter().map(|s| s.as_str()).collect())
+    );
+    assert_eq!(
+        check_list(&client, "reply_attempts", "reply_attempts_outcome_check").await,
+        sorted(AttemptOutcome::ALL.iter().map(|o| o.as_str()).collect())
+    );
+    assert_eq!(
+        check_list(
+            &client,
+            "quota_reservations",
+            "quota_reservations_state_check"
+        )
+        .await,
+        sorted(ReservationState::ALL.iter().map(|s| s.as_str()).collect())
+    );
+    // And each spelling reads back as its value.
+    for status in TaskStatus::ALL {
+        assert_eq!(TaskStatus::parse(status.as_str()), Some(status));
+    }
+    for outcome in AttemptOutcome::ALL {
+        assert_eq!(AttemptOutcome::parse(outcome.as_str()), Some(outcome));
+    }
+    for state in ReservationState::ALL {
+        assert_eq!(ReservationState::parse(state.as_str()), Some(state));
+    }
+}

@@ -19,6 +19,26 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
+    /// Every status, as `reply_tasks.status`'s `CHECK` list holds them (a test holds the two
+    /// together); the match below fails to compile until a new variant is listed here too.
+    pub const ALL: [TaskStatus; 4] = {
+        const fn listed(s: TaskStatus) {
+            match s {
+                TaskStatus::Pending
+                | TaskStatus::Running
+                | TaskStatus::Completed
+                | TaskStatus::Failed => {}
+            }
+        }
+        listed(TaskStatus::Pending);
+        [
+            TaskStatus::Pending,
+            TaskStatus::Running,
+            TaskStatus::Completed,
+            TaskStatus::Failed,
+        ]
+    };
+
     pub fn as_str(self) -> &'static str {
         match self {
             TaskStatus::Pending => "pending",
@@ -87,6 +107,32 @@ pub enum AttemptOutcome {
 }
 
 impl AttemptOutcome {
+    /// Every outcome, as `reply_attempts.outcome`'s `CHECK` list holds them (a test holds the
+    /// two together); the match below fails to compile until a new variant is listed here too.
+    pub const ALL: [AttemptOutcome; 7] = {
+        const fn listed(o: AttemptOutcome) {
+            match o {
+                AttemptOutcome::Accepted
+                | AttemptOutcome::Fenced
+                | AttemptOutcome::ProviderError
+                | AttemptOutcome::Ambiguous
+                | AttemptOutcome::Timeout
+                | AttemptOutcome::Refused
+                | AttemptOutcome::Abandoned => {}
+            }
+        }
+        listed(AttemptOutcome::Accepted);
+        [
+            AttemptOutcome::Accepted,
+            AttemptOutcome::Fenced,
+            AttemptOutcome::ProviderError,
+            AttemptOutcome::Ambiguous,
+            AttemptOutcome::Timeout,
+            AttemptOutcome::Refused,
+            AttemptOutcome::Abandoned,
+        ]
+    };
+
     pub fn as_str(self) -> &'static str {
         match self {
             AttemptOutcome::Accepted => "accepted",
