@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::config::Settings;
-use crate::domain::{AttemptOutcome, AttemptRecord, StoredTask, TaskId, TokenUsage};
+use crate::domain::{AttemptRecord, StoredTask, TaskId, TokenUsage};
 use crate::store::Store;
 
 /// Exit code when the task does not exist.
@@ -106,10 +106,7 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
         let _ = writeln!(out, "failure     {failure}");
     }
     // Tokens as the provider reported them; "not reported" is never shown as 0.
-    let unreported = attempts
-        .iter()
-        .filter(|a| a.usage.is_none() && a.outcome.is_some_and(|o| o != AttemptOutcome::Refused))
-        .count();
+    let unreported = attempts.iter().filter(|a| a.reported_nothing()).count();
     let _ = writeln!(
         out,
         "tokens      {}{}",

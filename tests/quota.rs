@@ -119,8 +119,8 @@ impl Api {
         )
     }
 
-    /// Plays a worker: claims the task and completes it (or fails it) through the fenced path.
-    async fn finish(&self, task: TaskId, complete: bool) {
+    /// Plays a worker's claim of the task.
+    async fn claim(&self, task: TaskId) -> replyd::store::Lease {
         let ClaimOutcome::Claimed(lease) = self
             .db
             .store
@@ -130,6 +130,12 @@ impl Api {
         else {
             panic!("the task can be claimed");
         };
+        lease
+    }
+
+    /// Plays a worker: claims the task and completes it (or fails it) through the fenced path.
+    async fn finish(&self, task: TaskId, complete: bool) {
+        let lease = self.claim(task).await;
         if complete {
             self.db
                 .store
@@ -911,22 +917,21 @@ impl Api {
 
     /// Plays a worker that completes the task with a reply whose meta reports `usage`
     /// (`Generation` as JSON, as the worker saves it), or none.
-    async fn complete_reporting(&self, task: TaskId, usage: Option<(i64, i64)>) {
-        let ClaimOutcome::Claimed(lease) = self
-            .db
-            .store
-            .claim(task, "w-test", Duration::from_secs(30))
-            .await
-            .unwrap()
-        else {
-            panic!("the task can be claimed");
-        };
-        let meta = json!({
-            "text": "the answer",
-            "model": "m",
-            "usage": usage.map(|(p, c)| json!({"prompt_tokens": p, "completion_tokens": c})),
-            "provider_response_id": null,
-        });
+    async fn complete_reporting(&self, task: TaskId, usage: Option<(u32, u32)>) {
+        let lease = self.claim(task).await;
+        let meta = serde_json::to_value(replyd::provider::Generation {
+            text: "the answer".into(),
+            model: "m".into(),
+            usage: usage.map(
+                |(prompt_tokens, completion_tokens)| replyd::provider::Usage {
+                    prompt_tokens,
+                    completion_tokens,
+                },
+            ),
+            provider_response_id: None,
+            rate_signals: Default::default(),
+        })
+        .unwrap();
         self.db
             .store
             .complete(&lease, "the answer", Some(&meta))

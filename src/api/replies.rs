@@ -21,11 +21,9 @@ use super::problem::{Problem, ProblemDetails};
 use crate::domain::limits::{
     MAX_CONVERSATION_ID_BYTES, MAX_DOCUMENT_VERSION_BYTES, MAX_MODEL_BYTES,
 };
-use crate::domain::{
-    AttemptOutcome, AttemptRecord, Role, StoredTask, TaskId, TaskStatus, TokenUsage,
-};
+use crate::domain::{AttemptRecord, Role, StoredTask, TaskId, TaskStatus, TokenUsage};
 use crate::idempotency::{BoundInputs, IdempotencyKey, Operation};
-use crate::store::intake::{Submission, Submitted, task_spec};
+use crate::store::intake::{Submission, Submitted, provider_request, task_spec};
 use crate::workspace_policy::{Admitted, PolicyRefusal};
 
 /// The body of `POST /v1/replies`: a JSON object. Every field is bound to the
@@ -149,12 +147,7 @@ pub struct AttemptUsageView {
 impl UsageView {
     pub fn of(attempts: &[AttemptRecord]) -> Self {
         let total = TokenUsage::total_of(attempts.iter().map(|a| a.usage));
-        let unreported = attempts
-            .iter()
-            .filter(|a| {
-                a.usage.is_none() && a.outcome.is_some_and(|o| o != AttemptOutcome::Refused)
-            })
-            .count();
+        let unreported = attempts.iter().filter(|a| a.reported_nothing()).count();
         Self {
             prompt_tokens: total.map(|t| t.prompt_tokens),
             completion_tokens: total.map(|t| t.completion_tokens),
@@ -495,27 +488,21 @@ async fn create_inner(
 ) -> Result<Response, Problem> {
     let key = key_of(headers)?;
     let create = parse_body(state, headers, body).await?;
-    let verdict = judge(
-        state,
-        &workspace,
-        create.model.as_deref(),
-        create.max_output_tokens,
-        &prompt_parts(&create.message, create.context.as_deref()),
-    )
-    .await?;
+    let inputs = BoundInputs {
+        conversation_id: create.conversation_id,
+        message: create.message,
+        document_version: create.document_version,
+        model: create.model,
+        context: create.context,
+        max_output_tokens: create.max_output_tokens,
+        source_task: None,
+    };
+    let verdict = judge(state, &workspace, &inputs).await?;
     let submission = Submission {
         workspace_id: workspace,
         operation: Operation::CreateReply,
         key,
-        inputs: BoundInputs {
-            conversation_id: create.conversation_id,
-            message: create.message,
-            document_version: create.document_version,
-            model: create.model,
-            context: create.context,
-            max_output_tokens: create.max_output_tokens,
-            source_task: None,
-        },
+        inputs,
         max_attempts: state.limits.max_attempts,
         retention: state.settings.idempotency_retention(),
         existing_message: None,
@@ -584,14 +571,7 @@ pub async fn regenerate(
         let key = key_of(&headers)?;
         let source = task_of(&state, &workspace, &task_id).await?;
         let inputs = regenerate_inputs(&source);
-        let verdict = judge(
-            &state,
-            &workspace,
-            inputs.model.as_deref(),
-            inputs.max_output_tokens,
-            &prompt_parts(&inputs.message, inputs.context.as_deref()),
-        )
-        .await?;
+        let verdict = judge(&state, &workspace, &inputs).await?;
         let submission = Submission {
             workspace_id: workspace,
             operation: Operation::Regenerate,
@@ -621,25 +601,13 @@ pub async fn regenerate(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// The byte lengths of the messages a request sends: its context (when not empty) and its
-/// message, as [`crate::store::intake::provider_request`] builds them.
-fn prompt_parts(message: &str, context: Option<&str>) -> Vec<usize> {
-    context
-        .filter(|c| !c.is_empty())
-        .map(str::len)
-        .into_iter()
-        .chain([message.len()])
-        .collect()
-}
-
-/// The workspace policy's verdict on a request: read now, so an operator's change applies to
-/// the next request.
+/// The workspace policy's verdict on a request, judged on the provider request it becomes
+/// ([`provider_request`]: its model and output bound, the length of each message it sends).
+/// The policy is read now, so an operator's change applies to the next request.
 async fn judge(
     state: &ApiState,
     workspace: &str,
-    model: Option<&str>,
-    max_output_tokens: Option<u32>,
-    prompt_parts: &[usize],
+    inputs: &BoundInputs,
 ) -> Result<Result<Admitted, PolicyRefusal>, Problem> {
     let policy = state
         .store
@@ -647,12 +615,14 @@ async fn judge(
         .await
         .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?
         .unwrap_or_default();
+    let request = provider_request(inputs);
+    let prompt_parts: Vec<usize> = request.messages.iter().map(|m| m.content.len()).collect();
     Ok(crate::workspace_policy::judge(
         &policy,
-        model,
+        request.model.as_deref(),
         &state.limits.default_model,
-        max_output_tokens,
-        prompt_parts,
+        request.max_output_tokens,
+        &prompt_parts,
     ))
 }
 

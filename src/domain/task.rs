@@ -230,6 +230,16 @@ pub struct AttemptRecord {
     pub usage: Option<TokenUsage>,
 }
 
+impl AttemptRecord {
+    /// Whether this attempt ended having possibly reached the provider and reported no usage
+    /// (an answer lost or refused by the lease, a timeout, an error, or an answer without a
+    /// usage block): whatever it cost is in no total. A refused call did no work; an open one
+    /// has not ended.
+    pub fn reported_nothing(&self) -> bool {
+        self.usage.is_none() && self.outcome.is_some_and(|o| o != AttemptOutcome::Refused)
+    }
+}
+
 /// Tokens a provider reported for one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TokenUsage {
