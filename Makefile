@@ -10,12 +10,12 @@ build:
 
 ## test: start the local infrastructure, check format and lints, run every test.
 test: infra-up lint client-test
-	$(CARGO) test --all-targets
-	$(CARGO) test --doc
+	$(CARGO) test --workspace --all-targets
+	$(CARGO) test --workspace --doc
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## client-test: the TypeScript client (clients/typescript): its packages, its committed build
 ## output against its sources and docs/openapi.json, its unit tests, and the browser tests'
@@ -25,7 +25,7 @@ client-test:
 
 ## unit: the tests that need no infrastructure.
 unit:
-	$(CARGO) test --lib
+	$(CARGO) test --workspace --lib
 
 infra-up:
 	bash deploy/infra.sh up

@@ -8,7 +8,7 @@
 #      with as many clients as the API has pooled connections (database.pool_size): the ratio
 #      API ÷ pgbench is the share of what PostgreSQL can commit that the API turns into answers.
 #   3. Replays: one key, the same body, CLIENTS connections: requests/s and p50/p99.
-#   4. The front half's end-to-end overhead at a modest load: `replyd browsers` (8 at once, no
+#   4. The front half's end-to-end overhead at a modest load: `replyd-lab browsers` (8 at once, no
 #      faults) through API → outbox → relay → Kafka → worker → SSE, mock at a fixed latency;
 #      overhead = POST-to-completion-event minus the mock's latency, p50/p99.
 #
@@ -155,13 +155,13 @@ replay_tasks=$(psql -qtA "$db_url" -c "select count(*) from idempotency_keys whe
 # goes through the relay and the worker.
 echo "bench: end-to-end overhead, mock at ${mock_latency_ms} ms" >&2
 psql -q "$db_url" -c "truncate outbox, idempotency_keys, messages, quota_reservations, quota_decisions, reply_tasks cascade" -c "update quota_counters set used = 0, reserved = 0"
-"$bin" produce --config "$dir/api.toml" --create-partitions 3 --count 0 >/dev/null
+"$lab" produce --config "$dir/api.toml" --create-partitions 3 --count 0 >/dev/null
 "$bin" relay --config "$dir/relay.toml" 2>"$dir/relay.log" &
 pids+=($!)
 "$bin" worker --config "$dir/w1.toml" 2>"$dir/w1.log" &
 pids+=($!)
 wait_until_assigned 60 "$dir/w1.log"
-REPLYD_API_KEY=$key "$bin" browsers --api "http://$api" --presses 400 --concurrency 8 \
+REPLYD_API_KEY=$key "$lab" browsers --api "http://$api" --presses 400 --concurrency 8 \
   --lose-share 0 --double-click-share 0 --regenerate-share 0 >"$dir/browsers.json" 2>"$dir/browsers.log"
 e2e_p50=$(sed -n 's/.*"e2e_ms_p50":\([0-9]*\).*/\1/p' "$dir/browsers.json")
 e2e_p99=$(sed -n 's/.*"e2e_ms_p99":\([0-9]*\).*/\1/p' "$dir/browsers.json")

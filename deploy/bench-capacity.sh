@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make bench-capacity: replyd against a provider that enforces its limits as the hosted LLM APIs
-# do. TASKS (2,000) are published at once (`replyd produce`) to a 6-partition topic; two workers
+# do. TASKS (2,000) are published at once (`replyd-lab produce`) to a 6-partition topic; two workers
 # with the default settings work them against the mock at 200 ms with `--limit-rpm 3000
 # --limit-concurrent 64`: at most 50 requests in any second and 64 at once, anything over that
 # answered 429 at once with OpenAI's body, its rate-limit headers and `retry-after: 1`, and no
@@ -85,7 +85,7 @@ export REPLYD_PROVIDER__BASE_URL="$mock_url"
 export REPLYD_OBSERVABILITY__LISTEN="127.0.0.1:0"
 "$bin" config check --config "$dir/worker.toml" >/dev/null
 
-"$bin" produce --config "$dir/worker.toml" --create-partitions 6 --count 0 >/dev/null
+"$lab" produce --config "$dir/worker.toml" --create-partitions 6 --count 0 >/dev/null
 workers=()
 for w in w1 w2; do
   REPLYD_WORKER__WORKER_ID=$w "$bin" worker --config "$dir/worker.toml" 2>"$dir/$w.log" &
@@ -95,7 +95,7 @@ done
 wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log"
 
 started=$(date +%s.%N)
-"$bin" produce --config "$dir/worker.toml" --count "$tasks" \
+"$lab" produce --config "$dir/worker.toml" --count "$tasks" \
   "${produce_sizes[@]}" >/dev/null
 deadline=$(( $(date +%s) + limit_s ))
 until [ "$(terminal_count "$db_url")" -ge "$tasks" ]; do

@@ -80,7 +80,7 @@ request_timeout_ms = 10000
 [observability]
 listen = "127.0.0.1:0"
 TOML
-  "$bin" produce --config "$dir/$id.toml" --create-partitions "$partitions" \
+  "$lab" produce --config "$dir/$id.toml" --create-partitions "$partitions" \
     --count "$tasks" --conversations "$(( partitions * 8 ))" >/dev/null
 
   # Counters from here on: everything until the worker exits is its work, except the

@@ -44,13 +44,13 @@ base_url = "$mock_url"
 listen = "127.0.0.1:0"
 TOML
 done
-"$bin" produce --config "$dir/w1.toml" --create-partitions 3 --count 0 >/dev/null
+"$lab" produce --config "$dir/w1.toml" --create-partitions 3 --count 0 >/dev/null
 for w in w1 w2; do
   RUST_LOG=info,replyd::telemetry=debug "$worker_bin" worker --config "$dir/$w.toml" 2>"$dir/$w.log" &
   pids+=($!)
 done
 wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log"
-"$bin" produce --config "$dir/w1.toml" --count "$tasks" --copies "$copies" --conversations 30 >/dev/null
+"$lab" produce --config "$dir/w1.toml" --count "$tasks" --copies "$copies" --conversations 30 >/dev/null
 
 deadline=$(( $(date +%s) + 300 ))
 until [ "$(terminal_count "$db_url")" -ge "$tasks" ]; do

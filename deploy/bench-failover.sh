@@ -74,7 +74,7 @@ request_timeout_ms = 14000
 listen = "127.0.0.1:0"
 TOML
     done
-    "$bin" produce --config "$dir/$id-w1.toml" --create-partitions 6 --count 0 >/dev/null
+    "$lab" produce --config "$dir/$id-w1.toml" --create-partitions 6 --count 0 >/dev/null
     declare -A worker_pid=()
     for w in w1 w2 w3; do
       "$bin" worker --config "$dir/$id-$w.toml" 2>"$dir/$id-$w.log" &
@@ -82,7 +82,7 @@ TOML
       pids+=($!)
     done
     wait_until_assigned 90 "$dir/$id-w1.log" "$dir/$id-w2.log" "$dir/$id-w3.log"
-    "$bin" produce --config "$dir/$id-w1.toml" --count "$tasks" --conversations 48 >/dev/null
+    "$lab" produce --config "$dir/$id-w1.toml" --count "$tasks" --conversations 48 >/dev/null
     deadline=$(( $(date +%s) + 120 ))
     until [ "$(terminal_count "$db_url")" -ge 300 ]; do
       [ "$(date +%s)" -lt "$deadline" ] || { echo "bench: work did not start" >&2; exit 1; }

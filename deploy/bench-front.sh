@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmark P6 (the front half): what the chain adds to the provider's latency, as a user sees
-# it. Simulated browsers (`replyd browsers`, no lost answers, no double clicks, no
+# it. Simulated browsers (`replyd-lab browsers`, no lost answers, no double clicks, no
 # regenerates) press Send against `replyd api`, the outbox relay and one worker, with the mock
 # at LATENCY ms, and follow each task over Server-Sent Events to "completed". The figure is the
 # press-to-completed time (median and 99th percentile), its overhead over the provider's
@@ -64,7 +64,7 @@ TOML
   "$bin" migrate --config "$dir/$id-api.toml" 2>"$dir/$id-migrate.log"
   "$bin" workspace create bench --config "$dir/$id-api.toml" >/dev/null
   key=$("$bin" api-key create --workspace bench --config "$dir/$id-api.toml" 2>/dev/null)
-  "$bin" produce --config "$dir/$id-api.toml" --create-partitions 1 --count 0 >/dev/null
+  "$lab" produce --config "$dir/$id-api.toml" --create-partitions 1 --count 0 >/dev/null
   started=()
   "$bin" api --config "$dir/$id-api.toml" 2>"$dir/$id-api.log" &
   started+=($!)
@@ -75,7 +75,7 @@ TOML
   pids+=("${started[@]}")
   wait_until_assigned 60 "$dir/$id-w1.log"
   api=$(api_addr "$dir/$id-api.log")
-  REPLYD_API_KEY=$key "$bin" browsers --api "http://$api" --presses "$presses" \
+  REPLYD_API_KEY=$key "$lab" browsers --api "http://$api" --presses "$presses" \
     --concurrency "$concurrency" --lose-share 0 --double-click-share 0 --regenerate-share 0 \
     --press-limit-s 120 --summary --latencies "$dir/$id-latencies.txt" \
     >"$dir/$id-browsers.txt" 2>"$dir/$id-browsers.log"

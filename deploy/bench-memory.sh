@@ -57,7 +57,7 @@ request_timeout_ms = 14000
 [observability]
 listen = "127.0.0.1:0"
 TOML
-    "$bin" produce --config "$dir/$id.toml" --create-partitions "$partitions" \
+    "$lab" produce --config "$dir/$id.toml" --create-partitions "$partitions" \
       --count "$backlog" --conversations 480 >/dev/null
     "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &
     worker=$!

@@ -72,7 +72,7 @@ request_timeout_ms = 60000
 [observability]
 listen = "127.0.0.1:0"
 TOML
-  "$bin" produce --config "$dir/$id.toml" --create-partitions 6 --count "$records" \
+  "$lab" produce --config "$dir/$id.toml" --create-partitions 6 --count "$records" \
     --conversations 48 >/dev/null
   "$@" "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &
   worker=$!

@@ -72,7 +72,7 @@ done
 "$bin" workspace create bench --config "$dir/api.toml" >/dev/null
 "$bin" quota set --workspace bench --limit "$limit" --period 1d --config "$dir/api.toml" >/dev/null
 key=$("$bin" api-key create --workspace bench --config "$dir/api.toml" 2>/dev/null)
-"$bin" produce --config "$dir/api.toml" --create-partitions 6 --count 0 >/dev/null
+"$lab" produce --config "$dir/api.toml" --create-partitions 6 --count 0 >/dev/null
 "$bin" api --config "$dir/api.toml" 2>"$dir/api.log" &
 pids+=($!)
 "$bin" relay --config "$dir/relay.toml" 2>"$dir/relay.log" &
@@ -85,7 +85,7 @@ wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log"
 api=$(api_addr "$dir/api.log")
 
 echo "bench: $presses presses against a limit of $limit, 20 % lost answers, 20 % ambiguous provider faults" >&2
-REPLYD_API_KEY=$key "$bin" browsers --api "http://$api" --presses "$presses" --concurrency 32 \
+REPLYD_API_KEY=$key "$lab" browsers --api "http://$api" --presses "$presses" --concurrency 32 \
   --lose-share 0.2 --double-click-share 0 --regenerate-share 0 --press-limit-s 300 \
   >"$dir/browsers.json" 2>"$dir/browsers.log"
 

@@ -57,7 +57,7 @@ provider_honours_idempotency_key = $honour
 [observability]
 listen = "127.0.0.1:0"
 TOML
-  "$bin" produce --config "$dir/$id.toml" --create-partitions 4 \
+  "$lab" produce --config "$dir/$id.toml" --create-partitions 4 \
     --count "$tasks" --max-attempts 5 >/dev/null
   "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &
   worker=$!

@@ -76,7 +76,7 @@ request_timeout_ms = $(( latency_ms * 4 + 10000 ))
 [observability]
 listen = "127.0.0.1:0"
 TOML
-    "$bin" produce --config "$dir/$id.toml" --create-partitions "$partitions" \
+    "$lab" produce --config "$dir/$id.toml" --create-partitions "$partitions" \
       --count "$tasks" --conversations "$(( partitions * 8 ))" >/dev/null
     "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &
     worker=$!

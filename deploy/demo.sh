@@ -7,7 +7,7 @@
 # Regenerate, and every one follows its reply over Server-Sent Events to completion. A few
 # malformed records go straight to the topic, as a broken producer would send them. At the
 # end every process is stopped through its drain path and one summary line is printed: what
-# the browsers did and saw (`replyd browsers`) and what the durable state says (`replyd check`).
+# the browsers did and saw (`replyd-lab browsers`) and what the durable state says (`replyd check`).
 # The API also serves the demo page (api.demo_page): DEMO_PAGE_S=300 keeps the chain up five
 # minutes after the simulated browsers, for a person to press Send at the URL it prints.
 set -euo pipefail
@@ -72,7 +72,7 @@ done
 "$bin" migrate --config "$dir/api.toml" 2>"$dir/migrate.log"
 "$bin" workspace create demo --config "$dir/api.toml" >/dev/null
 key=$("$bin" api-key create --workspace demo --config "$dir/api.toml" 2>/dev/null)
-"$bin" produce --config "$dir/api.toml" --create-partitions "$partitions" --count 0 >/dev/null
+"$lab" produce --config "$dir/api.toml" --create-partitions "$partitions" --count 0 >/dev/null
 
 "$bin" api --config "$dir/api.toml" 2>"$dir/api.log" &
 pids+=($!)
@@ -89,10 +89,10 @@ api=$(api_addr "$dir/api.log")
 echo "demo: API on $api, relay and two workers running; $presses browsers pressing Send" >&2
 echo "demo: the demo page is http://$api/demo#key=$key (DEMO_PAGE_S=N keeps the chain up N s after the browsers)" >&2
 
-"$bin" produce --config "$dir/api.toml" --count 0 --malformed "$malformed" >/dev/null
+"$lab" produce --config "$dir/api.toml" --count 0 --malformed "$malformed" >/dev/null
 
 start=$(date +%s.%N)
-REPLYD_API_KEY=$key timeout "$limit_s" "$bin" browsers --api "http://$api" \
+REPLYD_API_KEY=$key timeout "$limit_s" "$lab" browsers --api "http://$api" \
   --presses "$presses" --concurrency "$concurrency" --press-limit-s "$limit_s" \
   --summary >"$dir/browsers.txt" 2>"$dir/browsers.log" &
 browsers=$!

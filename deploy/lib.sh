@@ -1,8 +1,9 @@
 # Shared by demo.sh and the bench scripts (sourced, not run): local infrastructure, a release
 # build, processes stopped by their pids on exit, the mock provider, a schema per run.
 
-# Starts the infrastructure, exports DATABASE_URL and KAFKA_BOOTSTRAP, builds replyd (release)
-# and sets $bin. Installs psql when missing (the scripts read progress with it).
+# Starts the infrastructure, exports DATABASE_URL and KAFKA_BOOTSTRAP, builds replyd and
+# replyd-lab (release) and sets $bin (the service) and $lab (the mock provider, the simulated
+# browsers, the producer). Installs psql when missing (the scripts read progress with it).
 prepare() {
   bash deploy/infra.sh up >/dev/null
   if ! command -v psql >/dev/null; then
@@ -17,16 +18,20 @@ prepare() {
   set +a
   # Progress shown: a first build compiles librdkafka and about 300 crates (about 9 minutes
   # on 2 cores); later builds take seconds.
-  # REPLYD_BIN names a binary already built (a debug build, another checkout's) instead.
+  # REPLYD_BIN names a binary already built (a debug build, another checkout's) instead, and
+  # REPLYD_LAB_BIN its tools (by default the replyd-lab beside it).
   if [ -n "${REPLYD_BIN:-}" ]; then
     bin=$REPLYD_BIN
+    lab=${REPLYD_LAB_BIN:-$(dirname "$bin")/replyd-lab}
+    [ -x "$lab" ] || { echo "no replyd-lab at $lab (set REPLYD_LAB_BIN)" >&2; exit 1; }
     return
   fi
   if [ ! -x target/release/replyd ]; then
     echo "building replyd (release); the first build takes about 9 minutes on 2 cores" >&2
   fi
-  cargo build --release
+  cargo build --release -p replyd -p replyd-lab
   bin="$PWD/target/release/replyd"
+  lab="$PWD/target/release/replyd-lab"
 }
 
 # Processes this script started; all get SIGTERM (their drain path) and are waited for on exit.
@@ -44,7 +49,7 @@ trap stop_started EXIT
 start_mock() {
   local prefix=$1
   shift
-  "$bin" mock-provider --listen 127.0.0.1:0 "$@" >"$prefix.out" 2>"$prefix.log" &
+  "$lab" mock-provider --listen 127.0.0.1:0 "$@" >"$prefix.out" 2>"$prefix.log" &
   mock_pid=$!
   pids+=("$mock_pid")
   mock_url=""

@@ -26,9 +26,9 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::config::Settings;
-use crate::domain::{AttemptOutcome, RecordRules, TaskSpec, TaskStatus};
 use crate::kafka::dead_letter::headers;
 use crate::store::{connect_error, session_config, tls_connector};
+use replyd_core::domain::{AttemptOutcome, RecordRules, TaskSpec, TaskStatus};
 
 /// Exit code when an invariant is broken.
 pub const INVARIANT_BROKEN: u8 = 3;
@@ -365,7 +365,9 @@ pub fn committed_offsets(
     topic: &str,
     partitions: impl IntoIterator<Item = i32>,
 ) -> Result<HashMap<i32, i64>, CheckError> {
-    committed_offsets_with(&crate::produce::plain(bootstrap), group, topic, partitions)
+    let mut base = ClientConfig::new();
+    base.set("bootstrap.servers", bootstrap);
+    committed_offsets_with(&base, group, topic, partitions)
 }
 
 /// [`committed_offsets`] through `base` (the brokers and how to reach them).
@@ -446,7 +448,7 @@ fn read_topic<T>(
 }
 
 /// The `p` quantile of `sorted` by the nearest-rank method (0 when empty).
-pub(crate) fn percentile(sorted: &[i64], p: f64) -> i64 {
+pub fn percentile(sorted: &[i64], p: f64) -> i64 {
     if sorted.is_empty() {
         return 0;
     }

@@ -7,8 +7,6 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::check::CheckArgs;
-use crate::mock_provider::MockProviderArgs;
-use crate::produce::ProduceArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -51,14 +49,6 @@ pub enum Command {
     /// observability.listen): a container health check without curl in the image.
     #[command(after_help = "Exit codes: 0 alive; 1 no answer or not alive.")]
     Healthz,
-    /// Run an OpenAI-compatible mock provider with latency and fault injection.
-    MockProvider(MockProviderArgs),
-    /// Publish reply-task records to kafka.topic (with duplicates and malformed ones on
-    /// request).
-    Produce(ProduceArgs),
-    /// Simulated browsers pressing Send against a live API (retries with the same key, lost
-    /// answers, double clicks, Regenerate, SSE follow); prints a JSON report.
-    Browsers(crate::browsers::BrowsersArgs),
     /// Check the invariants against PostgreSQL, Kafka (kafka.topic, kafka.group_id) and the
     /// mock provider's counters.
     #[command(

@@ -14,10 +14,10 @@ use figment::providers::{Env, Format, Toml};
 use figment::{Figment, Provider as _};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::RecordRules;
 use crate::provider::OpenAiSettings;
-use crate::retry::RetrySettings;
-pub use crate::secret::Secret;
+use replyd_core::domain::RecordRules;
+use replyd_core::retry::RetrySettings;
+pub use replyd_core::secret::Secret;
 
 /// How replyd talks to PostgreSQL.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
@@ -590,8 +590,8 @@ impl Default for QuotaSettings {
 }
 
 impl QuotaSettings {
-    pub fn policy(&self) -> crate::quota::QuotaPolicy {
-        crate::quota::QuotaPolicy {
+    pub fn policy(&self) -> replyd_core::quota::QuotaPolicy {
+        replyd_core::quota::QuotaPolicy {
             charge_failed: self.charge_failed,
             pending_reserves: self.pending_reserves,
             reservation_ttl: Duration::from_millis(self.reservation_ttl_ms),
@@ -1083,7 +1083,7 @@ impl Settings {
         }
         // The API refuses a record over kafka.max_record_bytes; a prompt limit that the largest
         // ids push over it would make the API refuse prompts the worker takes.
-        let largest = crate::domain::limits::largest_record_bytes(w.max_prompt_bytes);
+        let largest = replyd_core::domain::limits::largest_record_bytes(w.max_prompt_bytes);
         if largest > k.max_record_bytes {
             let fits = k
                 .max_record_bytes

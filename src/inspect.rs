@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::config::Settings;
-use crate::domain::{AttemptRecord, StoredTask, TaskId, TokenUsage};
 use crate::store::Store;
+use replyd_core::domain::{AttemptRecord, StoredTask, TaskId, TokenUsage};
 
 /// Exit code when the task does not exist.
 pub const NO_SUCH_TASK: u8 = 4;

@@ -89,30 +89,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .context("applying migrations")?;
             tracing::info!(applied = applied.len(), migrations = ?applied, "schema is up to date");
         }
-        Command::MockProvider(args) => {
-            replyd::mock_provider::run(args, async move { shutdown.cancelled().await })
-                .await
-                .context("mock provider")?;
-        }
-        Command::Produce(args) => {
-            let report = replyd::produce::run(&settings()?, &args)
-                .await
-                .context("producing")?;
-            println!("{}", serde_json::to_string(&report)?);
-        }
-        Command::Browsers(args) => {
-            let report = replyd::browsers::run(&args).await.context("browsers")?;
-            if let Some(path) = &args.latencies {
-                let lines: String = report.e2e_ms.iter().map(|ms| format!("{ms}\n")).collect();
-                std::fs::write(path, lines)
-                    .with_context(|| format!("writing --latencies {}", path.display()))?;
-            }
-            if args.summary {
-                println!("{}", report.summary_line());
-            } else {
-                println!("{}", serde_json::to_string(&report)?);
-            }
-        }
         Command::Inspect { task_id, json } => {
             return replyd::inspect::run(&settings()?, &task_id, json).await;
         }

@@ -6,11 +6,11 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::api_key::issue;
 use crate::cli::{ApiKeyCommand, QuotaCommand, WorkspaceCommand};
 use crate::config::Settings;
 use crate::store::Store;
 use crate::store::workspaces::{PolicyChange, Revoked, WorkspaceCreated, valid_workspace_id};
+use replyd_core::api_key::issue;
 
 /// Exit code when the named workspace or key does not exist.
 pub const NOT_FOUND: u8 = 4;
@@ -91,7 +91,7 @@ async fn workspace_policy(
     let parsed = (|| {
         let models = models
             .as_deref()
-            .map(crate::workspace_policy::parse_models)
+            .map(replyd_core::workspace_policy::parse_models)
             .transpose()
             .map_err(|e| format!("--models: {e}"))?;
         let cap = max_output_tokens
@@ -145,7 +145,7 @@ async fn workspace_policy(
     Ok(ExitCode::SUCCESS)
 }
 
-fn describe_policy(policy: &crate::workspace_policy::WorkspacePolicy) -> String {
+fn describe_policy(policy: &replyd_core::workspace_policy::WorkspacePolicy) -> String {
     format!(
         "models {}, max_output_tokens {}",
         policy
@@ -197,7 +197,7 @@ pub async fn quota(settings: &Settings, command: &QuotaCommand) -> anyhow::Resul
                     .transpose()?;
                 let period = period
                     .as_deref()
-                    .map(crate::quota::parse_period)
+                    .map(replyd_core::quota::parse_period)
                     .transpose()
                     .map_err(|e| format!("--period: {e}"))?;
                 Ok::<_, String>((limit, tokens, period))
@@ -243,7 +243,7 @@ pub async fn quota(settings: &Settings, command: &QuotaCommand) -> anyhow::Resul
             println!(
                 "quota of workspace {workspace}: {} per {}, {}",
                 shown(limit, "generations"),
-                crate::quota::format_period(period_seconds.max(1) as u64),
+                replyd_core::quota::format_period(period_seconds.max(1) as u64),
                 shown(token_limit, "tokens")
             );
         }

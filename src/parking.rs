@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use crate::domain::TaskId;
 use crate::telemetry;
+use replyd_core::domain::TaskId;
 
 /// Where a wake-up came from, for the metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

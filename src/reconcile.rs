@@ -1,6 +1,6 @@
 //! The quota's reconciler (I8): every reservation past its TTL is decided from the durable task
 //! first and from the provider second, before anything is released or charged again
-//! ([`crate::quota::decide_expired`]):
+//! ([`replyd_core::quota::decide_expired`]):
 //! - the task completed: its reservation is charged; it failed and the provider did none of
 //!   its work: settled as the policy says for a failure;
 //! - the task failed while the provider may have done its work (its reservation was kept open,
@@ -27,14 +27,15 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::domain::{AttemptOutcome, ProviderRan, TaskStatus};
-use crate::provider::{Generation, OperationId, Provider, ProviderError};
-use crate::quota::{
-    ExpiredDecision, LookedUp, QuotaPolicy, Settle, decide_expired, decide_looked_up,
-};
+use crate::provider::Provider;
 use crate::store::quota::ExpiredReservation;
 use crate::store::{ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Store, StoreError};
 use crate::telemetry;
+use replyd_core::domain::{AttemptOutcome, ProviderRan, TaskStatus};
+use replyd_core::provider::{Generation, OperationId, ProviderError};
+use replyd_core::quota::{
+    ExpiredDecision, LookedUp, QuotaPolicy, Settle, decide_expired, decide_looked_up,
+};
 
 /// How often the relay runs a pass.
 pub const INTERVAL: Duration = Duration::from_secs(10);

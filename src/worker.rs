@@ -15,11 +15,12 @@ use crate::kafka::consumer::{ConsumerStatus, run_consumer};
 use crate::kafka::dead_letter::{DeadLetterError, DeadLetters};
 use crate::parking::ParkedTasks;
 use crate::pipeline::{Pipeline, PipelineSettings, RunnerSettings, TaskRunner};
-use crate::provider::{Recovery, build_provider};
+use crate::provider::build_provider;
 use crate::startup::retry_connecting;
 use crate::store::Store;
 use crate::store::listen::relay_task_notifications;
 use crate::telemetry::http::{DatabaseReady, Probes, Readiness};
+use replyd_core::provider::Recovery;
 
 /// A worker is ready while its consumer polls and the database answers.
 struct WorkerReady {

@@ -15,6 +15,11 @@
 //! must prove the fault fired. `CHAOS_PROFILE` picks the provider it plays: `key-honouring` (the
 //! default), `openai-chat` (no recovery of a lost answer) or `openai-responses` (looked up by id).
 
+// The fixtures of the integration tests (`tests/it`). The chaos scenarios are a binary of their
+// own because they crash PostgreSQL and Kafka, which every other test relies on; they use only
+// part of the fixtures.
+#[allow(dead_code)]
+#[path = "it/helpers/mod.rs"]
 mod helpers;
 
 use std::collections::{BTreeMap, HashSet};
@@ -26,9 +31,9 @@ use helpers::app::{TestApp, WorkerConfig};
 use helpers::{unique, wait_until};
 use prost::Message as _;
 use replyd::api::replies::Accepted;
-use replyd::api_key::issue;
-use replyd::mock_provider::MockSettings;
-use replyd::produce::{demo_task, malformed_record, producer, publish};
+use replyd_core::api_key::issue;
+use replyd_lab::mock_provider::MockSettings;
+use replyd_lab::produce::{demo_task, malformed_record, producer, publish};
 use serde_json::json;
 
 const PARTITIONS: i32 = 6;
@@ -133,8 +138,8 @@ fn mock() -> MockSettings {
         latency_jitter_ms: 60,
         honour_idempotency_key: profile() == Profile::KeyHonouring,
         profile: match profile() {
-            Profile::OpenAiResponses => replyd::mock_provider::MockProfile::OpenAiResponses,
-            _ => replyd::mock_provider::MockProfile::OpenAiChat,
+            Profile::OpenAiResponses => replyd_lab::mock_provider::MockProfile::OpenAiResponses,
+            _ => replyd_lab::mock_provider::MockProfile::OpenAiChat,
         },
         ..MockSettings::default()
     }
@@ -257,7 +262,7 @@ struct Press {
 }
 
 struct Pressed {
-    task: replyd::domain::TaskId,
+    task: replyd_core::domain::TaskId,
     double_clicked: bool,
     unanswered: usize,
 }
@@ -400,7 +405,7 @@ where
     // Heal: faults off, every process running and continued.
     app.set_faults(json!({})).await;
     for worker in WORKERS {
-        app.ensure_running(worker);
+        app.ensure_running_as(worker, "worker");
     }
     app.ensure_running_as(API, "api");
     app.ensure_running_as(RELAY, "relay");

@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use replyd::domain::{RecordRules, TaskSpec};
+use replyd_core::domain::{RecordRules, TaskSpec};
 
 fuzz_target!(|bytes: &[u8]| {
     let rules = RecordRules::default();

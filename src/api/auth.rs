@@ -15,7 +15,7 @@ use axum::http::request::Parts;
 
 use super::ApiState;
 use super::problem::Problem;
-use crate::api_key::{AuthError, parse_bearer};
+use replyd_core::api_key::{AuthError, parse_bearer};
 
 /// The caller's workspace, from its key.
 #[derive(Debug, Clone)]

@@ -30,9 +30,9 @@ use super::auth::Workspace;
 use super::problem::ProblemDetails;
 use super::replies::ReplyView;
 use crate::config::DatabaseSettings;
-use crate::domain::{StoredTask, TaskId};
 use crate::store::Store;
 use crate::store::listen::{Listener, TASK_STATUS_CHANNEL, listen, parse_status_payload};
+use replyd_core::domain::{StoredTask, TaskId};
 
 /// How often an open stream reads its task (and checks its API key) even without a
 /// notification: also the bound on how long a revoked key's stream lives on.
@@ -217,7 +217,7 @@ pub async fn stream(
     // Subscribed before the first read, so a change between the read and the wait wakes it.
     let changes = state.changes.subscribe();
     // The extractor above authenticated this very header.
-    let key_id = crate::api_key::parse_bearer(
+    let key_id = replyd_core::api_key::parse_bearer(
         headers
             .get(axum::http::header::AUTHORIZATION)
             .map(|v| v.as_bytes()),

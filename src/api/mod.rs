@@ -26,10 +26,10 @@ use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiSettings, Settings};
-use crate::quota::QuotaPolicy;
 use crate::store::Store;
 use crate::telemetry::http::{DatabaseReady, Probes};
 use problem::Problem;
+use replyd_core::quota::QuotaPolicy;
 pub use server::serve;
 
 /// What bounds the work the API admits, from the worker's and Kafka's settings.

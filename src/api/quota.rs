@@ -12,11 +12,11 @@ use utoipa::ToSchema;
 use super::ApiState;
 use super::auth::Workspace;
 use super::problem::{Problem, ProblemDetails};
-use crate::quota::{
+use crate::store::quota::{QuotaRefusal, QuotaState};
+use replyd_core::quota::{
     Limited, QuotaPolicy, RetryAdvice, SettleEstimate, Usage, advise_retry, format_period,
 };
-use crate::store::quota::{QuotaRefusal, QuotaState};
-use crate::workspace_policy::WorkspacePolicy;
+use replyd_core::workspace_policy::WorkspacePolicy;
 
 /// The policy every reservation follows.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]

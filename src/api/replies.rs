@@ -18,13 +18,13 @@ use utoipa::ToSchema;
 use super::ApiState;
 use super::auth::Workspace;
 use super::problem::{Problem, ProblemDetails};
-use crate::domain::limits::{
+use crate::store::intake::{Submission, Submitted, provider_request, task_spec};
+use replyd_core::domain::limits::{
     MAX_CONVERSATION_ID_BYTES, MAX_DOCUMENT_VERSION_BYTES, MAX_MODEL_BYTES,
 };
-use crate::domain::{AttemptRecord, Role, StoredTask, TaskId, TaskStatus, TokenUsage};
-use crate::idempotency::{BoundInputs, IdempotencyKey, Operation};
-use crate::store::intake::{Submission, Submitted, provider_request, task_spec};
-use crate::workspace_policy::{Admitted, PolicyRefusal};
+use replyd_core::domain::{AttemptRecord, Role, StoredTask, TaskId, TaskStatus, TokenUsage};
+use replyd_core::idempotency::{BoundInputs, IdempotencyKey, Operation};
+use replyd_core::workspace_policy::{Admitted, PolicyRefusal};
 
 /// The body of `POST /v1/replies`: a JSON object. Every field is bound to the
 /// `Idempotency-Key`: a retry with the same key must send the same values. No text may
@@ -617,7 +617,7 @@ async fn judge(
         .unwrap_or_default();
     let request = provider_request(inputs);
     let prompt_parts: Vec<usize> = request.messages.iter().map(|m| m.content.len()).collect();
-    Ok(crate::workspace_policy::judge(
+    Ok(replyd_core::workspace_policy::judge(
         &policy,
         request.model.as_deref(),
         &state.limits.default_model,

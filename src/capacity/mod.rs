@@ -5,7 +5,7 @@
 //! A claimed task waits here for a [`Permit`] before its call, with its lease held (and
 //! renewed) and no attempt spent: a wait that ends without a call gives the attempt back. Only
 //! a task this worker holds waits, so a duplicate, or a task backing off, takes no permit. A
-//! permit is a send time (calls are paced, [`pacing`]) and, under a concurrency limit, a slot,
+//! permit is a send time (calls are paced, [`pacing`](replyd_core::pacing)) and, under a concurrency limit, a slot,
 //! released when the call ends.
 //!
 //! The budget is kept in PostgreSQL ([`crate::store::capacity`]): one refill loop per model in
@@ -16,11 +16,11 @@
 //!
 //! Where nothing is configured for a model and `capacity.adaptive` is on, the budget is the
 //! provider's own: a refusal ([`Capacity::refused`]) pauses every worker for its
-//! `Retry-After` and cuts a learned rate ([`pacing::Learned`]), which regrows slowly. While
+//! `Retry-After` and cuts a learned rate ([`pacing::Learned`](replyd_core::pacing::Learned)), which regrows slowly. While
 //! nothing is learned and nothing paused, a worker lets its calls go freely and asks the
 //! database only once a second.
 
-pub mod pacing;
+use replyd_core::pacing;
 pub mod settings;
 
 use std::collections::{HashMap, VecDeque};

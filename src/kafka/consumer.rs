@@ -32,9 +32,9 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::config::{GroupProtocol, KafkaSettings, WorkerSettings};
-use crate::domain::RecordEnd;
-use crate::kafka::tracker::{InFlightOffsets, PartitionKey};
 use crate::telemetry;
+use replyd_core::domain::RecordEnd;
+use replyd_core::offsets::{InFlightOffsets, PartitionKey};
 
 /// What a handler says about one record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

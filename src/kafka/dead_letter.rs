@@ -9,7 +9,7 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use crate::config::KafkaSettings;
-use crate::domain::RecordError;
+use replyd_core::domain::RecordError;
 
 /// Header names on dead-lettered records.
 pub mod headers {

@@ -3,7 +3,6 @@
 
 pub mod consumer;
 pub mod dead_letter;
-pub mod tracker;
 
 /// The client context of replyd's producers: librdkafka's logs and errors go through
 /// [`crate::telemetry`], so a broker that is down is one line a minute, not several a second.

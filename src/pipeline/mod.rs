@@ -15,12 +15,12 @@ use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{RecordEnd, RecordRules, TaskSpec};
 use crate::kafka::consumer::{RecordHandler, RecordOutcome};
 use crate::kafka::dead_letter::DeadLetters;
-use crate::kafka::tracker::PartitionKey;
 use crate::store::StoreError;
 use crate::telemetry::{self, trace};
+use replyd_core::domain::{RecordEnd, RecordRules, TaskSpec};
+use replyd_core::offsets::PartitionKey;
 
 pub use runner::{FromRecord, RunnerSettings, TaskRunner};
 

@@ -19,18 +19,18 @@ use tracing::{Instrument as _, Span};
 
 use super::{pause, with_retry};
 use crate::capacity::{self, Capacity};
-use crate::domain::{AttemptOutcome, ProviderRan, RecordEnd, StoredTask, TaskId, TaskSpec};
 use crate::parking::{ParkedTasks, TaskWatch, WakeSource};
-use crate::provider::{
-    BackgroundProvider, Generation, GenerationRequest, OperationId, Provider, ProviderError,
-    RateSignals,
-};
-use crate::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
+use crate::provider::{BackgroundProvider, Provider};
 use crate::store::{
     ClaimOutcome, CompletionOutcome, EnsureOutcome, FailOutcome, Lease, Refusal, Release,
     ReleaseOutcome, Store,
 };
 use crate::telemetry::{self, CallEnd, trace};
+use replyd_core::domain::{AttemptOutcome, ProviderRan, RecordEnd, StoredTask, TaskId, TaskSpec};
+use replyd_core::provider::{
+    Generation, GenerationRequest, OperationId, ProviderError, RateSignals,
+};
+use replyd_core::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
 
 /// The record a run starts from: its task, inserted by the first claim if absent, and its
 /// offset, for the report when the stored task disagrees with it.

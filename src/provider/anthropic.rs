@@ -20,16 +20,19 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use super::classify::classify_anthropic_status_at;
+use super::Provider;
 use super::http::{
     build_client, endpoint, extra_headers, status_error_as, transport_error, with_extra_headers,
     with_idempotency_key, with_trace_context,
 };
 use super::openai::OpenAiBuildError;
 use super::settings::OpenAiSettings;
-use super::{Generation, GenerationRequest, Provider, ProviderError, RateSignals, Recovery, Usage};
-use crate::domain::Role;
-use crate::secret::Secret;
+use replyd_core::domain::Role;
+use replyd_core::provider::classify::classify_anthropic_status_at;
+use replyd_core::provider::{
+    Generation, GenerationRequest, ProviderError, RateSignals, Recovery, Usage,
+};
+use replyd_core::secret::Secret;
 
 /// The adapter. Cheap to share: hold it in an `Arc`; all calls share one connection pool.
 #[derive(Debug, Clone)]
@@ -270,7 +273,7 @@ struct WireUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::ChatMessage;
+    use replyd_core::domain::ChatMessage;
 
     fn parse(body: &str) -> Result<Generation, ProviderError> {
         parse_message(StatusCode::OK, body.as_bytes(), "asked")

@@ -9,10 +9,10 @@ use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use reqwest::{Client, RequestBuilder, Response, StatusCode, Url};
 
 use super::ProviderError;
-use super::classify::classify_status_at;
 use super::openai::OpenAiBuildError;
 use super::settings::OpenAiSettings;
-use crate::secret::Secret;
+use replyd_core::provider::classify::classify_status_at;
+use replyd_core::secret::Secret;
 
 /// A pure classification of a non-success answer (status, headers, start of the body, now):
 /// each API's own, [`classify_status_at`] for OpenAI's.

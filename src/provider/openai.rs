@@ -12,14 +12,15 @@ use reqwest::header::HeaderMap;
 use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
+use super::Provider;
 use super::http::{
     build_client, endpoint, extra_headers, status_error, transport_error, with_api_key,
     with_extra_headers, with_idempotency_key, with_trace_context,
 };
 use super::settings::{OpenAiSettings, takes_max_completion_tokens};
-use super::{Generation, GenerationRequest, Provider, ProviderError, RateSignals, Usage};
-use crate::domain::Role;
-use crate::secret::Secret;
+use replyd_core::domain::Role;
+use replyd_core::provider::{Generation, GenerationRequest, ProviderError, RateSignals, Usage};
+use replyd_core::secret::Secret;
 
 /// The adapter. Cheap to share: hold it in an `Arc` and call `generate` from many tasks; they
 /// share one connection pool.
@@ -269,7 +270,7 @@ mod tests {
         GenerationRequest {
             idempotency_key: "k".into(),
             model: model.into(),
-            messages: vec![crate::domain::ChatMessage {
+            messages: vec![replyd_core::domain::ChatMessage {
                 role: Role::User,
                 content: "hi".into(),
             }],

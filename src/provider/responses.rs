@@ -21,11 +21,11 @@ use super::http::{
 };
 use super::openai::{OpenAiBuildError, role_name};
 use super::settings::OpenAiSettings;
-use super::{
-    BackgroundProvider, Generation, GenerationRequest, OperationId, Provider, ProviderError,
-    RateSignals, Recovery, Usage,
+use super::{BackgroundProvider, Provider};
+use replyd_core::provider::{
+    Generation, GenerationRequest, OperationId, ProviderError, RateSignals, Recovery, Usage,
 };
-use crate::secret::Secret;
+use replyd_core::secret::Secret;
 
 /// The adapter. Cheap to share: hold it in an `Arc`; all calls share one connection pool. Holds
 /// no state about operations, so a second instance (another worker, a restarted one) can `wait`
@@ -497,7 +497,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{ChatMessage, Role};
+    use replyd_core::domain::{ChatMessage, Role};
 
     fn parse(body: &str) -> Result<Polled, ProviderError> {
         parse_response(StatusCode::OK, body.as_bytes(), "asked")

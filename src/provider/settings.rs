@@ -10,7 +10,7 @@ use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
-use crate::secret::Secret;
+use replyd_core::secret::Secret;
 
 /// Headers replyd sets itself, with who sets them: an extra header by one of these names would
 /// be sent twice or fight the one replyd means.

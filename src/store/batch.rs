@@ -14,9 +14,9 @@ use serde_json::Value as Json;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::fencing::{Lease, classify_refusal};
 use super::tasks::{CompletionOutcome, is_own_earlier_write, record_refusal, snapshot_from};
 use super::{Refusal, Store, StoreError};
+use replyd_core::lease::{Lease, classify_refusal};
 
 /// What the batch said about one completion.
 #[derive(Debug)]

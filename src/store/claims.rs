@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::tasks::{Taken, seconds, taken_from};
 use super::{Store, StoreError};
-use crate::domain::{TaskId, TaskSpec};
+use replyd_core::domain::{TaskId, TaskSpec};
 
 /// What the batch said about one claim.
 #[derive(Debug)]

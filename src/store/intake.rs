@@ -3,17 +3,17 @@
 //! unique key of the idempotency record decides between concurrent first requests with one
 //! key: the loser's insert waits for the winner's transaction, finds the row, and answers with
 //! the winner's task. The same transaction admits new work against the workspace's quota and
-//! writes its reservation (I8); work the quota refuses writes nothing. A reuse is judged by [`crate::idempotency::decide_reuse`] on the
+//! writes its reservation (I8); work the quota refuses writes nothing. A reuse is judged by [`replyd_core::idempotency::decide_reuse`] on the
 //! database clock.
 
 use chrono::{DateTime, TimeDelta, Utc};
 use prost::Message as _;
 use uuid::Uuid;
 
-use crate::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
-use crate::idempotency::{BoundInputs, IdempotencyKey, Operation, Reuse, decide_reuse};
-use crate::quota::QuotaPolicy;
-use crate::workspace_policy::{Admitted, PolicyRefusal};
+use replyd_core::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
+use replyd_core::idempotency::{BoundInputs, IdempotencyKey, Operation, Reuse, decide_reuse};
+use replyd_core::quota::QuotaPolicy;
+use replyd_core::workspace_policy::{Admitted, PolicyRefusal};
 
 use super::quota::QuotaRefusal;
 
@@ -36,7 +36,7 @@ pub struct Submission {
     /// The request's trace context, kept with the outbox row so the task's record continues
     /// its trace (`None` when traces are off).
     pub traceparent: Option<String>,
-    /// The workspace policy's verdict on the request ([`crate::workspace_policy::judge`]):
+    /// The workspace policy's verdict on the request ([`replyd_core::workspace_policy::judge`]):
     /// what new work asks the provider for and reserves, or why new work is refused. A replay
     /// is answered whatever it says now, as it is whatever the quota says.
     pub verdict: Result<Admitted, PolicyRefusal>,

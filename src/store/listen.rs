@@ -14,10 +14,10 @@ use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DatabaseSettings;
-use crate::domain::{TaskId, TaskStatus};
 use crate::parking::{ParkedTasks, WakeSource};
 use crate::store::{StoreError, session_config, target_of, tls_connector};
 use crate::telemetry::{self, RepeatedFailure};
+use replyd_core::domain::{TaskId, TaskStatus};
 
 /// The channel the trigger notifies.
 pub const TASK_STATUS_CHANNEL: &str = "replyd_task_status";

@@ -19,7 +19,6 @@
 mod batch;
 pub mod capacity;
 mod claims;
-pub mod fencing;
 pub mod intake;
 pub mod listen;
 pub mod migrate;
@@ -37,8 +36,8 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::config::DatabaseSettings;
 
-pub use fencing::{ClaimOutcome, Lease, Refusal};
 pub use renewals::LeaseHold;
+pub use replyd_core::lease::{ClaimOutcome, Lease, Refusal};
 pub use tasks::{
     CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, RenewOutcome, Taken,
 };

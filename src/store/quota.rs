@@ -10,8 +10,10 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::IsolationLevel;
 
 use super::{Store, StoreError};
-use crate::domain::{TaskId, TaskStatus};
-use crate::quota::{ExpiredTask, FirstExpiry, Limited, QuotaPolicy, RefusalFacts, Settle, Usage};
+use replyd_core::domain::{TaskId, TaskStatus};
+use replyd_core::quota::{
+    ExpiredTask, FirstExpiry, Limited, QuotaPolicy, RefusalFacts, Settle, Usage,
+};
 
 /// Admits one request and writes its reservation, in one statement: the workspace's counter
 /// row is updated only while `used + reserved < limit` (`$5`: whether open reservations count)
@@ -105,7 +107,7 @@ impl QuotaRefusal {
         }
     }
 
-    /// The facts as durations from the database's now, for [`crate::quota::advise_retry`],
+    /// The facts as durations from the database's now, for [`replyd_core::quota::advise_retry`],
     /// about the limit that refused the request.
     pub fn facts(&self, policy: QuotaPolicy) -> RefusalFacts {
         let now = self.state.now;

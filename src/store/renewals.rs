@@ -16,9 +16,9 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::fencing::Lease;
 use super::tasks::{RenewOutcome, seconds};
 use super::{Refusal, Store, StoreError};
+use replyd_core::lease::Lease;
 
 /// The leases of the calls running now, keyed by task and assignment version.
 #[derive(Debug, Default)]

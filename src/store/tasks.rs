@@ -18,15 +18,15 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use crate::domain::{
+use replyd_core::domain::{
     AttemptOutcome, AttemptRecord, ProviderRan, ProviderRequest, StoredTask, TaskId, TaskSpec,
     TaskStatus, TokenUsage,
 };
 
 use super::batch::BatchAnswer;
 use super::claims::ClaimAnswer;
-use super::fencing::{ClaimOutcome, Lease, LeaseSnapshot, Refusal, classify_refusal};
 use super::{Store, StoreError};
+use replyd_core::lease::{ClaimOutcome, Lease, LeaseSnapshot, Refusal, classify_refusal};
 
 /// What `ensure_task` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -474,12 +474,12 @@ impl Store {
         &self,
         lease: &Lease,
         reason: &str,
-        settle: crate::quota::Settle,
+        settle: replyd_core::quota::Settle,
     ) -> Result<FailOutcome, StoreError> {
         let prelude = match settle {
-            crate::quota::Settle::Charge => "SET LOCAL replyd.settle_as = 'charged'",
-            crate::quota::Settle::Release => "SET LOCAL replyd.settle_as = 'released'",
-            crate::quota::Settle::Expire => "SET LOCAL replyd.settle_as = 'expired'",
+            replyd_core::quota::Settle::Charge => "SET LOCAL replyd.settle_as = 'charged'",
+            replyd_core::quota::Settle::Release => "SET LOCAL replyd.settle_as = 'released'",
+            replyd_core::quota::Settle::Expire => "SET LOCAL replyd.settle_as = 'expired'",
         };
         self.fail_with(
             lease,

@@ -1,8 +1,8 @@
 //! Workspaces and their API keys: made and revoked by operators, looked up on every API
 //! request. Only a key's hash is stored (see `api_key`).
 
-use crate::api_key::{IssuedKey, PresentedKey, matches};
-use crate::workspace_policy::WorkspacePolicy;
+use replyd_core::api_key::{IssuedKey, PresentedKey, matches};
+use replyd_core::workspace_policy::WorkspacePolicy;
 
 use super::{Store, StoreError};
 

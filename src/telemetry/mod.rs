@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
 
-use crate::kafka::tracker::PartitionKey;
+use replyd_core::offsets::PartitionKey;
 
 /// Names of the metrics, as Prometheus shows them.
 pub mod names {
@@ -243,7 +243,7 @@ pub fn record_received(key: &PartitionKey) {
 }
 
 /// A record is finished; `how` says why.
-pub fn record_done(key: &PartitionKey, offset: i64, how: crate::domain::RecordEnd) {
+pub fn record_done(key: &PartitionKey, offset: i64, how: replyd_core::domain::RecordEnd) {
     tracing::debug!(
         partition = key.partition,
         offset,
@@ -297,7 +297,7 @@ pub fn reply_accepted(task_id: &str, version: i64) {
 #[derive(Debug, Clone, Copy)]
 pub enum CallEnd<'a> {
     Replied,
-    Failed(&'a crate::provider::ProviderError),
+    Failed(&'a replyd_core::provider::ProviderError),
     /// Cut short: the partition was revoked or the worker is stopping.
     Cancelled,
     /// Cut short: a renewal was refused, so the lease is gone.

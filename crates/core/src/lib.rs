@@ -1,0 +1,19 @@
+//! replyd's rules, with no I/O: what a record must hold to become a task, when a lease lets a
+//! write through, which offsets may be committed, when to retry, what a reservation charges,
+//! what an idempotency key binds, and what a provider's answer means. The service
+//! (`replyd`) reads and writes PostgreSQL and Kafka around these decisions; every one of them
+//! is tested here without either, and the ones with a SQL twin are held to it by the service's
+//! store tests.
+
+pub mod api_key;
+pub mod domain;
+pub mod idempotency;
+pub mod lease;
+pub mod offsets;
+pub mod pacing;
+pub mod proto;
+pub mod provider;
+pub mod quota;
+pub mod retry;
+pub mod secret;
+pub mod workspace_policy;

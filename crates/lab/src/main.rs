@@ -1,0 +1,108 @@
+//! The `replyd-lab` binary: the mock provider, the simulated browsers and the producer, one
+//! subcommand each, for the demo, the benchmarks and the chaos harness. Nothing else lives here.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use replyd::config::Settings;
+use replyd_lab::browsers::BrowsersArgs;
+use replyd_lab::mock_provider::MockProviderArgs;
+use replyd_lab::produce::ProduceArgs;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "replyd-lab",
+    version,
+    about = "Try replyd from outside: a mock LLM provider, simulated browsers, a record producer"
+)]
+struct Cli {
+    /// Log as JSON lines instead of human-readable text.
+    #[arg(long, global = true, env = "REPLYD_LOG_JSON")]
+    log_json: bool,
+
+    /// replyd's settings file (TOML), read by `produce` for Kafka; `REPLYD_<SECTION>__<KEY>`
+    /// environment variables override it.
+    #[arg(long, short, global = true, env = "REPLYD_CONFIG")]
+    config: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run an OpenAI-compatible mock provider with latency and fault injection.
+    MockProvider(MockProviderArgs),
+    /// Publish reply-task records to kafka.topic (with duplicates and malformed ones on
+    /// request).
+    Produce(ProduceArgs),
+    /// Simulated browsers pressing Send against a live API (retries with the same key, lost
+    /// answers, double clicks, Regenerate, SSE follow); prints a JSON report.
+    Browsers(BrowsersArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    replyd::telemetry::logging::init(cli.log_json, None);
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("replyd-lab: {}", replyd::telemetry::chain(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::MockProvider(args) => {
+            let shutdown = shutdown_on_signal();
+            replyd_lab::mock_provider::run(args, async move { shutdown.cancelled().await })
+                .await
+                .context("mock provider")?;
+        }
+        Command::Produce(args) => {
+            let settings = Settings::load(cli.config.as_deref())?;
+            let report = replyd_lab::produce::run(&settings, &args)
+                .await
+                .context("producing")?;
+            println!("{}", serde_json::to_string(&report)?);
+        }
+        Command::Browsers(args) => {
+            let report = replyd_lab::browsers::run(&args).await.context("browsers")?;
+            if let Some(path) = &args.latencies {
+                let lines: String = report.e2e_ms.iter().map(|ms| format!("{ms}\n")).collect();
+                std::fs::write(path, lines)
+                    .with_context(|| format!("writing --latencies {}", path.display()))?;
+            }
+            if args.summary {
+                println!("{}", report.summary_line());
+            } else {
+                println!("{}", serde_json::to_string(&report)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A token cancelled on the first SIGTERM or SIGINT: the mock provider stops serving.
+fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Installing a handler only fails if the runtime has no signal driver; ours has.
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        cancel.cancel();
+    });
+    token
+}

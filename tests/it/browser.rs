@@ -1,0 +1,284 @@
+//! The demo page in a real browser: Debian's Chromium driven by Playwright
+//! (`clients/typescript/browser-test/run.ts`) against a live `replyd serve` with the mock
+//! provider, behind a proxy that injects the faults. The browser side asserts what the page
+//! shows and what was sent; this side asserts, for each scenario's conversation, what the
+//! server saved: tasks, messages, idempotency keys, replies and quota reservations.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use crate::helpers::app::{Routes, TestApp, WorkerConfig};
+use replyd_core::api_key::issue;
+use replyd_lab::mock_provider::MockSettings;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A scenario's line of the browser report.
+#[derive(Debug, serde::Deserialize)]
+struct Scenario {
+    scenario: String,
+    conversation_id: String,
+    posts: u64,
+    post_keys: u64,
+    streams: u64,
+    polls: u64,
+    retries: u64,
+    tasks_shown: Vec<String>,
+    replies_shown: u64,
+    faults: HashMap<String, u64>,
+}
+
+/// What the server saved for one conversation.
+#[derive(Debug, PartialEq, Eq)]
+struct Saved {
+    tasks: BTreeSet<String>,
+    completed_with_reply: usize,
+    failed_without_reply: usize,
+    released: i64,
+    messages: i64,
+    keys: i64,
+    charged: i64,
+    reservations: i64,
+}
+
+async fn saved(app: &TestApp, conversation: &str) -> Saved {
+    let db = app.db.raw_client().await;
+    let tasks: BTreeSet<String> = db
+        .query(
+            "SELECT task_id::text FROM reply_tasks WHERE conversation_id = $1",
+            &[&conversation],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let one = |sql: &'static str| {
+        let db = &db;
+        async move {
+            db.query_one(sql, &[&conversation])
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    Saved {
+        completed_with_reply: one(
+            "SELECT count(*) FROM reply_tasks WHERE conversation_id = $1 \
+             AND status = 'completed' AND saved_response IS NOT NULL",
+        )
+        .await as usize,
+        failed_without_reply: one(
+            "SELECT count(*) FROM reply_tasks WHERE conversation_id = $1 \
+             AND status = 'failed' AND saved_response IS NULL AND failure IS NOT NULL",
+        )
+        .await as usize,
+        released: one(
+            "SELECT count(*) FROM quota_reservations r JOIN reply_tasks t USING (task_id) \
+             WHERE t.conversation_id = $1 AND r.state = 'released'",
+        )
+        .await,
+        messages: one("SELECT count(*) FROM messages WHERE conversation_id = $1").await,
+        keys: one(
+            "SELECT count(*) FROM idempotency_keys k JOIN reply_tasks t USING (task_id) \
+             WHERE t.conversation_id = $1",
+        )
+        .await,
+        charged: one(
+            "SELECT count(*) FROM quota_reservations r JOIN reply_tasks t USING (task_id) \
+             WHERE t.conversation_id = $1 AND r.state = 'charged'",
+        )
+        .await,
+        reservations: one(
+            "SELECT count(*) FROM quota_reservations r JOIN reply_tasks t USING (task_id) \
+             WHERE t.conversation_id = $1",
+        )
+        .await,
+        tasks,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answers_reloads_and_cut_streams()
+ {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/clients/typescript/build/browser-test/run.js"
+    );
+    assert!(
+        std::path::Path::new(script).exists(),
+        "{script} is missing: `make client-test` (npm test in clients/typescript) builds it"
+    );
+    // The scenarios that need a slow reply ask for one in their prompt.
+    let mock = MockSettings {
+        latency_ms: 300,
+        ..MockSettings::default()
+    };
+    let app = TestApp::start(2, mock, WorkerConfig::default()).await;
+    let store = &app.db.store;
+    store.create_workspace("acme").await.unwrap();
+    let key = issue(&mut rand::rng());
+    store.create_api_key("acme", &key).await.unwrap();
+    // One generation a year: the refusal's Retry-After is far beyond the client's budget.
+    store.create_workspace("capped").await.unwrap();
+    assert!(
+        store
+            .set_quota("capped", Some(1), 365 * 24 * 3600)
+            .await
+            .unwrap()
+    );
+    let capped = issue(&mut rand::rng());
+    store.create_api_key("capped", &capped).await.unwrap();
+    app.route(Routes {
+        env: vec![("REPLYD_API__DEMO_PAGE".into(), "true".into())],
+        ..Routes::default()
+    });
+    app.spawn_process("serve", "serve");
+    let addr = app.wait_for_api_addr("serve", LIMIT).await;
+
+    let out = std::env::temp_dir().join(crate::helpers::unique("browser"));
+    std::fs::create_dir_all(&out).unwrap();
+    let run = tokio::process::Command::new("node")
+        .arg(script)
+        .env("REPLYD_URL", format!("http://{addr}"))
+        .env("REPLYD_KEY", &key.token)
+        .env("REPLYD_QUOTA_KEY", &capped.token)
+        .env("REPLYD_MOCK_URL", app.mock.base_url())
+        .env("REPLYD_OUT", &out)
+        .env(
+            "CHROMIUM",
+            crate::helpers::infra_opt("CHROMIUM").unwrap_or("/usr/bin/chromium".into()),
+        )
+        .kill_on_drop(true)
+        .output();
+    let run = tokio::time::timeout(Duration::from_secs(600), run)
+        .await
+        .expect("the browser run ends within 10 minutes")
+        .expect("node runs (installed by `make infra-up`)");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "the browser scenarios failed:\n{}\n{stdout}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let scenarios: Vec<Scenario> = serde_json::from_str(stdout.trim()).unwrap();
+    let names: Vec<&str> = scenarios.iter().map(|s| s.scenario.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "double_click",
+            "lost_answer",
+            "reload_mid_post",
+            "reload_mid_reply",
+            "regenerate",
+            "stream_cut",
+            "no_streaming",
+            "quota",
+            "failed",
+            "refused"
+        ]
+    );
+
+    // Every task the page made has reached its end before the durable state is read.
+    app.wait_until_committed_to_end(LIMIT).await;
+    eprintln!("scenario           posts keys streams polls retries tasks replies faults");
+    for s in &scenarios {
+        let saved = saved(&app, &s.conversation_id).await;
+        eprintln!(
+            "{:<18} {:>5} {:>4} {:>7} {:>5} {:>7} {:>5} {:>7} {:?}",
+            s.scenario,
+            s.posts,
+            s.post_keys,
+            s.streams,
+            s.polls,
+            s.retries,
+            saved.tasks.len(),
+            s.replies_shown,
+            s.faults
+        );
+        // One task per press (a Regenerate is a second press); the quota's refused press and
+        // the 422 wrote nothing; a task that failed is released, not charged.
+        let (presses, failed) = match s.scenario.as_str() {
+            "regenerate" => (2, 0),
+            "failed" => (1, 1),
+            "refused" => (0, 0),
+            _ => (1, 0),
+        };
+        let completed = presses - failed;
+        let keys_sent = match s.scenario.as_str() {
+            "quota" | "refused" => presses + 1,
+            _ => presses,
+        };
+        assert_eq!(saved.tasks.len(), presses, "{}: {saved:?}", s.scenario);
+        assert_eq!(
+            s.post_keys as usize, keys_sent,
+            "{}: one key per press",
+            s.scenario
+        );
+        assert_eq!(saved.keys, presses as i64, "{}: {saved:?}", s.scenario);
+        assert_eq!(
+            saved.messages,
+            i64::from(presses > 0),
+            "{}: one message asked, none refused",
+            s.scenario
+        );
+        assert_eq!(
+            saved.tasks,
+            s.tasks_shown.iter().cloned().collect::<BTreeSet<_>>(),
+            "{}: the page shows exactly the saved tasks",
+            s.scenario
+        );
+        assert_eq!(saved.completed_with_reply, completed, "{}", s.scenario);
+        assert_eq!(saved.failed_without_reply, failed, "{}", s.scenario);
+        assert_eq!(s.replies_shown as usize, completed, "{}", s.scenario);
+        assert_eq!(
+            (saved.reservations, saved.charged, saved.released),
+            (presses as i64, completed as i64, failed as i64),
+            "{}: each task reserved once, charged once if it completed, released if it failed",
+            s.scenario
+        );
+    }
+    let quota = store.quota("capped").await.unwrap().unwrap();
+    assert_eq!((quota.usage.used, quota.usage.reserved), (1, 0));
+
+    app.terminate("serve").await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!(report.duplicate_tasks, 0, "{report:#?}");
+    let screenshot = out.join("demo-page.png");
+    assert!(
+        screenshot.exists(),
+        "the regenerate scenario took a screenshot"
+    );
+    eprintln!("screenshot: {}", screenshot.display());
+}
+
+/// Off by default: without `api.demo_page` the API serves no page, and `/demo` is the same
+/// problem as any unknown route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_setting_there_is_no_page() {
+    let app = TestApp::start(1, MockSettings::default(), WorkerConfig::default()).await;
+    app.spawn_process("api", "api");
+    let addr = app.wait_for_api_addr("api", LIMIT).await;
+    let answer = reqwest::get(format!("http://{addr}/demo")).await.unwrap();
+    assert_eq!(answer.status(), 404);
+    assert_eq!(answer.headers()["content-type"], "application/problem+json");
+    app.terminate("api").await;
+
+    app.route(Routes {
+        env: vec![("REPLYD_API__DEMO_PAGE".into(), "true".into())],
+        ..Routes::default()
+    });
+    // Another name: the first process's log still names its address.
+    app.spawn_process("api-demo", "api");
+    let addr = app.wait_for_api_addr("api-demo", LIMIT).await;
+    for path in ["/demo", "/demo/", "/demo/app.js", "/demo/client/index.js"] {
+        let answer = reqwest::get(format!("http://{addr}{path}")).await.unwrap();
+        assert_eq!(answer.status(), 200, "{path}");
+        let policy = answer.headers()["content-security-policy"]
+            .to_str()
+            .unwrap();
+        assert!(policy.starts_with("default-src 'none'"), "{path}: {policy}");
+    }
+    app.terminate("api-demo").await;
+}

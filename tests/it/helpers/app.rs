@@ -1,0 +1,730 @@
+//! An application under test: a fresh schema, a topic and group of its own, the mock provider
+//! on a free port, and `replyd worker` processes (the real binary) that can be killed, stopped
+//! and continued.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prost::Message as _;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use replyd_core::domain::{TaskId, TaskSpec};
+use replyd_lab::mock_provider::{MockHandle, MockSettings};
+use replyd_lab::produce::{create_topic, producer, publish};
+
+use super::{TestDb, infra, unique, wait_until};
+
+/// Knobs of a test's workers.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub protocol: &'static str,
+    pub partition_window: usize,
+    pub global_window: usize,
+    /// Records queued per partition beyond its window before the partition is paused.
+    pub read_ahead: usize,
+    pub lease_ms: u64,
+    pub renew_interval_ms: u64,
+    pub drain_timeout_ms: u64,
+    pub session_timeout_ms: u64,
+    pub default_max_attempts: u32,
+    pub request_timeout_ms: u64,
+    /// Empty: `<topic>.dlq`, which `TestApp::start` creates.
+    pub dead_letter_topic: String,
+    pub retry_base_delay_ms: u64,
+    /// `retry` or `stop`.
+    pub ambiguous: &'static str,
+    /// `retry.provider_honours_idempotency_key`; `None` writes nothing, so the product's
+    /// default (false) holds. A test whose mock honours keys (`MockSettings {
+    /// honour_idempotency_key: true, .. }`) and that relies on the worker knowing it says so.
+    pub provider_honours_idempotency_key: Option<bool>,
+    /// `retry.refusal_budget_ms`.
+    pub refusal_budget_ms: u64,
+    /// `chat_completions` or `background_responses`.
+    pub provider_api: &'static str,
+    /// `database.listen`: wake parked records on task status notifications.
+    pub listen: bool,
+    /// `worker.max_prompt_bytes`.
+    pub max_prompt_bytes: usize,
+    /// `worker.commit_interval_ms`.
+    pub commit_interval_ms: u64,
+    /// More tables at the end of the settings (e.g. `[capacity]`).
+    pub extra_toml: String,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            protocol: "classic",
+            partition_window: 16,
+            global_window: 64,
+            read_ahead: 64,
+            lease_ms: 4_000,
+            renew_interval_ms: 1_000,
+            drain_timeout_ms: 3_000,
+            session_timeout_ms: 6_000,
+            default_max_attempts: 5,
+            request_timeout_ms: 20_000,
+            dead_letter_topic: String::new(),
+            retry_base_delay_ms: 100,
+            ambiguous: "retry",
+            provider_honours_idempotency_key: None,
+            refusal_budget_ms: 600_000,
+            provider_api: "chat_completions",
+            listen: true,
+            max_prompt_bytes: 256 * 1024,
+            commit_interval_ms: 200,
+            extra_toml: String::new(),
+        }
+    }
+}
+
+/// Addresses that replace the direct ones in the workers' settings.
+#[derive(Debug, Clone, Default)]
+pub struct Routes {
+    /// `host:port` of PostgreSQL as the workers should reach it.
+    pub database: Option<String>,
+    /// The whole `database.url` of the workers (another role, TLS parameters), in place of
+    /// the test's own.
+    pub database_url: Option<String>,
+    /// Base URL of the provider as the workers should reach it.
+    pub provider: Option<String>,
+    /// Bootstrap `host:port` of Kafka as the workers should reach it. The broker must
+    /// advertise it too (deploy/infra.sh's proxied listener), or clients leave the proxy
+    /// after their first metadata answer.
+    pub kafka: Option<String>,
+    /// TOML added at the end of the workers' `[kafka]` table: more keys, then sub-tables
+    /// (`[kafka.security]`).
+    pub kafka_toml: Option<String>,
+    /// Environment variables of the processes (secrets, as a Deployment passes them).
+    pub env: Vec<(String, String)>,
+}
+
+pub struct TestApp {
+    pub db: TestDb,
+    pub bootstrap: String,
+    pub topic: String,
+    pub group: String,
+    pub partitions: i32,
+    pub mock: MockHandle,
+    pub config: WorkerConfig,
+    /// Behind a lock so a test can produce and inject faults at once through `&TestApp`.
+    workers: Mutex<HashMap<String, WorkerProcess>>,
+    /// Incarnations per worker name; each writes its own log file.
+    spawns: Mutex<HashMap<String, usize>>,
+    /// Where workers reach PostgreSQL and the provider, when not directly (a fault proxy).
+    routes: Mutex<Routes>,
+    dir: PathBuf,
+}
+
+/// A `replyd worker` process. Dropping it kills it, so no test leaves processes behind.
+pub struct WorkerProcess {
+    pub child: Child,
+    pub log: PathBuf,
+    stopped: bool,
+}
+
+impl WorkerProcess {
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} failed");
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        // SIGCONT first: a stopped process ignores SIGKILL until continued on some kernels.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl TestApp {
+    pub async fn start(partitions: i32, mock: MockSettings, config: WorkerConfig) -> Self {
+        let db = TestDb::new().await;
+        let bootstrap = infra("KAFKA_BOOTSTRAP");
+        let topic = unique("tasks");
+        create_topic(&bootstrap, &topic, partitions)
+            .await
+            .expect("topic");
+        create_topic(&bootstrap, &format!("{topic}.dlq"), 1)
+            .await
+            .expect("dlq topic");
+        let mock = replyd_lab::mock_provider::spawn(mock, "127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("mock provider");
+        let dir =
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/test-runs")).join(&topic);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            db,
+            bootstrap,
+            group: unique("group"),
+            topic,
+            partitions,
+            mock,
+            config,
+            workers: Mutex::new(HashMap::new()),
+            spawns: Mutex::new(HashMap::new()),
+            routes: Mutex::new(Routes::default()),
+            dir,
+        }
+    }
+
+    fn worker_toml(&self, name: &str) -> String {
+        let c = &self.config;
+        // A copy: a guard held across the arguments below would deadlock the next lock.
+        let routes = self
+            .routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        format!(
+            r#"
+[database]
+url = "{url}"
+pool_size = 16
+listen = {listen}
+
+[kafka]
+bootstrap_servers = "{bootstrap}"
+topic = "{topic}"
+group_id = "{group}"
+group_protocol = "{protocol}"
+{session}
+dead_letter_topic = "{dlq}"
+{kafka_toml}
+
+[kafka.librdkafka]
+"topic.metadata.refresh.interval.ms" = "2000"
+{heartbeat}
+
+[worker]
+worker_id = "{name}"
+partition_window = {pw}
+global_window = {gw}
+read_ahead = {ra}
+lease_ms = {lease}
+renew_interval_ms = {renew}
+drain_timeout_ms = {drain}
+commit_interval_ms = {commit}
+io_retry_ms = 100
+default_max_attempts = {attempts}
+max_prompt_bytes = {max_prompt}
+
+[provider]
+base_url = "{mock}"
+request_timeout_ms = {timeout}
+api = "{api}"
+poll_interval_ms = 100
+
+[retry]
+base_delay_ms = {retry_base}
+max_delay_ms = 5000
+ambiguous = "{ambiguous}"
+{honours}refusal_budget_ms = {refusal_budget}
+
+[observability]
+listen = "127.0.0.1:0"
+
+[api]
+listen = "127.0.0.1:0"
+
+{extra}
+"#,
+            url = self.worker_database_url(),
+            commit = c.commit_interval_ms,
+            kafka_toml = routes.kafka_toml.as_deref().unwrap_or_default(),
+            bootstrap = routes.kafka.as_deref().unwrap_or(&self.bootstrap),
+            topic = self.topic,
+            group = self.group,
+            protocol = c.protocol,
+            // KIP-848 sessions are the broker's; the setting is refused with that protocol.
+            session = if c.protocol == "classic" {
+                format!("session_timeout_ms = {}", c.session_timeout_ms)
+            } else {
+                String::new()
+            },
+            dlq = c.dead_letter_topic,
+            // KIP-848 heartbeats are the broker's to set (see deploy/infra.sh).
+            heartbeat = if c.protocol == "classic" {
+                r#""heartbeat.interval.ms" = "500""#
+            } else {
+                ""
+            },
+            name = name,
+            pw = c.partition_window,
+            gw = c.global_window,
+            ra = c.read_ahead,
+            lease = c.lease_ms,
+            renew = c.renew_interval_ms,
+            drain = c.drain_timeout_ms,
+            attempts = c.default_max_attempts,
+            mock = routes.provider.unwrap_or_else(|| self.mock.base_url()),
+            timeout = c.request_timeout_ms,
+            retry_base = c.retry_base_delay_ms,
+            ambiguous = c.ambiguous,
+            honours = c
+                .provider_honours_idempotency_key
+                .map(|honours| format!("provider_honours_idempotency_key = {honours}\n"))
+                .unwrap_or_default(),
+            refusal_budget = c.refusal_budget_ms,
+            api = c.provider_api,
+            listen = c.listen,
+            max_prompt = c.max_prompt_bytes,
+            extra = c.extra_toml,
+        )
+    }
+
+    /// Routes the workers started from now on through other addresses (a fault proxy).
+    pub fn route(&self, routes: Routes) {
+        *self.routes.lock().unwrap_or_else(|p| p.into_inner()) = routes;
+    }
+
+    /// The test database's URL, with the host and port the workers should use.
+    fn worker_database_url(&self) -> String {
+        let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        let url = routes
+            .database_url
+            .clone()
+            .unwrap_or_else(|| self.db.settings.url.expose().to_owned());
+        match &routes.database {
+            Some(via) => {
+                // postgres://user:pass@HOST:PORT/db?... → the same with `via` as HOST:PORT.
+                let at = url.find('@').expect("the test URL has credentials") + 1;
+                let end = at + url[at..].find('/').expect("the test URL names a database");
+                format!("{}{via}{}", &url[..at], &url[end..])
+            }
+            None => url,
+        }
+    }
+
+    fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, WorkerProcess>> {
+        // A panic elsewhere in the test poisons nothing we rely on: the map is still right.
+        self.workers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self, name: &str) -> WorkerProcess {
+        self.workers()
+            .remove(name)
+            .unwrap_or_else(|| panic!("worker {name} is not running"))
+    }
+
+    /// Starts (or restarts) worker `name`.
+    pub fn spawn_worker(&self, name: &str) {
+        self.spawn_process(name, "worker");
+    }
+
+    /// Starts (or restarts) `replyd relay` as process `name`, with the workers' settings.
+    pub fn spawn_relay(&self, name: &str) {
+        self.spawn_process(name, "relay");
+    }
+
+    /// Starts (or restarts) `replyd <command>` as process `name`, with the workers' settings.
+    pub fn spawn_process(&self, name: &str, command: &str) {
+        let config = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&config, self.worker_toml(name)).unwrap();
+        let incarnation = {
+            let mut spawns = self.spawns.lock().unwrap_or_else(|p| p.into_inner());
+            let n = spawns.entry(name.to_owned()).or_default();
+            *n += 1;
+            *n
+        };
+        let log = self.dir.join(format!("{name}.{incarnation}.log"));
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let env = self
+            .routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .env
+            .clone();
+        let child = Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .args([command, "--config"])
+            .arg(&config)
+            .envs(env)
+            .env("RUST_LOG", "info,replyd=debug,librdkafka=warn")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
+            .spawn()
+            .expect("worker starts");
+        self.workers().insert(
+            name.to_owned(),
+            WorkerProcess {
+                child,
+                log,
+                stopped: false,
+            },
+        );
+    }
+
+    /// The process id of the running incarnation of worker `name`.
+    pub fn pid(&self, name: &str) -> u32 {
+        self.workers()
+            .get(name)
+            .unwrap_or_else(|| panic!("worker {name} is not running"))
+            .child
+            .id()
+    }
+
+    /// Waits until every named worker has at least one partition assigned (from its
+    /// `/metrics`), so work published next is spread over all of them.
+    pub async fn wait_until_assigned(&self, names: &[&str]) {
+        super::wait_until(
+            &format!("{names:?} each hold partitions"),
+            Duration::from_secs(60),
+            || async {
+                for name in names {
+                    if self
+                        .metric(name, "replyd_assigned_partitions")
+                        .await
+                        .unwrap_or(0.0)
+                        < 1.0
+                    {
+                        return false;
+                    }
+                }
+                true
+            },
+        )
+        .await;
+    }
+
+    /// Publishes each task once to each of `partitions` (keys differ, so each copy is a record
+    /// of its own partition, processed by whichever worker holds it).
+    pub async fn produce_to_partitions(&self, tasks: &[TaskSpec], partitions: &[i32]) {
+        let producer = producer(&self.bootstrap).expect("producer");
+        for task in tasks {
+            let value = task.to_proto().encode_to_vec();
+            for &partition in partitions {
+                let key = format!("{}-{partition}", task.conversation_id);
+                producer
+                    .send(
+                        rdkafka::producer::FutureRecord::to(&self.topic)
+                            .key(&key)
+                            .payload(&value)
+                            .partition(partition),
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .map_err(|(e, _)| e)
+                    .expect("published");
+            }
+        }
+    }
+
+    /// A `key=value` count from the worker's logs: how many lines of `name`'s logs contain
+    /// every one of `needles`.
+    pub fn log_lines_with(&self, name: &str, needles: &[&str]) -> usize {
+        self.log_of(name)
+            .lines()
+            .filter(|line| needles.iter().all(|n| line.contains(n)))
+            .count()
+    }
+
+    /// Waits until the latest incarnation of worker `name` has joined (its consumer polls).
+    pub async fn wait_until_ready(&self, name: &str) {
+        let log = self.workers()[name].log.clone();
+        super::wait_until(
+            &format!("{name} is ready"),
+            Duration::from_secs(60),
+            || async {
+                std::fs::read_to_string(&log).is_ok_and(|text| text.contains("consumer started"))
+            },
+        )
+        .await;
+    }
+
+    /// Starts process `name` (`replyd <command>`) if it is not running, continues it if it is
+    /// stopped: how a chaos scenario heals.
+    #[allow(dead_code)] // the chaos binary's, which shares these fixtures
+    pub fn ensure_running_as(&self, name: &str, command: &str) {
+        let stopped = self.workers().get(name).map(|w| w.stopped);
+        match stopped {
+            None => self.spawn_process(name, command),
+            Some(true) => self.resume(name),
+            Some(false) => {}
+        }
+    }
+
+    /// Waits for worker `name` to exit by itself (bounded) and returns whether it succeeded.
+    pub async fn wait_for_exit(&self, name: &str, limit: Duration) -> bool {
+        let mut worker = self.take(name);
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = worker.child.try_wait().expect("try_wait") {
+                return status.success();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} did not exit within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL: a crash with work in flight.
+    pub fn kill(&self, name: &str) {
+        let mut worker = self.take(name);
+        worker.signal("-KILL");
+        let _ = worker.child.wait();
+    }
+
+    /// SIGSTOP: the process stalls, connections open, locks and leases held.
+    pub fn stop(&self, name: &str) {
+        let mut workers = self.workers();
+        let worker = workers.get_mut(name).expect("worker exists");
+        worker.signal("-STOP");
+        worker.stopped = true;
+    }
+
+    /// SIGCONT: the stalled process resumes as a zombie.
+    pub fn resume(&self, name: &str) {
+        let mut workers = self.workers();
+        let worker = workers.get_mut(name).expect("worker exists");
+        worker.signal("-CONT");
+        worker.stopped = false;
+    }
+
+    /// SIGTERM, then waits for a clean exit (drain, commit, leave).
+    pub async fn terminate(&self, name: &str) {
+        let mut worker = self.take(name);
+        worker.signal("-TERM");
+        let waited = tokio::task::spawn_blocking(move || {
+            let status = worker.child.wait();
+            (status, worker)
+        })
+        .await
+        .unwrap();
+        let status = waited.0.expect("wait");
+        assert!(
+            status.success(),
+            "worker exited with {status}; log {:?}",
+            waited.1.log
+        );
+    }
+
+    /// Everything worker `name` logged, over all its incarnations.
+    pub fn log_of(&self, name: &str) -> String {
+        let count = self
+            .spawns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied()
+            .unwrap_or(0);
+        (1..=count)
+            .filter_map(|n| std::fs::read_to_string(self.dir.join(format!("{name}.{n}.log"))).ok())
+            .collect()
+    }
+
+    /// Where the latest incarnation of worker `name` serves `/metrics`, `/healthz` and
+    /// `/readyz`, from its start-up log line (None before it logged it).
+    pub fn observability_addr(&self, name: &str) -> Option<String> {
+        let log = self.log_of(name);
+        // The observability server's own line: a `serve` process logs the API's address too.
+        let line = log.lines().rfind(|l| l.contains("serving /metrics"))?;
+        let (_, rest) = line.split_once("addr=")?;
+        Some(rest.split_whitespace().next()?.to_owned())
+    }
+
+    /// Where the latest incarnation of process `name` serves the API, from its start-up line
+    /// (None before any incarnation logged it; an earlier one's after a restart, until the new
+    /// one logs its own).
+    pub fn api_addr(&self, name: &str) -> Option<String> {
+        let log = self.log_of(name);
+        let (_, rest) = log.rsplit_once("API listening addr=")?;
+        Some(rest.split_whitespace().next()?.to_owned())
+    }
+
+    /// [`Self::api_addr`], waiting up to `limit` for the process to log it.
+    pub async fn wait_for_api_addr(&self, name: &str, limit: Duration) -> String {
+        wait_until("the process logs the API's address", limit, || {
+            let found = self.api_addr(name).is_some();
+            async move { found }
+        })
+        .await;
+        self.api_addr(name).unwrap_or_default()
+    }
+
+    /// The value of an unlabelled gauge or counter on the `/metrics` page of the running
+    /// incarnation of worker `name` (None before it serves the page or names the metric).
+    pub async fn metric(&self, name: &str, metric: &str) -> Option<f64> {
+        let addr = self.observability_addr(name)?;
+        let page = reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        page.lines()
+            .find_map(|line| line.strip_prefix(metric)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Publishes tasks (key = conversation id) and returns once the broker acknowledged all.
+    pub async fn produce_tasks(&self, tasks: &[TaskSpec], copies: usize) {
+        let records: Vec<(String, Vec<u8>)> = (0..copies)
+            .flat_map(|_| tasks.iter())
+            .map(|t| (t.conversation_id.clone(), t.to_proto().encode_to_vec()))
+            .collect();
+        self.produce_raw(&records).await;
+    }
+
+    pub async fn produce_raw(&self, records: &[(String, Vec<u8>)]) {
+        let producer = producer(&self.bootstrap).expect("producer");
+        publish(&producer, &self.topic, records)
+            .await
+            .expect("published");
+    }
+
+    /// Waits until every task in `ids` is completed or failed.
+    pub async fn wait_until_terminal(&self, ids: &[TaskId], limit: Duration) {
+        let client = self.db.raw_client().await;
+        let uuids: Vec<uuid::Uuid> = ids.iter().map(|t| t.as_uuid()).collect();
+        wait_until(&format!("{} tasks are terminal", ids.len()), limit, || {
+            let (client, uuids) = (&client, &uuids);
+            async move {
+                let row = client
+                    .query_one(
+                        "SELECT count(*) FROM reply_tasks WHERE task_id = ANY($1) AND status IN ('completed', 'failed')",
+                        &[uuids],
+                    )
+                    .await
+                    .unwrap();
+                row.get::<_, i64>(0) == uuids.len() as i64
+            }
+        })
+        .await;
+    }
+
+    /// The group's committed offsets, per partition.
+    pub async fn committed_offsets(&self) -> HashMap<i32, i64> {
+        let (bootstrap, group, topic, partitions) = (
+            self.bootstrap.clone(),
+            self.group.clone(),
+            self.topic.clone(),
+            self.partitions,
+        );
+        tokio::task::spawn_blocking(move || {
+            replyd::check::committed_offsets(&bootstrap, &group, &topic, 0..partitions)
+                .expect("the group's committed offsets")
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Waits until the committed offset of every partition reaches its end.
+    pub async fn wait_until_committed_to_end(&self, limit: Duration) {
+        let ends = self.end_offsets().await;
+        wait_until(
+            "offsets committed to the end of every partition",
+            limit,
+            || async {
+                let committed = self.committed_offsets().await;
+                ends.iter()
+                    .all(|(p, end)| *end == 0 || committed.get(p) == Some(end))
+            },
+        )
+        .await;
+    }
+
+    pub async fn end_offsets(&self) -> HashMap<i32, i64> {
+        let (bootstrap, topic, partitions) =
+            (self.bootstrap.clone(), self.topic.clone(), self.partitions);
+        tokio::task::spawn_blocking(move || {
+            let reader: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &bootstrap)
+                .create()
+                .unwrap();
+            (0..partitions)
+                .map(|p| {
+                    (
+                        p,
+                        reader
+                            .fetch_watermarks(&topic, p, Duration::from_secs(10))
+                            .unwrap()
+                            .1,
+                    )
+                })
+                .collect()
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Replaces the mock provider's faults (`PUT /faults`), e.g. `{"error_rate": 1.0}`.
+    pub async fn set_faults(&self, faults: serde_json::Value) {
+        super::provider::set_faults(&self.mock, faults).await;
+    }
+
+    /// Writes `text` to `name` in this test's folder and returns its path.
+    pub fn dir_file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// The settings file the workers use (direct routes), for operator commands
+    /// (`replyd check --config`, `replyd inspect --config`).
+    pub fn settings_file(&self) -> PathBuf {
+        let path = self.dir.join("operator.toml");
+        std::fs::write(&path, self.direct_toml()).unwrap();
+        path
+    }
+
+    /// The settings file of a process spawned now (the routes applied), for operator
+    /// commands that should see what the processes see.
+    pub fn settings_file_as_routed(&self) -> PathBuf {
+        let path = self.dir.join("operator-routed.toml");
+        std::fs::write(&path, self.worker_toml("operator")).unwrap();
+        path
+    }
+
+    /// The workers' settings with direct routes, as the library reads them.
+    pub fn settings(&self) -> replyd::config::Settings {
+        replyd::config::Settings::from_toml(&self.direct_toml()).expect("test settings are valid")
+    }
+
+    fn direct_toml(&self) -> String {
+        let routes = std::mem::take(&mut *self.routes.lock().unwrap_or_else(|p| p.into_inner()));
+        let text = self.worker_toml("operator");
+        *self.routes.lock().unwrap_or_else(|p| p.into_inner()) = routes;
+        text
+    }
+
+    /// The checker's report over this test's schema, topic, group and mock.
+    pub async fn check(&self) -> replyd::check::Report {
+        replyd::check::run(&self.settings(), Some(&self.mock.base_url()))
+            .await
+            .expect("check runs")
+    }
+
+    /// Attempt outcomes over all tasks, counted.
+    pub async fn attempt_outcomes(&self) -> HashMap<String, i64> {
+        self.db
+            .raw_client()
+            .await
+            .query(
+                "SELECT coalesce(outcome, 'open'), count(*) FROM reply_attempts GROUP BY 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+}

@@ -1,0 +1,30 @@
+//! The integration tests, one binary: the service against a real PostgreSQL, a real Kafka
+//! broker, real HTTP over loopback, real TLS listeners, a real trace collector and Chromium,
+//! with the mock provider as the only fake. [`helpers`] holds the fixtures every module shares:
+//! the infrastructure's addresses, a fresh schema and topic per test, and [`helpers::app`], the
+//! whole service started the way an installation starts it. The chaos scenarios, which crash
+//! PostgreSQL and Kafka under everything else, are a binary of their own (`tests/chaos.rs`).
+
+mod helpers;
+
+mod api;
+mod browser;
+mod checker;
+mod deploy;
+mod front_half;
+mod kafka_smoke;
+mod kafka_tls;
+mod operations;
+mod postgres_tls;
+mod provider_anthropic;
+mod provider_background;
+mod provider_failures;
+mod provider_http;
+mod quota;
+mod reconcile;
+mod secrets;
+mod store_fencing;
+mod store_functions;
+mod tracing;
+mod worker_e2e;
+mod workspaces;

@@ -1,0 +1,589 @@
+//! The claim's decision is made by a server-side function (`replyd_claim`, migration V9);
+//! `fencing::decide_claim` is its specification, the one the lease model checks. This test
+//! writes generated rows into a real PostgreSQL, claims each, and checks that the function
+//! decided what the specification decides and wrote what that decision means (I2, I7).
+
+use std::time::Duration;
+
+use crate::helpers::{TestDb, task_spec};
+use chrono::Utc;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use replyd_core::domain::TaskStatus;
+use replyd_core::lease::{ClaimDecision, LeaseSnapshot, decide_claim};
+
+/// One generated row. Times are offsets from the database clock in minutes, far enough from
+/// zero that the moments between reading the clock here and in the function cannot matter.
+#[derive(Debug, Clone)]
+struct Row {
+    status: TaskStatus,
+    lease_minutes: Option<i64>,
+    attempt_count: i32,
+    max_attempts: i32,
+    deadline_minutes: Option<i64>,
+    next_attempt_minutes: Option<i64>,
+}
+
+fn offset() -> impl Strategy<Value = i64> {
+    prop_oneof![-120i64..=-1, 1i64..=120]
+}
+
+fn row() -> impl Strategy<Value = Row> {
+    (
+        prop_oneof![
+            Just(TaskStatus::Pending),
+            Just(TaskStatus::Running),
+            Just(TaskStatus::Completed),
+            Just(TaskStatus::Failed),
+        ],
+        proptest::option::of(offset()),
+        1i32..=4,
+        0i32..=4,
+        proptest::option::of(offset()),
+        proptest::option::of(offset()),
+    )
+        .prop_map(
+            |(status, lease, max_attempts, attempts, deadline, next)| Row {
+                // A running row always has a lease (the table's check says so).
+                lease_minutes: if status == TaskStatus::Running {
+                    Some(lease.unwrap_or(5))
+                } else {
+                    lease
+                },
+                status,
+                attempt_count: attempts.min(max_attempts),
+                max_attempts,
+                deadline_minutes: deadline,
+                next_attempt_minutes: next,
+            },
+        )
+}
+
+#[test]
+fn the_claim_function_decides_what_decide_claim_decides() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let db = runtime.block_on(TestDb::new());
+    let client = runtime.block_on(db.raw_client());
+    let mut runner = TestRunner::new(Config {
+        cases: 300,
+        ..Config::default()
+    });
+    let seen = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    runner
+        .run(&row(), |row| {
+            runtime.block_on(async {
+                let spec = task_spec(u32::try_from(row.max_attempts).unwrap());
+                let id = spec.task_id.as_uuid();
+                db.store.ensure_task(&spec).await.unwrap();
+                let minutes = |m: Option<i64>| m.map(|m| m as f64 * 60.0);
+                client
+                    .execute(
+                        "UPDATE reply_tasks SET status = $2, \
+                         lease_owner = CASE WHEN $3::float8 IS NULL THEN NULL ELSE 'w-before' END, \
+                         lease_until = clock_timestamp() + make_interval(secs => $3), \
+                         attempt_count = $4::int4, assignment_version = $4::int4, \
+                         deadline = clock_timestamp() + make_interval(secs => $5), \
+                         next_attempt_at = clock_timestamp() + make_interval(secs => $6), \
+                         saved_response = CASE WHEN $2 = 'completed' THEN 'saved' END, \
+                         failure = CASE WHEN $2 = 'failed' THEN 'failed before' END \
+                         WHERE task_id = $1",
+                        &[
+                            &id,
+                            &row.status.as_str(),
+                            &minutes(row.lease_minutes),
+                            &row.attempt_count,
+                            &minutes(row.deadline_minutes),
+                            &minutes(row.next_attempt_minutes),
+                        ],
+                    )
+                    .await
+                    .unwrap();
+                let before = db.store.read(spec.task_id).await.unwrap().unwrap();
+                let snapshot = LeaseSnapshot {
+                    status: before.status,
+                    assignment_version: before.assignment_version,
+                    lease_owner: before.lease_owner.clone(),
+                    lease_until: before.lease_until,
+                    attempt_count: before.attempt_count,
+                    max_attempts: before.spec.max_attempts as i32,
+                    deadline: before.spec.deadline,
+                    next_attempt_at: before.next_attempt_at,
+                    has_response: before.saved_response.is_some(),
+                    now: Utc::now(),
+                };
+                let expected = decide_claim(&snapshot);
+                let taken = db
+                    .store
+                    .claim_task(spec.task_id, "w-after", Duration::from_secs(30), None)
+                    .await
+                    .unwrap();
+                let after = taken.task.expect("the row exists");
+                let label = taken.claim.label();
+                seen.borrow_mut().insert(label);
+                match expected {
+                    ClaimDecision::Claim { .. } => {
+                        prop_assert_eq!(label, "claimed", "{:?}", row);
+                        prop_assert_eq!(after.status, TaskStatus::Running);
+                        prop_assert_eq!(after.assignment_version, before.assignment_version + 1);
+                        prop_assert_eq!(after.attempt_count, before.attempt_count + 1);
+                        prop_assert_eq!(after.lease_owner.as_deref(), Some("w-after"));
+                    }
+                    ClaimDecision::Refuse(outcome) => {
+                        prop_assert_eq!(label, outcome.label(), "{:?}", row);
+                        // A refusal writes nothing.
+                        prop_assert_eq!(&after, &before);
+                    }
+                    ClaimDecision::Fail { reason, outcome } => {
+                        prop_assert_eq!(label, outcome.label(), "{:?}", row);
+                        prop_assert_eq!(after.status, TaskStatus::Failed);
+                        prop_assert_eq!(after.attempt_count, before.attempt_count);
+                        let failure = after.failure.clone().unwrap_or_default();
+                        // The same reason up to the deadline's formatting.
+                        let head = |s: &str| s.split(':').next().unwrap_or_default().to_owned();
+                        prop_assert_eq!(head(&failure), head(&reason));
+                        if reason.starts_with("attempt budget") {
+                            prop_assert_eq!(failure, reason);
+                        }
+                    }
+                }
+                Ok::<(), TestCaseError>(())
+            })
+        })
+        .unwrap();
+    // The generator reaches every decision, so the agreement is not vacuous.
+    for label in [
+        "claimed",
+        "already_completed",
+        "already_failed",
+        "leased_by_other",
+        "deadline_passed",
+        "backing_off",
+        "budget_exhausted",
+    ] {
+        let seen = seen.borrow();
+        assert!(
+            seen.contains(label),
+            "no generated row was {label}: {seen:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_record_claim_inserts_its_task_once_and_reports_a_disagreeing_copy() {
+    let db = TestDb::new().await;
+    let spec = task_spec(3);
+    let first = db
+        .store
+        .claim_task(spec.task_id, "w-1", Duration::from_secs(30), Some(&spec))
+        .await
+        .unwrap();
+    assert_eq!(first.claim.label(), "claimed");
+    assert_eq!(first.ensured, Some(replyd::store::EnsureOutcome::Created));
+    assert_eq!(first.task.unwrap().spec, spec);
+
+    // A redelivered copy finds the task (and its live lease), and creates nothing.
+    let again = db
+        .store
+        .claim_task(spec.task_id, "w-2", Duration::from_secs(30), Some(&spec))
+        .await
+        .unwrap();
+    assert_eq!(again.claim.label(), "leased_by_other");
+    assert_eq!(again.ensured, Some(replyd::store::EnsureOutcome::Exists));
+
+    let mut other = spec.clone();
+    other.message_id = "msg-different".into();
+    let conflicting = db
+        .store
+        .claim_task(spec.task_id, "w-3", Duration::from_secs(30), Some(&other))
+        .await
+        .unwrap();
+    assert_eq!(
+        conflicting.ensured,
+        Some(replyd::store::EnsureOutcome::Conflict {
+            fields: vec!["message_id"]
+        })
+    );
+    // The stored inputs are kept.
+    assert_eq!(conflicting.task.unwrap().spec, spec);
+
+    let client = db.raw_client().await;
+    let rows: i64 = client
+        .query_one("SELECT count(*) FROM reply_tasks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1);
+    let attempts: i64 = client
+        .query_one("SELECT count(*) FROM reply_attempts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(attempts, 1);
+}
+
+/// `replyd_pace` (migration V16) schedules what `capacity::pacing::schedule`, its
+/// specification, schedules, over generated buckets, waiters and instants.
+#[test]
+fn the_capacity_function_schedules_what_pacing_schedules() {
+    use replyd_core::pacing::{Budget, HORIZON_SECONDS, schedule};
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let db = runtime.block_on(TestDb::new());
+    let client = runtime.block_on(db.raw_client());
+    let mut runner = TestRunner::new(Config {
+        cases: 400,
+        ..Config::default()
+    });
+    let case = (
+        proptest::option::of(0.0f64..20.0),
+        proptest::option::of(0.0f64..20.0),
+        proptest::option::of(0.1f64..400.0),
+        proptest::option::of(10.0f64..50_000.0),
+        0.0f64..20.0,
+        proptest::collection::vec(1u64..5_000, 0..40),
+    );
+    runner
+        .run(
+            &case,
+            |(requests_tat, tokens_tat, rps, tps, now, waiters)| {
+                let spec = schedule(
+                    Budget {
+                        requests_tat,
+                        tokens_tat,
+                        requests_per_second: rps,
+                        tokens_per_second: tps,
+                    },
+                    now,
+                    &waiters,
+                );
+                let waiters: Vec<i64> = waiters.iter().map(|t| *t as i64).collect();
+                let row = runtime.block_on(async {
+                    client
+                        .query_one(
+                            "SELECT delays, new_requests_tat, new_tokens_tat, wait \
+                         FROM replyd_pace($1, $2, $3, $4, $5, $6, $7)",
+                            &[
+                                &requests_tat,
+                                &tokens_tat,
+                                &rps,
+                                &tps,
+                                &now,
+                                &HORIZON_SECONDS,
+                                &waiters,
+                            ],
+                        )
+                        .await
+                        .unwrap()
+                });
+                let delays: Vec<f64> = row.get(0);
+                let close = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                    (Some(a), Some(b)) => (a - b).abs() < 1e-6,
+                    (a, b) => a == b,
+                };
+                prop_assert_eq!(delays.len(), spec.delays.len(), "{:?}", spec);
+                for (sql, rust) in delays.iter().zip(&spec.delays) {
+                    prop_assert!((sql - rust).abs() < 1e-6, "{sql} vs {rust}");
+                }
+                prop_assert!(close(row.get(1), spec.requests_tat));
+                prop_assert!(close(row.get(2), spec.tokens_tat));
+                prop_assert!((row.get::<_, f64>(3) - spec.wait).abs() < 1e-6);
+                Ok::<(), TestCaseError>(())
+            },
+        )
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_share_one_budget_and_a_refusal_pauses_both() {
+    use replyd::store::capacity::GrantAsk;
+    let db = TestDb::new().await;
+    let waiters = [10u64; 8];
+    let ask = |holder: &'static str, n: usize, slots: u32, in_use: u32| GrantAsk {
+        bucket: "model-a",
+        holder,
+        waiters: &waiters[..n],
+        want_slots: slots,
+        in_use,
+        // 600 a minute: one every 100 ms.
+        requests_per_second: Some(10.0),
+        tokens_per_second: None,
+        slot_limit: Some(4),
+        slot_ttl: Duration::from_secs(10),
+        adaptive: false,
+        horizon: Duration::from_millis(250),
+    };
+    let a = db.store.capacity_grant(&ask("w-a", 8, 3, 0)).await.unwrap();
+    let b = db.store.capacity_grant(&ask("w-b", 8, 3, 0)).await.unwrap();
+    // The four slots between them; the schedule is one: w-a's three calls go 100 ms apart,
+    // and w-b's one slot gets a send time after theirs, past the quarter second (none yet).
+    assert_eq!((a.slots, b.slots), (3, 1));
+    assert_eq!(a.delays.len(), 3, "{a:?}");
+    assert!(a.delays[2] >= Duration::from_millis(199), "{a:?}");
+    assert!(b.delays.is_empty() && b.wait > Duration::ZERO, "{b:?}");
+    // w-b waits for a share: w-a, asked again, keeps no more than a fair one (it uses one).
+    let a = db.store.capacity_grant(&ask("w-a", 0, 3, 1)).await.unwrap();
+    assert_eq!(a.slots, 2);
+    let b = db.store.capacity_grant(&ask("w-b", 0, 3, 0)).await.unwrap();
+    assert_eq!(b.slots, 2);
+
+    db.store
+        .capacity_refused("model-a", Some(Duration::from_secs(30)), false)
+        .await
+        .unwrap();
+    let paused = db.store.capacity_grant(&ask("w-b", 5, 2, 0)).await.unwrap();
+    assert!(paused.delays.is_empty());
+    assert!(paused.blocked_for > Duration::from_secs(25), "{paused:?}");
+    // Another model's budget is its own.
+    let other = db
+        .store
+        .capacity_grant(&GrantAsk {
+            bucket: "model-b",
+            ..ask("w-b", 5, 2, 0)
+        })
+        .await
+        .unwrap();
+    assert_eq!(other.delays.len(), 2, "two slots, two calls: {other:?}");
+}
+
+/// A refusal that reaches the budget before the provider's first report of its limit (another
+/// call of the same worker reported it, in its own round trip) cuts a rate measured from
+/// nothing; the report then replaces it. A cut made once a report is known stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_report_replaces_a_rate_cut_before_it_and_a_later_cut_stands() {
+    let db = TestDb::new().await;
+    let client = db.raw_client().await;
+    let learned = || async {
+        client
+            .query_one(
+                "SELECT learned_rps FROM capacity_buckets WHERE bucket = 'model-a'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<f64>>(0)
+    };
+    let cut = db
+        .store
+        .capacity_refused("model-a", Some(Duration::from_secs(1)), true)
+        .await
+        .unwrap();
+    assert_eq!(cut, Some(0.5), "a rate measured from nothing: the floor");
+    db.store.capacity_reported("model-a", 50.0).await.unwrap();
+    assert_eq!(
+        learned().await,
+        Some(50.0),
+        "the first report replaces the guess"
+    );
+    // Once the report is known, a refusal (over a second after the rate last changed) cuts
+    // it, and the same report again does not undo the cut.
+    client
+        .execute(
+            "UPDATE capacity_buckets SET learned_changed_at = learned_changed_at - 2",
+            &[],
+        )
+        .await
+        .unwrap();
+    let cut = db
+        .store
+        .capacity_refused("model-a", None, true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!((cut - 45.0).abs() < 1e-9, "{cut}");
+    db.store.capacity_reported("model-a", 50.0).await.unwrap();
+    assert_eq!(learned().await, Some(cut));
+}
+
+/// One step of the learned rate's life, as the budget sees it.
+#[derive(Debug, Clone)]
+enum LearnedStep {
+    /// A grant for this many waiting calls (the budget decides how many go).
+    Grant(usize),
+    /// A refusal for capacity (no pause asked: the pause is not the learned rate's).
+    Refused,
+    /// The provider reported its limit, requests a second.
+    Reported(f64),
+}
+
+/// The learned rate's SQL (`replyd_capacity_grant`, `_refused`, `_reported`, migrations V16
+/// and V18) moves the bucket exactly as `capacity::pacing::Learned`, its twin, moves: over
+/// generated runs of grants, refusals and reports at generated instants. The SQL's clock is
+/// set per step (`replyd.capacity_now`); the instants are multiples of 1/64 s, so both sides
+/// do the same arithmetic on the same doubles.
+#[test]
+fn the_learned_rate_moves_in_sql_as_pacing_learned_moves() {
+    use replyd_core::pacing::Learned;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let db = runtime.block_on(TestDb::new());
+    let client = runtime.block_on(db.raw_client());
+    let mut runner = TestRunner::new(Config {
+        cases: 150,
+        ..Config::default()
+    });
+    let step = prop_oneof![
+        (0usize..12).prop_map(LearnedStep::Grant),
+        Just(LearnedStep::Refused),
+        (1u32..12_800).prop_map(|r| LearnedStep::Reported(f64::from(r) / 64.0)),
+    ];
+    let case = proptest::collection::vec((0u32..160, step), 1..40);
+    let bucket_no = std::sync::atomic::AtomicU64::new(0);
+    runner
+        .run(&case, |steps| {
+            let n = bucket_no.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let bucket = format!("learned-{n}");
+            // The bucket row's defaults: nothing learned, windows and changes at 0.
+            let mut rust = Learned {
+                changed_at: 0.0,
+                window_start: 0.0,
+                ..Learned::new(0.0)
+            };
+            let mut now = 1_000.0f64;
+            for (sixty_fourths, step) in steps {
+                now += f64::from(sixty_fourths) / 64.0;
+                runtime.block_on(async {
+                    client
+                        .execute(
+                            "SELECT set_config('replyd.capacity_now', $1, false)",
+                            &[&format!("{now:?}")],
+                        )
+                        .await
+                        .unwrap();
+                });
+                rust = match &step {
+                    LearnedStep::Grant(waiting) => {
+                        let waiters = vec![1i64; *waiting];
+                        let granted = runtime.block_on(async {
+                            client
+                                .query_one(
+                                    "SELECT cardinality(delays) FROM replyd_capacity_grant( \
+                                     $1, 'holder', $2, $3, 0, NULL, NULL, NULL, 10, true, 0.25)",
+                                    &[&bucket, &waiters, &(*waiting as i32)],
+                                )
+                                .await
+                                .unwrap()
+                                .get::<_, Option<i32>>(0)
+                                .unwrap_or(0)
+                        });
+                        rust.granted(now, granted as u64)
+                    }
+                    LearnedStep::Refused => {
+                        runtime.block_on(async {
+                            client
+                                .query_one(
+                                    "SELECT * FROM replyd_capacity_refused($1, NULL, true)",
+                                    &[&bucket],
+                                )
+                                .await
+                                .unwrap()
+                        });
+                        rust.refused(now)
+                    }
+                    LearnedStep::Reported(rate) => {
+                        runtime.block_on(async {
+                            client
+                                .execute(
+                                    "SELECT replyd_capacity_reported($1, $2)",
+                                    &[&bucket, rate],
+                                )
+                                .await
+                                .unwrap()
+                        });
+                        rust.reported(now, *rate)
+                    }
+                };
+                let row = runtime.block_on(async {
+                    client
+                        .query_one(
+                            "SELECT reported_rps, learned_rps, learned_changed_at, window_start, \
+                             window_granted, previous_rate FROM capacity_buckets WHERE bucket = $1",
+                            &[&bucket],
+                        )
+                        .await
+                        .unwrap()
+                });
+                let close = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                    (Some(a), Some(b)) => (a - b).abs() < 1e-9,
+                    (a, b) => a == b,
+                };
+                let sql = (
+                    row.get::<_, Option<f64>>(0),
+                    row.get::<_, Option<f64>>(1),
+                    row.get::<_, f64>(2),
+                    row.get::<_, f64>(3),
+                    row.get::<_, i64>(4),
+                    row.get::<_, f64>(5),
+                );
+                let agree = close(sql.0, rust.reported)
+                    && close(sql.1, rust.per_second)
+                    && (sql.2 - rust.changed_at).abs() < 1e-9
+                    && (sql.3 - rust.window_start).abs() < 1e-9
+                    && sql.4 as u64 == rust.window_granted
+                    && (sql.5 - rust.previous_rate).abs() < 1e-9;
+                prop_assert!(agree, "after {step:?} at {now}: sql {sql:?}, rust {rust:?}");
+            }
+            Ok::<(), TestCaseError>(())
+        })
+        .unwrap();
+}
+
+/// The values a column's `CHECK (col in (...))` constraint allows, as the database holds it.
+async fn check_list(client: &tokio_postgres::Client, table: &str, constraint: &str) -> Vec<String> {
+    let definition: String = client
+        .query_one(
+            "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c \
+             WHERE c.conrelid = $1::text::regclass AND c.conname = $2",
+            &[&table, &constraint],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // `CHECK ((col = ANY (ARRAY['a'::text, 'b'::text])))`: the quoted values, in order.
+    let mut values: Vec<String> = definition
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    values.sort();
+    values
+}
+
+/// Every closed set the code spells as text is the set its column's `CHECK` allows: a value
+/// the code writes is never refused, and a value the database takes can always be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_closed_set_is_its_columns_check_list() {
+    use replyd_core::domain::AttemptOutcome;
+    use replyd_core::quota::ReservationState;
+    let db = TestDb::new().await;
+    let client = db.raw_client().await;
+    let sorted = |mut values: Vec<&str>| {
+        values.sort();
+        values.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        check_list(&client, "reply_tasks", "reply_tasks_status_check").await,
+        sorted(TaskStatus::ALL.iter().map(|s| s.as_str()).collect())
+    );
+    assert_eq!(
+        check_list(&client, "reply_attempts", "reply_attempts_outcome_check").await,
+        sorted(AttemptOutcome::ALL.iter().map(|o| o.as_str()).collect())
+    );
+    assert_eq!(
+        check_list(
+            &client,
+            "quota_reservations",
+            "quota_reservations_state_check"
+        )
+        .await,
+        sorted(ReservationState::ALL.iter().map(|s| s.as_str()).collect())
+    );
+    // And each spelling reads back as its value.
+    for status in TaskStatus::ALL {
+        assert_eq!(TaskStatus::parse(status.as_str()), Some(status));
+    }
+    for outcome in AttemptOutcome::ALL {
+        assert_eq!(AttemptOutcome::parse(outcome.as_str()), Some(outcome));
+    }
+    for state in ReservationState::ALL {
+        assert_eq!(ReservationState::parse(state.as_str()), Some(state));
+    }
+}

@@ -1,0 +1,109 @@
+//! Workspaces and API keys through the operator commands of the real binary, against the real
+//! PostgreSQL: a key is shown once, only its hash is stored, it authenticates its workspace
+//! until revoked, and every refusal names its reason.
+
+use std::process::{Command, Output};
+
+use crate::helpers::{TestDb, unique};
+use replyd_core::api_key::parse_bearer;
+
+fn replyd(db: &TestDb, args: &[&str]) -> Output {
+    let dir = std::env::temp_dir().join(unique("operator"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("replyd.toml");
+    std::fs::write(
+        &config,
+        format!("[database]\nurl = \"{}\"\n", db.settings.url.expose()),
+    )
+    .unwrap();
+    Command::new(env!("CARGO_BIN_EXE_replyd"))
+        .args(args)
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_shown_once_stored_as_a_hash_and_authenticates_until_revoked() {
+    let db = TestDb::new().await;
+    let made = replyd(&db, &["workspace", "create", "acme"]);
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let again = replyd(&db, &["workspace", "create", "acme"]);
+    assert!(again.status.success());
+    assert!(text(&again.stdout).contains("exists already"));
+
+    let created = replyd(&db, &["api-key", "create", "--workspace", "acme"]);
+    assert!(created.status.success(), "{}", text(&created.stderr));
+    let token = text(&created.stdout).trim().to_owned();
+    assert!(token.starts_with("rpd_"), "{token}");
+    assert!(text(&created.stderr).contains("shown only this once"));
+
+    // Nothing in the database holds the key itself, nor its secret half.
+    let secret = token.rsplit('_').next().unwrap().to_owned();
+    let client = db.raw_client().await;
+    let dump: String = client
+        .query_one("SELECT string_agg(t::text, ' ') FROM api_keys t", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!dump.contains(&secret), "{dump}");
+
+    let presented = parse_bearer(Some(format!("Bearer {token}").as_bytes())).unwrap();
+    assert_eq!(
+        db.store.authenticate(&presented).await.unwrap().as_deref(),
+        Some("acme")
+    );
+    // The same id with another secret is not the key.
+    let forged = parse_bearer(Some(
+        format!("Bearer rpd_{}_{}", presented.key_id, "A".repeat(43)).as_bytes(),
+    ))
+    .unwrap();
+    assert_eq!(db.store.authenticate(&forged).await.unwrap(), None);
+
+    let revoked = replyd(&db, &["api-key", "revoke", &presented.key_id]);
+    assert!(revoked.status.success(), "{}", text(&revoked.stderr));
+    assert!(text(&revoked.stdout).contains("of workspace acme revoked"));
+    assert_eq!(db.store.authenticate(&presented).await.unwrap(), None);
+    let twice = replyd(&db, &["api-key", "revoke", &presented.key_id]);
+    assert!(twice.status.success());
+    assert!(text(&twice.stdout).contains("revoked already"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_mistakes_are_refused_with_their_reason_and_change_nothing() {
+    let db = TestDb::new().await;
+    let bad = replyd(&db, &["workspace", "create", "Acme Corp"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        text(&bad.stderr).contains("is not valid"),
+        "{}",
+        text(&bad.stderr)
+    );
+
+    let orphan = replyd(&db, &["api-key", "create", "--workspace", "nobody"]);
+    assert_eq!(orphan.status.code(), Some(4));
+    assert!(text(&orphan.stderr).contains("no workspace \"nobody\""));
+    assert!(
+        orphan.stdout.is_empty(),
+        "no key is shown for a key not stored"
+    );
+
+    let unknown = replyd(&db, &["api-key", "revoke", "0123456789abcdef"]);
+    assert_eq!(unknown.status.code(), Some(4));
+
+    let client = db.raw_client().await;
+    let rows: i64 = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM workspaces) + (SELECT count(*) FROM api_keys)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
+}
