@@ -15,73 +15,10 @@ use figment::{Figment, Provider as _};
 use serde::{Deserialize, Serialize};
 
 use crate::provider::OpenAiSettings;
+use crate::store::DatabaseSettings;
 use replyd_core::domain::RecordRules;
 use replyd_core::retry::RetrySettings;
 pub use replyd_core::secret::Secret;
-
-/// How replyd talks to PostgreSQL.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct DatabaseSettings {
-    /// libpq-style URL, e.g. `postgres://user:pass@127.0.0.1:5432/replyd`. A `?options=-c
-    /// search_path=...` parameter is honoured (the tests use it to give each test a schema).
-    pub url: Secret,
-    /// Connections in the pool. Every in-flight record holds one only for the length of one
-    /// short statement or transaction, never across a provider call (I4).
-    pub pool_size: usize,
-    /// `lock_timeout` of every session: a statement that waits longer on a row lock (say, one
-    /// held by a stalled process) fails instead of hanging a worker.
-    pub lock_timeout_ms: u64,
-    /// `idle_in_transaction_session_timeout`: the server ends a session that sits inside a
-    /// transaction this long, so a stopped (SIGSTOP) worker cannot keep row locks.
-    pub idle_in_transaction_session_timeout_ms: u64,
-    /// `statement_timeout` of every session.
-    pub statement_timeout_ms: u64,
-    /// Keep one session that `LISTEN`s for task status changes, so a record parked on a task
-    /// leased elsewhere wakes as soon as that task is done. Turn off where LISTEN cannot work
-    /// (behind a transaction-pooling PgBouncer): parked records then wait out the lease.
-    pub listen: bool,
-    /// How long start-up keeps retrying to reach PostgreSQL before giving up.
-    pub startup_retry_ms: u64,
-    /// Gather the completions that arrive while one is being written into the next call: one
-    /// round trip and one transaction for many tasks, each row guarded and answered on its
-    /// own. Nothing waits to fill a batch, so a lone completion goes at once.
-    pub batch_completions: bool,
-    /// The most completions (or claims) in one batched call.
-    pub batch_max_rows: usize,
-    /// Gather the claims that arrive while one is being written into the next call, as
-    /// completions are (`batch_completions`), at most `batch_max_rows` in one. A row locked
-    /// elsewhere is claimed alone, by the path that waits on the lock.
-    pub batch_claims: bool,
-    /// Renew the leases of all running calls in one call per `worker.renew_interval_ms`,
-    /// instead of one transaction per call per interval: what makes a short `worker.lease_ms`
-    /// cheap. Each row is guarded and answered on its own.
-    pub batch_renewals: bool,
-}
-
-impl Default for DatabaseSettings {
-    fn default() -> Self {
-        Self {
-            url: Secret::new("postgres://replyd:replyd@127.0.0.1:5432/replyd"),
-            pool_size: 16,
-            lock_timeout_ms: 5_000,
-            idle_in_transaction_session_timeout_ms: 10_000,
-            statement_timeout_ms: 30_000,
-            listen: true,
-            startup_retry_ms: 60_000,
-            batch_completions: true,
-            batch_max_rows: 64,
-            batch_claims: true,
-            batch_renewals: true,
-        }
-    }
-}
-
-impl DatabaseSettings {
-    pub fn lock_timeout(&self) -> Duration {
-        Duration::from_millis(self.lock_timeout_ms)
-    }
-}
 
 /// Everything `replyd worker` reads.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
@@ -124,7 +61,7 @@ pub struct KafkaSettings {
     /// `"fetch.max.bytes" = "1048576"`). Properties replyd sets itself (`enable.auto.commit`,
     /// `enable.auto.offset.store`, `group.id`, `group.protocol`) are refused here.
     pub librdkafka: BTreeMap<String, String>,
-    /// librdkafka properties for the producers (dead-letter copies, the relay, `replyd
+    /// librdkafka properties for the producers (dead-letter copies, the relay, `replyd-lab
     /// produce`). `bootstrap.servers`, `enable.idempotence` and `acks` are set by replyd.
     pub producer_librdkafka: BTreeMap<String, String>,
     /// How every Kafka client of replyd (the group consumer, the producers, the relay, the

@@ -79,7 +79,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Openapi => print!("{}", replyd::api::openapi::document()),
         Command::Healthz => {
             let listen = settings()?.observability.listen;
-            replyd::telemetry::http::probe_health(listen)
+            replyd::probes::probe_health(listen)
                 .await
                 .with_context(|| format!("/healthz on {listen} (observability.listen)"))?;
         }
@@ -111,10 +111,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", replyd::config::reference::markdown())
         }
         Command::Workspace(command) => {
-            return replyd::operator::workspace(&settings()?, &command).await;
+            return replyd::tenants::workspace(&settings()?, &command).await;
         }
-        Command::ApiKey(command) => return replyd::operator::api_key(&settings()?, &command).await,
-        Command::Quota(command) => return replyd::operator::quota(&settings()?, &command).await,
+        Command::ApiKey(command) => return replyd::tenants::api_key(&settings()?, &command).await,
+        Command::Quota(command) => return replyd::tenants::quota(&settings()?, &command).await,
     }
     Ok(ExitCode::SUCCESS)
 }

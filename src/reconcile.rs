@@ -29,9 +29,10 @@ use serde::Serialize;
 
 use crate::provider::Provider;
 use crate::store::quota::ExpiredReservation;
-use crate::store::{ClaimOutcome, CompletionOutcome, FailOutcome, Lease, Store, StoreError};
+use crate::store::{CompletionOutcome, FailOutcome, Store, StoreError};
 use crate::telemetry;
 use replyd_core::domain::{AttemptOutcome, ProviderRan, TaskStatus};
+use replyd_core::lease::{ClaimOutcome, Lease};
 use replyd_core::provider::{Generation, OperationId, ProviderError};
 use replyd_core::quota::{
     ExpiredDecision, LookedUp, QuotaPolicy, Settle, decide_expired, decide_looked_up,

@@ -29,10 +29,10 @@ use tracing::Instrument as _;
 
 use crate::config::Settings;
 use crate::kafka::KafkaLogs;
+use crate::probes::{Probes, Readiness};
 use crate::store::Store;
 use crate::store::listen::{Listener, listen};
 use crate::store::outbox::{OutboxRow, Published};
-use crate::telemetry::http::{Probes, Readiness};
 use crate::telemetry::{self, trace};
 
 /// The channel new outbox rows notify (see `migrations/V6`).
@@ -116,7 +116,7 @@ pub async fn run(
     probes: &Probes,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    crate::startup::migrate(&settings.database, &shutdown).await?;
+    crate::connect_retry::migrate(&settings.database, &shutdown).await?;
     let store = Store::connect(&settings.database).context("database settings")?;
     let relay = &settings.relay;
     let kafka = &settings.kafka;

@@ -12,7 +12,7 @@ use futures_util::future::OptionFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::telemetry::http::Probes;
+use crate::probes::Probes;
 
 /// Which parts of the chain a process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,10 +74,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let probes = Probes::default();
     let listen = settings.observability.listen;
-    let addr =
-        crate::telemetry::http::serve(listen, probes.clone(), parts.count(), shutdown.clone())
-            .await
-            .with_context(|| format!("binding {listen} (observability.listen)"))?;
+    let addr = crate::probes::serve(listen, probes.clone(), parts.count(), shutdown.clone())
+        .await
+        .with_context(|| format!("binding {listen} (observability.listen)"))?;
     // Before the line that says where to scrape: the first scrape finds every family.
     for (on, families) in [
         (parts.api, crate::telemetry::API_METRICS),

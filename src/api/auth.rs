@@ -13,8 +13,8 @@ use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 
-use super::ApiState;
 use super::problem::Problem;
+use super::state::ApiState;
 use replyd_core::api_key::{AuthError, parse_bearer};
 
 /// The caller's workspace, from its key.
@@ -34,7 +34,7 @@ impl FromRequestParts<ApiState> for Workspace {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Problem> {
-        let header = super::one_value(&parts.headers, AUTHORIZATION.as_str()).map_err(|distinct| {
+        let header = super::headers::one_value(&parts.headers, AUTHORIZATION.as_str()).map_err(|distinct| {
             Problem::bad_request(
                 "invalid_authorization",
                 format!(

@@ -2,7 +2,7 @@
 //! is sent at once, then each change, and the stream ends after a terminal state.
 //!
 //! Changes come from PostgreSQL: the task table's trigger notifies every status change, and
-//! one listening session per API process ([`TaskChanges`]) fans the task ids out to every open
+//! one listening session per API process ([`super::changes::TaskChanges`]) fans the task ids out to every open
 //! stream. A notification is only a hint: a stream re-reads its row on every hint, on every
 //! (re)connect and on a timer, so a missed notification can delay an event but never leave a
 //! stream hanging. An event is sent when the task's state changes (its status, or a new
@@ -23,68 +23,17 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream};
 use tokio::sync::broadcast;
-use tokio_util::sync::CancellationToken;
 
-use super::ApiState;
 use super::auth::Workspace;
 use super::problem::ProblemDetails;
 use super::replies::ReplyView;
-use crate::config::DatabaseSettings;
+use super::state::ApiState;
 use crate::store::Store;
-use crate::store::listen::{Listener, TASK_STATUS_CHANNEL, listen, parse_status_payload};
 use replyd_core::domain::{StoredTask, TaskId};
 
 /// How often an open stream reads its task (and checks its API key) even without a
 /// notification: also the bound on how long a revoked key's stream lives on.
 pub const REREAD_INTERVAL: Duration = Duration::from_secs(2);
-
-/// The fan-out of task status notifications to the open streams of this process.
-#[derive(Clone)]
-pub struct TaskChanges {
-    sender: broadcast::Sender<Option<TaskId>>,
-}
-
-impl Default for TaskChanges {
-    fn default() -> Self {
-        // A stream that falls this far behind re-reads its row (see `Lagged` below).
-        Self {
-            sender: broadcast::channel(1024).0,
-        }
-    }
-}
-
-struct Fanout(broadcast::Sender<Option<TaskId>>);
-
-impl Listener for Fanout {
-    fn listening(&mut self) {
-        // Changes may have been missed while nobody listened: every stream re-reads.
-        let _ = self.0.send(None);
-    }
-
-    fn notified(&mut self, payload: &str) {
-        if let Some((task, _)) = parse_status_payload(payload) {
-            // No receiver (no open stream) is not an error.
-            let _ = self.0.send(Some(task));
-        }
-    }
-}
-
-impl TaskChanges {
-    /// Starts the one listening session of this process.
-    pub fn listen(&self, database: DatabaseSettings, shutdown: CancellationToken) {
-        tokio::spawn(listen(
-            database,
-            format!("replyd-api-listener {}", std::process::id()),
-            TASK_STATUS_CHANNEL,
-            Fanout(self.sender.clone()),
-            shutdown,
-        ));
-    }
-
-    fn subscribe(&self) -> broadcast::Receiver<Option<TaskId>> {
-        self.sender.subscribe()
-    }
-}
 
 /// The id of a state: the attempt number and the status, so it changes with every status
 /// change (pending → running → pending after a failed attempt → running …) and with a new

@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::ApiState;
 use super::auth::Workspace;
 use super::problem::{Problem, ProblemDetails};
+use super::state::ApiState;
 use crate::store::quota::{QuotaRefusal, QuotaState};
 use replyd_core::quota::{
     Limited, QuotaPolicy, RetryAdvice, SettleEstimate, Usage, advise_retry, format_period,

@@ -37,7 +37,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::parse_errors::{HYPER_MAX_URI_BYTES, HeadCaps, ProblemIo};
-use super::{ApiState, router};
+use super::routes::router;
+use super::state::ApiState;
 use crate::config::ApiSettings;
 
 /// hyper's header-count cap as a multiple of `api.max_headers`: a request somewhat over our

@@ -1,7 +1,6 @@
 //! Kafka at the edges: the group consumer, the in-flight offset tracker behind its commits,
 //! and the dead-letter producer.
 
-pub mod consumer;
 pub mod dead_letter;
 
 /// The client context of replyd's producers: librdkafka's logs and errors go through

@@ -20,12 +20,12 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use super::Provider;
+use super::adapter::Provider;
+use super::http::OpenAiBuildError;
 use super::http::{
     build_client, endpoint, extra_headers, status_error_as, transport_error, with_extra_headers,
     with_idempotency_key, with_trace_context,
 };
-use super::openai::OpenAiBuildError;
 use super::settings::OpenAiSettings;
 use replyd_core::domain::Role;
 use replyd_core::provider::classify::classify_anthropic_status_at;

@@ -8,11 +8,24 @@ use std::time::{Duration, SystemTime};
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use reqwest::{Client, RequestBuilder, Response, StatusCode, Url};
 
-use super::ProviderError;
-use super::openai::OpenAiBuildError;
 use super::settings::OpenAiSettings;
+use replyd_core::provider::ProviderError;
 use replyd_core::provider::classify::classify_status_at;
 use replyd_core::secret::Secret;
+
+/// Why an adapter could not be built from its settings.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenAiBuildError {
+    #[error("provider base_url `{base_url}` cannot be used: {reason}")]
+    BadBaseUrl { base_url: String, reason: String },
+    /// Names the header and the rule, never its value.
+    #[error("provider.extra_headers: {0}")]
+    BadExtraHeader(String),
+    #[error("provider.anthropic_version {version:?} cannot be an anthropic-version header")]
+    BadAnthropicVersion { version: String },
+    #[error("building the HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+}
 
 /// A pure classification of a non-success answer (status, headers, start of the body, now):
 /// each API's own, [`classify_status_at`] for OpenAI's.

@@ -12,10 +12,10 @@ use reqwest::header::HeaderMap;
 use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use super::Provider;
+use super::adapter::Provider;
 use super::http::{
-    build_client, endpoint, extra_headers, status_error, transport_error, with_api_key,
-    with_extra_headers, with_idempotency_key, with_trace_context,
+    OpenAiBuildError, build_client, endpoint, extra_headers, status_error, transport_error,
+    with_api_key, with_extra_headers, with_idempotency_key, with_trace_context,
 };
 use super::settings::{OpenAiSettings, takes_max_completion_tokens};
 use replyd_core::domain::Role;
@@ -34,20 +34,6 @@ pub struct OpenAiChatProvider {
     /// `provider.max_completion_tokens_models`.
     max_completion_tokens_models: Vec<String>,
     request_timeout: Duration,
-}
-
-/// Why an adapter could not be built from its settings.
-#[derive(Debug, thiserror::Error)]
-pub enum OpenAiBuildError {
-    #[error("provider base_url `{base_url}` cannot be used: {reason}")]
-    BadBaseUrl { base_url: String, reason: String },
-    /// Names the header and the rule, never its value.
-    #[error("provider.extra_headers: {0}")]
-    BadExtraHeader(String),
-    #[error("provider.anthropic_version {version:?} cannot be an anthropic-version header")]
-    BadAnthropicVersion { version: String },
-    #[error("building the HTTP client: {0}")]
-    Client(#[from] reqwest::Error),
 }
 
 impl OpenAiChatProvider {

@@ -15,13 +15,14 @@ use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use super::adapter::{BackgroundProvider, Provider};
+use super::http::OpenAiBuildError;
 use super::http::{
     build_client, endpoint, extra_headers, status_error, transport_error, with_api_key,
     with_extra_headers, with_idempotency_key, with_trace_context,
 };
-use super::openai::{OpenAiBuildError, role_name};
+use super::openai::role_name;
 use super::settings::OpenAiSettings;
-use super::{BackgroundProvider, Provider};
 use replyd_core::provider::{
     Generation, GenerationRequest, OperationId, ProviderError, RateSignals, Recovery, Usage,
 };

@@ -13,8 +13,9 @@ use serde_json::Value as Json;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::tasks::{Taken, seconds, taken_from};
-use super::{Store, StoreError};
+use super::error::StoreError;
+use super::rows::{Taken, seconds, taken_from};
+use super::sessions::Sessions;
 use replyd_core::domain::{TaskId, TaskSpec};
 
 /// What the batch said about one claim.
@@ -46,7 +47,7 @@ pub(crate) struct ClaimBatcher {
 
 impl ClaimBatcher {
     /// Starts the writing task on the current runtime. It ends when the last handle is gone.
-    pub(crate) fn start(store: Store, max_rows: usize) -> Self {
+    pub(crate) fn start(store: Sessions, max_rows: usize) -> Self {
         let (queue, pending) = mpsc::unbounded_channel();
         tokio::spawn(write_batches(store, pending, max_rows.max(1)));
         Self { queue }
@@ -80,7 +81,7 @@ impl ClaimBatcher {
     }
 }
 
-async fn write_batches(store: Store, mut queue: mpsc::UnboundedReceiver<Pending>, max: usize) {
+async fn write_batches(store: Sessions, mut queue: mpsc::UnboundedReceiver<Pending>, max: usize) {
     let mut batch = Vec::with_capacity(max);
     while queue.recv_many(&mut batch, max).await > 0 {
         let answers = write(&store, &batch).await;
@@ -93,7 +94,7 @@ async fn write_batches(store: Store, mut queue: mpsc::UnboundedReceiver<Pending>
 }
 
 /// Writes one batch; one answer per pending claim, in order.
-async fn write(store: &Store, batch: &[Pending]) -> Vec<Result<ClaimAnswer, String>> {
+async fn write(store: &Sessions, batch: &[Pending]) -> Vec<Result<ClaimAnswer, String>> {
     // What goes together: one owner and lease (every claim of a worker has the same), each
     // task once. The rest goes alone.
     let (owner, lease) = (&batch[0].owner, batch[0].lease);
@@ -126,7 +127,7 @@ async fn write(store: &Store, batch: &[Pending]) -> Vec<Result<ClaimAnswer, Stri
 }
 
 async fn write_rows(
-    store: &Store,
+    store: &Sessions,
     batch: &[Pending],
     sent: &[usize],
     owner: &str,

@@ -1,7 +1,8 @@
 //! Notification listeners: one PostgreSQL session that `LISTEN`s on a channel and hands each
 //! payload to a [`Listener`]. The worker's relays `replyd_task_status` (sent by the task
 //! table's trigger, see `migrations/V3`) to the records parked on a task whose lease ended
-//! ([`ParkedTasks`]); the outbox relay's wakes on `replyd_outbox`.
+//! (`crate::worker::parking`); the API's fans it out to the event streams; the outbox
+//! relay's wakes on `replyd_outbox`.
 //!
 //! Notifications are hints. A lost one (the session dropped, the server restarted) costs only
 //! time: parked records still wake at their lease end, and every (re)connection wakes all
@@ -13,8 +14,7 @@ use futures_util::StreamExt;
 use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::DatabaseSettings;
-use crate::parking::{ParkedTasks, WakeSource};
+use crate::store::DatabaseSettings;
 use crate::store::{StoreError, session_config, target_of, tls_connector};
 use crate::telemetry::{self, RepeatedFailure};
 use replyd_core::domain::{TaskId, TaskStatus};
@@ -37,43 +37,6 @@ pub trait Listener: Send {
 }
 
 /// Wakes the records parked on a task whose lease ended.
-struct WakeParked(ParkedTasks);
-
-impl Listener for WakeParked {
-    fn listening(&mut self) {
-        self.0.wake_all(WakeSource::Resync);
-    }
-
-    fn notified(&mut self, payload: &str) {
-        match parse_status_payload(payload) {
-            // A claim (to running) ends nobody's wait.
-            Some((_, TaskStatus::Running)) => {}
-            Some((task, _)) => {
-                self.0.wake(task, WakeSource::Notification);
-            }
-            None => telemetry::bad_notification(payload),
-        }
-    }
-}
-
-/// Relays `replyd_task_status` to `parked` until `shutdown`. `name` becomes the session's
-/// `application_name`, so an operator can tell the listener from the pool.
-pub async fn relay_task_notifications(
-    settings: DatabaseSettings,
-    name: String,
-    parked: ParkedTasks,
-    shutdown: CancellationToken,
-) {
-    listen(
-        settings,
-        name,
-        TASK_STATUS_CHANNEL,
-        WakeParked(parked),
-        shutdown,
-    )
-    .await;
-}
-
 /// Listens on `channel` until `shutdown`, reconnecting with a bounded backoff, one log line
 /// per distinct failure.
 pub async fn listen(

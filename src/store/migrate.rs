@@ -1,7 +1,7 @@
 //! Applies `migrations/` (plain SQL, embedded at build time) with refinery, which keeps its own
 //! history table; replyd runs this at start-up and on `replyd migrate`.
 
-use crate::config::DatabaseSettings;
+use crate::store::DatabaseSettings;
 
 use super::{StoreError, connect_error, session_config, tls_connector};
 

@@ -2,184 +2,75 @@
 //! transaction, and every lease time comes from the database clock (`clock_timestamp()`).
 //! No transaction is held across a provider call (I4).
 //!
-//! - [`fencing`]: the pure decisions (may this claim proceed? why was this write refused?).
-//! - [`tasks`]: ensure, claim, renew, complete, fail, read.
-//! - [`batch`]: completions gathered into one call under load (`database.batch_completions`).
-//! - [`claims`]: claims gathered the same way (`database.batch_claims`).
-//! - [`renewals`]: every running call's lease renewed by one call per interval
-//!   (`database.batch_renewals`).
+//! The rooms, from the ground up (none imports a room above it):
+//! - `settings` (`[database]`), `error` ([`StoreError`]), [`tls`] (libpq's `sslmode` over
+//!   rustls), `sessions` (the URL read, the session settings, the pool);
+//! - `rows`: the answers callers branch on and the mappers from a task row; `fence`: the
+//!   fenced write (I2), written once; the pure decisions behind both are `replyd_core::lease`;
+//! - the batchers, over the sessions alone: `completions` (completions gathered into one call under
+//!   load, `database.batch_completions`), `claims` (claims the same way,
+//!   `database.batch_claims`), `renewals` (every running call's lease renewed by one call per
+//!   interval, `database.batch_renewals`);
+//! - this file: [`Store`], the sessions and the batchers together;
+//! - the operations on it: [`tasks`] (ensure, claim, renew, complete, fail, release, read);
 //! - [`migrate`]: the schema, from `migrations/`.
 //! - [`listen`]: the session that relays task-status notifications to parked records.
 //! - [`workspaces`]: workspaces and their API keys (hashes only).
 //! - [`intake`]: the one transaction of a submission (message, task, key, outbox row).
 //! - [`outbox`]: relay batches (SKIP LOCKED), marking published, purging, lag.
 //! - [`quota`]: limits, the counter as read, the admission statement (I8).
-//! - [`tls`]: libpq's `sslmode` and `sslrootcert` over rustls.
 
-mod batch;
 pub mod capacity;
 mod claims;
+mod completions;
+mod error;
+mod fence;
 pub mod intake;
 pub mod listen;
 pub mod migrate;
 pub mod outbox;
 pub mod quota;
 mod renewals;
+mod rows;
+mod sessions;
+mod settings;
 pub mod tasks;
 pub mod tls;
 pub mod workspaces;
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres_rustls::MakeRustlsConnect;
+use replyd_core::lease::Lease;
 
-use crate::config::DatabaseSettings;
-
+pub use error::StoreError;
 pub use renewals::LeaseHold;
-pub use replyd_core::lease::{ClaimOutcome, Lease, Refusal};
-pub use tasks::{
+pub use rows::{
     CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, RenewOutcome, Taken,
 };
+pub use sessions::{Sessions, connect_error, parse_url, session_config, target_of, tls_connector};
+pub use settings::DatabaseSettings;
 
-/// Errors of the store's I/O. Outcomes a caller branches on (refused, leased by another) are
-/// not errors: they are the `*Outcome` enums.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database error: {0}")]
-    Postgres(#[from] tokio_postgres::Error),
-    #[error("no database connection: {0}")]
-    Pool(#[from] deadpool_postgres::PoolError),
-    #[error("invalid database URL or settings: {0}")]
-    Config(String),
-    /// No connection could be made: says where (never the password) and from which setting.
-    #[error("cannot connect to PostgreSQL at {target} (database.url): {reason}")]
-    Connect { target: String, reason: String },
-    #[error("row of task {task_id} is not what replyd writes: {reason}")]
-    InvalidRow { task_id: uuid::Uuid, reason: String },
-    /// A batched call (claims, completions) failed; its outcome is unknown, so the caller
-    /// retries.
-    #[error("batched write failed: {0}")]
-    Batch(String),
-    #[error("migration failed: {0}")]
-    Migration(#[from] refinery::Error),
-}
-
-/// The task store: a pool of worker sessions.
+/// The task store: a pool of worker sessions, and the batchers that gather its hot path's
+/// calls when they are on.
 #[derive(Clone)]
 pub struct Store {
-    pool: Pool,
+    sessions: Sessions,
     /// Set by [`Store::batching_completions`].
-    batcher: Option<std::sync::Arc<batch::CompletionBatcher>>,
+    batcher: Option<std::sync::Arc<completions::CompletionBatcher>>,
     /// Set by [`Store::batching_renewals`].
     renewer: Option<std::sync::Arc<renewals::LeaseRenewer>>,
     /// Set by [`Store::batching_claims`].
     claimer: Option<std::sync::Arc<claims::ClaimBatcher>>,
-    /// Where the pool connects, for error messages (no credentials).
-    target: String,
-}
-
-/// Parses the URL and adds the worker session settings (`lock_timeout`,
-/// `idle_in_transaction_session_timeout`, `statement_timeout`) to whatever `options` it has.
-pub fn session_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StoreError> {
-    let (mut config, tls) = parse_url(settings)?;
-    tls.apply(&mut config);
-    let mut options = config.get_options().unwrap_or_default().to_owned();
-    options.push_str(&format!(
-        " -c lock_timeout={} -c idle_in_transaction_session_timeout={} -c statement_timeout={}",
-        settings.lock_timeout_ms,
-        settings.idle_in_transaction_session_timeout_ms,
-        settings.statement_timeout_ms
-    ));
-    config.options(options.trim());
-    if config.get_application_name().is_none() {
-        config.application_name("replyd");
-    }
-    Ok(config)
-}
-
-/// `database.url` as tokio-postgres's config and its TLS half. Neither error quotes the URL,
-/// so no password leaks through them.
-pub fn parse_url(
-    settings: &DatabaseSettings,
-) -> Result<(tokio_postgres::Config, tls::TlsSettings), StoreError> {
-    let (rest, tls) = tls::split(settings.url.expose()).map_err(StoreError::Config)?;
-    let config = rest.parse().map_err(|e: tokio_postgres::Error| {
-        StoreError::Config(format!("not a PostgreSQL URL: {e}"))
-    })?;
-    Ok((config, tls))
-}
-
-/// The TLS connector `database.url`'s `sslmode` and `sslrootcert` ask for; every session
-/// replyd opens (the pool, the listener, migrations, the checker) connects through it.
-pub fn tls_connector(settings: &DatabaseSettings) -> Result<MakeRustlsConnect, StoreError> {
-    let (_, tls) = parse_url(settings)?;
-    tls::connector(&tls).map_err(StoreError::Config)
-}
-
-/// Where `settings.database.url` points, as `host:port[,host:port]/dbname`: for error
-/// messages, so it never carries the user or the password.
-pub fn target_of(settings: &DatabaseSettings) -> String {
-    let Ok((config, _)) = parse_url(settings) else {
-        return "an unparsable URL".into();
-    };
-    let ports = config.get_ports();
-    let hosts: Vec<String> = config
-        .get_hosts()
-        .iter()
-        .enumerate()
-        .map(|(i, host)| {
-            let host = match host {
-                tokio_postgres::config::Host::Tcp(name) => name.clone(),
-                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-            };
-            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-            format!("{host}:{port}")
-        })
-        .collect();
-    let hosts = if hosts.is_empty() {
-        "localhost:5432".to_owned()
-    } else {
-        hosts.join(",")
-    };
-    match config.get_dbname() {
-        Some(db) => format!("{hosts}/{db}"),
-        None => hosts,
-    }
-}
-
-/// A connection error as [`StoreError::Connect`], naming the target. tokio-postgres puts the
-/// cause both in its message and in its source; the chain keeps one copy.
-pub fn connect_error(settings: &DatabaseSettings, error: &dyn std::error::Error) -> StoreError {
-    StoreError::Connect {
-        target: target_of(settings),
-        reason: crate::telemetry::chain(error),
-    }
 }
 
 impl Store {
     /// Builds the pool. Connections are opened lazily, on first use.
     pub fn connect(settings: &DatabaseSettings) -> Result<Self, StoreError> {
-        let config = session_config(settings)?;
-        let manager = Manager::from_config(
-            config,
-            tls_connector(settings)?,
-            ManagerConfig {
-                // Fast recycling skips a round trip per checkout; a broken connection shows up
-                // as an error on the next statement, which callers already handle.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(settings.pool_size)
-            .build()
-            .map_err(|e| StoreError::Config(e.to_string()))?;
         Ok(Self {
-            pool,
+            sessions: Sessions::connect(settings)?,
             batcher: None,
             renewer: None,
             claimer: None,
-            target: target_of(settings),
         })
     }
 
@@ -187,7 +78,7 @@ impl Store {
     /// [`batch`]). Starts the batch writer on the current runtime.
     pub fn batching_completions(mut self, max_rows: usize) -> Self {
         let writer = self.writer();
-        self.batcher = Some(std::sync::Arc::new(batch::CompletionBatcher::start(
+        self.batcher = Some(std::sync::Arc::new(completions::CompletionBatcher::start(
             writer, max_rows,
         )));
         self
@@ -203,15 +94,10 @@ impl Store {
         self
     }
 
-    /// The store a batch writer writes through: the same pool, no batching of its own (and no
-    /// handle on any writer, so each ends once the last store that batches is gone).
-    fn writer(&self) -> Self {
-        Self {
-            batcher: None,
-            renewer: None,
-            claimer: None,
-            ..self.clone()
-        }
+    /// The sessions a batch writer writes through: the same pool, and no handle on any writer,
+    /// so each ends once the last store that batches is gone.
+    fn writer(&self) -> Sessions {
+        self.sessions.clone()
     }
 
     /// This store, with the leases of running calls renewed together: every `every`, one call
@@ -230,7 +116,7 @@ impl Store {
     pub fn hold(&self, lease: &Lease, every: Duration, extend: Duration) -> LeaseHold {
         match &self.renewer {
             Some(renewer) => LeaseHold::batched(renewer, lease),
-            None => LeaseHold::alone(self.clone(), lease, every, extend),
+            None => LeaseHold::alone(self.writer(), lease, every, extend),
         }
     }
 
@@ -240,15 +126,8 @@ impl Store {
         Ok(())
     }
 
-    /// A pooled session. With fast recycling a checkout only fails when a new connection
-    /// cannot be made, so every failure here says where it tried.
+    /// A pooled session (see [`Sessions::client`]).
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        self.pool.get().await.map_err(|e| match e {
-            deadpool_postgres::PoolError::Backend(e) => StoreError::Connect {
-                target: self.target.clone(),
-                reason: crate::telemetry::chain(&e),
-            },
-            other => StoreError::Pool(other),
-        })
+        self.sessions.client().await
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! Each row is guarded as a lone renewal is, and the call never waits on a row lock. A row it
 //! could not lock (`busy`) or whose lease no longer holds (`refused`) is renewed alone, through
-//! [`Store::renew`]: that waits on the lock, reads the clock after it, and says why a lease is
+//! [`renew_one`]: that waits on the lock, reads the clock after it, and says why a lease is
 //! gone. A refusal reaches the call's [`LeaseHold`], which stops the call.
 
 use std::collections::HashMap;
@@ -16,9 +16,12 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::tasks::{RenewOutcome, seconds};
-use super::{Refusal, Store, StoreError};
-use replyd_core::lease::Lease;
+use replyd_core::lease::{Lease, Refusal};
+
+use super::error::StoreError;
+use super::fence::{self, AttemptWrite, FencedUpdate};
+use super::rows::{RenewOutcome, seconds};
+use super::sessions::Sessions;
 
 /// The leases of the calls running now, keyed by task and assignment version.
 #[derive(Debug, Default)]
@@ -65,7 +68,7 @@ pub(crate) struct LeaseRenewer {
 
 impl LeaseRenewer {
     /// Starts the renewing task on the current runtime. It ends once the renewer is dropped.
-    pub(crate) fn start(store: Store, times: RenewalTimes) -> Self {
+    pub(crate) fn start(store: Sessions, times: RenewalTimes) -> Self {
         let leases = Arc::new(HeldLeases::default());
         tokio::spawn(renew_batches(store, Arc::downgrade(&leases), times));
         Self { leases }
@@ -86,7 +89,7 @@ enum Renewing {
     },
     /// On its own: one renewal per interval, by this hold.
     Alone {
-        store: Store,
+        store: Sessions,
         lease: Lease,
         times: RenewalTimes,
     },
@@ -113,7 +116,7 @@ impl LeaseHold {
         }
     }
 
-    pub(crate) fn alone(store: Store, lease: &Lease, every: Duration, extend: Duration) -> Self {
+    pub(crate) fn alone(store: Sessions, lease: &Lease, every: Duration, extend: Duration) -> Self {
         Self {
             how: Renewing::Alone {
                 store,
@@ -143,7 +146,7 @@ impl LeaseHold {
                 ticks.tick().await; // the first tick is immediate; the claim just set the lease
                 loop {
                     ticks.tick().await;
-                    match store.renew(lease, times.extend).await {
+                    match renew_one(store, lease, times.extend).await {
                         Ok(RenewOutcome::Renewed { .. }) => {}
                         Ok(RenewOutcome::Refused(refusal)) => return refusal,
                         Err(e) => crate::telemetry::store_error("renew", &e),
@@ -163,7 +166,7 @@ impl Drop for LeaseHold {
 }
 
 /// Renews every held lease once per interval until the renewer is dropped.
-async fn renew_batches(store: Store, leases: Weak<HeldLeases>, times: RenewalTimes) {
+async fn renew_batches(store: Sessions, leases: Weak<HeldLeases>, times: RenewalTimes) {
     let mut ticks = tokio::time::interval(times.every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
@@ -207,7 +210,7 @@ enum Answer {
 
 /// One call for the whole batch; one answer per lease, in order.
 async fn renew_rows(
-    store: &Store,
+    store: &Sessions,
     batch: &[Lease],
     extend: Duration,
 ) -> Result<Vec<Answer>, StoreError> {
@@ -238,7 +241,7 @@ async fn renew_rows(
 }
 
 /// Renews one lease on its own, off the batch's path; a refusal ends its call.
-fn renew_alone(store: &Store, leases: &Arc<HeldLeases>, lease: Lease, extend: Duration) {
+fn renew_alone(store: &Sessions, leases: &Arc<HeldLeases>, lease: Lease, extend: Duration) {
     let key = (lease.task_id, lease.version);
     match leases.lock().get_mut(&key) {
         Some(held) => held.alone = true,
@@ -248,7 +251,7 @@ fn renew_alone(store: &Store, leases: &Arc<HeldLeases>, lease: Lease, extend: Du
     let store = store.clone();
     let leases = Arc::clone(leases);
     tokio::spawn(async move {
-        match store.renew(&lease, extend).await {
+        match renew_one(&store, &lease, extend).await {
             Ok(RenewOutcome::Renewed { .. }) => {
                 if let Some(held) = leases.lock().get_mut(&key) {
                     held.alone = false;
@@ -263,4 +266,32 @@ fn renew_alone(store: &Store, leases: &Arc<HeldLeases>, lease: Lease, extend: Du
             }
         }
     });
+}
+
+/// Renews one lease on its own, through the fenced write: waits on the row lock, reads the
+/// clock after it, and says why a lease is gone. Also what `Store::renew` does.
+pub(super) async fn renew_one(
+    sessions: &Sessions,
+    lease: &Lease,
+    extend: Duration,
+) -> Result<RenewOutcome, StoreError> {
+    let result = fence::write(
+        sessions,
+        lease,
+        FencedUpdate {
+            set: "lease_until = clock_timestamp() + make_interval(secs => $3), \
+                  updated_at = clock_timestamp()",
+            returning: "lease_until",
+        },
+        &[&lease.task_id, &lease.version, &seconds(extend)],
+        AttemptWrite::Nothing,
+        None,
+    )
+    .await?;
+    Ok(match result {
+        Ok(row) => RenewOutcome::Renewed {
+            until: row.get("lease_until"),
+        },
+        Err(refusal) => RenewOutcome::Refused(refusal),
+    })
 }

@@ -1,215 +1,31 @@
-//! Task operations: ensure, claim, renew, complete, fail, read.
-//!
-//! Every fenced write (claim, renew, complete, fail) runs the seed's order inside one short
-//! transaction: lock the row (`SELECT ... FOR UPDATE`), then run the guarded UPDATE whose
-//! predicate reads `clock_timestamp()` *after* the lock is held. The hot path's two, the claim
-//! and the completion, are server-side functions (migration V9), so each is one round trip;
-//! the others send their statements from here. A single guarded UPDATE is not
-//! enough: PostgreSQL evaluates its predicate before waiting on a lock held by a transaction
-//! that only locked the row, and writes after the wait even if the lease ran out meanwhile.
-//! Locking first closes that window (I2). Saving the reply and completing the task are one
-//! UPDATE (I4); the reply is never overwritten (I1).
+//! Task operations: ensure, claim, renew, complete, fail, release, read. The hot path's two,
+//! the claim and the completion, are server-side functions (migration V9), so each is one
+//! round trip; the others send their statements from here, each guarded change through the
+//! fenced write ([`super::fence`]). Saving the reply and completing the task are one UPDATE
+//! (I4); the reply is never overwritten (I1).
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use serde_json::Value as Json;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use replyd_core::domain::{
-    AttemptOutcome, AttemptRecord, ProviderRan, ProviderRequest, StoredTask, TaskId, TaskSpec,
-    TaskStatus, TokenUsage,
+    AttemptOutcome, AttemptRecord, ProviderRan, StoredTask, TaskId, TaskSpec, TokenUsage,
 };
 
-use super::batch::BatchAnswer;
+use replyd_core::lease::{ClaimOutcome, Lease, Refusal, classify_refusal};
+
+use super::Store;
 use super::claims::ClaimAnswer;
-use super::{Store, StoreError};
-use replyd_core::lease::{ClaimOutcome, Lease, LeaseSnapshot, Refusal, classify_refusal};
-
-/// What `ensure_task` found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EnsureOutcome {
-    /// The record created the task.
-    Created,
-    /// The task existed with the same inputs (a redelivery or duplicate publication).
-    Exists,
-    /// The task existed with different inputs; the record was not applied. The fields name
-    /// where it disagrees.
-    Conflict { fields: Vec<&'static str> },
-}
-
-/// What a claim did, and the row as it left it.
-#[derive(Debug, Clone)]
-pub struct Taken {
-    pub claim: ClaimOutcome,
-    /// What inserting the record's task found; `None` when the claim had no record to insert.
-    pub ensured: Option<EnsureOutcome>,
-    /// The row after the claim; `None` when there is no such task.
-    pub task: Option<StoredTask>,
-}
-
-/// What a completion did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CompletionOutcome {
-    /// The reply is saved and the task completed, by this assignment.
-    Accepted,
-    Refused(Refusal),
-}
-
-/// What a renewal did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RenewOutcome {
-    /// The lease now runs until this instant (database clock).
-    Renewed { until: DateTime<Utc> },
-    /// The lease is gone: stop the work.
-    Refused(Refusal),
-}
-
-/// How an attempt that gives its lease back ended (see [`Store::release_as`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Release<'a> {
-    pub outcome: AttemptOutcome,
-    pub detail: &'a str,
-    /// No claim before this long from now.
-    pub retry_after: Duration,
-    /// The failure's class (`ProviderError::kind`), remembered for the next decision.
-    pub error_class: Option<&'a str>,
-    pub ran: ProviderRan,
-    /// The attempt cost nothing (a refusal, a wait for capacity of our own): give it back.
-    pub give_back: bool,
-    /// A refusal by the provider: counted, and the refusal budget started with this length if
-    /// it has not started yet.
-    pub refusal_budget: Option<Duration>,
-}
-
-/// What giving a lease back did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReleaseOutcome {
-    /// The task is pending again; anyone may claim it now instead of waiting out the lease.
-    Released,
-    Refused(Refusal),
-}
-
-/// What a terminal failure did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FailOutcome {
-    Failed,
-    Refused(Refusal),
-}
-
-impl CompletionOutcome {
-    /// Stable label for traces.
-    pub fn label(&self) -> &'static str {
-        match self {
-            CompletionOutcome::Accepted => "accepted",
-            CompletionOutcome::Refused(refusal) => refusal.label(),
-        }
-    }
-}
-
-impl ReleaseOutcome {
-    /// Stable label for traces.
-    pub fn label(&self) -> &'static str {
-        match self {
-            ReleaseOutcome::Released => "released",
-            ReleaseOutcome::Refused(refusal) => refusal.label(),
-        }
-    }
-}
-
-impl FailOutcome {
-    /// Stable label for traces.
-    pub fn label(&self) -> &'static str {
-        match self {
-            FailOutcome::Failed => "failed",
-            FailOutcome::Refused(refusal) => refusal.label(),
-        }
-    }
-}
-
-// Lock the row before any check that reads the clock; see the module comment.
-const LOCK_ROW: &str = "SELECT 1 FROM reply_tasks WHERE task_id = $1 FOR UPDATE";
-
-const SNAPSHOT: &str = "SELECT status, assignment_version, lease_owner, lease_until, \
-     attempt_count, max_attempts, deadline, next_attempt_at, \
-     saved_response IS NOT NULL AS has_response, clock_timestamp() AS now \
-     FROM reply_tasks WHERE task_id = $1";
-
-const TASK_COLUMNS: &str = "task_id, workspace_id, conversation_id, message_id, \
-     document_version, request, max_attempts, deadline, status, assignment_version, lease_owner, \
-     lease_until, attempt_count, provider_operation_id, saved_response, failure, created_at, \
-     updated_at, finished_at, next_attempt_at, last_error_class, last_error, refusals, \
-     refusal_deadline";
-
-/// A lease length as the `secs` argument of `make_interval` (float8 seconds).
-pub(super) fn seconds(duration: Duration) -> f64 {
-    duration.as_secs_f64()
-}
-
-fn invalid(task_id: Uuid, reason: impl Into<String>) -> StoreError {
-    StoreError::InvalidRow {
-        task_id,
-        reason: reason.into(),
-    }
-}
-
-pub(super) fn snapshot_from(task_id: Uuid, row: &Row) -> Result<LeaseSnapshot, StoreError> {
-    let status: &str = row.get("status");
-    Ok(LeaseSnapshot {
-        status: TaskStatus::parse(status)
-            .ok_or_else(|| invalid(task_id, format!("unknown status {status:?}")))?,
-        assignment_version: row.get("assignment_version"),
-        lease_owner: row.get("lease_owner"),
-        lease_until: row.get("lease_until"),
-        attempt_count: row.get("attempt_count"),
-        max_attempts: row.get("max_attempts"),
-        deadline: row.get("deadline"),
-        next_attempt_at: row.get("next_attempt_at"),
-        has_response: row.get("has_response"),
-        now: row.get("now"),
-    })
-}
-
-fn task_from(row: &Row) -> Result<StoredTask, StoreError> {
-    let task_id: Uuid = row.get("task_id");
-    let request: Json = row.get("request");
-    let request: ProviderRequest = serde_json::from_value(request)
-        .map_err(|e| invalid(task_id, format!("request column: {e}")))?;
-    let status: &str = row.get("status");
-    let max_attempts: i32 = row.get("max_attempts");
-    Ok(StoredTask {
-        spec: TaskSpec {
-            task_id: TaskId::from(task_id),
-            workspace_id: row.get("workspace_id"),
-            conversation_id: row.get("conversation_id"),
-            message_id: row.get("message_id"),
-            document_version: row.get("document_version"),
-            request,
-            max_attempts: u32::try_from(max_attempts)
-                .map_err(|_| invalid(task_id, "negative max_attempts"))?,
-            deadline: row.get("deadline"),
-        },
-        status: TaskStatus::parse(status)
-            .ok_or_else(|| invalid(task_id, format!("unknown status {status:?}")))?,
-        assignment_version: row.get("assignment_version"),
-        lease_owner: row.get("lease_owner"),
-        lease_until: row.get("lease_until"),
-        attempt_count: row.get("attempt_count"),
-        provider_operation_id: row.get("provider_operation_id"),
-        saved_response: row.get("saved_response"),
-        failure: row.get("failure"),
-        next_attempt_at: row.get("next_attempt_at"),
-        last_error_class: row.get("last_error_class"),
-        last_error: row.get("last_error"),
-        refusals: row.get("refusals"),
-        refusal_deadline: row.get("refusal_deadline"),
-        created_at: row.get("created_at"),
-        updated_at: row.get("updated_at"),
-        finished_at: row.get("finished_at"),
-    })
-}
+use super::completions::BatchAnswer;
+use super::error::StoreError;
+use super::fence::{self, AttemptWrite, FencedUpdate, is_own_earlier_write, record_refusal};
+use super::rows::{
+    CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, RenewOutcome,
+    TASK_COLUMNS, Taken, invalid, seconds, snapshot_from, taken_from, task_from,
+};
 
 impl Store {
     /// Inserts the task from a record if it is absent. A record that disagrees with the stored
@@ -342,30 +158,13 @@ impl Store {
 
     /// Extends a live lease of the current assignment by `lease` from now (database clock).
     pub async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
-        let result = self
-            .fenced_write(
-                lease,
-                FencedUpdate {
-                    set: "lease_until = clock_timestamp() + make_interval(secs => $3), \
-                          updated_at = clock_timestamp()",
-                    returning: "lease_until",
-                },
-                &[&lease.task_id, &lease.version, &seconds(extend)],
-                AttemptWrite::Nothing,
-            )
-            .await?;
-        Ok(match result {
-            Ok(row) => RenewOutcome::Renewed {
-                until: row.get("lease_until"),
-            },
-            Err(refusal) => RenewOutcome::Refused(refusal),
-        })
+        super::renewals::renew_one(&self.sessions, lease, extend).await
     }
 
     /// Saves `response` and completes the task in one guarded UPDATE, accepted only from the
     /// current assignment with a live lease and no saved reply (I1, I2, I4). With
     /// `database.batch_completions`, goes out with the completions that arrive meanwhile
-    /// ([`super::batch`]); alone otherwise, or when its row is locked by someone else.
+    /// ([`super::completions`]); alone otherwise, or when its row is locked by someone else.
     pub async fn complete(
         &self,
         lease: &Lease,
@@ -680,11 +479,7 @@ impl Store {
             .collect()
     }
 
-    /// One fenced write: lock the row, run `update` under [`FENCE`] (whose `$1` is the task id
-    /// and `$2` the assignment version), and on success record `on_success` as the attempt's outcome.
-    /// When the update matches no row, read the row under the same lock and say why; the
-    /// refusal is recorded on this assignment's attempt row unless it already has a final
-    /// outcome.
+    /// One fenced write ([`fence::write`]).
     async fn fenced_write(
         &self,
         lease: &Lease,
@@ -692,8 +487,7 @@ impl Store {
         params: &[&(dyn ToSql + Sync)],
         records: AttemptWrite<'_>,
     ) -> Result<Result<Row, Refusal>, StoreError> {
-        self.fenced_write_as(lease, update, params, records, None)
-            .await
+        fence::write(&self.sessions, lease, update, params, records, None).await
     }
 
     /// [`Self::fenced_write`], with `prelude` run once the row is locked (a `SET LOCAL` the
@@ -706,228 +500,6 @@ impl Store {
         records: AttemptWrite<'_>,
         prelude: Option<&'static str>,
     ) -> Result<Result<Row, Refusal>, StoreError> {
-        let id = lease.task_id;
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        // Lock first, then check the lease in the guarded UPDATE (see the module comment).
-        // The two (and a prelude between them) are sent together: one session runs its
-        // statements in the order they were sent, each after the one before, so the UPDATE's
-        // clock is still read with the lock held, at one round trip instead of two.
-        let sql = update.sql();
-        let (lock, guarded) =
-            futures_util::try_join!(tx.prepare_cached(LOCK_ROW), tx.prepare_cached(&sql))?;
-        let lock_params: [&(dyn ToSql + Sync); 1] = [&id];
-        let (locked, (), updated) = futures_util::try_join!(
-            tx.query_opt(&lock, &lock_params),
-            async {
-                match prelude {
-                    Some(prelude) => tx.batch_execute(prelude).await,
-                    None => Ok(()),
-                }
-            },
-            tx.query_opt(&guarded, params),
-        )?;
-        if locked.is_none() {
-            // No row: the UPDATE found none either.
-            return Ok(Err(Refusal::NotFound));
-        }
-        let result = match updated {
-            Some(row) => {
-                if let AttemptWrite::Outcome { outcome, detail } = records {
-                    record_attempt_outcome(&tx, id, lease.version, outcome, detail).await?;
-                }
-                Ok(row)
-            }
-            None => {
-                let row = tx
-                    .query_one(&tx.prepare_cached(SNAPSHOT).await?, &[&id])
-                    .await?;
-                let refusal = classify_refusal(&snapshot_from(id, &row)?, lease.version);
-                // A refused renewal records nothing: the worker stops and reports the attempt's
-                // end through complete or fail, or the next claim does. A retried write whose
-                // first try went through keeps that first outcome.
-                if matches!(records, AttemptWrite::Outcome { .. })
-                    && !is_own_earlier_write(&refusal)
-                {
-                    record_attempt_outcome(
-                        &tx,
-                        id,
-                        lease.version,
-                        refusal.attempt_outcome(),
-                        Some(&format!("{refusal:?}")),
-                    )
-                    .await?;
-                }
-                Err(refusal)
-            }
-        };
-        tx.commit().await?;
-        Ok(result)
+        fence::write(&self.sessions, lease, update, params, records, prelude).await
     }
-}
-
-/// The fence of I2 (`$1` the task, `$2` the assignment version). It is written once, in
-/// SQL (`replyd_lease_holds`, migration V9): the row is this assignment's, still running,
-/// its lease live by the database clock read after the row lock is held, and no reply saved
-/// yet. `replyd_complete` filters on the same function.
-const FENCE: &str = "task_id = $1 AND replyd_lease_holds(reply_tasks, $2)";
-
-/// Records an assignment's attempt outcome (see [`record_attempt_outcome`]).
-const RECORD_ATTEMPT_OUTCOME: &str = "UPDATE reply_attempts SET outcome = $3, detail = $4, \
-     finished_at = clock_timestamp() \
-     WHERE task_id = $1 AND assignment_version = $2 \
-       AND (outcome IS NULL OR outcome = 'abandoned')";
-
-/// A refused write that is this very assignment's earlier accepted write (its acknowledgement
-/// was lost and it was sent again): nothing to record, the first outcome stands.
-pub(super) fn is_own_earlier_write(refusal: &Refusal) -> bool {
-    *refusal
-        == Refusal::AlreadySaved {
-            by_this_assignment: true,
-        }
-}
-
-/// Records a refused completion on its assignment's attempt row. It runs after the refused
-/// call's commit: the attempt row's guard (no final outcome yet) keeps it from rewriting what a
-/// later writer recorded.
-pub(super) async fn record_refusal(
-    client: &deadpool_postgres::Object,
-    lease: &Lease,
-    refusal: &Refusal,
-) -> Result<(), StoreError> {
-    let record = client.prepare_cached(RECORD_ATTEMPT_OUTCOME).await?;
-    client
-        .execute(
-            &record,
-            &[
-                &lease.task_id,
-                &lease.version,
-                &refusal.attempt_outcome().as_str(),
-                &Some(format!("{refusal:?}")),
-            ],
-        )
-        .await?;
-    Ok(())
-}
-
-/// What a claim did, from the row `replyd_claim` returned; `created` says whether this call
-/// inserted the record's task.
-pub(super) fn taken_from(
-    id: Uuid,
-    row: &Row,
-    insert: Option<&TaskSpec>,
-    created: bool,
-) -> Result<Taken, StoreError> {
-    let label: &str = row.get("claim");
-    let claim = claim_from(id, label, row)?;
-    let task = if matches!(claim, ClaimOutcome::NotFound) {
-        None
-    } else {
-        Some(task_from(row)?)
-    };
-    let ensured = insert.map(|spec| match (&task, created) {
-        (_, true) => EnsureOutcome::Created,
-        (Some(stored), false) => {
-            let fields = stored.spec.disagreements(spec);
-            if fields.is_empty() {
-                EnsureOutcome::Exists
-            } else {
-                EnsureOutcome::Conflict { fields }
-            }
-        }
-        // Inserted or found, then gone before the lock: reported as not found.
-        (None, false) => EnsureOutcome::Exists,
-    });
-    Ok(Taken {
-        claim,
-        ensured,
-        task,
-    })
-}
-
-/// A claim's outcome from `replyd_claim`'s label and the row it returned.
-fn claim_from(task_id: Uuid, label: &str, row: &Row) -> Result<ClaimOutcome, StoreError> {
-    Ok(match label {
-        "claimed" => ClaimOutcome::Claimed(Lease {
-            task_id,
-            version: row.get("assignment_version"),
-            owner: row.get("lease_owner"),
-            until: row.get("lease_until"),
-            attempt: row.get("attempt_count"),
-        }),
-        "already_completed" => ClaimOutcome::AlreadyCompleted,
-        "already_failed" => ClaimOutcome::AlreadyFailed,
-        "leased_by_other" => ClaimOutcome::LeasedByOther {
-            owner: row
-                .get::<_, Option<String>>("lease_owner")
-                .unwrap_or_default(),
-            version: row.get("assignment_version"),
-            until: row
-                .get::<_, Option<DateTime<Utc>>>("lease_until")
-                .unwrap_or_else(|| row.get("now")),
-        },
-        "budget_exhausted" => ClaimOutcome::BudgetExhausted {
-            attempts: row.get("attempt_count"),
-        },
-        "deadline_passed" => ClaimOutcome::DeadlinePassed {
-            deadline: row
-                .get::<_, Option<DateTime<Utc>>>("deadline")
-                .unwrap_or_else(|| row.get("now")),
-        },
-        "backing_off" => ClaimOutcome::NotBefore {
-            at: row
-                .get::<_, Option<DateTime<Utc>>>("next_attempt_at")
-                .unwrap_or_else(|| row.get("now")),
-        },
-        "not_found" => ClaimOutcome::NotFound,
-        other => return Err(invalid(task_id, format!("unknown claim outcome {other:?}"))),
-    })
-}
-
-/// A guarded UPDATE of one task row: what it sets (its own parameters from `$3`) and what it
-/// returns; the predicate is always [`FENCE`].
-#[derive(Clone, Copy)]
-struct FencedUpdate {
-    set: &'static str,
-    returning: &'static str,
-}
-
-impl FencedUpdate {
-    fn sql(self) -> String {
-        format!(
-            "UPDATE reply_tasks SET {} WHERE {FENCE} RETURNING {}",
-            self.set, self.returning
-        )
-    }
-}
-
-/// What a fenced write writes on its assignment's `reply_attempts` row.
-#[derive(Clone, Copy)]
-enum AttemptWrite<'a> {
-    /// Renewals: the attempt goes on, nothing to record.
-    Nothing,
-    /// Completion or failure: the attempt's outcome on success; the refusal otherwise.
-    Outcome {
-        outcome: AttemptOutcome,
-        detail: Option<&'a str>,
-    },
-}
-
-/// Records the outcome of one assignment's attempt. An `abandoned` mark (written by a
-/// takeover) may be replaced by what the attempt's worker reports later; any other outcome is
-/// final, so a lost acknowledgement retried cannot rewrite history.
-async fn record_attempt_outcome(
-    tx: &deadpool_postgres::Transaction<'_>,
-    task_id: Uuid,
-    version: i64,
-    outcome: AttemptOutcome,
-    detail: Option<&str>,
-) -> Result<(), StoreError> {
-    let statement = tx.prepare_cached(RECORD_ATTEMPT_OUTCOME).await?;
-    tx.execute(
-        &statement,
-        &[&task_id, &version, &outcome.as_str(), &detail],
-    )
-    .await?;
-    Ok(())
 }

@@ -3,7 +3,6 @@
 //! the HTTP endpoints that expose them ([`http`]: `/metrics`, `/healthz`, `/readyz`), and the
 //! log set-up ([`logging`]).
 
-pub mod http;
 pub mod logging;
 pub mod trace;
 
@@ -277,7 +276,7 @@ pub fn record_conflicts_with_task(task_id: &str, offset: i64, fields: &[&'static
 }
 
 /// What a claim found (`ClaimOutcome::label` is the metric label).
-pub fn claim(task_id: &str, outcome: &crate::store::ClaimOutcome) {
+pub fn claim(task_id: &str, outcome: &replyd_core::lease::ClaimOutcome) {
     tracing::debug!(
         task_id,
         assignment_version = outcome.version(),
@@ -462,11 +461,12 @@ pub fn watched_tasks(tasks: usize) {
     gauge!(WATCHED_TASKS).set(tasks as f64);
 }
 
-pub fn wake_up(source: crate::parking::WakeSource, records: usize) {
+/// `source` is where the wake-up came from (`parking::WakeSource`'s label).
+pub fn wake_up(source: &'static str, records: usize) {
     if records > 0 {
-        tracing::debug!(source = source.as_str(), records, "parked records woken");
+        tracing::debug!(source, records, "parked records woken");
     }
-    counter!(WAKE_UPS, "source" => source.as_str()).increment(records as u64);
+    counter!(WAKE_UPS, "source" => source).increment(records as u64);
 }
 
 pub fn listener_connected() {

@@ -12,6 +12,7 @@ mod browser;
 mod checker;
 mod deploy;
 mod front_half;
+mod house;
 mod kafka_smoke;
 mod kafka_tls;
 mod operations;

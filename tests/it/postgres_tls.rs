@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crate::helpers::app::{Routes, TestApp, WorkerConfig};
 use crate::helpers::{infra_opt, task_spec, wait_until};
-use replyd::config::{DatabaseSettings, Secret};
+use replyd::config::Secret;
+use replyd::store::DatabaseSettings;
 use replyd::store::migrate::run_migrations;
 use replyd::store::{session_config, tls_connector};
 use replyd_lab::mock_provider::MockSettings;

@@ -11,9 +11,9 @@ use crate::helpers::TestDb;
 use replyd::api::replies::Accepted;
 use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::config::{ApiSettings, QuotaSettings};
-use replyd::store::ClaimOutcome;
 use replyd_core::api_key::issue;
 use replyd_core::domain::TaskId;
+use replyd_core::lease::ClaimOutcome;
 use replyd_core::quota::QuotaPolicy;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -118,7 +118,7 @@ impl Api {
     }
 
     /// Plays a worker's claim of the task.
-    async fn claim(&self, task: TaskId) -> replyd::store::Lease {
+    async fn claim(&self, task: TaskId) -> replyd_core::lease::Lease {
         let ClaimOutcome::Claimed(lease) = self
             .db
             .store

@@ -14,9 +14,10 @@ use replyd::provider::{
     BackgroundProvider, OpenAiResponsesProvider, OpenAiSettings, Provider, ProviderApi,
 };
 use replyd::reconcile::{ReconcileReport, Reconciler};
-use replyd::store::{ClaimOutcome, CompletionOutcome};
+use replyd::store::CompletionOutcome;
 use replyd_core::api_key::issue;
 use replyd_core::domain::{TaskId, TaskStatus};
+use replyd_core::lease::ClaimOutcome;
 use replyd_lab::mock_provider::{MockHandle, MockSettings};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -130,7 +131,7 @@ impl Setup {
     }
 
     /// Claims `task` as `owner` with a lease of `lease`, as a worker would.
-    async fn claim(&self, task: TaskId, owner: &str, lease: Duration) -> replyd::store::Lease {
+    async fn claim(&self, task: TaskId, owner: &str, lease: Duration) -> replyd_core::lease::Lease {
         match self.db.store.claim(task, owner, lease).await.unwrap() {
             ClaimOutcome::Claimed(lease) => lease,
             other => panic!("{task} not claimable: {other:?}"),
@@ -144,7 +145,10 @@ impl Setup {
         task: TaskId,
         prompt: &str,
         lease: Duration,
-    ) -> (replyd::store::Lease, replyd_core::provider::OperationId) {
+    ) -> (
+        replyd_core::lease::Lease,
+        replyd_core::provider::OperationId,
+    ) {
         let lease = self.claim(task, "w-dead", lease).await;
         let operation = self
             .provider

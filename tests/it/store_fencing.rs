@@ -6,11 +6,9 @@ use std::time::Duration;
 
 use crate::helpers::{TestDb, task_spec, wait_until};
 use chrono::{DateTime, Utc};
-use replyd::store::{
-    ClaimOutcome, CompletionOutcome, EnsureOutcome, FailOutcome, Lease, Refusal, RenewOutcome,
-    Store,
-};
+use replyd::store::{CompletionOutcome, EnsureOutcome, FailOutcome, RenewOutcome, Store};
 use replyd_core::domain::{AttemptOutcome, TaskId, TaskStatus};
+use replyd_core::lease::{ClaimOutcome, Lease, Refusal};
 use tokio::sync::Barrier;
 
 const SHORT_LEASE: Duration = Duration::from_millis(300);
@@ -545,11 +543,11 @@ async fn workers_starting_together_migrate_one_schema_without_racing() {
         .unwrap();
     let base = crate::helpers::infra("DATABASE_URL");
     let separator = if base.contains('?') { '&' } else { '?' };
-    let settings = replyd::config::DatabaseSettings {
+    let settings = replyd::store::DatabaseSettings {
         url: replyd::config::Secret::new(format!(
             "{base}{separator}options=-c%20search_path%3D{fresh}"
         )),
-        ..replyd::config::DatabaseSettings::default()
+        ..replyd::store::DatabaseSettings::default()
     };
     let barrier = Arc::new(Barrier::new(8));
     let mut runs = Vec::new();

@@ -8,7 +8,8 @@ pub mod provider;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use replyd::config::{DatabaseSettings, Secret};
+use replyd::config::Secret;
+use replyd::store::DatabaseSettings;
 use replyd::store::Store;
 use replyd::store::migrate::run_migrations;
 use replyd_core::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
@@ -34,13 +35,14 @@ pub fn infra_opt(name: &str) -> Option<String> {
     vars.get(name).map(|v| v.to_string())
 }
 
-/// The `replyd-lab` binary (the producer, the simulated browsers), built beside `replyd`: the
-/// workspace's test run builds every binary (`cargo test --workspace`).
+/// The `replyd-lab` binary (the producer, the simulated browsers), built beside `replyd`
+/// (`make test` builds it first: `cargo test` builds only the binaries of the package under
+/// test).
 pub fn lab_bin() -> std::path::PathBuf {
     let lab = std::path::Path::new(env!("CARGO_BIN_EXE_replyd")).with_file_name("replyd-lab");
     assert!(
         lab.exists(),
-        "{} is not built: run `cargo build -p replyd-lab` (or `cargo test --workspace`)",
+        "{} is not built: run `cargo build -p replyd-lab` (`make test` does)",
         lab.display()
     );
     lab

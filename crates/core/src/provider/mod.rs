@@ -14,7 +14,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::{ChatMessage, ProviderRan, TaskSpec};
 
-pub use classify::classify_status;
 pub use signals::{RateSignals, RateWindow};
 
 /// One call to make: what to ask, and the key under which the provider deduplicates it.

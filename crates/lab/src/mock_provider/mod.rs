@@ -21,6 +21,7 @@
 pub mod background;
 pub mod behaviour;
 pub mod capacity;
+mod messages;
 mod server;
 pub mod settings;
 
@@ -92,7 +93,12 @@ pub async fn spawn(settings: MockSettings, listen: SocketAddr) -> std::io::Resul
     let addr = listener.local_addr()?;
     let (stop, stopped) = watch::channel(false);
     let state = Arc::new(MockState::new(settings, stopped.clone()));
-    let app = server::router(Arc::clone(&state));
+    let app = server::routes()
+        .route(
+            "/v1/messages",
+            axum::routing::post(messages::create_message),
+        )
+        .with_state(Arc::clone(&state));
     let mut signal = stopped;
     let task = tokio::spawn(async move {
         axum::serve(listener, app)

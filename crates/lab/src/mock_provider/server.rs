@@ -1,6 +1,6 @@
 //! The mock provider's HTTP routes and shared state: the OpenAI-compatible chat endpoint with
 //! its idempotency store, the background responses endpoints around the pure
-//! [`ResponseBook`], Anthropic's messages endpoint (in [`messages`]), the capacity limits
+//! [`ResponseBook`], Anthropic's messages endpoint (in `super::messages`), the capacity limits
 //! around the pure [`Capacity`], the counters behind
 //! `/stats`, and the run-time fault switch.
 //!
@@ -31,8 +31,6 @@ use super::behaviour::{
 };
 use super::capacity::{Admission, Capacity, Limit, limit_headers, refusal_body};
 use super::settings::{DEFAULT_MAX_OUTPUT_TOKENS, FaultSettings, MockSettings};
-
-mod messages;
 
 /// What `GET /stats` answers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,7 +186,7 @@ impl MockState {
     }
 
     /// Keeps the request's `traceparent` under its idempotency key, when it has both.
-    fn note_traceparent(&self, key: Option<&str>, headers: &HeaderMap) {
+    pub(super) fn note_traceparent(&self, key: Option<&str>, headers: &HeaderMap) {
         let (Some(key), Some(value)) = (
             key,
             headers.get("traceparent").and_then(|v| v.to_str().ok()),
@@ -290,7 +288,7 @@ impl MockState {
 
     /// One fault and one latency per request, drawn together under one lock so a run's draws
     /// depend only on the seed and the order of arrival.
-    fn draw(&self) -> (Fault, Duration) {
+    pub(super) fn draw(&self) -> (Fault, Duration) {
         let faults = lock(&self.faults).clone();
         let mut rng = lock(&self.rng);
         let fault = choose_fault(rng.next_unit(), &faults);
@@ -313,7 +311,7 @@ impl MockState {
     }
 }
 
-struct ShuttingDown;
+pub(super) struct ShuttingDown;
 
 /// An admitted generating request's place in the limits. Dropping it ends the request's time in
 /// progress: when it is answered, when its client goes away (hyper drops the handler), or, for
@@ -350,7 +348,7 @@ fn add_headers(response: &mut Response, headers: &[(&'static str, String)]) {
 
 /// What a request costs against a token limit: its prompt's tokens, counted as the usage block
 /// counts them, plus the most it may generate (OpenAI counts the maximum, not the output).
-pub(crate) fn token_cost<'a>(
+pub(super) fn token_cost<'a>(
     prompt: impl IntoIterator<Item = &'a str>,
     max_output_tokens: Option<u32>,
 ) -> u64 {
@@ -369,10 +367,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-pub(crate) fn router(state: Arc<MockState>) -> Router {
+/// The OpenAI routes and the mock's own (`/stats`, `/faults`, `/healthz`); Anthropic's
+/// messages route is added beside them by the caller (`super::messages`).
+pub(crate) fn routes() -> Router<Arc<MockState>> {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/messages", post(messages::create_message))
         .route("/v1/responses", post(create_response))
         .route("/v1/responses/{id}", get(get_response))
         .route("/stats", get(stats))
@@ -380,7 +379,6 @@ pub(crate) fn router(state: Arc<MockState>) -> Router {
         .route("/faults", get(get_faults).put(put_faults))
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async { openai_error(StatusCode::NOT_FOUND, "no such route") })
-        .with_state(state)
 }
 
 async fn stats(State(state): State<Arc<MockState>>) -> Response {
@@ -420,21 +418,21 @@ async fn put_faults(State(state): State<Arc<MockState>>, body: Bytes) -> Respons
 /// The part of a chat-completion request the mock reads; other fields are accepted and ignored,
 /// as OpenAI-compatible servers do.
 #[derive(Debug, Clone, Deserialize)]
-struct ChatRequest {
-    model: Option<String>,
-    messages: Vec<ChatRequestMessage>,
+pub(super) struct ChatRequest {
+    pub(super) model: Option<String>,
+    pub(super) messages: Vec<ChatRequestMessage>,
     /// Counted against a token limit, as is `max_completion_tokens` (the reasoning models'
     /// name for it); the reply itself is not cut to it.
     #[serde(default)]
-    max_tokens: Option<u32>,
+    pub(super) max_tokens: Option<u32>,
     #[serde(default)]
-    max_completion_tokens: Option<u32>,
+    pub(super) max_completion_tokens: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-struct ChatRequestMessage {
-    role: String,
-    content: String,
+pub(super) struct ChatRequestMessage {
+    pub(super) role: String,
+    pub(super) content: String,
 }
 
 fn parse_request(body: &[u8]) -> Result<ChatRequest, String> {
@@ -449,13 +447,13 @@ fn parse_request(body: &[u8]) -> Result<ChatRequest, String> {
 /// Counts a chat request in and out of `in_flight`. Dropped without [`InFlight::answered`] means
 /// the handler future was dropped: hyper does that when the client closes the connection, which
 /// is how the tests see a cancelled call.
-struct InFlight<'a> {
+pub(super) struct InFlight<'a> {
     state: &'a MockState,
     answered: bool,
 }
 
 impl<'a> InFlight<'a> {
-    fn enter(state: &'a MockState) -> Self {
+    pub(super) fn enter(state: &'a MockState) -> Self {
         let mut stats = lock(&state.stats);
         stats.requests += 1;
         stats.in_flight += 1;
@@ -466,7 +464,7 @@ impl<'a> InFlight<'a> {
         }
     }
 
-    fn answered(mut self, response: Response) -> Response {
+    pub(super) fn answered(mut self, response: Response) -> Response {
         self.answered = true;
         response
     }
@@ -532,7 +530,7 @@ async fn chat_completions(
 /// Runs a generation to its end even when the client goes away (the handler's future is then
 /// dropped, the work's task is not), as the hosted APIs do; with `cancel_on_disconnect`, in
 /// the handler's future, so a client that leaves stops it.
-async fn finish_unless_asked<T: Send + 'static>(
+pub(super) async fn finish_unless_asked<T: Send + 'static>(
     state: &MockState,
     work: impl std::future::Future<Output = Result<T, ShuttingDown>> + Send + 'static,
 ) -> Result<T, ShuttingDown> {
@@ -543,7 +541,7 @@ async fn finish_unless_asked<T: Send + 'static>(
 }
 
 /// The request's `Idempotency-Key`, when it has a non-empty one.
-fn idempotency_key(headers: &HeaderMap) -> Option<String> {
+pub(super) fn idempotency_key(headers: &HeaderMap) -> Option<String> {
     headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -553,7 +551,10 @@ fn idempotency_key(headers: &HeaderMap) -> Option<String> {
 
 /// The part of a fault that comes before the work: an error or a 429 answered at once
 /// (`Err`), or a hang; `None` and `DropAfterWork` go on to the work.
-async fn apply_fault_before_work(state: &MockState, fault: Fault) -> Result<(), Response> {
+pub(super) async fn apply_fault_before_work(
+    state: &MockState,
+    fault: Fault,
+) -> Result<(), Response> {
     match fault {
         Fault::Error { status } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -578,7 +579,7 @@ async fn apply_fault_before_work(state: &MockState, fault: Fault) -> Result<(), 
 }
 
 /// A JSON success answer, broken mid-body when the fault is `DropAfterWork`.
-fn answer(fault: Fault, body: Bytes) -> Response {
+pub(super) fn answer(fault: Fault, body: Bytes) -> Response {
     if fault == Fault::DropAfterWork {
         broken_response(body)
     } else {
@@ -804,16 +805,16 @@ impl Drop for LeaderGuard<'_> {
 }
 
 /// What one generation produced, before either API wraps it.
-struct Produced {
-    generation: u64,
-    text: String,
-    model: String,
-    prompt_tokens: u32,
-    completion_tokens: u32,
+pub(super) struct Produced {
+    pub(super) generation: u64,
+    pub(super) text: String,
+    pub(super) model: String,
+    pub(super) prompt_tokens: u32,
+    pub(super) completion_tokens: u32,
 }
 
 /// The work: wait the latency, then count a generation (under the key) and build its text.
-async fn produce(
+pub(super) async fn produce(
     state: &MockState,
     key: Option<&str>,
     request: &ChatRequest,
@@ -929,7 +930,7 @@ fn broken_response(reply: Reply) -> Response {
         .into_response()
 }
 
-fn shutting_down() -> Response {
+pub(super) fn shutting_down() -> Response {
     openai_error(
         StatusCode::SERVICE_UNAVAILABLE,
         "mock provider is shutting down",

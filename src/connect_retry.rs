@@ -66,7 +66,7 @@ where
 
 /// Brings the schema up to date at start-up, retrying while PostgreSQL cannot be reached.
 pub async fn migrate(
-    database: &crate::config::DatabaseSettings,
+    database: &crate::store::DatabaseSettings,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     use crate::store::StoreError;

@@ -28,32 +28,38 @@ fn prometheus() -> &'static PrometheusHandle {
         PrometheusBuilder::new()
             // Buckets, not quantiles: a latency histogram can be summed over workers.
             .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(super::names::PROVIDER_SECONDS.into()),
-                super::PROVIDER_SECONDS_BUCKETS,
+                metrics_exporter_prometheus::Matcher::Full(
+                    crate::telemetry::names::PROVIDER_SECONDS.into(),
+                ),
+                crate::telemetry::PROVIDER_SECONDS_BUCKETS,
             )
             .expect("the bucket list is not empty")
             .set_buckets_for_metric(
                 metrics_exporter_prometheus::Matcher::Full(
-                    super::names::CAPACITY_WAIT_SECONDS.into(),
+                    crate::telemetry::names::CAPACITY_WAIT_SECONDS.into(),
                 ),
-                super::CAPACITY_WAIT_BUCKETS,
+                crate::telemetry::CAPACITY_WAIT_BUCKETS,
             )
             .expect("the bucket list is not empty")
             .set_buckets_for_metric(
                 metrics_exporter_prometheus::Matcher::Full(
-                    super::names::COMPLETION_BATCH_ROWS.into(),
+                    crate::telemetry::names::COMPLETION_BATCH_ROWS.into(),
                 ),
-                super::COMPLETION_BATCH_ROWS_BUCKETS,
+                crate::telemetry::COMPLETION_BATCH_ROWS_BUCKETS,
             )
             .expect("the bucket list is not empty")
             .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(super::names::CLAIM_BATCH_ROWS.into()),
-                super::COMPLETION_BATCH_ROWS_BUCKETS,
+                metrics_exporter_prometheus::Matcher::Full(
+                    crate::telemetry::names::CLAIM_BATCH_ROWS.into(),
+                ),
+                crate::telemetry::COMPLETION_BATCH_ROWS_BUCKETS,
             )
             .expect("the bucket list is not empty")
             .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(super::names::RENEWAL_BATCH_ROWS.into()),
-                super::RENEWAL_BATCH_ROWS_BUCKETS,
+                metrics_exporter_prometheus::Matcher::Full(
+                    crate::telemetry::names::RENEWAL_BATCH_ROWS.into(),
+                ),
+                crate::telemetry::RENEWAL_BATCH_ROWS_BUCKETS,
             )
             .expect("the bucket list is not empty")
             .install_recorder()
@@ -128,7 +134,7 @@ impl Readiness for DatabaseReady {
                 .ping()
                 .await
                 .map(|()| "database answers".to_owned())
-                .map_err(|e| format!("database: {}", super::chain(&e)))
+                .map_err(|e| format!("database: {}", crate::telemetry::chain(&e)))
         })
     }
 }

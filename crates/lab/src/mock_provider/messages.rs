@@ -19,12 +19,12 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{
+use super::behaviour::latency_directive;
+use super::server::{
     ChatRequest, ChatRequestMessage, InFlight, MockState, ShuttingDown, answer,
     apply_fault_before_work, finish_unless_asked, idempotency_key, produce, shutting_down,
     token_cost,
 };
-use crate::mock_provider::behaviour::latency_directive;
 
 /// The `anthropic-version` values the mock serves: the ones Anthropic documents.
 pub const KNOWN_VERSIONS: &[&str] = &["2023-06-01", "2023-01-01"];

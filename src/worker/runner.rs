@@ -17,16 +17,14 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, Span};
 
-use super::{pause, with_retry};
+use super::parking::{ParkedTasks, TaskWatch, WakeSource};
+use super::store_retry::{pause, with_retry};
 use crate::capacity::{self, Capacity};
-use crate::parking::{ParkedTasks, TaskWatch, WakeSource};
 use crate::provider::{BackgroundProvider, Provider};
-use crate::store::{
-    ClaimOutcome, CompletionOutcome, EnsureOutcome, FailOutcome, Lease, Refusal, Release,
-    ReleaseOutcome, Store,
-};
+use crate::store::{CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, Store};
 use crate::telemetry::{self, CallEnd, trace};
 use replyd_core::domain::{AttemptOutcome, ProviderRan, RecordEnd, StoredTask, TaskId, TaskSpec};
+use replyd_core::lease::{ClaimOutcome, Lease, Refusal};
 use replyd_core::provider::{
     Generation, GenerationRequest, OperationId, ProviderError, RateSignals,
 };

@@ -1,13 +1,10 @@
 //! What happens to one record: decode (bad → dead-letter copy) → ensure the task → the lease
-//! state machine of [`runner`] until the task is terminal.
+//! state machine of [`super::runner`] until the task is terminal.
 //!
 //! Keeps I3 from the record's side: the handler says `Done` only when the task is terminal or
 //! the record's copy is in the dead-letter topic; a cancelled record (revoke, shutdown) says
 //! `Cancelled` and is read again by the partition's next owner.
 
-pub mod runner;
-
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,14 +12,14 @@ use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 use tokio_util::sync::CancellationToken;
 
-use crate::kafka::consumer::{RecordHandler, RecordOutcome};
+use super::consumer::{RecordHandler, RecordOutcome};
 use crate::kafka::dead_letter::DeadLetters;
-use crate::store::StoreError;
 use crate::telemetry::{self, trace};
 use replyd_core::domain::{RecordEnd, RecordRules, TaskSpec};
 use replyd_core::offsets::PartitionKey;
 
-pub use runner::{FromRecord, RunnerSettings, TaskRunner};
+use super::runner::{FromRecord, TaskRunner};
+use super::store_retry::pause;
 
 /// Settings of the per-record pipeline.
 #[derive(Debug, Clone)]
@@ -115,39 +112,5 @@ impl Pipeline {
             Some(how) => RecordOutcome::Done(how),
             None => RecordOutcome::Cancelled,
         }
-    }
-}
-
-/// Runs a store operation until it succeeds or `cancel` fires (`None`). A write whose
-/// outcome is unknown (the connection broke during COMMIT) is simply run again: every
-/// fenced write answers a repeat with what the first one did (`AlreadySaved` by this
-/// assignment, or a refusal), and a cancelled record is read again by the next owner.
-pub(crate) async fn with_retry<T, F, Fut>(
-    io_retry: Duration,
-    operation: &'static str,
-    cancel: &CancellationToken,
-    mut op: F,
-) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, StoreError>>,
-{
-    loop {
-        match op().await {
-            Ok(value) => return Some(value),
-            Err(e) => telemetry::store_error(operation, &e),
-        }
-        if !pause(cancel, io_retry).await {
-            return None;
-        }
-    }
-}
-
-/// Sleeps `wait` unless cancelled first; false when cancelled.
-pub(crate) async fn pause(cancel: &CancellationToken, wait: Duration) -> bool {
-    tokio::select! {
-        biased;
-        _ = cancel.cancelled() => false,
-        _ = tokio::time::sleep(wait) => true,
     }
 }

@@ -1,5 +1,17 @@
 //! `replyd worker`: builds the store, the provider, the dead-letter producer and the pipeline,
 //! adds its readiness check, starts the consumer thread, and runs until `shutdown`.
+//!
+//! The worker's rooms: [`consumer`] (the Kafka group: windows, read-ahead, commits, the drain
+//! on revoke), [`pipeline`] (one record: decode, dead-letter, then the runner), [`runner`] (the
+//! lease state machine of one task), [`parking`] (records waiting on a task leased elsewhere,
+//! woken by the database's notifications), `store_retry` (a store call run again until it
+//! succeeds or the record is cancelled).
+
+pub mod consumer;
+pub mod parking;
+pub mod pipeline;
+pub mod runner;
+mod store_retry;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,16 +23,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::capacity::Capacity;
 use crate::config::Settings;
-use crate::kafka::consumer::{ConsumerStatus, run_consumer};
+use crate::connect_retry::retry_connecting;
 use crate::kafka::dead_letter::{DeadLetterError, DeadLetters};
-use crate::parking::ParkedTasks;
-use crate::pipeline::{Pipeline, PipelineSettings, RunnerSettings, TaskRunner};
+use crate::probes::{DatabaseReady, Probes, Readiness};
 use crate::provider::build_provider;
-use crate::startup::retry_connecting;
 use crate::store::Store;
-use crate::store::listen::relay_task_notifications;
-use crate::telemetry::http::{DatabaseReady, Probes, Readiness};
+
+use consumer::{ConsumerStatus, run_consumer};
+use parking::{ParkedTasks, relay_task_notifications};
+use pipeline::{Pipeline, PipelineSettings};
 use replyd_core::provider::Recovery;
+use runner::{RunnerSettings, TaskRunner};
 
 /// A worker is ready while its consumer polls and the database answers.
 struct WorkerReady {
@@ -51,7 +64,7 @@ pub async fn run_worker(
 ) -> anyhow::Result<()> {
     // PostgreSQL and Kafka may come up after us: retry for a bounded time, one log line per
     // distinct failure.
-    crate::startup::migrate(&settings.database, &shutdown).await?;
+    crate::connect_retry::migrate(&settings.database, &shutdown).await?;
     let mut store = Store::connect(&settings.database).context("database settings")?;
     if settings.database.batch_completions {
         store = store.batching_completions(settings.database.batch_max_rows);

@@ -14,9 +14,12 @@ use serde_json::Value as Json;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::tasks::{CompletionOutcome, is_own_earlier_write, record_refusal, snapshot_from};
-use super::{Refusal, Store, StoreError};
-use replyd_core::lease::{Lease, classify_refusal};
+use replyd_core::lease::{Lease, Refusal, classify_refusal};
+
+use super::error::StoreError;
+use super::fence::{is_own_earlier_write, record_refusal};
+use super::rows::{CompletionOutcome, snapshot_from};
+use super::sessions::Sessions;
 
 /// What the batch said about one completion.
 #[derive(Debug)]
@@ -43,7 +46,7 @@ pub(crate) struct CompletionBatcher {
 
 impl CompletionBatcher {
     /// Starts the writing task on the current runtime. It ends when the last handle is gone.
-    pub(crate) fn start(store: Store, max_rows: usize) -> Self {
+    pub(crate) fn start(store: Sessions, max_rows: usize) -> Self {
         let (queue, pending) = mpsc::unbounded_channel();
         tokio::spawn(write_batches(store, pending, max_rows.max(1)));
         Self { queue }
@@ -75,7 +78,7 @@ impl CompletionBatcher {
     }
 }
 
-async fn write_batches(store: Store, mut queue: mpsc::UnboundedReceiver<Pending>, max: usize) {
+async fn write_batches(store: Sessions, mut queue: mpsc::UnboundedReceiver<Pending>, max: usize) {
     let mut batch = Vec::with_capacity(max);
     while queue.recv_many(&mut batch, max).await > 0 {
         let rows = batch.len();
@@ -89,7 +92,7 @@ async fn write_batches(store: Store, mut queue: mpsc::UnboundedReceiver<Pending>
 }
 
 /// Writes one batch; one answer per pending completion, in order.
-async fn write(store: &Store, batch: &mut [Pending]) -> Vec<Result<BatchAnswer, String>> {
+async fn write(store: &Sessions, batch: &mut [Pending]) -> Vec<Result<BatchAnswer, String>> {
     // A task twice in one batch (a repeat whose first answer is still out) goes alone.
     let mut first: HashMap<Uuid, usize> = HashMap::with_capacity(batch.len());
     let mut sent = Vec::with_capacity(batch.len());
@@ -119,7 +122,7 @@ async fn write(store: &Store, batch: &mut [Pending]) -> Vec<Result<BatchAnswer, 
 }
 
 async fn write_rows(
-    store: &Store,
+    store: &Sessions,
     batch: &[Pending],
     sent: &[usize],
 ) -> Result<Vec<(usize, Result<BatchAnswer, String>)>, StoreError> {

@@ -4,8 +4,9 @@
 //! a window slot for a whole lease after the work is done.
 //!
 //! Two sources wake a parked record: this process, when one of its own records ends the lease
-//! (the same worker holding both copies), and [`crate::store::listen`], which relays the
-//! PostgreSQL notifications the task table's trigger sends from every worker. A wake-up is
+//! (the same worker holding both copies), and [`relay_task_notifications`], which relays the
+//! PostgreSQL notifications the task table's trigger sends from every worker (one session,
+//! [`crate::store::listen`]). A wake-up is
 //! only a hint to read the row again; the lease end stays the fallback, so a lost notification
 //! costs time, never correctness.
 
@@ -13,9 +14,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
+use crate::store::DatabaseSettings;
+use crate::store::listen::{Listener, TASK_STATUS_CHANNEL, listen, parse_status_payload};
 use crate::telemetry;
-use replyd_core::domain::TaskId;
+use replyd_core::domain::{TaskId, TaskStatus};
 
 /// Where a wake-up came from, for the metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +93,7 @@ impl ParkedTasks {
             return false;
         };
         entry.wake.send_modify(|n| *n += 1);
-        telemetry::wake_up(source, 1);
+        telemetry::wake_up(source.as_str(), 1);
         true
     }
 
@@ -99,7 +103,7 @@ impl ParkedTasks {
         for entry in entries.values() {
             entry.wake.send_modify(|n| *n += 1);
         }
-        telemetry::wake_up(source, entries.len());
+        telemetry::wake_up(source.as_str(), entries.len());
     }
 
     fn unwatch(&self, task: TaskId) {
@@ -130,6 +134,43 @@ impl Drop for TaskWatch {
     fn drop(&mut self) {
         self.parked.unwatch(self.task);
     }
+}
+
+struct WakeParked(ParkedTasks);
+
+impl Listener for WakeParked {
+    fn listening(&mut self) {
+        self.0.wake_all(WakeSource::Resync);
+    }
+
+    fn notified(&mut self, payload: &str) {
+        match parse_status_payload(payload) {
+            // A claim (to running) ends nobody's wait.
+            Some((_, TaskStatus::Running)) => {}
+            Some((task, _)) => {
+                self.0.wake(task, WakeSource::Notification);
+            }
+            None => telemetry::bad_notification(payload),
+        }
+    }
+}
+
+/// Relays `replyd_task_status` to `parked` until `shutdown`. `name` becomes the session's
+/// `application_name`, so an operator can tell the listener from the pool.
+pub async fn relay_task_notifications(
+    settings: DatabaseSettings,
+    name: String,
+    parked: ParkedTasks,
+    shutdown: CancellationToken,
+) {
+    listen(
+        settings,
+        name,
+        TASK_STATUS_CHANNEL,
+        WakeParked(parked),
+        shutdown,
+    )
+    .await;
 }
 
 #[cfg(test)]

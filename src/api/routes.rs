@@ -1,0 +1,172 @@
+//! The router: every route and its handler, the server span of each request, and the head
+//! limits checked before any handler. Unknown routes and methods are problems too.
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+
+use crate::config::ApiSettings;
+
+use super::problem::Problem;
+use super::state::ApiState;
+use super::{demo, events, openapi, quota, replies};
+
+/// The API's routes, each documented in [`super::openapi`] (a test holds the two together).
+pub const ROUTES: [&str; 5] = [
+    "/v1/replies",
+    "/v1/replies/{task_id}",
+    "/v1/replies/{task_id}/events",
+    "/v1/replies/{task_id}/regenerate",
+    "/v1/quota",
+];
+
+pub fn router(state: ApiState) -> Router {
+    let [create, show, events, regenerate, quota] = ROUTES;
+    let pages = if state.settings.demo_page {
+        demo::router()
+    } else {
+        Router::new()
+    };
+    Router::new()
+        .route(create, post(replies::create))
+        .route(show, get(replies::show))
+        .route(events, get(events::stream))
+        .route(regenerate, post(replies::regenerate))
+        .route(quota, get(quota::show))
+        .route(
+            "/openapi.json",
+            get(|| async {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    openapi::document(),
+                )
+            }),
+        )
+        // Each routed request is a server span of its trace (its caller's, when it sent a
+        // `traceparent`); the intake stores the span's context with the outbox row.
+        .route_layer(axum::middleware::from_fn(trace_request))
+        .merge(pages)
+        .fallback(|| async { Problem::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "Method not allowed",
+                "this route does not take that method",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            HeadLimits::of(&state.settings),
+            limit_headers,
+        ))
+        .with_state(state)
+}
+
+/// Runs a routed request inside its server span and records the answer's status on it.
+async fn trace_request(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use tracing::Instrument as _;
+    if !crate::telemetry::trace::on() {
+        return next.run(request).await;
+    }
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("", |path| path.as_str())
+        .to_owned();
+    let span =
+        crate::telemetry::trace::api_request(request.method().as_str(), &route, request.headers());
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
+    response
+}
+
+/// What [`limit_headers`] holds a request's head to.
+#[derive(Debug, Clone, Copy)]
+struct HeadLimits {
+    max_headers: usize,
+    max_header_bytes: usize,
+    max_body_bytes: usize,
+}
+
+impl HeadLimits {
+    fn of(settings: &ApiSettings) -> Self {
+        Self {
+            max_headers: settings.max_headers,
+            max_header_bytes: settings.max_header_bytes,
+            max_body_bytes: settings.max_body_bytes,
+        }
+    }
+}
+
+/// Refuses, before any handler or database work, a request with more header fields than
+/// `api.max_headers` or a header block (names and values) over `api.max_header_bytes`
+/// (`431`), and one whose declared `Content-Length` is over `api.max_body_bytes` (`413`).
+/// The body is not read, so a client that sent `Expect: 100-continue` is not told to send it.
+async fn limit_headers(
+    axum::extract::State(limits): axum::extract::State<HeadLimits>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let too_large = |detail: String| {
+        Problem::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            "Request header fields too large",
+            detail,
+        )
+        .into_response()
+    };
+    let headers = request.headers();
+    // `len` counts every field, a repeated name each time.
+    if headers.len() > limits.max_headers {
+        return too_large(format!(
+            "the request has {} header fields; api.max_headers allows {}",
+            headers.len(),
+            limits.max_headers
+        ));
+    }
+    let size: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if size > limits.max_header_bytes {
+        return too_large(format!(
+            "the request's headers take {size} bytes; api.max_header_bytes allows {}",
+            limits.max_header_bytes
+        ));
+    }
+    // hyper has already refused a Content-Length that is not one number.
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(declared) = declared
+        && declared > limits.max_body_bytes as u64
+    {
+        return replies::body_too_large(limits.max_body_bytes).into_response();
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_route_is_documented() {
+        let doc: serde_json::Value =
+            serde_json::from_str(&super::super::openapi::document()).unwrap();
+        let paths: Vec<&str> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        for path in super::ROUTES {
+            assert!(paths.contains(&path), "{path} is not in the document");
+        }
+        assert_eq!(paths.len(), super::ROUTES.len());
+    }
+}

@@ -1,0 +1,72 @@
+//! What every handler reads ([`ApiState`]): the store, the API's settings, the bounds of new
+//! work ([`IntakeLimits`]), the status changes the event streams follow, the quota policy and
+//! the per-key rate limiter.
+
+use crate::config::{ApiSettings, QuotaSettings, Settings};
+use crate::store::Store;
+use replyd_core::quota::QuotaPolicy;
+
+use super::changes::TaskChanges;
+use super::rate_limit::KeyLimiter;
+
+/// What bounds the work the API admits, from the worker's and Kafka's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntakeLimits {
+    /// Attempt budget of API-created tasks (`worker.default_max_attempts`).
+    pub max_attempts: u32,
+    /// Largest message plus context (`worker.max_prompt_bytes`): a workers' limit, so the API
+    /// refuses at once what the worker would dead-letter.
+    pub max_prompt_bytes: usize,
+    /// Largest Kafka record (`kafka.max_record_bytes`): the API refuses at once a task whose
+    /// record the relay could never publish.
+    pub max_record_bytes: usize,
+    /// The model a request that names none is asked of (`provider.default_model`): what a
+    /// workspace's model list judges it by.
+    pub default_model: String,
+}
+
+impl IntakeLimits {
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            max_attempts: settings.worker.default_max_attempts,
+            max_prompt_bytes: settings.worker.max_prompt_bytes,
+            max_record_bytes: settings.kafka.max_record_bytes,
+            default_model: settings.provider.default_model.clone(),
+        }
+    }
+}
+
+impl Default for IntakeLimits {
+    /// The limits of the default settings.
+    fn default() -> Self {
+        Self::of(&Settings::default())
+    }
+}
+
+/// What every handler reads.
+#[derive(Clone)]
+pub struct ApiState {
+    pub store: Store,
+    pub settings: ApiSettings,
+    /// What bounds new work.
+    pub limits: IntakeLimits,
+    /// Task status changes, for the event streams.
+    pub changes: TaskChanges,
+    /// The quota policy (`[quota]`) new work is admitted under.
+    pub quota: QuotaPolicy,
+    /// The request rate per API key (`api.rate_limit_*`).
+    pub limiter: std::sync::Arc<KeyLimiter>,
+}
+
+impl ApiState {
+    pub fn new(store: Store, settings: ApiSettings, limits: IntakeLimits) -> Self {
+        Self {
+            limiter: std::sync::Arc::new(KeyLimiter::new(&settings)),
+            store,
+            settings,
+            limits,
+            changes: TaskChanges::default(),
+            quota: QuotaSettings::default().policy(),
+        }
+    }
+}

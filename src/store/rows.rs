@@ -1,0 +1,267 @@
+//! The store's answers and the rows they are read from: what a claim, a completion, a renewal,
+//! a release or a failure did (the `*Outcome` types callers branch on), and the mappers from a
+//! `reply_tasks` row (or a `replyd_claim` row) to the domain's values. Every file of the store
+//! that reads a task row reads it here, so a column is mapped once.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value as Json;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use replyd_core::domain::{
+    AttemptOutcome, ProviderRan, ProviderRequest, StoredTask, TaskId, TaskSpec, TaskStatus,
+};
+use replyd_core::lease::{ClaimOutcome, Lease, LeaseSnapshot, Refusal};
+
+use super::error::StoreError;
+
+/// What `ensure_task` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnsureOutcome {
+    /// The record created the task.
+    Created,
+    /// The task existed with the same inputs (a redelivery or duplicate publication).
+    Exists,
+    /// The task existed with different inputs; the record was not applied. The fields name
+    /// where it disagrees.
+    Conflict { fields: Vec<&'static str> },
+}
+
+/// What a claim did, and the row as it left it.
+#[derive(Debug, Clone)]
+pub struct Taken {
+    pub claim: ClaimOutcome,
+    /// What inserting the record's task found; `None` when the claim had no record to insert.
+    pub ensured: Option<EnsureOutcome>,
+    /// The row after the claim; `None` when there is no such task.
+    pub task: Option<StoredTask>,
+}
+
+/// What a completion did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompletionOutcome {
+    /// The reply is saved and the task completed, by this assignment.
+    Accepted,
+    Refused(Refusal),
+}
+
+/// What a renewal did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// The lease now runs until this instant (database clock).
+    Renewed { until: DateTime<Utc> },
+    /// The lease is gone: stop the work.
+    Refused(Refusal),
+}
+
+/// How an attempt that gives its lease back ended (see [`Store::release_as`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Release<'a> {
+    pub outcome: AttemptOutcome,
+    pub detail: &'a str,
+    /// No claim before this long from now.
+    pub retry_after: Duration,
+    /// The failure's class (`ProviderError::kind`), remembered for the next decision.
+    pub error_class: Option<&'a str>,
+    pub ran: ProviderRan,
+    /// The attempt cost nothing (a refusal, a wait for capacity of our own): give it back.
+    pub give_back: bool,
+    /// A refusal by the provider: counted, and the refusal budget started with this length if
+    /// it has not started yet.
+    pub refusal_budget: Option<Duration>,
+}
+
+/// What giving a lease back did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The task is pending again; anyone may claim it now instead of waiting out the lease.
+    Released,
+    Refused(Refusal),
+}
+
+/// What a terminal failure did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailOutcome {
+    Failed,
+    Refused(Refusal),
+}
+
+impl CompletionOutcome {
+    /// Stable label for traces.
+    pub fn label(&self) -> &'static str {
+        match self {
+            CompletionOutcome::Accepted => "accepted",
+            CompletionOutcome::Refused(refusal) => refusal.label(),
+        }
+    }
+}
+
+impl ReleaseOutcome {
+    /// Stable label for traces.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ReleaseOutcome::Released => "released",
+            ReleaseOutcome::Refused(refusal) => refusal.label(),
+        }
+    }
+}
+
+impl FailOutcome {
+    /// Stable label for traces.
+    pub fn label(&self) -> &'static str {
+        match self {
+            FailOutcome::Failed => "failed",
+            FailOutcome::Refused(refusal) => refusal.label(),
+        }
+    }
+}
+
+pub(super) const TASK_COLUMNS: &str = "task_id, workspace_id, conversation_id, message_id, \
+     document_version, request, max_attempts, deadline, status, assignment_version, lease_owner, \
+     lease_until, attempt_count, provider_operation_id, saved_response, failure, created_at, \
+     updated_at, finished_at, next_attempt_at, last_error_class, last_error, refusals, \
+     refusal_deadline";
+
+/// A lease length as the `secs` argument of `make_interval` (float8 seconds).
+pub(super) fn seconds(duration: Duration) -> f64 {
+    duration.as_secs_f64()
+}
+
+pub(super) fn invalid(task_id: Uuid, reason: impl Into<String>) -> StoreError {
+    StoreError::InvalidRow {
+        task_id,
+        reason: reason.into(),
+    }
+}
+
+pub(super) fn snapshot_from(task_id: Uuid, row: &Row) -> Result<LeaseSnapshot, StoreError> {
+    let status: &str = row.get("status");
+    Ok(LeaseSnapshot {
+        status: TaskStatus::parse(status)
+            .ok_or_else(|| invalid(task_id, format!("unknown status {status:?}")))?,
+        assignment_version: row.get("assignment_version"),
+        lease_owner: row.get("lease_owner"),
+        lease_until: row.get("lease_until"),
+        attempt_count: row.get("attempt_count"),
+        max_attempts: row.get("max_attempts"),
+        deadline: row.get("deadline"),
+        next_attempt_at: row.get("next_attempt_at"),
+        has_response: row.get("has_response"),
+        now: row.get("now"),
+    })
+}
+
+pub(super) fn task_from(row: &Row) -> Result<StoredTask, StoreError> {
+    let task_id: Uuid = row.get("task_id");
+    let request: Json = row.get("request");
+    let request: ProviderRequest = serde_json::from_value(request)
+        .map_err(|e| invalid(task_id, format!("request column: {e}")))?;
+    let status: &str = row.get("status");
+    let max_attempts: i32 = row.get("max_attempts");
+    Ok(StoredTask {
+        spec: TaskSpec {
+            task_id: TaskId::from(task_id),
+            workspace_id: row.get("workspace_id"),
+            conversation_id: row.get("conversation_id"),
+            message_id: row.get("message_id"),
+            document_version: row.get("document_version"),
+            request,
+            max_attempts: u32::try_from(max_attempts)
+                .map_err(|_| invalid(task_id, "negative max_attempts"))?,
+            deadline: row.get("deadline"),
+        },
+        status: TaskStatus::parse(status)
+            .ok_or_else(|| invalid(task_id, format!("unknown status {status:?}")))?,
+        assignment_version: row.get("assignment_version"),
+        lease_owner: row.get("lease_owner"),
+        lease_until: row.get("lease_until"),
+        attempt_count: row.get("attempt_count"),
+        provider_operation_id: row.get("provider_operation_id"),
+        saved_response: row.get("saved_response"),
+        failure: row.get("failure"),
+        next_attempt_at: row.get("next_attempt_at"),
+        last_error_class: row.get("last_error_class"),
+        last_error: row.get("last_error"),
+        refusals: row.get("refusals"),
+        refusal_deadline: row.get("refusal_deadline"),
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+        finished_at: row.get("finished_at"),
+    })
+}
+
+/// What a claim did, from the row `replyd_claim` returned; `created` says whether this call
+/// inserted the record's task.
+pub(super) fn taken_from(
+    id: Uuid,
+    row: &Row,
+    insert: Option<&TaskSpec>,
+    created: bool,
+) -> Result<Taken, StoreError> {
+    let label: &str = row.get("claim");
+    let claim = claim_from(id, label, row)?;
+    let task = if matches!(claim, ClaimOutcome::NotFound) {
+        None
+    } else {
+        Some(task_from(row)?)
+    };
+    let ensured = insert.map(|spec| match (&task, created) {
+        (_, true) => EnsureOutcome::Created,
+        (Some(stored), false) => {
+            let fields = stored.spec.disagreements(spec);
+            if fields.is_empty() {
+                EnsureOutcome::Exists
+            } else {
+                EnsureOutcome::Conflict { fields }
+            }
+        }
+        // Inserted or found, then gone before the lock: reported as not found.
+        (None, false) => EnsureOutcome::Exists,
+    });
+    Ok(Taken {
+        claim,
+        ensured,
+        task,
+    })
+}
+
+/// A claim's outcome from `replyd_claim`'s label and the row it returned.
+fn claim_from(task_id: Uuid, label: &str, row: &Row) -> Result<ClaimOutcome, StoreError> {
+    Ok(match label {
+        "claimed" => ClaimOutcome::Claimed(Lease {
+            task_id,
+            version: row.get("assignment_version"),
+            owner: row.get("lease_owner"),
+            until: row.get("lease_until"),
+            attempt: row.get("attempt_count"),
+        }),
+        "already_completed" => ClaimOutcome::AlreadyCompleted,
+        "already_failed" => ClaimOutcome::AlreadyFailed,
+        "leased_by_other" => ClaimOutcome::LeasedByOther {
+            owner: row
+                .get::<_, Option<String>>("lease_owner")
+                .unwrap_or_default(),
+            version: row.get("assignment_version"),
+            until: row
+                .get::<_, Option<DateTime<Utc>>>("lease_until")
+                .unwrap_or_else(|| row.get("now")),
+        },
+        "budget_exhausted" => ClaimOutcome::BudgetExhausted {
+            attempts: row.get("attempt_count"),
+        },
+        "deadline_passed" => ClaimOutcome::DeadlinePassed {
+            deadline: row
+                .get::<_, Option<DateTime<Utc>>>("deadline")
+                .unwrap_or_else(|| row.get("now")),
+        },
+        "backing_off" => ClaimOutcome::NotBefore {
+            at: row
+                .get::<_, Option<DateTime<Utc>>>("next_attempt_at")
+                .unwrap_or_else(|| row.get("now")),
+        },
+        "not_found" => ClaimOutcome::NotFound,
+        other => return Err(invalid(task_id, format!("unknown claim outcome {other:?}"))),
+    })
+}
