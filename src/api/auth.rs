@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 
-use super::problem::Problem;
+use super::problem::{Problem, ProblemKind};
 use super::state::ApiState;
 use replyd_core::api_key::{AuthError, parse_bearer};
 
@@ -24,7 +24,7 @@ pub struct Workspace(pub String);
 fn unauthorized(error: AuthError) -> Problem {
     Problem::new(
         StatusCode::UNAUTHORIZED,
-        "unauthorized",
+        ProblemKind::Unauthorized,
         "Unauthorized",
         error.to_string(),
     )
@@ -36,7 +36,7 @@ impl FromRequestParts<ApiState> for Workspace {
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Problem> {
         let header = super::headers::one_value(&parts.headers, AUTHORIZATION.as_str()).map_err(|distinct| {
             Problem::bad_request(
-                "invalid_authorization",
+                ProblemKind::InvalidAuthorization,
                 format!(
                     "the Authorization header is sent with {distinct} different values; send one credential"
                 ),
@@ -50,7 +50,7 @@ impl FromRequestParts<ApiState> for Workspace {
                     let seconds = super::problem::retry_after_seconds(wait);
                     Err(Problem::new(
                         StatusCode::TOO_MANY_REQUESTS,
-                        "rate_limited",
+                        ProblemKind::RateLimited,
                         "Too many requests",
                         format!(
                             "this API key is over api.rate_limit_per_second ({} a second, bursts of {}); ask again in {seconds} s",

@@ -148,12 +148,7 @@ pub struct StatusEvent {
     responses(
         (status = 200, description = "The current state at once, then each change of status or attempt (not every write: a lease renewal is no event); the stream ends after a terminal state, or within 2 s of its API key's revocation (a reconnect then gets 401). Keep-alive comments every 15 s. The schema is that of each event", body = StatusEvent, content_type = "text/event-stream"),
         (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 429, description = "The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds until the key may ask again"))),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
 )]

@@ -4,11 +4,13 @@
 //! route may answer before its handler runs are added to every operation by one modifier
 //! ([`EveryRouteRefusals`]), so no route's list can leave one out.
 
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::schema::{Object, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::problem::ProblemDetails;
+use super::problem::{ProblemDetails, ProblemKind};
 use super::replies::{self, Accepted, CreateReply, ReplyStatus, ReplyView};
 use super::{events, quota};
 
@@ -38,7 +40,8 @@ use super::{events, quota};
         quota::PolicyView,
         quota::TokenQuotaView,
         quota::WorkspacePolicyView,
-        ProblemDetails
+        ProblemDetails,
+        ProblemKind
     )),
     modifiers(&BearerKey, &EveryRouteRefusals),
     tags(
@@ -77,8 +80,17 @@ struct EveryRouteRefusals;
 const ANY_ROUTE_BAD_REQUEST: &str = "a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`)";
 
 /// Every route's answers that do not depend on the route: `(status, description, whether it
-/// replaces the route's own)`.
-const ANY_ROUTE: [(&str, &str, bool); 3] = [
+/// replaces the route's own)`. Every route takes an API key, so its `401`, its request rate's
+/// `429` and the database's `503` are said here once too (a route with a `429` or `503` of its
+/// own keeps it: its own says more).
+const ANY_ROUTE: [(&str, &str, bool); 6] = [
+    ("401", "No API key, or an unknown or revoked one", true),
+    (
+        "429",
+        "The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`)",
+        false,
+    ),
+    ("503", "The database cannot be reached", false),
     (
         "413",
         "A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`)",
@@ -133,7 +145,21 @@ impl Modify for EveryRouteRefusals {
                 }
                 for (status, description, replaces) in ANY_ROUTE {
                     if replaces || !responses.contains_key(status) {
-                        responses.insert(status.into(), problem(description));
+                        let mut answer = problem(description);
+                        if status == "429"
+                            && let RefOr::T(answer) = &mut answer
+                        {
+                            answer.headers.insert(
+                                "Retry-After".into(),
+                                RefOr::T(
+                                    HeaderBuilder::new()
+                                        .schema(Some(Object::with_type(Type::String)))
+                                        .description(Some("Seconds until the key may ask again"))
+                                        .build(),
+                                ),
+                            );
+                        }
+                        responses.insert(status.into(), answer);
                     }
                 }
             }
@@ -157,6 +183,7 @@ pub fn document() -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::ProblemKind;
     use replyd_core::domain::limits;
 
     #[test]
@@ -181,6 +208,26 @@ mod tests {
                 fields[field]["maxLength"], limit,
                 "{field}: {}",
                 fields[field]
+            );
+        }
+    }
+
+    #[test]
+    fn the_document_lists_every_problem_kind_by_its_name() {
+        let doc: serde_json::Value = serde_json::from_str(&super::document()).unwrap();
+        let listed: Vec<&str> = doc["components"]["schemas"]["ProblemKind"]["enum"]
+            .as_array()
+            .expect("ProblemKind is an enum of strings")
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let names: Vec<&str> = ProblemKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(listed, names);
+        for kind in ProblemKind::ALL {
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                kind.as_str(),
+                "{kind:?}"
             );
         }
     }

@@ -24,7 +24,7 @@ use std::task::{Context, Poll, ready};
 use axum::http::StatusCode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::problem::Problem;
+use super::problem::{Problem, ProblemKind};
 
 /// hyper's longest request target (`MAX_URI_LEN`); a longer one it answers `414`.
 pub const HYPER_MAX_URI_BYTES: usize = 65_534;
@@ -133,7 +133,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ProblemIo<T> {
         match bare_error_at(buf) {
             Some((0, status)) => {
                 let problem = problem_for(status, &this.head, this.caps);
-                crate::telemetry::api_refused(problem.kind, problem.status.as_u16());
+                crate::telemetry::api_refused(problem.kind.as_str(), problem.status.as_u16());
                 this.replacement = Some((answer(&problem, buf), 0));
                 // hyper's head counts as written: the problem goes out in its place, on this
                 // call or on the flush hyper makes before it closes.
@@ -241,13 +241,13 @@ pub fn problem_for(status: StatusCode, head: &[u8], caps: HeadCaps) -> Problem {
     match status {
         StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => Problem::new(
             status,
-            "headers_too_large",
+            ProblemKind::HeadersTooLarge,
             "Request header fields too large",
             head_too_large(head, caps),
         ),
         StatusCode::URI_TOO_LONG => Problem::new(
             status,
-            "uri_too_long",
+            ProblemKind::UriTooLong,
             "URI too long",
             format!(
                 "the request target is over {HYPER_MAX_URI_BYTES} bytes, the most this server reads"
@@ -255,7 +255,7 @@ pub fn problem_for(status: StatusCode, head: &[u8], caps: HeadCaps) -> Problem {
         ),
         _ => Problem::new(
             status,
-            "malformed_request",
+            ProblemKind::MalformedRequest,
             "Bad request",
             malformed_head(head),
         ),
@@ -465,7 +465,7 @@ mod tests {
         let problem = problem_for(StatusCode::BAD_REQUEST, head, CAPS);
         assert_eq!(
             (problem.status, problem.kind),
-            (StatusCode::BAD_REQUEST, "malformed_request")
+            (StatusCode::BAD_REQUEST, ProblemKind::MalformedRequest)
         );
         assert_eq!(
             problem.detail,
@@ -528,7 +528,7 @@ mod tests {
             many.extend_from_slice(format!("x{n}: 1\r\n").as_bytes());
         }
         let problem = problem_for(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, &many, CAPS);
-        assert_eq!(problem.kind, "headers_too_large");
+        assert_eq!(problem.kind, ProblemKind::HeadersTooLarge);
         assert_eq!(
             problem.detail,
             "the request has more than 200 header fields; api.max_headers allows 100"
@@ -541,7 +541,7 @@ mod tests {
             "{detail}"
         );
         let long_target = problem_for(StatusCode::URI_TOO_LONG, b"GET /aaaa", CAPS);
-        assert_eq!(long_target.kind, "uri_too_long");
+        assert_eq!(long_target.kind, ProblemKind::UriTooLong);
     }
 
     #[test]

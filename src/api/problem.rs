@@ -9,11 +9,139 @@ use utoipa::ToSchema;
 
 use crate::telemetry;
 
-/// One problem; `kind` is also the last segment of its `type` URI and the metric label.
+/// Every kind of problem the API answers with, a closed set: its name is the last segment of
+/// a problem's `type`, the `kind` label of `replyd_api_refusals_total`, and a value of the
+/// OpenAPI document's `ProblemKind`, from which the TypeScript client's type is generated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProblemKind {
+    /// A body (declared or read) over `api.max_body_bytes` (413).
+    BodyTooLarge,
+    /// More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (431).
+    HeadersTooLarge,
+    /// An `Idempotency-Key` used before with other inputs (422).
+    IdempotencyKeyReused,
+    /// `Authorization` that is not one bearer key (400).
+    InvalidAuthorization,
+    /// A body, or the task it makes, the API will not take (422).
+    InvalidBody,
+    /// An `Idempotency-Key` that breaks its rules, or more than one (400).
+    InvalidIdempotencyKey,
+    /// A task id in the path that is not a UUID (400).
+    InvalidTaskId,
+    /// A body that is not JSON (400).
+    MalformedJson,
+    /// A request head the server cannot parse (400).
+    MalformedRequest,
+    /// A route that does not take the method (405).
+    MethodNotAllowed,
+    /// No such route, or no such task in the caller's workspace (404).
+    NotFound,
+    /// New work outside the workspace's policy: a model not allowed, output over the cap (422).
+    OutsideWorkspacePolicy,
+    /// New work over the workspace's quota (429).
+    QuotaExceeded,
+    /// An API key over its request rate (429).
+    RateLimited,
+    /// A task whose Kafka record would be over `kafka.max_record_bytes` (422).
+    RecordTooLarge,
+    /// No API key, or an unknown or revoked one (401).
+    Unauthorized,
+    /// The database cannot be reached (503).
+    Unavailable,
+    /// A body that is not `application/json` (415).
+    UnsupportedMediaType,
+    /// A request target over the server's limit (414).
+    UriTooLong,
+}
+
+impl ProblemKind {
+    /// Every kind, in the order of the enum.
+    pub const ALL: [ProblemKind; 19] = [
+        ProblemKind::BodyTooLarge,
+        ProblemKind::HeadersTooLarge,
+        ProblemKind::IdempotencyKeyReused,
+        ProblemKind::InvalidAuthorization,
+        ProblemKind::InvalidBody,
+        ProblemKind::InvalidIdempotencyKey,
+        ProblemKind::InvalidTaskId,
+        ProblemKind::MalformedJson,
+        ProblemKind::MalformedRequest,
+        ProblemKind::MethodNotAllowed,
+        ProblemKind::NotFound,
+        ProblemKind::OutsideWorkspacePolicy,
+        ProblemKind::QuotaExceeded,
+        ProblemKind::RateLimited,
+        ProblemKind::RecordTooLarge,
+        ProblemKind::Unauthorized,
+        ProblemKind::Unavailable,
+        ProblemKind::UnsupportedMediaType,
+        ProblemKind::UriTooLong,
+    ];
+
+    /// The kind's stable name (`quota_exceeded`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProblemKind::BodyTooLarge => "body_too_large",
+            ProblemKind::HeadersTooLarge => "headers_too_large",
+            ProblemKind::IdempotencyKeyReused => "idempotency_key_reused",
+            ProblemKind::InvalidAuthorization => "invalid_authorization",
+            ProblemKind::InvalidBody => "invalid_body",
+            ProblemKind::InvalidIdempotencyKey => "invalid_idempotency_key",
+            ProblemKind::InvalidTaskId => "invalid_task_id",
+            ProblemKind::MalformedJson => "malformed_json",
+            ProblemKind::MalformedRequest => "malformed_request",
+            ProblemKind::MethodNotAllowed => "method_not_allowed",
+            ProblemKind::NotFound => "not_found",
+            ProblemKind::OutsideWorkspacePolicy => "outside_workspace_policy",
+            ProblemKind::QuotaExceeded => "quota_exceeded",
+            ProblemKind::RateLimited => "rate_limited",
+            ProblemKind::RecordTooLarge => "record_too_large",
+            ProblemKind::Unauthorized => "unauthorized",
+            ProblemKind::Unavailable => "unavailable",
+            ProblemKind::UnsupportedMediaType => "unsupported_media_type",
+            ProblemKind::UriTooLong => "uri_too_long",
+        }
+    }
+}
+
+// A kind added to the enum but not to `ALL` fails to build here.
+const _: () = {
+    const fn listed(kind: ProblemKind) -> usize {
+        match kind {
+            ProblemKind::BodyTooLarge => 0,
+            ProblemKind::HeadersTooLarge => 1,
+            ProblemKind::IdempotencyKeyReused => 2,
+            ProblemKind::InvalidAuthorization => 3,
+            ProblemKind::InvalidBody => 4,
+            ProblemKind::InvalidIdempotencyKey => 5,
+            ProblemKind::InvalidTaskId => 6,
+            ProblemKind::MalformedJson => 7,
+            ProblemKind::MalformedRequest => 8,
+            ProblemKind::MethodNotAllowed => 9,
+            ProblemKind::NotFound => 10,
+            ProblemKind::OutsideWorkspacePolicy => 11,
+            ProblemKind::QuotaExceeded => 12,
+            ProblemKind::RateLimited => 13,
+            ProblemKind::RecordTooLarge => 14,
+            ProblemKind::Unauthorized => 15,
+            ProblemKind::Unavailable => 16,
+            ProblemKind::UnsupportedMediaType => 17,
+            ProblemKind::UriTooLong => 18,
+        }
+    }
+    let mut i = 0;
+    while i < ProblemKind::ALL.len() {
+        assert!(listed(ProblemKind::ALL[i]) == i);
+        i += 1;
+    }
+};
+
+/// One problem; `kind` names it in its `type` URI and the metric.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
     pub status: StatusCode,
-    pub kind: &'static str,
+    pub kind: ProblemKind,
     pub title: &'static str,
     pub detail: String,
     /// The fields at fault (a field over its bound, the fields of a mismatch).
@@ -25,7 +153,8 @@ pub struct Problem {
 /// A problem as it goes over the wire (RFC 9457).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ProblemDetails {
-    /// A URI naming the kind of problem; its last segment is stable (e.g. `invalid_body`).
+    /// A URI naming the kind of problem; its last segment is a `ProblemKind` (e.g.
+    /// `invalid_body`).
     #[serde(rename = "type")]
     pub kind: String,
     pub title: String,
@@ -42,7 +171,7 @@ pub struct ProblemDetails {
 impl Problem {
     pub fn new(
         status: StatusCode,
-        kind: &'static str,
+        kind: ProblemKind,
         title: &'static str,
         detail: impl Into<String>,
     ) -> Self {
@@ -67,10 +196,15 @@ impl Problem {
     }
 
     pub fn not_found(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", "Not found", detail)
+        Self::new(
+            StatusCode::NOT_FOUND,
+            ProblemKind::NotFound,
+            "Not found",
+            detail,
+        )
     }
 
-    pub fn bad_request(kind: &'static str, detail: impl Into<String>) -> Self {
+    pub fn bad_request(kind: ProblemKind, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, kind, "Bad request", detail)
     }
 
@@ -78,7 +212,7 @@ impl Problem {
     pub fn invalid_body(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_body",
+            ProblemKind::InvalidBody,
             "Invalid body",
             detail,
         )
@@ -87,7 +221,7 @@ impl Problem {
     pub fn unavailable(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+            ProblemKind::Unavailable,
             "Service unavailable",
             detail,
         )
@@ -103,7 +237,7 @@ impl Problem {
     /// The problem's body, as JSON.
     pub fn body(&self) -> Vec<u8> {
         let body = ProblemDetails {
-            kind: format!("https://replyd.dev/problems/{}", self.kind),
+            kind: format!("https://replyd.dev/problems/{}", self.kind.as_str()),
             title: self.title.to_owned(),
             status: self.status.as_u16(),
             detail: self.detail.clone(),
@@ -116,7 +250,7 @@ impl Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        telemetry::api_refused(self.kind, self.status.as_u16());
+        telemetry::api_refused(self.kind.as_str(), self.status.as_u16());
         let mut response = (self.status, self.body()).into_response();
         response.headers_mut().insert(
             header::CONTENT_TYPE,

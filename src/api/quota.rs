@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Workspace;
-use super::problem::{Problem, ProblemDetails};
+use super::problem::{Problem, ProblemKind};
 use super::state::ApiState;
 use crate::store::quota::{QuotaRefusal, QuotaState};
 use replyd_core::quota::{
@@ -132,11 +132,6 @@ pub fn view(quota: &QuotaState, policy: QuotaPolicy, workspace: &WorkspacePolicy
     tag = "quota",
     responses(
         (status = 200, description = "The caller's quota", body = QuotaView),
-        (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 431, description = "The request's headers are over `api.max_header_bytes`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 429, description = "The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds until the key may ask again"))),
-        (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
 )]
@@ -167,7 +162,7 @@ pub fn over_quota(refusal: &QuotaRefusal, policy: QuotaPolicy) -> Response {
     let seconds = advice.after().map(super::problem::retry_after_seconds);
     let problem = Problem::new(
         StatusCode::TOO_MANY_REQUESTS,
-        "quota_exceeded",
+        ProblemKind::QuotaExceeded,
         "Quota exceeded",
         refusal_detail(
             &refusal.state,

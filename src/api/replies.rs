@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Workspace;
-use super::problem::{Problem, ProblemDetails};
+use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::state::ApiState;
 use crate::store::intake::{Submission, Submitted, provider_request, task_spec};
 use replyd_core::domain::limits::{
@@ -219,7 +219,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 pub(super) fn body_too_large(limit: usize) -> Problem {
     Problem::new(
         StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
+        ProblemKind::BodyTooLarge,
         "Body too large",
         format!("the body is over the limit of {limit} bytes (api.max_body_bytes)"),
     )
@@ -263,7 +263,7 @@ async fn parse_body(
     if !is_json(headers) {
         return Err(Problem::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            ProblemKind::UnsupportedMediaType,
             "Unsupported media type",
             "send the body as JSON with `Content-Type: application/json`",
         ));
@@ -276,9 +276,10 @@ async fn parse_body(
         serde_json::from_slice::<JsonObject<CreateReply>>(&bytes).map_err(|e| {
             use serde_json::error::Category;
             match e.classify() {
-                Category::Syntax | Category::Eof | Category::Io => {
-                    Problem::bad_request("malformed_json", format!("the body is not JSON: {e}"))
-                }
+                Category::Syntax | Category::Eof | Category::Io => Problem::bad_request(
+                    ProblemKind::MalformedJson,
+                    format!("the body is not JSON: {e}"),
+                ),
                 Category::Data => Problem::invalid_body(format!(
                     "the body does not match the request schema: {e}"
                 )),
@@ -421,14 +422,14 @@ fn check_record_size(submission: &Submission, max_record_bytes: usize) -> Result
 fn key_of(headers: &HeaderMap) -> Result<IdempotencyKey, Problem> {
     let value = super::headers::one_value(headers, "idempotency-key").map_err(|distinct| {
         Problem::bad_request(
-            "invalid_idempotency_key",
+            ProblemKind::InvalidIdempotencyKey,
             format!(
                 "the Idempotency-Key header is sent with {distinct} different values; send one key per request"
             ),
         )
     })?;
     IdempotencyKey::parse(value.map(|v| v.as_bytes()))
-        .map_err(|e| Problem::bad_request("invalid_idempotency_key", e.to_string()))
+        .map_err(|e| Problem::bad_request(ProblemKind::InvalidIdempotencyKey, e.to_string()))
 }
 
 fn urls(task_id: TaskId) -> (String, String) {
@@ -458,7 +459,6 @@ fn urls(task_id: TaskId) -> (String, String) {
                 ("RegenerateReply" = (operation_id = "regenerateReply", parameters(("task_id" = "$response.body#/task_id")))),
             )),
         (status = 400, description = "No `Idempotency-Key`, one that is empty, over 255 bytes or not printable ASCII, or several different ones (`invalid_idempotency_key`); or a body that is not JSON (`malformed_json`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 413, description = "The body is over `api.max_body_bytes` (`body_too_large`); a declared `Content-Length` over it is refused before the body is read (no `100 Continue`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, or a request whose token ceiling is over its whole token quota (`outside_workspace_policy`; `fields` names them, `detail` the setting)", body = ProblemDetails, content_type = "application/problem+json"),
@@ -552,7 +552,6 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
                 ("Idempotent-Replayed" = String, description = "`true` when this answers an earlier request with the same key")
             )),
         (status = 400, description = "A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest), or the source's model or output bound is outside the workspace's policy now (`outside_workspace_policy`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "New work over the workspace's quota of generations or of tokens (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
@@ -589,7 +588,7 @@ pub async fn regenerate(
         check_record_size(&submission, state.limits.max_record_bytes).map_err(|refusal| {
             Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "record_too_large",
+                ProblemKind::RecordTooLarge,
                 "Record too large",
                 refusal.detail,
             )
@@ -637,7 +636,7 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
         Submitted::Refused(refusal) => {
             return Err(Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "outside_workspace_policy",
+                ProblemKind::OutsideWorkspacePolicy,
                 "Outside the workspace's policy",
                 refusal.detail,
             )
@@ -646,7 +645,7 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
         Submitted::Mismatch { fields } => {
             return Err(Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency_key_reused",
+                ProblemKind::IdempotencyKeyReused,
                 "Idempotency-Key reused with other inputs",
                 format!(
                     "this Idempotency-Key was used for a request with other {}; make a new key for a new request",
@@ -706,11 +705,7 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
     responses(
         (status = 200, description = "The task", body = ReplyView),
         (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "No API key, or an unknown or revoked one", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 429, description = "The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds until the key may ask again"))),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
 )]
@@ -746,7 +741,7 @@ pub(super) async fn task_of(
 ) -> Result<StoredTask, Problem> {
     let task_id = TaskId::parse(raw_id).map_err(|_| {
         Problem::bad_request(
-            "invalid_task_id",
+            ProblemKind::InvalidTaskId,
             format!("{raw_id:?} is not a task id (a UUID)"),
         )
     })?;

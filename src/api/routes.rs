@@ -7,7 +7,7 @@ use axum::routing::{get, post};
 
 use crate::config::ApiSettings;
 
-use super::problem::Problem;
+use super::problem::{Problem, ProblemKind};
 use super::state::ApiState;
 use super::{demo, events, openapi, quota, replies};
 
@@ -50,7 +50,7 @@ pub fn router(state: ApiState) -> Router {
         .method_not_allowed_fallback(|| async {
             Problem::new(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ProblemKind::MethodNotAllowed,
                 "Method not allowed",
                 "this route does not take that method",
             )
@@ -114,7 +114,7 @@ async fn limit_headers(
     let too_large = |detail: String| {
         Problem::new(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "headers_too_large",
+            ProblemKind::HeadersTooLarge,
             "Request header fields too large",
             detail,
         )

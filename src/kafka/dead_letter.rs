@@ -8,7 +8,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
-use crate::config::KafkaSettings;
+use super::settings::KafkaSettings;
 use replyd_core::domain::RecordError;
 
 /// Header names on dead-lettered records.

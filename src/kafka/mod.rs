@@ -1,7 +1,9 @@
-//! Kafka at the edges: the group consumer, the in-flight offset tracker behind its commits,
-//! and the dead-letter producer.
+//! What every Kafka client of replyd shares: its settings ([`settings`]), the client context
+//! that routes librdkafka's logs ([`KafkaLogs`]), and the dead-letter producer. The group
+//! consumer is the worker's (`crate::worker::consumer`).
 
 pub mod dead_letter;
+pub mod settings;
 
 /// The client context of replyd's producers: librdkafka's logs and errors go through
 /// [`crate::telemetry`], so a broker that is down is one line a minute, not several a second.

@@ -10,10 +10,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::Value as Json;
-use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::error::StoreError;
+use super::gather::{Batch, Gatherer, RowAnswers};
 use super::rows::{Taken, seconds, taken_from};
 use super::sessions::Sessions;
 use replyd_core::domain::{TaskId, TaskSpec};
@@ -31,26 +31,24 @@ pub(crate) enum ClaimAnswer {
 }
 
 /// One claim waiting for its batch.
-struct Pending {
+pub(crate) struct Claim {
     task_id: Uuid,
     owner: String,
     lease: Duration,
     insert: Option<TaskSpec>,
-    answer: oneshot::Sender<Result<ClaimAnswer, String>>,
 }
 
-/// The queue of claims and the task that writes them.
-#[derive(Debug)]
-pub(crate) struct ClaimBatcher {
-    queue: mpsc::UnboundedSender<Pending>,
-}
+/// Claims gathered into one `replyd_claim_many` call ([`super::gather`]).
+pub(crate) struct ClaimBatcher(Gatherer<ClaimRows>);
 
 impl ClaimBatcher {
     /// Starts the writing task on the current runtime. It ends when the last handle is gone.
-    pub(crate) fn start(store: Sessions, max_rows: usize) -> Self {
-        let (queue, pending) = mpsc::unbounded_channel();
-        tokio::spawn(write_batches(store, pending, max_rows.max(1)));
-        Self { queue }
+    pub(crate) fn start(sessions: Sessions, max_rows: usize) -> Self {
+        Self(Gatherer::start(
+            ClaimRows(sessions),
+            max_rows,
+            crate::telemetry::names::CLAIM_BATCH_ROWS,
+        ))
     }
 
     /// Queues one claim and waits for its batch's answer.
@@ -61,74 +59,53 @@ impl ClaimBatcher {
         lease: Duration,
         insert: Option<&TaskSpec>,
     ) -> Result<ClaimAnswer, StoreError> {
-        let (answer, answered) = oneshot::channel();
-        let pending = Pending {
-            task_id: task_id.as_uuid(),
-            owner: owner.to_owned(),
-            lease,
-            insert: insert.cloned(),
-            answer,
-        };
-        if self.queue.send(pending).is_err() {
-            // The writing task is gone (its runtime is shutting down): go alone.
-            return Ok(ClaimAnswer::Busy { inserted: false });
-        }
-        match answered.await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(message)) => Err(StoreError::Batch(message)),
-            Err(_) => Ok(ClaimAnswer::Busy { inserted: false }),
-        }
+        self.0
+            .submit(Claim {
+                task_id: task_id.as_uuid(),
+                owner: owner.to_owned(),
+                lease,
+                insert: insert.cloned(),
+            })
+            .await
     }
 }
 
-async fn write_batches(store: Sessions, mut queue: mpsc::UnboundedReceiver<Pending>, max: usize) {
-    let mut batch = Vec::with_capacity(max);
-    while queue.recv_many(&mut batch, max).await > 0 {
-        let answers = write(&store, &batch).await;
-        metrics::histogram!(crate::telemetry::names::CLAIM_BATCH_ROWS).record(batch.len() as f64);
-        for (pending, answer) in batch.drain(..).zip(answers) {
-            // A waiter that went away (cancelled) does not mind.
-            let _ = pending.answer.send(answer);
-        }
-    }
-}
+/// How claims are written together.
+pub(crate) struct ClaimRows(Sessions);
 
-/// Writes one batch; one answer per pending claim, in order.
-async fn write(store: &Sessions, batch: &[Pending]) -> Vec<Result<ClaimAnswer, String>> {
-    // What goes together: one owner and lease (every claim of a worker has the same), each
-    // task once. The rest goes alone.
-    let (owner, lease) = (&batch[0].owner, batch[0].lease);
-    let mut seen = HashSet::with_capacity(batch.len());
-    let sent: Vec<usize> = (0..batch.len())
-        .filter(|&i| {
-            let p = &batch[i];
-            p.owner == *owner && p.lease == lease && seen.insert(p.task_id)
-        })
-        .collect();
-    let mut answers: Vec<Result<ClaimAnswer, String>> = (0..batch.len())
-        .map(|_| Ok(ClaimAnswer::Busy { inserted: false }))
-        .collect();
-    match write_rows(store, batch, &sent, owner, lease).await {
-        Ok(outcomes) => {
-            for (i, outcome) in outcomes {
-                answers[i] = outcome;
-            }
-        }
-        Err(e) => {
-            // The batch's outcome is unknown (it may have committed): each caller retries, and
-            // a repeated claim finds its own earlier lease as any retried claim does.
-            let message = e.to_string();
-            for &i in &sent {
-                answers[i] = Err(message.clone());
-            }
-        }
+impl Batch for ClaimRows {
+    type Job = Claim;
+    type Answer = ClaimAnswer;
+
+    fn alone() -> ClaimAnswer {
+        ClaimAnswer::Busy { inserted: false }
     }
-    answers
+
+    /// One owner and lease (every claim of a worker has the same), each task once.
+    fn together(&self, jobs: &[Claim]) -> Vec<usize> {
+        let (owner, lease) = (&jobs[0].owner, jobs[0].lease);
+        let mut seen = HashSet::with_capacity(jobs.len());
+        (0..jobs.len())
+            .filter(|&i| {
+                let job = &jobs[i];
+                job.owner == *owner && job.lease == lease && seen.insert(job.task_id)
+            })
+            .collect()
+    }
+
+    async fn write(
+        &self,
+        jobs: &[Claim],
+        sent: &[usize],
+    ) -> Result<RowAnswers<ClaimAnswer>, StoreError> {
+        let (owner, lease) = (&jobs[sent[0]].owner, jobs[sent[0]].lease);
+        write_rows(&self.0, jobs, sent, owner, lease).await
+    }
 }
 
 async fn write_rows(
     store: &Sessions,
-    batch: &[Pending],
+    batch: &[Claim],
     sent: &[usize],
     owner: &str,
     lease: Duration,

@@ -8,16 +8,16 @@
 //! lock: a row another session holds comes back [`BatchAnswer::Busy`] and is then completed
 //! alone, by the path that waits on the lock and reads the clock after it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::Value as Json;
-use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use replyd_core::lease::{Lease, Refusal, classify_refusal};
 
 use super::error::StoreError;
 use super::fence::{is_own_earlier_write, record_refusal};
+use super::gather::{Batch, Gatherer, RowAnswers};
 use super::rows::{CompletionOutcome, snapshot_from};
 use super::sessions::Sessions;
 
@@ -31,25 +31,23 @@ pub(crate) enum BatchAnswer {
 }
 
 /// One completion waiting for its batch.
-struct Pending {
+pub(crate) struct Completion {
     lease: Lease,
     response: String,
     meta: Option<Json>,
-    answer: oneshot::Sender<Result<BatchAnswer, String>>,
 }
 
-/// The queue of completions and the task that writes them.
-#[derive(Debug)]
-pub(crate) struct CompletionBatcher {
-    queue: mpsc::UnboundedSender<Pending>,
-}
+/// Completions gathered into one `replyd_complete_many` call ([`super::gather`]).
+pub(crate) struct CompletionBatcher(Gatherer<CompletionRows>);
 
 impl CompletionBatcher {
     /// Starts the writing task on the current runtime. It ends when the last handle is gone.
-    pub(crate) fn start(store: Sessions, max_rows: usize) -> Self {
-        let (queue, pending) = mpsc::unbounded_channel();
-        tokio::spawn(write_batches(store, pending, max_rows.max(1)));
-        Self { queue }
+    pub(crate) fn start(sessions: Sessions, max_rows: usize) -> Self {
+        Self(Gatherer::start(
+            CompletionRows(sessions),
+            max_rows,
+            crate::telemetry::names::COMPLETION_BATCH_ROWS,
+        ))
     }
 
     /// Queues one completion and waits for its batch's answer.
@@ -59,71 +57,47 @@ impl CompletionBatcher {
         response: &str,
         meta: Option<&Json>,
     ) -> Result<BatchAnswer, StoreError> {
-        let (answer, answered) = oneshot::channel();
-        let pending = Pending {
-            lease: lease.clone(),
-            response: response.to_owned(),
-            meta: meta.cloned(),
-            answer,
-        };
-        if self.queue.send(pending).is_err() {
-            // The writing task is gone (its runtime is shutting down): go alone.
-            return Ok(BatchAnswer::Busy);
-        }
-        match answered.await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(message)) => Err(StoreError::Batch(message)),
-            Err(_) => Ok(BatchAnswer::Busy),
-        }
+        self.0
+            .submit(Completion {
+                lease: lease.clone(),
+                response: response.to_owned(),
+                meta: meta.cloned(),
+            })
+            .await
     }
 }
 
-async fn write_batches(store: Sessions, mut queue: mpsc::UnboundedReceiver<Pending>, max: usize) {
-    let mut batch = Vec::with_capacity(max);
-    while queue.recv_many(&mut batch, max).await > 0 {
-        let rows = batch.len();
-        let answers = write(&store, &mut batch).await;
-        metrics::histogram!(crate::telemetry::names::COMPLETION_BATCH_ROWS).record(rows as f64);
-        for (pending, answer) in batch.drain(..).zip(answers) {
-            // A waiter that went away (cancelled) does not mind.
-            let _ = pending.answer.send(answer);
-        }
-    }
-}
+/// How completions are written together.
+pub(crate) struct CompletionRows(Sessions);
 
-/// Writes one batch; one answer per pending completion, in order.
-async fn write(store: &Sessions, batch: &mut [Pending]) -> Vec<Result<BatchAnswer, String>> {
-    // A task twice in one batch (a repeat whose first answer is still out) goes alone.
-    let mut first: HashMap<Uuid, usize> = HashMap::with_capacity(batch.len());
-    let mut sent = Vec::with_capacity(batch.len());
-    for (i, pending) in batch.iter().enumerate() {
-        if first.insert(pending.lease.task_id, i).is_none() {
-            sent.push(i);
-        }
+impl Batch for CompletionRows {
+    type Job = Completion;
+    type Answer = BatchAnswer;
+
+    fn alone() -> BatchAnswer {
+        BatchAnswer::Busy
     }
-    let mut answers: Vec<Result<BatchAnswer, String>> =
-        (0..batch.len()).map(|_| Ok(BatchAnswer::Busy)).collect();
-    match write_rows(store, batch, &sent).await {
-        Ok(outcomes) => {
-            for (i, outcome) in outcomes {
-                answers[i] = outcome;
-            }
-        }
-        Err(e) => {
-            // The batch's outcome is unknown (it may have committed): each caller retries, and a
-            // repeat of a write that went through is answered as this assignment's own reply.
-            let message = e.to_string();
-            for &i in &sent {
-                answers[i] = Err(message.clone());
-            }
-        }
+
+    /// Each task once: a repeat whose first answer is still out goes alone.
+    fn together(&self, jobs: &[Completion]) -> Vec<usize> {
+        let mut seen = HashSet::with_capacity(jobs.len());
+        (0..jobs.len())
+            .filter(|&i| seen.insert(jobs[i].lease.task_id))
+            .collect()
     }
-    answers
+
+    async fn write(
+        &self,
+        jobs: &[Completion],
+        sent: &[usize],
+    ) -> Result<RowAnswers<BatchAnswer>, StoreError> {
+        write_rows(&self.0, jobs, sent).await
+    }
 }
 
 async fn write_rows(
     store: &Sessions,
-    batch: &[Pending],
+    batch: &[Completion],
     sent: &[usize],
 ) -> Result<Vec<(usize, Result<BatchAnswer, String>)>, StoreError> {
     let tasks: Vec<Uuid> = sent.iter().map(|&i| batch[i].lease.task_id).collect();

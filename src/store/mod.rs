@@ -7,9 +7,9 @@
 //!   rustls), `sessions` (the URL read, the session settings, the pool);
 //! - `rows`: the answers callers branch on and the mappers from a task row; `fence`: the
 //!   fenced write (I2), written once; the pure decisions behind both are `replyd_core::lease`;
-//! - the batchers, over the sessions alone: `completions` (completions gathered into one call under
-//!   load, `database.batch_completions`), `claims` (claims the same way,
-//!   `database.batch_claims`), `renewals` (every running call's lease renewed by one call per
+//! - the batchers, over the sessions alone: `gather` (the calls that arrive while one is out
+//!   go together as the next, written once), `completions` and `claims` (what each gathers,
+//!   `database.batch_completions`, `database.batch_claims`), `renewals` (every running call's lease renewed by one call per
 //!   interval, `database.batch_renewals`);
 //! - this file: [`Store`], the sessions and the batchers together;
 //! - the operations on it: [`tasks`] (ensure, claim, renew, complete, fail, release, read);
@@ -25,6 +25,7 @@ mod claims;
 mod completions;
 mod error;
 mod fence;
+mod gather;
 pub mod intake;
 pub mod listen;
 pub mod migrate;

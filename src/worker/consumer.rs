@@ -31,7 +31,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::config::{GroupProtocol, KafkaSettings, WorkerSettings};
+use crate::config::WorkerSettings;
+use crate::kafka::settings::{GroupProtocol, KafkaSettings};
 use crate::telemetry;
 use replyd_core::domain::RecordEnd;
 use replyd_core::offsets::{InFlightOffsets, PartitionKey};

@@ -1,4 +1,4 @@
-import type { ProblemDetails } from "./types.js";
+import type { ProblemDetails, ProblemKind } from "./types.js";
 /** Every error of this client. */
 export declare class ReplydError extends Error {
     /** Requests sent for the call, retries included. */
@@ -14,8 +14,11 @@ export declare class ProblemError extends ReplydError {
     /** When the server said to try again (`Retry-After`), as a moment, if it said. */
     readonly retryAt: Date | undefined;
     constructor(problem: ProblemDetails, requests: number, retryAt: Date | undefined);
-    /** The problem's stable name: the last segment of its `type` (e.g. `quota_exceeded`). */
-    get kind(): string;
+    /**
+     * The problem's stable name: the last segment of its `type` (e.g. `quota_exceeded`), one of
+     * the document's `ProblemKind`s (a server newer than this client may answer with another).
+     */
+    get kind(): ProblemKind;
     /**
      * Whether the request itself is wrong (a 4xx other than 408, 409, 425 and 429): the press
      * is settled and is never sent again under its key.

@@ -24,7 +24,10 @@ export class ProblemError extends ReplydError {
         this.problem = problem;
         this.retryAt = retryAt;
     }
-    /** The problem's stable name: the last segment of its `type` (e.g. `quota_exceeded`). */
+    /**
+     * The problem's stable name: the last segment of its `type` (e.g. `quota_exceeded`), one of
+     * the document's `ProblemKind`s (a server newer than this client may answer with another).
+     */
     get kind() {
         const type = this.problem.type;
         return type.slice(type.lastIndexOf("/") + 1);

@@ -185,9 +185,19 @@ export interface components {
              */
             status: number;
             title: string;
-            /** @description A URI naming the kind of problem; its last segment is stable (e.g. `invalid_body`). */
+            /**
+             * @description A URI naming the kind of problem; its last segment is a `ProblemKind` (e.g.
+             *     `invalid_body`).
+             */
             type: string;
         };
+        /**
+         * @description Every kind of problem the API answers with, a closed set: its name is the last segment of
+         *     a problem's `type`, the `kind` label of `replyd_api_refusals_total`, and a value of the
+         *     OpenAPI document's `ProblemKind`, from which the TypeScript client's type is generated.
+         * @enum {string}
+         */
+        ProblemKind: "body_too_large" | "headers_too_large" | "idempotency_key_reused" | "invalid_authorization" | "invalid_body" | "invalid_idempotency_key" | "invalid_task_id" | "malformed_json" | "malformed_request" | "method_not_allowed" | "not_found" | "outside_workspace_policy" | "quota_exceeded" | "rate_limited" | "record_too_large" | "unauthorized" | "unavailable" | "unsupported_media_type" | "uri_too_long";
         /** @description A workspace's quota now. */
         QuotaView: {
             /**

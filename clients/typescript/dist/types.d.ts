@@ -3,6 +3,8 @@ type Schemas = components["schemas"];
 export type Accepted = Schemas["Accepted"];
 export type CreateReply = Schemas["CreateReply"];
 export type ProblemDetails = Schemas["ProblemDetails"];
+/** Every kind of problem the API answers with: the last segment of a problem's `type`. */
+export type ProblemKind = Schemas["ProblemKind"];
 export type QuotaView = Schemas["QuotaView"];
 export type ReplyStatus = Schemas["ReplyStatus"];
 export type ReplyView = Schemas["ReplyView"];

@@ -2,7 +2,7 @@
 // settled press will never become a task under its key, an unsettled one may still (or may
 // already have), so its key is kept and reused.
 
-import type { ProblemDetails } from "./types.js";
+import type { ProblemDetails, ProblemKind } from "./types.js";
 
 /** Every error of this client. */
 export class ReplydError extends Error {
@@ -31,10 +31,13 @@ export class ProblemError extends ReplydError {
     this.retryAt = retryAt;
   }
 
-  /** The problem's stable name: the last segment of its `type` (e.g. `quota_exceeded`). */
-  get kind(): string {
+  /**
+   * The problem's stable name: the last segment of its `type` (e.g. `quota_exceeded`), one of
+   * the document's `ProblemKind`s (a server newer than this client may answer with another).
+   */
+  get kind(): ProblemKind {
     const type = this.problem.type;
-    return type.slice(type.lastIndexOf("/") + 1);
+    return type.slice(type.lastIndexOf("/") + 1) as ProblemKind;
   }
 
   /**

@@ -1,7 +1,8 @@
 //! The shared capacity budget's arithmetic, pure: when each waiting call may go, and how the
 //! limit a deployment learned from the provider moves. No I/O: the SQL function
 //! `replyd_capacity_grant` (migration V16) does the same on the model's bucket row, under its
-//! lock, and `tests/store_functions.rs` holds the two together over generated inputs.
+//! lock, and the service's `tests/it/store_functions.rs` holds the two together over
+//! generated inputs.
 //!
 //! Calls are paced, not burst: a limit of `L` requests a second sends one every `1/L` seconds
 //! (GCRA's virtual scheduling with no burst tolerance: `tat`, the theoretical arrival time of

@@ -1,0 +1,70 @@
+//! `replyd check`: reads the durable state — PostgreSQL, the topic and its dead-letter twin, the
+//! group's committed offsets, and (when given) the mock provider's counters — and reports
+//! whether the invariants hold. Every figure is read back, none is taken from what a producer
+//! meant to do. Every rule comes from the same settings as the worker's (`--config`), so a
+//! record the worker refuses is a bad record here too.
+//!
+//! Three rooms: [`facts`] does the I/O ([`read_facts`]: plain values, judged by nothing);
+//! [`verdict`] is pure and judges them; [`report`] renders what it found. It judges:
+//! - I1: `duplicate_replies` counts tasks with more than one accepted attempt in the history
+//!   (the schema's constraints make a second saved reply impossible; the history is the
+//!   independent witness).
+//! - I3: `lost` counts records below the committed offset whose task is not terminal (or was
+//!   never created) and bad records below it with no dead-letter copy.
+//! - I7: `max_attempts_exceeded` counts tasks with more attempts than their budget: calls that
+//!   may have cost money (attempt rows other than `refused`; a refusal gives its attempt back).
+
+mod facts;
+mod report;
+mod verdict;
+
+use std::process::ExitCode;
+
+use clap::Args;
+
+use crate::config::Settings;
+
+pub use facts::{
+    CheckError, Facts, MockCounts, QuotaFacts, SourceRecord, committed_offsets,
+    committed_offsets_with, read_facts,
+};
+pub use report::{Percentiles, Report};
+pub use verdict::{percentile, verdict};
+
+/// Exit code when an invariant is broken.
+pub const INVARIANT_BROKEN: u8 = 3;
+
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// Base URL of the mock provider, to read its request counters.
+    #[arg(long)]
+    pub mock_url: Option<String>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print one `key=value` line of the headline figures instead (for `make demo`).
+    #[arg(long, conflicts_with = "json")]
+    pub summary: bool,
+}
+
+/// Runs `replyd check` and prints the report; exit 3 when an invariant is broken.
+pub async fn run_command(settings: &Settings, args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let report = run(settings, args.mock_url.as_deref()).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else if args.summary {
+        println!("{}", report.summary_line());
+    } else {
+        print!("{}", report.render_table());
+    }
+    Ok(if report.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(INVARIANT_BROKEN)
+    })
+}
+
+/// Runs every check and returns the report.
+pub async fn run(settings: &Settings, mock_url: Option<&str>) -> Result<Report, CheckError> {
+    Ok(verdict(read_facts(settings, mock_url).await?))
+}
