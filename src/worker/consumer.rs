@@ -4,7 +4,9 @@
 //! revoked and at shutdown.
 //!
 //! Keeps I3: an offset is committed only past records whose handler said `Done` (their outcome
-//! is durable); the commit point comes from [`InFlightOffsets`]. Revocation and shutdown share
+//! is durable); the commit point comes from [`InFlightOffsets`]. Which records run, wait or
+//! pause their partition is decided by [`Windows`] (pure, in the core); this file does what
+//! it says with librdkafka and the runtime. Revocation and shutdown share
 //! one drain path ([`Shared::release`]): stop taking records of those partitions, let in-flight
 //! work finish up to the drain timeout, cancel the rest, commit, let go. Work that leaks past a
 //! revocation is harmless because completions are fenced (I2).
@@ -13,7 +15,7 @@
 //! callback blocks while it drains. On a tokio worker thread that would stall the very tasks it
 //! waits for.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -36,6 +38,7 @@ use crate::kafka::settings::{GroupProtocol, KafkaSettings};
 use crate::telemetry;
 use replyd_core::domain::RecordEnd;
 use replyd_core::offsets::{InFlightOffsets, PartitionKey};
+use replyd_core::windows::{self, Offer, WindowLimits, Windows};
 
 /// What a handler says about one record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,37 +78,11 @@ pub struct ConsumerStatus {
     pub rebalances: AtomicUsize,
 }
 
-/// One assignment of one partition.
-struct PartitionRun {
-    /// Distinguishes this assignment from an earlier one of the same partition, so a record
-    /// that finishes late cannot touch the new assignment's bookkeeping.
-    epoch: u64,
-    cancel: CancellationToken,
-    /// Records being processed now (at most `partition_window`).
-    running: usize,
-    /// Records received but waiting for a window slot, in offset order. They are begun in the
-    /// tracker (so never committed past) and bounded by `read_ahead`.
-    backlog: VecDeque<OwnedMessage>,
-    paused: bool,
-}
-
-impl PartitionRun {
-    fn new(epoch: u64) -> Self {
-        Self {
-            epoch,
-            cancel: CancellationToken::new(),
-            running: 0,
-            backlog: VecDeque::new(),
-            paused: false,
-        }
-    }
-}
-
-#[derive(Default)]
 struct State {
     offsets: InFlightOffsets,
-    runs: HashMap<PartitionKey, PartitionRun>,
-    next_epoch: u64,
+    /// Which records run, which wait, which partitions are paused: the rules are
+    /// [`Windows`]'s; each assignment's scope is the cancellation token of its records.
+    windows: Windows<PartitionKey, CancellationToken, OwnedMessage>,
     /// What the last commit sent per partition, to skip commits that would change nothing.
     last_committed: HashMap<PartitionKey, i64>,
     /// Set at shutdown: no new records are taken.
@@ -113,8 +90,17 @@ struct State {
 }
 
 impl State {
-    fn running(&self) -> usize {
-        self.runs.values().map(|r| r.running).sum()
+    fn new(limits: WindowLimits) -> Self {
+        Self {
+            offsets: InFlightOffsets::default(),
+            windows: Windows::new(limits),
+            last_committed: HashMap::new(),
+            stopping: false,
+        }
+    }
+
+    fn assigned(&self) -> usize {
+        self.windows.assigned().count()
     }
 }
 
@@ -130,15 +116,24 @@ struct Start {
     message: OwnedMessage,
 }
 
+impl Start {
+    /// The windows' word to start a record: it runs in a child of its assignment's scope.
+    fn of(start: windows::Start<PartitionKey, CancellationToken, OwnedMessage>) -> Self {
+        Self {
+            key: start.key,
+            epoch: start.epoch,
+            cancel: start.scope.child_token(),
+            message: start.item,
+        }
+    }
+}
+
 /// State shared by the poll thread, the rebalance callbacks (on the poll thread too) and the
 /// record tasks (on the runtime).
 pub struct Shared {
     state: Mutex<State>,
     /// Signalled whenever a record stops running, for drains waiting on the running count.
     finished: Condvar,
-    partition_window: usize,
-    global_window: usize,
-    read_ahead: usize,
     drain_timeout: Duration,
     pub status: Arc<ConsumerStatus>,
     tasks: TaskTracker,
@@ -157,11 +152,12 @@ impl Shared {
         let starter: Starter =
             Arc::new(move |message, cancel| Arc::clone(&handler).handle(message, cancel).boxed());
         Arc::new(Self {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State::new(WindowLimits {
+                partition: worker.partition_window,
+                global: worker.global_window,
+                read_ahead: worker.read_ahead(),
+            })),
             finished: Condvar::new(),
-            partition_window: worker.partition_window,
-            global_window: worker.global_window,
-            read_ahead: worker.read_ahead(),
             drain_timeout: worker.drain_timeout(),
             status,
             tasks: TaskTracker::new(),
@@ -183,18 +179,16 @@ impl Shared {
     fn adopt(&self, keys: &[PartitionKey]) {
         let mut state = self.lock();
         for key in keys {
-            state.next_epoch += 1;
-            let epoch = state.next_epoch;
             state.offsets.assign(key.clone());
             state.last_committed.remove(key);
-            if let Some(old) = state.runs.insert(key.clone(), PartitionRun::new(epoch)) {
-                old.cancel.cancel();
+            if let Some(old) = state.windows.assign(key.clone(), CancellationToken::new()) {
+                old.scope.cancel();
             }
         }
         self.status
             .assigned_partitions
-            .store(state.runs.len(), Ordering::Relaxed);
-        telemetry::assigned(state.runs.len());
+            .store(state.assigned(), Ordering::Relaxed);
+        telemetry::assigned(state.assigned());
     }
 
     /// The drain path shared by revocation and shutdown: drop the backlog of `keys` (never
@@ -210,17 +204,11 @@ impl Shared {
         let deadline = Instant::now() + self.drain_timeout;
         let mut state = self.lock();
         for key in keys {
-            if let Some(run) = state.runs.get_mut(key) {
-                run.backlog.clear();
-            }
+            state.windows.drop_waiting(key);
         }
         if wait {
             loop {
-                let running: usize = keys
-                    .iter()
-                    .filter_map(|k| state.runs.get(k))
-                    .map(|r| r.running)
-                    .sum();
+                let running = state.windows.running_of(keys);
                 let now = Instant::now();
                 if running == 0 || now >= deadline {
                     break;
@@ -234,14 +222,14 @@ impl Shared {
         }
         let mut points = Vec::new();
         for key in keys {
-            if let Some(run) = state.runs.remove(key) {
+            if let Some(run) = state.windows.release(key) {
                 if run.paused {
                     telemetry::released_while_paused(key);
                 }
                 if run.running > 0 {
                     telemetry::cancelling_left_over(key, run.running, wait);
                 }
-                run.cancel.cancel();
+                run.scope.cancel();
             }
             if let Some(point) = state.offsets.revoke(key).and_then(|o| o.commit_point()) {
                 points.push((key.clone(), point));
@@ -252,8 +240,8 @@ impl Shared {
         }
         self.status
             .assigned_partitions
-            .store(state.runs.len(), Ordering::Relaxed);
-        telemetry::assigned(state.runs.len());
+            .store(state.assigned(), Ordering::Relaxed);
+        telemetry::assigned(state.assigned());
         drop(state);
         // Cancelled records free no slot for anyone: their partitions are gone.
         self.finished.notify_all();
@@ -274,7 +262,7 @@ impl Shared {
                 // Not begun, so never committed past: the next owner reads it.
                 return;
             }
-            if !state.runs.contains_key(&key) {
+            if !state.windows.is_assigned(&key) {
                 tracing::debug!(
                     partition = key.partition,
                     offset,
@@ -286,68 +274,17 @@ impl Shared {
                 tracing::warn!(partition = key.partition, offset, error = %e, "record out of order; skipped");
                 return;
             }
-            let room = state.running() < self.global_window;
-            // Checked above: the partition is assigned.
-            let Some(run) = state.runs.get_mut(&key) else {
-                return;
-            };
-            if room && run.running < self.partition_window && run.backlog.is_empty() {
-                run.running += 1;
-                Some(Start {
-                    key: key.clone(),
-                    epoch: run.epoch,
-                    cancel: run.cancel.child_token(),
-                    message,
-                })
-            } else {
-                run.backlog.push_back(message);
-                None
+            match state.windows.offer(&key, message) {
+                Offer::Start(start) => Some(Start::of(start)),
+                Offer::Queued => None,
+                // Checked above: the partition is assigned.
+                Offer::NotAssigned(_) => return,
             }
         };
         telemetry::record_received(&key);
         if let Some(start) = start {
             self.spawn(start);
         }
-    }
-
-    /// Pops backlog records into free window slots, partitions taken in turn so one busy
-    /// partition cannot starve the others of the global window.
-    fn take_ready(&self, state: &mut State) -> Vec<Start> {
-        let mut ready = Vec::new();
-        let mut keys: Vec<PartitionKey> = state
-            .runs
-            .iter()
-            .filter(|(_, r)| !r.backlog.is_empty())
-            .map(|(k, _)| k.clone())
-            .collect();
-        keys.sort();
-        let mut running = state.running();
-        while running < self.global_window && !keys.is_empty() {
-            keys.retain(|key| {
-                if running >= self.global_window {
-                    return false;
-                }
-                let Some(run) = state.runs.get_mut(key) else {
-                    return false;
-                };
-                if run.running >= self.partition_window {
-                    return false;
-                }
-                let Some(message) = run.backlog.pop_front() else {
-                    return false;
-                };
-                run.running += 1;
-                running += 1;
-                ready.push(Start {
-                    key: key.clone(),
-                    epoch: run.epoch,
-                    cancel: run.cancel.child_token(),
-                    message,
-                });
-                !run.backlog.is_empty()
-            });
-        }
-        ready
     }
 
     fn spawn(self: &Arc<Self>, start: Start) {
@@ -408,17 +345,24 @@ impl Shared {
     ) {
         let ready = {
             let mut state = self.lock();
-            let current = state.runs.get_mut(key).filter(|run| run.epoch == epoch);
-            if let Some(run) = current {
-                run.running -= 1;
-                if let RecordOutcome::Done(how) = outcome {
-                    if let Err(e) = state.offsets.done(key, offset) {
-                        tracing::error!(partition = key.partition, offset, error = %e, "offset bookkeeping error");
-                    }
-                    telemetry::record_done(key, offset, how);
+            // Only a record of the current assignment counts, and only a done one moves the
+            // commit point.
+            if state.windows.finish(key, epoch)
+                && let RecordOutcome::Done(how) = outcome
+            {
+                if let Err(e) = state.offsets.done(key, offset) {
+                    tracing::error!(partition = key.partition, offset, error = %e, "offset bookkeeping error");
                 }
+                telemetry::record_done(key, offset, how);
             }
-            self.take_ready(&mut state)
+            // A late end of an earlier assignment frees no slot of its own, but a slot freed
+            // meanwhile (a partition taken away) is given out here too.
+            state
+                .windows
+                .take_ready()
+                .into_iter()
+                .map(Start::of)
+                .collect::<Vec<_>>()
         };
         self.finished.notify_all();
         for start in ready {
@@ -435,19 +379,14 @@ impl Shared {
             let mut state = self.lock();
             let mut to_pause = TopicPartitionList::new();
             let mut to_resume = TopicPartitionList::new();
-            let mut paused = 0;
-            for (key, run) in state.runs.iter_mut() {
-                let queued = run.backlog.len();
-                if !run.paused && queued >= self.read_ahead {
-                    run.paused = true;
-                    to_pause.add_partition(&key.topic, key.partition);
-                } else if run.paused && queued <= self.read_ahead / 2 {
-                    run.paused = false;
-                    to_resume.add_partition(&key.topic, key.partition);
-                }
-                paused += usize::from(run.paused);
+            let changes = state.windows.back_pressure();
+            for key in &changes.pause {
+                to_pause.add_partition(&key.topic, key.partition);
             }
-            telemetry::in_flight(state.running(), paused);
+            for key in &changes.resume {
+                to_resume.add_partition(&key.topic, key.partition);
+            }
+            telemetry::in_flight(state.windows.running(), changes.paused);
             (to_pause, to_resume)
         };
         if to_pause.count() > 0
@@ -520,17 +459,15 @@ impl Shared {
     fn stop_taking(&self) {
         let mut state = self.lock();
         state.stopping = true;
-        for run in state.runs.values_mut() {
-            run.backlog.clear();
-        }
+        state.windows.drop_all_waiting();
     }
 
     fn running(&self) -> usize {
-        self.lock().running()
+        self.lock().windows.running()
     }
 
     fn assigned(&self) -> Vec<PartitionKey> {
-        self.lock().runs.keys().cloned().collect()
+        self.lock().windows.assigned().cloned().collect()
     }
 }
 

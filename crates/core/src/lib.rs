@@ -16,4 +16,5 @@ pub mod provider;
 pub mod quota;
 pub mod retry;
 pub mod secret;
+pub mod windows;
 pub mod workspace_policy;
