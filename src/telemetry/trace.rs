@@ -246,7 +246,8 @@ impl Injector for HttpHeadersMut<'_> {
     }
 }
 
-struct KafkaHeaders<'a, H>(&'a H);
+/// A Kafka record's headers as a carrier of its trace context.
+pub struct KafkaHeaders<'a, H>(pub &'a H);
 
 impl<H: Headers> Extractor for KafkaHeaders<'_, H> {
     fn get(&self, key: &str) -> Option<&str> {
@@ -306,7 +307,7 @@ pub fn record_headers(span: &Span, stored: Option<&str>) -> Option<OwnedHeaders>
 
 /// The worker's consumer span of one record: a child of its `traceparent` header, or the root
 /// of a new trace when the producer sent none.
-pub fn process(topic: &str, partition: i32, offset: i64, headers: Option<&impl Headers>) -> Span {
+pub fn process(topic: &str, partition: i32, offset: i64, carrier: Option<&dyn Extractor>) -> Span {
     let span = tracing::info_span!(
         target: TARGET,
         "process",
@@ -320,8 +321,8 @@ pub fn process(topic: &str, partition: i32, offset: i64, headers: Option<&impl H
         replyd.task_id = tracing::field::Empty,
         replyd.outcome = tracing::field::Empty,
     );
-    if let Some(headers) = headers {
-        adopt(&span, &KafkaHeaders(headers));
+    if let Some(carrier) = carrier {
+        adopt(&span, carrier);
     }
     span
 }
@@ -480,7 +481,7 @@ mod tests {
     #[test]
     fn with_traces_off_no_context_is_made_or_sent() {
         // No exporter layer in unit tests: every trace span is disabled.
-        let span = process("t", 0, 1, None::<&OwnedHeaders>);
+        let span = process("t", 0, 1, None);
         assert_eq!(traceparent(&span), None);
         assert!(record_headers(&span, None).is_none());
         let kept = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";

@@ -1,4 +1,4 @@
-//! The consumer-group loop: polls on a dedicated thread, runs many records of one partition at
+//! The Kafka source (see [`super::source`]): the consumer-group loop. It polls on a dedicated thread, runs many records of one partition at
 //! once on the tokio runtime, pauses partitions when their window is full, and commits each
 //! partition's done prefix — periodically, and confirmed (within a bound) when partitions are
 //! revoked and at shutdown.
@@ -16,7 +16,6 @@
 //! waits for.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -36,39 +35,11 @@ use tracing::Instrument;
 use crate::config::WorkerSettings;
 use crate::kafka::settings::{GroupProtocol, KafkaSettings};
 use crate::telemetry;
-use replyd_core::domain::RecordEnd;
 use replyd_core::offsets::{InFlightOffsets, PartitionKey};
 use replyd_core::windows::{self, Offer, WindowLimits, Windows};
 
-/// What a handler says about one record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordOutcome {
-    /// The record's outcome is durable (task terminal, or copy in the dead-letter topic); its
-    /// offset may be committed. Says how, for metrics.
-    Done(RecordEnd),
-    /// The work was cancelled (revoke, shutdown) before a durable outcome: the offset must not
-    /// be committed past, so the next owner of the partition reads the record again.
-    Cancelled,
-}
-
-impl RecordOutcome {
-    /// Stable label for traces: how the record ended, or `cancelled`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            RecordOutcome::Done(how) => how.as_str(),
-            RecordOutcome::Cancelled => "cancelled",
-        }
-    }
-}
-
-/// Processes one record. Called concurrently for many records, also of one partition.
-pub trait RecordHandler: Send + Sync + 'static {
-    fn handle(
-        self: Arc<Self>,
-        record: OwnedMessage,
-        cancel: CancellationToken,
-    ) -> impl Future<Output = RecordOutcome> + Send + 'static;
-}
+use super::source::{DeadLetter, Delivery, RecordHandler, RecordOutcome};
+use crate::kafka::dead_letter::DeadLetters;
 
 /// Live facts about the consumer, for `/readyz` and tests.
 #[derive(Debug, Default)]
@@ -143,7 +114,7 @@ pub struct Shared {
 }
 
 impl Shared {
-    fn new<H: RecordHandler>(
+    fn new<H: RecordHandler<OwnedMessage>>(
         worker: &WorkerSettings,
         status: Arc<ConsumerStatus>,
         handler: Arc<H>,
@@ -479,14 +450,7 @@ fn commit_points<C: ConsumerContext>(
     if points.is_empty() {
         return;
     }
-    let mut list = TopicPartitionList::new();
-    for (key, point) in points {
-        // add_partition_offset fails only for an invalid offset; ours come from real records.
-        if let Err(e) = list.add_partition_offset(&key.topic, key.partition, Offset::Offset(*point))
-        {
-            telemetry::commit_failed(&e, matches!(mode, CommitMode::Sync));
-        }
-    }
+    let list = commit_list(points, matches!(mode, CommitMode::Sync));
     // An error here is the commit not queued; how a queued async commit fares is only logged
     // by librdkafka (see `commit_callback`), hence the periodic full re-commit. The release
     // path confirms its commit itself (`commit_on_release`).
@@ -494,6 +458,19 @@ fn commit_points<C: ConsumerContext>(
         Ok(()) => telemetry::committed(points, matches!(mode, CommitMode::Sync)),
         Err(e) => telemetry::commit_failed(&e, matches!(mode, CommitMode::Sync)),
     }
+}
+
+/// The partition list of commit `points`; `confirmed` labels a failure as the release path's.
+fn commit_list(points: &[(PartitionKey, i64)], confirmed: bool) -> TopicPartitionList {
+    let mut list = TopicPartitionList::new();
+    for (key, point) in points {
+        // add_partition_offset fails only for an invalid offset; ours come from real records.
+        if let Err(e) = list.add_partition_offset(&key.topic, key.partition, Offset::Offset(*point))
+        {
+            telemetry::commit_failed(&e, confirmed);
+        }
+    }
+    list
 }
 
 /// How long a released partition's last commit is waited for.
@@ -513,13 +490,7 @@ fn commit_on_release<C: ConsumerContext>(
     if points.is_empty() {
         return;
     }
-    let mut list = TopicPartitionList::new();
-    for (key, point) in points {
-        if let Err(e) = list.add_partition_offset(&key.topic, key.partition, Offset::Offset(*point))
-        {
-            telemetry::commit_failed(&e, true);
-        }
-    }
+    let list = commit_list(points, true);
     if let Err(e) = consumer.commit(&list, CommitMode::Async) {
         telemetry::commit_failed(&e, true);
         return;
@@ -729,7 +700,7 @@ const FULL_COMMIT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Runs the consumer until `shutdown` fires, then drains, commits and leaves the group.
 /// Blocking: call it on a thread of its own (see the module comment).
-pub fn run_consumer<H: RecordHandler>(
+pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
     kafka: &KafkaSettings,
     worker: &WorkerSettings,
     handler: Arc<H>,
@@ -816,6 +787,43 @@ pub fn run_consumer<H: RecordHandler>(
     shared.status.polling.store(false, Ordering::Relaxed);
     tracing::info!("consumer stopped");
     Ok(())
+}
+
+/// A Kafka record, as the pipeline sees it.
+impl Delivery for OwnedMessage {
+    fn payload(&self) -> Option<&[u8]> {
+        Message::payload(self)
+    }
+
+    fn written_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.timestamp()
+            .to_millis()
+            .and_then(chrono::DateTime::from_timestamp_millis)
+    }
+
+    fn position(&self) -> (PartitionKey, i64) {
+        (
+            PartitionKey::new(self.topic(), self.partition()),
+            self.offset(),
+        )
+    }
+
+    fn trace_carrier(&self) -> Option<Box<dyn opentelemetry::propagation::Extractor + '_>> {
+        let headers = Message::headers(self)?;
+        Some(Box::new(telemetry::trace::KafkaHeaders(headers)))
+    }
+}
+
+/// A bad Kafka record is kept as a copy in the dead-letter topic, with where it came from and
+/// why it was refused in its headers.
+impl DeadLetter<OwnedMessage> for DeadLetters {
+    async fn keep(
+        &self,
+        record: &OwnedMessage,
+        error: &replyd_core::domain::RecordError,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        self.send(record, error).await.map_err(Into::into)
+    }
 }
 
 #[cfg(test)]

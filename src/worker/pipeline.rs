@@ -2,21 +2,17 @@
 //! state machine of [`super::runner`] until the task is terminal.
 //!
 //! Keeps I3 from the record's side: the handler says `Done` only when the task is terminal or
-//! the record's copy is in the dead-letter topic; a cancelled record (revoke, shutdown) says
-//! `Cancelled` and is read again by the partition's next owner.
+//! the record is kept as a dead letter; a cancelled record (revoke, shutdown) says `Cancelled`
+//! and is delivered again. It sees a record only through [`Delivery`], whatever its source.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::Message;
-use rdkafka::message::OwnedMessage;
 use tokio_util::sync::CancellationToken;
 
-use super::consumer::{RecordHandler, RecordOutcome};
-use crate::kafka::dead_letter::DeadLetters;
+use super::source::{DeadLetter, Delivery, RecordHandler, RecordOutcome};
 use crate::telemetry::{self, trace};
 use replyd_core::domain::{RecordEnd, RecordRules, TaskSpec};
-use replyd_core::offsets::PartitionKey;
 
 use super::runner::{FromRecord, TaskRunner};
 use super::store_retry::pause;
@@ -29,25 +25,21 @@ pub struct PipelineSettings {
     pub io_retry: Duration,
 }
 
-/// The record handler the worker runs.
-pub struct Pipeline {
-    dead_letters: DeadLetters,
+/// The record handler the worker runs; `L` keeps its source's dead letters.
+pub struct Pipeline<L> {
+    dead_letters: L,
     runner: TaskRunner,
     settings: PipelineSettings,
 }
 
-impl RecordHandler for Pipeline {
-    async fn handle(
-        self: Arc<Self>,
-        record: OwnedMessage,
-        cancel: CancellationToken,
-    ) -> RecordOutcome {
+impl<D: Delivery, L: DeadLetter<D>> RecordHandler<D> for Pipeline<L> {
+    async fn handle(self: Arc<Self>, record: D, cancel: CancellationToken) -> RecordOutcome {
         self.process(record, cancel).await
     }
 }
 
-impl Pipeline {
-    pub fn new(dead_letters: DeadLetters, runner: TaskRunner, settings: PipelineSettings) -> Self {
+impl<L> Pipeline<L> {
+    pub fn new(dead_letters: L, runner: TaskRunner, settings: PipelineSettings) -> Self {
         Self {
             dead_letters,
             runner,
@@ -55,34 +47,44 @@ impl Pipeline {
         }
     }
 
-    async fn process(&self, record: OwnedMessage, cancel: CancellationToken) -> RecordOutcome {
-        let offset = record.offset();
+    async fn process<D: Delivery>(&self, record: D, cancel: CancellationToken) -> RecordOutcome
+    where
+        L: DeadLetter<D>,
+    {
+        let (key, offset) = record.position();
         // The record's own span of the task's trace (a new trace when it came without a
-        // `traceparent`); the log's span stays the consumer's `record`.
-        let span = trace::process(record.topic(), record.partition(), offset, record.headers());
+        // `traceparent`); the log's span stays the source's `record`.
+        let span = trace::process(
+            &key.topic,
+            key.partition,
+            offset,
+            record.trace_carrier().as_deref(),
+        );
         let outcome = self.process_traced(record, cancel, &span).await;
         span.record("replyd.outcome", outcome.label());
         outcome
     }
 
-    async fn process_traced(
+    async fn process_traced<D: Delivery>(
         &self,
-        record: OwnedMessage,
+        record: D,
         cancel: CancellationToken,
         span: &tracing::Span,
-    ) -> RecordOutcome {
-        let key = PartitionKey::new(record.topic(), record.partition());
-        let offset = record.offset();
-        let written_at = record
-            .timestamp()
-            .to_millis()
-            .and_then(chrono::DateTime::from_timestamp_millis);
-        let spec = match TaskSpec::from_record(record.payload(), written_at, &self.settings.rules) {
+    ) -> RecordOutcome
+    where
+        L: DeadLetter<D>,
+    {
+        let (key, offset) = record.position();
+        let spec = match TaskSpec::from_record(
+            record.payload(),
+            record.written_at(),
+            &self.settings.rules,
+        ) {
             Ok(spec) => spec,
             Err(error) => {
-                // A bad record is done once its copy is durable in the dead-letter topic.
+                // A bad record is done once it is kept as a dead letter.
                 loop {
-                    match self.dead_letters.send(&record, &error).await {
+                    match self.dead_letters.keep(&record, &error).await {
                         Ok(()) => {
                             telemetry::record_dead_lettered(
                                 &key,
@@ -92,7 +94,7 @@ impl Pipeline {
                             );
                             return RecordOutcome::Done(RecordEnd::DeadLettered);
                         }
-                        Err(e) => telemetry::dead_letter_failed(&key, offset, &e),
+                        Err(e) => telemetry::dead_letter_failed(&key, offset, e.as_ref()),
                     }
                     if !pause(&cancel, self.settings.io_retry).await {
                         return RecordOutcome::Cancelled;
