@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 
 use replyd::cli::{Cli, Command, ConfigCommand};
 use replyd::config::{ConfigError, Settings};
@@ -62,7 +61,7 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     // Listen for SIGTERM before anything else: a worker stopped during start-up then leaves
     // through its drain path too, instead of dying of the signal.
-    let shutdown = shutdown_on_signal();
+    let shutdown = serve::shutdown_on_signal();
     let settings = || Settings::load(cli.config.as_deref()).map_err(anyhow::Error::from);
     match cli.command {
         Command::Worker => serve::run(settings()?, Parts::WORKER, shutdown).await?,
@@ -136,21 +135,4 @@ fn traces_of(
         Some(settings) => Traces::start(&settings).map(Some),
         None => Ok(None),
     }
-}
-
-/// A token cancelled on the first SIGTERM or SIGINT: the worker drains and leaves the group.
-fn shutdown_on_signal() -> CancellationToken {
-    let token = CancellationToken::new();
-    let cancel = token.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        // Installing a handler only fails if the runtime has no signal driver; ours has.
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        }
-        cancel.cancel();
-    });
-    token
 }

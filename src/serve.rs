@@ -121,3 +121,21 @@ pub async fn run(
         .and(relay.unwrap_or(Ok(())))
         .and(worker.unwrap_or(Ok(())))
 }
+
+/// A token cancelled on the first SIGTERM or SIGINT: a worker drains and leaves the group, the
+/// API stops taking connections, a tool stops. Call it from within the runtime.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Installing a handler only fails if the runtime has no signal driver; ours has.
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+        cancel.cancel();
+    });
+    token
+}

@@ -233,7 +233,7 @@ impl Store {
         prelude: Option<&'static str>,
     ) -> Result<FailOutcome, StoreError> {
         let result = self
-            .fenced_write_as(
+            .fenced_write(
                 lease,
                 FencedUpdate {
                     set: "status = 'failed', failure = $3, \
@@ -360,6 +360,7 @@ impl Store {
                     outcome: release.outcome,
                     detail: Some(release.detail),
                 },
+                None,
             )
             .await?;
         Ok(match result {
@@ -389,6 +390,7 @@ impl Store {
                 },
                 &[&lease.task_id, &lease.version, &operation_id],
                 AttemptWrite::Nothing,
+                None,
             )
             .await?;
         Ok(result.map(|_| ()))
@@ -479,20 +481,9 @@ impl Store {
             .collect()
     }
 
-    /// One fenced write ([`fence::write`]).
+    /// One fenced write ([`fence::write`]); `prelude` runs once the row is locked (a `SET
+    /// LOCAL` the task table's triggers read).
     async fn fenced_write(
-        &self,
-        lease: &Lease,
-        update: FencedUpdate,
-        params: &[&(dyn ToSql + Sync)],
-        records: AttemptWrite<'_>,
-    ) -> Result<Result<Row, Refusal>, StoreError> {
-        fence::write(&self.sessions, lease, update, params, records, None).await
-    }
-
-    /// [`Self::fenced_write`], with `prelude` run once the row is locked (a `SET LOCAL` the
-    /// task table's triggers read).
-    async fn fenced_write_as(
         &self,
         lease: &Lease,
         update: FencedUpdate,

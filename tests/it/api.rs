@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::helpers::TestDb;
+use crate::helpers::{TestDb, api};
 use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
 use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::config::ApiSettings;
@@ -23,38 +23,24 @@ struct Api {
 }
 
 async fn key_for(db: &TestDb, workspace: &str) -> String {
-    db.store.create_workspace(workspace).await.unwrap();
-    let key = issue(&mut rand::rng());
-    assert!(db.store.create_api_key(workspace, &key).await.unwrap());
-    key.token
+    api::workspace_with_key(&db.store, workspace).await.token
 }
 
 async fn start_with(settings: ApiSettings) -> Api {
-    start_with_limits(
-        settings,
-        IntakeLimits {
-            max_attempts: 3,
-            max_prompt_bytes: 1000,
-            ..IntakeLimits::default()
-        },
-    )
-    .await
+    start_with_limits(settings, api::limits(1000)).await
 }
 
 async fn start_with_limits(settings: ApiSettings, limits: IntakeLimits) -> Api {
     let db = TestDb::new().await;
     let key = key_for(&db, "acme").await;
-    let stop = CancellationToken::new();
-    let state = ApiState::new(db.store.clone(), settings, limits);
-    let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
-        .await
-        .unwrap();
+    let state = api::state(&db.store, settings, limits);
+    let (base, stop) = api::serve_on_loopback(state, CancellationToken::new()).await;
     Api {
         db,
-        base: format!("http://{addr}"),
+        base,
         key,
         client: reqwest::Client::new(),
-        _stop: stop.drop_guard(),
+        _stop: stop,
     }
 }
 

@@ -5,9 +5,8 @@
 use std::time::Duration;
 
 use crate::helpers::app::{TestApp, WorkerConfig};
-use crate::helpers::wait_until;
+use crate::helpers::{api, wait_until};
 use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
-use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::config::ApiSettings;
 use replyd_core::api_key::issue;
 use replyd_lab::mock_provider::MockSettings;
@@ -26,30 +25,21 @@ struct Front {
 }
 
 async fn front(app: &TestApp) -> Front {
-    let store = &app.db.store;
-    store.create_workspace("acme").await.unwrap();
-    let key = issue(&mut rand::rng());
-    store.create_api_key("acme", &key).await.unwrap();
+    let key = api::workspace_with_key(&app.db.store, "acme").await;
     let stop = CancellationToken::new();
-    let state = ApiState::new(
-        store.clone(),
+    let state = api::state(
+        &app.db.store,
         ApiSettings::default(),
-        IntakeLimits {
-            max_attempts: 3,
-            max_prompt_bytes: 64 * 1024,
-            ..IntakeLimits::default()
-        },
+        api::limits(64 * 1024),
     );
     state.changes.listen(app.db.settings.clone(), stop.clone());
-    let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
-        .await
-        .unwrap();
+    let (base, stop) = api::serve_on_loopback(state, stop).await;
     Front {
-        base: format!("http://{addr}"),
+        base,
         key: key.token,
         key_id: key.key_id,
         client: reqwest::Client::new(),
-        _stop: stop.drop_guard(),
+        _stop: stop,
     }
 }
 

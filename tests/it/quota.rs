@@ -7,11 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::helpers::TestDb;
+use crate::helpers::{TestDb, api};
 use replyd::api::replies::Accepted;
-use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::config::{ApiSettings, QuotaSettings};
-use replyd_core::api_key::issue;
 use replyd_core::domain::TaskId;
 use replyd_core::lease::ClaimOutcome;
 use replyd_core::quota::QuotaPolicy;
@@ -33,32 +31,19 @@ fn policy() -> QuotaPolicy {
 
 async fn start(policy: QuotaPolicy) -> Api {
     let db = TestDb::new().await;
-    db.store.create_workspace("acme").await.unwrap();
-    let key = issue(&mut rand::rng());
-    assert!(db.store.create_api_key("acme", &key).await.unwrap());
-    let stop = CancellationToken::new();
-    let mut state = ApiState::new(
-        db.store.clone(),
-        ApiSettings::default(),
-        IntakeLimits {
-            max_attempts: 3,
-            max_prompt_bytes: 10_000,
-            ..IntakeLimits::default()
-        },
-    );
+    let key = api::workspace_with_key(&db.store, "acme").await;
+    let mut state = api::state(&db.store, ApiSettings::default(), api::limits(10_000));
     state.quota = policy;
-    let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
-        .await
-        .unwrap();
+    let (base, stop) = api::serve_on_loopback(state, CancellationToken::new()).await;
     Api {
         db,
-        base: format!("http://{addr}"),
+        base,
         key: key.token,
         client: reqwest::Client::builder()
             .pool_max_idle_per_host(256)
             .build()
             .unwrap(),
-        _stop: stop.drop_guard(),
+        _stop: stop,
     }
 }
 

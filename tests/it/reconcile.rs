@@ -5,17 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::helpers::TestDb;
 use crate::helpers::provider::{request, start_mock, stats};
+use crate::helpers::{TestDb, api};
 use replyd::api::replies::Accepted;
-use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::config::{ApiSettings, QuotaSettings};
 use replyd::provider::{
     BackgroundProvider, OpenAiResponsesProvider, OpenAiSettings, Provider, ProviderApi,
 };
 use replyd::reconcile::{ReconcileReport, Reconciler};
 use replyd::store::CompletionOutcome;
-use replyd_core::api_key::issue;
 use replyd_core::domain::{TaskId, TaskStatus};
 use replyd_core::lease::ClaimOutcome;
 use replyd_lab::mock_provider::{MockHandle, MockSettings};
@@ -33,22 +31,9 @@ struct Setup {
 
 async fn setup() -> Setup {
     let db = TestDb::new().await;
-    db.store.create_workspace("acme").await.unwrap();
-    let key = issue(&mut rand::rng());
-    assert!(db.store.create_api_key("acme", &key).await.unwrap());
-    let stop = CancellationToken::new();
-    let state = ApiState::new(
-        db.store.clone(),
-        ApiSettings::default(),
-        IntakeLimits {
-            max_attempts: 3,
-            max_prompt_bytes: 10_000,
-            ..IntakeLimits::default()
-        },
-    );
-    let (addr, _) = serve("127.0.0.1:0".parse().unwrap(), state, stop.clone())
-        .await
-        .unwrap();
+    let key = api::workspace_with_key(&db.store, "acme").await;
+    let state = api::state(&db.store, ApiSettings::default(), api::limits(10_000));
+    let (base, stop) = api::serve_on_loopback(state, CancellationToken::new()).await;
     let mock = start_mock(MockSettings {
         latency_ms: 20,
         ..MockSettings::default()
@@ -70,11 +55,11 @@ async fn setup() -> Setup {
     );
     Setup {
         db,
-        base: format!("http://{addr}"),
+        base,
         key: key.token,
         mock,
         provider,
-        _stop: stop.drop_guard(),
+        _stop: stop,
     }
 }
 

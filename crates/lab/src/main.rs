@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tokio_util::sync::CancellationToken;
 
 use replyd::config::Settings;
 use replyd_lab::browsers::BrowsersArgs;
@@ -61,7 +60,7 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::MockProvider(args) => {
-            let shutdown = shutdown_on_signal();
+            let shutdown = replyd::serve::shutdown_on_signal();
             replyd_lab::mock_provider::run(args, async move { shutdown.cancelled().await })
                 .await
                 .context("mock provider")?;
@@ -88,21 +87,4 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// A token cancelled on the first SIGTERM or SIGINT: the mock provider stops serving.
-fn shutdown_on_signal() -> CancellationToken {
-    let token = CancellationToken::new();
-    let cancel = token.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        // Installing a handler only fails if the runtime has no signal driver; ours has.
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        cancel.cancel();
-    });
-    token
 }

@@ -2,6 +2,7 @@
 //! `make infra-up` (addresses in `target/infra/env`, or `DATABASE_URL` / `KAFKA_BOOTSTRAP`),
 //! a fresh schema per test, and a random topic and group per test.
 
+pub mod api;
 pub mod app;
 pub mod provider;
 

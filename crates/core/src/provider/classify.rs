@@ -195,15 +195,10 @@ fn error_message(status: StatusCode, body_snippet: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header::HeaderValue;
     use std::time::Duration;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.insert(*name, HeaderValue::from_str(value).unwrap());
-        }
-        map
+        super::super::signals::header_map(pairs)
     }
 
     fn now() -> SystemTime {

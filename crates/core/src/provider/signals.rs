@@ -214,18 +214,24 @@ pub fn parse_go_duration(text: &str) -> Option<Duration> {
     Some(Duration::new(secs, nanos))
 }
 
+/// An answer's headers from name and value pairs, for the tests of this room and its
+/// neighbours.
+#[cfg(test)]
+pub(crate) fn header_map(pairs: &[(&'static str, &str)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (name, value) in pairs {
+        map.insert(*name, http::header::HeaderValue::from_str(value).unwrap());
+    }
+    map
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header::HeaderValue;
     use proptest::prelude::*;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.insert(*name, HeaderValue::from_str(value).unwrap());
-        }
-        map
+        header_map(pairs)
     }
 
     fn now() -> SystemTime {
