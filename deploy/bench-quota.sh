@@ -32,57 +32,25 @@ db_url=$(schema_url "bench_$id")
 # The mock honours Idempotency-Key here (no real API documents it; off by default) so a lost
 # create resent under its key finds its response, as in the figures of earlier runs.
 start_mock "$dir/mock" --latency-ms 100 --drop-after-work-rate 0.2 --honour-idempotency-key true
-for name in api relay w1 w2; do
-  cat >"$dir/$name.toml" <<TOML
-[database]
-url = "$db_url"
-[kafka]
-bootstrap_servers = "$KAFKA_BOOTSTRAP"
-topic = "bench-$id"
-group_id = "bench-$id"
-session_timeout_ms = 10000
-[worker]
-worker_id = "$name"
-lease_ms = 2000
-renew_interval_ms = 500
-drain_timeout_ms = 5000
-commit_interval_ms = 200
-[retry]
-base_delay_ms = 100
-max_delay_ms = 1000
-refusal_budget_ms = 10000
-[provider]
-base_url = "$mock_url"
-api = "background_responses"
-request_timeout_ms = 5000
-poll_interval_ms = 50
-[api]
-listen = "127.0.0.1:0"
+topic="bench-$id"
+partitions=6
 # One key presses for every simulated browser here: the per-key limit is not what this runs.
-rate_limit_per_second = 0
-[relay]
-poll_interval_ms = 200
-[quota]
-reservation_ttl_ms = 40000
-[observability]
-listen = "127.0.0.1:0"
-TOML
+for name in api w1 w2; do
+  write_settings "$dir/$name.toml" "worker.worker_id=\"$name\"" \
+    kafka.session_timeout_ms=10000 worker.lease_ms=2000 worker.renew_interval_ms=500 \
+    worker.drain_timeout_ms=5000 worker.commit_interval_ms=200 \
+    retry.base_delay_ms=100 retry.max_delay_ms=1000 retry.refusal_budget_ms=10000 \
+    'provider.api="background_responses"' provider.request_timeout_ms=5000 \
+    provider.poll_interval_ms=50 api.rate_limit_per_second=0 relay.poll_interval_ms=200 \
+    quota.reservation_ttl_ms=40000
 done
-"$bin" migrate --config "$dir/api.toml" 2>"$dir/migrate.log"
-"$bin" workspace create bench --config "$dir/api.toml" >/dev/null
+start_front_half "$dir/api.toml" bench "$dir"
 "$bin" quota set --workspace bench --limit "$limit" --period 1d --config "$dir/api.toml" >/dev/null
-key=$("$bin" api-key create --workspace bench --config "$dir/api.toml" 2>/dev/null)
-"$lab" produce --config "$dir/api.toml" --create-partitions 6 --count 0 >/dev/null
-"$bin" api --config "$dir/api.toml" 2>"$dir/api.log" &
-pids+=($!)
-"$bin" relay --config "$dir/relay.toml" 2>"$dir/relay.log" &
-pids+=($!)
 for w in w1 w2; do
   "$bin" worker --config "$dir/$w.toml" 2>"$dir/$w.log" &
   pids+=($!)
 done
 wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log"
-api=$(api_addr "$dir/api.log")
 
 echo "bench: $presses presses against a limit of $limit, 20 % lost answers, 20 % ambiguous provider faults" >&2
 REPLYD_API_KEY=$key "$lab" browsers --api "http://$api" --presses "$presses" --concurrency 32 \

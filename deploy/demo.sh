@@ -32,52 +32,20 @@ run_id="$(date +%Y%m%d%H%M%S)-$$"
 dir="$root/target/demo/$run_id"
 mkdir -p "$dir"
 topic="demo-$run_id"
-group="demo-$run_id"
 db_url=$(schema_url "demo_$run_id")
 start_mock "$dir/mock" --latency-ms 200 --latency-jitter-ms 50
 
 # One settings file per process (only the worker id differs): the same configuration runs
-# every part.
-for name in api relay w1 w2; do
-  cat >"$dir/$name.toml" <<TOML
-[database]
-url = "$db_url"
-[kafka]
-bootstrap_servers = "$KAFKA_BOOTSTRAP"
-topic = "$topic"
-group_id = "$group"
-session_timeout_ms = 10000
-[worker]
-worker_id = "$name"
-partition_window = 32
-global_window = 128
-lease_ms = 15000
-renew_interval_ms = 5000
-drain_timeout_ms = 5000
-commit_interval_ms = 500
-[provider]
-base_url = "$mock_url"
-request_timeout_ms = 30000
-[api]
-listen = "127.0.0.1:0"
-# One key presses for every simulated browser here: the per-key limit is not what this runs.
-rate_limit_per_second = 0
-demo_page = true
-[relay]
-poll_interval_ms = 500
-[observability]
-listen = "127.0.0.1:0"
-TOML
+# every part. One key presses for every simulated browser here: the per-key limit is not what
+# this runs.
+for name in api w1 w2; do
+  write_settings "$dir/$name.toml" "worker.worker_id=\"$name\"" \
+    kafka.session_timeout_ms=10000 worker.partition_window=32 worker.global_window=128 \
+    worker.lease_ms=15000 worker.renew_interval_ms=5000 worker.drain_timeout_ms=5000 \
+    worker.commit_interval_ms=500 provider.request_timeout_ms=30000 \
+    api.rate_limit_per_second=0 api.demo_page=true relay.poll_interval_ms=500
 done
-"$bin" migrate --config "$dir/api.toml" 2>"$dir/migrate.log"
-"$bin" workspace create demo --config "$dir/api.toml" >/dev/null
-key=$("$bin" api-key create --workspace demo --config "$dir/api.toml" 2>/dev/null)
-"$lab" produce --config "$dir/api.toml" --create-partitions "$partitions" --count 0 >/dev/null
-
-"$bin" api --config "$dir/api.toml" 2>"$dir/api.log" &
-pids+=($!)
-"$bin" relay --config "$dir/relay.toml" 2>"$dir/relay.log" &
-pids+=($!)
+start_front_half "$dir/api.toml" demo "$dir"
 for w in w1 w2; do
   "$bin" worker --config "$dir/$w.toml" 2>"$dir/$w.log" &
   pids+=($!)
@@ -85,7 +53,6 @@ done
 # Press Send only once every worker holds partitions, so the demo shows two workers sharing
 # the work, not one doing all of it while the other is still joining.
 wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log" || { tail -n 5 "$dir"/*.log >&2; exit 1; }
-api=$(api_addr "$dir/api.log")
 echo "demo: API on $api, relay and two workers running; $presses browsers pressing Send" >&2
 echo "demo: the demo page is http://$api/demo#key=$key (DEMO_PAGE_S=N keeps the chain up N s after the browsers)" >&2
 

@@ -63,6 +63,60 @@ start_mock() {
   exit 1
 }
 
+# write_settings FILE [section.key=VALUE ...]: writes a settings file with what every script's
+# processes share (the database at $db_url, the brokers, topic and group "$topic", the mock at
+# $mock_url, every listener on a free port), each given pair added or put in place of the
+# shared one. VALUE is TOML as written (a string quoted: 'worker.worker_id="w1"'), so a script
+# says only what differs.
+write_settings() {
+  local file=$1
+  shift
+  {
+    printf '%s\n' \
+      "database.url=\"$db_url\"" \
+      "kafka.bootstrap_servers=\"$KAFKA_BOOTSTRAP\"" \
+      "kafka.topic=\"$topic\"" \
+      "kafka.group_id=\"$topic\"" \
+      "provider.base_url=\"${mock_url:-}\"" \
+      'api.listen="127.0.0.1:0"' \
+      'observability.listen="127.0.0.1:0"'
+    printf '%s\n' "$@"
+  } | awk '
+    {
+      eq = index($0, "="); path = substr($0, 1, eq - 1); value = substr($0, eq + 1)
+      dot = index(path, "."); section = substr(path, 1, dot - 1); key = substr(path, dot + 1)
+      if (!(section in seen)) { seen[section] = 1; order[++sections] = section }
+      id = section SUBSEP key
+      if (!(id in values)) { keys[section] = keys[section] SUBSEP key }
+      values[id] = value
+    }
+    END {
+      for (i = 1; i <= sections; i++) {
+        section = order[i]
+        printf "[%s]\n", section
+        n = split(substr(keys[section], 2), list, SUBSEP)
+        for (j = 1; j <= n; j++) printf "%s = %s\n", list[j], values[section SUBSEP list[j]]
+      }
+    }' >"$file"
+}
+
+# start_front_half SETTINGS WORKSPACE LOG_DIR: migrates the schema, makes WORKSPACE and its API
+# key ($key), creates the topic with $partitions partitions (1 when unset), and starts
+# `replyd api` (its address in $api) and `replyd relay` with SETTINGS, their logs in LOG_DIR.
+# Run `quota set` or anything else the workspace needs through $bin afterwards.
+start_front_half() {
+  local settings=$1 workspace=$2 logs=$3
+  "$bin" migrate --config "$settings" 2>"$logs/migrate.log"
+  "$bin" workspace create "$workspace" --config "$settings" >/dev/null
+  key=$("$bin" api-key create --workspace "$workspace" --config "$settings" 2>/dev/null)
+  "$lab" produce --config "$settings" --create-partitions "${partitions:-1}" --count 0 >/dev/null
+  "$bin" api --config "$settings" 2>"$logs/api.log" &
+  pids+=($!)
+  "$bin" relay --config "$settings" 2>"$logs/relay.log" &
+  pids+=($!)
+  api=$(api_addr "$logs/api.log")
+}
+
 # schema_url NAME: creates schema NAME and prints a database URL whose sessions use it.
 schema_url() {
   local schema
