@@ -5,7 +5,6 @@
 
 pub mod reference;
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,12 +12,14 @@ use figment::providers::{Env, Format, Toml};
 use figment::{Figment, Provider as _};
 use serde::{Deserialize, Serialize};
 
-use crate::kafka::settings::{
-    GroupProtocol, KafkaSettings, MESSAGE_MAX_BYTES_RANGE, SECURITY_LIBRDKAFKA,
-};
+use crate::api::settings::ApiSettings;
+use crate::kafka::settings::{GroupProtocol, KafkaSettings};
+use crate::probes::ObservabilitySettings;
 use crate::provider::OpenAiSettings;
+use crate::relay::settings::RelaySettings;
 use crate::store::DatabaseSettings;
-use replyd_core::domain::RecordRules;
+use crate::worker::settings::WorkerSettings;
+use replyd_core::quota::QuotaSettings;
 use replyd_core::retry::RetrySettings;
 pub use replyd_core::secret::Secret;
 
@@ -36,290 +37,6 @@ pub struct Settings {
     pub relay: RelaySettings,
     pub quota: QuotaSettings,
     pub capacity: crate::capacity::CapacitySettings,
-}
-
-/// How the worker processes records.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct WorkerSettings {
-    /// Name of this worker in leases and attempt rows. Empty means `<hostname>-<pid>`.
-    pub worker_id: String,
-    /// Records of one partition processed at once; the partition is paused when full.
-    pub partition_window: usize,
-    /// Records processed at once over all partitions.
-    pub global_window: usize,
-    /// Records of one partition received and waiting for a window slot. When this many wait,
-    /// the partition is paused; it resumes when half have started. Memory stays bounded by
-    /// window + read-ahead records per partition. Unset: twice the partition window, at least
-    /// 64. Pausing drops what the Kafka client had fetched for the partition, so each resume
-    /// fetches again: half a read-ahead must cover that refetch at the rate the window
-    /// finishes records, or the window runs dry (at 200 ms a call, window 64 kept 0.81 of its
-    /// calls open with a read-ahead of one window and 0.97 with two; docs/BENCHMARKS.md).
-    pub read_ahead: Option<usize>,
-    /// Length of a task lease. A worker that stalls longer loses the task to another, and a
-    /// killed worker's tasks wait this long (at most) before another worker takes them. Raise
-    /// it if the database can be away longer (a slow failover): a lease that runs out while
-    /// the database is away costs a second generation of each call in flight.
-    pub lease_ms: u64,
-    /// How often a running call renews its lease; well under `lease_ms`.
-    pub renew_interval_ms: u64,
-    /// How long a revoked partition's in-flight records may run before their offsets are
-    /// committed and the partition let go; what is left is cancelled (and fenced, I2).
-    pub drain_timeout_ms: u64,
-    /// How often each partition's done prefix is committed.
-    pub commit_interval_ms: u64,
-    /// Largest prompt a record may carry (bytes); larger records are dead-lettered.
-    pub max_prompt_bytes: usize,
-    /// Attempt budget of records that do not set one.
-    pub default_max_attempts: u32,
-    /// Largest attempt budget a record may ask for.
-    pub max_attempts_limit: u32,
-    /// Wait before retrying a database or dead-letter write that failed.
-    pub io_retry_ms: u64,
-}
-
-impl Default for WorkerSettings {
-    fn default() -> Self {
-        let rules = RecordRules::default();
-        Self {
-            worker_id: String::new(),
-            partition_window: 64,
-            global_window: 256,
-            read_ahead: None,
-            lease_ms: 10_000,
-            renew_interval_ms: 2_000,
-            drain_timeout_ms: 10_000,
-            commit_interval_ms: 1_000,
-            max_prompt_bytes: rules.max_prompt_bytes,
-            default_max_attempts: rules.default_max_attempts,
-            max_attempts_limit: rules.max_attempts_limit,
-            io_retry_ms: 500,
-        }
-    }
-}
-
-/// The smallest default read-ahead: enough to hide a refetch at small windows.
-pub const MIN_READ_AHEAD: usize = 64;
-
-impl WorkerSettings {
-    pub fn record_rules(&self) -> RecordRules {
-        RecordRules {
-            default_max_attempts: self.default_max_attempts,
-            max_attempts_limit: self.max_attempts_limit,
-            max_prompt_bytes: self.max_prompt_bytes,
-        }
-    }
-
-    pub fn lease(&self) -> Duration {
-        Duration::from_millis(self.lease_ms)
-    }
-
-    /// `read_ahead`, or its default: twice the partition window, at least [`MIN_READ_AHEAD`].
-    pub fn read_ahead(&self) -> usize {
-        self.read_ahead
-            .unwrap_or(self.partition_window.saturating_mul(2).max(MIN_READ_AHEAD))
-    }
-
-    pub fn renew_interval(&self) -> Duration {
-        Duration::from_millis(self.renew_interval_ms)
-    }
-
-    pub fn drain_timeout(&self) -> Duration {
-        Duration::from_millis(self.drain_timeout_ms)
-    }
-
-    pub fn commit_interval(&self) -> Duration {
-        Duration::from_millis(self.commit_interval_ms)
-    }
-
-    pub fn io_retry(&self) -> Duration {
-        Duration::from_millis(self.io_retry_ms)
-    }
-
-    /// The configured id, or `<hostname>-<pid>`.
-    pub fn resolved_worker_id(&self) -> String {
-        if !self.worker_id.is_empty() {
-            return self.worker_id.clone();
-        }
-        let host = std::fs::read_to_string("/etc/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_else(|_| "replyd".into());
-        format!("{host}-{}", std::process::id())
-    }
-}
-
-/// The HTTP API (`replyd api`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct ApiSettings {
-    /// Address of the API. Port 0 picks a free port (logged).
-    pub listen: SocketAddr,
-    /// Largest request body; larger ones get `413`.
-    pub max_body_bytes: usize,
-    /// Largest header block of a request (names and values); larger ones get `431`.
-    pub max_header_bytes: usize,
-    /// Most header fields a request may have (at least 32); more get `431`. (The HTTP
-    /// server's own parser takes twice as many before it refuses a request itself, so the
-    /// answer names this setting.)
-    pub max_headers: usize,
-    /// How long a client may take to send a request's head (its request line and headers)
-    /// before the connection is closed; also how long an idle keep-alive connection is kept.
-    /// Bounds what a slow or stalled client holds.
-    pub header_read_timeout_ms: u64,
-    /// How long an `Idempotency-Key` is remembered: a retry within it returns the first
-    /// request's task, after it the key is new work. Must be longer than the longest retry
-    /// horizon of a task (validated), or a late retry would be taken for new work.
-    pub idempotency_retention_ms: u64,
-    /// Requests per second one API key may make, on average (a token bucket per key, in each
-    /// API process: N replicas allow N times the rate). Over it: `429` (`rate_limited`) with
-    /// `Retry-After`. 0 turns the limit off.
-    pub rate_limit_per_second: u32,
-    /// Requests one API key may make at once above the average (the bucket's size).
-    pub rate_limit_burst: u32,
-    /// Serve the demo chat page at `/demo`, on the API's own origin (the page asks for an API
-    /// key and keeps it in the tab's session storage). Off by default: a production API
-    /// serves no page.
-    pub demo_page: bool,
-}
-
-impl Default for ApiSettings {
-    fn default() -> Self {
-        Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            max_body_bytes: 1024 * 1024,
-            max_header_bytes: 16 * 1024,
-            max_headers: 100,
-            header_read_timeout_ms: 10_000,
-            idempotency_retention_ms: 24 * 60 * 60 * 1000,
-            rate_limit_per_second: 200,
-            rate_limit_burst: 400,
-            demo_page: false,
-        }
-    }
-}
-
-impl ApiSettings {
-    pub fn header_read_timeout(&self) -> Duration {
-        Duration::from_millis(self.header_read_timeout_ms)
-    }
-
-    pub fn idempotency_retention(&self) -> chrono::TimeDelta {
-        chrono::TimeDelta::milliseconds(
-            i64::try_from(self.idempotency_retention_ms).unwrap_or(i64::MAX),
-        )
-    }
-}
-
-/// The outbox relay (`replyd relay`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct RelaySettings {
-    /// Outbox rows published per transaction.
-    pub batch_size: i64,
-    /// How often the outbox is looked at when no notification came.
-    pub poll_interval_ms: u64,
-    /// How long published rows are kept before they are deleted.
-    pub retention_ms: u64,
-    /// librdkafka's `message.timeout.ms` for a publish; must be below
-    /// `database.idle_in_transaction_session_timeout_ms`, since the batch's transaction stays
-    /// open while its records are published.
-    pub publish_timeout_ms: u64,
-    /// `/readyz` of a relay says not ready while the oldest unpublished outbox row is older
-    /// than this: nothing is publishing. Must be above `relay.poll_interval_ms`.
-    pub ready_max_lag_ms: u64,
-}
-
-impl Default for RelaySettings {
-    fn default() -> Self {
-        Self {
-            batch_size: 100,
-            poll_interval_ms: 1_000,
-            retention_ms: 60 * 60 * 1000,
-            publish_timeout_ms: 5_000,
-            ready_max_lag_ms: 60_000,
-        }
-    }
-}
-
-impl RelaySettings {
-    pub fn poll_interval(&self) -> Duration {
-        Duration::from_millis(self.poll_interval_ms)
-    }
-
-    pub fn retention(&self) -> Duration {
-        Duration::from_millis(self.retention_ms)
-    }
-
-    pub fn ready_max_lag(&self) -> Duration {
-        Duration::from_millis(self.ready_max_lag_ms)
-    }
-}
-
-/// Generation quotas (I8): the policy every workspace's reservations follow. Limits are per
-/// workspace (`replyd quota set`); a workspace without one is not limited, and its generations
-/// are still reserved and charged once.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct QuotaSettings {
-    /// Whether a task that ends failed is charged (no reply, no charge by default).
-    pub charge_failed: bool,
-    /// Whether pending work holds capacity: admission counts open reservations, so a burst
-    /// cannot be admitted past the limit while its work is still queued.
-    pub pending_reserves: bool,
-    /// How long a reservation stays open before the reconciler decides it from the task (and
-    /// the provider). Must be longer than an API task's retry horizon
-    /// (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms) +
-    /// retry.refusal_budget_ms) plus the time a
-    /// record can wait for redelivery after its worker vanished (the group's session timeout,
-    /// worker.lease_ms and worker.drain_timeout_ms), or one crash could fail work that is only
-    /// waiting for the group to hand it on.
-    pub reservation_ttl_ms: u64,
-    /// A task can fail while the provider may have done its work: every answer was lost after
-    /// the request was sent, or a background operation was still running at
-    /// `provider.operation_max_wait_ms`. Its reservation is then not released as if nothing
-    /// ran: it stays open (holding capacity) until its TTL, while the reconciler asks the
-    /// provider where it can (a stored operation id: done is charged, gone is not). When
-    /// nothing can tell, `true` charges it (the provider may have billed the work) and `false`
-    /// releases it. Only when `charge_failed` is false (otherwise every failure is charged).
-    pub charge_unresolved: bool,
-}
-
-impl Default for QuotaSettings {
-    fn default() -> Self {
-        Self {
-            charge_failed: false,
-            pending_reserves: true,
-            reservation_ttl_ms: 60 * 60 * 1000,
-            charge_unresolved: true,
-        }
-    }
-}
-
-impl QuotaSettings {
-    pub fn policy(&self) -> replyd_core::quota::QuotaPolicy {
-        replyd_core::quota::QuotaPolicy {
-            charge_failed: self.charge_failed,
-            pending_reserves: self.pending_reserves,
-            reservation_ttl: Duration::from_millis(self.reservation_ttl_ms),
-            charge_unresolved: self.charge_unresolved,
-        }
-    }
-}
-
-/// Metrics and health endpoints, logs.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct ObservabilitySettings {
-    /// Address of `/metrics`, `/healthz` and `/readyz`. Port 0 picks a free port (logged).
-    pub listen: SocketAddr,
-}
-
-impl Default for ObservabilitySettings {
-    fn default() -> Self {
-        Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
-        }
-    }
 }
 
 /// One problem with the settings: which setting, and what is wrong with it.
@@ -354,25 +71,6 @@ fn problem(setting: impl Into<String>, message: impl Into<String>) -> Problem {
         message: message.into(),
     }
 }
-
-/// librdkafka properties replyd owns; overriding them would break I3.
-const RESERVED_LIBRDKAFKA: &[&str] = &[
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "group.id",
-    "group.protocol",
-    "bootstrap.servers",
-];
-
-/// librdkafka properties of the classic protocol that KIP-848 moves to the broker.
-const CLASSIC_ONLY_LIBRDKAFKA: &[&str] = &[
-    "session.timeout.ms",
-    "heartbeat.interval.ms",
-    "partition.assignment.strategy",
-];
-
-/// The fewest header fields `api.max_headers` may allow.
-const MIN_HEADERS: usize = 32;
 
 /// Settings whose keys are free-form (librdkafka property names), not fields.
 const FREE_FORM: &[&str] = &[
@@ -509,130 +207,16 @@ impl Settings {
         for (setting, message) in self.capacity.problems() {
             refuse(&setting, message);
         }
-        if k.bootstrap_servers.trim().is_empty() {
-            refuse("kafka.bootstrap_servers", "is empty".into());
-        }
-        if k.topic.trim().is_empty() {
-            refuse("kafka.topic", "is empty".into());
-        }
-        if k.dead_letter_topic() == k.topic {
-            refuse(
-                "kafka.dead_letter_topic",
-                "must differ from kafka.topic, or bad records would be read again".into(),
-            );
-        }
-        if k.group_id.trim().is_empty() {
-            refuse("kafka.group_id", "is empty".into());
-        }
-        for key in k.librdkafka.keys() {
-            if RESERVED_LIBRDKAFKA.contains(&key.as_str()) {
-                refuse(
-                    "kafka.librdkafka",
-                    format!("`{key}` is set by replyd itself and cannot be overridden"),
-                );
-            } else if k.group_protocol == GroupProtocol::Consumer
-                && CLASSIC_ONLY_LIBRDKAFKA.contains(&key.as_str())
-            {
-                refuse(
-                    "kafka.librdkafka",
-                    format!(
-                        "`{key}` does not apply to group_protocol = \"consumer\" (KIP-848): the broker decides it"
-                    ),
-                );
-            }
-        }
-        for (setting, map) in [
-            ("kafka.librdkafka", &k.librdkafka),
-            ("kafka.producer_librdkafka", &k.producer_librdkafka),
-        ] {
-            for (key, value) in map {
-                if RESERVED_LIBRDKAFKA.contains(&key.as_str()) && setting == "kafka.librdkafka" {
-                    continue; // reported above
-                }
-                if SECURITY_LIBRDKAFKA.contains(&key.as_str()) {
-                    refuse(
-                        setting,
-                        format!("`{key}` belongs in [kafka.security], which every client reads"),
-                    );
-                    continue;
-                }
-                if key.contains("password") || key.contains("secret") {
-                    // A pass-through value is printed by `config show`: no secret goes there.
-                    refuse(
-                        setting,
-                        format!(
-                            "`{key}` is a secret, and pass-through values are shown by `replyd config show`"
-                        ),
-                    );
-                    continue;
-                }
-                // librdkafka checks names and values when a configuration is built, with no
-                // client and no network: a typo is refused here, before anything connects.
-                if let Err(e) = rdkafka::ClientConfig::new()
-                    .set(key, value)
-                    .create_native_config()
-                {
-                    refuse(setting, format!("`{key}` = {value:?}: {e}"));
-                }
-            }
-        }
-        let security = &k.security;
-        if security.protocol.uses_sasl()
-            && (security.sasl_username.is_empty() || security.sasl_password.is_none())
+        // Each section's own rules, then the rules that tie sections together.
+        for (setting, message) in k
+            .problems()
+            .into_iter()
+            .chain(w.problems())
+            .chain(self.database.problems())
+            .chain(self.relay.problems())
+            .chain(self.api.problems())
         {
-            refuse(
-                "kafka.security.sasl_username",
-                format!(
-                    "protocol = \"{}\" needs sasl_username and sasl_password",
-                    security.protocol.as_str()
-                ),
-            );
-        }
-        if !security.ca_file.is_empty() {
-            if !security.protocol.uses_tls() {
-                refuse(
-                    "kafka.security.ca_file",
-                    format!(
-                        "protocol = \"{}\" does not use TLS: set protocol to ssl or sasl_ssl, or remove ca_file",
-                        security.protocol.as_str()
-                    ),
-                );
-            } else if let Err(e) = std::fs::metadata(&security.ca_file) {
-                refuse(
-                    "kafka.security.ca_file",
-                    format!("{}: {e}", security.ca_file),
-                );
-            }
-        }
-        if k.group_protocol == GroupProtocol::Consumer && k.session_timeout_ms.is_some() {
-            refuse(
-                "kafka.session_timeout_ms",
-                "does not apply to group_protocol = \"consumer\" (KIP-848): the broker's group.consumer.session.timeout.ms decides it; remove the setting".into(),
-            );
-        }
-        if w.partition_window == 0 || w.global_window == 0 {
-            refuse(
-                "worker.partition_window",
-                "windows must be at least 1".into(),
-            );
-        }
-        if w.partition_window > w.global_window {
-            refuse(
-                "worker.partition_window",
-                format!(
-                    "{} is larger than worker.global_window ({})",
-                    w.partition_window, w.global_window
-                ),
-            );
-        }
-        if w.renew_interval_ms == 0 || w.renew_interval_ms * 2 > w.lease_ms {
-            refuse(
-                "worker.renew_interval_ms",
-                format!(
-                    "{} must be positive and at most half of worker.lease_ms ({}), so one lost renewal does not lose the lease",
-                    w.renew_interval_ms, w.lease_ms
-                ),
-            );
+            refuse(setting, message);
         }
         if k.group_protocol == GroupProtocol::Classic
             && w.drain_timeout_ms >= k.session_timeout_ms()
@@ -646,15 +230,6 @@ impl Settings {
                 ),
             );
         }
-        if w.default_max_attempts == 0 || w.default_max_attempts > w.max_attempts_limit {
-            refuse(
-                "worker.default_max_attempts",
-                format!(
-                    "{} must be between 1 and worker.max_attempts_limit ({})",
-                    w.default_max_attempts, w.max_attempts_limit
-                ),
-            );
-        }
         if self.retry.base_delay_ms == 0 || self.retry.base_delay_ms > self.retry.max_delay_ms {
             refuse(
                 "retry.base_delay_ms",
@@ -663,15 +238,6 @@ impl Settings {
                     self.retry.base_delay_ms, self.retry.max_delay_ms
                 ),
             );
-        }
-        if w.commit_interval_ms == 0 {
-            refuse("worker.commit_interval_ms", "must be positive".into());
-        }
-        if self.database.pool_size == 0 {
-            refuse("database.pool_size", "must be at least 1".into());
-        }
-        if self.database.batch_max_rows == 0 {
-            refuse("database.batch_max_rows", "must be at least 1".into());
         }
         // The longest a task can keep being retried: every attempt a whole lease and the
         // longest backoff, and its refusals (which spend no attempt) their own budget. A client
@@ -720,70 +286,6 @@ impl Settings {
                     "{} must be below database.idle_in_transaction_session_timeout_ms ({}): a batch's transaction stays open while it is published",
                     self.relay.publish_timeout_ms,
                     self.database.idle_in_transaction_session_timeout_ms
-                ),
-            );
-        }
-        if self.relay.batch_size < 1 || self.relay.poll_interval_ms == 0 {
-            refuse(
-                "relay.batch_size",
-                "relay.batch_size and relay.poll_interval_ms must be positive".into(),
-            );
-        }
-        if self.relay.ready_max_lag_ms <= self.relay.poll_interval_ms {
-            refuse(
-                "relay.ready_max_lag_ms",
-                format!(
-                    "{} must be above relay.poll_interval_ms ({}): a row may wait that long for a relay that is working",
-                    self.relay.ready_max_lag_ms, self.relay.poll_interval_ms
-                ),
-            );
-        }
-        if self.api.rate_limit_per_second > 0 && self.api.rate_limit_burst == 0 {
-            refuse(
-                "api.rate_limit_burst",
-                "must be at least 1 while api.rate_limit_per_second is on".into(),
-            );
-        }
-        if self.api.max_header_bytes < 1024 {
-            refuse(
-                "api.max_header_bytes",
-                "must be at least 1024: an Authorization header alone takes about 100".into(),
-            );
-        }
-        if self.api.max_body_bytes == 0 {
-            refuse("api.max_body_bytes", "must be positive".into());
-        }
-        if self.api.max_headers < MIN_HEADERS {
-            refuse(
-                "api.max_headers",
-                format!(
-                    "{} must be at least {MIN_HEADERS}: a browser's request alone sends about 15",
-                    self.api.max_headers
-                ),
-            );
-        }
-        if self.api.header_read_timeout_ms == 0 {
-            refuse("api.header_read_timeout_ms", "must be positive".into());
-        }
-        if !MESSAGE_MAX_BYTES_RANGE.contains(&k.max_record_bytes) {
-            refuse(
-                "kafka.max_record_bytes",
-                format!(
-                    "{} is outside librdkafka's range for message.max.bytes, {} to {}",
-                    k.max_record_bytes,
-                    MESSAGE_MAX_BYTES_RANGE.start(),
-                    MESSAGE_MAX_BYTES_RANGE.end()
-                ),
-            );
-        }
-        if let Some(set) = k.producer_librdkafka.get("message.max.bytes")
-            && set.trim() != k.max_record_bytes.to_string()
-        {
-            refuse(
-                "kafka.producer_librdkafka",
-                format!(
-                    "`message.max.bytes` = {set:?} contradicts kafka.max_record_bytes ({}), which sets it for the relay: set kafka.max_record_bytes instead",
-                    k.max_record_bytes
                 ),
             );
         }
@@ -946,6 +448,7 @@ fn count_keys(dict: &Dict) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::worker::settings::MIN_READ_AHEAD;
 
     #[test]
     fn defaults_are_valid() {

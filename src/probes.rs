@@ -16,7 +16,25 @@ use futures_util::future::BoxFuture;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
+use serde::{Deserialize, Serialize};
+
 use crate::store::Store;
+
+/// Metrics and health endpoints, logs.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ObservabilitySettings {
+    /// Address of `/metrics`, `/healthz` and `/readyz`. Port 0 picks a free port (logged).
+    pub listen: SocketAddr,
+}
+
+impl Default for ObservabilitySettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+        }
+    }
+}
 
 /// How long a part may take to say whether it is ready.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);

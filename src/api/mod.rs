@@ -23,6 +23,7 @@ pub mod rate_limit;
 pub mod replies;
 mod routes;
 pub mod server;
+pub mod settings;
 mod state;
 
 use tokio_util::sync::CancellationToken;

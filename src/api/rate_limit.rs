@@ -9,7 +9,7 @@ use std::time::Duration;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use crate::config::ApiSettings;
+use super::settings::ApiSettings;
 
 /// The buckets, or none when the limit is off.
 pub struct KeyLimiter {

@@ -903,7 +903,7 @@ mod tests {
             max_attempts: 3,
             retention: chrono::TimeDelta::hours(1),
             existing_message: None,
-            quota: crate::config::QuotaSettings::default().policy(),
+            quota: replyd_core::quota::QuotaSettings::default().policy(),
             traceparent: None,
             verdict: Ok(Admitted {
                 max_output_tokens: None,

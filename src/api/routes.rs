@@ -5,7 +5,7 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 
-use crate::config::ApiSettings;
+use super::settings::ApiSettings;
 
 use super::problem::{Problem, ProblemKind};
 use super::state::ApiState;

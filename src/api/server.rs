@@ -38,8 +38,8 @@ use tokio_util::task::TaskTracker;
 
 use super::parse_errors::{HYPER_MAX_URI_BYTES, HeadCaps, ProblemIo};
 use super::routes::router;
+use super::settings::ApiSettings;
 use super::state::ApiState;
-use crate::config::ApiSettings;
 
 /// hyper's header-count cap as a multiple of `api.max_headers`: a request somewhat over our
 /// limit reaches the application, which names the setting and the count; only one far over

@@ -2,7 +2,10 @@
 //! work ([`IntakeLimits`]), the status changes the event streams follow, the quota policy and
 //! the per-key rate limiter.
 
-use crate::config::{ApiSettings, QuotaSettings, Settings};
+use crate::config::Settings;
+use replyd_core::quota::QuotaSettings;
+
+use super::settings::ApiSettings;
 use crate::store::Store;
 use replyd_core::quota::QuotaPolicy;
 

@@ -123,7 +123,7 @@ impl SaslMechanism {
 }
 
 /// The librdkafka properties `kafka.security` owns.
-pub(crate) const SECURITY_LIBRDKAFKA: &[&str] = &[
+const SECURITY_LIBRDKAFKA: &[&str] = &[
     "security.protocol",
     "ssl.ca.location",
     "sasl.mechanism",
@@ -196,7 +196,7 @@ impl Default for KafkaSettings {
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 1_000_000;
 
 /// The range librdkafka takes for `message.max.bytes`.
-pub(crate) const MESSAGE_MAX_BYTES_RANGE: std::ops::RangeInclusive<usize> = 1_000..=1_000_000_000;
+const MESSAGE_MAX_BYTES_RANGE: std::ops::RangeInclusive<usize> = 1_000..=1_000_000_000;
 
 /// librdkafka's `session.timeout.ms` default.
 pub const DEFAULT_SESSION_TIMEOUT_MS: u64 = 45_000;
@@ -205,6 +205,136 @@ pub const DEFAULT_SESSION_TIMEOUT_MS: u64 = 45_000;
 pub const BROKER_CONSUMER_SESSION_TIMEOUT_MS: u64 = 45_000;
 
 impl KafkaSettings {
+    /// What is wrong with `[kafka]` on its own: empty names, pass-through properties replyd owns or that hold secrets (each property checked by librdkafka itself), security that contradicts itself, the record size. Each problem names its setting.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let mut refuse = |setting: &'static str, message: String| out.push((setting, message));
+        if self.bootstrap_servers.trim().is_empty() {
+            refuse("kafka.bootstrap_servers", "is empty".into());
+        }
+        if self.topic.trim().is_empty() {
+            refuse("kafka.topic", "is empty".into());
+        }
+        if self.dead_letter_topic() == self.topic {
+            refuse(
+                "kafka.dead_letter_topic",
+                "must differ from kafka.topic, or bad records would be read again".into(),
+            );
+        }
+        if self.group_id.trim().is_empty() {
+            refuse("kafka.group_id", "is empty".into());
+        }
+        for key in self.librdkafka.keys() {
+            if RESERVED_LIBRDKAFKA.contains(&key.as_str()) {
+                refuse(
+                    "kafka.librdkafka",
+                    format!("`{key}` is set by replyd itself and cannot be overridden"),
+                );
+            } else if self.group_protocol == GroupProtocol::Consumer
+                && CLASSIC_ONLY_LIBRDKAFKA.contains(&key.as_str())
+            {
+                refuse(
+                    "kafka.librdkafka",
+                    format!(
+                        "`{key}` does not apply to group_protocol = \"consumer\" (KIP-848): the broker decides it"
+                    ),
+                );
+            }
+        }
+        for (setting, map) in [
+            ("kafka.librdkafka", &self.librdkafka),
+            ("kafka.producer_librdkafka", &self.producer_librdkafka),
+        ] {
+            for (key, value) in map {
+                if RESERVED_LIBRDKAFKA.contains(&key.as_str()) && setting == "kafka.librdkafka" {
+                    continue; // reported above
+                }
+                if SECURITY_LIBRDKAFKA.contains(&key.as_str()) {
+                    refuse(
+                        setting,
+                        format!("`{key}` belongs in [kafka.security], which every client reads"),
+                    );
+                    continue;
+                }
+                if key.contains("password") || key.contains("secret") {
+                    // A pass-through value is printed by `config show`: no secret goes there.
+                    refuse(
+                        setting,
+                        format!(
+                            "`{key}` is a secret, and pass-through values are shown by `replyd config show`"
+                        ),
+                    );
+                    continue;
+                }
+                // librdkafka checks names and values when a configuration is built, with no
+                // client and no network: a typo is refused here, before anything connects.
+                if let Err(e) = rdkafka::ClientConfig::new()
+                    .set(key, value)
+                    .create_native_config()
+                {
+                    refuse(setting, format!("`{key}` = {value:?}: {e}"));
+                }
+            }
+        }
+        let security = &self.security;
+        if security.protocol.uses_sasl()
+            && (security.sasl_username.is_empty() || security.sasl_password.is_none())
+        {
+            refuse(
+                "kafka.security.sasl_username",
+                format!(
+                    "protocol = \"{}\" needs sasl_username and sasl_password",
+                    security.protocol.as_str()
+                ),
+            );
+        }
+        if !security.ca_file.is_empty() {
+            if !security.protocol.uses_tls() {
+                refuse(
+                    "kafka.security.ca_file",
+                    format!(
+                        "protocol = \"{}\" does not use TLS: set protocol to ssl or sasl_ssl, or remove ca_file",
+                        security.protocol.as_str()
+                    ),
+                );
+            } else if let Err(e) = std::fs::metadata(&security.ca_file) {
+                refuse(
+                    "kafka.security.ca_file",
+                    format!("{}: {e}", security.ca_file),
+                );
+            }
+        }
+        if self.group_protocol == GroupProtocol::Consumer && self.session_timeout_ms.is_some() {
+            refuse(
+                "kafka.session_timeout_ms",
+                "does not apply to group_protocol = \"consumer\" (KIP-848): the broker's group.consumer.session.timeout.ms decides it; remove the setting".into(),
+            );
+        }
+        if !MESSAGE_MAX_BYTES_RANGE.contains(&self.max_record_bytes) {
+            refuse(
+                "kafka.max_record_bytes",
+                format!(
+                    "{} is outside librdkafka's range for message.max.bytes, {} to {}",
+                    self.max_record_bytes,
+                    MESSAGE_MAX_BYTES_RANGE.start(),
+                    MESSAGE_MAX_BYTES_RANGE.end()
+                ),
+            );
+        }
+        if let Some(set) = self.producer_librdkafka.get("message.max.bytes")
+            && set.trim() != self.max_record_bytes.to_string()
+        {
+            refuse(
+                "kafka.producer_librdkafka",
+                format!(
+                    "`message.max.bytes` = {set:?} contradicts kafka.max_record_bytes ({}), which sets it for the relay: set kafka.max_record_bytes instead",
+                    self.max_record_bytes
+                ),
+            );
+        }
+        out
+    }
+
     /// What every Kafka client of replyd starts from: the brokers and `kafka.security`. Each
     /// client adds its own properties on top.
     pub fn client_config(&self) -> rdkafka::ClientConfig {
@@ -240,3 +370,19 @@ impl KafkaSettings {
         }
     }
 }
+
+/// librdkafka properties replyd owns; overriding them would break I3.
+const RESERVED_LIBRDKAFKA: &[&str] = &[
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "group.id",
+    "group.protocol",
+    "bootstrap.servers",
+];
+
+/// librdkafka properties of the classic protocol that KIP-848 moves to the broker.
+const CLASSIC_ONLY_LIBRDKAFKA: &[&str] = &[
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "partition.assignment.strategy",
+];

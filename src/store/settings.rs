@@ -66,6 +66,20 @@ impl Default for DatabaseSettings {
 }
 
 impl DatabaseSettings {
+    /// What is wrong with `[database]`'s numbers on its own: the pool, the batch size (the URL is
+    /// read by the sessions: `crate::config` asks them). Each problem names its setting.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let mut refuse = |setting: &'static str, message: String| out.push((setting, message));
+        if self.pool_size == 0 {
+            refuse("database.pool_size", "must be at least 1".into());
+        }
+        if self.batch_max_rows == 0 {
+            refuse("database.batch_max_rows", "must be at least 1".into());
+        }
+        out
+    }
+
     pub fn lock_timeout(&self) -> Duration {
         Duration::from_millis(self.lock_timeout_ms)
     }

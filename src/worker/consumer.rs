@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::config::WorkerSettings;
+use super::settings::WorkerSettings;
 use crate::kafka::settings::{GroupProtocol, KafkaSettings};
 use crate::telemetry;
 use replyd_core::offsets::{InFlightOffsets, PartitionKey};

@@ -11,6 +11,7 @@ pub mod consumer;
 pub mod parking;
 pub mod pipeline;
 pub mod runner;
+pub mod settings;
 pub mod source;
 mod store_retry;
 

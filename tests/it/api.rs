@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::helpers::{TestDb, api};
 use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
+use replyd::api::settings::ApiSettings;
 use replyd::api::{ApiState, IntakeLimits, serve};
-use replyd::config::ApiSettings;
 use replyd_core::api_key::issue;
 use reqwest::StatusCode;
 use serde_json::{Value, json};

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use crate::helpers::{TestDb, api};
 use replyd::api::replies::Accepted;
-use replyd::config::{ApiSettings, QuotaSettings};
+use replyd::api::settings::ApiSettings;
 use replyd_core::domain::TaskId;
 use replyd_core::lease::ClaimOutcome;
 use replyd_core::quota::QuotaPolicy;
+use replyd_core::quota::QuotaSettings;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;

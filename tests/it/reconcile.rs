@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::helpers::provider::{request, start_mock, stats};
 use crate::helpers::{TestDb, api};
 use replyd::api::replies::Accepted;
-use replyd::config::{ApiSettings, QuotaSettings};
+use replyd::api::settings::ApiSettings;
 use replyd::provider::{
     BackgroundProvider, OpenAiResponsesProvider, OpenAiSettings, Provider, ProviderApi,
 };
@@ -16,6 +16,7 @@ use replyd::reconcile::{ReconcileReport, Reconciler};
 use replyd::store::CompletionOutcome;
 use replyd_core::domain::{TaskId, TaskStatus};
 use replyd_core::lease::ClaimOutcome;
+use replyd_core::quota::QuotaSettings;
 use replyd_lab::mock_provider::{MockHandle, MockSettings};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;

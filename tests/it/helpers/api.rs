@@ -1,8 +1,8 @@
 //! The API served in-process on a free loopback port, over a test schema: what the intake,
 //! quota, front-half and reconciler tests start the same way.
 
+use replyd::api::settings::ApiSettings;
 use replyd::api::{ApiState, IntakeLimits, serve};
-use replyd::config::ApiSettings;
 use replyd::store::Store;
 use replyd_core::api_key::{IssuedKey, issue};
 use tokio_util::sync::{CancellationToken, DropGuard};

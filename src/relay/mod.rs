@@ -16,6 +16,8 @@
 //! batch publishes them again and the worker absorbs the duplicate record, because the task
 //! id, not the record, is the identity of the work (I1, I6).
 
+pub mod settings;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

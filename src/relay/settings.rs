@@ -1,0 +1,72 @@
+//! `[relay]`: how the outbox relay publishes. The settings tree (`crate::config`) holds it.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The outbox relay (`replyd relay`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelaySettings {
+    /// Outbox rows published per transaction.
+    pub batch_size: i64,
+    /// How often the outbox is looked at when no notification came.
+    pub poll_interval_ms: u64,
+    /// How long published rows are kept before they are deleted.
+    pub retention_ms: u64,
+    /// librdkafka's `message.timeout.ms` for a publish; must be below
+    /// `database.idle_in_transaction_session_timeout_ms`, since the batch's transaction stays
+    /// open while its records are published.
+    pub publish_timeout_ms: u64,
+    /// `/readyz` of a relay says not ready while the oldest unpublished outbox row is older
+    /// than this: nothing is publishing. Must be above `relay.poll_interval_ms`.
+    pub ready_max_lag_ms: u64,
+}
+
+impl Default for RelaySettings {
+    fn default() -> Self {
+        Self {
+            batch_size: 100,
+            poll_interval_ms: 1_000,
+            retention_ms: 60 * 60 * 1000,
+            publish_timeout_ms: 5_000,
+            ready_max_lag_ms: 60_000,
+        }
+    }
+}
+
+impl RelaySettings {
+    /// What is wrong with `[relay]` on its own: the batch, the poll interval against the readiness lag. Each problem names its setting.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let mut refuse = |setting: &'static str, message: String| out.push((setting, message));
+        if self.batch_size < 1 || self.poll_interval_ms == 0 {
+            refuse(
+                "relay.batch_size",
+                "relay.batch_size and relay.poll_interval_ms must be positive".into(),
+            );
+        }
+        if self.ready_max_lag_ms <= self.poll_interval_ms {
+            refuse(
+                "relay.ready_max_lag_ms",
+                format!(
+                    "{} must be above relay.poll_interval_ms ({}): a row may wait that long for a relay that is working",
+                    self.ready_max_lag_ms, self.poll_interval_ms
+                ),
+            );
+        }
+        out
+    }
+
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_millis(self.poll_interval_ms)
+    }
+
+    pub fn retention(&self) -> Duration {
+        Duration::from_millis(self.retention_ms)
+    }
+
+    pub fn ready_max_lag(&self) -> Duration {
+        Duration::from_millis(self.ready_max_lag_ms)
+    }
+}

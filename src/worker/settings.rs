@@ -1,0 +1,161 @@
+//! `[worker]`: how the worker processes records. The settings tree (`crate::config`) holds
+//! it; the consumer, the pipeline and the runner read it.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use replyd_core::domain::RecordRules;
+
+/// How the worker processes records.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerSettings {
+    /// Name of this worker in leases and attempt rows. Empty means `<hostname>-<pid>`.
+    pub worker_id: String,
+    /// Records of one partition processed at once; the partition is paused when full.
+    pub partition_window: usize,
+    /// Records processed at once over all partitions.
+    pub global_window: usize,
+    /// Records of one partition received and waiting for a window slot. When this many wait,
+    /// the partition is paused; it resumes when half have started. Memory stays bounded by
+    /// window + read-ahead records per partition. Unset: twice the partition window, at least
+    /// 64. Pausing drops what the Kafka client had fetched for the partition, so each resume
+    /// fetches again: half a read-ahead must cover that refetch at the rate the window
+    /// finishes records, or the window runs dry (at 200 ms a call, window 64 kept 0.81 of its
+    /// calls open with a read-ahead of one window and 0.97 with two; docs/BENCHMARKS.md).
+    pub read_ahead: Option<usize>,
+    /// Length of a task lease. A worker that stalls longer loses the task to another, and a
+    /// killed worker's tasks wait this long (at most) before another worker takes them. Raise
+    /// it if the database can be away longer (a slow failover): a lease that runs out while
+    /// the database is away costs a second generation of each call in flight.
+    pub lease_ms: u64,
+    /// How often a running call renews its lease; well under `lease_ms`.
+    pub renew_interval_ms: u64,
+    /// How long a revoked partition's in-flight records may run before their offsets are
+    /// committed and the partition let go; what is left is cancelled (and fenced, I2).
+    pub drain_timeout_ms: u64,
+    /// How often each partition's done prefix is committed.
+    pub commit_interval_ms: u64,
+    /// Largest prompt a record may carry (bytes); larger records are dead-lettered.
+    pub max_prompt_bytes: usize,
+    /// Attempt budget of records that do not set one.
+    pub default_max_attempts: u32,
+    /// Largest attempt budget a record may ask for.
+    pub max_attempts_limit: u32,
+    /// Wait before retrying a database or dead-letter write that failed.
+    pub io_retry_ms: u64,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        let rules = RecordRules::default();
+        Self {
+            worker_id: String::new(),
+            partition_window: 64,
+            global_window: 256,
+            read_ahead: None,
+            lease_ms: 10_000,
+            renew_interval_ms: 2_000,
+            drain_timeout_ms: 10_000,
+            commit_interval_ms: 1_000,
+            max_prompt_bytes: rules.max_prompt_bytes,
+            default_max_attempts: rules.default_max_attempts,
+            max_attempts_limit: rules.max_attempts_limit,
+            io_retry_ms: 500,
+        }
+    }
+}
+
+/// The smallest default read-ahead: enough to hide a refetch at small windows.
+pub const MIN_READ_AHEAD: usize = 64;
+
+impl WorkerSettings {
+    /// What is wrong with `[worker]` on its own: windows, the renewal against the lease, the attempt budget, the commit interval. Each problem names its setting.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let mut refuse = |setting: &'static str, message: String| out.push((setting, message));
+        if self.partition_window == 0 || self.global_window == 0 {
+            refuse(
+                "worker.partition_window",
+                "windows must be at least 1".into(),
+            );
+        }
+        if self.partition_window > self.global_window {
+            refuse(
+                "worker.partition_window",
+                format!(
+                    "{} is larger than worker.global_window ({})",
+                    self.partition_window, self.global_window
+                ),
+            );
+        }
+        if self.renew_interval_ms == 0 || self.renew_interval_ms * 2 > self.lease_ms {
+            refuse(
+                "worker.renew_interval_ms",
+                format!(
+                    "{} must be positive and at most half of worker.lease_ms ({}), so one lost renewal does not lose the lease",
+                    self.renew_interval_ms, self.lease_ms
+                ),
+            );
+        }
+        if self.default_max_attempts == 0 || self.default_max_attempts > self.max_attempts_limit {
+            refuse(
+                "worker.default_max_attempts",
+                format!(
+                    "{} must be between 1 and worker.max_attempts_limit ({})",
+                    self.default_max_attempts, self.max_attempts_limit
+                ),
+            );
+        }
+        if self.commit_interval_ms == 0 {
+            refuse("worker.commit_interval_ms", "must be positive".into());
+        }
+        out
+    }
+
+    pub fn record_rules(&self) -> RecordRules {
+        RecordRules {
+            default_max_attempts: self.default_max_attempts,
+            max_attempts_limit: self.max_attempts_limit,
+            max_prompt_bytes: self.max_prompt_bytes,
+        }
+    }
+
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms)
+    }
+
+    /// `read_ahead`, or its default: twice the partition window, at least [`MIN_READ_AHEAD`].
+    pub fn read_ahead(&self) -> usize {
+        self.read_ahead
+            .unwrap_or(self.partition_window.saturating_mul(2).max(MIN_READ_AHEAD))
+    }
+
+    pub fn renew_interval(&self) -> Duration {
+        Duration::from_millis(self.renew_interval_ms)
+    }
+
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
+    }
+
+    pub fn commit_interval(&self) -> Duration {
+        Duration::from_millis(self.commit_interval_ms)
+    }
+
+    pub fn io_retry(&self) -> Duration {
+        Duration::from_millis(self.io_retry_ms)
+    }
+
+    /// The configured id, or `<hostname>-<pid>`.
+    pub fn resolved_worker_id(&self) -> String {
+        if !self.worker_id.is_empty() {
+            return self.worker_id.clone();
+        }
+        let host = std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "replyd".into());
+        format!("{host}-{}", std::process::id())
+    }
+}
