@@ -11,6 +11,7 @@ use tokio_postgres::IsolationLevel;
 
 use super::{Store, StoreError};
 use replyd_core::domain::{TaskId, TaskStatus};
+use replyd_core::lease::lease_live;
 use replyd_core::quota::{
     ExpiredTask, FirstExpiry, Limited, QuotaPolicy, RefusalFacts, Settle, Usage,
 };
@@ -357,7 +358,7 @@ impl Store {
         let rows = client
             .query(
                 "SELECT r.task_id, t.status, \
-                 (t.status = 'running' AND t.lease_until > c.now) AS lease_live, \
+                 t.lease_until, c.now, \
                  t.provider_operation_id, coalesce(t.next_attempt_at > c.now, false) AS retry_due, \
                  t.provider_may_have_run, \
                  (t.status IN ('pending', 'running') \
@@ -379,7 +380,7 @@ impl Store {
                     task_id: TaskId::from(row.get::<_, uuid::Uuid>("task_id")),
                     task: ExpiredTask {
                         status,
-                        lease_live: row.get("lease_live"),
+                        lease_live: lease_live(status, row.get("lease_until"), row.get("now")),
                         has_operation: operation_id.is_some(),
                         retry_due_later: row.get("retry_due"),
                         may_have_run: row.get("provider_may_have_run"),

@@ -13,7 +13,7 @@ use uuid::Uuid;
 use replyd_core::domain::{
     AttemptOutcome, ProviderRan, ProviderRequest, StoredTask, TaskId, TaskSpec, TaskStatus,
 };
-use replyd_core::lease::{ClaimOutcome, Lease, LeaseSnapshot, Refusal};
+use replyd_core::lease::{ClaimKind, ClaimOutcome, Lease, LeaseSnapshot, Refusal};
 
 use super::error::StoreError;
 
@@ -229,17 +229,20 @@ pub(super) fn taken_from(
 
 /// A claim's outcome from `replyd_claim`'s label and the row it returned.
 fn claim_from(task_id: Uuid, label: &str, row: &Row) -> Result<ClaimOutcome, StoreError> {
-    Ok(match label {
-        "claimed" => ClaimOutcome::Claimed(Lease {
+    let Some(kind) = ClaimKind::parse(label) else {
+        return Err(invalid(task_id, format!("unknown claim outcome {label:?}")));
+    };
+    Ok(match kind {
+        ClaimKind::Claimed => ClaimOutcome::Claimed(Lease {
             task_id,
             version: row.get("assignment_version"),
             owner: row.get("lease_owner"),
             until: row.get("lease_until"),
             attempt: row.get("attempt_count"),
         }),
-        "already_completed" => ClaimOutcome::AlreadyCompleted,
-        "already_failed" => ClaimOutcome::AlreadyFailed,
-        "leased_by_other" => ClaimOutcome::LeasedByOther {
+        ClaimKind::AlreadyCompleted => ClaimOutcome::AlreadyCompleted,
+        ClaimKind::AlreadyFailed => ClaimOutcome::AlreadyFailed,
+        ClaimKind::LeasedByOther => ClaimOutcome::LeasedByOther {
             owner: row
                 .get::<_, Option<String>>("lease_owner")
                 .unwrap_or_default(),
@@ -248,20 +251,19 @@ fn claim_from(task_id: Uuid, label: &str, row: &Row) -> Result<ClaimOutcome, Sto
                 .get::<_, Option<DateTime<Utc>>>("lease_until")
                 .unwrap_or_else(|| row.get("now")),
         },
-        "budget_exhausted" => ClaimOutcome::BudgetExhausted {
+        ClaimKind::BudgetExhausted => ClaimOutcome::BudgetExhausted {
             attempts: row.get("attempt_count"),
         },
-        "deadline_passed" => ClaimOutcome::DeadlinePassed {
+        ClaimKind::DeadlinePassed => ClaimOutcome::DeadlinePassed {
             deadline: row
                 .get::<_, Option<DateTime<Utc>>>("deadline")
                 .unwrap_or_else(|| row.get("now")),
         },
-        "backing_off" => ClaimOutcome::NotBefore {
+        ClaimKind::BackingOff => ClaimOutcome::NotBefore {
             at: row
                 .get::<_, Option<DateTime<Utc>>>("next_attempt_at")
                 .unwrap_or_else(|| row.get("now")),
         },
-        "not_found" => ClaimOutcome::NotFound,
-        other => return Err(invalid(task_id, format!("unknown claim outcome {other:?}"))),
+        ClaimKind::NotFound => ClaimOutcome::NotFound,
     })
 }

@@ -587,3 +587,47 @@ async fn each_closed_set_is_its_columns_check_list() {
         assert_eq!(ReservationState::parse(state.as_str()), Some(state));
     }
 }
+
+/// The labels `replyd_claim` answers with, as the database holds the function, are the claim
+/// kinds the store reads back: a label the code does not know would fail a claim's read, and
+/// a kind the function never answers would be dead code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_function_answers_with_the_claim_kinds() {
+    use replyd_core::lease::ClaimKind;
+    let db = TestDb::new().await;
+    let client = db.raw_client().await;
+    let definition: String = client
+        .query_one(
+            "SELECT pg_get_functiondef(p.oid) FROM pg_proc p \
+             WHERE p.proname = 'replyd_claim' AND p.pronamespace = current_schema()::regnamespace",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // The function's answers: `select '<label>'::text`, `then '<label>'`, `else '<label>'`.
+    let mut answered: Vec<String> = Vec::new();
+    for word in ["select '", "then '", "else '"] {
+        for (at, _) in definition.match_indices(word) {
+            let rest = &definition[at + word.len()..];
+            let label: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            if !label.is_empty() && rest[label.len()..].starts_with('\'') {
+                answered.push(label);
+            }
+        }
+    }
+    answered.sort();
+    answered.dedup();
+    let mut kinds: Vec<String> = ClaimKind::ALL
+        .iter()
+        .map(|k| k.as_str().to_owned())
+        .collect();
+    kinds.sort();
+    assert_eq!(answered, kinds, "replyd_claim's labels against ClaimKind");
+    for kind in ClaimKind::ALL {
+        assert_eq!(ClaimKind::parse(kind.as_str()), Some(kind));
+    }
+}

@@ -29,8 +29,20 @@ pub struct LeaseSnapshot {
 
 impl LeaseSnapshot {
     fn lease_live(&self) -> bool {
-        self.lease_until.is_some_and(|until| until > self.now)
+        lease_live(self.status, self.lease_until, self.now)
     }
+}
+
+/// Whether a task's lease is live at `now` (the database clock): the task runs and its lease
+/// ends after `now` (a lease that ends exactly now is over). The fence (`replyd_lease_holds`,
+/// V9) and the claim (`replyd_claim`) say the same in SQL, held to [`decide_claim`] by the
+/// store's tests; the reconciler reads it here.
+pub fn lease_live(
+    status: TaskStatus,
+    lease_until: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> bool {
+    status == TaskStatus::Running && lease_until.is_some_and(|until| until > now)
 }
 
 /// The right to work on a task: valid while `version` is the task's current
@@ -70,19 +82,71 @@ pub enum ClaimOutcome {
     NotFound,
 }
 
+/// The kinds of claim outcome, a closed set: the label `replyd_claim` (V9, V15) answers with,
+/// the metrics' and logs' label, and what the store reads a claim's row back as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClaimKind {
+    Claimed,
+    AlreadyCompleted,
+    AlreadyFailed,
+    LeasedByOther,
+    BudgetExhausted,
+    DeadlinePassed,
+    BackingOff,
+    NotFound,
+}
+
+impl ClaimKind {
+    /// Every kind, in the order of the enum.
+    pub const ALL: [ClaimKind; 8] = [
+        ClaimKind::Claimed,
+        ClaimKind::AlreadyCompleted,
+        ClaimKind::AlreadyFailed,
+        ClaimKind::LeasedByOther,
+        ClaimKind::BudgetExhausted,
+        ClaimKind::DeadlinePassed,
+        ClaimKind::BackingOff,
+        ClaimKind::NotFound,
+    ];
+
+    /// The label, as `replyd_claim` writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimKind::Claimed => "claimed",
+            ClaimKind::AlreadyCompleted => "already_completed",
+            ClaimKind::AlreadyFailed => "already_failed",
+            ClaimKind::LeasedByOther => "leased_by_other",
+            ClaimKind::BudgetExhausted => "budget_exhausted",
+            ClaimKind::DeadlinePassed => "deadline_passed",
+            ClaimKind::BackingOff => "backing_off",
+            ClaimKind::NotFound => "not_found",
+        }
+    }
+
+    /// The kind a label names; `None` for one this build does not know.
+    pub fn parse(label: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == label)
+    }
+}
+
 impl ClaimOutcome {
+    /// The outcome's kind.
+    pub fn kind(&self) -> ClaimKind {
+        match self {
+            ClaimOutcome::Claimed(_) => ClaimKind::Claimed,
+            ClaimOutcome::AlreadyCompleted => ClaimKind::AlreadyCompleted,
+            ClaimOutcome::AlreadyFailed => ClaimKind::AlreadyFailed,
+            ClaimOutcome::LeasedByOther { .. } => ClaimKind::LeasedByOther,
+            ClaimOutcome::BudgetExhausted { .. } => ClaimKind::BudgetExhausted,
+            ClaimOutcome::DeadlinePassed { .. } => ClaimKind::DeadlinePassed,
+            ClaimOutcome::NotBefore { .. } => ClaimKind::BackingOff,
+            ClaimOutcome::NotFound => ClaimKind::NotFound,
+        }
+    }
+
     /// Stable label for metrics and logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            ClaimOutcome::Claimed(_) => "claimed",
-            ClaimOutcome::AlreadyCompleted => "already_completed",
-            ClaimOutcome::AlreadyFailed => "already_failed",
-            ClaimOutcome::LeasedByOther { .. } => "leased_by_other",
-            ClaimOutcome::BudgetExhausted { .. } => "budget_exhausted",
-            ClaimOutcome::DeadlinePassed { .. } => "deadline_passed",
-            ClaimOutcome::NotBefore { .. } => "backing_off",
-            ClaimOutcome::NotFound => "not_found",
-        }
+        self.kind().as_str()
     }
 
     /// The assignment version the outcome names: ours when claimed, the holder's when leased.
