@@ -8,11 +8,9 @@ CARGO ?= cargo
 build:
 	$(CARGO) build --release
 
-## test: start the local infrastructure, check format and lints, run every test. The tools
-## binary (replyd-lab: the producer, the simulated browsers) is built first: some tests run it,
-## and `cargo test` builds only the binaries of the package under test.
+## test: start the local infrastructure, check format and lints, run every test (the
+## workspace's: the tools' own test makes cargo build replyd-lab, which some tests run).
 test: infra-up lint client-test
-	$(CARGO) build -p replyd-lab
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) test --workspace --doc
 

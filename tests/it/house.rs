@@ -34,6 +34,29 @@ fn no_source_file_is_part_of_an_import_circle() {
     );
 }
 
+/// The service's binary holds none of the tools that try it from outside: they are
+/// `replyd-lab`'s.
+#[test]
+fn the_service_binary_has_no_test_tool_command() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+        .arg("--help")
+        .output()
+        .expect("replyd runs");
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8(out.stdout).expect("the help is text");
+    assert!(
+        help.lines()
+            .any(|line| line.trim_start().starts_with("worker")),
+        "the help lists no commands:\n{help}"
+    );
+    for tool in ["mock-provider", "produce", "browsers"] {
+        assert!(
+            !help.lines().any(|line| line.trim_start().starts_with(tool)),
+            "`{tool}` is a command of the service binary:\n{help}"
+        );
+    }
+}
+
 /// A circle is found where one is built: the check reads a small crate with one.
 #[test]
 fn a_circle_between_two_files_is_found() {

@@ -36,14 +36,13 @@ pub fn infra_opt(name: &str) -> Option<String> {
     vars.get(name).map(|v| v.to_string())
 }
 
-/// The `replyd-lab` binary (the producer, the simulated browsers), built beside `replyd`
-/// (`make test` builds it first: `cargo test` builds only the binaries of the package under
-/// test).
+/// The `replyd-lab` binary (the producer, the simulated browsers), built beside `replyd` by
+/// `cargo test --workspace` (the tools' own test needs it) or `cargo build -p replyd-lab`.
 pub fn lab_bin() -> std::path::PathBuf {
     let lab = std::path::Path::new(env!("CARGO_BIN_EXE_replyd")).with_file_name("replyd-lab");
     assert!(
         lab.exists(),
-        "{} is not built: run `cargo build -p replyd-lab` (`make test` does)",
+        "{} is not built: run `cargo build -p replyd-lab` (`cargo test --workspace` does)",
         lab.display()
     );
     lab
