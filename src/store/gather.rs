@@ -48,12 +48,6 @@ pub(crate) struct Gatherer<B: Batch> {
     queue: mpsc::UnboundedSender<Queued<B>>,
 }
 
-impl<B: Batch> std::fmt::Debug for Gatherer<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gatherer").finish_non_exhaustive()
-    }
-}
-
 impl<B: Batch> Gatherer<B> {
     /// Starts the writing task on the current runtime: at most `max_rows` jobs a call, each
     /// call's size recorded in the histogram `rows_metric`. It ends when the last handle is

@@ -43,12 +43,14 @@ use std::time::Duration;
 
 use replyd_core::lease::Lease;
 
+use sessions::Sessions;
+
 pub use error::StoreError;
 pub use renewals::LeaseHold;
 pub use rows::{
     CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, RenewOutcome, Taken,
 };
-pub use sessions::{Sessions, connect_error, parse_url, session_config, target_of, tls_connector};
+pub use sessions::{connect_error, parse_url, session_config, target_of, tls_connector};
 pub use settings::DatabaseSettings;
 
 /// The task store: a pool of worker sessions, and the batchers that gather its hot path's

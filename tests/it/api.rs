@@ -33,7 +33,7 @@ async fn start_with(settings: ApiSettings) -> Api {
 async fn start_with_limits(settings: ApiSettings, limits: IntakeLimits) -> Api {
     let db = TestDb::new().await;
     let key = key_for(&db, "acme").await;
-    let state = api::state(&db.store, settings, limits);
+    let state = ApiState::new(db.store.clone(), settings, limits);
     let (base, stop) = api::serve_on_loopback(state, CancellationToken::new()).await;
     Api {
         db,

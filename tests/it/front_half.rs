@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::helpers::app::{TestApp, WorkerConfig};
 use crate::helpers::{api, wait_until};
+use replyd::api::ApiState;
 use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
 use replyd::api::settings::ApiSettings;
 use replyd_core::api_key::issue;
@@ -27,8 +28,8 @@ struct Front {
 async fn front(app: &TestApp) -> Front {
     let key = api::workspace_with_key(&app.db.store, "acme").await;
     let stop = CancellationToken::new();
-    let state = api::state(
-        &app.db.store,
+    let state = ApiState::new(
+        app.db.store.clone(),
         ApiSettings::default(),
         api::limits(64 * 1024),
     );

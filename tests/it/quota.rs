@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::helpers::{TestDb, api};
+use replyd::api::ApiState;
 use replyd::api::replies::Accepted;
 use replyd::api::settings::ApiSettings;
 use replyd_core::domain::TaskId;
@@ -33,7 +34,11 @@ fn policy() -> QuotaPolicy {
 async fn start(policy: QuotaPolicy) -> Api {
     let db = TestDb::new().await;
     let key = api::workspace_with_key(&db.store, "acme").await;
-    let mut state = api::state(&db.store, ApiSettings::default(), api::limits(10_000));
+    let mut state = ApiState::new(
+        db.store.clone(),
+        ApiSettings::default(),
+        api::limits(10_000),
+    );
     state.quota = policy;
     let (base, stop) = api::serve_on_loopback(state, CancellationToken::new()).await;
     Api {

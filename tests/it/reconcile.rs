@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::helpers::provider::{request, start_mock, stats};
 use crate::helpers::{TestDb, api};
+use replyd::api::ApiState;
 use replyd::api::replies::Accepted;
 use replyd::api::settings::ApiSettings;
 use replyd::provider::{
@@ -33,7 +34,11 @@ struct Setup {
 async fn setup() -> Setup {
     let db = TestDb::new().await;
     let key = api::workspace_with_key(&db.store, "acme").await;
-    let state = api::state(&db.store, ApiSettings::default(), api::limits(10_000));
+    let state = ApiState::new(
+        db.store.clone(),
+        ApiSettings::default(),
+        api::limits(10_000),
+    );
     let (base, stop) = api::serve_on_loopback(state, CancellationToken::new()).await;
     let mock = start_mock(MockSettings {
         latency_ms: 20,

@@ -1,7 +1,6 @@
 //! The API served in-process on a free loopback port, over a test schema: what the intake,
 //! quota, front-half and reconciler tests start the same way.
 
-use replyd::api::settings::ApiSettings;
 use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::store::Store;
 use replyd_core::api_key::{IssuedKey, issue};
@@ -22,12 +21,6 @@ pub fn limits(max_prompt_bytes: usize) -> IntakeLimits {
         max_prompt_bytes,
         ..IntakeLimits::default()
     }
-}
-
-/// The API's state over `store` with `settings` and `limits`, before it is served (a test
-/// may set its quota policy or start its status listener).
-pub fn state(store: &Store, settings: ApiSettings, limits: IntakeLimits) -> ApiState {
-    ApiState::new(store.clone(), settings, limits)
 }
 
 /// Serves `state` on a free loopback port until the guard is dropped; the base URL.
