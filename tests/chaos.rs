@@ -606,10 +606,15 @@ async fn chaos_zombie() {
         let mut faults = Faults::default();
         while Instant::now() < until {
             pause(&mut rng, 1_000, 3_000).await;
-            // A zombie needs work in hand to come back with: stop a worker that holds records
-            // now (asked a bounded number of times; the last one asked is stopped anyway).
+            // A zombie needs work in hand to come back with. At 40 tasks/s and 80 ms a reply a
+            // worker is often idle, so a stop timed by chance can catch nothing: the provider
+            // is slowed (every request held 1.5 s, under the 3 s request timeout) until a
+            // worker is seen holding records, and that worker is stopped. Bounded: after 100
+            // looks, the last worker looked at is stopped anyway.
+            app.set_faults(json!({"hang_rate": 1.0, "hang_ms": 1_500}))
+                .await;
             let mut victim = WORKERS[rng.usize(..WORKERS.len())];
-            for _ in 0..20 {
+            for _ in 0..100 {
                 if app
                     .metric(victim, "replyd_in_flight_records")
                     .await
@@ -623,6 +628,7 @@ async fn chaos_zombie() {
             }
             app.stop(victim);
             faults.fired("sigstop");
+            app.set_faults(json!({})).await;
             // Past the lease (3 s) and the session (3 s): the group moves on, leases lapse.
             tokio::time::sleep(Duration::from_millis(rng.u64(5_000..7_000))).await;
             app.resume(victim);
