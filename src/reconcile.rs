@@ -19,8 +19,8 @@
 //!   work, is settled as `quota.charge_unresolved` says.
 //!
 //! Every decision is written to `quota_decisions` (who, when, why) and counted in
-//! `replyd_quota_reconciled_total{decision}`. `replyd reconcile` runs one pass; `replyd relay`
-//! (and so `serve`) runs a pass every [`INTERVAL`].
+//! `replyd_quota_reconciled_total{decision}`. `replyd reconcile` runs one pass; the relay's
+//! [`crate::housekeeping`] (and so `serve`'s) runs a pass every [`INTERVAL`].
 
 use std::sync::Arc;
 use std::time::Duration;

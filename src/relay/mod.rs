@@ -1,11 +1,9 @@
 //! `replyd relay`: hands the outbox's tasks to Kafka. Batches of unpublished rows are taken
 //! with `SKIP LOCKED` (many relays at once), published to `kafka.topic` with an idempotent
 //! producer (`acks=all`), and marked published in the same transaction once acknowledged.
-//! Woken by `NOTIFY replyd_outbox`, with a polling fallback; published rows are deleted after
-//! `relay.retention_ms` and expired idempotency records (past `api.idempotency_retention_ms`)
-//! in bounded batches; the lag (unpublished rows, the oldest one's age)
-//! is a metric. Every 10 s it also runs a pass of the quota's reconciler
-//! ([`crate::reconcile`]).
+//! Woken by `NOTIFY replyd_outbox`, with a polling fallback. Between batches it runs the
+//! [`crate::housekeeping`] rounds that are due (purges, the outbox's lag, the quota's
+//! reconciler).
 //!
 //! A row whose record the broker refuses for good (over the topic's `max.message.bytes`, an
 //! invalid record) can never be published: it is marked refused and its task failed with the
@@ -19,7 +17,7 @@
 pub mod settings;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use futures_util::future::{BoxFuture, join_all};
@@ -30,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::config::Settings;
+use crate::housekeeping::Housekeeping;
 use crate::kafka::KafkaLogs;
 use crate::probes::{Probes, Readiness};
 use crate::store::Store;
@@ -39,13 +38,6 @@ use crate::telemetry::{self, trace};
 
 /// The channel new outbox rows notify (see `migrations/V6`).
 pub const OUTBOX_CHANNEL: &str = "replyd_outbox";
-
-/// How often published rows are purged and the lag measured.
-const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(5);
-
-/// Rows deleted per purge statement: a bounded batch keeps each delete's locks and WAL small;
-/// a backlog shrinks by this much every housekeeping round.
-const PURGE_BATCH: i64 = 1000;
 
 /// Wakes the relay loop.
 struct WakeRelay(Arc<Notify>);
@@ -139,7 +131,7 @@ pub async fn run(
         settings.worker.lease(),
         settings.redelivery_bound(),
     );
-    let mut reconciled = Instant::now();
+    let mut housekeeping = Housekeeping::new(store.clone(), relay.retention(), reconciler);
     let wake = Arc::new(Notify::new());
     tokio::spawn(listen(
         settings.database.clone(),
@@ -156,7 +148,6 @@ pub async fn run(
         },
     );
     tracing::info!(topic = %kafka.topic, "relay started");
-    let mut housekeeping = Instant::now();
     while !shutdown.is_cancelled() {
         let published = store
             .relay_batch(relay.batch_size, |rows| {
@@ -173,31 +164,7 @@ pub async fn run(
                 false
             }
         };
-        if housekeeping.elapsed() >= HOUSEKEEPING_INTERVAL {
-            housekeeping = Instant::now();
-            match store.purge_outbox(relay.retention(), PURGE_BATCH).await {
-                Ok(n) => telemetry::outbox_purged(n),
-                Err(e) => telemetry::store_error("purge_outbox", &e),
-            }
-            match store.purge_idempotency_keys(PURGE_BATCH).await {
-                Ok(n) => telemetry::idempotency_keys_purged(n),
-                Err(e) => telemetry::store_error("purge_idempotency_keys", &e),
-            }
-            match store.outbox_lag().await {
-                Ok(lag) => telemetry::outbox_lag(lag.unpublished, lag.oldest_seconds),
-                Err(e) => telemetry::store_error("outbox_lag", &e),
-            }
-        }
-        if reconciled.elapsed() >= crate::reconcile::INTERVAL {
-            reconciled = Instant::now();
-            match reconciler.run_once().await {
-                Ok(report) if report.examined > 0 => {
-                    tracing::info!(?report, "quota reservations reconciled")
-                }
-                Ok(_) => {}
-                Err(e) => telemetry::store_error("reconcile", &e),
-            }
-        }
+        housekeeping.run_due().await;
         if full {
             continue; // more are waiting
         }

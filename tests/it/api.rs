@@ -4,23 +4,16 @@
 
 use std::time::Duration;
 
-use crate::helpers::{TestDb, api};
+use crate::helpers::TestDb;
+use crate::helpers::api::{self, Api};
 use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
 use replyd::api::settings::ApiSettings;
 use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd_core::api_key::issue;
+use replyd_core::quota::QuotaSettings;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-
-struct Api {
-    db: TestDb,
-    base: String,
-    /// A key of workspace `acme`.
-    key: String,
-    client: reqwest::Client,
-    _stop: tokio_util::sync::DropGuard,
-}
 
 async fn key_for(db: &TestDb, workspace: &str) -> String {
     api::workspace_with_key(&db.store, workspace).await.token
@@ -31,17 +24,7 @@ async fn start_with(settings: ApiSettings) -> Api {
 }
 
 async fn start_with_limits(settings: ApiSettings, limits: IntakeLimits) -> Api {
-    let db = TestDb::new().await;
-    let key = key_for(&db, "acme").await;
-    let state = ApiState::new(db.store.clone(), settings, limits);
-    let (base, stop) = api::serve_on_loopback(state, CancellationToken::new()).await;
-    Api {
-        db,
-        base,
-        key,
-        client: reqwest::Client::new(),
-        _stop: stop,
-    }
+    Api::start(settings, limits, QuotaSettings::default().policy()).await
 }
 
 async fn start() -> Api {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::helpers::{TestDb, api};
-use replyd::api::ApiState;
+use crate::helpers::TestDb;
+use crate::helpers::api::{self, Api};
 use replyd::api::replies::Accepted;
 use replyd::api::settings::ApiSettings;
 use replyd_core::domain::TaskId;
@@ -17,58 +17,16 @@ use replyd_core::quota::QuotaPolicy;
 use replyd_core::quota::QuotaSettings;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
-
-struct Api {
-    db: TestDb,
-    base: String,
-    key: String,
-    client: reqwest::Client,
-    _stop: tokio_util::sync::DropGuard,
-}
 
 fn policy() -> QuotaPolicy {
     QuotaSettings::default().policy()
 }
 
 async fn start(policy: QuotaPolicy) -> Api {
-    let db = TestDb::new().await;
-    let key = api::workspace_with_key(&db.store, "acme").await;
-    let mut state = ApiState::new(
-        db.store.clone(),
-        ApiSettings::default(),
-        api::limits(10_000),
-    );
-    state.quota = policy;
-    let (base, stop) = api::serve_on_loopback(state, CancellationToken::new()).await;
-    Api {
-        db,
-        base,
-        key: key.token,
-        client: reqwest::Client::builder()
-            .pool_max_idle_per_host(256)
-            .build()
-            .unwrap(),
-        _stop: stop,
-    }
-}
-
-fn body(message: &str) -> Value {
-    json!({"conversation_id": "conv-1", "message": message})
+    Api::start(ApiSettings::default(), api::limits(10_000), policy).await
 }
 
 impl Api {
-    async fn post(&self, key: &str, message: &str) -> reqwest::Response {
-        self.client
-            .post(format!("{}/v1/replies", self.base))
-            .bearer_auth(&self.key)
-            .header("Idempotency-Key", key)
-            .json(&body(message))
-            .send()
-            .await
-            .unwrap()
-    }
-
     async fn quota(&self) -> Value {
         self.client
             .get(format!("{}/v1/quota", self.base))
@@ -179,7 +137,7 @@ async fn two_hundred_first_requests_against_a_limit_of_fifty_admit_exactly_fifty
     };
     let sends = (0..200).map(|n| {
         let api = Arc::clone(&api);
-        async move { api.post(&format!("burst-{n}"), &format!("q{n}")).await }
+        async move { api.press(&format!("burst-{n}"), &format!("q{n}")).await }
     });
     let answers = futures_util::future::join_all(sends).await;
     running.store(false, Ordering::Relaxed);
@@ -228,7 +186,7 @@ async fn fifty_concurrent_first_requests_with_one_key_make_one_reservation() {
     let sends = (0..50).map(|_| {
         let api = Arc::clone(&api);
         async move {
-            let response = api.post("one-press", "q").await;
+            let response = api.press("one-press", "q").await;
             assert_eq!(response.status(), StatusCode::ACCEPTED);
             response.json::<Accepted>().await.unwrap().task_id
         }
@@ -248,11 +206,11 @@ async fn a_replay_is_answered_whatever_the_quota_says_now_and_new_work_gets_429(
             .await
             .unwrap()
     );
-    let first = api.post("press-1", "q").await;
+    let first = api.press("press-1", "q").await;
     assert_eq!(first.status(), StatusCode::ACCEPTED);
     let first: Accepted = first.json().await.unwrap();
 
-    let over = api.post("press-2", "another").await;
+    let over = api.press("press-2", "another").await;
     assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(over.headers().contains_key("retry-after"));
     let problem: Value = over.json().await.unwrap();
@@ -269,7 +227,7 @@ async fn a_replay_is_answered_whatever_the_quota_says_now_and_new_work_gets_429(
     );
 
     // The lost answer's retry: the same task, not a second reservation, though the quota is full.
-    let again = api.post("press-1", "q").await;
+    let again = api.press("press-1", "q").await;
     assert_eq!(again.status(), StatusCode::ACCEPTED);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(
@@ -279,11 +237,11 @@ async fn a_replay_is_answered_whatever_the_quota_says_now_and_new_work_gets_429(
 
     // Completed: still the same task on a retry, charged once, and the quota still full.
     api.finish(first.task_id, true).await;
-    let late = api.post("press-1", "q").await;
+    let late = api.press("press-1", "q").await;
     assert_eq!(late.status(), StatusCode::ACCEPTED);
     assert_eq!(api.ledger().await, (1, 0, 1, 0, 1, 0));
     assert_eq!(
-        api.post("press-3", "more").await.status(),
+        api.press("press-3", "more").await.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
     let quota = api.quota().await;
@@ -309,8 +267,8 @@ async fn completion_charges_once_and_a_failure_is_charged_only_when_the_policy_s
             ..policy()
         })
         .await;
-        let done: Accepted = api.post("done", "q1").await.json().await.unwrap();
-        let failed: Accepted = api.post("failed", "q2").await.json().await.unwrap();
+        let done: Accepted = api.press("done", "q1").await.json().await.unwrap();
+        let failed: Accepted = api.press("failed", "q2").await.json().await.unwrap();
         assert_eq!(api.ledger().await, (2, 2, 0, 0, 0, 2));
 
         api.finish(done.task_id, true).await;
@@ -345,7 +303,7 @@ async fn completion_charges_once_and_a_failure_is_charged_only_when_the_policy_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settled_reservation_is_never_settled_again() {
     let api = start(policy()).await;
-    let accepted: Accepted = api.post("p", "q").await.json().await.unwrap();
+    let accepted: Accepted = api.press("p", "q").await.json().await.unwrap();
     let store = &api.db.store;
     let ClaimOutcome::Claimed(zombie) = store
         .claim(accepted.task_id, "w-zombie", Duration::from_millis(1))
@@ -395,7 +353,7 @@ async fn a_settled_reservation_is_never_settled_again() {
 async fn capacity_returns_when_the_window_ends() {
     let api = start(policy()).await;
     assert!(api.db.store.set_quota("acme", Some(1), 2).await.unwrap());
-    let first: Accepted = api.post("w-1", "q").await.json().await.unwrap();
+    let first: Accepted = api.press("w-1", "q").await.json().await.unwrap();
     api.finish(first.task_id, true).await;
     let (retry_after, detail) = refusal(&api, "w-2").await;
     let retry_after = retry_after.expect("a Retry-After");
@@ -404,7 +362,7 @@ async fn capacity_returns_when_the_window_ends() {
     crate::helpers::wait_until(
         "the next 2 s window admits again",
         Duration::from_secs(10),
-        || async { api.post("w-2", "q2").await.status() == StatusCode::ACCEPTED },
+        || async { api.press("w-2", "q2").await.status() == StatusCode::ACCEPTED },
     )
     .await;
     let quota = api.quota().await;
@@ -565,7 +523,7 @@ impl Operator {
 impl Api {
     /// Presses Send and plays the worker that completes the task: one charge.
     async fn charge(&self, key: &str) {
-        let response = self.post(key, key).await;
+        let response = self.press(key, key).await;
         assert_eq!(response.status(), StatusCode::ACCEPTED, "{key}");
         let accepted: Accepted = response.json().await.unwrap();
         self.finish(accepted.task_id, true).await;
@@ -638,11 +596,11 @@ async fn a_period_change_puts_the_counter_on_the_new_epoch_aligned_window_with_i
         "{kept}"
     );
     assert_eq!(
-        api.post("one-more", "q").await.status(),
+        api.press("one-more", "q").await.status(),
         StatusCode::ACCEPTED
     );
     assert_eq!(
-        api.post("over", "q").await.status(),
+        api.press("over", "q").await.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
 }
@@ -653,7 +611,12 @@ async fn a_settlement_committing_while_the_period_changes_is_counted_once() {
     let replyd = Operator::new(&api.db);
     replyd.set_quota("10", "1d");
     api.charge("settled-before").await;
-    let pending: Accepted = api.post("settling-during", "q").await.json().await.unwrap();
+    let pending: Accepted = api
+        .press("settling-during", "q")
+        .await
+        .json()
+        .await
+        .unwrap();
 
     // A transaction that completes the second task: its trigger settles the reservation and
     // holds the counter row's lock until the commit.
@@ -746,7 +709,7 @@ async fn a_period_longer_than_the_bound_is_refused_by_the_command_and_the_databa
         .await
         .unwrap();
     assert_eq!(quota.status(), StatusCode::OK);
-    assert_eq!(api.post("after", "q").await.status(), StatusCode::ACCEPTED);
+    assert_eq!(api.press("after", "q").await.status(), StatusCode::ACCEPTED);
 
     // The bound itself is accepted, and the database refuses what is past it.
     replyd.set_quota("5", "3650d");
@@ -771,7 +734,7 @@ async fn a_period_longer_than_the_bound_is_refused_by_the_command_and_the_databa
 /// The `429` of a press over the quota: its `Retry-After` in seconds (None: no header) and
 /// its `detail`.
 async fn refusal(api: &Api, key: &str) -> (Option<u64>, String) {
-    let response = api.post(key, key).await;
+    let response = api.press(key, key).await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{key}");
     let retry_after = response
         .headers()
@@ -795,7 +758,7 @@ async fn a_quota_held_by_open_reservations_says_when_the_first_is_expected_to_se
             .await
             .unwrap()
     );
-    let first: Accepted = api.post("first", "q").await.json().await.unwrap();
+    let first: Accepted = api.press("first", "q").await.json().await.unwrap();
 
     // Nothing has settled yet: a short default, not the reservation's hour-long TTL.
     let (retry_after, detail) = refusal(&api, "no-history").await;
@@ -827,7 +790,7 @@ async fn a_quota_held_by_open_reservations_says_when_the_first_is_expected_to_se
             .await
             .unwrap()
     );
-    let second: Accepted = api.post("second", "q").await.json().await.unwrap();
+    let second: Accepted = api.press("second", "q").await.json().await.unwrap();
     client
         .execute(
             "UPDATE quota_reservations SET created_at = created_at - interval '5 s' \
@@ -859,7 +822,7 @@ async fn a_refusal_behind_a_reservation_past_its_ttl_waits_for_the_reconcilers_n
             .await
             .unwrap()
     );
-    let open: Accepted = api.post("open", "q").await.json().await.unwrap();
+    let open: Accepted = api.press("open", "q").await.json().await.unwrap();
     let client = api.db.raw_client().await;
     crate::helpers::wait_until_sql(
         &client,
@@ -970,8 +933,8 @@ async fn a_token_quota_reserves_the_ceiling_and_settles_once_to_the_reported_usa
             .unwrap()
     );
     // "q" is 1 byte: a ceiling of 1 + 8 + 4,000.
-    let first: Accepted = api.post("k1", "q").await.json().await.unwrap();
-    let second: Accepted = api.post("k2", "q").await.json().await.unwrap();
+    let first: Accepted = api.press("k1", "q").await.json().await.unwrap();
+    let second: Accepted = api.press("k2", "q").await.json().await.unwrap();
     let quota = api.quota().await;
     assert_eq!(
         (
@@ -982,7 +945,7 @@ async fn a_token_quota_reserves_the_ceiling_and_settles_once_to_the_reported_usa
         (&json!(8_018), &json!(1_982), &json!(4_000)),
         "{quota}"
     );
-    let refused = api.post("k3", "q").await;
+    let refused = api.press("k3", "q").await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(refused.headers().contains_key("retry-after"));
     let problem: Value = refused.json().await.unwrap();
@@ -1028,7 +991,7 @@ async fn a_token_quota_reserves_the_ceiling_and_settles_once_to_the_reported_usa
     assert_eq!(again, tokens);
 
     // Room again: 10,000 − 4,051 holds another 4,009.
-    assert_eq!(api.post("k3", "q").await.status(), StatusCode::ACCEPTED);
+    assert_eq!(api.press("k3", "q").await.status(), StatusCode::ACCEPTED);
 }
 
 /// The workspace's policy, judged before anything is written: a model outside its list and

@@ -1,10 +1,62 @@
 //! The API served in-process on a free loopback port, over a test schema: what the intake,
-//! quota, front-half and reconciler tests start the same way.
+//! quota, front-half and reconciler tests start the same way, and [`Api`], the intake and quota
+//! tests' fixture.
 
+use replyd::api::settings::ApiSettings;
 use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::store::Store;
 use replyd_core::api_key::{IssuedKey, issue};
+use replyd_core::quota::QuotaPolicy;
+use serde_json::json;
 use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::TestDb;
+
+/// The API over its own test schema, with a workspace `acme` and a key of it. The intake tests
+/// and the quota tests add the requests and the database reads each needs.
+pub struct Api {
+    pub db: TestDb,
+    pub base: String,
+    /// A key of workspace `acme`.
+    pub key: String,
+    /// Keeps up to 256 idle connections, for the tests that send hundreds of requests at once.
+    pub client: reqwest::Client,
+    _stop: DropGuard,
+}
+
+impl Api {
+    /// Serves `settings` with `limits` and the quota `policy` on a new schema.
+    pub async fn start(settings: ApiSettings, limits: IntakeLimits, policy: QuotaPolicy) -> Self {
+        let db = TestDb::new().await;
+        let key = workspace_with_key(&db.store, "acme").await;
+        let mut state = ApiState::new(db.store.clone(), settings, limits);
+        state.quota = policy;
+        let (base, stop) = serve_on_loopback(state, CancellationToken::new()).await;
+        Self {
+            db,
+            base,
+            key: key.token,
+            client: reqwest::Client::builder()
+                .pool_max_idle_per_host(256)
+                .build()
+                .unwrap(),
+            _stop: stop,
+        }
+    }
+
+    /// A press: `POST /v1/replies` of `message` in conversation `conv-1` under the idempotency
+    /// key `key`, with `acme`'s key.
+    pub async fn press(&self, key: &str, message: &str) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/replies", self.base))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", key)
+            .json(&json!({"conversation_id": "conv-1", "message": message}))
+            .send()
+            .await
+            .unwrap()
+    }
+}
 
 /// A new workspace `workspace` with one API key; the key (`token`, `key_id`).
 pub async fn workspace_with_key(store: &Store, workspace: &str) -> IssuedKey {
