@@ -1,0 +1,71 @@
+//! Events of the front half: the API's answers and submissions, the outbox relay, the
+//! housekeeping purges and the quota's refusals and reconciliation.
+
+use metrics::{counter, gauge};
+
+use super::catalogue::names::*;
+use super::lines::{chain, once_a_minute, shape_of};
+
+/// An API request answered with a problem; `kind` is the problem's type.
+pub fn api_refused(kind: &'static str, status: u16) {
+    tracing::debug!(kind, status, "API request refused");
+    counter!(API_REFUSALS, "kind" => kind).increment(1);
+}
+
+/// A submission accepted: new work, or a replay of an earlier request with the same key.
+pub fn submission(replayed: bool) {
+    counter!(SUBMISSIONS, "replayed" => if replayed { "true" } else { "false" }).increment(1);
+}
+
+pub fn outbox_published(rows: usize) {
+    if rows > 0 {
+        tracing::debug!(rows, "outbox rows published");
+    }
+    counter!(OUTBOX_PUBLISHED).increment(rows as u64);
+}
+
+pub fn outbox_publish_failed(outbox_id: i64, error: &rdkafka::error::KafkaError) {
+    if once_a_minute(&format!("outbox:{}", shape_of(&error.to_string()))) {
+        tracing::warn!(outbox_id, error = %chain(error), "publishing an outbox row failed; it stays for the next batch (repeats are held back for a minute)");
+    }
+    counter!(OUTBOX_PUBLISH_ERRORS).increment(1);
+}
+
+/// A record the broker will never take: its outbox row is refused and its task failed.
+pub fn outbox_refused(outbox_id: i64, task_id: &str, reason: &str) {
+    tracing::error!(
+        outbox_id,
+        task_id,
+        reason,
+        "the broker refused an outbox row's record for good; its task fails with the reason"
+    );
+    counter!(OUTBOX_REFUSED).increment(1);
+}
+
+pub fn outbox_purged(rows: u64) {
+    counter!(OUTBOX_PURGED).increment(rows);
+}
+
+/// One decision of the quota's reconciler (`decision`: `ExpiredDecision::label`).
+pub fn quota_reconciled(decision: &'static str) {
+    counter!(QUOTA_RECONCILED, "decision" => decision).increment(1);
+}
+
+/// A submission the quota did not admit.
+pub fn quota_refused() {
+    counter!(QUOTA_REFUSED).increment(1);
+}
+
+pub fn idempotency_keys_purged(rows: u64) {
+    counter!(IDEMPOTENCY_KEYS_PURGED).increment(rows);
+}
+
+pub fn outbox_lag(unpublished: i64, oldest_seconds: f64) {
+    gauge!(OUTBOX_UNPUBLISHED).set(unpublished as f64);
+    gauge!(OUTBOX_OLDEST_SECONDS).set(oldest_seconds);
+}
+
+/// Open reservations past their TTL after a reconciler pass.
+pub fn reservations_overdue(count: i64) {
+    gauge!(QUOTA_OVERDUE).set(count as f64);
+}

@@ -1,0 +1,83 @@
+//! Events of the provider: each call and how it ended, the tokens answers reported, and the
+//! deployment's shared capacity (waits, refusals, the rate applied).
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+
+use super::catalogue::names::*;
+use super::lines::once_a_minute;
+
+/// How one provider call ended, for its metric label.
+#[derive(Debug, Clone, Copy)]
+pub enum CallEnd<'a> {
+    Replied,
+    Failed(&'a replyd_core::provider::ProviderError),
+    /// Cut short: the partition was revoked or the worker is stopping.
+    Cancelled,
+    /// Cut short: a renewal was refused, so the lease is gone.
+    LeaseLost,
+}
+
+impl CallEnd<'_> {
+    pub fn label(self) -> &'static str {
+        match self {
+            CallEnd::Replied => "ok",
+            CallEnd::Failed(error) => error.kind(),
+            CallEnd::Cancelled => "cancelled",
+            CallEnd::LeaseLost => "lease_lost",
+        }
+    }
+}
+
+pub fn provider_call(task_id: &str, version: i64, end: CallEnd<'_>, took: Duration) {
+    tracing::debug!(
+        task_id,
+        assignment_version = version,
+        outcome = end.label(),
+        took_ms = took.as_millis() as u64,
+        "provider call"
+    );
+    counter!(PROVIDER_CALLS, "outcome" => end.label()).increment(1);
+    histogram!(PROVIDER_SECONDS).record(took.as_secs_f64());
+}
+
+/// How many records of this worker wait for `bucket`'s capacity now.
+pub fn capacity_waiting(bucket: &str, records: usize) {
+    gauge!(CAPACITY_WAITING, "model" => bucket.to_owned()).set(records as f64);
+}
+
+/// A record got its capacity permit after `waited`.
+pub fn capacity_waited(bucket: &str, waited: Duration) {
+    histogram!(CAPACITY_WAIT_SECONDS, "model" => bucket.to_owned()).record(waited.as_secs_f64());
+}
+
+/// The provider refused a call for capacity (a 429 or an overload): the deployment pauses.
+pub fn capacity_refused(bucket: &str) {
+    if once_a_minute(&format!("capacity-refused:{bucket}")) {
+        tracing::warn!(
+            model = bucket,
+            "the provider refused a call for capacity; every worker pauses as it asked (repeats are held back for a minute)"
+        );
+    }
+    counter!(CAPACITY_REFUSALS, "model" => bucket.to_owned()).increment(1);
+}
+
+/// The tokens a provider's answer reported, by the model asked and the kind (`prompt`,
+/// `completion`); an answer that reported none is counted apart, never as 0 tokens.
+pub fn provider_usage(model: &str, usage: Option<(u32, u32)>) {
+    match usage {
+        Some((prompt, completion)) => {
+            counter!(PROVIDER_TOKENS, "model" => model.to_owned(), "kind" => "prompt")
+                .increment(u64::from(prompt));
+            counter!(PROVIDER_TOKENS, "model" => model.to_owned(), "kind" => "completion")
+                .increment(u64::from(completion));
+        }
+        None => counter!(PROVIDER_USAGE_UNREPORTED, "model" => model.to_owned()).increment(1),
+    }
+}
+
+/// The request rate the budget applies to `bucket` now: configured, or learned.
+pub fn capacity_limit(bucket: &str, per_second: f64) {
+    gauge!(CAPACITY_LIMIT, "model" => bucket.to_owned()).set(per_second);
+}
