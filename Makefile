@@ -3,14 +3,15 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit client-test infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-capacity chaos fuzz
+.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-capacity chaos fuzz
 
 build:
 	$(CARGO) build --release
 
-## test: start the local infrastructure, check format and lints, run every test (the
-## workspace's: the tools' own test makes cargo build replyd-lab, which some tests run).
-test: infra-up lint client-test
+## test: start the local infrastructure, install the tools only the tests use, check format
+## and lints, run every test (the workspace's: the tools' own test makes cargo build
+## replyd-lab, which some tests run).
+test: infra-up test-tools lint client-test
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) test --workspace --doc
 
@@ -30,6 +31,11 @@ unit:
 
 infra-up:
 	bash deploy/infra.sh up
+
+## test-tools: what only the tests run (schemathesis, promtool, helm, Jaeger, the image and
+## chart checkers, Node.js and Chromium), built or installed once per machine.
+test-tools:
+	bash deploy/infra.sh tools
 
 infra-down:
 	bash deploy/infra.sh down

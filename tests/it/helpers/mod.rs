@@ -18,11 +18,15 @@ use replyd_core::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
 /// Addresses of the test infrastructure. A missing one is a setup error, not a skipped test:
 /// a suite that silently skips proves nothing.
 pub fn infra(name: &str) -> String {
-    infra_opt(name)
-        .unwrap_or_else(|| panic!("{name} missing from {INFRA_ENV}: run `make infra-up`"))
+    infra_opt(name).unwrap_or_else(|| {
+        panic!("{name} missing from {INFRA_ENV} and {TOOLS_ENV}: run `make infra-up test-tools`")
+    })
 }
 
+/// The services' addresses (`deploy/infra.sh up`).
 const INFRA_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/infra/env");
+/// The test tools' paths (`deploy/infra.sh tools`), which the demo does not need.
+const TOOLS_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/infra/tools.env");
 
 /// Like `infra`, for what only local infrastructure provides (None with an external one).
 pub fn infra_opt(name: &str) -> Option<String> {
@@ -32,7 +36,13 @@ pub fn infra_opt(name: &str) -> Option<String> {
     let text = std::fs::read_to_string(INFRA_ENV).unwrap_or_else(|e| {
         panic!("{name} is not set and {INFRA_ENV} is unreadable ({e}): run `make infra-up`")
     });
-    let vars: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+    // The tools' file is absent until `make test-tools` ran: then only services are known.
+    let tools = std::fs::read_to_string(TOOLS_ENV).unwrap_or_default();
+    let vars: HashMap<&str, &str> = text
+        .lines()
+        .chain(tools.lines())
+        .filter_map(|l| l.split_once('='))
+        .collect();
     vars.get(name).map(|v| v.to_string())
 }
 
