@@ -39,30 +39,12 @@ mkdir -p "$dir"
 db_url=$(schema_url "bench_$id")
 start_mock "$dir/mock" --latency-ms "$mock_latency_ms"
 pool_size=16
-for name in api relay w1; do
-  cat >"$dir/$name.toml" <<TOML
-[database]
-url = "$db_url"
-pool_size = $pool_size
-[kafka]
-bootstrap_servers = "$KAFKA_BOOTSTRAP"
-topic = "bench-$id"
-group_id = "bench-$id"
-[worker]
-worker_id = "$name"
-drain_timeout_ms = 5000
-commit_interval_ms = 200
-[provider]
-base_url = "$mock_url"
-[api]
-listen = "127.0.0.1:0"
+topic="bench-$id"
 # One key presses for every simulated browser here: the per-key limit is not what this runs.
-rate_limit_per_second = 0
-[relay]
-poll_interval_ms = 200
-[observability]
-listen = "127.0.0.1:0"
-TOML
+for name in api relay w1; do
+  write_settings "$dir/$name.toml" "database.pool_size=$pool_size" "worker.worker_id=\"$name\"" \
+    worker.drain_timeout_ms=5000 worker.commit_interval_ms=200 api.rate_limit_per_second=0 \
+    relay.poll_interval_ms=200
 done
 "$bin" migrate --config "$dir/api.toml" 2>"$dir/migrate.log"
 "$bin" workspace create bench --config "$dir/api.toml" >/dev/null

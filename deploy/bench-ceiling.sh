@@ -58,28 +58,12 @@ for run in $(seq 1 "$runs"); do
   schema=$(echo "bench_$id" | tr -c 'a-zA-Z0-9\n' '_')
   topic="bench-$id"
   pw=$window  # each partition may fill the window (see bench-window.sh)
-  cat >"$dir/$id.toml" <<TOML
-[database]
-url = "$db_url"
-pool_size = $pool
-${BENCH_BATCH:+batch_completions = $BENCH_BATCH}
-${BENCH_BATCH:+batch_claims = ${BENCH_BATCH_CLAIMS:-$BENCH_BATCH}}
-[kafka]
-bootstrap_servers = "$KAFKA_BOOTSTRAP"
-topic = "$topic"
-group_id = "bench-$id"
-session_timeout_ms = 10000
-[worker]
-worker_id = "$id"
-partition_window = $pw
-global_window = $window
-drain_timeout_ms = 5000
-[provider]
-base_url = "$mock_url"
-request_timeout_ms = 10000
-[observability]
-listen = "127.0.0.1:0"
-TOML
+  write_settings "$dir/$id.toml" "database.pool_size=$pool" \
+    "database.batch_completions=${BENCH_BATCH:-}" \
+    "database.batch_claims=${BENCH_BATCH:+${BENCH_BATCH_CLAIMS:-$BENCH_BATCH}}" \
+    kafka.session_timeout_ms=10000 "worker.worker_id=\"$id\"" "worker.partition_window=$pw" \
+    "worker.global_window=$window" worker.drain_timeout_ms=5000 \
+    provider.request_timeout_ms=10000
   "$lab" produce --config "$dir/$id.toml" --create-partitions "$partitions" \
     --count "$tasks" --conversations "$(( partitions * 8 ))" >/dev/null
 

@@ -25,24 +25,10 @@ dir="$root/target/bench/$id"
 mkdir -p "$dir"
 start_mock "$dir/mock" --latency-ms 100
 db_url=$(schema_url "bench_$id")
+topic="bench-$id"
 for w in w1 w2; do
-  cat >"$dir/$w.toml" <<TOML
-[database]
-url = "$db_url"
-[kafka]
-bootstrap_servers = "$KAFKA_BOOTSTRAP"
-topic = "bench-$id"
-group_id = "bench-$id"
-session_timeout_ms = 10000
-[worker]
-worker_id = "$w"
-drain_timeout_ms = 5000
-commit_interval_ms = 200
-[provider]
-base_url = "$mock_url"
-[observability]
-listen = "127.0.0.1:0"
-TOML
+  write_settings "$dir/$w.toml" kafka.session_timeout_ms=10000 "worker.worker_id=\"$w\"" \
+    worker.drain_timeout_ms=5000 worker.commit_interval_ms=200
 done
 "$lab" produce --config "$dir/w1.toml" --create-partitions 3 --count 0 >/dev/null
 for w in w1 w2; do

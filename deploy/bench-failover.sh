@@ -39,8 +39,8 @@ echo "| protocol | session timeout | lease | partitions resumed, s (median, minâ
 echo "|---|---:|---:|---:|---:|---:|---:|"
 for protocol in "${protocols[@]}"; do
   case "$protocol" in
-    classic) session_ms=10000; session_line="session_timeout_ms = 10000" ;;
-    consumer) session_ms=6000; session_line="" ;;
+    classic) session_ms=10000; session_setting=10000 ;;
+    consumer) session_ms=6000; session_setting="" ;;
     *) echo "unknown protocol $protocol" >&2; exit 2 ;;
   esac
   : >"$dir/$protocol.runs"
@@ -49,30 +49,13 @@ for protocol in "${protocols[@]}"; do
     start_mock "$dir/mock-$id" --latency-ms 1000
     db_url=$(schema_url "bench_$id")
     schema=$(echo "bench_$id" | tr -c 'a-zA-Z0-9\n' '_')
+    topic="bench-$id"
     for w in w1 w2 w3; do
-      cat >"$dir/$id-$w.toml" <<TOML
-[database]
-url = "$db_url"
-pool_size = 4
-[kafka]
-bootstrap_servers = "$KAFKA_BOOTSTRAP"
-topic = "bench-$id"
-group_id = "bench-$id"
-group_protocol = "$protocol"
-$session_line
-[worker]
-worker_id = "$id-$w"
-partition_window = 64
-global_window = 128
-lease_ms = $lease_ms
-renew_interval_ms = $(( lease_ms / 5 ))
-drain_timeout_ms = 5000
-[provider]
-base_url = "$mock_url"
-request_timeout_ms = 14000
-[observability]
-listen = "127.0.0.1:0"
-TOML
+      write_settings "$dir/$id-$w.toml" database.pool_size=4 \
+        "kafka.group_protocol=\"$protocol\"" "kafka.session_timeout_ms=$session_setting" \
+        "worker.worker_id=\"$id-$w\"" worker.partition_window=64 worker.global_window=128 \
+        "worker.lease_ms=$lease_ms" "worker.renew_interval_ms=$(( lease_ms / 5 ))" \
+        worker.drain_timeout_ms=5000 provider.request_timeout_ms=14000
     done
     "$lab" produce --config "$dir/$id-w1.toml" --create-partitions 6 --count 0 >/dev/null
     declare -A worker_pid=()

@@ -35,31 +35,12 @@ for run in $(seq 1 "$runs"); do
   start_mock "$dir/mock-$id" --latency-ms "$latency_ms"
   db_url=$(schema_url "bench_$id")
   schema=$(echo "bench_$id" | tr -c 'a-zA-Z0-9\n' '_')
+  topic="bench-$id"
+  # One key presses for every simulated browser here: the per-key limit is not what this runs.
   for name in api relay w1; do
-    cat >"$dir/$id-$name.toml" <<TOML
-[database]
-url = "$db_url"
-pool_size = 8
-[kafka]
-bootstrap_servers = "$KAFKA_BOOTSTRAP"
-topic = "bench-$id"
-group_id = "bench-$id"
-session_timeout_ms = 10000
-[worker]
-worker_id = "$id-$name"
-drain_timeout_ms = 5000
-commit_interval_ms = 200
-[provider]
-base_url = "$mock_url"
-[api]
-listen = "127.0.0.1:0"
-# One key presses for every simulated browser here: the per-key limit is not what this runs.
-rate_limit_per_second = 0
-[relay]
-poll_interval_ms = 500
-[observability]
-listen = "127.0.0.1:0"
-TOML
+    write_settings "$dir/$id-$name.toml" database.pool_size=8 kafka.session_timeout_ms=10000 \
+      "worker.worker_id=\"$id-$name\"" worker.drain_timeout_ms=5000 \
+      worker.commit_interval_ms=200 api.rate_limit_per_second=0 relay.poll_interval_ms=500
   done
   "$bin" migrate --config "$dir/$id-api.toml" 2>"$dir/$id-migrate.log"
   "$bin" workspace create bench --config "$dir/$id-api.toml" >/dev/null

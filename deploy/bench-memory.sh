@@ -37,26 +37,11 @@ for backlog in "${backlogs[@]}"; do
     start_mock "$dir/mock-$id" --latency-ms 1000
     db_url=$(schema_url "bench_$id")
     schema=$(echo "bench_$id" | tr -c 'a-zA-Z0-9\n' '_')
-    cat >"$dir/$id.toml" <<TOML
-[database]
-url = "$db_url"
-pool_size = ${BENCH_POOL_SIZE:-8}
-[kafka]
-bootstrap_servers = "$KAFKA_BOOTSTRAP"
-topic = "bench-$id"
-group_id = "bench-$id"
-session_timeout_ms = 10000
-[worker]
-worker_id = "$id"
-partition_window = $window
-global_window = $window
-drain_timeout_ms = 5000
-[provider]
-base_url = "$mock_url"
-request_timeout_ms = 14000
-[observability]
-listen = "127.0.0.1:0"
-TOML
+    topic="bench-$id"
+    write_settings "$dir/$id.toml" "database.pool_size=${BENCH_POOL_SIZE:-8}" \
+      kafka.session_timeout_ms=10000 "worker.worker_id=\"$id\"" \
+      "worker.partition_window=$window" "worker.global_window=$window" \
+      worker.drain_timeout_ms=5000 provider.request_timeout_ms=14000
     "$lab" produce --config "$dir/$id.toml" --create-partitions "$partitions" \
       --count "$backlog" --conversations 480 >/dev/null
     "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &

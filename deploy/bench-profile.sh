@@ -47,31 +47,16 @@ clk_tck=$(getconf CLK_TCK)
 drain() {
   local name=$1 records=$2
   shift 2
-  local id="$name-$$" db_url schema worker cpu deadline
+  local id="$name-$$" db_url schema topic worker cpu deadline
   start_mock "$dir/mock-$id" --latency-ms 0
   db_url=$(schema_url "bench_$id")
   schema=$(echo "bench_$id" | tr -c 'a-zA-Z0-9\n' '_')
-  cat >"$dir/$id.toml" <<TOML
-[database]
-url = "$db_url"
-pool_size = 8
-[kafka]
-bootstrap_servers = "$KAFKA_BOOTSTRAP"
-topic = "bench-$id"
-group_id = "bench-$id"
-# Generous: under valgrind every thread runs many times slower, heartbeats included.
-session_timeout_ms = 45000
-[worker]
-worker_id = "$id"
-partition_window = 256
-global_window = 256
-drain_timeout_ms = 30000
-[provider]
-base_url = "$mock_url"
-request_timeout_ms = 60000
-[observability]
-listen = "127.0.0.1:0"
-TOML
+  topic="bench-$id"
+  # The session timeout is generous: under valgrind every thread runs many times slower,
+  # heartbeats included.
+  write_settings "$dir/$id.toml" database.pool_size=8 kafka.session_timeout_ms=45000 \
+    "worker.worker_id=\"$id\"" worker.partition_window=256 worker.global_window=256 \
+    worker.drain_timeout_ms=30000 provider.request_timeout_ms=60000
   "$lab" produce --config "$dir/$id.toml" --create-partitions 6 --count "$records" \
     --conversations 48 >/dev/null
   "$@" "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &

@@ -30,33 +30,11 @@ for mode in idempotency-key operation-id none; do
   mock=$mock_pid
   db_url=$(schema_url "bench_$id")
   topic="bench-$id"
-  cat >"$dir/$id.toml" <<TOML
-[database]
-url = "$db_url"
-pool_size = 32
-[kafka]
-bootstrap_servers = "$KAFKA_BOOTSTRAP"
-topic = "$topic"
-group_id = "bench-$id"
-session_timeout_ms = 10000
-[worker]
-worker_id = "$id"
-partition_window = 32
-global_window = 128
-drain_timeout_ms = 5000
-[provider]
-base_url = "$mock_url"
-request_timeout_ms = 10000
-api = "$api"
-poll_interval_ms = 50
-[retry]
-base_delay_ms = 50
-max_delay_ms = 1000
-ambiguous = "retry"
-provider_honours_idempotency_key = $honour
-[observability]
-listen = "127.0.0.1:0"
-TOML
+  write_settings "$dir/$id.toml" database.pool_size=32 kafka.session_timeout_ms=10000 \
+    "worker.worker_id=\"$id\"" worker.partition_window=32 worker.global_window=128 \
+    worker.drain_timeout_ms=5000 provider.request_timeout_ms=10000 "provider.api=\"$api\"" \
+    provider.poll_interval_ms=50 retry.base_delay_ms=50 retry.max_delay_ms=1000 \
+    'retry.ambiguous="retry"' "retry.provider_honours_idempotency_key=$honour"
   "$lab" produce --config "$dir/$id.toml" --create-partitions 4 \
     --count "$tasks" --max-attempts 5 >/dev/null
   "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &

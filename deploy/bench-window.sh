@@ -11,7 +11,10 @@
 # at once (the window the worker really kept full) and the worker's CPU time per record.
 #
 # Usage: deploy/bench-window.sh [latency_ms] [partitions] [runs] [windows...]
-#        (default: 1000 1 3 1 16 64 256 1024). Extra settings: BENCH_WORKER, BENCH_LIBRDKAFKA,
+#        (default: 1000 1 3 1 16 64 256 1024). Extra settings: BENCH_WORKER, BENCH_LIBRDKAFKA
+#        (section.key=VALUE pairs as deploy/lib.sh's write_settings takes them, separated by
+#        spaces or newlines, e.g. BENCH_WORKER=worker.read_ahead=128 or
+#        BENCH_LIBRDKAFKA='kafka.librdkafka."fetch.wait.max.ms"="10"'),
 #        BENCH_PARTITION_WINDOW (default: the window), BENCH_POOL_SIZE (default: 8).
 # Writes the table to stdout and one JSON line per run to target/bench/window.jsonl.
 set -euo pipefail
@@ -32,6 +35,8 @@ dir="$root/target/bench/window-$(date +%Y%m%d%H%M%S)"
 mkdir -p "$dir"
 jsonl="$root/target/bench/window.jsonl"
 clk_tck=$(getconf CLK_TCK)
+# BENCH_WORKER's and BENCH_LIBRDKAFKA's pairs, added to every run's settings.
+read -r -d '' -a extra <<<"${BENCH_WORKER:-} ${BENCH_LIBRDKAFKA:-}" || true
 
 # cpu_seconds PID: user + system CPU time of a live process.
 cpu_seconds() {
@@ -53,29 +58,12 @@ for w in "${windows[@]}"; do
     start_mock "$dir/mock-$id" --latency-ms "$latency_ms"
     db_url=$(schema_url "bench_$id")
     topic="bench-$id"
-    cat >"$dir/$id.toml" <<TOML
-[database]
-url = "$db_url"
-# The best of a sweep on 2 cores (docs/BENCHMARKS.md): more sessions take turns on the cores.
-pool_size = ${BENCH_POOL_SIZE:-8}
-[kafka]
-bootstrap_servers = "$KAFKA_BOOTSTRAP"
-topic = "$topic"
-group_id = "bench-$id"
-session_timeout_ms = 10000
-${BENCH_LIBRDKAFKA:-}
-[worker]
-worker_id = "$id"
-partition_window = $pw
-global_window = $w
-drain_timeout_ms = 5000
-${BENCH_WORKER:-}
-[provider]
-base_url = "$mock_url"
-request_timeout_ms = $(( latency_ms * 4 + 10000 ))
-[observability]
-listen = "127.0.0.1:0"
-TOML
+    # A pool of 8: the best of a sweep on 2 cores (docs/BENCHMARKS.md): more sessions take
+    # turns on the cores.
+    write_settings "$dir/$id.toml" "database.pool_size=${BENCH_POOL_SIZE:-8}" \
+      kafka.session_timeout_ms=10000 "worker.worker_id=\"$id\"" "worker.partition_window=$pw" \
+      "worker.global_window=$w" worker.drain_timeout_ms=5000 \
+      "provider.request_timeout_ms=$(( latency_ms * 4 + 10000 ))" "${extra[@]}"
     "$lab" produce --config "$dir/$id.toml" --create-partitions "$partitions" \
       --count "$tasks" --conversations "$(( partitions * 8 ))" >/dev/null
     "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &

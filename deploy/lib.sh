@@ -67,7 +67,8 @@ start_mock() {
 # processes share (the database at $db_url, the brokers, topic and group "$topic", the mock at
 # $mock_url, every listener on a free port), each given pair added or put in place of the
 # shared one. VALUE is TOML as written (a string quoted: 'worker.worker_id="w1"'), so a script
-# says only what differs.
+# says only what differs; an empty VALUE ('kafka.session_timeout_ms=') leaves the key out, to the binary's
+# default (a section left empty is not written).
 write_settings() {
   local file=$1
   shift
@@ -93,9 +94,13 @@ write_settings() {
     END {
       for (i = 1; i <= sections; i++) {
         section = order[i]
-        printf "[%s]\n", section
+        lines = ""
         n = split(substr(keys[section], 2), list, SUBSEP)
-        for (j = 1; j <= n; j++) printf "%s = %s\n", list[j], values[section SUBSEP list[j]]
+        for (j = 1; j <= n; j++) {
+          value = values[section SUBSEP list[j]]
+          if (value != "") lines = lines list[j] " = " value "\n"
+        }
+        if (lines != "") printf "[%s]\n%s", section, lines
       }
     }' >"$file"
 }
