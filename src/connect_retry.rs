@@ -64,18 +64,39 @@ where
     }
 }
 
-/// Brings the schema up to date at start-up, retrying while PostgreSQL cannot be reached.
+/// Brings the schema up to date at start-up, retrying while PostgreSQL cannot be reached; with
+/// `database.migrate_on_start` off, only checks that nothing this build needs is missing.
 pub async fn migrate(
     database: &crate::store::DatabaseSettings,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     use crate::store::StoreError;
     use anyhow::Context as _;
+    let reachable = |e: &StoreError| matches!(e, StoreError::Connect { .. });
+    let wait = Duration::from_millis(database.startup_retry_ms);
+    if !database.migrate_on_start {
+        let pending = retry_connecting(
+            "connecting to PostgreSQL",
+            wait,
+            shutdown,
+            reachable,
+            || crate::store::migrate::pending_migrations(database),
+        )
+        .await
+        .context("checking the database schema")?;
+        anyhow::ensure!(
+            pending.is_empty(),
+            "the database schema lacks migrations this build needs ({}): run `replyd migrate` \
+             (the chart's migration Job) first, or turn database.migrate_on_start on",
+            pending.join(", ")
+        );
+        return Ok(());
+    }
     let applied = retry_connecting(
         "connecting to PostgreSQL",
-        Duration::from_millis(database.startup_retry_ms),
+        wait,
         shutdown,
-        |e: &StoreError| matches!(e, StoreError::Connect { .. }),
+        reachable,
         || crate::store::migrate::run_migrations(database),
     )
     .await

@@ -31,6 +31,12 @@ pub struct DatabaseSettings {
     pub listen: bool,
     /// How long start-up keeps retrying to reach PostgreSQL before giving up.
     pub startup_retry_ms: u64,
+    /// Apply pending migrations when a process starts (`worker`, `api`, `relay`, `serve`),
+    /// one process at a time under an advisory lock. Off where a migration Job runs them
+    /// first (the Helm chart turns it off when `migrations.enabled`): then the processes'
+    /// role needs no DDL rights, and a process whose schema lacks a migration this build has
+    /// refuses to start, naming them and `replyd migrate`.
+    pub migrate_on_start: bool,
     /// Gather the completions that arrive while one is being written into the next call: one
     /// round trip and one transaction for many tasks, each row guarded and answered on its
     /// own. Nothing waits to fill a batch, so a lone completion goes at once.
@@ -57,6 +63,7 @@ impl Default for DatabaseSettings {
             statement_timeout_ms: 30_000,
             listen: true,
             startup_retry_ms: 60_000,
+            migrate_on_start: true,
             batch_completions: true,
             batch_max_rows: 64,
             batch_claims: true,

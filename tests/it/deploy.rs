@@ -59,23 +59,48 @@ fn render(values: &[&str], set: &[&str]) -> Output {
 
 const PRODUCTION: &str = "deploy/helm/replyd/ci/production-values.yaml";
 
-/// The rendered value sets: default, the one-process install, production-like.
-fn renderings() -> Vec<(&'static str, String)> {
-    [
-        ("default", render(&[], &[])),
-        ("serve", render(&[], &["mode=serve"])),
-        ("production", render(&[PRODUCTION], &[])),
-    ]
-    .into_iter()
-    .map(|(name, out)| {
-        assert!(
-            out.status.success(),
-            "helm template ({name}): {}",
-            text(&out)
-        );
-        (name, String::from_utf8(out.stdout).unwrap())
-    })
-    .collect()
+/// The example values files the chart ships (`ci/*.yaml`), relative to the repository.
+fn example_values() -> Vec<String> {
+    let mut files: Vec<String> = std::fs::read_dir(chart().join("ci"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".yaml"))
+        .map(|name| format!("deploy/helm/replyd/ci/{name}"))
+        .collect();
+    files.sort();
+    assert!(files.iter().any(|f| f == PRODUCTION), "{files:?}");
+    files
+}
+
+/// The rendered value sets: default, the one-process install, and every example values file
+/// (named by its file, `production` for the production-like one).
+fn renderings() -> Vec<(String, String)> {
+    let mut sets = vec![
+        ("default".to_owned(), render(&[], &[])),
+        ("serve".to_owned(), render(&[], &["mode=serve"])),
+    ];
+    for file in example_values() {
+        let name = if file == PRODUCTION {
+            "production".to_owned()
+        } else {
+            file.rsplit('/')
+                .next()
+                .unwrap()
+                .trim_end_matches(".yaml")
+                .to_owned()
+        };
+        sets.push((name, render(&[&file], &[])));
+    }
+    sets.into_iter()
+        .map(|(name, out)| {
+            assert!(
+                out.status.success(),
+                "helm template ({name}): {}",
+                text(&out)
+            );
+            (name, String::from_utf8(out.stdout).unwrap())
+        })
+        .collect()
 }
 
 fn scratch() -> PathBuf {
@@ -102,7 +127,7 @@ fn the_chart_lints_and_renders_manifests_that_validate_against_the_kubernetes_sc
             .lines()
             .filter_map(|l| l.strip_prefix("kind: "))
             .collect();
-        let expected: &[&str] = match name {
+        let expected: &[&str] = match name.as_str() {
             "serve" => &[
                 "ConfigMap",
                 "Deployment",
@@ -313,5 +338,272 @@ fn hadolint_passes_the_dockerfile() {
         "COPY clients/typescript/dist clients/typescript/dist",
     ] {
         assert!(dockerfile.contains(line), "the Dockerfile has {line}");
+    }
+}
+
+// Helm's install order, simulated over the rendered manifests (no API server runs here): the
+// pre-install hooks one by one by weight (then kind, then name), each waited for; then the
+// release's resources; then the post-install hooks. A hook whose pod uses a resource the
+// release makes later cannot start, and the install times out on it.
+
+/// Kinds in the order Helm creates them (its `InstallOrder`); other kinds come last.
+const HELM_INSTALL_ORDER: &[&str] = &[
+    "PriorityClass",
+    "Namespace",
+    "NetworkPolicy",
+    "ResourceQuota",
+    "LimitRange",
+    "PodSecurityPolicy",
+    "PodDisruptionBudget",
+    "ServiceAccount",
+    "Secret",
+    "SecretList",
+    "ConfigMap",
+    "StorageClass",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleList",
+    "ClusterRoleBinding",
+    "ClusterRoleBindingList",
+    "Role",
+    "RoleList",
+    "RoleBinding",
+    "RoleBindingList",
+    "Service",
+    "DaemonSet",
+    "Pod",
+    "ReplicationController",
+    "ReplicaSet",
+    "Deployment",
+    "HorizontalPodAutoscaler",
+    "StatefulSet",
+    "Job",
+    "CronJob",
+    "IngressClass",
+    "Ingress",
+    "APIService",
+];
+
+/// One rendered object, as Helm orders it.
+#[derive(Debug)]
+struct Manifest {
+    kind: String,
+    name: String,
+    /// The install hooks it is (`pre-install`, `post-install`), empty for a release resource.
+    hooks: Vec<String>,
+    weight: i64,
+    /// What its pods need to exist: (kind, name).
+    uses: Vec<(String, String)>,
+}
+
+fn manifests_of(rendered: &str) -> Vec<Manifest> {
+    use serde::Deserialize as _;
+    yaml_serde::Deserializer::from_str(rendered)
+        .map(|doc| yaml_serde::Value::deserialize(doc).expect("rendered YAML parses"))
+        .filter(|doc| !doc.is_null())
+        .map(|doc| {
+            let str_at = |path: &[&str]| -> Option<String> {
+                let mut at = &doc;
+                for key in path {
+                    at = at.get(*key)?;
+                }
+                at.as_str().map(str::to_owned)
+            };
+            let hooks = str_at(&["metadata", "annotations", "helm.sh/hook"])
+                .map(|h| h.split(',').map(|e| e.trim().to_owned()).collect())
+                .unwrap_or_default();
+            let weight = str_at(&["metadata", "annotations", "helm.sh/hook-weight"])
+                .map(|w| w.parse().expect("a hook weight is a number"))
+                .unwrap_or(0);
+            let pod = ["spec", "template", "spec"]
+                .iter()
+                .try_fold(&doc, |at, key| at.get(*key));
+            Manifest {
+                kind: str_at(&["kind"]).expect("every object has a kind"),
+                name: str_at(&["metadata", "name"]).expect("every object has a name"),
+                hooks,
+                weight,
+                uses: pod.map(pod_uses).unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+/// What a pod spec needs to exist before its pod can be made: its ServiceAccount, and the
+/// ConfigMaps and Secrets its volumes and environment read.
+fn pod_uses(pod: &yaml_serde::Value) -> Vec<(String, String)> {
+    let mut uses = Vec::new();
+    let mut add = |kind: &str, name: Option<&yaml_serde::Value>| {
+        if let Some(name) = name.and_then(|n| n.as_str()) {
+            uses.push((kind.to_owned(), name.to_owned()));
+        }
+    };
+    add("ServiceAccount", pod.get("serviceAccountName"));
+    let list = |value: Option<&yaml_serde::Value>| {
+        value
+            .and_then(|v| v.as_sequence())
+            .cloned()
+            .unwrap_or_default()
+    };
+    for volume in list(pod.get("volumes")) {
+        add(
+            "ConfigMap",
+            volume.get("configMap").and_then(|c| c.get("name")),
+        );
+        add(
+            "Secret",
+            volume.get("secret").and_then(|c| c.get("secretName")),
+        );
+    }
+    let containers = list(pod.get("containers"))
+        .into_iter()
+        .chain(list(pod.get("initContainers")));
+    for container in containers {
+        for env in list(container.get("env")) {
+            let from = env.get("valueFrom");
+            add(
+                "ConfigMap",
+                from.and_then(|f| f.get("configMapKeyRef"))
+                    .and_then(|r| r.get("name")),
+            );
+            add(
+                "Secret",
+                from.and_then(|f| f.get("secretKeyRef"))
+                    .and_then(|r| r.get("name")),
+            );
+        }
+        for source in list(container.get("envFrom")) {
+            add(
+                "ConfigMap",
+                source.get("configMapRef").and_then(|r| r.get("name")),
+            );
+            add(
+                "Secret",
+                source.get("secretRef").and_then(|r| r.get("name")),
+            );
+        }
+    }
+    uses
+}
+
+/// Walks Helm's install order and names every hook that uses a resource the release makes
+/// after it. Resources the chart does not render (the Secrets the operator makes first, the
+/// namespace's `default` ServiceAccount) are prerequisites, not part of the order.
+fn install_order_problems(manifests: &[Manifest]) -> Vec<String> {
+    let rank = |kind: &str| {
+        HELM_INSTALL_ORDER
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or(HELM_INSTALL_ORDER.len())
+    };
+    let hooks_of = |event: &str| {
+        let mut hooks: Vec<&Manifest> = manifests
+            .iter()
+            .filter(|m| m.hooks.iter().any(|h| h == event))
+            .collect();
+        hooks.sort_by(|a, b| {
+            (a.weight, rank(&a.kind), &a.name).cmp(&(b.weight, rank(&b.kind), &b.name))
+        });
+        hooks
+    };
+    let mut resources: Vec<&Manifest> = manifests.iter().filter(|m| m.hooks.is_empty()).collect();
+    resources.sort_by(|a, b| (rank(&a.kind), &a.name).cmp(&(rank(&b.kind), &b.name)));
+    let rendered =
+        |kind: &str, name: &str| manifests.iter().any(|m| m.kind == kind && m.name == name);
+    let mut made: Vec<(String, String)> = Vec::new();
+    let mut problems = Vec::new();
+    let mut hook_phase = |hooks: Vec<&Manifest>, event: &str, made: &mut Vec<(String, String)>| {
+        for hook in hooks {
+            for (kind, name) in &hook.uses {
+                let exists = made.iter().any(|(k, n)| k == kind && n == name);
+                if rendered(kind, name) && !exists {
+                    problems.push(format!(
+                        "the {event} hook {}/{} uses {kind}/{name}, which the release makes \
+                         after it",
+                        hook.kind, hook.name
+                    ));
+                }
+            }
+            made.push((hook.kind.clone(), hook.name.clone()));
+        }
+    };
+    hook_phase(hooks_of("pre-install"), "pre-install", &mut made);
+    for resource in resources {
+        made.push((resource.kind.clone(), resource.name.clone()));
+    }
+    hook_phase(hooks_of("post-install"), "post-install", &mut made);
+    problems
+}
+
+#[test]
+fn the_install_order_check_finds_a_hook_that_uses_a_resource_made_after_it() {
+    // The chart as it was: the migration Job, a pre-install hook, ran as the release's own
+    // ServiceAccount, an ordinary resource made after every pre-install hook.
+    let rendered = "\
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: replyd}
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: replyd-migrate
+  annotations: {helm.sh/hook: 'pre-install,pre-upgrade', helm.sh/hook-weight: '0'}
+spec:
+  template:
+    spec:
+      serviceAccountName: replyd
+      containers:
+        - name: migrate
+          env:
+            - name: REPLYD_DATABASE__URL
+              valueFrom: {secretKeyRef: {name: replyd-database, key: url}}
+";
+    assert_eq!(
+        install_order_problems(&manifests_of(rendered)),
+        vec![
+            "the pre-install hook Job/replyd-migrate uses ServiceAccount/replyd, which the \
+             release makes after it"
+                .to_owned()
+        ]
+    );
+    // The same Job under a hook ServiceAccount of a lower weight installs.
+    let fixed = rendered.replace(
+        "metadata: {name: replyd}\n",
+        "metadata:\n  name: replyd\n  annotations: {helm.sh/hook: pre-install, helm.sh/hook-weight: '-10'}\n",
+    );
+    assert_eq!(
+        install_order_problems(&manifests_of(&fixed)),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn every_rendering_installs_in_helm_s_order() {
+    let mut sets = renderings();
+    // A team that brings its own ServiceAccount.
+    let own = render(
+        &[],
+        &["serviceAccount.create=false", "serviceAccount.name=team-sa"],
+    );
+    assert!(own.status.success(), "{}", text(&own));
+    sets.push((
+        "own-service-account".into(),
+        String::from_utf8(own.stdout).unwrap(),
+    ));
+    for (name, rendered) in sets {
+        let manifests = manifests_of(&rendered);
+        let migrate = manifests
+            .iter()
+            .find(|m| m.kind == "Job")
+            .unwrap_or_else(|| panic!("{name}: a migration Job"));
+        assert!(migrate.hooks.iter().any(|h| h == "pre-install"), "{name}");
+        assert_eq!(
+            install_order_problems(&manifests),
+            Vec::<String>::new(),
+            "{name}"
+        );
     }
 }

@@ -576,6 +576,103 @@ async fn workers_starting_together_migrate_one_schema_without_racing() {
     );
 }
 
+#[tokio::test]
+async fn migrators_waiting_longer_than_the_lock_timeout_for_another_all_succeed() {
+    // N replicas start while one migrates for longer than `database.lock_timeout_ms` (a slow
+    // migration, a Job mid-upgrade): the others wait for it and then find nothing to do; a
+    // wait past the lock timeout is not a failure to exit on (a crash loop).
+    let db = TestDb::new().await;
+    let holder = db.raw_client().await;
+    let base = crate::helpers::infra("DATABASE_URL");
+    let separator = if base.contains('?') { '&' } else { '?' };
+    let settings = replyd::store::DatabaseSettings {
+        url: replyd::config::Secret::new(format!(
+            "{base}{separator}options=-c%20search_path%3D{}",
+            db.schema
+        )),
+        lock_timeout_ms: 200,
+        ..replyd::store::DatabaseSettings::default()
+    };
+    holder
+        .execute(
+            "SELECT pg_advisory_lock($1)",
+            &[&replyd::store::migrate::MIGRATION_LOCK],
+        )
+        .await
+        .unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        let settings = settings.clone();
+        runs.push(tokio::spawn(async move {
+            replyd::store::migrate::run_migrations(&settings).await
+        }));
+    }
+    // Five lock timeouts long: every migrator has asked for the lock and waited past it.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    holder
+        .execute(
+            "SELECT pg_advisory_unlock($1)",
+            &[&replyd::store::migrate::MIGRATION_LOCK],
+        )
+        .await
+        .unwrap();
+    for run in runs {
+        let applied = run.await.unwrap().expect("a migrator that waited succeeds");
+        assert_eq!(
+            applied,
+            Vec::<String>::new(),
+            "the schema was already current"
+        );
+    }
+}
+
+#[tokio::test]
+async fn with_migrate_on_start_off_a_process_refuses_a_schema_that_lacks_a_migration() {
+    // Where a migration Job runs first, the processes only check: a schema behind the build is
+    // refused at start, naming what is missing and the command; once migrated, it starts.
+    let db = TestDb::new().await;
+    let fresh = crate::helpers::unique("t");
+    db.raw_client()
+        .await
+        .batch_execute(&format!("CREATE SCHEMA {fresh}"))
+        .await
+        .unwrap();
+    let base = crate::helpers::infra("DATABASE_URL");
+    let separator = if base.contains('?') { '&' } else { '?' };
+    let settings = replyd::store::DatabaseSettings {
+        url: replyd::config::Secret::new(format!(
+            "{base}{separator}options=-c%20search_path%3D{fresh}"
+        )),
+        migrate_on_start: false,
+        ..replyd::store::DatabaseSettings::default()
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let refused = replyd::connect_retry::migrate(&settings, &stop)
+        .await
+        .expect_err("an empty schema is refused");
+    let message = format!("{refused:#}");
+    assert!(message.contains("V1__reply_tasks"), "{message}");
+    assert!(message.contains("replyd migrate"), "{message}");
+    // Nothing was created by the check.
+    let tables: i64 = db
+        .raw_client()
+        .await
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+            &[&fresh],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0);
+    replyd::store::migrate::run_migrations(&settings)
+        .await
+        .unwrap();
+    replyd::connect_retry::migrate(&settings, &stop)
+        .await
+        .expect("a current schema is accepted");
+}
+
 // Batched completions (`database.batch_completions`): one call for many rows, each guarded
 // and answered on its own, and no batch ever waits on a row lock.
 

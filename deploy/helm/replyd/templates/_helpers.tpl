@@ -96,6 +96,11 @@ to itself at start, where a pod would otherwise crash-loop.
     secretKeyRef:
       name: {{ .Values.secrets.databaseUrl.name }}
       key: {{ .Values.secrets.databaseUrl.key }}
+{{- if .Values.migrations.enabled }}
+# The migration Job applies the schema before the pods roll; they only check it.
+- name: REPLYD_DATABASE__MIGRATE_ON_START
+  value: "false"
+{{- end }}
 {{- if .Values.secrets.providerApiKey.name }}
 - name: REPLYD_PROVIDER__API_KEY
   valueFrom:
