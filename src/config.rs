@@ -82,6 +82,10 @@ const FREE_FORM: &[&str] = &[
 /// Environment variables that set settings: `REPLYD_<SECTION>__<KEY>`.
 pub const ENV_PREFIX: &str = "REPLYD_";
 
+/// How much longer than a loop's longest single wait `observability.liveness_timeout_ms` must
+/// be: the turn around the wait (a poll, a log line) takes a little too.
+const LIVENESS_MARGIN_MS: u64 = 5_000;
+
 type Dict = figment::value::Dict;
 type Value = figment::value::Value;
 
@@ -279,6 +283,32 @@ impl Settings {
                 ),
             );
         }
+        // A loop's single step may wait this long; the liveness check must not take that
+        // wait for a stuck loop.
+        let (longest_setting, longest) = [
+            ("worker.drain_timeout_ms", w.drain_timeout_ms),
+            (
+                "database.statement_timeout_ms",
+                self.database.statement_timeout_ms,
+            ),
+            ("relay.publish_timeout_ms", self.relay.publish_timeout_ms),
+            (
+                "provider.request_timeout_ms",
+                self.provider.request_timeout_ms,
+            ),
+        ]
+        .into_iter()
+        .max_by_key(|(_, ms)| *ms)
+        .expect("four waits");
+        if self.observability.liveness_timeout_ms <= longest.saturating_add(LIVENESS_MARGIN_MS) {
+            refuse(
+                "observability.liveness_timeout_ms",
+                format!(
+                    "{} must be more than {LIVENESS_MARGIN_MS} ms above the longest single wait of a loop's step, {longest_setting} ({longest}): a loop waiting that long is not stuck, and restarting it would only repeat the wait",
+                    self.observability.liveness_timeout_ms
+                ),
+            );
+        }
         if self.relay.publish_timeout_ms >= self.database.idle_in_transaction_session_timeout_ms {
             refuse(
                 "relay.publish_timeout_ms",
@@ -453,6 +483,23 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         Settings::default().validate().unwrap();
+    }
+
+    #[test]
+    fn a_liveness_timeout_within_a_loop_s_longest_wait_is_refused_naming_the_wait() {
+        let mut s = Settings::default();
+        s.provider.request_timeout_ms = 200_000;
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.starts_with("observability.liveness_timeout_ms:"),
+            "{err}"
+        );
+        assert!(
+            err.contains("provider.request_timeout_ms (200000)"),
+            "{err}"
+        );
+        s.observability.liveness_timeout_ms = 205_001;
+        s.validate().unwrap();
     }
 
     #[test]

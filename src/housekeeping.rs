@@ -12,6 +12,9 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use crate::probes::Heartbeat;
 use crate::reconcile::Reconciler;
 use crate::store::Store;
 use crate::telemetry;
@@ -28,18 +31,27 @@ pub struct Housekeeping {
     store: Store,
     outbox_retention: Duration,
     reconciler: Reconciler,
+    /// The hosting loop's heartbeat, beaten between rounds' steps: each step is bounded (a
+    /// statement, a provider look-up), a whole round of them need not be.
+    heartbeat: Arc<Heartbeat>,
     purged: Instant,
     reconciled: Instant,
 }
 
 impl Housekeeping {
     /// Rounds over `store`; published outbox rows are kept `outbox_retention`.
-    pub fn new(store: Store, outbox_retention: Duration, reconciler: Reconciler) -> Self {
+    pub fn new(
+        store: Store,
+        outbox_retention: Duration,
+        reconciler: Reconciler,
+        heartbeat: Arc<Heartbeat>,
+    ) -> Self {
         let now = Instant::now();
         Self {
             store,
             outbox_retention,
-            reconciler,
+            reconciler: reconciler.beating(Arc::clone(&heartbeat)),
+            heartbeat,
             purged: now,
             reconciled: now,
         }
@@ -69,10 +81,12 @@ impl Housekeeping {
             Ok(n) => telemetry::outbox_purged(n),
             Err(e) => telemetry::store_error("purge_outbox", &e),
         }
+        self.heartbeat.beat();
         match store.purge_idempotency_keys(PURGE_BATCH).await {
             Ok(n) => telemetry::idempotency_keys_purged(n),
             Err(e) => telemetry::store_error("purge_idempotency_keys", &e),
         }
+        self.heartbeat.beat();
         match store.outbox_lag().await {
             Ok(lag) => telemetry::outbox_lag(lag.unpublished, lag.oldest_seconds),
             Err(e) => telemetry::store_error("outbox_lag", &e),

@@ -1,12 +1,19 @@
-//! `/metrics` (Prometheus), `/healthz` (the process answers) and `/readyz` (every part of the
+//! `/metrics` (Prometheus), `/healthz` (the process is alive) and `/readyz` (every part of the
 //! process can do its job now) on one small HTTP server per process, whatever parts it runs.
 //!
 //! Each part (worker, API, relay) adds its own [`Readiness`] once it has started, so a process
 //! is unready until all its parts are up, and stays unready while any one of them is not.
+//!
+//! Alive is more than "the HTTP server answers": a part whose loop runs on a thread of its own
+//! (the worker's poll loop) or a task of its own (the relay's) beats a [`Heartbeat`] on every
+//! turn, and `/healthz` fails once one has been silent for `observability.liveness_timeout_ms`,
+//! so a loop stuck for good (a deadlock, a call that never returns) is restarted by the
+//! orchestrator instead of holding its partitions while the process looks healthy.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -26,13 +33,59 @@ use crate::store::Store;
 pub struct ObservabilitySettings {
     /// Address of `/metrics`, `/healthz` and `/readyz`. Port 0 picks a free port (logged).
     pub listen: SocketAddr,
+    /// `/healthz` fails once a part's loop (the worker's poll loop, the relay's) has not
+    /// turned for this long, so the orchestrator restarts a process whose loop is stuck. Must
+    /// be more than 5 s longer than the longest a loop may legitimately wait in one step: a
+    /// revoke's drain (`worker.drain_timeout_ms`), a statement (`database.statement_timeout_ms`),
+    /// a relay batch's publish (`relay.publish_timeout_ms`), a provider look-up of the quota
+    /// reconciler, which the relay's loop runs (`provider.request_timeout_ms`).
+    pub liveness_timeout_ms: u64,
 }
 
 impl Default for ObservabilitySettings {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            liveness_timeout_ms: 120_000,
         }
+    }
+}
+
+impl ObservabilitySettings {
+    pub fn liveness_timeout(&self) -> Duration {
+        Duration::from_millis(self.liveness_timeout_ms)
+    }
+}
+
+/// When a loop last turned. Beaten from any thread; read by `/healthz` and the parts' own
+/// readiness.
+#[derive(Debug)]
+pub struct Heartbeat {
+    started: Instant,
+    /// Milliseconds from `started` to the last beat.
+    last_ms: AtomicU64,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Heartbeat {
+    /// The loop turned.
+    pub fn beat(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.last_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// How long since the last beat (since creation before the first).
+    pub fn silent_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
     }
 }
 
@@ -95,9 +148,15 @@ pub trait Readiness: Send + Sync + 'static {
 /// A part's name and its check.
 type Probe = (&'static str, Arc<dyn Readiness>);
 
-/// The parts of this process and their readiness checks.
+/// A part's name and the heartbeat of its loop.
+type Beat = (&'static str, Arc<Heartbeat>);
+
+/// The parts of this process: their readiness checks and their loops' heartbeats.
 #[derive(Clone, Default)]
-pub struct Probes(Arc<Mutex<Vec<Probe>>>);
+pub struct Probes {
+    checks: Arc<Mutex<Vec<Probe>>>,
+    beats: Arc<Mutex<Vec<Beat>>>,
+}
 
 impl Probes {
     /// Adds `part`'s check; called by each part once it has started.
@@ -105,11 +164,53 @@ impl Probes {
         self.lock().push((part, Arc::new(readiness)));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Probe>> {
-        // The list is only pushed to; a panic elsewhere cannot leave it half-written.
-        self.0
+    /// Watches `part`'s loop: `/healthz` fails while `heartbeat` is silent too long.
+    pub fn watch(&self, part: &'static str, heartbeat: Arc<Heartbeat>) {
+        self.beats
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push((part, heartbeat));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Probe>> {
+        // The list is only pushed to; a panic elsewhere cannot leave it half-written.
+        self.checks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Alive unless a watched loop has been silent for `limit`: one line per loop.
+    fn alive(&self, limit: Duration) -> (StatusCode, String) {
+        let beats = self
+            .beats
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let mut alive = true;
+        let mut lines = vec!["ok".to_owned()];
+        for (part, heartbeat) in beats {
+            let silent = heartbeat.silent_for();
+            if silent >= limit {
+                alive = false;
+                lines[0] = "not alive".into();
+                lines.push(format!(
+                    "{part}: its loop has not turned for {:.1} s (observability.liveness_timeout_ms = {})",
+                    silent.as_secs_f64(),
+                    limit.as_millis()
+                ));
+            } else {
+                lines.push(format!(
+                    "{part}: its loop turned {:.1} s ago",
+                    silent.as_secs_f64()
+                ));
+            }
+        }
+        let status = if alive {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        (status, lines.join("\n"))
     }
 
     /// Every part's answer, one line each; ready only when `expected` parts have all said yes.
@@ -161,12 +262,13 @@ impl Readiness for DatabaseReady {
 struct Served {
     probes: Probes,
     expected: usize,
+    liveness: Duration,
 }
 
-/// Binds `listen` (port 0 picks one) and serves until `shutdown`; returns the bound address.
-/// `/readyz` is unready until `expected` parts have added their checks to `probes`.
+/// Binds `settings.listen` (port 0 picks one) and serves until `shutdown`; returns the bound
+/// address. `/readyz` is unready until `expected` parts have added their checks to `probes`.
 pub async fn serve(
-    listen: SocketAddr,
+    settings: &ObservabilitySettings,
     probes: Probes,
     expected: usize,
     shutdown: CancellationToken,
@@ -174,15 +276,22 @@ pub async fn serve(
     let metrics = prometheus().clone();
     let app = Router::new()
         .route("/metrics", get(move || async move { metrics.render() }))
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(|State(served): State<Served>| async move { served.probes.alive(served.liveness) }),
+        )
         .route(
             "/readyz",
             get(|State(served): State<Served>| async move {
                 served.probes.answer(served.expected).await
             }),
         )
-        .with_state(Served { probes, expected });
-    let listener = tokio::net::TcpListener::bind(listen).await?;
+        .with_state(Served {
+            probes,
+            expected,
+            liveness: settings.liveness_timeout(),
+        });
+    let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
         let served = axum::serve(listener, app)
@@ -259,5 +368,37 @@ mod tests {
         let (status, body) = probes.answer(1).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body, "api: ready: database answers");
+    }
+
+    #[test]
+    fn alive_until_a_watched_loop_is_silent_past_the_limit() {
+        let probes = Probes::default();
+        let (status, body) = probes.alive(Duration::from_millis(50));
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+        let turning = Arc::new(Heartbeat::default());
+        let stuck = Arc::new(Heartbeat::default());
+        probes.watch("worker", Arc::clone(&turning));
+        probes.watch("relay", Arc::clone(&stuck));
+        turning.beat();
+        stuck.beat();
+        let (status, _) = probes.alive(Duration::from_secs(60));
+        assert_eq!(status, StatusCode::OK);
+        // One loop keeps turning, the other stops: past the limit, the process is not alive,
+        // and the answer names the loop and the setting.
+        std::thread::sleep(Duration::from_millis(120));
+        turning.beat();
+        let (status, body) = probes.alive(Duration::from_millis(100));
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        let lines: Vec<&str> = body.lines().collect();
+        assert_eq!(lines[0], "not alive");
+        assert!(lines[1].starts_with("worker: its loop turned"), "{body}");
+        assert!(
+            lines[2].starts_with("relay: its loop has not turned for")
+                && lines[2].ends_with("(observability.liveness_timeout_ms = 100)"),
+            "{body}"
+        );
+        // It turns again: alive again.
+        stuck.beat();
+        assert_eq!(probes.alive(Duration::from_millis(100)).0, StatusCode::OK);
     }
 }

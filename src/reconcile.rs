@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::probes::Heartbeat;
 use crate::provider::Provider;
 use crate::store::quota::ExpiredReservation;
 use crate::store::{CompletionOutcome, FailOutcome, Store, StoreError};
@@ -74,6 +75,9 @@ pub struct Reconciler {
     /// A task worked within this long is still owed to a worker
     /// ([`crate::config::Settings::redelivery_bound`]).
     redelivery: Duration,
+    /// The loop that runs the passes, beaten after each reservation: a pass of many provider
+    /// look-ups is one long turn of the relay's loop, and is alive while it moves.
+    heartbeat: Option<Arc<Heartbeat>>,
 }
 
 /// What happened to one reservation.
@@ -100,7 +104,14 @@ impl Reconciler {
             policy,
             lease,
             redelivery,
+            heartbeat: None,
         }
+    }
+
+    /// Beats `heartbeat` after each reservation a pass decides.
+    pub fn beating(mut self, heartbeat: Arc<Heartbeat>) -> Self {
+        self.heartbeat = Some(heartbeat);
+        self
     }
 
     /// One pass over the reservations past their TTL.
@@ -127,6 +138,9 @@ impl Reconciler {
                 Done::CompletedFromProvider => report.completed_from_provider += 1,
                 Done::Expired => report.expired += 1,
                 Done::Left => report.left += 1,
+            }
+            if let Some(heartbeat) = &self.heartbeat {
+                heartbeat.beat();
             }
         }
         report.overdue_after = self.store.overdue_reservations().await?;

@@ -74,9 +74,14 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let probes = Probes::default();
     let listen = settings.observability.listen;
-    let addr = crate::probes::serve(listen, probes.clone(), parts.count(), shutdown.clone())
-        .await
-        .with_context(|| format!("binding {listen} (observability.listen)"))?;
+    let addr = crate::probes::serve(
+        &settings.observability,
+        probes.clone(),
+        parts.count(),
+        shutdown.clone(),
+    )
+    .await
+    .with_context(|| format!("binding {listen} (observability.listen)"))?;
     // Before the line that says where to scrape: the first scrape finds every family.
     for (on, families) in [
         (parts.api, crate::telemetry::API_METRICS),

@@ -30,7 +30,7 @@ use tracing::Instrument as _;
 use crate::config::Settings;
 use crate::housekeeping::Housekeeping;
 use crate::kafka::KafkaLogs;
-use crate::probes::{Probes, Readiness};
+use crate::probes::{Heartbeat, Probes, Readiness};
 use crate::store::Store;
 use crate::store::listen::{Listener, listen};
 use crate::store::outbox::{OutboxRow, Published};
@@ -124,6 +124,8 @@ pub async fn run(
         })?;
     let provider = crate::provider::build_provider(&settings.provider)
         .context("provider settings (the quota reconciler asks the provider)")?;
+    let heartbeat = Arc::new(Heartbeat::default());
+    probes.watch("relay", Arc::clone(&heartbeat));
     let reconciler = crate::reconcile::Reconciler::new(
         store.clone(),
         Some(provider),
@@ -131,7 +133,12 @@ pub async fn run(
         settings.worker.lease(),
         settings.redelivery_bound(),
     );
-    let mut housekeeping = Housekeeping::new(store.clone(), relay.retention(), reconciler);
+    let mut housekeeping = Housekeeping::new(
+        store.clone(),
+        relay.retention(),
+        reconciler,
+        Arc::clone(&heartbeat),
+    );
     let wake = Arc::new(Notify::new());
     tokio::spawn(listen(
         settings.database.clone(),
@@ -149,6 +156,7 @@ pub async fn run(
     );
     tracing::info!(topic = %kafka.topic, "relay started");
     while !shutdown.is_cancelled() {
+        heartbeat.beat();
         let published = store
             .relay_batch(relay.batch_size, |rows| {
                 publish(&producer, &kafka.topic, rows)

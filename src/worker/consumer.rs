@@ -34,6 +34,7 @@ use tracing::Instrument;
 
 use super::settings::WorkerSettings;
 use crate::kafka::settings::{GroupProtocol, KafkaSettings};
+use crate::probes::Heartbeat;
 use crate::telemetry;
 use replyd_core::offsets::{InFlightOffsets, PartitionKey};
 use replyd_core::windows::{self, Offer, WindowLimits, Windows};
@@ -45,6 +46,8 @@ use crate::kafka::dead_letter::DeadLetters;
 #[derive(Debug, Default)]
 pub struct ConsumerStatus {
     pub polling: AtomicBool,
+    /// Beaten on every turn of the poll loop (`/healthz` watches it).
+    pub heartbeat: Arc<Heartbeat>,
     pub assigned_partitions: AtomicUsize,
     pub rebalances: AtomicUsize,
 }
@@ -724,6 +727,7 @@ pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
     let mut next_commit = Instant::now() + commit_interval;
     let mut next_full_commit = Instant::now() + FULL_COMMIT_INTERVAL;
     while !shutdown.is_cancelled() {
+        shared.status.heartbeat.beat();
         match consumer.poll(poll_timeout) {
             Some(Ok(message)) => shared.dispatch(message.detach()),
             Some(Err(e)) => telemetry::consumer_error(&e),
@@ -752,6 +756,7 @@ pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
     shared.stop_taking();
     let deadline = Instant::now() + worker.drain_timeout();
     while shared.running() > 0 && Instant::now() < deadline {
+        shared.status.heartbeat.beat();
         // A record returned now is dropped unbegun, so it is never committed past: the
         // next owner of its partition reads it.
         let _ = consumer.poll(poll_timeout);
@@ -772,6 +777,7 @@ pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
     if consumer.close_queue().is_ok() {
         let deadline = Instant::now() + worker.drain_timeout();
         while !consumer.closed() && Instant::now() < deadline {
+            shared.status.heartbeat.beat();
             let _ = consumer.poll(poll_timeout);
         }
     }

@@ -37,7 +37,12 @@ use pipeline::{Pipeline, PipelineSettings};
 use replyd_core::provider::Recovery;
 use runner::{RunnerSettings, TaskRunner};
 
-/// A worker is ready while its consumer polls and the database answers.
+/// How long the poll loop may be silent before the worker says it is not ready: a revoke's
+/// drain holds it up to `worker.drain_timeout_ms`, and meanwhile the worker takes no records.
+const READY_POLL_SILENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A worker is ready while its consumer polls (its loop turned within [`READY_POLL_SILENCE`])
+/// and the database answers.
 struct WorkerReady {
     status: Arc<ConsumerStatus>,
     store: Store,
@@ -48,6 +53,13 @@ impl Readiness for WorkerReady {
         Box::pin(async move {
             if !self.status.polling.load(Ordering::Relaxed) {
                 return Err("consumer not polling".into());
+            }
+            let silent = self.status.heartbeat.silent_for();
+            if silent > READY_POLL_SILENCE {
+                return Err(format!(
+                    "the poll loop has not turned for {:.1} s",
+                    silent.as_secs_f64()
+                ));
             }
             DatabaseReady(self.store.clone()).check().await?;
             Ok(format!(
@@ -155,6 +167,7 @@ pub async fn run_worker(
     ));
 
     let status = Arc::new(ConsumerStatus::default());
+    probes.watch("worker", Arc::clone(&status.heartbeat));
     probes.add(
         "worker",
         WorkerReady {

@@ -80,6 +80,55 @@ async fn every_record_published_three_times_gets_exactly_one_reply() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_watches_the_worker_s_poll_loop_and_the_relay_s_loop() {
+    // A short liveness timeout (its floor is 5 s above every bounded wait, all made short
+    // here): a part whose loop did not beat would fail /healthz once it passed.
+    let config = WorkerConfig {
+        request_timeout_ms: 1_000,
+        drain_timeout_ms: 1_000,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start(1, mock(20), config).await;
+    app.route(Routes {
+        env: vec![
+            (
+                "REPLYD_OBSERVABILITY__LIVENESS_TIMEOUT_MS".into(),
+                "6500".into(),
+            ),
+            (
+                "REPLYD_DATABASE__STATEMENT_TIMEOUT_MS".into(),
+                "1000".into(),
+            ),
+            ("REPLYD_RELAY__PUBLISH_TIMEOUT_MS".into(), "1000".into()),
+        ],
+        ..Routes::default()
+    });
+    app.spawn_worker("w1");
+    app.spawn_relay("r1");
+    app.wait_until_ready("w1").await;
+    let mut addrs = Vec::new();
+    for name in ["w1", "r1"] {
+        wait_until(&format!("{name} serves its probes"), LIMIT, || async {
+            app.observability_addr(name).is_some()
+        })
+        .await;
+        addrs.push(app.observability_addr(name).unwrap());
+    }
+    // Longer than the liveness timeout: only loops that kept beating are still alive.
+    tokio::time::sleep(Duration::from_millis(8_000)).await;
+    for (addr, part) in addrs.iter().zip(["worker", "relay"]) {
+        let answer = reqwest::get(format!("http://{addr}/healthz"))
+            .await
+            .unwrap();
+        let status = answer.status();
+        let body = answer.text().await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert!(body.starts_with("ok\n"), "{body}");
+        assert!(body.contains(&format!("{part}: its loop turned")), "{body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_window_pauses_the_partition_so_in_flight_work_stays_bounded() {
     let config = WorkerConfig {
         partition_window: 3,
