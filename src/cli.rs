@@ -43,6 +43,10 @@ pub enum Command {
     Reconcile,
     /// Print the HTTP API's OpenAPI document (what `/openapi.json` serves) and exit.
     Openapi,
+    /// Make the task topic (kafka.topic) and its dead-letter topic exist before the workers
+    /// start.
+    #[command(subcommand)]
+    Topics(TopicsCommand),
     /// Apply the database migrations (database.url) and exit.
     Migrate,
     /// Ask this machine's replyd process whether it is alive (`/healthz` on
@@ -77,6 +81,28 @@ pub enum Command {
     /// Set or show a workspace's generation quota.
     #[command(subcommand)]
     Quota(QuotaCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopicsCommand {
+    /// Create kafka.topic and kafka.dead_letter_topic where missing, with `--partitions` each;
+    /// a topic that exists is left as it is (one with fewer partitions is named: more would
+    /// move conversations' keys).
+    #[command(
+        after_help = "Exit codes: 0 both exist; 1 could not reach the brokers or create one."
+    )]
+    Ensure {
+        /// Partitions of a topic created now: at least the worker replicas to keep busy.
+        #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(i32).range(1..))]
+        partitions: i32,
+        /// Replicas of each partition of a topic created now; the brokers'
+        /// default.replication.factor when not given.
+        #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+        replication_factor: Option<i32>,
+        /// Print JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

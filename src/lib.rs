@@ -20,4 +20,5 @@ pub mod serve;
 pub mod store;
 pub mod telemetry;
 pub mod tenants;
+pub mod topics;
 pub mod worker;

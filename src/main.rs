@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 
-use replyd::cli::{Cli, Command, ConfigCommand};
+use replyd::cli::{Cli, Command, ConfigCommand, TopicsCommand};
 use replyd::config::{ConfigError, Settings};
 use replyd::serve::{self, Parts};
 
@@ -81,6 +81,23 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             replyd::probes::probe_health(listen)
                 .await
                 .with_context(|| format!("/healthz on {listen} (observability.listen)"))?;
+        }
+        Command::Topics(TopicsCommand::Ensure {
+            partitions,
+            replication_factor,
+            json,
+        }) => {
+            let wanted = replyd::topics::Wanted {
+                partitions,
+                replication_factor,
+            };
+            for report in replyd::topics::ensure(&settings()?, wanted).await? {
+                if json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    println!("{report}");
+                }
+            }
         }
         Command::Migrate => {
             let applied = replyd::store::migrate::run_migrations(&settings()?.database)

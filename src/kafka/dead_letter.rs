@@ -32,7 +32,7 @@ pub enum DeadLetterError {
         cause: Option<String>,
     },
     #[error(
-        "dead-letter topic `{0}` does not exist: create it (or set kafka.dead_letter_topic) before starting workers"
+        "dead-letter topic `{0}` does not exist: create it before starting workers (`replyd topics ensure` creates it and kafka.topic; or set kafka.dead_letter_topic)"
     )]
     MissingTopic(String),
     #[error("the metadata request did not finish: {0}")]

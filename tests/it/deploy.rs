@@ -255,6 +255,14 @@ fn the_chart_refuses_contradictions_by_the_value_s_name() {
             "secrets.databaseUrl.name: the Secret holding database.url is required",
         ),
         (
+            vec!["topics.manage=operator"],
+            "topics.manage: \"operator\" is not one of job, strimzi, none",
+        ),
+        (
+            vec!["topics.manage=strimzi"],
+            "topics.strimzi.cluster: the Strimzi Kafka cluster's name is required",
+        ),
+        (
             vec!["traces.endpoint=otel-collector:4317"],
             "traces.endpoint: \"otel-collector:4317\" is not http(s)://host[:port]",
         ),
@@ -535,6 +543,101 @@ fn install_order_problems(manifests: &[Manifest]) -> Vec<String> {
     }
     hook_phase(hooks_of("post-install"), "post-install", &mut made);
     problems
+}
+
+/// The rendered object of `kind` named `name`.
+fn object<'a>(docs: &'a [yaml_serde::Value], kind: &str, name: &str) -> &'a yaml_serde::Value {
+    docs.iter()
+        .find(|d| d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no {kind}/{name}"))
+}
+
+fn documents(rendered: &str) -> Vec<yaml_serde::Value> {
+    use serde::Deserialize as _;
+    yaml_serde::Deserializer::from_str(rendered)
+        .map(|doc| yaml_serde::Value::deserialize(doc).unwrap())
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+#[test]
+fn the_topics_are_made_by_a_hook_job_before_the_workers_or_as_strimzi_resources() {
+    // By default, a hook Job runs `replyd topics ensure` with the chart's partition count and
+    // the same settings as the pods (a hook ConfigMap: the release's does not exist yet).
+    let out = render(&[], &["partitions=4", "topics.replicationFactor=3"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    let docs = documents(&rendered);
+    let job = object(&docs, "Job", "replyd-topics");
+    assert_eq!(
+        job["metadata"]["annotations"]["helm.sh/hook"].as_str(),
+        Some("pre-install,pre-upgrade")
+    );
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        args,
+        [
+            "topics",
+            "ensure",
+            "--partitions",
+            "4",
+            "--replication-factor",
+            "3"
+        ]
+    );
+    assert_eq!(
+        object(&docs, "ConfigMap", "replyd-hooks")["data"]["replyd.toml"],
+        object(&docs, "ConfigMap", "replyd")["data"]["replyd.toml"]
+    );
+    // Its weight is below the migration's: both run before any pod of the release.
+    let weight = |name: &str| {
+        object(&docs, "Job", name)["metadata"]["annotations"]["helm.sh/hook-weight"]
+            .as_str()
+            .unwrap()
+            .parse::<i64>()
+            .unwrap()
+    };
+    assert!(weight("replyd-topics") < weight("replyd-migrate"));
+
+    // With Strimzi: two KafkaTopics for the named cluster, and no Job.
+    let out = render(
+        &[],
+        &[
+            "topics.manage=strimzi",
+            "topics.strimzi.cluster=events",
+            "settings.kafka.topic=chat-tasks",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let docs = documents(&String::from_utf8(out.stdout).unwrap());
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["metadata"]["name"].as_str() == Some("replyd-topics")),
+        "no topic Job with Strimzi"
+    );
+    for (name, topic) in [
+        ("replyd-tasks", "chat-tasks"),
+        ("replyd-dead-letters", "chat-tasks.dlq"),
+    ] {
+        let resource = object(&docs, "KafkaTopic", name);
+        assert_eq!(resource["spec"]["topicName"].as_str(), Some(topic));
+        assert_eq!(resource["spec"]["partitions"].as_i64(), Some(6));
+        assert_eq!(
+            resource["metadata"]["labels"]["strimzi.io/cluster"].as_str(),
+            Some("events")
+        );
+    }
+    // And with neither, nothing is made.
+    let out = render(&[], &["topics.manage=none"]);
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    assert!(!rendered.contains("replyd-topics") && !rendered.contains("KafkaTopic"));
 }
 
 #[test]

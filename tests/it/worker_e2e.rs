@@ -777,6 +777,57 @@ async fn a_worker_refuses_to_start_without_its_dead_letter_topic() {
         "{log}"
     );
     assert!(log.contains("of retrying"), "{log}");
+    assert!(log.contains("replyd topics ensure"), "{log}");
+
+    // What the error names: `replyd topics ensure` makes the missing topic, leaves the one
+    // that exists as it is (naming its fewer partitions), and the worker then starts.
+    let ensure = |partitions: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .args([
+                "topics",
+                "ensure",
+                "--partitions",
+                partitions,
+                "--json",
+                "--config",
+            ])
+            .arg(app.config_of("w1"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .map(|r| {
+                (
+                    r["role"].as_str().unwrap().to_owned(),
+                    r["state"].as_str().unwrap().to_owned(),
+                    r["partitions"].as_i64().unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ensure("2"),
+        vec![
+            ("tasks".into(), "fewer_partitions".into(), 1),
+            ("dead letters".into(), "created".into(), 2),
+        ]
+    );
+    assert_eq!(
+        ensure("2"),
+        vec![
+            ("tasks".into(), "fewer_partitions".into(), 1),
+            ("dead letters".into(), "exists".into(), 2),
+        ]
+    );
+    app.spawn_worker("w1");
+    app.wait_until_ready("w1").await;
 }
 
 /// Workers whose lease is far longer than the work: a record parked on a task leased elsewhere

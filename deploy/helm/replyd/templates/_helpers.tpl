@@ -63,6 +63,12 @@ to itself at start, where a pod would otherwise crash-loop.
 {{- if not (has .Values.mode (list "split" "serve")) -}}
 {{- fail (printf "mode: %q is neither \"split\" nor \"serve\"" .Values.mode) -}}
 {{- end -}}
+{{- if not (has .Values.topics.manage (list "job" "strimzi" "none")) -}}
+{{- fail (printf "topics.manage: %q is not one of job, strimzi, none" .Values.topics.manage) -}}
+{{- end -}}
+{{- if and (eq .Values.topics.manage "strimzi") (not .Values.topics.strimzi.cluster) -}}
+{{- fail "topics.strimzi.cluster: the Strimzi Kafka cluster's name is required with topics.manage: strimzi (it is the KafkaTopic's strimzi.io/cluster label)" -}}
+{{- end -}}
 {{- if not .Values.secrets.databaseUrl.name -}}
 {{- fail "secrets.databaseUrl.name: the Secret holding database.url is required" -}}
 {{- end -}}
