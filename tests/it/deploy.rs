@@ -349,6 +349,38 @@ fn hadolint_passes_the_dockerfile() {
     }
 }
 
+#[test]
+fn the_image_builds_its_dependencies_in_a_layer_before_any_source() {
+    // In the stage that builds the binary, the dependencies are built (from cargo-chef's
+    // recipe) before any source directory is copied: a change to the sources alone reuses the
+    // dependency layer. The Dockerfile as it was copied src before its only build.
+    let dockerfile = std::fs::read_to_string(root().join("deploy/Dockerfile")).unwrap();
+    let stage: Vec<&str> = dockerfile
+        .lines()
+        .skip_while(|l| !(l.starts_with("FROM ") && l.ends_with(" AS build")))
+        .skip(1)
+        .take_while(|l| !l.starts_with("FROM "))
+        .collect();
+    assert!(!stage.is_empty(), "a stage named build");
+    let position = |what: &dyn Fn(&str) -> bool| stage.iter().position(|l| what(l));
+    let cook = position(&|l: &str| l.starts_with("RUN cargo chef cook --release --locked"))
+        .expect("the dependencies are cooked in the build stage");
+    let first_source = position(&|l: &str| {
+        l.starts_with("COPY ") && !l.starts_with("COPY --from=planner") && !l.contains("Cargo.")
+    })
+    .expect("the sources are copied");
+    let build = position(&|l: &str| l.starts_with("RUN cargo build --release --locked"))
+        .expect("the binary is built");
+    assert!(cook < first_source && first_source < build, "{stage:#?}");
+    // The recipe the cook reads comes from a stage of its own, not from the sources here.
+    assert!(
+        stage[..cook]
+            .iter()
+            .any(|l| l.starts_with("COPY --from=planner")),
+        "{stage:#?}"
+    );
+}
+
 // Helm's install order, simulated over the rendered manifests (no API server runs here): the
 // pre-install hooks one by one by weight (then kind, then name), each waited for; then the
 // release's resources; then the post-install hooks. A hook whose pod uses a resource the
