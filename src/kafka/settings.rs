@@ -25,6 +25,12 @@ pub struct KafkaSettings {
     /// Refused with the `consumer` protocol, whose session timeout is the broker's
     /// `group.consumer.session.timeout.ms`.
     pub session_timeout_ms: Option<u64>,
+    /// `group.instance.id`: static membership (KIP-345). A worker that restarts with the
+    /// same id within the session timeout gets its partitions back without a rebalance of the
+    /// group, so a rolling restart moves nothing. Each worker needs its own id that survives
+    /// its restarts (the chart's StatefulSet uses the pod's name); empty: dynamic membership.
+    /// A static member that leaves for good holds its partitions until its session expires.
+    pub group_instance_id: String,
     /// How long start-up keeps retrying to reach the brokers before giving up.
     pub startup_retry_ms: u64,
     /// Where records that cannot become tasks go. Empty means `<topic>.dlq`.
@@ -180,6 +186,7 @@ impl Default for KafkaSettings {
             bootstrap_servers: "127.0.0.1:9092".into(),
             topic: "reply-tasks".into(),
             group_id: "replyd".into(),
+            group_instance_id: String::new(),
             group_protocol: GroupProtocol::Classic,
             session_timeout_ms: None,
             startup_retry_ms: 60_000,
@@ -225,7 +232,12 @@ impl KafkaSettings {
             refuse("kafka.group_id", "is empty".into());
         }
         for key in self.librdkafka.keys() {
-            if RESERVED_LIBRDKAFKA.contains(&key.as_str()) {
+            if key == "group.instance.id" {
+                refuse(
+                    "kafka.librdkafka",
+                    "`group.instance.id` is kafka.group_instance_id (settable from the environment, one per worker)".into(),
+                );
+            } else if RESERVED_LIBRDKAFKA.contains(&key.as_str()) {
                 refuse(
                     "kafka.librdkafka",
                     format!("`{key}` is set by replyd itself and cannot be overridden"),
@@ -376,6 +388,7 @@ const RESERVED_LIBRDKAFKA: &[&str] = &[
     "enable.auto.commit",
     "enable.auto.offset.store",
     "group.id",
+    "group.instance.id",
     "group.protocol",
     "bootstrap.servers",
 ];

@@ -693,6 +693,9 @@ pub fn consumer_config(kafka: &KafkaSettings) -> ClientConfig {
         .set("group.protocol", kafka.group_protocol.as_str())
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
+    if !kafka.group_instance_id.is_empty() {
+        config.set("group.instance.id", &kafka.group_instance_id);
+    }
     config
 }
 

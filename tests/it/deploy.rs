@@ -673,6 +673,53 @@ fn the_topics_are_made_by_a_hook_job_before_the_workers_or_as_strimzi_resources(
 }
 
 #[test]
+fn with_static_membership_the_workers_are_a_stateful_set_named_by_their_pods() {
+    let out = render(
+        &[],
+        &["staticMembership=true", "worker.autoscaling.enabled=true"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    let docs = documents(&rendered);
+    let workers = object(&docs, "StatefulSet", "replyd-worker");
+    assert_eq!(
+        workers["spec"]["serviceName"].as_str(),
+        Some("replyd-worker")
+    );
+    let env = workers["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .unwrap();
+    let instance = env
+        .iter()
+        .find(|e| e["name"].as_str() == Some("REPLYD_KAFKA__GROUP_INSTANCE_ID"))
+        .expect("the pod's name is its group.instance.id");
+    assert_eq!(
+        instance["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("metadata.name")
+    );
+    // The API and the relay stay Deployments; the autoscaler scales the StatefulSet.
+    object(&docs, "Deployment", "replyd-api");
+    let target = &docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("HorizontalPodAutoscaler"))
+        .expect("an autoscaler")["spec"]["scaleTargetRef"];
+    assert_eq!(target["kind"].as_str(), Some("StatefulSet"));
+    assert_eq!(target["name"].as_str(), Some("replyd-worker"));
+    // It validates against the Kubernetes schemas, and installs in Helm's order.
+    let file = scratch().join("static.yaml");
+    std::fs::write(&file, &rendered).unwrap();
+    let out = run(
+        &infra("KUBERNETES_VALIDATE"),
+        &["-k", KUBERNETES_VERSION, "--strict", file.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "kubernetes-validate: {}", text(&out));
+    assert_eq!(
+        install_order_problems(&manifests_of(&rendered)),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
 fn the_install_order_check_finds_a_hook_that_uses_a_resource_made_after_it() {
     // The chart as it was: the migration Job, a pre-install hook, ran as the release's own
     // ServiceAccount, an ordinary resource made after every pre-install hook.

@@ -753,6 +753,55 @@ async fn a_zombie_stopped_past_its_lease_and_session_is_fenced_when_it_returns()
     assert_eq!(outcomes.get("accepted"), Some(&40), "{outcomes:?}");
 }
 
+/// Rebalance lines a worker logged (each assignment and revocation it saw).
+fn rebalances_in(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("rebalance") && l.contains("kind="))
+        .count()
+}
+
+async fn restart_one_of_two(static_membership: bool) -> (usize, usize) {
+    let config = WorkerConfig {
+        static_membership,
+        // Longer than a restart: the static member comes back within its session.
+        session_timeout_ms: 20_000,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start(2, mock(10), config).await;
+    app.spawn_worker("w1");
+    app.spawn_worker("w2");
+    app.wait_until_assigned(&["w1", "w2"]).await;
+    let before = rebalances_in(&app.log_of("w2"));
+    app.terminate("w1").await;
+    app.spawn_worker("w1");
+    app.wait_until_assigned(&["w1", "w2"]).await;
+    // The work still flows through both.
+    let all = tasks(20, 20);
+    app.produce_tasks(&all, 1).await;
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+    (before, rebalances_in(&app.log_of("w2")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_static_membership_a_worker_restarts_without_moving_the_other_s_partitions() {
+    // kafka.group_instance_id: w1 leaves and comes back as the same member within its
+    // session, so the coordinator gives it its partitions back and w2 sees no rebalance.
+    let (before, after) = restart_one_of_two(true).await;
+    assert!(before > 0, "w2 was assigned its partition");
+    assert_eq!(after, before, "w2 saw no rebalance while w1 restarted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_static_membership_a_restart_moves_the_other_s_partitions() {
+    // The contrast: a dynamic member's restart is a leave and a join, and w2 takes w1's
+    // partition, then gives it back.
+    let (before, after) = restart_one_of_two(false).await;
+    assert!(
+        after > before,
+        "w2 rebalanced while w1 restarted: {before} → {after}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_refuses_to_start_without_its_dead_letter_topic() {
     let config = WorkerConfig {

@@ -52,6 +52,8 @@ pub struct WorkerConfig {
     pub commit_interval_ms: u64,
     /// More tables at the end of the settings (e.g. `[capacity]`).
     pub extra_toml: String,
+    /// `kafka.group_instance_id` = the process's name: static membership.
+    pub static_membership: bool,
 }
 
 impl Default for WorkerConfig {
@@ -77,6 +79,7 @@ impl Default for WorkerConfig {
             max_prompt_bytes: 256 * 1024,
             commit_interval_ms: 200,
             extra_toml: String::new(),
+            static_membership: false,
         }
     }
 }
@@ -202,6 +205,7 @@ group_id = "{group}"
 group_protocol = "{protocol}"
 {session}
 dead_letter_topic = "{dlq}"
+{instance}
 {kafka_toml}
 
 [kafka.librdkafka]
@@ -255,6 +259,11 @@ listen = "127.0.0.1:0"
                 String::new()
             },
             dlq = c.dead_letter_topic,
+            instance = if c.static_membership {
+                format!("group_instance_id = \"{name}\"")
+            } else {
+                String::new()
+            },
             // KIP-848 heartbeats are the broker's to set (see deploy/infra.sh).
             heartbeat = if c.protocol == "classic" {
                 r#""heartbeat.interval.ms" = "500""#
