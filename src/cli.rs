@@ -170,9 +170,18 @@ pub enum ApiKeyCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Validate the settings (file and environment) and name every problem.
-    #[command(after_help = "Exit codes: 0 valid; 2 invalid (every problem printed).")]
-    Check,
+    /// Validate the settings (file and environment) and name every problem; with
+    /// `--connect`, also reach what they point at.
+    #[command(
+        after_help = "Exit codes: 0 valid (and, with --connect, everything answered); 2 invalid (every problem printed); 5 a part did not answer as it should (each named)."
+    )]
+    Check {
+        /// Also connect: PostgreSQL (and whether its schema has every migration), the Kafka
+        /// brokers and both topics, the provider's model list with the configured key. Each
+        /// part within 20 s; nothing is written.
+        #[arg(long)]
+        connect: bool,
+    },
     /// Print the effective settings as TOML, secrets shown as ***.
     Show,
     /// Print the reference of every setting (key, type, default, environment variable,

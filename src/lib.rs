@@ -14,6 +14,7 @@ pub mod inspect;
 pub mod kafka;
 pub mod probes;
 pub mod provider;
+pub mod reach;
 pub mod reconcile;
 pub mod relay;
 pub mod serve;

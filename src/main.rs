@@ -13,6 +13,9 @@ use replyd::serve::{self, Parts};
 /// Exit code of settings that do not validate.
 const INVALID_SETTINGS: u8 = 2;
 
+/// Exit code of `config check --connect` when a part did not answer as it should.
+const UNREACHABLE: u8 = 5;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -109,8 +112,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             return replyd::inspect::run(&settings()?, &task_id, json).await;
         }
         Command::Check(args) => return replyd::check::run_command(&settings()?, &args).await,
-        Command::Config(ConfigCommand::Check) => {
-            settings()?;
+        Command::Config(ConfigCommand::Check { connect }) => {
+            let settings = settings()?;
             // The trace variables too, as the long-running parts read them.
             let traces = replyd::telemetry::trace::TraceSettings::from_env(
                 |name| std::env::var(name).ok(),
@@ -120,6 +123,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             match traces {
                 Some(traces) => println!("traces: exported to {}", traces.endpoint),
                 None => println!("traces: off (OTEL_EXPORTER_OTLP_ENDPOINT is not set)"),
+            }
+            if connect {
+                let reached = replyd::reach::check(&settings).await;
+                for part in &reached {
+                    println!("{part}");
+                }
+                if reached.iter().any(|part| part.answer.is_err()) {
+                    return Ok(ExitCode::from(UNREACHABLE));
+                }
             }
         }
         Command::Config(ConfigCommand::Show) => print!("{}", settings()?.to_redacted_toml()),

@@ -12,14 +12,19 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 use serde::Serialize;
 
 use crate::config::Settings;
+use crate::kafka::KafkaLogs;
 
-/// How long one admin or metadata request may take.
+type Admin = AdminClient<KafkaLogs>;
+
+/// How long one admin request (a create) may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a metadata request may take: brokers that do not answer in this long are named.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What `ensure` asks of each topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,8 +94,8 @@ impl std::fmt::Display for TopicReport {
     }
 }
 
-/// Makes both topics exist; one report line each.
-pub async fn ensure(settings: &Settings, wanted: Wanted) -> anyhow::Result<Vec<TopicReport>> {
+/// An admin client for the brokers of `settings`, and what its connections report.
+fn admin(settings: &Settings) -> anyhow::Result<(Admin, KafkaLogs)> {
     let kafka = &settings.kafka;
     let mut config = kafka.client_config();
     for (key, value) in &kafka.librdkafka {
@@ -99,23 +104,60 @@ pub async fn ensure(settings: &Settings, wanted: Wanted) -> anyhow::Result<Vec<T
     // Asking for a missing topic's metadata must not make the broker create it with its own
     // defaults (auto.create.topics.enable): it is created here, as asked, or not at all.
     config.set("allow.auto.create.topics", "false");
-    let admin: AdminClient<DefaultClientContext> = config.create().with_context(|| {
+    let logs = KafkaLogs::default();
+    let admin = config.create_with_context(logs.clone()).with_context(|| {
         format!(
             "Kafka admin client for {} (kafka.bootstrap_servers)",
             kafka.bootstrap_servers
         )
     })?;
+    Ok((admin, logs))
+}
+
+/// The task topic and the dead-letter topic with their roles.
+fn topics_of(settings: &Settings) -> [(String, &'static str); 2] {
+    [
+        (settings.kafka.topic.clone(), "tasks"),
+        (settings.kafka.dead_letter_topic(), "dead letters"),
+    ]
+}
+
+/// The metadata of `topic`, or an error naming the brokers and what they last said.
+async fn look_up(
+    admin: &Admin,
+    logs: &KafkaLogs,
+    settings: &Settings,
+    topic: &str,
+) -> anyhow::Result<Option<i32>> {
+    partitions_of(admin, topic).await.map_err(|e| {
+        let cause = logs
+            .last_error()
+            .map(|c| format!("; the last broker error: {c}"))
+            .unwrap_or_default();
+        anyhow::anyhow!(
+            "reading the metadata of {topic} from {} (kafka.bootstrap_servers): {e}{cause}",
+            settings.kafka.bootstrap_servers
+        )
+    })
+}
+
+/// Both topics' partition counts as the brokers report them (`None`: missing); creates nothing.
+pub async fn look(settings: &Settings) -> anyhow::Result<Vec<(String, &'static str, Option<i32>)>> {
+    let (admin, logs) = admin(settings)?;
+    let mut found = Vec::new();
+    for (topic, role) in topics_of(settings) {
+        let partitions = look_up(&admin, &logs, settings, &topic).await?;
+        found.push((topic, role, partitions));
+    }
+    Ok(found)
+}
+
+/// Makes both topics exist; one report line each.
+pub async fn ensure(settings: &Settings, wanted: Wanted) -> anyhow::Result<Vec<TopicReport>> {
+    let (admin, logs) = admin(settings)?;
     let mut reports = Vec::new();
-    for (topic, role) in [
-        (kafka.topic.clone(), "tasks"),
-        (kafka.dead_letter_topic(), "dead letters"),
-    ] {
-        let partitions = partitions_of(&admin, &topic).await.with_context(|| {
-            format!(
-                "reading the metadata of {topic} from {} (kafka.bootstrap_servers)",
-                kafka.bootstrap_servers
-            )
-        })?;
+    for (topic, role) in topics_of(settings) {
+        let partitions = look_up(&admin, &logs, settings, &topic).await?;
         let state = match partitions {
             Some(partitions) => found(partitions, wanted),
             None => create(&admin, &topic, wanted)
@@ -129,14 +171,14 @@ pub async fn ensure(settings: &Settings, wanted: Wanted) -> anyhow::Result<Vec<T
 
 /// The topic's partition count, `None` when the brokers do not have it.
 async fn partitions_of(
-    admin: &AdminClient<DefaultClientContext>,
+    admin: &Admin,
     topic: &str,
 ) -> Result<Option<i32>, rdkafka::error::KafkaError> {
     let client = admin.inner();
     let topic_name = topic.to_owned();
     // A metadata request blocks: keep it off the runtime's threads.
     let metadata =
-        tokio::task::block_in_place(|| client.fetch_metadata(Some(&topic_name), REQUEST_TIMEOUT))?;
+        tokio::task::block_in_place(|| client.fetch_metadata(Some(&topic_name), METADATA_TIMEOUT))?;
     Ok(metadata
         .topics()
         .iter()
@@ -144,11 +186,7 @@ async fn partitions_of(
         .map(|t| t.partitions().len() as i32))
 }
 
-async fn create(
-    admin: &AdminClient<DefaultClientContext>,
-    topic: &str,
-    wanted: Wanted,
-) -> anyhow::Result<TopicState> {
+async fn create(admin: &Admin, topic: &str, wanted: Wanted) -> anyhow::Result<TopicState> {
     let new = NewTopic::new(
         topic,
         wanted.partitions,

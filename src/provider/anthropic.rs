@@ -157,7 +157,7 @@ impl Provider for AnthropicMessagesProvider {
 }
 
 /// Adds `x-api-key: <key>` when a key is configured, marked sensitive like the bearer token.
-fn with_anthropic_key(
+pub(super) fn with_anthropic_key(
     builder: reqwest::RequestBuilder,
     api_key: Option<&Secret>,
 ) -> Result<reqwest::RequestBuilder, ProviderError> {

@@ -28,6 +28,7 @@
 //! (`RateSignals`: what is left of each limit, when it resets, how long to wait), so a caller
 //! can pace itself by it (I9) without reading headers.
 
+pub mod access;
 mod adapter;
 pub mod anthropic;
 mod http;

@@ -753,6 +753,78 @@ async fn a_zombie_stopped_past_its_lease_and_session_is_fenced_when_it_returns()
     assert_eq!(outcomes.get("accepted"), Some(&40), "{outcomes:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_check_connect_reaches_every_part_and_names_each_that_does_not_answer() {
+    let app = TestApp::start(1, mock(10), WorkerConfig::default()).await;
+    let file = app.settings_file();
+    let check = |env: &[(&str, String)]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .args(["config", "check", "--connect", "--config"])
+            .arg(&file)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    // Everything answers: the schema is current, both topics exist, the key lists models.
+    let (code, out) = check(&[]);
+    assert_eq!(code, Some(0), "{out}");
+    let line = |out: &str, part: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("{part}: ")))
+            .unwrap_or_else(|| panic!("no {part} line in {out}"))
+            .to_owned()
+    };
+    assert!(
+        line(&out, "database").contains("the schema has every migration"),
+        "{out}"
+    );
+    assert!(line(&out, "kafka").contains(": 1 partitions"), "{out}");
+    assert!(line(&out, "provider").contains("2 models listed"), "{out}");
+
+    // Each part wrong in its own way: a port nobody listens on, a dead-letter topic nobody
+    // made, a base URL that is not the API's root. All three are named, with their settings.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let (code, out) = check(&[
+        (
+            "REPLYD_DATABASE__URL",
+            format!("postgres://replyd:replyd@127.0.0.1:{port}/replyd"),
+        ),
+        ("REPLYD_KAFKA__DEAD_LETTER_TOPIC", unique("nobody-made-it")),
+        (
+            "REPLYD_PROVIDER__BASE_URL",
+            format!("{}/api", app.mock.base_url()),
+        ),
+    ]);
+    assert_eq!(code, Some(5), "{out}");
+    let database = line(&out, "database");
+    assert!(
+        database.starts_with("database: FAILED")
+            && database.contains(&format!("127.0.0.1:{port}"))
+            && database.contains("(database.url)"),
+        "{out}"
+    );
+    let kafka = line(&out, "kafka");
+    assert!(
+        kafka.starts_with("kafka: FAILED")
+            && kafka.contains("(kafka.dead_letter_topic)")
+            && kafka.contains("replyd topics ensure"),
+        "{out}"
+    );
+    let provider = line(&out, "provider");
+    assert!(
+        provider.starts_with("provider: FAILED")
+            && provider.contains("404")
+            && provider.contains("provider.base_url"),
+        "{out}"
+    );
+}
+
 /// Rebalance lines a worker logged (each assignment and revocation it saw).
 fn rebalances_in(log: &str) -> usize {
     log.lines()

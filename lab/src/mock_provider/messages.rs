@@ -181,7 +181,7 @@ pub(super) async fn create_message(
 
 /// The API's own header checks, before the body is read: a key (any non-empty one) and a
 /// version it knows. The refusal when they fail.
-fn refuse_headers(headers: &HeaderMap) -> Option<Response> {
+pub(super) fn refuse_headers(headers: &HeaderMap) -> Option<Response> {
     let value = |name: &str| {
         headers
             .get(name)

@@ -11,7 +11,8 @@
 //! (both 404 when `background_responses` is off; an ended response is 404 after its
 //! retention); `POST /v1/messages` (Anthropic's Messages API: `x-api-key` and
 //! `anthropic-version` required, Anthropic's bodies and error types, never deduplicated, as
-//! Anthropic documents no idempotency key); `GET /stats`, `GET /stats/{key}`, `GET|PUT /faults`, `GET /healthz`. With
+//! Anthropic documents no idempotency key); `GET /v1/models` (the model list, in the
+//! profile's shape, generating nothing); `GET /stats`, `GET /stats/{key}`, `GET|PUT /faults`, `GET /healthz`. With
 //! limits set, a generating request over one is answered 429 at once without any work, and
 //! every answer carries the rate-limit headers. The decisions (fault, latency, reply text) live
 //! in [`behaviour`], the limits in [`capacity`] and the background responses' state machine in
@@ -22,6 +23,7 @@ pub mod background;
 pub mod behaviour;
 pub mod capacity;
 mod messages;
+mod models;
 mod server;
 pub mod settings;
 
@@ -98,6 +100,7 @@ pub async fn spawn(settings: MockSettings, listen: SocketAddr) -> std::io::Resul
             "/v1/messages",
             axum::routing::post(messages::create_message),
         )
+        .route("/v1/models", axum::routing::get(models::list_models))
         .with_state(Arc::clone(&state));
     let mut signal = stopped;
     let task = tokio::spawn(async move {

@@ -185,6 +185,11 @@ impl MockState {
         }
     }
 
+    /// The real API this mock imitates.
+    pub(super) fn profile(&self) -> super::settings::MockProfile {
+        self.settings.profile
+    }
+
     /// Keeps the request's `traceparent` under its idempotency key, when it has both.
     pub(super) fn note_traceparent(&self, key: Option<&str>, headers: &HeaderMap) {
         let (Some(key), Some(value)) = (

@@ -526,12 +526,12 @@ listen = "127.0.0.1:0"
         );
     }
 
-    /// Everything worker `name` logged, over all its incarnations.
     /// The settings file process `name` was last started with.
     pub fn config_of(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.toml"))
     }
 
+    /// Everything worker `name` logged, over all its incarnations.
     pub fn log_of(&self, name: &str) -> String {
         let count = self
             .spawns

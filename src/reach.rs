@@ -1,0 +1,123 @@
+//! `replyd config check --connect`: the settings are valid, and what they point at answers.
+//! PostgreSQL (a session, and a schema that has every migration this build needs), Kafka
+//! (the brokers, the task topic and the dead-letter topic), the provider (its model list, with
+//! the key every call carries). Each is asked on its own, within a bound, so one that hangs
+//! does not hide the others; each failure names the address and the setting.
+
+use std::time::Duration;
+
+use crate::config::Settings;
+
+/// How long each part may take to answer.
+const PART_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One part's answer: what was reached, or why not.
+#[derive(Debug)]
+pub struct Reached {
+    pub part: &'static str,
+    pub answer: Result<String, String>,
+}
+
+impl std::fmt::Display for Reached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.answer {
+            Ok(what) => write!(f, "{}: ok: {what}", self.part),
+            Err(why) => write!(f, "{}: FAILED: {why}", self.part),
+        }
+    }
+}
+
+/// Asks every part at once; one line each, in a fixed order.
+pub async fn check(settings: &Settings) -> Vec<Reached> {
+    let (database, kafka, provider) = tokio::join!(
+        bounded(database(settings)),
+        bounded(kafka(settings)),
+        bounded(provider(settings)),
+    );
+    vec![
+        Reached {
+            part: "database",
+            answer: database,
+        },
+        Reached {
+            part: "kafka",
+            answer: kafka,
+        },
+        Reached {
+            part: "provider",
+            answer: provider,
+        },
+    ]
+}
+
+async fn bounded(
+    part: impl std::future::Future<Output = Result<String, String>>,
+) -> Result<String, String> {
+    tokio::time::timeout(PART_TIMEOUT, part)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer in {} s", PART_TIMEOUT.as_secs())))
+}
+
+async fn database(settings: &Settings) -> Result<String, String> {
+    let target = crate::store::target_of(&settings.database);
+    let pending = crate::store::migrate::pending_migrations(&settings.database)
+        .await
+        .map_err(|e| crate::telemetry::chain(&e))?;
+    if pending.is_empty() {
+        Ok(format!("{target}: the schema has every migration"))
+    } else {
+        Err(format!(
+            "{target} (database.url): the schema lacks {} migration(s) this build needs ({}): run `replyd migrate`",
+            pending.len(),
+            pending.join(", ")
+        ))
+    }
+}
+
+async fn kafka(settings: &Settings) -> Result<String, String> {
+    let found = crate::topics::look(settings)
+        .await
+        .map_err(|e| crate::telemetry::chain(e.as_ref()))?;
+    let mut seen = Vec::new();
+    let mut missing = Vec::new();
+    for (topic, role, partitions) in found {
+        match partitions {
+            Some(n) => seen.push(format!("{role} topic {topic}: {n} partitions")),
+            None => missing.push(format!(
+                "{role} topic {topic} does not exist ({})",
+                if role == "tasks" {
+                    "kafka.topic"
+                } else {
+                    "kafka.dead_letter_topic"
+                }
+            )),
+        }
+    }
+    let brokers = &settings.kafka.bootstrap_servers;
+    if missing.is_empty() {
+        Ok(format!("{brokers}: {}", seen.join("; ")))
+    } else {
+        Err(format!(
+            "{brokers}: {}: `replyd topics ensure` creates it",
+            missing.join("; ")
+        ))
+    }
+}
+
+async fn provider(settings: &Settings) -> Result<String, String> {
+    let access = crate::provider::access::check(&settings.provider)
+        .await
+        .map_err(|e| crate::telemetry::chain(&e))?;
+    let model = &settings.provider.default_model;
+    let listed = access.models.iter().any(|m| m == model);
+    Ok(format!(
+        "{}: {} models listed{}",
+        settings.provider.base_url,
+        access.models.len(),
+        if listed || access.models.is_empty() {
+            String::new()
+        } else {
+            format!(", not provider.default_model {model}")
+        }
+    ))
+}
