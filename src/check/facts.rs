@@ -2,7 +2,7 @@
 //! the quota ledger), the topic and its dead-letter twin, the group's committed offsets, and
 //! the mock provider's counters. Every figure is read back; the verdict judges them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -10,10 +10,11 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use uuid::Uuid;
 
+use super::records::{RecordFacts, RecordTallies};
 use crate::config::Settings;
 use crate::kafka::dead_letter::headers;
 use crate::store::{connect_error, session_config, tls_connector};
-use replyd_core::domain::{AttemptOutcome, RecordRules, TaskSpec, TaskStatus};
+use replyd_core::domain::{AttemptOutcome, TaskSpec, TaskStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
@@ -39,15 +40,6 @@ impl From<rdkafka::error::KafkaError> for CheckError {
             error,
         }
     }
-}
-
-/// One record of the source topic, as the checker sees it.
-#[derive(Debug, Clone)]
-pub struct SourceRecord {
-    pub partition: i32,
-    pub offset: i64,
-    /// The task it carries, when the worker's rules make one of it.
-    pub task: Option<Uuid>,
 }
 
 fn consumer(base: &ClientConfig, group: &str) -> Result<BaseConsumer, CheckError> {
@@ -97,56 +89,118 @@ pub fn committed_offsets_with(
         .collect())
 }
 
-/// Reads every record of `topic` from the beginning up to the high watermarks seen at start.
-fn read_topic<T>(
+/// Records read per batch: what the checker holds of a topic at once (a batch being judged,
+/// one in the channel, one being read), whatever the topic's length.
+const BATCH: usize = 5_000;
+
+/// A read that gets no record for this long while records remain is given up.
+const STALL: Duration = Duration::from_secs(60);
+
+/// The partitions of `topic` (none when it does not exist).
+fn partitions_of(reader: &BaseConsumer, topic: &str) -> Result<Vec<i32>, CheckError> {
+    let metadata = reader.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default())
+}
+
+/// Reads every record of `topic` from the beginning up to the high watermarks seen at start,
+/// and sends what `each` makes of them in batches of [`BATCH`]. Blocking: run it off the
+/// runtime's threads. The channel is bounded, so a slow receiver slows the read, and a
+/// receiver that is gone ends it.
+fn stream_topic<T: Send + 'static>(
     base: &ClientConfig,
     topic: &str,
     mut each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> T,
-) -> Result<Vec<T>, CheckError> {
+    out: &tokio::sync::mpsc::Sender<Vec<T>>,
+) -> Result<(), CheckError> {
     let reader = consumer(base, "replyd-check-reader")?;
-    let metadata = reader.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let Some(meta) = metadata.topics().iter().find(|t| t.name() == topic) else {
-        return Ok(Vec::new());
-    };
     let mut assignment = TopicPartitionList::new();
     let mut remaining: HashMap<i32, i64> = HashMap::new();
-    for partition in meta.partitions() {
-        let (low, high) =
-            reader.fetch_watermarks(topic, partition.id(), Duration::from_secs(10))?;
+    for partition in partitions_of(&reader, topic)? {
+        let (low, high) = reader.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
         if high > low {
-            remaining.insert(partition.id(), high);
-            assignment.add_partition_offset(topic, partition.id(), Offset::Offset(low))?;
+            remaining.insert(partition, high);
+            assignment.add_partition_offset(topic, partition, Offset::Offset(low))?;
         }
     }
-    let mut out = Vec::new();
     if remaining.is_empty() {
-        return Ok(out);
+        return Ok(());
     }
     reader.assign(&assignment)?;
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut progressed = Instant::now();
     while !remaining.is_empty() {
-        if Instant::now() > deadline {
+        if progressed.elapsed() > STALL {
             return Err(CheckError::Other(format!(
-                "reading {topic} took over 120 s"
+                "reading {topic}: no record for {} s while {} partition(s) were not read to their end",
+                STALL.as_secs(),
+                remaining.len()
             )));
         }
         match reader.poll(Duration::from_millis(200)) {
             Some(Ok(message)) => {
+                progressed = Instant::now();
                 let partition = message.partition();
                 if let Some(&high) = remaining.get(&partition) {
                     if message.offset() < high {
-                        out.push(each(&message));
+                        batch.push(each(&message));
                     }
                     if message.offset() + 1 >= high {
                         remaining.remove(&partition);
                     }
+                }
+                if batch.len() >= BATCH
+                    && out
+                        .blocking_send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
+                        .is_err()
+                {
+                    return Ok(());
                 }
             }
             Some(Err(e)) => return Err(e.into()),
             None => {}
         }
     }
-    Ok(out)
+    if !batch.is_empty() {
+        let _ = out.blocking_send(batch);
+    }
+    Ok(())
+}
+
+/// A topic read on a blocking thread: its batches, and the read's own result once they end.
+struct BatchRead<T> {
+    batches: tokio::sync::mpsc::Receiver<Vec<T>>,
+    reader: tokio::task::JoinHandle<Result<(), CheckError>>,
+}
+
+impl<T: Send + 'static> BatchRead<T> {
+    /// Starts [`stream_topic`] on a blocking thread.
+    fn start(
+        base: ClientConfig,
+        topic: String,
+        each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> T + Send + 'static,
+    ) -> Self {
+        let (tx, batches) = tokio::sync::mpsc::channel(1);
+        let reader = tokio::task::spawn_blocking(move || stream_topic(&base, &topic, each, &tx));
+        Self { batches, reader }
+    }
+
+    /// The next batch; `None` once the read ended (then [`BatchRead::finish`] says how).
+    async fn next(&mut self) -> Option<Vec<T>> {
+        self.batches.recv().await
+    }
+
+    /// How the read ended. Called early (a batch could not be judged), it stops the read.
+    async fn finish(self) -> Result<(), CheckError> {
+        drop(self.batches);
+        self.reader
+            .await
+            .map_err(|e| CheckError::Other(format!("kafka reader: {e}")))?
+    }
 }
 
 /// Counters of the mock provider.
@@ -159,16 +213,16 @@ pub struct MockCounts {
 /// Everything the checker reads, as plain values.
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
-    pub source: Vec<SourceRecord>,
-    /// (partition, offset) of each dead-letter copy's source record.
-    pub dead: HashSet<(i32, i64)>,
-    pub committed: HashMap<i32, i64>,
-    pub statuses: HashMap<Uuid, TaskStatus>,
+    /// The source topic's records, judged one by one and counted.
+    pub records: RecordTallies,
+    /// Source records with a dead-letter copy.
+    pub dead_lettered: i64,
+    pub statuses: StatusCounts,
     pub duplicate_replies: i64,
     pub fenced_rejections: i64,
     pub refused_calls: i64,
-    /// Attempts of each task.
-    pub attempts_per_task: Vec<i64>,
+    /// Attempts per task (refusals aside): their sum and quantiles.
+    pub attempts: AttemptStats,
     pub max_attempts_exceeded: i64,
     pub duplicate_tasks: i64,
     pub tasks_without_one_outbox_row: i64,
@@ -176,6 +230,25 @@ pub struct Facts {
     pub quota: QuotaFacts,
     pub replies_by_worker: BTreeMap<String, i64>,
     pub mock: Option<MockCounts>,
+}
+
+/// Tasks by status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatusCounts {
+    pub tasks: i64,
+    pub completed: i64,
+    pub failed: i64,
+    /// Pending or running.
+    pub open: i64,
+}
+
+/// The attempts of every task (refusals aside), by the nearest-rank method.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttemptStats {
+    pub total: i64,
+    pub p50: i64,
+    pub p99: i64,
+    pub max: i64,
 }
 
 /// The quota's ledger as read (I8).
@@ -197,37 +270,42 @@ pub struct QuotaFacts {
 /// Reads the topic, its dead-letter twin, the committed offsets, the task tables and the
 /// mock's counters.
 pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<Facts, CheckError> {
-    let kafka = settings.kafka.clone();
-    let rules = settings.worker.record_rules();
-    // Kafka: blocking client calls, off the runtime's threads.
-    let (source, dead, committed) = tokio::task::spawn_blocking(move || {
-        read_kafka(&kafka, &rules).map_err(|e| match e {
-            CheckError::Kafka { error, .. } => CheckError::Kafka {
-                bootstrap: kafka.bootstrap_servers.clone(),
-                error,
-            },
-            other => other,
-        })
-    })
-    .await
-    .map_err(|e| CheckError::Other(format!("kafka reader: {e}")))??;
-
     let config = session_config(&settings.database)?;
     let (client, connection) = config
         .connect(tls_connector(&settings.database)?)
         .await
         .map_err(|e| connect_error(&settings.database, &e))?;
     tokio::spawn(connection);
-    let mut statuses = HashMap::new();
-    for row in client
-        .query("SELECT task_id, status FROM reply_tasks", &[])
-        .await?
-    {
-        let status: &str = row.get(1);
-        let status = TaskStatus::parse(status)
-            .ok_or_else(|| CheckError::Other(format!("unknown task status {status:?}")))?;
-        statuses.insert(row.get(0), status);
-    }
+    let bootstrap = settings.kafka.bootstrap_servers.clone();
+    let named = move |e: CheckError| match e {
+        CheckError::Kafka { error, .. } => CheckError::Kafka {
+            bootstrap: bootstrap.clone(),
+            error,
+        },
+        other => other,
+    };
+    let (records, dead_lettered) = read_records(settings, &client).await.map_err(named)?;
+    let statuses = client
+        .query_one(
+            "SELECT count(*), \
+               count(*) FILTER (WHERE status = $1), \
+               count(*) FILTER (WHERE status = $2), \
+               count(*) FILTER (WHERE status IN ($3, $4)) \
+             FROM reply_tasks",
+            &[
+                &TaskStatus::Completed.as_str(),
+                &TaskStatus::Failed.as_str(),
+                &TaskStatus::Pending.as_str(),
+                &TaskStatus::Running.as_str(),
+            ],
+        )
+        .await?;
+    let statuses = StatusCounts {
+        tasks: statuses.get(0),
+        completed: statuses.get(1),
+        failed: statuses.get(2),
+        open: statuses.get(3),
+    };
     // Outcomes are bound as parameters from the one enum that writes them.
     let count = |sql: &'static str, outcome: Option<AttemptOutcome>| {
         let client = &client;
@@ -328,16 +406,25 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         counter_mismatches: row.get(8),
         token_charge_mismatches: row.get(9),
     };
-    let attempts_per_task = client
-        .query(
-            "SELECT count(a.task_id) FILTER (WHERE a.outcome IS DISTINCT FROM 'refused') \
-             FROM reply_tasks t LEFT JOIN reply_attempts a USING (task_id) GROUP BY t.task_id",
+    // Nearest rank: percentile_disc(p) is the value at rank ceil(p × n).
+    let attempts = client
+        .query_one(
+            "SELECT coalesce(sum(n), 0)::bigint, \
+               coalesce(percentile_disc(0.5) WITHIN GROUP (ORDER BY n), 0), \
+               coalesce(percentile_disc(0.99) WITHIN GROUP (ORDER BY n), 0), \
+               coalesce(max(n), 0) \
+             FROM (SELECT count(a.task_id) FILTER (WHERE a.outcome IS DISTINCT FROM 'refused') AS n \
+                   FROM reply_tasks t LEFT JOIN reply_attempts a USING (task_id) \
+                   GROUP BY t.task_id) per_task",
             &[],
         )
-        .await?
-        .iter()
-        .map(|r| r.get::<_, i64>(0))
-        .collect();
+        .await?;
+    let attempts = AttemptStats {
+        total: attempts.get(0),
+        p50: attempts.get(1),
+        p99: attempts.get(2),
+        max: attempts.get(3),
+    };
     let replies_by_worker = client
         .query(
             "SELECT worker, count(*) FROM reply_attempts WHERE outcome = $1 GROUP BY worker",
@@ -363,14 +450,13 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         None => None,
     };
     Ok(Facts {
-        source,
-        dead,
-        committed,
+        records,
+        dead_lettered,
         statuses,
         duplicate_replies,
         fenced_rejections,
         refused_calls,
-        attempts_per_task,
+        attempts,
         max_attempts_exceeded,
         duplicate_tasks,
         tasks_without_one_outbox_row,
@@ -381,31 +467,37 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
     })
 }
 
-type KafkaFacts = (Vec<SourceRecord>, HashSet<(i32, i64)>, HashMap<i32, i64>);
-
-fn read_kafka(
-    kafka: &crate::kafka::settings::KafkaSettings,
-    rules: &RecordRules,
-) -> Result<KafkaFacts, CheckError> {
+/// Reads the dead-letter topic into a session table, then the source topic batch by batch,
+/// judging each record against the committed offsets, that table and the task it carries.
+/// Memory holds a few batches, whatever the topics' lengths.
+async fn read_records(
+    settings: &Settings,
+    client: &tokio_postgres::Client,
+) -> Result<(RecordTallies, i64), CheckError> {
+    let kafka = &settings.kafka;
     let base = kafka.client_config();
-    let source = read_topic(&base, &kafka.topic, |m| SourceRecord {
-        partition: m.partition(),
-        offset: m.offset(),
-        // The worker's own rules, the record's own timestamp: a record is a task here
-        // exactly when the worker would have made one of it.
-        task: TaskSpec::from_record(
-            m.payload(),
-            m.timestamp()
-                .to_millis()
-                .and_then(chrono::DateTime::from_timestamp_millis),
-            rules,
+    // The committed offsets of every partition of the topic (a handful of numbers).
+    let committed = {
+        let (base, group, topic) = (base.clone(), kafka.group_id.clone(), kafka.topic.clone());
+        tokio::task::spawn_blocking(move || {
+            let reader = consumer(&base, "replyd-check-reader")?;
+            let partitions = partitions_of(&reader, &topic)?;
+            committed_offsets_with(&base, &group, &topic, partitions)
+        })
+        .await
+        .map_err(|e| CheckError::Other(format!("kafka reader: {e}")))??
+    };
+    // Each dead-letter copy names its source record in its headers.
+    client
+        .batch_execute(
+            "CREATE TEMPORARY TABLE IF NOT EXISTS check_dead \
+               (partition int, \"offset\" bigint, PRIMARY KEY (partition, \"offset\")); \
+             TRUNCATE check_dead",
         )
-        .ok()
-        .map(|t| t.task_id.as_uuid()),
-    })?;
-    let dead = read_topic(&base, &kafka.dead_letter_topic(), |m| {
-        let mut partition = None;
-        let mut offset = None;
+        .await?;
+    let mut dead = BatchRead::start(base.clone(), kafka.dead_letter_topic(), |m| {
+        let mut partition: Option<i32> = None;
+        let mut offset: Option<i64> = None;
         if let Some(hs) = m.headers() {
             for h in hs.iter() {
                 let value = h.value.and_then(|v| std::str::from_utf8(v).ok());
@@ -417,11 +509,101 @@ fn read_kafka(
             }
         }
         partition.zip(offset)
-    })?
-    .into_iter()
-    .flatten()
-    .collect();
-    let partitions: HashSet<i32> = source.iter().map(|r| r.partition).collect();
-    let committed = committed_offsets_with(&base, &kafka.group_id, &kafka.topic, partitions)?;
-    Ok((source, dead, committed))
+    });
+    while let Some(batch) = dead.next().await {
+        let (partitions, offsets): (Vec<i32>, Vec<i64>) = batch.into_iter().flatten().unzip();
+        let inserted = client
+            .execute(
+                "INSERT INTO check_dead SELECT * FROM unnest($1::int[], $2::bigint[]) \
+                 ON CONFLICT DO NOTHING",
+                &[&partitions, &offsets],
+            )
+            .await;
+        if let Err(e) = inserted {
+            dead.finish().await?;
+            return Err(e.into());
+        }
+    }
+    dead.finish().await?;
+    let dead_lettered: i64 = client
+        .query_one("SELECT count(*) FROM check_dead", &[])
+        .await?
+        .get(0);
+
+    let rules = settings.worker.record_rules();
+    let mut tallies = RecordTallies::default();
+    let mut source = BatchRead::start(base, kafka.topic.clone(), move |m| {
+        (
+            m.partition(),
+            m.offset(),
+            // The worker's own rules, the record's own timestamp: a record is a task here
+            // exactly when the worker would have made one of it.
+            TaskSpec::from_record(
+                m.payload(),
+                m.timestamp()
+                    .to_millis()
+                    .and_then(chrono::DateTime::from_timestamp_millis),
+                &rules,
+            )
+            .ok()
+            .map(|t| t.task_id.as_uuid()),
+        )
+    });
+    while let Some(batch) = source.next().await {
+        match judge(client, &batch).await {
+            Ok(judged) => {
+                for ((partition, offset, task), (terminal, dead_lettered)) in
+                    batch.iter().zip(judged)
+                {
+                    tallies.add(RecordFacts {
+                        has_task: task.is_some(),
+                        below_commit: committed.get(partition).is_some_and(|c| offset < c),
+                        dead_lettered,
+                        terminal,
+                    });
+                }
+            }
+            Err(e) => {
+                source.finish().await?;
+                return Err(e);
+            }
+        }
+    }
+    source.finish().await?;
+    Ok((tallies, dead_lettered))
+}
+
+/// For each record of `batch` (partition, offset, task), in order: whether its task is
+/// terminal, and whether a dead-letter copy of it exists.
+async fn judge(
+    client: &tokio_postgres::Client,
+    batch: &[(i32, i64, Option<Uuid>)],
+) -> Result<Vec<(bool, bool)>, CheckError> {
+    let partitions: Vec<i32> = batch.iter().map(|r| r.0).collect();
+    let offsets: Vec<i64> = batch.iter().map(|r| r.1).collect();
+    let tasks: Vec<Option<Uuid>> = batch.iter().map(|r| r.2).collect();
+    let rows = client
+        .query(
+            "SELECT coalesce(t.status IN ($4, $5), false), \
+               EXISTS (SELECT 1 FROM check_dead d WHERE d.partition = s.p AND d.\"offset\" = s.o) \
+             FROM unnest($1::int[], $2::bigint[], $3::uuid[]) WITH ORDINALITY AS s(p, o, task, i) \
+             LEFT JOIN reply_tasks t ON t.task_id = s.task \
+             ORDER BY s.i",
+            &[
+                &partitions,
+                &offsets,
+                &tasks,
+                &TaskStatus::Completed.as_str(),
+                &TaskStatus::Failed.as_str(),
+            ],
+        )
+        .await?;
+    if rows.len() != batch.len() {
+        return Err(CheckError::Other(format!(
+            "{} records judged, {} asked",
+            rows.len(),
+            batch.len()
+        )));
+    }
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }

@@ -4,8 +4,12 @@
 //! meant to do. Every rule comes from the same settings as the worker's (`--config`), so a
 //! record the worker refuses is a bad record here too.
 //!
-//! Three rooms: [`facts`] does the I/O ([`read_facts`]: plain values, judged by nothing);
-//! [`verdict`] is pure and judges them; [`report`] renders what it found. It judges:
+//! Four rooms: [`facts`] does the I/O ([`read_facts`]: plain values, judged by nothing);
+//! [`records`] is the pure rule each source record is judged by as it is read, and the counts
+//! they fold into; [`verdict`] is pure and judges the counts; [`report`] renders what it
+//! found. Memory does not grow with the data: the topics are read in batches (the dead-letter
+//! copies into a session table, the source records judged against it and the tasks batch by
+//! batch), and the tasks and attempts are counted by PostgreSQL. It judges:
 //! - I1: `duplicate_replies` counts tasks with more than one accepted attempt in the history
 //!   (the schema's constraints make a second saved reply impossible; the history is the
 //!   independent witness).
@@ -15,6 +19,7 @@
 //!   may have cost money (attempt rows other than `refused`; a refusal gives its attempt back).
 
 mod facts;
+mod records;
 mod report;
 mod verdict;
 
@@ -25,9 +30,10 @@ use clap::Args;
 use crate::config::Settings;
 
 pub use facts::{
-    CheckError, Facts, MockCounts, QuotaFacts, SourceRecord, committed_offsets,
+    AttemptStats, CheckError, Facts, MockCounts, QuotaFacts, StatusCounts, committed_offsets,
     committed_offsets_with, read_facts,
 };
+pub use records::{RecordFacts, RecordTallies};
 pub use report::{Percentiles, Report};
 pub use verdict::{percentile, verdict};
 

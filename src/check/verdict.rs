@@ -2,7 +2,6 @@
 
 use super::facts::Facts;
 use super::report::{Percentiles, Report};
-use replyd_core::domain::TaskStatus;
 
 /// The `p` quantile of `sorted` by the nearest-rank method (0 when empty).
 pub fn percentile(sorted: &[i64], p: f64) -> i64 {
@@ -13,57 +12,28 @@ pub fn percentile(sorted: &[i64], p: f64) -> i64 {
     sorted[rank - 1]
 }
 
-/// Judges the facts. Pure.
+/// Judges the facts. Pure. The records were judged one by one as they were read
+/// ([`super::records::RecordTallies::add`]); this judges the counts.
 pub fn verdict(facts: Facts) -> Report {
-    let mut lost = 0;
-    let mut bad_records = 0;
-    let mut uncommitted_records = 0;
-    for record in &facts.source {
-        let below_commit = facts
-            .committed
-            .get(&record.partition)
-            .is_some_and(|c| record.offset < *c);
-        let dead_lettered = facts.dead.contains(&(record.partition, record.offset));
-        if record.task.is_none() {
-            bad_records += 1;
-        }
-        if !below_commit {
-            uncommitted_records += 1;
-        }
-        if !below_commit || dead_lettered {
-            continue;
-        }
-        let terminal = record
-            .task
-            .and_then(|id| facts.statuses.get(&id))
-            .is_some_and(|s| s.is_terminal());
-        if !terminal {
-            lost += 1;
-        }
-    }
-    let count =
-        |status: TaskStatus| facts.statuses.values().filter(|s| **s == status).count() as i64;
-    let mut attempts_per_task = facts.attempts_per_task;
-    attempts_per_task.sort_unstable();
-    let tasks = facts.statuses.len() as i64;
+    let tasks = facts.statuses.tasks;
     let mut report = Report {
         tasks,
-        completed: count(TaskStatus::Completed),
-        failed: count(TaskStatus::Failed),
-        pending: count(TaskStatus::Pending) + count(TaskStatus::Running),
-        dead_lettered: facts.dead.len() as i64,
-        records: facts.source.len() as i64,
-        bad_records,
-        uncommitted_records,
+        completed: facts.statuses.completed,
+        failed: facts.statuses.failed,
+        pending: facts.statuses.open,
+        dead_lettered: facts.dead_lettered,
+        records: facts.records.records,
+        bad_records: facts.records.bad,
+        uncommitted_records: facts.records.uncommitted,
         duplicate_replies: facts.duplicate_replies,
-        lost,
+        lost: facts.records.lost,
         fenced_rejections: facts.fenced_rejections,
         refused_calls: facts.refused_calls,
-        attempts: attempts_per_task.iter().sum(),
+        attempts: facts.attempts.total,
         attempts_per_task: Percentiles {
-            p50: percentile(&attempts_per_task, 0.50),
-            p99: percentile(&attempts_per_task, 0.99),
-            max: attempts_per_task.last().copied().unwrap_or(0),
+            p50: facts.attempts.p50,
+            p99: facts.attempts.p99,
+            max: facts.attempts.max,
         },
         max_attempts_exceeded: facts.max_attempts_exceeded,
         duplicate_tasks: facts.duplicate_tasks,
@@ -126,36 +96,28 @@ pub fn verdict(facts: Facts) -> Report {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, HashMap, HashSet};
+    use std::collections::BTreeMap;
 
-    use uuid::Uuid;
-
-    use super::super::facts::{MockCounts, SourceRecord};
+    use super::super::facts::{AttemptStats, MockCounts, StatusCounts};
+    use super::super::records::RecordTallies;
     use super::*;
 
-    fn record(partition: i32, offset: i64, task: Option<Uuid>) -> SourceRecord {
-        SourceRecord {
-            partition,
-            offset,
-            task,
-        }
-    }
-
     #[test]
-    fn a_record_committed_past_without_an_outcome_is_lost() {
-        let (done, open) = (Uuid::new_v4(), Uuid::new_v4());
+    fn a_record_committed_past_without_an_outcome_breaks_i3() {
         let facts = Facts {
-            source: vec![
-                record(0, 0, Some(done)),
-                record(0, 1, None),
-                record(0, 2, Some(open)),
-                record(0, 3, Some(open)),
-            ],
-            // Offset 1 is a bad record with its dead-letter copy; 2 is committed past while
-            // its task is still running; 3 is not committed past yet.
-            dead: HashSet::from([(0, 1)]),
-            committed: HashMap::from([(0, 3)]),
-            statuses: HashMap::from([(done, TaskStatus::Completed), (open, TaskStatus::Running)]),
+            records: RecordTallies {
+                records: 4,
+                bad: 1,
+                uncommitted: 1,
+                lost: 1,
+            },
+            dead_lettered: 1,
+            statuses: StatusCounts {
+                tasks: 2,
+                completed: 1,
+                failed: 0,
+                open: 1,
+            },
             ..Facts::default()
         };
         let report = verdict(facts);
@@ -186,10 +148,18 @@ mod tests {
 
     #[test]
     fn the_table_and_the_summary_show_the_mock_beside_the_attempts() {
-        let task = Uuid::new_v4();
         let report = verdict(Facts {
-            statuses: HashMap::from([(task, TaskStatus::Completed)]),
-            attempts_per_task: vec![2],
+            statuses: StatusCounts {
+                tasks: 1,
+                completed: 1,
+                ..StatusCounts::default()
+            },
+            attempts: AttemptStats {
+                total: 2,
+                p50: 2,
+                p99: 2,
+                max: 2,
+            },
             replies_by_worker: BTreeMap::from([("w1".to_string(), 1)]),
             mock: Some(MockCounts {
                 requests: 2,

@@ -1,0 +1,91 @@
+//! The rule each source record is judged by (I3), and the tallies the records fold into, so
+//! the checker reads a topic of any length in batches and keeps only the counts. Pure.
+
+/// What the checker learned about one record of the source topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordFacts {
+    /// The worker's rules make a task of it (else it is a bad record).
+    pub has_task: bool,
+    /// The group has committed past it.
+    pub below_commit: bool,
+    /// A dead-letter copy of it exists.
+    pub dead_lettered: bool,
+    /// Its task exists and is completed or failed.
+    pub terminal: bool,
+}
+
+/// The source records, counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordTallies {
+    pub records: i64,
+    /// Records the worker's rules make no task of.
+    pub bad: i64,
+    /// Records the group has not committed past yet.
+    pub uncommitted: i64,
+    /// Records committed past with neither a terminal task nor a dead-letter copy (I3).
+    pub lost: i64,
+}
+
+impl RecordTallies {
+    /// Counts one record.
+    pub fn add(&mut self, record: RecordFacts) {
+        self.records += 1;
+        if !record.has_task {
+            self.bad += 1;
+        }
+        if !record.below_commit {
+            self.uncommitted += 1;
+            return;
+        }
+        // Below the commit point: it must have left an outcome behind.
+        let outcome = record.dead_lettered || (record.has_task && record.terminal);
+        if !outcome {
+            self.lost += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(
+        has_task: bool,
+        below_commit: bool,
+        dead_lettered: bool,
+        terminal: bool,
+    ) -> RecordFacts {
+        RecordFacts {
+            has_task,
+            below_commit,
+            dead_lettered,
+            terminal,
+        }
+    }
+
+    #[test]
+    fn a_record_committed_past_without_an_outcome_is_lost() {
+        let mut tallies = RecordTallies::default();
+        // A done task; a bad record with its dead-letter copy; a record committed past while
+        // its task still runs; one not committed past yet; a bad record committed past with
+        // no copy.
+        for r in [
+            record(true, true, false, true),
+            record(false, true, true, false),
+            record(true, true, false, false),
+            record(true, false, false, false),
+            record(false, true, false, false),
+        ] {
+            tallies.add(r);
+        }
+        assert_eq!(
+            tallies,
+            RecordTallies {
+                records: 5,
+                bad: 2,
+                uncommitted: 1,
+                lost: 2,
+            }
+        );
+    }
+}
