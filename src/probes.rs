@@ -107,6 +107,13 @@ fn prometheus() -> &'static PrometheusHandle {
             .expect("the bucket list is not empty")
             .set_buckets_for_metric(
                 metrics_exporter_prometheus::Matcher::Full(
+                    crate::telemetry::names::HTTP_REQUEST_SECONDS.into(),
+                ),
+                crate::telemetry::HTTP_REQUEST_SECONDS_BUCKETS,
+            )
+            .expect("the bucket list is not empty")
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(
                     crate::telemetry::names::CAPACITY_WAIT_SECONDS.into(),
                 ),
                 crate::telemetry::CAPACITY_WAIT_BUCKETS,

@@ -1,5 +1,6 @@
-//! The router: every route and its handler, the server span of each request, and the head
-//! limits checked before any handler. Unknown routes and methods are problems too.
+//! The router: every route and its handler, the server span of each request, each request's
+//! latency by its route's template, and the head limits checked before any handler. Unknown
+//! routes and methods are problems too.
 
 use axum::Router;
 use axum::http::StatusCode;
@@ -59,7 +60,55 @@ pub fn router(state: ApiState) -> Router {
             HeadLimits::of(&state.settings),
             limit_headers,
         ))
+        // Outermost, so the head limits' refusals are measured too. A `Router::layer` runs
+        // after routing, around every route and the fallbacks, so the matched route's
+        // template is there to read.
+        .layer(axum::middleware::from_fn(measure_request))
         .with_state(state)
+}
+
+/// The `route` label of a request no route took (an unknown path).
+const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// Records how long the request took to answer, labelled with the template of the route that
+/// took it (axum's `MatchedPath`), never the path as sent: `/v1/replies/{task_id}` is one
+/// series, whatever the task.
+async fn measure_request(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or(UNMATCHED_ROUTE, |path| path.as_str())
+        .to_owned();
+    let method = method_label(request.method());
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    crate::telemetry::http_request(
+        &route,
+        method,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
+}
+
+/// A method as a label: HTTP's own, or `other`, so a client sending made-up methods cannot add
+/// series without bound.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "PATCH" => "PATCH",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        "CONNECT" => "CONNECT",
+        "TRACE" => "TRACE",
+        _ => "other",
+    }
 }
 
 /// Runs a routed request inside its server span and records the answer's status on it.

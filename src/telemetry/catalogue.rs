@@ -44,6 +44,7 @@ pub mod names {
     pub const LIBRDKAFKA_LOGS: &str = "replyd_librdkafka_logs_total";
     pub const API_REFUSALS: &str = "replyd_api_refusals_total";
     pub const SUBMISSIONS: &str = "replyd_api_submissions_total";
+    pub const HTTP_REQUEST_SECONDS: &str = "replyd_http_request_duration_seconds";
     pub const OUTBOX_PUBLISHED: &str = "replyd_outbox_published_total";
     pub const OUTBOX_PUBLISH_ERRORS: &str = "replyd_outbox_publish_errors_total";
     pub const OUTBOX_REFUSED: &str = "replyd_outbox_refused_total";
@@ -61,6 +62,12 @@ use names::*;
 /// Upper bounds of the provider-call latency buckets, in seconds.
 pub const PROVIDER_SECONDS_BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// Upper bounds of the API's request latency buckets, in seconds: an intake is one short
+/// transaction, so the fine buckets are under a second.
+pub const HTTP_REQUEST_SECONDS_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
 /// Upper bounds of the capacity wait buckets, in seconds.
@@ -128,6 +135,7 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
 pub const API_METRICS: &[(&str, Kind)] = &[
     (API_REFUSALS, Kind::Counter),
     (SUBMISSIONS, Kind::Counter),
+    (HTTP_REQUEST_SECONDS, Kind::Histogram),
     (QUOTA_REFUSED, Kind::Counter),
     (STORE_ERRORS, Kind::Counter),
 ];

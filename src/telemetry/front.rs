@@ -1,15 +1,34 @@
 //! Events of the front half: the API's answers and submissions, the outbox relay, the
 //! housekeeping purges and the quota's refusals and reconciliation.
 
-use metrics::{counter, gauge};
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
 
 use super::catalogue::names::*;
 use super::lines::{chain, once_a_minute, shape_of};
 
-/// An API request answered with a problem; `kind` is the problem's type.
+/// An API request answered with a problem; `kind` is the problem's type, `status` its HTTP
+/// status. Both are labels: one status covers several kinds (`rate_limited` and
+/// `quota_exceeded` are both 429), and a dashboard tells the caller's mistakes (4xx) from the
+/// service's own failures (5xx) by the status alone.
 pub fn api_refused(kind: &'static str, status: u16) {
     tracing::debug!(kind, status, "API request refused");
-    counter!(API_REFUSALS, "kind" => kind).increment(1);
+    counter!(API_REFUSALS, "kind" => kind, "status" => status.to_string()).increment(1);
+}
+
+/// An API request answered: how long until its response's head was ready (for an event
+/// stream, until the stream started), by `route`, the template of the route that took it
+/// (`/v1/replies/{task_id}`, never the path as sent, so a label per task cannot happen),
+/// `method` and `status`.
+pub fn http_request(route: &str, method: &'static str, status: u16, took: Duration) {
+    histogram!(
+        HTTP_REQUEST_SECONDS,
+        "route" => route.to_owned(),
+        "method" => method,
+        "status" => status.to_string()
+    )
+    .record(took.as_secs_f64());
 }
 
 /// A submission accepted: new work, or a replay of an earlier request with the same key.

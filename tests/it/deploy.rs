@@ -1,9 +1,12 @@
 //! What a platform team applies, checked with real tools on this machine (no Kubernetes
 //! cluster and no container engine run here): the Helm chart lints, renders for default,
-//! `serve` and production-like values, and its manifests validate against the Kubernetes
+//! `serve` and every example values file, and its manifests validate against the Kubernetes
 //! schemas offline (kubernetes-validate, strict); the settings it renders pass `replyd config
-//! check`; its contradictions are refused by name; the chart's manifests and the Dockerfile
-//! pass checkov, and the Dockerfile hadolint.
+//! check`; its contradictions are refused by name; the labels monitoring and the lag HPA
+//! select by are ones its ServiceMonitor attaches, prometheus-adapter's query for the HPA
+//! counts each partition of the installation once (promtool), and KEDA's Kafka trigger reads
+//! the settings' brokers, group and topic with the chart's Secrets; the chart's manifests and
+//! the Dockerfile pass checkov, and the Dockerfile hadolint.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -109,11 +112,16 @@ fn scratch() -> PathBuf {
     dir
 }
 
+/// The kinds of the operators the chart can render for (the Prometheus Operator's and KEDA's),
+/// which the Kubernetes schemas do not hold.
+const OPERATOR_KINDS: &[&str] = &["ServiceMonitor", "ScaledObject", "TriggerAuthentication"];
+
 #[test]
 fn the_chart_lints_and_renders_manifests_that_validate_against_the_kubernetes_schemas() {
     let helm = infra("HELM");
     let chart = chart();
-    for values in [None, Some(PRODUCTION)] {
+    let files = example_values();
+    for values in [None].into_iter().chain(files.iter().map(Some)) {
         let mut args = vec!["lint", "--strict", chart.to_str().unwrap()];
         if let Some(file) = values {
             args.extend(["-f", file]);
@@ -138,9 +146,16 @@ fn the_chart_lints_and_renders_manifests_that_validate_against_the_kubernetes_sc
             "production" => &[
                 "Deployment",
                 "PodDisruptionBudget",
-                "HorizontalPodAutoscaler",
+                "ScaledObject",
+                "TriggerAuthentication",
                 "ServiceMonitor",
                 "NetworkPolicy",
+                "Job",
+            ],
+            "prometheus-adapter-values" => &[
+                "Deployment",
+                "HorizontalPodAutoscaler",
+                "ServiceMonitor",
                 "Job",
             ],
             _ => &["Deployment", "PodDisruptionBudget", "Service", "Job"],
@@ -162,13 +177,25 @@ fn the_chart_lints_and_renders_manifests_that_validate_against_the_kubernetes_sc
             text(&out)
         );
         let report = text(&out);
-        // Every resource was checked against a schema, but the Prometheus Operator's own kind.
+        // Every resource was checked against a schema, but the operators' own kinds, which
+        // kubernetes-validate has no schema for and says so.
+        let custom: Vec<&str> = kinds
+            .iter()
+            .copied()
+            .filter(|kind| OPERATOR_KINDS.contains(kind))
+            .collect();
+        let skipped: Vec<&str> = report
+            .lines()
+            .filter_map(|line| line.split("Couldn't find schema for kind ").nth(1))
+            .filter_map(|rest| rest.split_whitespace().next())
+            .collect();
+        let mut unvalidated = custom.clone();
+        unvalidated.sort_unstable();
+        let mut skipped_sorted = skipped.clone();
+        skipped_sorted.sort_unstable();
+        assert_eq!(skipped_sorted, unvalidated, "{name}: {report}");
         let passed = report.matches(" passed for resource ").count();
-        assert_eq!(
-            passed + usize::from(name == "production"),
-            kinds.len(),
-            "{name}: {report}"
-        );
+        assert_eq!(passed + custom.len(), kinds.len(), "{name}: {report}");
     }
 }
 
@@ -248,6 +275,37 @@ fn the_chart_refuses_contradictions_by_the_value_s_name() {
                 "worker.autoscaling.maxReplicas=9",
             ],
             "worker.autoscaling.maxReplicas: 9 is above partitions (6)",
+        ),
+        (
+            vec![
+                "worker.autoscaling.enabled=true",
+                "worker.autoscaling.source=hpa",
+            ],
+            "worker.autoscaling.source: \"hpa\" is neither \"keda\" nor \"prometheus-adapter\"",
+        ),
+        (
+            vec![
+                "worker.autoscaling.enabled=true",
+                "worker.autoscaling.targetLagPerReplica=1k",
+            ],
+            "worker.autoscaling.targetLagPerReplica: \"1k\" is not a whole number",
+        ),
+        (
+            vec![
+                "worker.autoscaling.enabled=true",
+                "settings.kafka.security.protocol=sasl_ssl",
+            ],
+            "secrets.kafkaSaslPassword.name: settings.kafka.security uses SASL, and KEDA's Kafka \
+             scaler reads the password from this Secret",
+        ),
+        (
+            vec![
+                "worker.autoscaling.enabled=true",
+                "settings.kafka.security.protocol=ssl",
+                "settings.kafka.security.ca_file=/etc/replyd/tls/kafka-ca.pem",
+            ],
+            "worker.autoscaling.keda.caSecret.name: settings.kafka.security.ca_file \
+             (/etc/replyd/tls/kafka-ca.pem) is a file in replyd's pods",
         ),
         (vec!["mode=both"], "mode: \"both\" is neither"),
         (
@@ -439,10 +497,8 @@ struct Manifest {
 }
 
 fn manifests_of(rendered: &str) -> Vec<Manifest> {
-    use serde::Deserialize as _;
-    yaml_serde::Deserializer::from_str(rendered)
-        .map(|doc| yaml_serde::Value::deserialize(doc).expect("rendered YAML parses"))
-        .filter(|doc| !doc.is_null())
+    documents(rendered)
+        .into_iter()
         .map(|doc| {
             let str_at = |path: &[&str]| -> Option<String> {
                 let mut at = &doc;
@@ -584,14 +640,6 @@ fn object<'a>(docs: &'a [yaml_serde::Value], kind: &str, name: &str) -> &'a yaml
         .unwrap_or_else(|| panic!("no {kind}/{name}"))
 }
 
-fn documents(rendered: &str) -> Vec<yaml_serde::Value> {
-    use serde::Deserialize as _;
-    yaml_serde::Deserializer::from_str(rendered)
-        .map(|doc| yaml_serde::Value::deserialize(doc).unwrap())
-        .filter(|doc| !doc.is_null())
-        .collect()
-}
-
 #[test]
 fn the_topics_are_made_by_a_hook_job_before_the_workers_or_as_strimzi_resources() {
     // By default, a hook Job runs `replyd topics ensure` with the chart's partition count and
@@ -674,12 +722,20 @@ fn the_topics_are_made_by_a_hook_job_before_the_workers_or_as_strimzi_resources(
 
 #[test]
 fn with_static_membership_the_workers_are_a_stateful_set_named_by_their_pods() {
-    let out = render(
-        &[],
-        &["staticMembership=true", "worker.autoscaling.enabled=true"],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let rendered = String::from_utf8(out.stdout).unwrap();
+    let static_with = |source: &str| {
+        let source = format!("worker.autoscaling.source={source}");
+        let out = render(
+            &[],
+            &[
+                "staticMembership=true",
+                "worker.autoscaling.enabled=true",
+                &source,
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let rendered = static_with("prometheus-adapter");
     let docs = documents(&rendered);
     let workers = object(&docs, "StatefulSet", "replyd-worker");
     assert_eq!(
@@ -697,12 +753,18 @@ fn with_static_membership_the_workers_are_a_stateful_set_named_by_their_pods() {
         instance["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
         Some("metadata.name")
     );
-    // The API and the relay stay Deployments; the autoscaler scales the StatefulSet.
+    // The API and the relay stay Deployments; either autoscaler scales the StatefulSet.
     object(&docs, "Deployment", "replyd-api");
-    let target = &docs
-        .iter()
-        .find(|d| d["kind"].as_str() == Some("HorizontalPodAutoscaler"))
-        .expect("an autoscaler")["spec"]["scaleTargetRef"];
+    let target_of = |docs: &[yaml_serde::Value], kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"].as_str() == Some(kind))
+            .unwrap_or_else(|| panic!("a {kind}"))["spec"]["scaleTargetRef"]
+            .clone()
+    };
+    let target = target_of(&docs, "HorizontalPodAutoscaler");
+    assert_eq!(target["kind"].as_str(), Some("StatefulSet"));
+    assert_eq!(target["name"].as_str(), Some("replyd-worker"));
+    let target = target_of(&documents(&static_with("keda")), "ScaledObject");
     assert_eq!(target["kind"].as_str(), Some("StatefulSet"));
     assert_eq!(target["name"].as_str(), Some("replyd-worker"));
     // It validates against the Kubernetes schemas, and installs in Helm's order.
@@ -788,4 +850,367 @@ fn every_rendering_installs_in_helm_s_order() {
             "{name}"
         );
     }
+}
+
+// Scaling on the consumer group's lag, and the labels monitoring selects by.
+
+/// The example values file that scales through prometheus-adapter instead of KEDA.
+const ADAPTER: &str = "deploy/helm/replyd/ci/prometheus-adapter-values.yaml";
+
+/// Every object of a rendering.
+fn documents(rendered: &str) -> Vec<yaml_serde::Value> {
+    use serde::Deserialize as _;
+    yaml_serde::Deserializer::from_str(rendered)
+        .map(|doc| yaml_serde::Value::deserialize(doc).expect("rendered YAML parses"))
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+/// The objects of `kind` in a rendering.
+fn of_kind<'a>(docs: &'a [yaml_serde::Value], kind: &str) -> Vec<&'a yaml_serde::Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+/// `helm template` of `values` files and `set` pairs, which must succeed, as objects.
+fn rendered(values: &[&str], set: &[&str]) -> Vec<yaml_serde::Value> {
+    let out = render(values, set);
+    assert!(out.status.success(), "{values:?} {set:?}: {}", text(&out));
+    documents(&String::from_utf8(out.stdout).unwrap())
+}
+
+fn str_of(value: &yaml_serde::Value) -> &str {
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("a string: {value:?}"))
+}
+
+/// A Kubernetes label as Prometheus names it on a target (`app.kubernetes.io/instance` →
+/// `app_kubernetes_io_instance`): every character outside `[a-zA-Z0-9_]` becomes `_`.
+fn prometheus_label(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// The labels of the Prometheus Operator's targets for the Service of `component`, as the
+/// rendered ServiceMonitor makes them: `job` (the Service's name), `namespace`, and the
+/// Service's labels its `targetLabels` copy and the pods' labels its `podTargetLabels` copy.
+fn target_labels(docs: &[yaml_serde::Value], component: &str) -> Vec<(String, String)> {
+    let [monitor] = of_kind(docs, "ServiceMonitor")[..] else {
+        panic!("one ServiceMonitor");
+    };
+    let service = of_kind(docs, "Service")
+        .into_iter()
+        .find(|s| s["metadata"]["labels"]["app.kubernetes.io/component"] == component)
+        .unwrap_or_else(|| panic!("a Service of {component}"));
+    let selected = monitor["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .expect("the ServiceMonitor selects by labels")
+        .iter()
+        .all(|(k, v)| service["metadata"]["labels"][str_of(k)] == *v);
+    assert!(
+        selected,
+        "the ServiceMonitor selects the {component} Service"
+    );
+    let port = monitor["spec"]["endpoints"][0]["port"].clone();
+    assert!(
+        service["spec"]["ports"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == port),
+        "the {component} Service has the port {port:?}"
+    );
+    let pods = of_kind(docs, "Deployment")
+        .into_iter()
+        .find(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == component)
+        .map(|d| d["spec"]["template"]["metadata"]["labels"].clone())
+        .unwrap_or_else(|| panic!("a Deployment of {component}"));
+    let mut labels = vec![
+        (
+            "job".to_owned(),
+            str_of(&service["metadata"]["name"]).to_owned(),
+        ),
+        (
+            "namespace".to_owned(),
+            str_of(&service["metadata"]["namespace"]).to_owned(),
+        ),
+    ];
+    for (list, from) in [
+        ("targetLabels", &service["metadata"]["labels"]),
+        ("podTargetLabels", &pods),
+    ] {
+        for label in monitor["spec"][list].as_sequence().into_iter().flatten() {
+            if let Some(value) = from[str_of(label)].as_str() {
+                labels.push((prometheus_label(str_of(label)), value.to_owned()));
+            }
+        }
+    }
+    labels
+}
+
+/// Every `app_kubernetes_io_*` label a text selects by.
+fn kubernetes_labels_in(text: &str) -> std::collections::BTreeSet<String> {
+    let mut labels = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("app_kubernetes_io_") {
+        let label: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[at + label.len()..];
+        labels.insert(label);
+    }
+    labels
+}
+
+#[test]
+fn the_service_monitor_attaches_every_label_the_dashboard_the_alerts_and_the_hpa_select_by() {
+    for (name, docs) in [
+        ("production (keda)", rendered(&[PRODUCTION], &[])),
+        ("prometheus-adapter", rendered(&[ADAPTER], &[])),
+    ] {
+        let attached: Vec<(String, String)> = ["worker", "api", "relay"]
+            .into_iter()
+            .flat_map(|component| target_labels(&docs, component))
+            .collect();
+        let names: std::collections::BTreeSet<&str> =
+            attached.iter().map(|(label, _)| label.as_str()).collect();
+        for file in [
+            "deploy/grafana/replyd-dashboard.json",
+            "deploy/prometheus/replyd-alerts.yml",
+            "deploy/prometheus/adapter-rules.yaml",
+        ] {
+            let text = std::fs::read_to_string(root().join(file)).unwrap();
+            for label in kubernetes_labels_in(&text) {
+                assert!(
+                    names.contains(label.as_str()),
+                    "{name}: {file} selects by {label}, which the ServiceMonitor does not \
+                     attach (it attaches {names:?})"
+                );
+            }
+        }
+        // The worker's targets carry the instance the HPA selects, with the release's name.
+        for hpa in of_kind(&docs, "HorizontalPodAutoscaler") {
+            let selector = &hpa["spec"]["metrics"][0]["external"]["metric"]["selector"];
+            for (label, value) in selector["matchLabels"].as_mapping().unwrap() {
+                let attached = target_labels(&docs, "worker")
+                    .into_iter()
+                    .any(|(l, v)| l == str_of(label) && v == str_of(value));
+                assert!(
+                    attached,
+                    "{name}: the HPA selects {label:?}={value:?}, which no worker target has"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_adapter_s_lag_for_the_chart_s_hpa_sums_each_partition_of_its_installation_once() {
+    let docs = rendered(&[ADAPTER], &[]);
+    let [hpa] = of_kind(&docs, "HorizontalPodAutoscaler")[..] else {
+        panic!("one HPA with prometheus-adapter");
+    };
+    assert!(
+        of_kind(&docs, "ScaledObject").is_empty(),
+        "KEDA's own HPA would fight the chart's"
+    );
+    let metric = &hpa["spec"]["metrics"][0]["external"]["metric"];
+    let name = str_of(&metric["name"]);
+    let rules: yaml_serde::Value = yaml_serde::from_str(
+        &std::fs::read_to_string(root().join("deploy/prometheus/adapter-rules.yaml")).unwrap(),
+    )
+    .unwrap();
+    let rule = rules["externalRules"]
+        .as_sequence()
+        .expect("external rules")
+        .iter()
+        .find(|r| {
+            r["name"]["as"]
+                .as_str()
+                .unwrap_or_else(|| str_of(&r["seriesQuery"]).split('{').next().unwrap())
+                == name
+        })
+        .unwrap_or_else(|| panic!("an external rule serves {name}"));
+    assert_eq!(
+        rule["resources"]["overrides"]["namespace"]["resource"], "namespace",
+        "the HPA's namespace selects the series"
+    );
+    // The query as the adapter sends it for this HPA: the series, and as matchers the HPA's
+    // selector and its namespace.
+    let namespace = str_of(&hpa["metadata"]["namespace"]);
+    let mut matchers: Vec<String> = metric["selector"]["matchLabels"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| format!("{}=\"{}\"", str_of(k), str_of(v)))
+        .collect();
+    matchers.push(format!("namespace=\"{namespace}\""));
+    let query = str_of(&rule["metricsQuery"])
+        .replace("<<.Series>>", name)
+        .replace("<<.LabelMatchers>>", &matchers.join(","));
+
+    // Two workers of this installation, as the ServiceMonitor labels their series: partition
+    // 0 moved from a to b, and a still reports its lag of before the move until its next
+    // statistics; another installation in the same namespace, which must not count.
+    let labels = target_labels(&docs, "worker");
+    let series = |pod: &str, partition: u32, instance: &str| {
+        let mut all: Vec<String> = labels
+            .iter()
+            .map(|(label, value)| {
+                let value = if label == "app_kubernetes_io_instance" {
+                    instance
+                } else {
+                    value
+                };
+                format!("{label}=\"{value}\"")
+            })
+            .collect();
+        all.push(format!("pod=\"{pod}\""));
+        all.push(format!("partition=\"{partition}\""));
+        format!("{name}{{{}}}", all.join(","))
+    };
+    let release = labels
+        .iter()
+        .find(|(label, _)| label == "app_kubernetes_io_instance")
+        .map(|(_, value)| value.clone())
+        .expect("the worker's targets carry the release");
+    let input = [
+        (series("worker-a", 0, &release), 80),
+        (series("worker-a", 1, &release), 200),
+        (series("worker-b", 0, &release), 100),
+        (series("worker-b", 2, &release), 300),
+        (series("other-worker", 0, "other"), 5000),
+    ];
+    let test = format!(
+        "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{}\n    promql_expr_test:\n      - expr: 'count({})'\n        eval_time: 2m\n        exp_samples:\n          - labels: '{{}}'\n            value: 5\n      - expr: '{}'\n        eval_time: 2m\n        exp_samples:\n          - labels: '{{app_kubernetes_io_instance=\"{release}\"}}'\n            value: 600\n",
+        input
+            .iter()
+            .map(|(s, v)| format!("      - series: '{s}'\n        values: '{v}x5'"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        str_of(&rule["seriesQuery"]),
+        query,
+    );
+    let file = scratch().join("adapter.test.yml");
+    std::fs::write(&file, &test).unwrap();
+    let out = run(
+        &infra("PROMTOOL"),
+        &["test", "rules", file.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}\n{test}", text(&out));
+}
+
+#[test]
+fn keda_reads_the_lag_from_the_brokers_the_group_and_the_topic_the_settings_name() {
+    let docs = rendered(&[PRODUCTION], &[]);
+    let values: yaml_serde::Value =
+        yaml_serde::from_str(&std::fs::read_to_string(root().join(PRODUCTION)).unwrap()).unwrap();
+    let kafka = &values["settings"]["kafka"];
+    let scaling = &values["worker"]["autoscaling"];
+    assert!(
+        of_kind(&docs, "HorizontalPodAutoscaler").is_empty(),
+        "KEDA makes the HPA; a second one would fight it"
+    );
+    let [scaled] = of_kind(&docs, "ScaledObject")[..] else {
+        panic!("one ScaledObject");
+    };
+    let spec = &scaled["spec"];
+    let worker = of_kind(&docs, "Deployment")
+        .into_iter()
+        .find(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker")
+        .unwrap();
+    assert_eq!(spec["scaleTargetRef"]["name"], worker["metadata"]["name"]);
+    assert!(
+        worker["spec"].get("replicas").is_none(),
+        "the Deployment leaves its replicas to the scaler"
+    );
+    assert_eq!(spec["minReplicaCount"], scaling["minReplicas"]);
+    assert_eq!(spec["maxReplicaCount"], scaling["maxReplicas"]);
+    let [trigger] = &spec["triggers"].as_sequence().unwrap()[..] else {
+        panic!("one trigger");
+    };
+    assert_eq!(trigger["type"], "kafka");
+    let metadata = &trigger["metadata"];
+    assert_eq!(metadata["bootstrapServers"], kafka["bootstrap_servers"]);
+    assert_eq!(metadata["consumerGroup"], kafka["group_id"]);
+    assert_eq!(metadata["topic"], kafka["topic"]);
+    assert_eq!(metadata["lagThreshold"], scaling["targetLagPerReplica"]);
+    // replyd starts a partition without a committed offset from its beginning.
+    assert_eq!(metadata["offsetResetPolicy"], "earliest");
+
+    // SASL_SSL with SCRAM-SHA-512 and a private CA: the scaler authenticates as the workers
+    // do, from the chart's Secrets.
+    let auth_name = &trigger["authenticationRef"]["name"];
+    let [auth] = of_kind(&docs, "TriggerAuthentication")[..] else {
+        panic!("one TriggerAuthentication");
+    };
+    assert_eq!(&auth["metadata"]["name"], auth_name);
+    let refs = |list: &str| -> Vec<(String, String, String)> {
+        auth["spec"][list]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                (
+                    str_of(&r["parameter"]).to_owned(),
+                    str_of(&r["name"]).to_owned(),
+                    str_of(&r["key"]).to_owned(),
+                )
+            })
+            .collect()
+    };
+    let password = &values["secrets"]["kafkaSaslPassword"];
+    let ca = &scaling["keda"]["caSecret"];
+    assert_eq!(
+        refs("secretTargetRef"),
+        vec![
+            (
+                "password".to_owned(),
+                str_of(&password["name"]).to_owned(),
+                str_of(&password["key"]).to_owned()
+            ),
+            (
+                "ca".to_owned(),
+                str_of(&ca["name"]).to_owned(),
+                str_of(&ca["key"]).to_owned()
+            ),
+        ]
+    );
+    let plain = refs("configMapTargetRef");
+    let from_config_map = |parameter: &str| {
+        let (_, map, key) = plain
+            .iter()
+            .find(|(p, _, _)| p == parameter)
+            .unwrap_or_else(|| panic!("{parameter} from a ConfigMap: {plain:?}"));
+        let map = of_kind(&docs, "ConfigMap")
+            .into_iter()
+            .find(|c| c["metadata"]["name"] == map.as_str())
+            .unwrap_or_else(|| panic!("the chart renders ConfigMap {map}"));
+        str_of(&map["data"][key.as_str()]).to_owned()
+    };
+    assert_eq!(from_config_map("sasl"), "scram_sha512");
+    assert_eq!(
+        from_config_map("username"),
+        str_of(&kafka["security"]["sasl_username"])
+    );
+    assert_eq!(from_config_map("tls"), "enable");
+
+    // Plaintext brokers (the default settings): nothing to authenticate with.
+    let docs = rendered(&[], &["worker.autoscaling.enabled=true"]);
+    let [scaled] = of_kind(&docs, "ScaledObject")[..] else {
+        panic!("one ScaledObject by default");
+    };
+    assert!(
+        scaled["spec"]["triggers"][0]
+            .get("authenticationRef")
+            .is_none()
+    );
+    assert!(of_kind(&docs, "TriggerAuthentication").is_empty());
+    assert_eq!(
+        scaled["spec"]["triggers"][0]["metadata"]["bootstrapServers"],
+        "kafka:9092"
+    );
 }

@@ -82,13 +82,63 @@ to itself at start, where a pod would otherwise crash-loop.
 {{- if gt (int .Values.worker.replicas) (int .Values.partitions) -}}
 {{- fail (printf "worker.replicas: %d is above partitions (%d): the extra workers would own no partition" (int .Values.worker.replicas) (int .Values.partitions)) -}}
 {{- end -}}
-{{- if and .Values.worker.autoscaling.enabled (gt (int .Values.worker.autoscaling.maxReplicas) (int .Values.partitions)) -}}
-{{- fail (printf "worker.autoscaling.maxReplicas: %d is above partitions (%d)" (int .Values.worker.autoscaling.maxReplicas) (int .Values.partitions)) -}}
+{{- with .Values.worker.autoscaling -}}
+{{- if .enabled -}}
+{{- if gt (int .maxReplicas) (int $.Values.partitions) -}}
+{{- fail (printf "worker.autoscaling.maxReplicas: %d is above partitions (%d)" (int .maxReplicas) (int $.Values.partitions)) -}}
+{{- end -}}
+{{- if not (has .source (list "keda" "prometheus-adapter")) -}}
+{{- fail (printf "worker.autoscaling.source: %q is neither \"keda\" nor \"prometheus-adapter\"" .source) -}}
+{{- end -}}
+{{- if not (regexMatch "^[1-9][0-9]*$" (toString .targetLagPerReplica)) -}}
+{{- fail (printf "worker.autoscaling.targetLagPerReplica: %q is not a whole number of records above 0" (toString .targetLagPerReplica)) -}}
+{{- end -}}
+{{- if eq .source "keda" -}}
+{{- $security := include "replyd.kafkaSecurity" $ | fromYaml -}}
+{{- if and $security.sasl (not $.Values.secrets.kafkaSaslPassword.name) -}}
+{{- fail "secrets.kafkaSaslPassword.name: settings.kafka.security uses SASL, and KEDA's Kafka scaler reads the password from this Secret" -}}
+{{- end -}}
+{{- if and $security.tls $security.caFile (not .keda.caSecret.name) -}}
+{{- fail (printf "worker.autoscaling.keda.caSecret.name: settings.kafka.security.ca_file (%s) is a file in replyd's pods; KEDA's Kafka scaler reads the CA from a Secret: name it here" $security.caFile) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- $traces := .Values.traces.endpoint | default "" -}}
 {{- if and $traces (not (regexMatch "^https?://[^/:]+" $traces)) -}}
 {{- fail (printf "traces.endpoint: %q is not http(s)://host[:port]; replyd exports OTLP over HTTP (the collector's port 4318)" $traces) -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+What settings.kafka.security asks of a Kafka client, as KEDA's Kafka scaler names it (YAML, read
+back with fromYaml): `sasl` (plaintext, scram_sha256, scram_sha512; empty without SASL), `tls`
+(true or false), `caFile` and `username`. replyd's defaults where a setting is absent:
+plaintext, and SCRAM-SHA-512 once SASL is on.
+*/}}
+{{- define "replyd.kafkaSecurity" -}}
+{{- $security := (.Values.settings.kafka | default dict).security | default dict -}}
+{{- $protocol := $security.protocol | default "plaintext" -}}
+{{- $mechanisms := dict "SCRAM-SHA-512" "scram_sha512" "SCRAM-SHA-256" "scram_sha256" "PLAIN" "plaintext" -}}
+{{- $mechanism := $security.sasl_mechanism | default "SCRAM-SHA-512" -}}
+{{- if not (hasKey $mechanisms $mechanism) -}}
+{{- fail (printf "settings.kafka.security.sasl_mechanism: %q is none of SCRAM-SHA-512, SCRAM-SHA-256, PLAIN" $mechanism) -}}
+{{- end }}
+sasl: {{ if has $protocol (list "sasl_plaintext" "sasl_ssl") }}{{ index $mechanisms $mechanism }}{{ end }}
+tls: {{ has $protocol (list "ssl" "sasl_ssl") }}
+caFile: {{ $security.ca_file | default "" | quote }}
+username: {{ $security.sasl_username | default "" | quote }}
+{{- end -}}
+
+{{/* How the worker's replicas scale down: every step is a rebalance, so add quickly and
+remove slowly. The HPA's `behavior`, and KEDA's for the HPA it makes. */}}
+{{- define "replyd.scalingBehavior" -}}
+scaleDown:
+  stabilizationWindowSeconds: 600
+  policies:
+    - type: Pods
+      value: 1
+      periodSeconds: 120
 {{- end -}}
 
 {{/* The environment of every replyd container: settings file, secrets, traces, extras. */}}
