@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-capacity chaos fuzz
+.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-capacity chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -88,6 +88,10 @@ bench-api:
 ## faults: admitted, 429s, charged, released, reconciled, unsettled, double charges.
 bench-quota:
 	bash deploy/bench-quota.sh 1000 800
+
+## bench-check: replyd check's peak memory and time over 10k, 100k and 1M tasks and records.
+bench-check:
+	bash deploy/bench-check.sh 10000 100000 1000000
 
 ## bench-capacity: 2,000 tasks at once, two workers, against a mock limited like a hosted API
 ## (3,000 RPM, 64 at once): completed, failed, replies/s against the limit, refusals.

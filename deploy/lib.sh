@@ -78,7 +78,7 @@ write_settings() {
       "kafka.bootstrap_servers=\"$KAFKA_BOOTSTRAP\"" \
       "kafka.topic=\"$topic\"" \
       "kafka.group_id=\"$topic\"" \
-      "provider.base_url=\"${mock_url:-}\"" \
+      "provider.base_url=${mock_url:+\"$mock_url\"}" \
       'api.listen="127.0.0.1:0"' \
       'observability.listen="127.0.0.1:0"'
     printf '%s\n' "$@"
