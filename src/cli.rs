@@ -47,6 +47,9 @@ pub enum Command {
     /// start.
     #[command(subcommand)]
     Topics(TopicsCommand),
+    /// Send dead-lettered records back to the task topic once what refused them is fixed.
+    #[command(subcommand)]
+    DeadLetters(DeadLettersCommand),
     /// Apply the database migrations (database.url) and exit.
     Migrate,
     /// Ask this machine's replyd process whether it is alive (`/healthz` on
@@ -81,6 +84,35 @@ pub enum Command {
     /// Set or show a workspace's generation quota.
     #[command(subcommand)]
     Quota(QuotaCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadLettersCommand {
+    /// Replays the copies on kafka.dead_letter_topic (up to its end now) to kafka.topic: the
+    /// original key, value and producer headers. The worker judges each again; one still bad
+    /// is dead-lettered again, one whose task exists is answered from it.
+    #[command(
+        after_help = "Exit codes: 0 replayed (or, with --dry-run, counted); 1 could not read or send."
+    )]
+    Replay {
+        /// Only copies refused for this kind (`prompt_too_large`, `missing_field`,
+        /// `invalid_field`, `undecodable`, `unknown_schema_version`, `empty_record`);
+        /// repeatable. Every kind when not given.
+        #[arg(long = "kind")]
+        kinds: Vec<String>,
+        /// Only copies made at or after this time (RFC 3339, e.g. 2026-12-02T09:00:00Z).
+        #[arg(long)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// A record replayed this often already is left where it is.
+        #[arg(long, default_value_t = 3)]
+        max_replays: u32,
+        /// Count what would be replayed; send nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -9,6 +9,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod connect_retry;
+pub mod dead_letters;
 pub mod housekeeping;
 pub mod inspect;
 pub mod kafka;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 
-use replyd::cli::{Cli, Command, ConfigCommand, TopicsCommand};
+use replyd::cli::{Cli, Command, ConfigCommand, DeadLettersCommand, TopicsCommand};
 use replyd::config::{ConfigError, Settings};
 use replyd::serve::{self, Parts};
 
@@ -100,6 +100,26 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 } else {
                     println!("{report}");
                 }
+            }
+        }
+        Command::DeadLetters(DeadLettersCommand::Replay {
+            kinds,
+            since,
+            max_replays,
+            dry_run,
+            json,
+        }) => {
+            let filter = replyd::dead_letters::ReplayFilter {
+                kinds,
+                since,
+                max_replays,
+                dry_run,
+            };
+            let report = replyd::dead_letters::replay(&settings()?, &filter).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!("{report}");
             }
         }
         Command::Migrate => {

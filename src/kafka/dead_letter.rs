@@ -18,6 +18,9 @@ pub mod headers {
     pub const SOURCE_OFFSET: &str = "replyd.source.offset";
     pub const ERROR_KIND: &str = "replyd.error.kind";
     pub const ERROR_REASON: &str = "replyd.error.reason";
+    /// How often the record was sent back from the dead-letter topic (`replyd dead-letters
+    /// replay`); kept on the record, so a copy of a replayed record carries it.
+    pub const REPLAYS: &str = "replyd.replays";
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -38,3 +38,7 @@ impl rdkafka::ClientContext for KafkaLogs {
         crate::telemetry::kafka_client_error(&error, reason);
     }
 }
+
+/// For the one-shot readers (`replyd dead-letters replay`): their own offsets are never
+/// committed, so the consumer callbacks' defaults do.
+impl rdkafka::consumer::ConsumerContext for KafkaLogs {}

@@ -825,6 +825,88 @@ async fn config_check_connect_reaches_every_part_and_names_each_that_does_not_an
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_replayed_after_the_fix_become_one_reply_each_and_bad_ones_come_back() {
+    // A worker whose prompt limit is too tight dead-letters a good task; a broken producer's
+    // record is dead-lettered too.
+    let config = WorkerConfig {
+        max_prompt_bytes: 1_000,
+        ..WorkerConfig::default()
+    };
+    let mut app = TestApp::start(1, mock(10), config).await;
+    let mut large = crate::helpers::task_spec(3);
+    large.request.messages[0].content = "word ".repeat(400);
+    let small = crate::helpers::task_spec(3);
+    app.produce_tasks(&[large.clone(), small.clone()], 1).await;
+    let (_, malformed) = replyd_lab::produce::malformed_record(1);
+    app.produce_raw(&[("conv-bad".into(), malformed)]).await;
+    app.spawn_worker("w1");
+    app.wait_until_terminal(&[small.task_id], LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let report = app.check().await;
+    assert_eq!((report.dead_lettered, report.tasks), (2, 1), "{report:#?}");
+
+    // The limit is raised (for the worker and for the checker, which judges records by the
+    // worker's rules); the operator replays what it refused, and only that.
+    app.terminate("w1").await;
+    app.config.max_prompt_bytes = 262_144;
+    app.spawn_worker("w1");
+    let replay = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+            .args(["dead-letters", "replay", "--json", "--config"])
+            .arg(app.settings_file())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let dry = replay(&["--kind", "prompt_too_large", "--dry-run"]);
+    assert_eq!(dry["replayed"]["prompt_too_large"], 1, "{dry}");
+    let done = replay(&["--kind", "prompt_too_large"]);
+    assert_eq!(
+        (done["read"].as_u64(), done["not_selected"].as_u64()),
+        (Some(2), Some(1)),
+        "{done}"
+    );
+    app.wait_until_terminal(&[large.task_id], LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!((report.tasks, report.completed), (2, 2), "{report:#?}");
+    assert_eq!(report.mock_generations, Some(2), "{report:#?}");
+
+    // Everything again: the malformed record is still bad and comes back; the large task's
+    // record is answered from its saved reply, with no second generation.
+    let all = replay(&[]);
+    assert_eq!(
+        all["replayed"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_u64().unwrap())
+            .sum::<u64>(),
+        2,
+        "{all}"
+    );
+    app.wait_until_committed_to_end(LIMIT).await;
+    wait_until("the bad record is dead-lettered again", LIMIT, || async {
+        app.check().await.dead_lettered == 3
+    })
+    .await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!((report.tasks, report.completed), (2, 2), "{report:#?}");
+    assert_eq!(report.mock_generations, Some(2), "{report:#?}");
+    // Its copy says it was replayed once; with --max-replays 1 it is left where it is.
+    let capped = replay(&["--kind", "missing_field", "--max-replays", "1", "--dry-run"]);
+    assert_eq!(capped["exhausted"], 1, "{capped}");
+}
+
 /// Rebalance lines a worker logged (each assignment and revocation it saw).
 fn rebalances_in(log: &str) -> usize {
     log.lines()
