@@ -47,6 +47,9 @@ pub enum Command {
     /// start.
     #[command(subcommand)]
     Topics(TopicsCommand),
+    /// Work on tasks: retry failed ones.
+    #[command(subcommand)]
+    Tasks(TasksCommand),
     /// Send dead-lettered records back to the task topic once what refused them is fixed.
     #[command(subcommand)]
     DeadLetters(DeadLettersCommand),
@@ -84,6 +87,43 @@ pub enum Command {
     /// Set or show a workspace's generation quota.
     #[command(subcommand)]
     Quota(QuotaCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TasksCommand {
+    /// Runs failed tasks again as new tasks (the same request, a new attempt budget), after
+    /// what failed them is over (a provider outage). Each failed task is retried once
+    /// however often this runs; a new task is admitted by its workspace's quota like new work
+    /// and handed to the workers by the relay. The failed tasks stay failed, with their history.
+    #[command(
+        after_help = "Exit codes: 0 done (or, with --dry-run, counted); 1 could not read or write."
+    )]
+    Retry {
+        /// Only this workspace's.
+        #[arg(long)]
+        workspace: Option<String>,
+        /// Only tasks that failed at or after this time (RFC 3339).
+        #[arg(long)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// Only tasks that failed before this time (RFC 3339).
+        #[arg(long)]
+        until: Option<chrono::DateTime<chrono::Utc>>,
+        /// Only tasks whose failure reason contains this text (e.g. `status 503`).
+        #[arg(long)]
+        reason_contains: Option<String>,
+        /// At most this many, the oldest failure first.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
+        limit: i64,
+        /// The new tasks' attempt budget; the failed task's when not given.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        max_attempts: Option<u32>,
+        /// Count what would be retried; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -18,6 +18,7 @@ pub mod provider;
 pub mod reach;
 pub mod reconcile;
 pub mod relay;
+pub mod retries;
 pub mod serve;
 pub mod store;
 pub mod telemetry;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 
-use replyd::cli::{Cli, Command, ConfigCommand, DeadLettersCommand, TopicsCommand};
+use replyd::cli::{Cli, Command, ConfigCommand, DeadLettersCommand, TasksCommand, TopicsCommand};
 use replyd::config::{ConfigError, Settings};
 use replyd::serve::{self, Parts};
 
@@ -100,6 +100,31 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 } else {
                     println!("{report}");
                 }
+            }
+        }
+        Command::Tasks(TasksCommand::Retry {
+            workspace,
+            since,
+            until,
+            reason_contains,
+            limit,
+            max_attempts,
+            dry_run,
+            json,
+        }) => {
+            let selection = replyd::store::retries::RetrySelection {
+                workspace,
+                since,
+                until,
+                reason_contains,
+                limit,
+            };
+            let report =
+                replyd::retries::run(&settings()?, &selection, max_attempts, dry_run).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!("{report}");
             }
         }
         Command::DeadLetters(DeadLettersCommand::Replay {

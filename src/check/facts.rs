@@ -344,7 +344,8 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
     )
     .await?;
     // I6, from the intake's own tables: one task per submission (a message's create_reply
-    // tasks), one outbox row per API-created task, and every row published after a drain.
+    // tasks), one outbox row per API-created task and per retry of a failed task, and every
+    // row published after a drain.
     let duplicate_tasks = count(
         "SELECT count(*) FROM (SELECT t.message_id FROM reply_tasks t \
          JOIN idempotency_keys k ON k.task_id = t.task_id AND k.operation = 'create_reply' \
@@ -357,7 +358,9 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
     let retention = settings.relay.retention().as_secs_f64();
     let tasks_without_one_outbox_row: i64 = client
         .query_one(
-            "SELECT count(*) FROM idempotency_keys k, \
+            "SELECT count(*) FROM (SELECT task_id, created_at FROM idempotency_keys \
+                                   UNION ALL SELECT task_id, created_at FROM reply_tasks \
+                                   WHERE retry_of IS NOT NULL) k, \
              LATERAL (SELECT count(*) AS n FROM outbox o WHERE o.task_id = k.task_id) o \
              WHERE o.n > 1 OR (o.n = 0 AND k.created_at > clock_timestamp() - make_interval(secs => $1))",
             &[&retention],

@@ -87,7 +87,7 @@ pub fn verdict(facts: Facts) -> Report {
     }
     if report.duplicate_tasks > 0 || report.tasks_without_one_outbox_row > 0 {
         report.violations.push(
-            "I6 one logical request: a submission with more than one task, or an API task without exactly one outbox row"
+            "I6 one logical request: a submission with more than one task, or an API task or a retry without exactly one outbox row"
                 .into(),
         );
     }

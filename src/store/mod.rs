@@ -32,6 +32,7 @@ pub mod migrate;
 pub mod outbox;
 pub mod quota;
 mod renewals;
+pub mod retries;
 mod rows;
 mod sessions;
 mod settings;

@@ -23,8 +23,9 @@ use replyd_core::quota::{
 /// workspace, and the condition is evaluated again on the locked row, so two requests cannot
 /// both take the last unit (or token). Only a submission whose key this transaction has just
 /// written is admitted: a replay (the key was there) never touches the counter row, so it
-/// neither waits on that lock nor holds it. No row returned: refused or a replay, nothing
-/// changed.
+/// neither waits on that lock nor holds it. A retry of a failed task (`replyd tasks retry`)
+/// has no key: it is admitted as operation `retry`, keyed by the failed task's id, when the
+/// task is the retry of that one. No row returned: refused or a replay, nothing changed.
 /// `$1` workspace, `$2` task, `$3` operation, `$4` key, `$6` TTL in seconds, `$7` whether a
 /// failure is charged, `$8` the request's token ceiling.
 pub(crate) const ADMIT: &str = "WITH now AS (SELECT clock_timestamp() AS at), \
@@ -38,8 +39,10 @@ pub(crate) const ADMIT: &str = "WITH now AS (SELECT clock_timestamp() AS at), \
               reserved = q.reserved + 1, tokens_reserved = q.tokens_reserved + $8, updated_at = now.at \
          FROM now \
         WHERE q.workspace_id = $1 \
-          AND EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.workspace_id = $1 \
-                      AND k.operation = $3 AND k.idempotency_key = $4 AND k.task_id = $2) \
+          AND (EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.workspace_id = $1 \
+                       AND k.operation = $3 AND k.idempotency_key = $4 AND k.task_id = $2) \
+               OR EXISTS (SELECT 1 FROM reply_tasks r WHERE r.task_id = $2 \
+                          AND $3 = 'retry' AND r.retry_of::text = $4)) \
           AND (q.generation_limit IS NULL OR \
               CASE WHEN replyd_quota_window(q.window_start, q.period_seconds, now.at) = q.window_start \
                    THEN q.used ELSE 0 END + CASE WHEN $5 THEN q.reserved ELSE 0 END < q.generation_limit) \

@@ -979,3 +979,93 @@ async fn a_record_the_broker_refuses_fails_its_task_and_holds_back_nothing_else(
     assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
     assert_eq!(report.outbox_unpublished, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_tasks_retried_after_an_outage_get_one_new_reply_each_and_only_once() {
+    // A provider outage: every call is a 500 until the budget is spent, so every task fails.
+    // A 500 cannot say the provider did nothing, so the reservations stay held (I8).
+    let config = WorkerConfig {
+        default_max_attempts: 2,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start(1, mock(), config).await;
+    app.set_faults(json!({"error_rate": 1.0, "error_status": 500}))
+        .await;
+    let front = front(&app).await;
+    assert!(
+        app.db
+            .store
+            .set_quota("acme", Some(10), 86_400)
+            .await
+            .unwrap()
+    );
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    let mut presses = Vec::new();
+    for i in 0..3 {
+        presses.push(front.send(&format!("press-{i}"), &format!("q{i}")).await);
+    }
+    // And one a producer published straight to the topic (no API, no quota).
+    let produced = crate::helpers::task_spec(2);
+    app.produce_tasks(std::slice::from_ref(&produced), 1).await;
+    for press in &presses {
+        front.wait_until_status(press, ReplyStatus::Failed).await;
+    }
+    app.wait_until_terminal(&[produced.task_id], LIMIT).await;
+    assert_eq!(reservations(&app).await, (3, 0, 0, 0));
+
+    // The outage ends; the operator retries what failed during it.
+    app.set_faults(json!({})).await;
+    let retry = |args: &[&str]| {
+        let mut all = vec!["tasks", "retry", "--json"];
+        all.extend_from_slice(args);
+        let out = replyd(&app, &all);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let dry = retry(&["--reason-contains", "500", "--dry-run"]);
+    assert_eq!(
+        (dry["selected"].as_u64(), dry["retried"].as_u64()),
+        (Some(4), Some(4)),
+        "{dry}"
+    );
+    let done = retry(&["--reason-contains", "500", "--max-attempts", "3"]);
+    assert_eq!(done["retried"].as_u64(), Some(4), "{done}");
+    let new_tasks: Vec<replyd_core::domain::TaskId> = done["tasks"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|id| {
+            replyd_core::domain::TaskId::from(id.as_str().unwrap().parse::<uuid::Uuid>().unwrap())
+        })
+        .collect();
+    app.wait_until_terminal(&new_tasks, LIMIT).await;
+    app.wait_until_committed_to_end(LIMIT).await;
+
+    // One new reply each; the failed tasks stay failed (their reservations still held, for
+    // the reconciler); the new ones were admitted by the quota and charged once; nothing
+    // breaks an invariant.
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    assert_eq!(
+        (report.tasks, report.completed, report.failed),
+        (8, 4, 4),
+        "{report:#?}"
+    );
+    assert_eq!(report.mock_generations, Some(4), "{report:#?}");
+    assert_eq!(reservations(&app).await, (3, 3, 0, 0));
+    for press in &presses {
+        assert_eq!(front.view(press).await.status, ReplyStatus::Failed);
+    }
+    // A second run finds nothing left to retry.
+    let again = retry(&["--reason-contains", "500"]);
+    assert_eq!(
+        (again["selected"].as_u64(), again["retried"].as_u64()),
+        (Some(0), Some(0)),
+        "{again}"
+    );
+}

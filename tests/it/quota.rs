@@ -1084,3 +1084,42 @@ async fn a_model_outside_the_workspace_list_or_output_over_its_cap_is_422_and_wr
     );
     assert_eq!(api.ledger().await.0, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_retries_of_one_failed_task_at_once_make_one_task_and_one_reservation() {
+    use replyd::store::retries::Retried;
+    let api = Arc::new(start(policy()).await);
+    let accepted: Accepted = api.press("p", "q").await.json().await.unwrap();
+    // It fails with its reservation released (the provider refused: no work done).
+    api.finish(accepted.task_id, false).await;
+    assert_eq!(api.ledger().await, (1, 0, 0, 1, 0, 0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let mut runs = Vec::new();
+    for _ in 0..8 {
+        let (api, barrier) = (Arc::clone(&api), Arc::clone(&barrier));
+        runs.push(tokio::spawn(async move {
+            barrier.wait().await;
+            api.db
+                .store
+                .retry_failed(accepted.task_id, Some(2), &policy())
+                .await
+                .unwrap()
+        }));
+    }
+    let mut created = Vec::new();
+    let mut already = Vec::new();
+    for run in runs {
+        match run.await.unwrap() {
+            Retried::Created { task_id } => created.push(task_id),
+            Retried::Already { task_id } => already.push(task_id),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(created.len(), 1, "{created:?} {already:?}");
+    assert!(already.iter().all(|t| *t == created[0]), "{already:?}");
+    // Two tasks, one reservation of each: the failed one's released, the retry's open.
+    assert_eq!(api.ledger().await, (2, 1, 0, 1, 0, 1));
+    // The retry is admitted like new work and settled by its own completion, once.
+    api.finish(created[0], true).await;
+    assert_eq!(api.ledger().await, (2, 0, 1, 1, 1, 0));
+}
