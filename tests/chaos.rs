@@ -428,6 +428,24 @@ where
     })
     .await;
     app.wait_until_committed_to_end(drained_limit).await;
+    // The drain includes the outbox: a row whose record reached Kafka while the commit that
+    // marks it published was cut (a reset connection) is published again by the relay's next
+    // batch, up to a poll interval later; its task may be done before that.
+    wait_until("every outbox row is published", drained_limit, || {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT count(*) FROM outbox WHERE published_at IS NULL AND refused_at IS NULL",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 0
+        }
+    })
+    .await;
     let recovery_s = healed.elapsed().as_secs_f64();
     // Presses that failed while the provider may have done their work keep their reservations
     // (I8: not released as if nothing ran). Their TTL is made to pass, and one pass of the
