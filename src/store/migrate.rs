@@ -21,14 +21,27 @@ const LOCK_WAIT: Duration = Duration::from_secs(600);
 /// How often a waiting migrator asks for the lock again.
 const LOCK_POLL: Duration = Duration::from_millis(200);
 
-/// Brings the schema up to date; returns the names of the migrations it applied.
-pub async fn run_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, StoreError> {
-    let config = session_config(settings)?;
-    let (mut client, connection) = config
+/// A session of its own, outside the pool (refinery drives it, and the lock is the session's),
+/// and the task that runs its connection.
+async fn session(
+    settings: &DatabaseSettings,
+) -> Result<
+    (
+        tokio_postgres::Client,
+        tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+    ),
+    StoreError,
+> {
+    let (client, connection) = session_config(settings)?
         .connect(tls_connector(settings)?)
         .await
         .map_err(|e| connect_error(settings, &e))?;
-    let connection = tokio::spawn(connection);
+    Ok((client, tokio::spawn(connection)))
+}
+
+/// Brings the schema up to date; returns the names of the migrations it applied.
+pub async fn run_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, StoreError> {
+    let (mut client, connection) = session(settings).await?;
     // Workers start together and each migrates at start-up: without a lock, two runners race
     // on refinery's own history table (CREATE TABLE IF NOT EXISTS is not safe concurrently).
     // A session advisory lock serialises them; it is released when this connection closes.
@@ -50,12 +63,7 @@ pub async fn run_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, 
 /// The migrations this build has that the schema lacks, by name (`V19__...`): what a process
 /// started with `database.migrate_on_start` off checks before it serves.
 pub async fn pending_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, StoreError> {
-    let config = session_config(settings)?;
-    let (mut client, connection) = config
-        .connect(tls_connector(settings)?)
-        .await
-        .map_err(|e| connect_error(settings, &e))?;
-    let connection = tokio::spawn(connection);
+    let (mut client, connection) = session(settings).await?;
     let runner = embedded::migrations::runner();
     // refinery's history table is made by the first migration run; before it, all are pending.
     let has_history: bool = client

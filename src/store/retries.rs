@@ -33,8 +33,6 @@ pub struct RetrySelection {
 pub struct FailedTask {
     pub task_id: TaskId,
     pub workspace_id: String,
-    pub failure: String,
-    pub finished_at: Option<DateTime<Utc>>,
 }
 
 /// What a retry did.
@@ -64,7 +62,7 @@ impl Store {
         let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT t.task_id, t.workspace_id, t.failure, t.finished_at FROM reply_tasks t \
+                "SELECT t.task_id, t.workspace_id FROM reply_tasks t \
                  WHERE t.status = 'failed' \
                    AND NOT EXISTS (SELECT 1 FROM reply_tasks r WHERE r.retry_of = t.task_id) \
                    AND ($1::text IS NULL OR t.workspace_id = $1) \
@@ -86,8 +84,6 @@ impl Store {
             .map(|row| FailedTask {
                 task_id: TaskId::from(row.get::<_, Uuid>(0)),
                 workspace_id: row.get(1),
-                failure: row.get(2),
-                finished_at: row.get(3),
             })
             .collect())
     }

@@ -46,14 +46,8 @@ async fn front(app: &TestApp) -> Front {
 
 impl Front {
     async fn send(&self, key: &str, message: &str) -> Accepted {
-        self.client
-            .post(format!("{}/v1/replies", self.base))
-            .bearer_auth(&self.key)
-            .header("Idempotency-Key", key)
-            .json(&json!({"conversation_id": "conv-1", "message": message}))
-            .send()
+        api::press(&self.client, &self.base, &self.key, key, message)
             .await
-            .unwrap()
             .json()
             .await
             .unwrap()
@@ -664,12 +658,7 @@ async fn reservations(app: &TestApp) -> (i64, i64, i64, i64) {
 
 /// Runs the `replyd` binary with the test's settings, as an operator would.
 fn replyd(app: &TestApp, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
-        .args(args)
-        .arg("--config")
-        .arg(app.settings_file())
-        .output()
-        .unwrap()
+    app.operator_command(args).output().unwrap()
 }
 
 /// One pass of the quota's reconciler through the binary (`replyd reconcile`).

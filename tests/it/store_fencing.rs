@@ -541,12 +541,8 @@ async fn workers_starting_together_migrate_one_schema_without_racing() {
         .batch_execute(&format!("CREATE SCHEMA {fresh}"))
         .await
         .unwrap();
-    let base = crate::helpers::infra("DATABASE_URL");
-    let separator = if base.contains('?') { '&' } else { '?' };
     let settings = replyd::store::DatabaseSettings {
-        url: replyd::config::Secret::new(format!(
-            "{base}{separator}options=-c%20search_path%3D{fresh}"
-        )),
+        url: crate::helpers::schema_url(&fresh),
         ..replyd::store::DatabaseSettings::default()
     };
     let barrier = Arc::new(Barrier::new(8));
@@ -583,13 +579,8 @@ async fn migrators_waiting_longer_than_the_lock_timeout_for_another_all_succeed(
     // wait past the lock timeout is not a failure to exit on (a crash loop).
     let db = TestDb::new().await;
     let holder = db.raw_client().await;
-    let base = crate::helpers::infra("DATABASE_URL");
-    let separator = if base.contains('?') { '&' } else { '?' };
     let settings = replyd::store::DatabaseSettings {
-        url: replyd::config::Secret::new(format!(
-            "{base}{separator}options=-c%20search_path%3D{}",
-            db.schema
-        )),
+        url: crate::helpers::schema_url(&db.schema),
         lock_timeout_ms: 200,
         ..replyd::store::DatabaseSettings::default()
     };
@@ -637,12 +628,8 @@ async fn with_migrate_on_start_off_a_process_refuses_a_schema_that_lacks_a_migra
         .batch_execute(&format!("CREATE SCHEMA {fresh}"))
         .await
         .unwrap();
-    let base = crate::helpers::infra("DATABASE_URL");
-    let separator = if base.contains('?') { '&' } else { '?' };
     let settings = replyd::store::DatabaseSettings {
-        url: replyd::config::Secret::new(format!(
-            "{base}{separator}options=-c%20search_path%3D{fresh}"
-        )),
+        url: crate::helpers::schema_url(&fresh),
         migrate_on_start: false,
         ..replyd::store::DatabaseSettings::default()
     };

@@ -756,11 +756,9 @@ async fn a_zombie_stopped_past_its_lease_and_session_is_fenced_when_it_returns()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_check_connect_reaches_every_part_and_names_each_that_does_not_answer() {
     let app = TestApp::start(1, mock(10), WorkerConfig::default()).await;
-    let file = app.settings_file();
     let check = |env: &[(&str, String)]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
-            .args(["config", "check", "--connect", "--config"])
-            .arg(&file)
+        let out = app
+            .operator_command(&["config", "check", "--connect"])
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .output()
             .unwrap();
@@ -852,9 +850,8 @@ async fn dead_letters_replayed_after_the_fix_become_one_reply_each_and_bad_ones_
     app.config.max_prompt_bytes = 262_144;
     app.spawn_worker("w1");
     let replay = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
-            .args(["dead-letters", "replay", "--json", "--config"])
-            .arg(app.settings_file())
+        let out = app
+            .operator_command(&["dead-letters", "replay", "--json"])
             .args(args)
             .output()
             .unwrap();
@@ -985,16 +982,8 @@ async fn a_worker_refuses_to_start_without_its_dead_letter_topic() {
     // What the error names: `replyd topics ensure` makes the missing topic, leaves the one
     // that exists as it is (naming its fewer partitions), and the worker then starts.
     let ensure = |partitions: &str| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
-            .args([
-                "topics",
-                "ensure",
-                "--partitions",
-                partitions,
-                "--json",
-                "--config",
-            ])
-            .arg(app.config_of("w1"))
+        let out = app
+            .operator_command(&["topics", "ensure", "--partitions", partitions, "--json"])
             .output()
             .unwrap();
         assert!(

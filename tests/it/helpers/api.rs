@@ -44,18 +44,29 @@ impl Api {
         }
     }
 
-    /// A press: `POST /v1/replies` of `message` in conversation `conv-1` under the idempotency
-    /// key `key`, with `acme`'s key.
+    /// A press with `acme`'s key ([`press`]).
     pub async fn press(&self, key: &str, message: &str) -> reqwest::Response {
-        self.client
-            .post(format!("{}/v1/replies", self.base))
-            .bearer_auth(&self.key)
-            .header("Idempotency-Key", key)
-            .json(&json!({"conversation_id": "conv-1", "message": message}))
-            .send()
-            .await
-            .unwrap()
+        press(&self.client, &self.base, &self.key, key, message).await
     }
+}
+
+/// A press: `POST {base}/v1/replies` of `message` in conversation `conv-1` under the
+/// idempotency key `key`, with the API key `token`.
+pub async fn press(
+    client: &reqwest::Client,
+    base: &str,
+    token: &str,
+    key: &str,
+    message: &str,
+) -> reqwest::Response {
+    client
+        .post(format!("{base}/v1/replies"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(&json!({"conversation_id": "conv-1", "message": message}))
+        .send()
+        .await
+        .unwrap()
 }
 
 /// A new workspace `workspace` with one API key; the key (`token`, `key_id`).

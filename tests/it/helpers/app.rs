@@ -526,11 +526,6 @@ listen = "127.0.0.1:0"
         );
     }
 
-    /// The settings file process `name` was last started with.
-    pub fn config_of(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}.toml"))
-    }
-
     /// Everything worker `name` logged, over all its incarnations.
     pub fn log_of(&self, name: &str) -> String {
         let count = self
@@ -697,6 +692,14 @@ listen = "127.0.0.1:0"
         let path = self.dir.join("operator.toml");
         std::fs::write(&path, self.direct_toml()).unwrap();
         path
+    }
+
+    /// `replyd ARGS --config <settings_file>`, as an operator runs a command against this
+    /// test's parts; the caller adds environment and runs it.
+    pub fn operator_command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_replyd"));
+        command.args(args).arg("--config").arg(self.settings_file());
+        command
     }
 
     /// The settings file of a process spawned now (the routes applied), for operator

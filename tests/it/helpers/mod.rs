@@ -62,6 +62,15 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
 
+/// The test database's URL with sessions whose `search_path` is `schema`.
+pub fn schema_url(schema: &str) -> Secret {
+    let base = infra("DATABASE_URL");
+    let separator = if base.contains('?') { '&' } else { '?' };
+    Secret::new(format!(
+        "{base}{separator}options=-c%20search_path%3D{schema}"
+    ))
+}
+
 /// A schema of its own in the test database, migrated, with a store whose sessions use it.
 pub struct TestDb {
     pub schema: String,
@@ -86,11 +95,8 @@ impl TestDb {
             .batch_execute(&format!("CREATE SCHEMA {schema}"))
             .await
             .expect("create test schema");
-        let separator = if base.contains('?') { '&' } else { '?' };
         let mut settings = DatabaseSettings {
-            url: Secret::new(format!(
-                "{base}{separator}options=-c%20search_path%3D{schema}"
-            )),
+            url: schema_url(&schema),
             pool_size: 32,
             ..DatabaseSettings::default()
         };
