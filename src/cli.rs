@@ -53,6 +53,32 @@ pub enum Command {
     /// Send dead-lettered records back to the task topic once what refused them is fixed.
     #[command(subcommand)]
     DeadLetters(DeadLettersCommand),
+    /// Erase one conversation's data, or a whole workspace's: its tasks (an unfinished one
+    /// ends now, its reservation charged if the provider may have done the work), attempts,
+    /// replies, messages, reservations, idempotency records and outbox rows; for a workspace
+    /// also its API keys, quota counter and row. The erased tasks' ids and the scope are
+    /// remembered for retention.forgotten_ms, so a record of them still in the topic is
+    /// refused, not run again. Running it again finishes an interrupted run.
+    #[command(
+        after_help = "Exit codes: 0 erased (or, with --dry-run, counted); 1 could not read or write."
+    )]
+    Erase {
+        /// The workspace.
+        #[arg(long)]
+        workspace: String,
+        /// Only this conversation of it.
+        #[arg(long, required_unless_present = "whole_workspace")]
+        conversation: Option<String>,
+        /// Erase the whole workspace (instead of --conversation).
+        #[arg(long, conflicts_with = "conversation")]
+        whole_workspace: bool,
+        /// Count what would be erased; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Apply the database migrations (database.url) and exit.
     Migrate,
     /// Ask this machine's replyd process whether it is alive (`/healthz` on

@@ -37,6 +37,7 @@ pub struct Settings {
     pub relay: RelaySettings,
     pub quota: QuotaSettings,
     pub capacity: crate::capacity::CapacitySettings,
+    pub retention: crate::housekeeping::settings::RetentionSettings,
 }
 
 /// One problem with the settings: which setting, and what is wrong with it.
@@ -219,6 +220,7 @@ impl Settings {
             .chain(self.database.problems())
             .chain(self.relay.problems())
             .chain(self.api.problems())
+            .chain(self.retention.problems(self.api.idempotency_retention_ms))
         {
             refuse(setting, message);
         }

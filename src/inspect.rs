@@ -129,7 +129,7 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
     }
     let _ = writeln!(
         out,
-        "\n#  version  worker                claimed                           took      tokens (prompt+completion)  outcome"
+        "\n#  version  worker                record        claimed                           took      tokens (prompt+completion)  outcome"
     );
     for a in attempts {
         let took = a
@@ -143,10 +143,15 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "{:<2} {:<8} {:<21} {:<33} {:<9} {:<27} {}{}",
+            "{:<2} {:<8} {:<21} {:<13} {:<33} {:<9} {:<27} {}{}",
             a.attempt_no,
             a.assignment_version,
             a.worker,
+            // The partition and offset of the record the claim was made for.
+            a.source.map_or_else(
+                || "-".to_owned(),
+                |s| format!("{}@{}", s.partition, s.offset)
+            ),
             a.claimed_at.to_string(),
             took,
             a.usage.map_or_else(

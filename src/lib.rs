@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod connect_retry;
 pub mod dead_letters;
+pub mod erasure;
 pub mod housekeeping;
 pub mod inspect;
 pub mod kafka;

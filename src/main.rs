@@ -127,6 +127,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{report}");
             }
         }
+        Command::Erase {
+            workspace,
+            conversation,
+            whole_workspace: _,
+            dry_run,
+            json,
+        } => {
+            let scope = replyd::store::forgetting::ErasureScope {
+                workspace_id: workspace,
+                conversation_id: conversation,
+            };
+            let report = replyd::erasure::run(&settings()?, &scope, dry_run).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!("{report}");
+            }
+        }
         Command::DeadLetters(DeadLettersCommand::Replay {
             kinds,
             since,

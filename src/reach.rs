@@ -1,6 +1,7 @@
 //! `replyd config check --connect`: the settings are valid, and what they point at answers.
 //! PostgreSQL (a session, and a schema that has every migration this build needs), Kafka
-//! (the brokers, the task topic and the dead-letter topic), the provider (its model list, with
+//! (the brokers, the task topic and the dead-letter topic, and that neither keeps records
+//! longer than forgotten tasks are remembered), the provider (its model list, with
 //! the key every call carries). Each is asked on its own, within a bound, so one that hangs
 //! does not hide the others; each failure names the address and the setting.
 
@@ -95,6 +96,16 @@ async fn kafka(settings: &Settings) -> Result<String, String> {
     }
     let brokers = &settings.kafka.bootstrap_servers;
     if missing.is_empty() {
+        let retention = crate::topics::retention_of(settings)
+            .await
+            .map_err(|e| crate::telemetry::chain(e.as_ref()))?;
+        let outlived: Vec<String> = retention
+            .iter()
+            .filter_map(|(topic, _, ms)| settings.retention.outlived_by(topic, *ms))
+            .collect();
+        if !outlived.is_empty() {
+            return Err(format!("{brokers}: {}", outlived.join("; ")));
+        }
         Ok(format!("{brokers}: {}", seen.join("; ")))
     } else {
         Err(format!(

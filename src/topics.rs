@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::types::RDKafkaErrorCode;
 use serde::Serialize;
 
@@ -148,6 +148,43 @@ pub async fn look(settings: &Settings) -> anyhow::Result<Vec<(String, &'static s
     for (topic, role) in topics_of(settings) {
         let partitions = look_up(&admin, &logs, settings, &topic).await?;
         found.push((topic, role, partitions));
+    }
+    Ok(found)
+}
+
+/// Each existing topic's `retention.ms` as the brokers report it (`-1`: kept forever), beside
+/// its role; a topic the brokers do not have is left out.
+pub async fn retention_of(settings: &Settings) -> anyhow::Result<Vec<(String, &'static str, i64)>> {
+    let (admin, logs) = admin(settings)?;
+    let mut found = Vec::new();
+    for (topic, role) in topics_of(settings) {
+        if look_up(&admin, &logs, settings, &topic).await?.is_none() {
+            continue;
+        }
+        let results = admin
+            .describe_configs(
+                [&ResourceSpecifier::Topic(&topic)],
+                &AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT)),
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "describing the configuration of {topic} on {} (kafka.bootstrap_servers)",
+                    settings.kafka.bootstrap_servers
+                )
+            })?;
+        let resource = results
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("the brokers described nothing for {topic}"))?
+            .map_err(|code| anyhow::anyhow!("describing {topic}: {code}"))?;
+        let retention = resource
+            .get("retention.ms")
+            .and_then(|entry| entry.value.as_deref())
+            .ok_or_else(|| anyhow::anyhow!("{topic} reports no retention.ms"))?
+            .parse::<i64>()
+            .with_context(|| format!("{topic}'s retention.ms"))?;
+        found.push((topic, role, retention));
     }
     Ok(found)
 }

@@ -19,6 +19,8 @@ pub enum ProblemKind {
     BodyTooLarge,
     /// More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (431).
     HeadersTooLarge,
+    /// New work in a conversation (or workspace) that was erased (410).
+    ConversationErased,
     /// An `Idempotency-Key` used before with other inputs (422).
     IdempotencyKeyReused,
     /// `Authorization` that is not one bearer key (400).
@@ -57,9 +59,10 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in the order of the enum.
-    pub const ALL: [ProblemKind; 19] = [
+    pub const ALL: [ProblemKind; 20] = [
         ProblemKind::BodyTooLarge,
         ProblemKind::HeadersTooLarge,
+        ProblemKind::ConversationErased,
         ProblemKind::IdempotencyKeyReused,
         ProblemKind::InvalidAuthorization,
         ProblemKind::InvalidBody,
@@ -84,6 +87,7 @@ impl ProblemKind {
         match self {
             ProblemKind::BodyTooLarge => "body_too_large",
             ProblemKind::HeadersTooLarge => "headers_too_large",
+            ProblemKind::ConversationErased => "conversation_erased",
             ProblemKind::IdempotencyKeyReused => "idempotency_key_reused",
             ProblemKind::InvalidAuthorization => "invalid_authorization",
             ProblemKind::InvalidBody => "invalid_body",
@@ -111,23 +115,24 @@ const _: () = {
         match kind {
             ProblemKind::BodyTooLarge => 0,
             ProblemKind::HeadersTooLarge => 1,
-            ProblemKind::IdempotencyKeyReused => 2,
-            ProblemKind::InvalidAuthorization => 3,
-            ProblemKind::InvalidBody => 4,
-            ProblemKind::InvalidIdempotencyKey => 5,
-            ProblemKind::InvalidTaskId => 6,
-            ProblemKind::MalformedJson => 7,
-            ProblemKind::MalformedRequest => 8,
-            ProblemKind::MethodNotAllowed => 9,
-            ProblemKind::NotFound => 10,
-            ProblemKind::OutsideWorkspacePolicy => 11,
-            ProblemKind::QuotaExceeded => 12,
-            ProblemKind::RateLimited => 13,
-            ProblemKind::RecordTooLarge => 14,
-            ProblemKind::Unauthorized => 15,
-            ProblemKind::Unavailable => 16,
-            ProblemKind::UnsupportedMediaType => 17,
-            ProblemKind::UriTooLong => 18,
+            ProblemKind::ConversationErased => 2,
+            ProblemKind::IdempotencyKeyReused => 3,
+            ProblemKind::InvalidAuthorization => 4,
+            ProblemKind::InvalidBody => 5,
+            ProblemKind::InvalidIdempotencyKey => 6,
+            ProblemKind::InvalidTaskId => 7,
+            ProblemKind::MalformedJson => 8,
+            ProblemKind::MalformedRequest => 9,
+            ProblemKind::MethodNotAllowed => 10,
+            ProblemKind::NotFound => 11,
+            ProblemKind::OutsideWorkspacePolicy => 12,
+            ProblemKind::QuotaExceeded => 13,
+            ProblemKind::RateLimited => 14,
+            ProblemKind::RecordTooLarge => 15,
+            ProblemKind::Unauthorized => 16,
+            ProblemKind::Unavailable => 17,
+            ProblemKind::UnsupportedMediaType => 18,
+            ProblemKind::UriTooLong => 19,
         }
     }
     let mut i = 0;

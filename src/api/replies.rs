@@ -459,6 +459,7 @@ fn urls(task_id: TaskId) -> (String, String) {
                 ("RegenerateReply" = (operation_id = "regenerateReply", parameters(("task_id" = "$response.body#/task_id")))),
             )),
         (status = 400, description = "No `Idempotency-Key`, one that is empty, over 255 bytes or not printable ASCII, or several different ones (`invalid_idempotency_key`); or a body that is not JSON (`malformed_json`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 410, description = "The conversation (or its workspace) was erased: it takes no new messages (`conversation_erased`); nothing was written", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 413, description = "The body is over `api.max_body_bytes` (`body_too_large`); a declared `Content-Length` over it is refused before the body is read (no `100 Continue`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, or a request whose token ceiling is over its whole token quota (`outside_workspace_policy`; `fields` names them, `detail` the setting)", body = ProblemDetails, content_type = "application/problem+json"),
@@ -553,6 +554,7 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
             )),
         (status = 400, description = "A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 410, description = "The task's conversation (or its workspace) was erased while this was asked (`conversation_erased`); nothing was written", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest), or the source's model or output bound is outside the workspace's policy now (`outside_workspace_policy`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "New work over the workspace's quota of generations or of tokens (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))),
@@ -641,6 +643,14 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
                 refusal.detail,
             )
             .with_fields(refusal.fields));
+        }
+        Submitted::Erased => {
+            return Err(Problem::new(
+                StatusCode::GONE,
+                ProblemKind::ConversationErased,
+                "Conversation erased",
+                "this conversation (or its workspace) was erased; its data is gone and it takes no new messages: start a new conversation".to_owned(),
+            ));
         }
         Submitted::Mismatch { fields } => {
             return Err(Problem::new(

@@ -580,7 +580,8 @@ async fn read_records(
 }
 
 /// For each record of `batch` (partition, offset, task), in order: whether its task is
-/// terminal, and whether a dead-letter copy of it exists.
+/// terminal (or forgotten: deleted by retention or an erasure, done for good), and whether a
+/// dead-letter copy of it exists.
 async fn judge(
     client: &tokio_postgres::Client,
     batch: &[(i32, i64, Option<Uuid>)],
@@ -590,7 +591,8 @@ async fn judge(
     let tasks: Vec<Option<Uuid>> = batch.iter().map(|r| r.2).collect();
     let rows = client
         .query(
-            "SELECT coalesce(t.status IN ($4, $5), false), \
+            "SELECT coalesce(t.status IN ($4, $5), false) \
+                 OR EXISTS (SELECT 1 FROM forgotten_tasks f WHERE f.task_id = s.task), \
                EXISTS (SELECT 1 FROM check_dead d WHERE d.partition = s.p AND d.\"offset\" = s.o) \
              FROM unnest($1::int[], $2::bigint[], $3::uuid[]) WITH ORDINALITY AS s(p, o, task, i) \
              LEFT JOIN reply_tasks t ON t.task_id = s.task \

@@ -136,6 +136,7 @@ pub async fn run(
     let mut housekeeping = Housekeeping::new(
         store.clone(),
         relay.retention(),
+        settings.retention.clone(),
         reconciler,
         Arc::clone(&heartbeat),
     );

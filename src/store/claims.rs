@@ -16,7 +16,7 @@ use super::error::StoreError;
 use super::gather::{Batch, Gatherer, RowAnswers};
 use super::rows::{Taken, seconds, taken_from};
 use super::sessions::Sessions;
-use replyd_core::domain::{TaskId, TaskSpec};
+use replyd_core::domain::{RecordSource, TaskId, TaskSpec};
 
 /// What the batch said about one claim.
 #[derive(Debug)]
@@ -36,6 +36,7 @@ pub(crate) struct Claim {
     owner: String,
     lease: Duration,
     insert: Option<TaskSpec>,
+    source: Option<RecordSource>,
 }
 
 /// Claims gathered into one `replyd_claim_many` call ([`super::gather`]).
@@ -58,6 +59,7 @@ impl ClaimBatcher {
         owner: &str,
         lease: Duration,
         insert: Option<&TaskSpec>,
+        source: Option<RecordSource>,
     ) -> Result<ClaimAnswer, StoreError> {
         self.0
             .submit(Claim {
@@ -65,6 +67,7 @@ impl ClaimBatcher {
                 owner: owner.to_owned(),
                 lease,
                 insert: insert.cloned(),
+                source,
             })
             .await
     }
@@ -157,9 +160,19 @@ async fn write_rows(
         .iter()
         .map(|&i| spec(i).and_then(|s| s.deadline))
         .collect();
+    let partitions: Vec<Option<i32>> = sent
+        .iter()
+        .map(|&i| batch[i].source.map(|s| s.partition))
+        .collect();
+    let offsets: Vec<Option<i64>> = sent
+        .iter()
+        .map(|&i| batch[i].source.map(|s| s.offset))
+        .collect();
     let client = store.client().await?;
     let statement = client
-        .prepare_cached("SELECT * FROM replyd_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+        .prepare_cached(
+            "SELECT * FROM replyd_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        )
         .await?;
     let rows = client
         .query(
@@ -175,6 +188,8 @@ async fn write_rows(
                 &requests,
                 &max_attempts,
                 &deadlines,
+                &partitions,
+                &offsets,
             ],
         )
         .await?;

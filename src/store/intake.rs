@@ -56,6 +56,8 @@ pub enum Submitted {
     /// New work the workspace's policy refuses (a model it may not use, output over its cap);
     /// nothing written.
     Refused(PolicyRefusal),
+    /// New work in a conversation (or workspace) that was erased; nothing written.
+    Erased,
 }
 
 /// The provider request a submission asks for: the context as a system message, then the
@@ -105,6 +107,9 @@ pub fn task_spec(s: &Submission, task_id: TaskId, new_message_id: Uuid) -> TaskS
     }
 }
 
+/// Whether the submission's scope was erased, under the workspace's shared erasure lock
+/// (`replyd_scope_erased`, V21): an erasure that writes the scope waits for this transaction.
+const SCOPE_ERASED: &str = "SELECT replyd_scope_erased($1, $2)";
 const EXPIRE_KEY: &str = "DELETE FROM idempotency_keys WHERE workspace_id = $1 AND operation = $2 \
      AND idempotency_key = $3 AND expires_at <= clock_timestamp()";
 const INSERT_TASK: &str = "INSERT INTO reply_tasks (task_id, workspace_id, conversation_id, message_id, \
@@ -147,7 +152,8 @@ impl Store {
             .map_err(|_| StoreError::Config("max_attempts over i32".into()))?;
         let retention_s = s.retention.as_seconds_f64();
         let payload = spec.to_proto().encode_to_vec();
-        let (expire, insert_task, insert_key, insert_message, insert_outbox, admit) = futures_util::try_join!(
+        let (erased, expire, insert_task, insert_key, insert_message, insert_outbox, admit) = futures_util::try_join!(
+            tx.prepare_cached(SCOPE_ERASED),
             tx.prepare_cached(EXPIRE_KEY),
             tx.prepare_cached(INSERT_TASK),
             tx.prepare_cached(INSERT_KEY),
@@ -181,7 +187,13 @@ impl Store {
         let hash = s.inputs.hash();
         let ttl_s = s.quota.reservation_ttl.as_secs_f64();
         let ceiling = s.verdict.as_ref().map_or(0, |a| a.token_ceiling);
-        let (_, _, won, _, _, admitted) = futures_util::try_join!(
+        let (erased, _, _, won, _, _, admitted) = futures_util::try_join!(
+            // First, so the erasure lock is held before anything of the scope is written.
+            async {
+                tx.query_one(&erased, &[&s.workspace_id, &s.inputs.conversation_id])
+                    .await
+                    .map(|row| row.get::<_, bool>(0))
+            },
             // A remembered key past its retention is new work: take its row out first.
             async { tx.execute(&expire, &[&s.workspace_id, &op, &key]).await },
             // The task exists before the key refers to it.
@@ -248,6 +260,10 @@ impl Store {
             },
         )?;
         if won.is_some() {
+            if erased {
+                tx.rollback().await?;
+                return Ok(Some(Submitted::Erased));
+            }
             if let Err(refusal) = &s.verdict {
                 tx.rollback().await?;
                 return Ok(Some(Submitted::Refused(refusal.clone())));

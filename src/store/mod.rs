@@ -19,12 +19,14 @@
 //! - [`intake`]: the one transaction of a submission (message, task, key, outbox row).
 //! - [`outbox`]: relay batches (SKIP LOCKED), marking published, purging, lag.
 //! - [`quota`]: limits, the counter as read, the admission statement (I8).
+//! - [`forgetting`]: retention and erasure, and the forgotten tasks' ids (V21).
 
 pub mod capacity;
 mod claims;
 mod completions;
 mod error;
 mod fence;
+pub mod forgetting;
 mod gather;
 pub mod intake;
 pub mod listen;

@@ -27,6 +27,8 @@ pub enum EnsureOutcome {
     /// The task existed with different inputs; the record was not applied. The fields name
     /// where it disagrees.
     Conflict { fields: Vec<&'static str> },
+    /// The task was forgotten (retention or an erasure); the record was not applied.
+    Forgotten,
 }
 
 /// What a claim did, and the row as it left it.
@@ -202,7 +204,7 @@ pub(super) fn taken_from(
 ) -> Result<Taken, StoreError> {
     let label: &str = row.get("claim");
     let claim = claim_from(id, label, row)?;
-    let task = if matches!(claim, ClaimOutcome::NotFound) {
+    let task = if matches!(claim, ClaimOutcome::NotFound | ClaimOutcome::Forgotten) {
         None
     } else {
         Some(task_from(row)?)
@@ -217,6 +219,7 @@ pub(super) fn taken_from(
                 EnsureOutcome::Conflict { fields }
             }
         }
+        (None, false) if matches!(claim, ClaimOutcome::Forgotten) => EnsureOutcome::Forgotten,
         // Inserted or found, then gone before the lock: reported as not found.
         (None, false) => EnsureOutcome::Exists,
     });
@@ -265,5 +268,6 @@ fn claim_from(task_id: Uuid, label: &str, row: &Row) -> Result<ClaimOutcome, Sto
                 .unwrap_or_else(|| row.get("now")),
         },
         ClaimKind::NotFound => ClaimOutcome::NotFound,
+        ClaimKind::Forgotten => ClaimOutcome::Forgotten,
     })
 }

@@ -12,7 +12,8 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use replyd_core::domain::{
-    AttemptOutcome, AttemptRecord, ProviderRan, StoredTask, TaskId, TaskSpec, TokenUsage,
+    AttemptOutcome, AttemptRecord, ProviderRan, RecordSource, StoredTask, TaskId, TaskSpec,
+    TokenUsage,
 };
 
 use replyd_core::lease::{ClaimOutcome, Lease, Refusal, classify_refusal};
@@ -61,11 +62,17 @@ impl Store {
         }
         drop(client);
         // The row exists (inputs never change once written), so reading it after the failed
-        // insert sees the winner's inputs.
-        let stored = self
-            .read(spec.task_id)
-            .await?
-            .ok_or_else(|| invalid(spec.task_id.as_uuid(), "vanished after insert conflict"))?;
+        // insert sees the winner's inputs; or the task is forgotten, and no row comes back.
+        let Some(stored) = self.read(spec.task_id).await? else {
+            return if self.is_forgotten(spec.task_id).await? {
+                Ok(EnsureOutcome::Forgotten)
+            } else {
+                Err(invalid(
+                    spec.task_id.as_uuid(),
+                    "vanished after insert conflict",
+                ))
+            };
+        };
         let fields = stored.spec.disagreements(spec);
         Ok(if fields.is_empty() {
             EnsureOutcome::Exists
@@ -84,25 +91,33 @@ impl Store {
         owner: &str,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        Ok(self.claim_task(task_id, owner, lease, None).await?.claim)
+        Ok(self
+            .claim_task(task_id, owner, lease, None, None)
+            .await?
+            .claim)
     }
 
     /// [`Self::claim`] in one call and one transaction (`replyd_claim`, migration V9), that
     /// also returns the row as the claim left it, so the caller need not read it first. With
     /// `insert`, the record's task is inserted first if it is absent ([`Self::ensure_task`]
-    /// in the same call): a record's whole claim is one round trip.
+    /// in the same call): a record's whole claim is one round trip. A claim made for a record
+    /// names it (`source`): a claim that takes the lease writes it on the task and the
+    /// attempt (migration V21).
     pub async fn claim_task(
         &self,
         task_id: TaskId,
         owner: &str,
         lease: Duration,
         insert: Option<&TaskSpec>,
+        source: Option<RecordSource>,
     ) -> Result<Taken, StoreError> {
         if let Some(batcher) = &self.claimer {
-            match batcher.claim(task_id, owner, lease, insert).await? {
+            match batcher.claim(task_id, owner, lease, insert, source).await? {
                 ClaimAnswer::Done(taken) => return Ok(*taken),
                 ClaimAnswer::Busy { inserted } => {
-                    let mut taken = self.claim_alone(task_id, owner, lease, insert).await?;
+                    let mut taken = self
+                        .claim_alone(task_id, owner, lease, insert, source)
+                        .await?;
                     if inserted {
                         // This record's batch inserted the row; the lone claim found it.
                         taken.ensured = Some(EnsureOutcome::Created);
@@ -111,7 +126,8 @@ impl Store {
                 }
             }
         }
-        self.claim_alone(task_id, owner, lease, insert).await
+        self.claim_alone(task_id, owner, lease, insert, source)
+            .await
     }
 
     /// One claim, one call: `replyd_claim`, which waits on the row's lock.
@@ -121,6 +137,7 @@ impl Store {
         owner: &str,
         lease: Duration,
         insert: Option<&TaskSpec>,
+        source: Option<RecordSource>,
     ) -> Result<Taken, StoreError> {
         let id = task_id.as_uuid();
         let request = insert
@@ -133,7 +150,9 @@ impl Store {
             .map_err(|_| invalid(id, "max_attempts over i32"))?;
         let client = self.client().await?;
         let statement = client
-            .prepare_cached("SELECT * FROM replyd_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+            .prepare_cached(
+                "SELECT * FROM replyd_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            )
             .await?;
         let row = client
             .query_one(
@@ -149,6 +168,8 @@ impl Store {
                     &request,
                     &max_attempts,
                     &insert.and_then(|s| s.deadline),
+                    &source.map(|s| s.partition),
+                    &source.map(|s| s.offset),
                 ],
             )
             .await?;
@@ -446,7 +467,8 @@ impl Store {
         let rows = client
             .query(
                 "SELECT attempt_no, assignment_version, worker, claimed_at, lease_until, \
-                 finished_at, outcome, detail, prompt_tokens, completion_tokens \
+                 finished_at, outcome, detail, prompt_tokens, completion_tokens, \
+                 source_partition, source_offset \
                  FROM reply_attempts WHERE task_id = $1 ORDER BY assignment_version",
                 &[&task_id.as_uuid()],
             )
@@ -474,6 +496,10 @@ impl Store {
                             prompt_tokens,
                             completion_tokens,
                         }),
+                        _ => None,
+                    },
+                    source: match (r.get(10), r.get(11)) {
+                        (Some(partition), Some(offset)) => Some(RecordSource { partition, offset }),
                         _ => None,
                     },
                 })

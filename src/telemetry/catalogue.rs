@@ -52,6 +52,8 @@ pub mod names {
     pub const OUTBOX_UNPUBLISHED: &str = "replyd_outbox_unpublished";
     pub const OUTBOX_OLDEST_SECONDS: &str = "replyd_outbox_oldest_unpublished_seconds";
     pub const IDEMPOTENCY_KEYS_PURGED: &str = "replyd_idempotency_keys_purged_total";
+    pub const TASKS_FORGOTTEN: &str = "replyd_tasks_forgotten_total";
+    pub const FORGOTTEN_PURGED: &str = "replyd_forgotten_ids_purged_total";
     pub const QUOTA_RECONCILED: &str = "replyd_quota_reconciled_total";
     pub const QUOTA_REFUSED: &str = "replyd_quota_refused_total";
     pub const QUOTA_OVERDUE: &str = "replyd_quota_reservations_overdue";
@@ -149,6 +151,8 @@ pub const RELAY_METRICS: &[(&str, Kind)] = &[
     (OUTBOX_UNPUBLISHED, Kind::Gauge),
     (OUTBOX_OLDEST_SECONDS, Kind::Gauge),
     (IDEMPOTENCY_KEYS_PURGED, Kind::Counter),
+    (TASKS_FORGOTTEN, Kind::Counter),
+    (FORGOTTEN_PURGED, Kind::Counter),
     (QUOTA_RECONCILED, Kind::Counter),
     (QUOTA_OVERDUE, Kind::Gauge),
     (LIBRDKAFKA_LOGS, Kind::Counter),

@@ -79,6 +79,16 @@ pub fn idempotency_keys_purged(rows: u64) {
     counter!(IDEMPOTENCY_KEYS_PURGED).increment(rows);
 }
 
+/// Tasks deleted and remembered as forgotten (`reason`: `retention` or `erasure`).
+pub fn tasks_forgotten(reason: &'static str, tasks: u64) {
+    counter!(TASKS_FORGOTTEN, "reason" => reason).increment(tasks);
+}
+
+/// Forgotten ids (and erased scopes) let go past `retention.forgotten_ms`.
+pub fn forgotten_purged(rows: u64) {
+    counter!(FORGOTTEN_PURGED).increment(rows);
+}
+
 pub fn outbox_lag(unpublished: i64, oldest_seconds: f64) {
     gauge!(OUTBOX_UNPUBLISHED).set(unpublished as f64);
     gauge!(OUTBOX_OLDEST_SECONDS).set(oldest_seconds);

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::source::{DeadLetter, Delivery, RecordHandler, RecordOutcome};
 use crate::telemetry::{self, trace};
-use replyd_core::domain::{RecordEnd, RecordRules, TaskSpec};
+use replyd_core::domain::{RecordEnd, RecordRules, RecordSource, TaskSpec};
 
 use super::runner::{FromRecord, TaskRunner};
 use super::store_retry::pause;
@@ -108,7 +108,10 @@ impl<L> Pipeline<L> {
         span.record("replyd.task_id", id.as_str());
         let record = FromRecord {
             spec: &spec,
-            offset,
+            source: RecordSource {
+                partition: key.partition,
+                offset,
+            },
         };
         match self.runner.run(task_id, Some(record), &cancel, span).await {
             Some(how) => RecordOutcome::Done(how),

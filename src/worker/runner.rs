@@ -23,19 +23,22 @@ use crate::capacity::{self, Capacity};
 use crate::provider::{BackgroundProvider, Provider};
 use crate::store::{CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, Store};
 use crate::telemetry::{self, CallEnd, trace};
-use replyd_core::domain::{AttemptOutcome, ProviderRan, RecordEnd, StoredTask, TaskId, TaskSpec};
+use replyd_core::domain::{
+    AttemptOutcome, ProviderRan, RecordEnd, RecordSource, StoredTask, TaskId, TaskSpec,
+};
 use replyd_core::lease::{ClaimOutcome, Lease, Refusal};
 use replyd_core::provider::{
     Generation, GenerationRequest, OperationId, ProviderError, RateSignals,
 };
 use replyd_core::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
 
-/// The record a run starts from: its task, inserted by the first claim if absent, and its
-/// offset, for the report when the stored task disagrees with it.
+/// The record a run starts from: its task, inserted by the first claim if absent, and where
+/// it sits, written by each claim that takes the lease and named in the report when the
+/// stored task disagrees with it.
 #[derive(Debug, Clone, Copy)]
 pub struct FromRecord<'a> {
     pub spec: &'a TaskSpec,
-    pub offset: i64,
+    pub source: RecordSource,
 }
 
 /// How often a background create whose answer was lost is sent again within one attempt.
@@ -151,6 +154,7 @@ impl TaskRunner {
         // Watched from before the first claim, so a lease that ends between a claim and the
         // park below still wakes this run.
         let mut watch = self.parked.watch(task_id);
+        let source = record.as_ref().map(|r| r.source);
         let mut record = record;
 
         loop {
@@ -165,6 +169,7 @@ impl TaskRunner {
                         &self.settings.worker_id,
                         self.settings.lease,
                         insert,
+                        source,
                     )
                 })
                 .instrument(claim_span.clone())
@@ -173,7 +178,7 @@ impl TaskRunner {
                 (record.take(), &taken.ensured)
             {
                 // The stored task is the work; this record's different inputs are only reported.
-                telemetry::record_conflicts_with_task(&id, from.offset, fields);
+                telemetry::record_conflicts_with_task(&id, from.source.offset, fields);
             }
             let claim = taken.claim;
             claim_span.record("replyd.outcome", claim.label());
@@ -181,7 +186,13 @@ impl TaskRunner {
             drop(claim_span);
             telemetry::claim(&id, &claim);
             let Some(stored) = taken.task else {
-                // Ensured above, and tasks are never deleted by replyd: someone removed it.
+                if matches!(claim, ClaimOutcome::Forgotten) {
+                    // Deleted by retention or an erasure, perhaps while this worker ran it: a
+                    // forgotten task is never run again.
+                    self.parked.wake(task_id, WakeSource::Local);
+                    return Some(RecordEnd::Forgotten);
+                }
+                // Ensured above, and only a forgotten task is deleted: someone removed it.
                 tracing::error!(task_id = %id, "task row disappeared; retrying");
                 if !pause(cancel, self.settings.io_retry).await {
                     return None;
@@ -252,7 +263,8 @@ impl TaskRunner {
                     }
                     continue;
                 }
-                ClaimOutcome::NotFound => self.settings.io_retry,
+                // Both come without a row, handled above.
+                ClaimOutcome::NotFound | ClaimOutcome::Forgotten => self.settings.io_retry,
             };
             if !pause(cancel, wait).await {
                 return None;

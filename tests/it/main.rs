@@ -11,6 +11,7 @@ mod api;
 mod browser;
 mod checker;
 mod deploy;
+mod forgetting;
 mod front_half;
 mod house;
 mod kafka_smoke;

@@ -402,3 +402,50 @@ async fn a_failed_task_nobody_can_ask_about_is_settled_as_the_policy_says() {
         ("charged".into(), Some("reconciler".into()), 1, 0)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erasing_a_failed_task_whose_work_may_exist_charges_its_open_reservation() {
+    let s = setup().await;
+    let task = s.submit("erased-unresolved").await;
+    let pending = s.submit("erased-pending").await;
+    fail_while_running(&s, task, None).await;
+    // Held for the reconciler, and holding capacity: two open reservations.
+    let counter = || async {
+        let row =
+            s.db.raw_client()
+                .await
+                .query_one(
+                    "SELECT used, reserved FROM quota_counters WHERE workspace_id = 'acme'",
+                    &[],
+                )
+                .await
+                .unwrap();
+        (row.get::<_, i64>(0), row.get::<_, i64>(1))
+    };
+    assert_eq!(counter().await, (0, 2));
+
+    let erased =
+        s.db.store
+            .erase(&replyd::store::forgetting::ErasureScope {
+                workspace_id: "acme".into(),
+                conversation_id: Some("c".into()),
+            })
+            .await
+            .unwrap();
+
+    // The failed task's provider may have done the work: charged, never released (I8); the
+    // task nobody claimed did nothing: released. Nothing is left holding capacity.
+    assert_eq!(
+        (
+            erased.forgotten.tasks,
+            erased.forgotten.charged,
+            erased.forgotten.released
+        ),
+        (2, 1, 1),
+        "{erased:?}"
+    );
+    assert_eq!(counter().await, (1, 0));
+    for id in [task, pending] {
+        assert!(s.db.store.is_forgotten(id).await.unwrap());
+    }
+}

@@ -1085,13 +1085,19 @@ async fn batched_claims_answer_each_row_as_a_lone_claim_would() {
 
     let owner = "worker-b";
     let (fresh_t, pending_t, completed_t, leased_t, spent_t, conflict_t, unknown_t) = tokio::join!(
-        batching.claim_task(fresh.task_id, owner, LONG_LEASE, Some(&fresh)),
-        batching.claim_task(pending, owner, LONG_LEASE, None),
-        batching.claim_task(completed, owner, LONG_LEASE, None),
-        batching.claim_task(leased, owner, LONG_LEASE, None),
-        batching.claim_task(spent, owner, LONG_LEASE, None),
-        batching.claim_task(disagreeing.task_id, owner, LONG_LEASE, Some(&disagreeing)),
-        batching.claim_task(unknown, owner, LONG_LEASE, None),
+        batching.claim_task(fresh.task_id, owner, LONG_LEASE, Some(&fresh), None),
+        batching.claim_task(pending, owner, LONG_LEASE, None, None),
+        batching.claim_task(completed, owner, LONG_LEASE, None, None),
+        batching.claim_task(leased, owner, LONG_LEASE, None, None),
+        batching.claim_task(spent, owner, LONG_LEASE, None, None),
+        batching.claim_task(
+            disagreeing.task_id,
+            owner,
+            LONG_LEASE,
+            Some(&disagreeing),
+            None
+        ),
+        batching.claim_task(unknown, owner, LONG_LEASE, None, None),
     );
 
     let fresh_t = fresh_t.unwrap();
@@ -1165,7 +1171,7 @@ async fn a_claim_batch_answers_a_locked_row_busy_without_waiting_and_its_lone_cl
     let (store, task) = (batching.clone(), locked);
     let lone = tokio::spawn(async move {
         store
-            .claim_task(task, "worker-b", LONG_LEASE, None)
+            .claim_task(task, "worker-b", LONG_LEASE, None, None)
             .await
             .unwrap()
     });
@@ -1174,7 +1180,7 @@ async fn a_claim_batch_answers_a_locked_row_busy_without_waiting_and_its_lone_cl
     assert!(
         matches!(
             batching
-                .claim_task(other, "worker-b", LONG_LEASE, None)
+                .claim_task(other, "worker-b", LONG_LEASE, None, None)
                 .await
                 .unwrap()
                 .claim,
@@ -1206,7 +1212,7 @@ async fn claim_batches_inserting_the_same_new_tasks_in_opposite_orders_neither_d
             futures_util::future::join_all(
                 specs
                     .iter()
-                    .map(|s| a.claim_task(s.task_id, "worker-a", LONG_LEASE, Some(s))),
+                    .map(|s| a.claim_task(s.task_id, "worker-a", LONG_LEASE, Some(s), None)),
             )
             .await
         };
@@ -1215,7 +1221,7 @@ async fn claim_batches_inserting_the_same_new_tasks_in_opposite_orders_neither_d
                 specs
                     .iter()
                     .rev()
-                    .map(|s| b.claim_task(s.task_id, "worker-b", LONG_LEASE, Some(s))),
+                    .map(|s| b.claim_task(s.task_id, "worker-b", LONG_LEASE, Some(s), None)),
             )
             .await
         };

@@ -114,7 +114,7 @@ fn the_claim_function_decides_what_decide_claim_decides() {
                 let expected = decide_claim(&snapshot);
                 let taken = db
                     .store
-                    .claim_task(spec.task_id, "w-after", Duration::from_secs(30), None)
+                    .claim_task(spec.task_id, "w-after", Duration::from_secs(30), None, None)
                     .await
                     .unwrap();
                 let after = taken.task.expect("the row exists");
@@ -174,7 +174,13 @@ async fn a_record_claim_inserts_its_task_once_and_reports_a_disagreeing_copy() {
     let spec = task_spec(3);
     let first = db
         .store
-        .claim_task(spec.task_id, "w-1", Duration::from_secs(30), Some(&spec))
+        .claim_task(
+            spec.task_id,
+            "w-1",
+            Duration::from_secs(30),
+            Some(&spec),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(first.claim.label(), "claimed");
@@ -184,7 +190,13 @@ async fn a_record_claim_inserts_its_task_once_and_reports_a_disagreeing_copy() {
     // A redelivered copy finds the task (and its live lease), and creates nothing.
     let again = db
         .store
-        .claim_task(spec.task_id, "w-2", Duration::from_secs(30), Some(&spec))
+        .claim_task(
+            spec.task_id,
+            "w-2",
+            Duration::from_secs(30),
+            Some(&spec),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(again.claim.label(), "leased_by_other");
@@ -194,7 +206,13 @@ async fn a_record_claim_inserts_its_task_once_and_reports_a_disagreeing_copy() {
     other.message_id = "msg-different".into();
     let conflicting = db
         .store
-        .claim_task(spec.task_id, "w-3", Duration::from_secs(30), Some(&other))
+        .claim_task(
+            spec.task_id,
+            "w-3",
+            Duration::from_secs(30),
+            Some(&other),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -599,7 +617,8 @@ async fn the_claim_function_answers_with_the_claim_kinds() {
     let definition: String = client
         .query_one(
             "SELECT pg_get_functiondef(p.oid) FROM pg_proc p \
-             WHERE p.proname = 'replyd_claim' AND p.pronamespace = current_schema()::regnamespace",
+             WHERE p.proname = 'replyd_claim' AND p.pronamespace = current_schema()::regnamespace \
+             ORDER BY p.pronargs DESC LIMIT 1",
             &[],
         )
         .await

@@ -821,6 +821,21 @@ async fn config_check_connect_reaches_every_part_and_names_each_that_does_not_an
             && provider.contains("provider.base_url"),
         "{out}"
     );
+
+    // Topics that keep records (the test brokers' default, a day) longer than a forgotten task
+    // is remembered: a record of it could come back once its id is let go.
+    let (code, out) = check(&[("REPLYD_RETENTION__FORGOTTEN_MS", "3600000".into())]);
+    assert_eq!(code, Some(5), "{out}");
+    let kafka = line(&out, "kafka");
+    assert!(
+        kafka.starts_with("kafka: FAILED")
+            && kafka.contains(&format!(
+                "topic {} keeps records 86400000 ms (retention.ms)",
+                app.topic
+            ))
+            && kafka.contains("retention.forgotten_ms is 3600000 ms"),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -197,7 +197,7 @@ export interface components {
          *     OpenAPI document's `ProblemKind`, from which the TypeScript client's type is generated.
          * @enum {string}
          */
-        ProblemKind: "body_too_large" | "headers_too_large" | "idempotency_key_reused" | "invalid_authorization" | "invalid_body" | "invalid_idempotency_key" | "invalid_task_id" | "malformed_json" | "malformed_request" | "method_not_allowed" | "not_found" | "outside_workspace_policy" | "quota_exceeded" | "rate_limited" | "record_too_large" | "unauthorized" | "unavailable" | "unsupported_media_type" | "uri_too_long";
+        ProblemKind: "body_too_large" | "headers_too_large" | "conversation_erased" | "idempotency_key_reused" | "invalid_authorization" | "invalid_body" | "invalid_idempotency_key" | "invalid_task_id" | "malformed_json" | "malformed_request" | "method_not_allowed" | "not_found" | "outside_workspace_policy" | "quota_exceeded" | "rate_limited" | "record_too_large" | "unauthorized" | "unavailable" | "unsupported_media_type" | "uri_too_long";
         /** @description A workspace's quota now. */
         QuotaView: {
             /**
@@ -473,6 +473,15 @@ export interface operations {
             };
             /** @description No API key, or an unknown or revoked one */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The conversation (or its workspace) was erased: it takes no new messages (`conversation_erased`); nothing was written */
+            410: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -792,6 +801,15 @@ export interface operations {
             };
             /** @description No such task in the caller's workspace */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The task's conversation (or its workspace) was erased while this was asked (`conversation_erased`); nothing was written */
+            410: {
                 headers: {
                     [name: string]: unknown;
                 };

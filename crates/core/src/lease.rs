@@ -80,6 +80,9 @@ pub enum ClaimOutcome {
     NotBefore { at: DateTime<Utc> },
     /// No such task.
     NotFound,
+    /// The task was deleted by retention or an erasure, and is remembered as forgotten: a
+    /// record of it is done, with no call (a forgotten task never comes back).
+    Forgotten,
 }
 
 /// The kinds of claim outcome, a closed set: the label `replyd_claim` (V9, V15) answers with,
@@ -94,11 +97,12 @@ pub enum ClaimKind {
     DeadlinePassed,
     BackingOff,
     NotFound,
+    Forgotten,
 }
 
 impl ClaimKind {
     /// Every kind, in the order of the enum.
-    pub const ALL: [ClaimKind; 8] = [
+    pub const ALL: [ClaimKind; 9] = [
         ClaimKind::Claimed,
         ClaimKind::AlreadyCompleted,
         ClaimKind::AlreadyFailed,
@@ -107,6 +111,7 @@ impl ClaimKind {
         ClaimKind::DeadlinePassed,
         ClaimKind::BackingOff,
         ClaimKind::NotFound,
+        ClaimKind::Forgotten,
     ];
 
     /// The label, as `replyd_claim` writes it.
@@ -120,6 +125,7 @@ impl ClaimKind {
             ClaimKind::DeadlinePassed => "deadline_passed",
             ClaimKind::BackingOff => "backing_off",
             ClaimKind::NotFound => "not_found",
+            ClaimKind::Forgotten => "forgotten",
         }
     }
 
@@ -141,6 +147,7 @@ impl ClaimOutcome {
             ClaimOutcome::DeadlinePassed { .. } => ClaimKind::DeadlinePassed,
             ClaimOutcome::NotBefore { .. } => ClaimKind::BackingOff,
             ClaimOutcome::NotFound => ClaimKind::NotFound,
+            ClaimOutcome::Forgotten => ClaimKind::Forgotten,
         }
     }
 

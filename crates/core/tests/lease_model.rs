@@ -4,11 +4,21 @@
 //!
 //! One task row, a few workers that claim, renew, call the provider, complete, crash, restart
 //! and stall, whose provider calls may also fail (retryable: the lease is given back with a
-//! backoff; fatal: the task fails), a task deadline, and a discrete database clock. Claims are decided by replyd's own
-//! `decide_claim` and refused writes are classified by its own `classify_refusal`, so the check
-//! covers the code the store runs, not a paraphrase of it. What is modelled by hand is what
-//! lives in SQL (`store::tasks`): the guarded UPDATE's predicate and the columns each statement
-//! writes; those are transcribed next to the statements they mirror.
+//! backoff; fatal: the task fails), a task deadline, and a discrete database clock. Claims are
+//! decided by replyd's own `decide_claim` and refused writes are classified by its own
+//! `classify_refusal`, so the check covers the code the store runs, not a paraphrase of it.
+//! What is modelled by hand is what lives in SQL (`store::tasks`): the guarded UPDATE's
+//! predicate and the columns each statement writes; those are transcribed next to the
+//! statements they mirror.
+//!
+//! The task may also be forgotten (`Action::Forget`, migration V21), at most once a run:
+//! retention deletes it once it is finished and its reservation settled, an erasure at any
+//! moment, settling an open task's reservation first (charged when the provider may have done
+//! the work, else released). Its row is gone and its id remembered: a fenced write finds no
+//! row (`Refusal::NotFound`) and its worker claims again; a claim answers
+//! `ClaimOutcome::Forgotten` and its worker is done with the record; the insert that a
+//! record's first claim makes refuses the id, so a redelivered record never brings the task
+//! back.
 //!
 //! The clock and the number of crashes and stalls are bounded, so the state space is finite and
 //! the breadth-first search visits all of it.
@@ -16,7 +26,9 @@
 //! The second model checks the lease with the clock read when the completion statement
 //! *started* instead of after the row lock is held (the PostgreSQL behaviour that
 //! `a_guarded_update_without_locking_first_accepts_an_expired_lease` shows on the real server),
-//! and the checker must find the zombie reply that lets in: proof that the model can fail.
+//! and the checker must find the zombie reply that lets in: proof that the model can fail. The
+//! third inserts a record's task without consulting `forgotten_tasks`, and the checker must
+//! find the attempt that starts on the task the insert brings back.
 
 use std::time::Instant;
 
@@ -28,6 +40,7 @@ use replyd_core::lease::{
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 const ZOMBIE_ACCEPTED: &str = "I2: no zombie reply is accepted after its lease lapsed";
+const ATTEMPT_AFTER_FORGETTING: &str = "no attempt starts after the task is forgotten";
 
 /// A reading of the database clock, in ticks since the start of the run.
 type Tick = u8;
@@ -45,6 +58,19 @@ enum LeaseCheck {
     /// reply are still read from the row as it is at the write: a row changed by someone else
     /// is re-checked, so only the clock is stale.
     WhenStatementStarted,
+}
+
+/// What the insert of a record's task (`replyd_insert_task`, made by the first claim of each
+/// delivery of a record) consults before inserting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TaskInsert {
+    /// replyd's (V21): an id in `forgotten_tasks` is refused, so the claim finds no row and
+    /// answers `forgotten`.
+    RefusesForgotten,
+    /// The broken insert: `forgotten_tasks` is not read, and a record of a forgotten task
+    /// inserts it again as a new pending row (`ON CONFLICT DO NOTHING` only guards a row that
+    /// is there).
+    IgnoresForgotten,
 }
 
 /// The bounds and the protocol variant of one check.
@@ -69,7 +95,14 @@ struct LeaseProtocol {
     max_crashes: u8,
     /// Stalls over the whole run.
     max_stalls: u8,
+    /// The task may be forgotten (`Action::Forget`) in the runs with this attempt budget. One
+    /// budget is enough: two attempts already meet forgetting in every phase of the lease
+    /// (before any claim, under a live or lapsed lease, after a takeover, a release, a
+    /// completion, a failure), and the runs with more only repeat those meetings one attempt
+    /// later, at twice the states.
+    forget_with_budget: Option<u8>,
     lease_check: LeaseCheck,
+    insert: TaskInsert,
 }
 
 /// The columns of the task row that fencing reads or writes.
@@ -88,6 +121,49 @@ struct TaskRow {
     may_have_run: bool,
     /// `refusals`: calls the provider turned away; each gave its attempt back.
     refusals: u8,
+}
+
+impl TaskRow {
+    /// The row `replyd_insert_task` inserts for a record: its inputs, every other column its
+    /// default.
+    fn inserted(max_attempts: u8, deadline: Option<Tick>) -> Self {
+        Self {
+            status: TaskStatus::Pending,
+            assignment_version: 0,
+            lease_owner: None,
+            lease_until: None,
+            attempt_count: 0,
+            max_attempts,
+            deadline,
+            next_attempt_at: None,
+            saved: None,
+            may_have_run: false,
+            refusals: 0,
+        }
+    }
+}
+
+/// Whether the task's row exists, and whether its id is in `forgotten_tasks`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Presence {
+    /// The row exists; the task was never forgotten.
+    Present,
+    /// Retention or an erasure deleted the row (with its attempts and its reservation) and
+    /// remembered its id. `State::row` keeps what the row held when it went, for the
+    /// properties that speak about the past.
+    Forgotten,
+    /// Only with `TaskInsert::IgnoresForgotten`: a record's insert put a forgotten task back.
+    Recreated,
+}
+
+impl Presence {
+    fn row_exists(self) -> bool {
+        self != Presence::Forgotten
+    }
+
+    fn ever_forgotten(self) -> bool {
+        self != Presence::Present
+    }
 }
 
 /// The task's quota reservation (I8), as the settlement trigger and the reconciler move it.
@@ -136,6 +212,12 @@ struct SavedReply {
 enum Phase {
     /// Has the record and will claim (again): the pipeline's loop.
     Idle,
+    /// Restarted, with the record delivered again: its first claim inserts the record's task
+    /// first (`replyd_insert_task`), which does nothing while the row exists. (The workers
+    /// start `Idle`: the run's row is their records' task, and an insert before a claim only
+    /// matters once the task is forgotten, when replyd's claim answers `forgotten` with it or
+    /// without it; the broken insert, the one it matters to, shows on a redelivered record.)
+    Redelivered,
     /// Holds assignment `version` and is calling the provider; renews in the background.
     Calling { version: u8 },
     /// The provider answered; the reply is not saved yet.
@@ -215,6 +297,25 @@ struct History {
     paid_calls: u8,
     refused: bool,
     failed_on_refusals: bool,
+    /// The workers holding the current assignment's live lease when the task was forgotten,
+    /// one bit each.
+    held_lease_when_forgotten: u8,
+    forgotten_by_retention: bool,
+    /// An erasure settled an open task's reservation as charged, or as released.
+    erasure_charged: bool,
+    erasure_released: bool,
+    /// A forgotten task's row came back.
+    came_back: bool,
+    /// A claim took a lease (and so started an attempt and its call) after the task was
+    /// forgotten.
+    attempt_after_forgetting: bool,
+    /// A reply, or a renewal, release or failure, was accepted after the task was forgotten.
+    reply_after_forgetting: bool,
+    write_after_forgetting: bool,
+    /// A worker that held the live lease when the task was forgotten had its completion
+    /// refused for want of a row.
+    leaseholder_found_no_row: bool,
+    redelivered_found_forgotten: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -222,6 +323,7 @@ struct State {
     /// The database clock (`clock_timestamp()`).
     now: Tick,
     row: TaskRow,
+    presence: Presence,
     reservation: Reservation,
     workers: Vec<Worker>,
     crashes: u8,
@@ -261,6 +363,11 @@ enum Action {
     Restart(WorkerId),
     Stall(WorkerId),
     Resume(WorkerId),
+    /// `replyd_forget` (V21) deletes the task and remembers its id: retention (a finished task
+    /// whose reservation is settled) or an erasure (any task, an open one settled first).
+    Forget {
+        erasure: bool,
+    },
 }
 
 /// The database clock as the timestamps the fencing functions compare.
@@ -290,20 +397,27 @@ fn snapshot(row: &TaskRow, now: Tick) -> LeaseSnapshot {
 }
 
 /// The predicate of every fenced write in `tasks` (renew, complete, fail, release):
-/// `WHERE assignment_version = $2 AND status = 'running' AND lease_until > clock_timestamp()
-/// AND saved_response IS NULL`, with `clock` standing for `clock_timestamp()`. (In this model
+/// `WHERE task_id = $1 AND assignment_version = $2 AND status = 'running'
+/// AND lease_until > clock_timestamp() AND saved_response IS NULL`, with `clock` standing for
+/// `clock_timestamp()`: a deleted (forgotten) row matches nothing. (In this model
 /// `status = 'running'` already excludes a saved reply, since saving completes the task in the
 /// same UPDATE; the last clause is a second line of defence, and removing it changes nothing
 /// the checker can see.)
-fn guarded_update_matches(row: &TaskRow, version: u8, clock: Tick) -> bool {
-    row.assignment_version == version
+fn guarded_update_matches(state: &State, version: u8, clock: Tick) -> bool {
+    let row = &state.row;
+    state.presence.row_exists()
+        && row.assignment_version == version
         && row.status == TaskStatus::Running
         && row.lease_until.is_some_and(|until| until > clock)
         && row.saved.is_none()
 }
 
 /// Whether a refusal names what is really true of the row it was classified from.
-fn refusal_is_truthful(row: &TaskRow, version: u8, now: Tick, refusal: &Refusal) -> bool {
+fn refusal_is_truthful(state: &State, version: u8, refusal: &Refusal) -> bool {
+    let (row, now) = (&state.row, state.now);
+    if !state.presence.row_exists() {
+        return *refusal == Refusal::NotFound;
+    }
     match refusal {
         Refusal::AlreadySaved { by_this_assignment } => row
             .saved
@@ -316,16 +430,22 @@ fn refusal_is_truthful(row: &TaskRow, version: u8, now: Tick, refusal: &Refusal)
         Refusal::LeaseExpired => {
             row.assignment_version == version && row.lease_until.is_none_or(|until| until <= now)
         }
-        // The row always exists in the model.
+        // The row is there.
         Refusal::NotFound => false,
     }
 }
 
 impl LeaseProtocol {
-    /// Records a refused fenced write by `worker` holding `version`, classified by replyd.
+    /// Records a refused fenced write by `worker` holding `version`, classified by replyd. The
+    /// refusal is read under the lock the refused write held; when that read finds no row (the
+    /// task was forgotten), `tasks` answers `NotFound` without classifying.
     fn refuse(state: &mut State, worker: WorkerId, version: u8) -> Refusal {
-        let refusal = classify_refusal(&snapshot(&state.row, state.now), i64::from(version));
-        if !refusal_is_truthful(&state.row, version, state.now, &refusal) {
+        let refusal = if state.presence.row_exists() {
+            classify_refusal(&snapshot(&state.row, state.now), i64::from(version))
+        } else {
+            Refusal::NotFound
+        };
+        if !refusal_is_truthful(state, version, &refusal) {
             state
                 .history
                 .misclassified
@@ -339,7 +459,26 @@ impl LeaseProtocol {
     /// `decide_claim`, and write what it decides.
     fn claim(&self, state: &mut State, worker: WorkerId) {
         let now = state.now;
-        let decision = decide_claim(&snapshot(&state.row, now));
+        let received = state.workers[usize::from(worker)].phase;
+        // `replyd_insert_task` (V21), for a record's first claim: `IF EXISTS (SELECT 1 FROM
+        // forgotten_tasks ...) THEN RETURN false`, then `INSERT ... ON CONFLICT (task_id) DO
+        // NOTHING`, which leaves a row that is there alone. Only the broken insert, which skips
+        // the first test, puts a forgotten task back.
+        if received == Phase::Redelivered
+            && state.presence == Presence::Forgotten
+            && self.insert == TaskInsert::IgnoresForgotten
+        {
+            state.row = TaskRow::inserted(state.row.max_attempts, state.row.deadline);
+            state.presence = Presence::Recreated;
+        }
+        let decision = if state.presence.row_exists() {
+            decide_claim(&snapshot(&state.row, now))
+        } else {
+            // `replyd_claim` (V21): `SELECT ... FOR UPDATE` finds no row and `forgotten_tasks`
+            // holds the id: 'forgotten'. (No row without a forgetting: the model's row exists
+            // from the start.)
+            ClaimDecision::Refuse(ClaimOutcome::Forgotten)
+        };
         let early = state.row.next_attempt_at.is_some_and(|at| now < at);
         let late = state.row.deadline.is_some_and(|d| now >= d);
         if matches!(decision, ClaimDecision::Claim { .. }) && (early || late) {
@@ -365,6 +504,7 @@ impl LeaseProtocol {
                 row.may_have_run |= lapsed_running;
                 state.history.taken_over |= takes_over;
                 state.history.claimed_after_release |= state.history.released;
+                state.history.attempt_after_forgetting |= state.presence.ever_forgotten();
                 Phase::Calling {
                     version: row.assignment_version,
                 }
@@ -387,12 +527,17 @@ impl LeaseProtocol {
             ClaimDecision::Refuse(ClaimOutcome::AlreadyCompleted | ClaimOutcome::AlreadyFailed) => {
                 Phase::Done
             }
+            // The record is done, with no call: a forgotten task is never run again.
+            ClaimDecision::Refuse(ClaimOutcome::Forgotten) => {
+                state.history.redelivered_found_forgotten |= received == Phase::Redelivered;
+                Phase::Done
+            }
             // Parks until the lease or the backoff ends, then claims again: stays idle.
             ClaimDecision::Refuse(
                 ClaimOutcome::LeasedByOther { .. } | ClaimOutcome::NotBefore { .. },
             ) => Phase::Idle,
             ClaimDecision::Refuse(outcome) => {
-                panic!("the row always exists in the model, yet the claim said {outcome:?}")
+                panic!("the row is absent only once forgotten, yet the claim said {outcome:?}")
             }
         };
         state.workers[usize::from(worker)].phase = phase;
@@ -402,7 +547,8 @@ impl LeaseProtocol {
     /// so no other write and no stale clock reading can come between the check and the write.
     fn renew(&self, state: &mut State, worker: WorkerId, version: u8) {
         let now = state.now;
-        if guarded_update_matches(&state.row, version, now) {
+        if guarded_update_matches(state, version, now) {
+            state.history.write_after_forgetting |= state.presence.ever_forgotten();
             state.row.lease_until = Some(now + self.lease_ticks);
         } else {
             // A refused renewal stops the call; the pipeline loops back to read and claim.
@@ -422,7 +568,8 @@ impl LeaseProtocol {
         ran: bool,
     ) {
         let now = state.now;
-        let phase = if guarded_update_matches(&state.row, version, now) {
+        let phase = if guarded_update_matches(state, version, now) {
+            state.history.write_after_forgetting |= state.presence.ever_forgotten();
             state
                 .history
                 .gave_up
@@ -483,7 +630,8 @@ impl LeaseProtocol {
             LeaseCheck::AfterRowLock => now,
             LeaseCheck::WhenStatementStarted => started_at,
         };
-        let phase = if guarded_update_matches(&state.row, version, lease_clock) {
+        let phase = if guarded_update_matches(state, version, lease_clock) {
+            state.history.reply_after_forgetting |= state.presence.ever_forgotten();
             state
                 .history
                 .accepted
@@ -509,11 +657,53 @@ impl LeaseProtocol {
                     state.history.zombie_refused = true;
                     Phase::Idle
                 }
+                // The task was forgotten: the pipeline claims again and finds it so.
+                Refusal::NotFound => {
+                    state.history.leaseholder_found_no_row |=
+                        state.history.held_lease_when_forgotten & (1 << worker) != 0;
+                    Phase::Idle
+                }
                 // The loop reads the row next and stops on a terminal task.
                 _ => Phase::Idle,
             }
         };
         state.workers[usize::from(worker)].phase = phase;
+    }
+
+    /// `replyd_forget(tasks, 'retention' | 'erasure')` (V21): one transaction that locks the row
+    /// first (`SELECT ... FOR UPDATE`, waiting out any statement that holds it), so one atomic
+    /// step here, between any two other statements on the row.
+    fn forget(state: &mut State, erasure: bool) {
+        let now = state.now;
+        for (id, worker) in (0..).zip(&state.workers) {
+            if let Phase::Calling { version }
+            | Phase::HasReply { version }
+            | Phase::Completing { version, .. } = worker.phase
+                && guarded_update_matches(state, version, now)
+            {
+                state.history.held_lease_when_forgotten |= 1 << id;
+            }
+        }
+        let row = &state.row;
+        // Every open reservation is settled first, whatever the task's status:
+        // `replyd_settle_to(task, CASE WHEN status = 'running' OR provider_may_have_run THEN
+        // 'charged' ELSE 'released' END)`, guarded on the reservation being open. A running
+        // task's worker may be in the call, whatever its lease says; a failed task's
+        // reservation is open only while its work may exist (left for the reconciler), so it
+        // is charged. Retention picks none that is open.
+        if state.reservation == Reservation::Reserved {
+            if row.status == TaskStatus::Running || row.may_have_run {
+                state.reservation = Reservation::Charged(tokens_of(row.saved));
+                state.history.erasure_charged = true;
+            } else {
+                state.reservation = Reservation::Released;
+                state.history.erasure_released = true;
+            }
+        }
+        // INSERT INTO forgotten_tasks ...; DELETE FROM reply_attempts ...;
+        // DELETE FROM reply_tasks ...
+        state.presence = Presence::Forgotten;
+        state.history.forgotten_by_retention = !erasure;
     }
 }
 
@@ -527,19 +717,8 @@ impl Model for LeaseProtocol {
             .flat_map(|&max_attempts| self.deadlines.iter().map(move |&d| (max_attempts, d)))
             .map(|(max_attempts, deadline)| State {
                 now: 0,
-                row: TaskRow {
-                    status: TaskStatus::Pending,
-                    assignment_version: 0,
-                    lease_owner: None,
-                    lease_until: None,
-                    attempt_count: 0,
-                    max_attempts,
-                    deadline,
-                    next_attempt_at: None,
-                    saved: None,
-                    may_have_run: false,
-                    refusals: 0,
-                },
+                row: TaskRow::inserted(max_attempts, deadline),
+                presence: Presence::Present,
                 reservation: Reservation::Reserved,
                 workers: vec![
                     Worker {
@@ -556,11 +735,27 @@ impl Model for LeaseProtocol {
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
-        if state.now < self.last_tick {
+        // Once the row is gone nothing reads the clock (no fenced write can match it, every
+        // claim answers `forgotten`), so it stops: states that differ only in it are one.
+        if state.now < self.last_tick && state.presence.row_exists() {
             actions.push(Action::Tick);
         }
-        if state.row.status == TaskStatus::Failed && state.reservation == Reservation::Reserved {
+        // The reconciler finds open reservations by their rows: none once the task is forgotten.
+        if state.presence.row_exists()
+            && state.row.status == TaskStatus::Failed
+            && state.reservation == Reservation::Reserved
+        {
             actions.push(Action::Reconcile);
+        }
+        if state.presence == Presence::Present
+            && self.forget_with_budget == Some(state.row.max_attempts)
+        {
+            actions.push(Action::Forget { erasure: true });
+            // Retention (`Store::forget_finished`) picks a finished task whose reservation is
+            // settled: one whose work may exist waits for the reconciler.
+            if state.row.status.is_terminal() && state.reservation != Reservation::Reserved {
+                actions.push(Action::Forget { erasure: false });
+            }
         }
         for (id, worker) in (0..).zip(&state.workers) {
             if worker.stalled {
@@ -570,7 +765,7 @@ impl Model for LeaseProtocol {
             let can_crash = state.crashes < self.max_crashes;
             let can_stall = state.stalls < self.max_stalls;
             match worker.phase {
-                Phase::Idle => actions.push(Action::Claim(id)),
+                Phase::Idle | Phase::Redelivered => actions.push(Action::Claim(id)),
                 Phase::Calling { .. } => {
                     actions.push(Action::Renew(id));
                     actions.push(Action::FinishCall(id));
@@ -647,7 +842,7 @@ impl Model for LeaseProtocol {
             }
             Action::Reconcile => {
                 // `replyd_settle_to(task, 'charged')`, guarded on the reservation being open.
-                if state.reservation != Reservation::Reserved {
+                if state.reservation != Reservation::Reserved || !state.presence.row_exists() {
                     return None;
                 }
                 state.reservation = Reservation::Charged(tokens_of(state.row.saved));
@@ -684,12 +879,21 @@ impl Model for LeaseProtocol {
                 worker.phase = Phase::Crashed;
                 state.crashes += 1;
             }
-            Action::Restart(id) => state.workers[usize::from(id)].phase = Phase::Idle,
+            Action::Restart(id) => state.workers[usize::from(id)].phase = Phase::Redelivered,
             Action::Stall(id) => {
                 state.workers[usize::from(id)].stalled = true;
                 state.stalls += 1;
             }
             Action::Resume(id) => state.workers[usize::from(id)].stalled = false,
+            Action::Forget { erasure } => {
+                if state.presence != Presence::Present {
+                    return None;
+                }
+                Self::forget(&mut state, erasure);
+            }
+        }
+        if last.presence == Presence::Forgotten && state.presence != Presence::Forgotten {
+            state.history.came_back = true;
         }
         let terminal = |status| matches!(status, TaskStatus::Completed | TaskStatus::Failed);
         if terminal(last.row.status) && state.row.status != last.row.status {
@@ -793,8 +997,12 @@ impl Model for LeaseProtocol {
                 },
             ),
             Property::always(
-                "I8: an open task's reservation stays open",
-                |_, s: &State| s.row.status.is_terminal() || s.reservation == Reservation::Reserved,
+                "I8: an open task's reservation stays open while its row exists",
+                |_, s: &State| {
+                    !s.presence.row_exists()
+                        || s.row.status.is_terminal()
+                        || s.reservation == Reservation::Reserved
+                },
             ),
             Property::always(
                 "I7: no claim before the backoff ends or after the deadline",
@@ -818,7 +1026,7 @@ impl Model for LeaseProtocol {
                 |_, s: &State| {
                     s.workers.iter().any(|w| match w.phase {
                         Phase::Calling { version } | Phase::HasReply { version } => {
-                            w.stalled && !guarded_update_matches(&s.row, version, s.now)
+                            w.stalled && !guarded_update_matches(s, version, s.now)
                         }
                         _ => false,
                     })
@@ -850,6 +1058,49 @@ impl Model for LeaseProtocol {
                 "the task fails on its deadline",
                 |_, s: &State| s.history.failed_on_deadline,
             ));
+        }
+        if self.forget_with_budget.is_some() {
+            properties.extend([
+                Property::always(ATTEMPT_AFTER_FORGETTING, |_, s: &State| {
+                    !s.history.attempt_after_forgetting
+                }),
+                Property::always(
+                    "no reply is accepted after the task is forgotten",
+                    |_, s: &State| !s.history.reply_after_forgetting,
+                ),
+                Property::always(
+                    "no renewal, release or failure is written after the task is forgotten",
+                    |_, s: &State| !s.history.write_after_forgetting,
+                ),
+                Property::always(
+                    "I8: no reservation is left open once its task is forgotten",
+                    |_, s: &State| {
+                        s.presence == Presence::Present || s.reservation != Reservation::Reserved
+                    },
+                ),
+                Property::always("once forgotten, always forgotten", |_, s: &State| {
+                    !s.history.came_back
+                }),
+                Property::sometimes(
+                    "a task is forgotten while a worker holds its lease, and that worker's completion is refused",
+                    |_, s: &State| s.history.leaseholder_found_no_row,
+                ),
+                Property::sometimes(
+                    "a redelivered record finds its task forgotten",
+                    |_, s: &State| s.history.redelivered_found_forgotten,
+                ),
+                Property::sometimes("retention forgets a finished task", |_, s: &State| {
+                    s.history.forgotten_by_retention
+                }),
+                Property::sometimes(
+                    "an erasure charges an open task's reservation",
+                    |_, s: &State| s.history.erasure_charged,
+                ),
+                Property::sometimes(
+                    "an erasure releases the reservation of a task whose provider did nothing",
+                    |_, s: &State| s.history.erasure_released,
+                ),
+            ]);
         }
         if self.call_failures {
             properties.push(Property::sometimes(
@@ -892,8 +1143,9 @@ fn check(model: LeaseProtocol, finish_when: HasDiscoveries) -> impl Checker<Leas
         .spawn_bfs()
         .join();
     println!(
-        "{:?}: {} unique states ({} generated), depth {}, {:.2?}",
+        "{:?}, {:?}: {} unique states ({} generated), depth {}, {:.2?}",
         checker.model().lease_check,
+        checker.model().insert,
         checker.unique_state_count(),
         checker.state_count(),
         checker.max_depth(),
@@ -914,13 +1166,15 @@ fn replyd_protocol() -> LeaseProtocol {
         last_tick: 6,
         max_crashes: 1,
         max_stalls: 1,
+        forget_with_budget: Some(2),
         lease_check: LeaseCheck::AfterRowLock,
+        insert: TaskInsert::RefusesForgotten,
     }
 }
 
-/// Unique states of `replyd_protocol()` were 421,298 when this was written; a model that
+/// Unique states of `replyd_protocol()` were 919,690 when this was written; a model that
 /// explores far fewer has lost part of its behaviour.
-const UNIQUE_STATES_FLOOR: usize = 400_000;
+const UNIQUE_STATES_FLOOR: usize = 900_000;
 
 #[test]
 fn the_lease_protocol_accepts_one_reply_only_from_a_live_current_assignment() {
@@ -973,5 +1227,41 @@ fn checking_the_lease_with_the_clock_read_before_the_lock_wait_accepts_a_zombie_
             .lease_until
             .is_some_and(|until| until <= accepted.at),
         "the counterexample ends with a reply written after its lease ran out: {accepted:?}"
+    );
+}
+
+#[test]
+fn an_insert_that_does_not_consult_the_forgotten_tasks_starts_an_attempt_on_a_forgotten_task() {
+    let broken = LeaseProtocol {
+        insert: TaskInsert::IgnoresForgotten,
+        ..replyd_protocol()
+    };
+    // Stops soon after the attempt is found: the path leads to it and may go a few steps on.
+    let checker = check(
+        broken,
+        HasDiscoveries::AnyOf([ATTEMPT_AFTER_FORGETTING].into()),
+    );
+    let attempt = checker
+        .discovery(ATTEMPT_AFTER_FORGETTING)
+        .expect("the checker finds an attempt on a task the insert brought back");
+    println!("counterexample:\n{attempt}");
+    let states = attempt.into_states();
+    let (Some(forgotten), Some(claimed)) = (
+        states
+            .iter()
+            .position(|s| s.presence == Presence::Forgotten),
+        states
+            .iter()
+            .position(|s| s.history.attempt_after_forgetting),
+    ) else {
+        panic!("the counterexample forgets the task and claims it: {states:?}");
+    };
+    let claimed_state = &states[claimed];
+    assert!(
+        forgotten < claimed
+            && claimed_state.presence == Presence::Recreated
+            && claimed_state.row.status == TaskStatus::Running
+            && claimed_state.row.attempt_count == 1,
+        "the attempt is the first of the task re-inserted after it was forgotten: {claimed_state:?}"
     );
 }

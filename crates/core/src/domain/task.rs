@@ -173,6 +173,8 @@ pub enum RecordEnd {
     AlreadyCompleted,
     /// The task had already failed for good.
     AlreadyFailed,
+    /// The task was forgotten (retention or an erasure): nothing is left to do for it.
+    Forgotten,
 }
 
 impl RecordEnd {
@@ -183,8 +185,17 @@ impl RecordEnd {
             RecordEnd::DeadLettered => "dead_lettered",
             RecordEnd::AlreadyCompleted => "already_completed",
             RecordEnd::AlreadyFailed => "already_failed",
+            RecordEnd::Forgotten => "forgotten",
         }
     }
+}
+
+/// Where the record a claim is made for sits in its source: a topic's partition and the
+/// record's offset there. Written on the task and the attempt a claim starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RecordSource {
+    pub partition: i32,
+    pub offset: i64,
 }
 
 /// A task row as stored, for `read` and operators.
@@ -228,6 +239,9 @@ pub struct AttemptRecord {
     /// The tokens the provider reported for this attempt's call; None: not reported (the call
     /// ended without an answer, or the answer said nothing), which is never the same as 0.
     pub usage: Option<TokenUsage>,
+    /// The record this attempt's claim was made for; None for a claim made without one (an
+    /// operator's, or a row written before V21).
+    pub source: Option<RecordSource>,
 }
 
 impl AttemptRecord {

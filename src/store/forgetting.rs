@@ -1,0 +1,275 @@
+//! Forgetting tasks (migration V21): retention deletes finished tasks past their age, an
+//! erasure deletes one workspace's or one conversation's data. Both delete through
+//! `replyd_forget`, which remembers each deleted id in `forgotten_tasks`: a record of a
+//! forgotten task (still in the topic, or replayed from the dead letters) finds it forgotten
+//! and is done without a call, so forgetting never buys a second generation. The ids are
+//! remembered for `retention.forgotten_ms`, which must outlast the topic's own retention.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use replyd_core::domain::TaskId;
+
+use super::Store;
+use super::error::StoreError;
+
+/// The advisory lock class of erasures (`replyd_insert_task`, V21): "rpyd" in ASCII.
+const ERASURE_LOCK_CLASS: i32 = 0x7270_7964;
+
+/// Tasks forgotten per `replyd_forget` call: one bounded transaction each.
+const FORGET_BATCH: i64 = 500;
+
+/// What an erasure covers: a whole workspace, or one of its conversations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErasureScope {
+    pub workspace_id: String,
+    pub conversation_id: Option<String>,
+}
+
+impl ErasureScope {
+    /// The scope's key in `erasures`: the conversation, or `''` for the whole workspace.
+    fn conversation_key(&self) -> &str {
+        self.conversation_id.as_deref().unwrap_or("")
+    }
+}
+
+/// What forgetting deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Forgotten {
+    pub tasks: u64,
+    pub attempts: u64,
+    pub messages: u64,
+    /// Open tasks ended by an erasure, and how their reservations were settled.
+    pub charged: u64,
+    pub released: u64,
+}
+
+impl Forgotten {
+    fn add(&mut self, other: Forgotten) {
+        self.tasks += other.tasks;
+        self.attempts += other.attempts;
+        self.messages += other.messages;
+        self.charged += other.charged;
+        self.released += other.released;
+    }
+}
+
+/// What an erasure deleted besides the tasks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Erased {
+    #[serde(flatten)]
+    pub forgotten: Forgotten,
+    /// Messages of the scope that had no task left.
+    pub other_messages: u64,
+    /// For a workspace: its API keys, and whether its row (with its quota counter) went.
+    pub api_keys: u64,
+    pub workspace: bool,
+}
+
+/// What an erasure would delete, counted without deleting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ErasurePlan {
+    pub tasks: i64,
+    pub open_tasks: i64,
+    pub messages: i64,
+    pub api_keys: i64,
+}
+
+fn counts(row: &tokio_postgres::Row) -> Forgotten {
+    let n = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+    Forgotten {
+        tasks: n(0),
+        attempts: n(1),
+        messages: n(2),
+        charged: n(3),
+        released: n(4),
+    }
+}
+
+impl Store {
+    /// Whether `task_id` was forgotten (and is still remembered as such).
+    pub async fn is_forgotten(&self, task_id: TaskId) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM forgotten_tasks WHERE task_id = $1)",
+                &[&task_id.as_uuid()],
+            )
+            .await?
+            .get(0))
+    }
+
+    /// Forgets `tasks` in one transaction (`replyd_forget`).
+    async fn forget(&self, tasks: &[Uuid], reason: &str) -> Result<Forgotten, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT * FROM replyd_forget($1, $2)", &[&tasks, &reason])
+            .await?;
+        Ok(counts(&row))
+    }
+
+    /// One round of retention: forgets up to `limit` tasks finished more than `age` ago,
+    /// oldest first. A task whose idempotency record is still remembered (a client's retry
+    /// must still find it), whose reservation is still open (unresolved work), or whose
+    /// reservation was settled in its workspace's current quota window (a period change
+    /// recounts the window from the reservations) waits.
+    pub async fn forget_finished(
+        &self,
+        age: Duration,
+        limit: i64,
+    ) -> Result<Forgotten, StoreError> {
+        let ids: Vec<Uuid> = {
+            let client = self.client().await?;
+            client
+                .query(
+                    "SELECT t.task_id FROM reply_tasks t \
+                     WHERE t.finished_at < clock_timestamp() - make_interval(secs => $1) \
+                       AND NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.task_id = t.task_id \
+                                        AND k.expires_at > clock_timestamp()) \
+                       AND NOT EXISTS (SELECT 1 FROM quota_reservations r \
+                                       JOIN quota_counters q USING (workspace_id) \
+                                       WHERE r.task_id = t.task_id \
+                                         AND (r.state = 'reserved' OR r.settled_at >= q.window_start)) \
+                     ORDER BY t.finished_at LIMIT $2",
+                    &[&age.as_secs_f64(), &limit],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+        };
+        if ids.is_empty() {
+            return Ok(Forgotten::default());
+        }
+        self.forget(&ids, "retention").await
+    }
+
+    /// Deletes up to `limit` remembered ids (and erased scopes) older than `age`: by then no
+    /// record of them is left in the topic.
+    pub async fn purge_forgotten(&self, age: Duration, limit: i64) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let secs = age.as_secs_f64();
+        let ids = client
+            .execute(
+                "DELETE FROM forgotten_tasks WHERE task_id IN (SELECT task_id FROM forgotten_tasks \
+                 WHERE forgotten_at < clock_timestamp() - make_interval(secs => $1) \
+                 ORDER BY forgotten_at LIMIT $2)",
+                &[&secs, &limit],
+            )
+            .await?;
+        let scopes = client
+            .execute(
+                "DELETE FROM erasures WHERE erased_at < clock_timestamp() - make_interval(secs => $1)",
+                &[&secs],
+            )
+            .await?;
+        Ok(ids + scopes)
+    }
+
+    /// What [`Self::erase`] would delete now.
+    pub async fn erasure_plan(&self, scope: &ErasureScope) -> Result<ErasurePlan, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT \
+                   (SELECT count(*) FROM reply_tasks WHERE workspace_id = $1 \
+                      AND ($2 = '' OR conversation_id = $2)), \
+                   (SELECT count(*) FROM reply_tasks WHERE workspace_id = $1 \
+                      AND ($2 = '' OR conversation_id = $2) AND status IN ('pending', 'running')), \
+                   (SELECT count(*) FROM messages WHERE workspace_id = $1 \
+                      AND ($2 = '' OR conversation_id = $2)), \
+                   (SELECT count(*) FROM api_keys WHERE workspace_id = $1 AND $2 = '')",
+                &[&scope.workspace_id, &scope.conversation_key()],
+            )
+            .await?;
+        Ok(ErasurePlan {
+            tasks: row.get(0),
+            open_tasks: row.get(1),
+            messages: row.get(2),
+            api_keys: row.get(3),
+        })
+    }
+
+    /// Erases `scope`: first its scope is written (under the workspace's erasure lock, so every
+    /// insert that read the scopes before is committed, and every later one refuses the
+    /// scope's records), then its tasks are forgotten in batches until none is left, then its
+    /// remaining messages go, and for a whole workspace its API keys, its quota counter and
+    /// its row. Running it again finishes what an interrupted run left.
+    pub async fn erase(&self, scope: &ErasureScope) -> Result<Erased, StoreError> {
+        let conversation = scope.conversation_key();
+        {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1, replyd_erasure_lock($2))",
+                &[&ERASURE_LOCK_CLASS, &scope.workspace_id],
+            )
+            .await?;
+            tx.execute(
+                "INSERT INTO erasures (workspace_id, conversation_id) VALUES ($1, $2) \
+                 ON CONFLICT DO NOTHING",
+                &[&scope.workspace_id, &conversation],
+            )
+            .await?;
+            tx.commit().await?;
+        }
+        let mut erased = Erased::default();
+        loop {
+            let ids: Vec<Uuid> = {
+                let client = self.client().await?;
+                client
+                    .query(
+                        "SELECT task_id FROM reply_tasks WHERE workspace_id = $1 \
+                         AND ($2 = '' OR conversation_id = $2) ORDER BY task_id LIMIT $3",
+                        &[&scope.workspace_id, &conversation, &FORGET_BATCH],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect()
+            };
+            if ids.is_empty() {
+                break;
+            }
+            erased.forgotten.add(self.forget(&ids, "erasure").await?);
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        erased.other_messages = tx
+            .execute(
+                "DELETE FROM messages WHERE workspace_id = $1 AND ($2 = '' OR conversation_id = $2)",
+                &[&scope.workspace_id, &conversation],
+            )
+            .await?;
+        if scope.conversation_id.is_none() {
+            // What is left of the workspace refers to it alone: its keys (hashes), the
+            // idempotency records and reservations of tasks gone above (none), its counter.
+            erased.api_keys = tx
+                .execute(
+                    "DELETE FROM api_keys WHERE workspace_id = $1",
+                    &[&scope.workspace_id],
+                )
+                .await?;
+            tx.execute(
+                "DELETE FROM idempotency_keys WHERE workspace_id = $1",
+                &[&scope.workspace_id],
+            )
+            .await?;
+            tx.execute(
+                "DELETE FROM quota_counters WHERE workspace_id = $1",
+                &[&scope.workspace_id],
+            )
+            .await?;
+            erased.workspace = tx
+                .execute(
+                    "DELETE FROM workspaces WHERE workspace_id = $1",
+                    &[&scope.workspace_id],
+                )
+                .await?
+                > 0;
+        }
+        tx.commit().await?;
+        Ok(erased)
+    }
+}
