@@ -103,13 +103,19 @@ for run in $(seq 1 "$runs"); do
     echo "bench: the request JSON has a ':name' pgbench would take for a variable: $request" >&2
     exit 1
   fi
+  # The claim as the worker sends it: from V21 on it also names the record's partition and
+  # offset (the earlier signature stays, for the previous release, as a wrapper).
+  claim_args=$(psql -qtA "$db_url" -c "select coalesce(max(pronargs), 0) from pg_proc
+    where proname = 'replyd_claim' and pronamespace = current_schema()::regnamespace")
+  source=""
+  [ "$claim_args" -ge 12 ] && source=", :client_id, 0"
   cat >"$dir/lifecycle.sql" <<SQL
-SELECT task_id AS t, assignment_version AS v FROM replyd_claim(gen_random_uuid(), 'pgbench', 30, 'ws-bench', 'conv-' || :client_id, 'msg', '', \$j\$$request\$j\$::jsonb, 3, NULL) \gset
+SELECT task_id AS t, assignment_version AS v FROM replyd_claim(gen_random_uuid(), 'pgbench', 30, 'ws-bench', 'conv-' || :client_id, 'msg', '', \$j\$$request\$j\$::jsonb, 3, NULL$source) \gset
 SELECT accepted FROM replyd_complete(:t, :v, 'A saved reply of a typical length for a chat answer.', NULL);
 SQL
   # A binary older than the functions (migration V9) has no ceiling of its own shape here.
   ceiling=0
-  if [ "$(psql -qtA "$db_url" -c "select to_regproc('replyd_claim') is not null")" = t ]; then
+  if [ "$claim_args" -gt 0 ]; then
     pgbench -n -M prepared -c "$pool" -j 2 -T "$seconds" -f "$dir/lifecycle.sql" "$db_url" >"$dir/$id.pgbench" 2>&1 \
       || { cat "$dir/$id.pgbench" >&2; exit 1; }
     ceiling=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$dir/$id.pgbench" | head -n 1)

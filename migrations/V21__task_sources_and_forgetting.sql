@@ -21,12 +21,17 @@ alter table reply_attempts
     add column source_partition integer,
     add column source_offset    bigint;
 
--- Unfinished tasks by where their records sit, for the stalled-partition runbook; finished
--- tasks by age, for retention; a conversation's tasks and messages, for erasure.
-create index reply_tasks_by_source on reply_tasks (source_partition, source_offset)
-    where status in ('pending', 'running');
-create index reply_tasks_finished on reply_tasks (finished_at) where finished_at is not null;
-create index reply_tasks_by_conversation on reply_tasks (workspace_id, conversation_id, message_id);
+-- Finished tasks by age, for retention, and by conversation and message, for erasure and for
+-- a message's last task. Both hold finished rows only: a task's row is written again by every
+-- claim, renewal and completion, each version into every index whose predicate it meets, so
+-- an index over all rows would cost the hot path three entries a task; these cost one each,
+-- at the completion. Open tasks are few and `reply_tasks_open` finds them (the runbook's
+-- query of a partition's open tasks, too).
+create index reply_tasks_finished on reply_tasks (finished_at)
+    where status in ('completed', 'failed');
+create index reply_tasks_finished_by_conversation
+    on reply_tasks (workspace_id, conversation_id, message_id)
+    where status in ('completed', 'failed');
 create index messages_by_conversation on messages (workspace_id, conversation_id);
 
 -- A retry outlives the failed task it repeats: deleting the failed one leaves the retry.
@@ -69,32 +74,35 @@ end
 $$;
 
 -- V9's insert, refusing forgotten tasks and erased scopes. True when this call inserted.
+-- The insert goes first: a record whose task exists (a redelivery) costs one statement, as it
+-- did, and only a new row is looked at, by one more. The insert takes the workspace's erasure
+-- lock, and the look is the next statement, so its snapshot is taken after the lock was
+-- granted and sees the scope of an erasure this waited for (read in the insert's own
+-- statement, a scope committed during the wait would not be seen). An insert that waited on
+-- the row of a task being forgotten goes in once that row is gone; the forgetting is
+-- committed by then, so the look sees it too.
 create or replace function replyd_insert_task(
     p_task uuid, p_workspace text, p_conversation text, p_message text,
     p_document_version text, p_request jsonb, p_max_attempts integer, p_deadline timestamptz)
 returns boolean
 language plpgsql volatile as $$
 begin
-    if exists (select 1 from forgotten_tasks f where f.task_id = p_task) then
-        return false;
-    end if;
-    if replyd_scope_erased(p_workspace, p_conversation) then
-        insert into forgotten_tasks (task_id, workspace_id, reason)
-        values (p_task, p_workspace, 'erasure') on conflict do nothing;
-        return false;
-    end if;
     insert into reply_tasks (task_id, workspace_id, conversation_id, message_id,
                              document_version, request, max_attempts, deadline)
-    values (p_task, p_workspace, p_conversation, p_message, p_document_version, p_request,
-            p_max_attempts, p_deadline)
+    select p_task, p_workspace, p_conversation, p_message, p_document_version, p_request,
+           p_max_attempts, p_deadline
+      from (select pg_advisory_xact_lock_shared(1920170340, replyd_erasure_lock(p_workspace)))
+           as erasure_lock
     on conflict (task_id) do nothing;
     if not found then
         return false;
     end if;
-    -- An insert that waited on the row of a task being forgotten goes in once that row is
-    -- gone; the forgetting is committed by then, so it is seen here, and the insert undone.
-    if exists (select 1 from forgotten_tasks f where f.task_id = p_task) then
+    if exists (select 1 from forgotten_tasks f where f.task_id = p_task)
+       or exists (select 1 from erasures e where e.workspace_id = p_workspace
+                                             and e.conversation_id in ('', p_conversation)) then
         delete from reply_tasks r where r.task_id = p_task;
+        insert into forgotten_tasks (task_id, workspace_id, reason)
+        values (p_task, p_workspace, 'erasure') on conflict do nothing;
         return false;
     end if;
     return true;
@@ -354,7 +362,14 @@ begin
          where m.workspace_id = g.workspace_id and m.conversation_id = g.conversation_id
            and m.message_id::text = g.message_id
            and not exists (select 1 from reply_tasks r
-                            where r.workspace_id = g.workspace_id
+                            where r.status in ('completed', 'failed')
+                              and r.workspace_id = g.workspace_id
+                              and r.conversation_id = g.conversation_id
+                              and r.message_id = g.message_id
+                              and not (r.task_id = any(p_tasks)))
+           and not exists (select 1 from reply_tasks r
+                            where r.status in ('pending', 'running')
+                              and r.workspace_id = g.workspace_id
                               and r.conversation_id = g.conversation_id
                               and r.message_id = g.message_id
                               and not (r.task_id = any(p_tasks)))

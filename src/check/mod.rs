@@ -14,7 +14,8 @@
 //!   (the schema's constraints make a second saved reply impossible; the history is the
 //!   independent witness).
 //! - I3: `lost` counts records below the committed offset whose task is not terminal (or was
-//!   never created) and bad records below it with no dead-letter copy.
+//!   never created) and bad records below it with no dead-letter copy. A task forgotten by
+//!   retention or an erasure (`forgotten_tasks`) is done for good: its records are not lost.
 //! - I7: `max_attempts_exceeded` counts tasks with more attempts than their budget: calls that
 //!   may have cost money (attempt rows other than `refused`; a refusal gives its attempt back).
 

@@ -32,6 +32,25 @@ impl ErasureScope {
     fn conversation_key(&self) -> &str {
         self.conversation_id.as_deref().unwrap_or("")
     }
+
+    /// The condition on `reply_tasks` or `messages` rows of the scope: `$1` the workspace, and
+    /// `$2` the conversation when there is one.
+    fn rows(&self) -> &'static str {
+        match self.conversation_id {
+            Some(_) => "workspace_id = $1 AND conversation_id = $2",
+            None => "workspace_id = $1",
+        }
+    }
+
+    /// The scope's tasks, finished ones and open ones apart, so that each half is read through
+    /// its own partial index (`reply_tasks_finished_by_conversation`, `reply_tasks_open`).
+    fn tasks(&self, select: &str) -> String {
+        let rows = self.rows();
+        format!(
+            "SELECT {select} FROM reply_tasks WHERE status IN ('completed', 'failed') AND {rows} \
+             UNION ALL SELECT {select} FROM reply_tasks WHERE status IN ('pending', 'running') AND {rows}"
+        )
+    }
 }
 
 /// What forgetting deleted.
@@ -124,7 +143,8 @@ impl Store {
             client
                 .query(
                     "SELECT t.task_id FROM reply_tasks t \
-                     WHERE t.finished_at < clock_timestamp() - make_interval(secs => $1) \
+                     WHERE t.status IN ('completed', 'failed') \
+                       AND t.finished_at < clock_timestamp() - make_interval(secs => $1) \
                        AND NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.task_id = t.task_id \
                                         AND k.expires_at > clock_timestamp()) \
                        AND NOT EXISTS (SELECT 1 FROM quota_reservations r \
@@ -170,25 +190,40 @@ impl Store {
     /// What [`Self::erase`] would delete now.
     pub async fn erasure_plan(&self, scope: &ErasureScope) -> Result<ErasurePlan, StoreError> {
         let client = self.client().await?;
-        let row = client
-            .query_one(
-                "SELECT \
-                   (SELECT count(*) FROM reply_tasks WHERE workspace_id = $1 \
-                      AND ($2 = '' OR conversation_id = $2)), \
-                   (SELECT count(*) FROM reply_tasks WHERE workspace_id = $1 \
-                      AND ($2 = '' OR conversation_id = $2) AND status IN ('pending', 'running')), \
-                   (SELECT count(*) FROM messages WHERE workspace_id = $1 \
-                      AND ($2 = '' OR conversation_id = $2)), \
-                   (SELECT count(*) FROM api_keys WHERE workspace_id = $1 AND $2 = '')",
-                &[&scope.workspace_id, &scope.conversation_key()],
-            )
-            .await?;
+        let rows = scope.rows();
+        let sql = format!(
+            "SELECT (SELECT count(*) FROM ({tasks}) t), \
+               (SELECT count(*) FROM reply_tasks WHERE status IN ('pending', 'running') AND {rows}), \
+               (SELECT count(*) FROM messages WHERE {rows}), \
+               (SELECT count(*) FROM api_keys WHERE workspace_id = $1 AND {whole})",
+            tasks = scope.tasks("task_id"),
+            whole = scope.conversation_id.is_none(),
+        );
+        let row = match &scope.conversation_id {
+            Some(conversation) => {
+                client
+                    .query_one(&sql, &[&scope.workspace_id, conversation])
+                    .await?
+            }
+            None => client.query_one(&sql, &[&scope.workspace_id]).await?,
+        };
         Ok(ErasurePlan {
             tasks: row.get(0),
             open_tasks: row.get(1),
             messages: row.get(2),
             api_keys: row.get(3),
         })
+    }
+
+    /// Up to `limit` task ids of `scope`.
+    async fn scope_tasks(&self, scope: &ErasureScope, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+        let client = self.client().await?;
+        let sql = format!("{} LIMIT {limit}", scope.tasks("task_id"));
+        let rows = match &scope.conversation_id {
+            Some(conversation) => client.query(&sql, &[&scope.workspace_id, conversation]).await?,
+            None => client.query(&sql, &[&scope.workspace_id]).await?,
+        };
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// Erases `scope`: first its scope is written (under the workspace's erasure lock, so every
@@ -216,19 +251,7 @@ impl Store {
         }
         let mut erased = Erased::default();
         loop {
-            let ids: Vec<Uuid> = {
-                let client = self.client().await?;
-                client
-                    .query(
-                        "SELECT task_id FROM reply_tasks WHERE workspace_id = $1 \
-                         AND ($2 = '' OR conversation_id = $2) ORDER BY task_id LIMIT $3",
-                        &[&scope.workspace_id, &conversation, &FORGET_BATCH],
-                    )
-                    .await?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect()
-            };
+            let ids = self.scope_tasks(scope, FORGET_BATCH).await?;
             if ids.is_empty() {
                 break;
             }
@@ -236,12 +259,11 @@ impl Store {
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        erased.other_messages = tx
-            .execute(
-                "DELETE FROM messages WHERE workspace_id = $1 AND ($2 = '' OR conversation_id = $2)",
-                &[&scope.workspace_id, &conversation],
-            )
-            .await?;
+        let messages = format!("DELETE FROM messages WHERE {}", scope.rows());
+        erased.other_messages = match &scope.conversation_id {
+            Some(c) => tx.execute(&messages, &[&scope.workspace_id, c]).await?,
+            None => tx.execute(&messages, &[&scope.workspace_id]).await?,
+        };
         if scope.conversation_id.is_none() {
             // What is left of the workspace refers to it alone: its keys (hashes), the
             // idempotency records and reservations of tasks gone above (none), its counter.
