@@ -220,7 +220,11 @@ impl Store {
         let client = self.client().await?;
         let sql = format!("{} LIMIT {limit}", scope.tasks("task_id"));
         let rows = match &scope.conversation_id {
-            Some(conversation) => client.query(&sql, &[&scope.workspace_id, conversation]).await?,
+            Some(conversation) => {
+                client
+                    .query(&sql, &[&scope.workspace_id, conversation])
+                    .await?
+            }
             None => client.query(&sql, &[&scope.workspace_id]).await?,
         };
         Ok(rows.iter().map(|r| r.get(0)).collect())
