@@ -28,7 +28,7 @@ pub fn router(state: ApiState) -> Router {
     } else {
         Router::new()
     };
-    Router::new()
+    let router = Router::new()
         .route(create, post(replies::create))
         .route(show, get(replies::show))
         .route(events, get(events::stream))
@@ -60,11 +60,55 @@ pub fn router(state: ApiState) -> Router {
             HeadLimits::of(&state.settings),
             limit_headers,
         ))
-        // Outermost, so the head limits' refusals are measured too. A `Router::layer` runs
-        // after routing, around every route and the fallbacks, so the matched route's
-        // template is there to read.
-        .layer(axum::middleware::from_fn(measure_request))
-        .with_state(state)
+        // So the head limits' refusals are measured too. A `Router::layer` runs after
+        // routing, around every route and the fallbacks, so the matched route's template is
+        // there to read.
+        .layer(axum::middleware::from_fn(measure_request));
+    // Outermost: a preflight is answered before anything else looks at it (it carries no
+    // key), and every answer to an allowed origin, a refusal too, says so, or the page could
+    // not read the problem.
+    match cors(&state.settings) {
+        Some(cors) => router.layer(cors),
+        None => router,
+    }
+    .with_state(state)
+}
+
+/// The CORS policy of `api.cors_allowed_origins` (tower-http's `CorsLayer`): the methods and
+/// request headers the API takes, the response headers a client reads, `Vary: Origin`. None
+/// without an allowed origin: a preflight then finds no route that takes `OPTIONS` (405), and
+/// no answer names an origin.
+fn cors(settings: &ApiSettings) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::{HeaderName, HeaderValue, Method, header};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origins: Vec<HeaderValue> = settings
+        .cors_allowed_origins
+        .iter()
+        // Checked with the settings (`check_origin`): each is a valid header value.
+        .filter_map(|origin| HeaderValue::from_str(origin).ok())
+        .collect();
+    if origins.is_empty() {
+        return None;
+    }
+    Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins))
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                HeaderName::from_static("idempotency-key"),
+                HeaderName::from_static("last-event-id"),
+                HeaderName::from_static("traceparent"),
+                HeaderName::from_static("tracestate"),
+            ])
+            .expose_headers([
+                header::LOCATION,
+                header::RETRY_AFTER,
+                HeaderName::from_static("idempotent-replayed"),
+            ])
+            .max_age(settings.cors_max_age()),
+    )
 }
 
 /// The `route` label of a request no route took (an unknown path).

@@ -37,6 +37,14 @@ pub struct ApiSettings {
     /// key and keeps it in the tab's session storage). Off by default: a production API
     /// serves no page.
     pub demo_page: bool,
+    /// Origins (`scheme://host[:port]`, as a browser sends `Origin`) whose pages may call the
+    /// API: their preflights are answered, and their requests' answers carry
+    /// `Access-Control-Allow-Origin` and the headers a client reads (`Location`,
+    /// `Idempotent-Replayed`, `Retry-After`). None by default: only a page of the API's own
+    /// origin (the demo page) can call it. No wildcard: name each product's origin.
+    pub cors_allowed_origins: Vec<String>,
+    /// How long a browser may keep a preflight's answer before asking again.
+    pub cors_max_age_ms: u64,
 }
 
 impl Default for ApiSettings {
@@ -51,6 +59,8 @@ impl Default for ApiSettings {
             rate_limit_per_second: 200,
             rate_limit_burst: 400,
             demo_page: false,
+            cors_allowed_origins: Vec::new(),
+            cors_max_age_ms: 10 * 60 * 1000,
         }
     }
 }
@@ -87,7 +97,16 @@ impl ApiSettings {
         if self.header_read_timeout_ms == 0 {
             refuse("api.header_read_timeout_ms", "must be positive".into());
         }
+        for origin in &self.cors_allowed_origins {
+            if let Err(why) = check_origin(origin) {
+                refuse("api.cors_allowed_origins", format!("{origin:?}: {why}"));
+            }
+        }
         out
+    }
+
+    pub fn cors_max_age(&self) -> Duration {
+        Duration::from_millis(self.cors_max_age_ms)
     }
 
     pub fn header_read_timeout(&self) -> Duration {
@@ -103,3 +122,63 @@ impl ApiSettings {
 
 /// The fewest header fields `api.max_headers` may allow.
 const MIN_HEADERS: usize = 32;
+
+/// Whether `origin` is one a browser sends in `Origin`: `http` or `https`, a host, an optional
+/// port, nothing after. A browser compares the allowed origin with its own byte for byte, so a
+/// path or a trailing slash would match no page, silently.
+pub fn check_origin(origin: &str) -> Result<(), String> {
+    if origin == "*" || origin == "null" {
+        return Err(
+            "not an origin: name each product's origin (`https://app.example.com`); a wildcard or `null` would let any page (or a sandboxed one) call the API with a token it got hold of"
+                .into(),
+        );
+    }
+    let uri: axum::http::Uri = origin
+        .parse()
+        .map_err(|e| format!("not an origin (`https://app.example.com`): {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err("must start with http:// or https://".into()),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err("names no host".into());
+    }
+    if origin.ends_with('/') || uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+        return Err(
+            "must be scheme://host[:port] with nothing after (no path, no trailing slash): a browser's Origin has none"
+                .into(),
+        );
+    }
+    if origin != origin.to_ascii_lowercase() {
+        return Err("must be lower case, as a browser sends it".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_origin;
+
+    #[test]
+    fn an_allowed_origin_is_one_a_browser_sends() {
+        for good in [
+            "https://app.example.com",
+            "http://127.0.0.1:5173",
+            "http://localhost:3000",
+        ] {
+            assert_eq!(check_origin(good), Ok(()), "{good}");
+        }
+        for (bad, why) in [
+            ("*", "wildcard"),
+            ("null", "wildcard or `null`"),
+            ("https://app.example.com/", "trailing slash"),
+            ("https://app.example.com/chat", "no path"),
+            ("app.example.com", "http:// or https://"),
+            ("ftp://app.example.com", "http:// or https://"),
+            ("https://App.Example.com", "lower case"),
+        ] {
+            let refused = check_origin(bad).unwrap_err();
+            assert!(refused.contains(why), "{bad}: {refused}");
+        }
+    }
+}
