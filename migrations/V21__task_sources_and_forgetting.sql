@@ -22,7 +22,7 @@ alter table reply_attempts
     add column source_offset    bigint;
 
 -- Finished tasks by age, for retention, and by conversation and message, for erasure and for
--- a message's last task. Both hold finished rows only: a task's row is written again by every
+-- a message's last task. (A conversation's messages are found through V22's index.) Both hold finished rows only: a task's row is written again by every
 -- claim, renewal and completion, each version into every index whose predicate it meets, so
 -- an index over all rows would cost the hot path three entries a task; these cost one each,
 -- at the completion. Open tasks are few and `reply_tasks_open` finds them (the runbook's
@@ -32,7 +32,6 @@ create index reply_tasks_finished on reply_tasks (finished_at)
 create index reply_tasks_finished_by_conversation
     on reply_tasks (workspace_id, conversation_id, message_id)
     where status in ('completed', 'failed');
-create index messages_by_conversation on messages (workspace_id, conversation_id);
 
 -- A retry outlives the failed task it repeats: deleting the failed one leaves the retry.
 alter table reply_tasks drop constraint reply_tasks_retry_of_fkey;

@@ -12,6 +12,7 @@
 
 pub mod auth;
 mod changes;
+pub mod conversations;
 pub mod demo;
 pub mod events;
 pub mod headers;

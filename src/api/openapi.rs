@@ -12,7 +12,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::problem::{ProblemDetails, ProblemKind};
 use super::replies::{self, Accepted, CreateReply, ReplyStatus, ReplyView};
-use super::{events, quota};
+use super::{conversations, events, quota};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -26,7 +26,8 @@ use super::{events, quota};
         replies::show,
         events::stream,
         replies::regenerate,
-        quota::show
+        quota::show,
+        conversations::list
     ),
     components(schemas(
         CreateReply,
@@ -40,13 +41,16 @@ use super::{events, quota};
         quota::PolicyView,
         quota::TokenQuotaView,
         quota::WorkspacePolicyView,
+        conversations::MessagePage,
+        conversations::MessageView,
         ProblemDetails,
         ProblemKind
     )),
     modifiers(&BearerKey, &EveryRouteRefusals),
     tags(
         (name = "replies", description = "Reply tasks: submit, read, follow, regenerate"),
-        (name = "quota", description = "Generation quotas: every new task reserves one generation, charged once")
+        (name = "quota", description = "Generation quotas: every new task reserves one generation, charged once"),
+        (name = "conversations", description = "A conversation's messages and their replies, in the order they were written")
     ),
 )]
 struct ApiDoc;

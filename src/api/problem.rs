@@ -29,6 +29,8 @@ pub enum ProblemKind {
     InvalidBody,
     /// An `Idempotency-Key` that breaks its rules, or more than one (400).
     InvalidIdempotencyKey,
+    /// A query parameter out of its bounds, or a cursor this API did not give (400).
+    InvalidQuery,
     /// A task id in the path that is not a UUID (400).
     InvalidTaskId,
     /// A body that is not JSON (400).
@@ -59,7 +61,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in the order of the enum.
-    pub const ALL: [ProblemKind; 20] = [
+    pub const ALL: [ProblemKind; 21] = [
         ProblemKind::BodyTooLarge,
         ProblemKind::HeadersTooLarge,
         ProblemKind::ConversationErased,
@@ -67,6 +69,7 @@ impl ProblemKind {
         ProblemKind::InvalidAuthorization,
         ProblemKind::InvalidBody,
         ProblemKind::InvalidIdempotencyKey,
+        ProblemKind::InvalidQuery,
         ProblemKind::InvalidTaskId,
         ProblemKind::MalformedJson,
         ProblemKind::MalformedRequest,
@@ -92,6 +95,7 @@ impl ProblemKind {
             ProblemKind::InvalidAuthorization => "invalid_authorization",
             ProblemKind::InvalidBody => "invalid_body",
             ProblemKind::InvalidIdempotencyKey => "invalid_idempotency_key",
+            ProblemKind::InvalidQuery => "invalid_query",
             ProblemKind::InvalidTaskId => "invalid_task_id",
             ProblemKind::MalformedJson => "malformed_json",
             ProblemKind::MalformedRequest => "malformed_request",
@@ -120,19 +124,20 @@ const _: () = {
             ProblemKind::InvalidAuthorization => 4,
             ProblemKind::InvalidBody => 5,
             ProblemKind::InvalidIdempotencyKey => 6,
-            ProblemKind::InvalidTaskId => 7,
-            ProblemKind::MalformedJson => 8,
-            ProblemKind::MalformedRequest => 9,
-            ProblemKind::MethodNotAllowed => 10,
-            ProblemKind::NotFound => 11,
-            ProblemKind::OutsideWorkspacePolicy => 12,
-            ProblemKind::QuotaExceeded => 13,
-            ProblemKind::RateLimited => 14,
-            ProblemKind::RecordTooLarge => 15,
-            ProblemKind::Unauthorized => 16,
-            ProblemKind::Unavailable => 17,
-            ProblemKind::UnsupportedMediaType => 18,
-            ProblemKind::UriTooLong => 19,
+            ProblemKind::InvalidQuery => 7,
+            ProblemKind::InvalidTaskId => 8,
+            ProblemKind::MalformedJson => 9,
+            ProblemKind::MalformedRequest => 10,
+            ProblemKind::MethodNotAllowed => 11,
+            ProblemKind::NotFound => 12,
+            ProblemKind::OutsideWorkspacePolicy => 13,
+            ProblemKind::QuotaExceeded => 14,
+            ProblemKind::RateLimited => 15,
+            ProblemKind::RecordTooLarge => 16,
+            ProblemKind::Unauthorized => 17,
+            ProblemKind::Unavailable => 18,
+            ProblemKind::UnsupportedMediaType => 19,
+            ProblemKind::UriTooLong => 20,
         }
     }
     let mut i = 0;

@@ -10,19 +10,20 @@ use super::settings::ApiSettings;
 
 use super::problem::{Problem, ProblemKind};
 use super::state::ApiState;
-use super::{demo, events, openapi, quota, replies};
+use super::{conversations, demo, events, openapi, quota, replies};
 
 /// The API's routes, each documented in [`super::openapi`] (a test holds the two together).
-pub const ROUTES: [&str; 5] = [
+pub const ROUTES: [&str; 6] = [
     "/v1/replies",
     "/v1/replies/{task_id}",
     "/v1/replies/{task_id}/events",
     "/v1/replies/{task_id}/regenerate",
     "/v1/quota",
+    "/v1/conversations/{conversation_id}/messages",
 ];
 
 pub fn router(state: ApiState) -> Router {
-    let [create, show, events, regenerate, quota] = ROUTES;
+    let [create, show, events, regenerate, quota, messages] = ROUTES;
     let pages = if state.settings.demo_page {
         demo::router()
     } else {
@@ -34,6 +35,7 @@ pub fn router(state: ApiState) -> Router {
         .route(events, get(events::stream))
         .route(regenerate, post(replies::regenerate))
         .route(quota, get(quota::show))
+        .route(messages, get(conversations::list))
         .route(
             "/openapi.json",
             get(|| async {

@@ -264,9 +264,19 @@ impl Store {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let messages = format!("DELETE FROM messages WHERE {}", scope.rows());
+        let conversations = format!("DELETE FROM conversations WHERE {}", scope.rows());
         erased.other_messages = match &scope.conversation_id {
-            Some(c) => tx.execute(&messages, &[&scope.workspace_id, c]).await?,
-            None => tx.execute(&messages, &[&scope.workspace_id]).await?,
+            Some(c) => {
+                let n = tx.execute(&messages, &[&scope.workspace_id, c]).await?;
+                tx.execute(&conversations, &[&scope.workspace_id, c])
+                    .await?;
+                n
+            }
+            None => {
+                let n = tx.execute(&messages, &[&scope.workspace_id]).await?;
+                tx.execute(&conversations, &[&scope.workspace_id]).await?;
+                n
+            }
         };
         if scope.conversation_id.is_none() {
             // What is left of the workspace refers to it alone: its keys (hashes), the

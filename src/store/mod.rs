@@ -20,10 +20,12 @@
 //! - [`outbox`]: relay batches (SKIP LOCKED), marking published, purging, lag.
 //! - [`quota`]: limits, the counter as read, the admission statement (I8).
 //! - [`forgetting`]: retention and erasure, and the forgotten tasks' ids (V21).
+//! - [`conversations`]: a conversation's messages in order, with their tasks (V22).
 
 pub mod capacity;
 mod claims;
 mod completions;
+pub mod conversations;
 mod error;
 mod fence;
 pub mod forgetting;

@@ -1,6 +1,6 @@
 import { type Press, type PressStore } from "./presses.js";
 import { type RetryPolicy } from "./retry.js";
-import { type Accepted, type QuotaView, type ReplyView } from "./types.js";
+import { type Accepted, type MessagePage, type QuotaView, type ReplyView } from "./types.js";
 /** One request this client sent, as `onRequest` reports it. */
 export interface RequestReport {
     method: string;
@@ -91,6 +91,16 @@ export declare class ReplydClient {
     get(taskId: string, options?: {
         signal?: AbortSignal;
     }): Promise<ReplyView>;
+    /**
+     * One page of a conversation's messages, oldest first, each with its replies (the last is
+     * the newest). Pass a page's `next_cursor` as `after` for the next; once `has_more` is false,
+     * the same cursor later brings what was written since.
+     */
+    messages(conversationId: string, options?: {
+        after?: string;
+        limit?: number;
+        signal?: AbortSignal;
+    }): Promise<MessagePage>;
     /** The caller's quota now. */
     quota(options?: {
         signal?: AbortSignal;

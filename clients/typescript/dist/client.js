@@ -5,7 +5,7 @@ import { createParser } from "eventsource-parser";
 import { NetworkError, ProblemError } from "./errors.js";
 import { memoryPresses, newKey, storagePresses } from "./presses.js";
 import { DEFAULT_RETRY, fitsBudget, retryAfterMs, verdict, waitMs } from "./retry.js";
-import { isTerminal } from "./types.js";
+import { isTerminal, } from "./types.js";
 /** Waits `ms`, or rejects with the signal's reason once it is aborted. */
 export function abortableSleep(ms, signal) {
     return new Promise((resolve, reject) => {
@@ -137,6 +137,20 @@ export class ReplydClient {
     /** A task's state now. */
     get(taskId, options = {}) {
         return this.call("GET", `/v1/replies/${encodeURIComponent(taskId)}`, {}, options.signal);
+    }
+    /**
+     * One page of a conversation's messages, oldest first, each with its replies (the last is
+     * the newest). Pass a page's `next_cursor` as `after` for the next; once `has_more` is false,
+     * the same cursor later brings what was written since.
+     */
+    messages(conversationId, options = {}) {
+        const query = new URLSearchParams();
+        if (options.after !== undefined)
+            query.set("after", options.after);
+        if (options.limit !== undefined)
+            query.set("limit", String(options.limit));
+        const search = query.toString();
+        return this.call("GET", `/v1/conversations/${encodeURIComponent(conversationId)}/messages${search ? `?${search}` : ""}`, {}, options.signal);
     }
     /** The caller's quota now. */
     quota(options = {}) {

@@ -3,6 +3,23 @@
  * Do not make direct changes to the file.
  */
 export interface paths {
+    "/v1/conversations/{conversation_id}/messages": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List a conversation's messages with their replies. */
+        get: operations["listMessages"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/quota": {
         parameters: {
             query?: never;
@@ -156,6 +173,32 @@ export interface components {
             /** @description The model to ask; the provider's default when absent (at most 256 bytes). */
             model?: string | null;
         };
+        /** @description One page of a conversation's messages. */
+        MessagePage: {
+            conversation_id: string;
+            /** @description Whether more messages followed this page when it was read. */
+            has_more: boolean;
+            /** @description Oldest first. */
+            messages: components["schemas"]["MessageView"][];
+            /**
+             * @description Pass as `after` for the next page: after this page's last message (after the asked
+             *     `after` when the page is empty; absent when it is empty and none was asked). Messages
+             *     written later come after it too, so a client that reached the newest keeps it to ask
+             *     for what comes next.
+             */
+            next_cursor?: string | null;
+        };
+        /** @description One message, with its tasks (its reply, and any regenerated ones), oldest first. */
+        MessageView: {
+            /** @description The user's message as it was sent. */
+            content: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: uuid */
+            message_id: string;
+            /** @description Its tasks, oldest first: the reply, then each regenerated one. The last is the newest. */
+            replies: components["schemas"]["ReplyView"][];
+        };
         /** @description The policy every reservation follows. */
         PolicyView: {
             /** @description Whether a task that ends failed is charged. */
@@ -197,7 +240,7 @@ export interface components {
          *     OpenAPI document's `ProblemKind`, from which the TypeScript client's type is generated.
          * @enum {string}
          */
-        ProblemKind: "body_too_large" | "headers_too_large" | "conversation_erased" | "idempotency_key_reused" | "invalid_authorization" | "invalid_body" | "invalid_idempotency_key" | "invalid_task_id" | "malformed_json" | "malformed_request" | "method_not_allowed" | "not_found" | "outside_workspace_policy" | "quota_exceeded" | "rate_limited" | "record_too_large" | "unauthorized" | "unavailable" | "unsupported_media_type" | "uri_too_long";
+        ProblemKind: "body_too_large" | "headers_too_large" | "conversation_erased" | "idempotency_key_reused" | "invalid_authorization" | "invalid_body" | "invalid_idempotency_key" | "invalid_query" | "invalid_task_id" | "malformed_json" | "malformed_request" | "method_not_allowed" | "not_found" | "outside_workspace_policy" | "quota_exceeded" | "rate_limited" | "record_too_large" | "unauthorized" | "unavailable" | "unsupported_media_type" | "uri_too_long";
         /** @description A workspace's quota now. */
         QuotaView: {
             /**
@@ -348,6 +391,111 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    listMessages: {
+        parameters: {
+            query?: {
+                /**
+                 * @description A `next_cursor` of an earlier page: the page starts after it. Absent: the oldest
+                 *     message.
+                 */
+                after?: string;
+                /** @description Messages in the page, 1 to 100 (50 when absent). */
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                /** @description The conversation, as its messages were sent (at most 256 bytes). */
+                conversation_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of the conversation's messages, oldest first, each with its replies */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MessagePage"];
+                };
+            };
+            /** @description `after` is not a cursor this API gave, `limit` is not 1 to 100, or the query cannot be read (`invalid_query`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description No API key, or an unknown or revoked one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description No such conversation in the caller's workspace (one is made by its first message sent through `POST /v1/replies`) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A request target over 65534 bytes (`uri_too_long`) */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            429: {
+                headers: {
+                    /** @description Seconds until the key may ask again */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The database cannot be reached */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+        };
+    };
     getQuota: {
         parameters: {
             query?: never;

@@ -7,7 +7,15 @@ import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { NetworkError, ProblemError, type ReplydError } from "./errors.js";
 import { memoryPresses, newKey, storagePresses, type Press, type PressStore } from "./presses.js";
 import { DEFAULT_RETRY, fitsBudget, retryAfterMs, verdict, waitMs, type RetryPolicy } from "./retry.js";
-import { isTerminal, type Accepted, type CreateReply, type ProblemDetails, type QuotaView, type ReplyView } from "./types.js";
+import {
+  isTerminal,
+  type Accepted,
+  type CreateReply,
+  type MessagePage,
+  type ProblemDetails,
+  type QuotaView,
+  type ReplyView,
+} from "./types.js";
 
 /** One request this client sent, as `onRequest` reports it. */
 export interface RequestReport {
@@ -195,6 +203,27 @@ export class ReplydClient {
   /** A task's state now. */
   get(taskId: string, options: { signal?: AbortSignal } = {}): Promise<ReplyView> {
     return this.call<ReplyView>("GET", `/v1/replies/${encodeURIComponent(taskId)}`, {}, options.signal);
+  }
+
+  /**
+   * One page of a conversation's messages, oldest first, each with its replies (the last is
+   * the newest). Pass a page's `next_cursor` as `after` for the next; once `has_more` is false,
+   * the same cursor later brings what was written since.
+   */
+  messages(
+    conversationId: string,
+    options: { after?: string; limit?: number; signal?: AbortSignal } = {},
+  ): Promise<MessagePage> {
+    const query = new URLSearchParams();
+    if (options.after !== undefined) query.set("after", options.after);
+    if (options.limit !== undefined) query.set("limit", String(options.limit));
+    const search = query.toString();
+    return this.call<MessagePage>(
+      "GET",
+      `/v1/conversations/${encodeURIComponent(conversationId)}/messages${search ? `?${search}` : ""}`,
+      {},
+      options.signal,
+    );
   }
 
   /** The caller's quota now. */

@@ -8,6 +8,8 @@ type Schemas = components["schemas"];
 
 export type Accepted = Schemas["Accepted"];
 export type CreateReply = Schemas["CreateReply"];
+export type MessagePage = Schemas["MessagePage"];
+export type MessageView = Schemas["MessageView"];
 export type ProblemDetails = Schemas["ProblemDetails"];
 /** Every kind of problem the API answers with: the last segment of a problem's `type`. */
 export type ProblemKind = Schemas["ProblemKind"];

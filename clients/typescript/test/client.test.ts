@@ -396,3 +396,23 @@ test("a request with no answer within the attempt timeout is retried under the s
     clearTimeout(alive);
   }
 });
+
+test("a conversation's page is asked for by its cursor and its size, the id escaped", async () => {
+  const page = { conversation_id: "team/1", messages: [], next_cursor: "c2VxOjc", has_more: false };
+  const h = harness(
+    steps(
+      () => new Response(JSON.stringify(page), { status: 200, headers: { "content-type": "application/json" } }),
+      () => problem(400, "invalid_query"),
+    ),
+  );
+  const listed = await h.client.messages("team/1", { after: "c2VxOjc", limit: 20 });
+  assert.deepEqual(listed, page);
+  assert.equal(h.requests[0]?.method, "GET");
+  assert.equal(h.requests[0]?.url, `${BASE}/v1/conversations/team%2F1/messages?after=c2VxOjc&limit=20`);
+  assert.equal(h.requests[0]?.headers.get("authorization"), "Bearer secret");
+  await assert.rejects(h.client.messages("team/1", { after: "bad" }), (error: unknown) => {
+    assert.ok(error instanceof ProblemError);
+    assert.equal(error.status, 400);
+    return true;
+  });
+});

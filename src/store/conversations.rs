@@ -1,0 +1,102 @@
+//! A conversation's messages in order, with their tasks (V22): what a client lists to show a
+//! conversation again (another device, a reload). Keyset pages over the message's number in
+//! its conversation, which is given in commit order, so paging while others write neither
+//! skips nor repeats a message.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use replyd_core::domain::StoredTask;
+
+use super::Store;
+use super::error::StoreError;
+use super::rows::{TASK_COLUMNS, task_from};
+
+/// One message of a conversation, with its tasks (its reply, and any regenerated ones),
+/// oldest first.
+#[derive(Debug, Clone)]
+pub struct ListedMessage {
+    pub message_id: Uuid,
+    pub seq: i64,
+    pub content: String,
+    pub created_at: DateTime<Utc>,
+    pub tasks: Vec<StoredTask>,
+}
+
+/// One page: up to the limit, and whether more followed it when it was read.
+#[derive(Debug, Clone)]
+pub struct MessagePage {
+    pub messages: Vec<ListedMessage>,
+    pub more: bool,
+}
+
+impl Store {
+    /// The messages of `conversation` numbered after `after`, at most `limit`, with their
+    /// tasks; `None` when the workspace has no such conversation.
+    pub async fn conversation_page(
+        &self,
+        workspace: &str,
+        conversation: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Option<MessagePage>, StoreError> {
+        let client = self.client().await?;
+        let exists: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM conversations \
+                 WHERE workspace_id = $1 AND conversation_id = $2)",
+                &[&workspace, &conversation],
+            )
+            .await?
+            .get(0);
+        if !exists {
+            return Ok(None);
+        }
+        // One more than asked, to know whether a next page exists.
+        let rows = client
+            .query(
+                "SELECT message_id, seq, content, created_at FROM messages \
+                 WHERE workspace_id = $1 AND conversation_id = $2 AND seq > $3 \
+                 ORDER BY seq LIMIT $4",
+                &[&workspace, &conversation, &after, &(limit + 1)],
+            )
+            .await?;
+        let more = rows.len() as i64 > limit;
+        let mut messages: Vec<ListedMessage> = rows
+            .iter()
+            .take(limit as usize)
+            .map(|r| ListedMessage {
+                message_id: r.get(0),
+                seq: r.get(1),
+                content: r.get(2),
+                created_at: r.get(3),
+                tasks: Vec::new(),
+            })
+            .collect();
+        let ids: Vec<String> = messages.iter().map(|m| m.message_id.to_string()).collect();
+        // Finished and open tasks apart, each through its own partial index.
+        let tasks = client
+            .query(
+                &format!(
+                    "SELECT {TASK_COLUMNS} FROM reply_tasks WHERE status IN ('completed', 'failed') \
+                       AND workspace_id = $1 AND conversation_id = $2 AND message_id = ANY($3) \
+                     UNION ALL \
+                     SELECT {TASK_COLUMNS} FROM reply_tasks WHERE status IN ('pending', 'running') \
+                       AND workspace_id = $1 AND conversation_id = $2 AND message_id = ANY($3) \
+                     ORDER BY created_at, task_id"
+                ),
+                &[&workspace, &conversation, &ids],
+            )
+            .await?;
+        for row in &tasks {
+            let task = task_from(row)?;
+            if let Some(message) = messages
+                .iter_mut()
+                .find(|m| m.message_id.to_string() == task.spec.message_id)
+            {
+                message.tasks.push(task);
+            }
+        }
+        Ok(Some(MessagePage { messages, more }))
+    }
+}
