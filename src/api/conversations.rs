@@ -3,6 +3,9 @@
 //! can show a conversation again (another device, a reload). A page's `next_cursor` is where
 //! the next one starts; paging while others write neither skips nor repeats a message
 //! ([`crate::store::conversations`]).
+//!
+//! `DELETE /v1/conversations/{conversation_id}`: the conversation erased, as `replyd erase`
+//! does it ([`crate::store::forgetting`]).
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -181,5 +184,70 @@ mod tests {
         for bad in ["", "42", "c2VxOi0x", "not base64!", "c2VxOmFi"] {
             assert_eq!(seq_of(bad), None, "{bad}");
         }
+    }
+}
+
+/// What erasing a conversation deleted.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ErasedConversation {
+    pub conversation_id: String,
+    /// Tasks deleted (0 when it was erased before).
+    pub tasks: u64,
+    /// Messages deleted.
+    pub messages: u64,
+    /// Tasks still running or waiting that ended now: their reservations charged when the
+    /// provider may have done the work, released otherwise.
+    pub ended: u64,
+}
+
+/// Erase a conversation.
+#[utoipa::path(
+    delete,
+    operation_id = "eraseConversation",
+    path = "/v1/conversations/{conversation_id}",
+    tag = "conversations",
+    params(ConversationIdPath),
+    responses(
+        (status = 200, description = "The conversation is erased: its messages, tasks, replies, attempts and idempotency records are deleted, a task still running ends (its reply, when its call returns, is not saved), and a record of it that comes later is refused. Its quota charges stay. New messages to it get `410` (`conversation_erased`). Erasing it again answers `200` with nothing deleted", body = ErasedConversation),
+        (status = 404, description = "No such conversation in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot be reached; erasing again finishes the work", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn erase(
+    State(state): State<ApiState>,
+    Workspace(workspace): Workspace,
+    Path(conversation_id): Path<String>,
+) -> Response {
+    let erased = async {
+        let unavailable =
+            |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
+        if conversation_id.len() > 256
+            || !state
+                .store
+                .conversation_known(&workspace, &conversation_id)
+                .await
+                .map_err(unavailable)?
+        {
+            return Err(Problem::not_found(format!(
+                "no conversation {conversation_id:?}"
+            )));
+        }
+        let scope = crate::store::forgetting::ErasureScope {
+            workspace_id: workspace.clone(),
+            conversation_id: Some(conversation_id.clone()),
+        };
+        let erased = state.store.erase(&scope).await.map_err(unavailable)?;
+        crate::telemetry::tasks_forgotten("erasure", erased.forgotten.tasks);
+        Ok::<_, Problem>(ErasedConversation {
+            conversation_id: conversation_id.clone(),
+            tasks: erased.forgotten.tasks,
+            messages: erased.forgotten.messages + erased.other_messages,
+            ended: erased.forgotten.charged + erased.forgotten.released,
+        })
+    };
+    match erased.await {
+        Ok(view) => (StatusCode::OK, Json(view)).into_response(),
+        Err(problem) => problem.into_response(),
     }
 }

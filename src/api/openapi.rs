@@ -27,7 +27,8 @@ use super::{conversations, events, quota};
         events::stream,
         replies::regenerate,
         quota::show,
-        conversations::list
+        conversations::list,
+        conversations::erase
     ),
     components(schemas(
         CreateReply,
@@ -43,6 +44,7 @@ use super::{conversations, events, quota};
         quota::WorkspacePolicyView,
         conversations::MessagePage,
         conversations::MessageView,
+        conversations::ErasedConversation,
         ProblemDetails,
         ProblemKind
     )),
@@ -50,7 +52,7 @@ use super::{conversations, events, quota};
     tags(
         (name = "replies", description = "Reply tasks: submit, read, follow, regenerate"),
         (name = "quota", description = "Generation quotas: every new task reserves one generation, charged once"),
-        (name = "conversations", description = "A conversation's messages and their replies, in the order they were written")
+        (name = "conversations", description = "A conversation's messages and their replies, in the order they were written; erasing a conversation")
     ),
 )]
 struct ApiDoc;

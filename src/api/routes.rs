@@ -4,7 +4,7 @@
 
 use axum::Router;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 
 use super::settings::ApiSettings;
 
@@ -13,17 +13,26 @@ use super::state::ApiState;
 use super::{conversations, demo, events, openapi, quota, replies};
 
 /// The API's routes, each documented in [`super::openapi`] (a test holds the two together).
-pub const ROUTES: [&str; 6] = [
+pub const ROUTES: [&str; 7] = [
     "/v1/replies",
     "/v1/replies/{task_id}",
     "/v1/replies/{task_id}/events",
     "/v1/replies/{task_id}/regenerate",
     "/v1/quota",
     "/v1/conversations/{conversation_id}/messages",
+    "/v1/conversations/{conversation_id}",
 ];
 
 pub fn router(state: ApiState) -> Router {
-    let [create, show, events, regenerate, quota, messages] = ROUTES;
+    let [
+        create,
+        show,
+        events,
+        regenerate,
+        quota,
+        messages,
+        conversation,
+    ] = ROUTES;
     let pages = if state.settings.demo_page {
         demo::router()
     } else {
@@ -36,6 +45,7 @@ pub fn router(state: ApiState) -> Router {
         .route(regenerate, post(replies::regenerate))
         .route(quota, get(quota::show))
         .route(messages, get(conversations::list))
+        .route(conversation, delete(conversations::erase))
         .route(
             "/openapi.json",
             get(|| async {
@@ -95,7 +105,7 @@ fn cors(settings: &ApiSettings) -> Option<tower_http::cors::CorsLayer> {
     Some(
         CorsLayer::new()
             .allow_origin(AllowOrigin::list(origins))
-            .allow_methods([Method::GET, Method::POST])
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
             .allow_headers([
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,

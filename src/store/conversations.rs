@@ -31,6 +31,30 @@ pub struct MessagePage {
 }
 
 impl Store {
+    /// Whether the workspace has (or had, until an erasure still remembered) the conversation:
+    /// its messages' row, a task of it (one a producer sent has no message), or its erasure.
+    pub async fn conversation_known(
+        &self,
+        workspace: &str,
+        conversation: &str,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM conversations \
+                                WHERE workspace_id = $1 AND conversation_id = $2) \
+                     OR EXISTS (SELECT 1 FROM erasures \
+                                WHERE workspace_id = $1 AND conversation_id = $2) \
+                     OR EXISTS (SELECT 1 FROM reply_tasks WHERE status IN ('pending', 'running') \
+                                AND workspace_id = $1 AND conversation_id = $2) \
+                     OR EXISTS (SELECT 1 FROM reply_tasks WHERE status IN ('completed', 'failed') \
+                                AND workspace_id = $1 AND conversation_id = $2)",
+                &[&workspace, &conversation],
+            )
+            .await?
+            .get(0))
+    }
+
     /// The messages of `conversation` numbered after `after`, at most `limit`, with their
     /// tasks; `None` when the workspace has no such conversation.
     pub async fn conversation_page(

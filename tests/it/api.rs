@@ -1559,3 +1559,77 @@ async fn a_listed_message_shows_its_regenerated_replies_and_a_bad_page_is_a_prob
         );
     }
 }
+
+async fn erase_conversation(api: &Api, key: &str, conversation: &str) -> (StatusCode, Value) {
+    let response = api
+        .client
+        .delete(format!("{}/v1/conversations/{conversation}", api.base))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    (response.status(), response.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_erased_through_the_api_is_gone_refuses_new_messages_and_erases_again_as_nothing()
+ {
+    let api = start().await;
+    let first = press_in(&api, "to-erase", "e-1", "Forget this").await;
+    press_in(&api, "to-erase", "e-2", "And this").await;
+    let kept = press_in(&api, "to-keep", "k-1", "Keep this").await;
+    let other = key_for(&api.db, "globex").await;
+
+    // Another workspace's key, and a conversation nobody wrote to: exactly as absent.
+    assert_eq!(
+        erase_conversation(&api, &other, "to-erase").await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        erase_conversation(&api, &api.key, "never-written").await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    let (status, erased) = erase_conversation(&api, &api.key, "to-erase").await;
+    assert_eq!(status, StatusCode::OK, "{erased}");
+    assert_eq!(
+        erased,
+        json!({"conversation_id": "to-erase", "tasks": 2, "messages": 2, "ended": 2})
+    );
+    assert!(api.db.store.is_forgotten(first.task_id).await.unwrap());
+    let (status, _) = page(&api, &api.key, "to-erase", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let shown = api
+        .client
+        .get(format!("{}{}", api.base, first.status_url))
+        .bearer_auth(&api.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shown.status(), StatusCode::NOT_FOUND);
+    let refused = api
+        .client
+        .post(format!("{}/v1/replies", api.base))
+        .bearer_auth(&api.key)
+        .header("Idempotency-Key", "e-3")
+        .json(&json!({"conversation_id": "to-erase", "message": "Hello again"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::GONE);
+
+    // Again: nothing left to delete, the same answer.
+    let (status, again) = erase_conversation(&api, &api.key, "to-erase").await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(
+        again,
+        json!({"conversation_id": "to-erase", "tasks": 0, "messages": 0, "ended": 0})
+    );
+    // The other conversation is untouched.
+    let (status, listed) = page(&api, &api.key, "to-keep", "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        listed["messages"][0]["replies"][0]["task_id"],
+        kept.task_id.to_string()
+    );
+}

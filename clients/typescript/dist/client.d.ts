@@ -1,6 +1,6 @@
 import { type Press, type PressStore } from "./presses.js";
 import { type RetryPolicy } from "./retry.js";
-import { type Accepted, type MessagePage, type QuotaView, type ReplyView } from "./types.js";
+import { type Accepted, type ErasedConversation, type MessagePage, type QuotaView, type ReplyView } from "./types.js";
 /** One request this client sent, as `onRequest` reports it. */
 export interface RequestReport {
     method: string;
@@ -101,6 +101,14 @@ export declare class ReplydClient {
         limit?: number;
         signal?: AbortSignal;
     }): Promise<MessagePage>;
+    /**
+     * Erase a conversation: its messages, replies and tasks are deleted, a reply still being
+     * written is stopped from being saved, and new messages to it are refused (410). Erasing it
+     * again deletes nothing and answers the same way.
+     */
+    eraseConversation(conversationId: string, options?: {
+        signal?: AbortSignal;
+    }): Promise<ErasedConversation>;
     /** The caller's quota now. */
     quota(options?: {
         signal?: AbortSignal;

@@ -152,6 +152,14 @@ export class ReplydClient {
         const search = query.toString();
         return this.call("GET", `/v1/conversations/${encodeURIComponent(conversationId)}/messages${search ? `?${search}` : ""}`, {}, options.signal);
     }
+    /**
+     * Erase a conversation: its messages, replies and tasks are deleted, a reply still being
+     * written is stopped from being saved, and new messages to it are refused (410). Erasing it
+     * again deletes nothing and answers the same way.
+     */
+    eraseConversation(conversationId, options = {}) {
+        return this.call("DELETE", `/v1/conversations/${encodeURIComponent(conversationId)}`, {}, options.signal);
+    }
     /** The caller's quota now. */
     quota(options = {}) {
         return this.call("GET", "/v1/quota", {}, options.signal);

@@ -3,6 +3,23 @@
  * Do not make direct changes to the file.
  */
 export interface paths {
+    "/v1/conversations/{conversation_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Erase a conversation. */
+        delete: operations["eraseConversation"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/conversations/{conversation_id}/messages": {
         parameters: {
             query?: never;
@@ -172,6 +189,26 @@ export interface components {
             message: string;
             /** @description The model to ask; the provider's default when absent (at most 256 bytes). */
             model?: string | null;
+        };
+        /** @description What erasing a conversation deleted. */
+        ErasedConversation: {
+            conversation_id: string;
+            /**
+             * Format: int64
+             * @description Tasks still running or waiting that ended now: their reservations charged when the
+             *     provider may have done the work, released otherwise.
+             */
+            ended: number;
+            /**
+             * Format: int64
+             * @description Messages deleted.
+             */
+            messages: number;
+            /**
+             * Format: int64
+             * @description Tasks deleted (0 when it was erased before).
+             */
+            tasks: number;
         };
         /** @description One page of a conversation's messages. */
         MessagePage: {
@@ -391,6 +428,103 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    eraseConversation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The conversation, as its messages were sent (at most 256 bytes). */
+                conversation_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The conversation is erased: its messages, tasks, replies, attempts and idempotency records are deleted, a task still running ends (its reply, when its call returns, is not saved), and a record of it that comes later is refused. Its quota charges stay. New messages to it get `410` (`conversation_erased`). Erasing it again answers `200` with nothing deleted */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErasedConversation"];
+                };
+            };
+            /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description No API key, or an unknown or revoked one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description No such conversation in the caller's workspace */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A request target over 65534 bytes (`uri_too_long`) */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            429: {
+                headers: {
+                    /** @description Seconds until the key may ask again */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The database cannot be reached; erasing again finishes the work */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+        };
+    };
     listMessages: {
         parameters: {
             query?: {

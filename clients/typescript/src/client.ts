@@ -11,6 +11,7 @@ import {
   isTerminal,
   type Accepted,
   type CreateReply,
+  type ErasedConversation,
   type MessagePage,
   type ProblemDetails,
   type QuotaView,
@@ -224,6 +225,15 @@ export class ReplydClient {
       {},
       options.signal,
     );
+  }
+
+  /**
+   * Erase a conversation: its messages, replies and tasks are deleted, a reply still being
+   * written is stopped from being saved, and new messages to it are refused (410). Erasing it
+   * again deletes nothing and answers the same way.
+   */
+  eraseConversation(conversationId: string, options: { signal?: AbortSignal } = {}): Promise<ErasedConversation> {
+    return this.call<ErasedConversation>("DELETE", `/v1/conversations/${encodeURIComponent(conversationId)}`, {}, options.signal);
   }
 
   /** The caller's quota now. */

@@ -11,6 +11,7 @@ export { TERMINAL, isTerminal } from "./types.js";
 export type {
   Accepted,
   CreateReply,
+  ErasedConversation,
   MessagePage,
   MessageView,
   ProblemDetails,

@@ -8,6 +8,7 @@ type Schemas = components["schemas"];
 
 export type Accepted = Schemas["Accepted"];
 export type CreateReply = Schemas["CreateReply"];
+export type ErasedConversation = Schemas["ErasedConversation"];
 export type MessagePage = Schemas["MessagePage"];
 export type MessageView = Schemas["MessageView"];
 export type ProblemDetails = Schemas["ProblemDetails"];

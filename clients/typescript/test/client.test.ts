@@ -416,3 +416,19 @@ test("a conversation's page is asked for by its cursor and its size, the id esca
     return true;
   });
 });
+
+test("erasing a conversation is a DELETE of its path, retried as the server's answers allow", async () => {
+  const erased = { conversation_id: "c 1", tasks: 2, messages: 2, ended: 0 };
+  const h = harness(
+    steps(
+      () => problem(503, "unavailable"),
+      () => new Response(JSON.stringify(erased), { status: 200, headers: { "content-type": "application/json" } }),
+    ),
+  );
+  assert.deepEqual(await h.client.eraseConversation("c 1"), erased);
+  assert.equal(h.requests.length, 2);
+  for (const request of h.requests) {
+    assert.equal(request.method, "DELETE");
+    assert.equal(request.url, `${BASE}/v1/conversations/c%201`);
+  }
+});
