@@ -1,8 +1,8 @@
 -- A conversation's messages in the order they were written, for listing them page by page.
 --
 -- Each message gets the next number of its conversation (`seq`), taken from the
--- conversation's row by the intake's transaction, which holds that row's lock until it
--- commits. So within a conversation numbers are given in commit order: a reader that has seen
+-- conversation's row by the insert of the message (a trigger), whose transaction holds that
+-- row's lock until it commits. So within a conversation numbers are given in commit order: a reader that has seen
 -- number n has seen every number below it, and a cursor "after n" neither skips a message
 -- that commits later nor shows one twice. A transaction that rolls back gives its number back.
 -- Only messages written through the API are numbered; a Kafka producer's tasks carry their
@@ -32,3 +32,21 @@ update messages m set seq = n.seq
 
 alter table messages alter column seq set not null;
 create unique index messages_in_order on messages (workspace_id, conversation_id, seq);
+
+-- The number is given by the insert itself, so every writer numbers its messages the same
+-- way, a process of the previous release too while a rolling update replaces it: the
+-- conversation's row is made or moved on by this statement, and stays locked until the
+-- writer's transaction ends.
+create function replyd_number_message() returns trigger language plpgsql as $$
+begin
+    insert into conversations (workspace_id, conversation_id)
+    values (new.workspace_id, new.conversation_id)
+    on conflict (workspace_id, conversation_id)
+    do update set last_seq = conversations.last_seq + 1
+    returning last_seq into new.seq;
+    return new;
+end;
+$$;
+
+create trigger messages_numbered before insert on messages
+    for each row execute function replyd_number_message();

@@ -118,13 +118,10 @@ const INSERT_KEY: &str = "INSERT INTO idempotency_keys (workspace_id, operation,
      request_hash, request, task_id, expires_at) \
      VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + make_interval(secs => $7)) \
      ON CONFLICT DO NOTHING RETURNING task_id";
-/// The message, numbered next in its conversation (V22): the conversation's row stays locked
-/// until the commit, so numbers are given in commit order.
-const INSERT_MESSAGE: &str = "WITH c AS (INSERT INTO conversations (workspace_id, conversation_id) \
-     VALUES ($2, $3) ON CONFLICT (workspace_id, conversation_id) \
-     DO UPDATE SET last_seq = conversations.last_seq + 1 RETURNING last_seq) \
-     INSERT INTO messages (message_id, workspace_id, conversation_id, content, seq) \
-     SELECT $1, $2, $3, $4, last_seq FROM c";
+/// The message; the insert numbers it next in its conversation (V22's trigger), and the
+/// conversation's row stays locked until the commit, so numbers are given in commit order.
+const INSERT_MESSAGE: &str = "INSERT INTO messages (message_id, workspace_id, conversation_id, content) \
+     VALUES ($1, $2, $3, $4)";
 const INSERT_OUTBOX: &str =
     "INSERT INTO outbox (task_id, record_key, payload, traceparent) VALUES ($1, $2, $3, $4)";
 

@@ -1534,6 +1534,28 @@ async fn a_listed_message_shows_its_regenerated_replies_and_a_bad_page_is_a_prob
         fourth.task_id.to_string()
     );
 
+    // A message written as the previous release's intake writes it (no number given): the
+    // insert numbers it, so it is listed after the others.
+    let old_release = uuid::Uuid::new_v4();
+    api.db
+        .raw_client()
+        .await
+        .execute(
+            "INSERT INTO messages (message_id, workspace_id, conversation_id, content) \
+             VALUES ($1, 'acme', 'conv-a', 'From the previous release')",
+            &[&old_release],
+        )
+        .await
+        .unwrap();
+    let (_, five) = page(&api, &api.key, "conv-a", &format!("?after={last}")).await;
+    let contents: Vec<&str> = five["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(contents, ["Anything else?", "From the previous release"]);
+
     // Another workspace's key, and a conversation nobody wrote to: exactly as absent.
     let other = key_for(&api.db, "globex").await;
     let (status, problem) = page(&api, &other, "conv-a", "").await;
