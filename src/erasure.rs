@@ -6,8 +6,8 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use crate::config::Settings;
-use crate::store::Store;
 use crate::store::forgetting::{Erased, ErasurePlan, ErasureScope};
+use crate::store::{Store, StoreError};
 
 /// What a run did, or with `dry_run` would do.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -85,13 +85,19 @@ pub async fn run(
             plan,
         });
     }
-    let erased = store
-        .erase(scope)
+    let erased = erase(&store, scope)
         .await
         .with_context(|| format!("erasing {described} (run it again to finish)"))?;
-    crate::telemetry::tasks_forgotten("erasure", erased.forgotten.tasks);
     Ok(ErasureReport::Erased {
         scope: described,
         erased,
     })
+}
+
+/// Erases `scope` and counts the tasks it forgot: the one erasure of the operator's command and
+/// of the API's `DELETE /v1/conversations/{id}`.
+pub async fn erase(store: &Store, scope: &ErasureScope) -> Result<Erased, StoreError> {
+    let erased = store.erase(scope).await?;
+    crate::telemetry::tasks_forgotten("erasure", erased.forgotten.tasks);
+    Ok(erased)
 }

@@ -81,38 +81,36 @@ async fn kafka(settings: &Settings) -> Result<String, String> {
         .map_err(|e| crate::telemetry::chain(e.as_ref()))?;
     let mut seen = Vec::new();
     let mut missing = Vec::new();
-    for (topic, role, partitions) in found {
-        match partitions {
-            Some(n) => seen.push(format!("{role} topic {topic}: {n} partitions")),
+    let mut outlived = Vec::new();
+    for t in &found {
+        match t.partitions {
+            Some(n) => seen.push(format!("{} topic {}: {n} partitions", t.role, t.topic)),
             None => missing.push(format!(
-                "{role} topic {topic} does not exist ({})",
-                if role == "tasks" {
+                "{} topic {} does not exist ({})",
+                t.role,
+                t.topic,
+                if t.role == "tasks" {
                     "kafka.topic"
                 } else {
                     "kafka.dead_letter_topic"
                 }
             )),
         }
+        if let Some(ms) = t.retention_ms {
+            outlived.extend(settings.retention.outlived_by(&t.topic, ms));
+        }
     }
     let brokers = &settings.kafka.bootstrap_servers;
-    if missing.is_empty() {
-        let retention = crate::topics::retention_of(settings)
-            .await
-            .map_err(|e| crate::telemetry::chain(e.as_ref()))?;
-        let outlived: Vec<String> = retention
-            .iter()
-            .filter_map(|(topic, _, ms)| settings.retention.outlived_by(topic, *ms))
-            .collect();
-        if !outlived.is_empty() {
-            return Err(format!("{brokers}: {}", outlived.join("; ")));
-        }
-        Ok(format!("{brokers}: {}", seen.join("; ")))
-    } else {
-        Err(format!(
+    if !missing.is_empty() {
+        return Err(format!(
             "{brokers}: {}: `replyd topics ensure` creates it",
             missing.join("; ")
-        ))
+        ));
     }
+    if !outlived.is_empty() {
+        return Err(format!("{brokers}: {}", outlived.join("; ")));
+    }
+    Ok(format!("{brokers}: {}", seen.join("; ")))
 }
 
 async fn provider(settings: &Settings) -> Result<String, String> {

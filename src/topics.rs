@@ -141,52 +141,62 @@ async fn look_up(
     })
 }
 
-/// Both topics' partition counts as the brokers report them (`None`: missing); creates nothing.
-pub async fn look(settings: &Settings) -> anyhow::Result<Vec<(String, &'static str, Option<i32>)>> {
+/// One topic as the brokers report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub topic: String,
+    pub role: &'static str,
+    /// `None`: the brokers do not have it.
+    pub partitions: Option<i32>,
+    /// Its `retention.ms` (`-1`: kept forever); `None` when it does not exist.
+    pub retention_ms: Option<i64>,
+}
+
+/// Both topics as the brokers report them: partition counts and retention; creates nothing.
+pub async fn look(settings: &Settings) -> anyhow::Result<Vec<Found>> {
     let (admin, logs) = admin(settings)?;
     let mut found = Vec::new();
     for (topic, role) in topics_of(settings) {
         let partitions = look_up(&admin, &logs, settings, &topic).await?;
-        found.push((topic, role, partitions));
+        let retention_ms = match partitions {
+            Some(_) => Some(retention_of(&admin, settings, &topic).await?),
+            None => None,
+        };
+        found.push(Found {
+            topic,
+            role,
+            partitions,
+            retention_ms,
+        });
     }
     Ok(found)
 }
 
-/// Each existing topic's `retention.ms` as the brokers report it (`-1`: kept forever), beside
-/// its role; a topic the brokers do not have is left out.
-pub async fn retention_of(settings: &Settings) -> anyhow::Result<Vec<(String, &'static str, i64)>> {
-    let (admin, logs) = admin(settings)?;
-    let mut found = Vec::new();
-    for (topic, role) in topics_of(settings) {
-        if look_up(&admin, &logs, settings, &topic).await?.is_none() {
-            continue;
-        }
-        let results = admin
-            .describe_configs(
-                [&ResourceSpecifier::Topic(&topic)],
-                &AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT)),
+/// An existing topic's `retention.ms` as the brokers report it (`-1`: kept forever).
+async fn retention_of(admin: &Admin, settings: &Settings, topic: &str) -> anyhow::Result<i64> {
+    let results = admin
+        .describe_configs(
+            [&ResourceSpecifier::Topic(topic)],
+            &AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT)),
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "describing the configuration of {topic} on {} (kafka.bootstrap_servers)",
+                settings.kafka.bootstrap_servers
             )
-            .await
-            .with_context(|| {
-                format!(
-                    "describing the configuration of {topic} on {} (kafka.bootstrap_servers)",
-                    settings.kafka.bootstrap_servers
-                )
-            })?;
-        let resource = results
-            .into_iter()
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("the brokers described nothing for {topic}"))?
-            .map_err(|code| anyhow::anyhow!("describing {topic}: {code}"))?;
-        let retention = resource
-            .get("retention.ms")
-            .and_then(|entry| entry.value.as_deref())
-            .ok_or_else(|| anyhow::anyhow!("{topic} reports no retention.ms"))?
-            .parse::<i64>()
-            .with_context(|| format!("{topic}'s retention.ms"))?;
-        found.push((topic, role, retention));
-    }
-    Ok(found)
+        })?;
+    let resource = results
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("the brokers described nothing for {topic}"))?
+        .map_err(|code| anyhow::anyhow!("describing {topic}: {code}"))?;
+    resource
+        .get("retention.ms")
+        .and_then(|entry| entry.value.as_deref())
+        .ok_or_else(|| anyhow::anyhow!("{topic} reports no retention.ms"))?
+        .parse::<i64>()
+        .with_context(|| format!("{topic}'s retention.ms"))
 }
 
 /// Makes both topics exist; one report line each.

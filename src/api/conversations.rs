@@ -237,8 +237,9 @@ pub async fn erase(
             workspace_id: workspace.clone(),
             conversation_id: Some(conversation_id.clone()),
         };
-        let erased = state.store.erase(&scope).await.map_err(unavailable)?;
-        crate::telemetry::tasks_forgotten("erasure", erased.forgotten.tasks);
+        let erased = crate::erasure::erase(&state.store, &scope)
+            .await
+            .map_err(unavailable)?;
         Ok::<_, Problem>(ErasedConversation {
             conversation_id: conversation_id.clone(),
             tasks: erased.forgotten.tasks,

@@ -112,13 +112,16 @@ impl Store {
                 &[&workspace, &conversation, &ids],
             )
             .await?;
+        // The message a task belongs to, by the id the page asked for.
+        let index: std::collections::HashMap<&str, usize> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (id.as_str(), i))
+            .collect();
         for row in &tasks {
             let task = task_from(row)?;
-            if let Some(message) = messages
-                .iter_mut()
-                .find(|m| m.message_id.to_string() == task.spec.message_id)
-            {
-                message.tasks.push(task);
+            if let Some(&i) = index.get(task.spec.message_id.as_str()) {
+                messages[i].tasks.push(task);
             }
         }
         Ok(Some(MessagePage { messages, more }))

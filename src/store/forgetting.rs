@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use replyd_core::domain::TaskId;
@@ -40,6 +41,15 @@ impl ErasureScope {
             Some(_) => "workspace_id = $1 AND conversation_id = $2",
             None => "workspace_id = $1",
         }
+    }
+
+    /// The parameters of [`Self::rows`]: the workspace, then the conversation if there is one.
+    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&self.workspace_id];
+        if let Some(conversation) = &self.conversation_id {
+            params.push(conversation);
+        }
+        params
     }
 
     /// The scope's tasks, finished ones and open ones apart, so that each half is read through
@@ -138,31 +148,25 @@ impl Store {
         age: Duration,
         limit: i64,
     ) -> Result<Forgotten, StoreError> {
-        let ids: Vec<Uuid> = {
-            let client = self.client().await?;
-            client
-                .query(
-                    "SELECT t.task_id FROM reply_tasks t \
-                     WHERE t.status IN ('completed', 'failed') \
-                       AND t.finished_at < clock_timestamp() - make_interval(secs => $1) \
-                       AND NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.task_id = t.task_id \
-                                        AND k.expires_at > clock_timestamp()) \
-                       AND NOT EXISTS (SELECT 1 FROM quota_reservations r \
-                                       JOIN quota_counters q USING (workspace_id) \
-                                       WHERE r.task_id = t.task_id \
-                                         AND (r.state = 'reserved' OR r.settled_at >= q.window_start)) \
-                     ORDER BY t.finished_at LIMIT $2",
-                    &[&age.as_secs_f64(), &limit],
-                )
-                .await?
-                .iter()
-                .map(|r| r.get(0))
-                .collect()
-        };
-        if ids.is_empty() {
-            return Ok(Forgotten::default());
-        }
-        self.forget(&ids, "retention").await
+        // The selection and the deletion in one statement (one round trip); an empty
+        // selection forgets nothing.
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT * FROM replyd_forget(ARRAY(SELECT t.task_id FROM reply_tasks t \
+                   WHERE t.status IN ('completed', 'failed') \
+                     AND t.finished_at < clock_timestamp() - make_interval(secs => $1) \
+                     AND NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.task_id = t.task_id \
+                                      AND k.expires_at > clock_timestamp()) \
+                     AND NOT EXISTS (SELECT 1 FROM quota_reservations r \
+                                     JOIN quota_counters q USING (workspace_id) \
+                                     WHERE r.task_id = t.task_id \
+                                       AND (r.state = 'reserved' OR r.settled_at >= q.window_start)) \
+                   ORDER BY t.finished_at LIMIT $2), 'retention')",
+                &[&age.as_secs_f64(), &limit],
+            )
+            .await?;
+        Ok(counts(&row))
     }
 
     /// Deletes up to `limit` remembered ids (and erased scopes) older than `age`: by then no
@@ -199,14 +203,7 @@ impl Store {
             tasks = scope.tasks("task_id"),
             whole = scope.conversation_id.is_none(),
         );
-        let row = match &scope.conversation_id {
-            Some(conversation) => {
-                client
-                    .query_one(&sql, &[&scope.workspace_id, conversation])
-                    .await?
-            }
-            None => client.query_one(&sql, &[&scope.workspace_id]).await?,
-        };
+        let row = client.query_one(&sql, &scope.params()).await?;
         Ok(ErasurePlan {
             tasks: row.get(0),
             open_tasks: row.get(1),
@@ -219,14 +216,7 @@ impl Store {
     async fn scope_tasks(&self, scope: &ErasureScope, limit: i64) -> Result<Vec<Uuid>, StoreError> {
         let client = self.client().await?;
         let sql = format!("{} LIMIT {limit}", scope.tasks("task_id"));
-        let rows = match &scope.conversation_id {
-            Some(conversation) => {
-                client
-                    .query(&sql, &[&scope.workspace_id, conversation])
-                    .await?
-            }
-            None => client.query(&sql, &[&scope.workspace_id]).await?,
-        };
+        let rows = client.query(&sql, &scope.params()).await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
@@ -263,21 +253,17 @@ impl Store {
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let messages = format!("DELETE FROM messages WHERE {}", scope.rows());
-        let conversations = format!("DELETE FROM conversations WHERE {}", scope.rows());
-        erased.other_messages = match &scope.conversation_id {
-            Some(c) => {
-                let n = tx.execute(&messages, &[&scope.workspace_id, c]).await?;
-                tx.execute(&conversations, &[&scope.workspace_id, c])
-                    .await?;
-                n
-            }
-            None => {
-                let n = tx.execute(&messages, &[&scope.workspace_id]).await?;
-                tx.execute(&conversations, &[&scope.workspace_id]).await?;
-                n
-            }
-        };
+        erased.other_messages = tx
+            .execute(
+                &format!("DELETE FROM messages WHERE {}", scope.rows()),
+                &scope.params(),
+            )
+            .await?;
+        tx.execute(
+            &format!("DELETE FROM conversations WHERE {}", scope.rows()),
+            &scope.params(),
+        )
+        .await?;
         if scope.conversation_id.is_none() {
             // What is left of the workspace refers to it alone: its keys (hashes), the
             // idempotency records and reservations of tasks gone above (none), its counter.

@@ -1406,7 +1406,13 @@ async fn a_conversation_read_page_by_page_while_others_write_shows_each_message_
     let mut cursor: Option<String> = None;
     let mut writing = true;
     let mut pages = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reader did not reach the end in 120 s: {} seen, writing: {writing}",
+            seen.len()
+        );
         if writing && writers.iter().all(|w| w.is_finished()) {
             writing = false;
         }
