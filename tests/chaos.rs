@@ -181,6 +181,10 @@ struct Produced {
     double_clicks: usize,
     /// Requests that got no answer (API down, PostgreSQL down) and were asked again.
     unanswered: usize,
+    /// Presses stopped: the task ended cancelled (the cancel was answered `200`).
+    stopped: Vec<replyd_core::domain::TaskId>,
+    /// Stops that came too late: the reply was saved, or the task failed, first (`409`).
+    stopped_too_late: Vec<replyd_core::domain::TaskId>,
 }
 
 /// Tasks at a steady rate until `until`: half published to Kafka (a share `poison` of the
@@ -215,6 +219,9 @@ async fn produce_steadily(
                     token: token.to_owned(),
                     key: format!("press-{}", presses.len()),
                     double_click: rng.f64() < 0.1,
+                    // A user who presses Stop, at once or while the reply is written.
+                    stop_after: (rng.f64() < 0.1)
+                        .then(|| Duration::from_millis(rng.u64(0..=2_000))),
                 };
                 presses.push(tokio::spawn(press.run()));
             } else {
@@ -239,6 +246,8 @@ async fn produce_steadily(
         presses: presses.len(),
         double_clicks: 0,
         unanswered: 0,
+        stopped: Vec::new(),
+        stopped_too_late: Vec::new(),
     };
     let mut tasks = HashSet::new();
     for press in presses {
@@ -246,6 +255,11 @@ async fn produce_steadily(
         tasks.insert(pressed.task);
         produced.double_clicks += usize::from(pressed.double_clicked);
         produced.unanswered += pressed.unanswered;
+        match pressed.stopped {
+            Some(true) => produced.stopped.push(pressed.task),
+            Some(false) => produced.stopped_too_late.push(pressed.task),
+            None => {}
+        }
     }
     // One task per key, whatever was asked again.
     assert_eq!(tasks.len(), produced.presses, "a task per press");
@@ -259,12 +273,16 @@ struct Press {
     token: String,
     key: String,
     double_click: bool,
+    /// Press Stop this long after the press was answered.
+    stop_after: Option<Duration>,
 }
 
 struct Pressed {
     task: replyd_core::domain::TaskId,
     double_clicked: bool,
     unanswered: usize,
+    /// Whether Stop was pressed and cancelled the task (`Some(true)`), or came too late.
+    stopped: Option<bool>,
 }
 
 impl Press {
@@ -295,10 +313,57 @@ impl Press {
                 assert!(again.replayed, "press {} again is a replay", self.key);
             }
         }
+        let stopped = match self.stop_after {
+            Some(after) => {
+                tokio::time::sleep(after).await;
+                Some(self.stop(first.task_id, limit).await)
+            }
+            None => None,
+        };
         Pressed {
             task: first.task_id,
             double_clicked: self.double_click,
             unanswered,
+            stopped,
+        }
+    }
+
+    /// Presses Stop until answered (a cancel is safe to send again): true when the task is
+    /// cancelled, false when it had ended first (`409`). Anything else fails the scenario.
+    async fn stop(&self, task: replyd_core::domain::TaskId, limit: Instant) -> bool {
+        loop {
+            let answered = async {
+                let addr = self.app.api_addr(API).ok_or("the API has not started")?;
+                let response = self
+                    .client
+                    .post(format!("http://{addr}/v1/replies/{task}/cancel"))
+                    .bearer_auth(&self.token)
+                    .timeout(Duration::from_secs(10))
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match response.status().as_u16() {
+                    200 => Ok(true),
+                    409 => Ok(false),
+                    status if status >= 500 => Err(format!("{status}")),
+                    status => panic!(
+                        "stop of press {}: {status} {}",
+                        self.key,
+                        response.text().await.unwrap_or_default()
+                    ),
+                }
+            };
+            match answered.await {
+                Ok(cancelled) => return cancelled,
+                Err(why) => {
+                    assert!(
+                        Instant::now() < limit,
+                        "stop of press {} never answered: {why}",
+                        self.key
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
         }
     }
 
@@ -417,7 +482,7 @@ where
         async move {
             client
                 .query_one(
-                    "SELECT count(*) FROM reply_tasks WHERE status IN ('completed', 'failed')",
+                    "SELECT count(*) FROM reply_tasks WHERE status IN ('completed', 'failed', 'cancelled')",
                     &[],
                 )
                 .await
@@ -470,9 +535,12 @@ where
     // No reservation was freed whose work the provider did (the mock counts generations by
     // the task id each request carried as its key).
     let generated = app.mock.stats().per_key;
+    // A cancelled task's is released whatever its call did: the user stopped it and was shown
+    // no reply (the design's rule for Stop), so those are not counted here.
     let freed_with_work: Vec<String> = client
         .query(
-            "SELECT task_id::text FROM quota_reservations WHERE state IN ('released', 'expired')",
+            "SELECT r.task_id::text FROM quota_reservations r JOIN reply_tasks t USING (task_id) \
+             WHERE r.state IN ('released', 'expired') AND t.status <> 'cancelled'",
             &[],
         )
         .await
@@ -500,6 +568,8 @@ where
             "pressed": produced.presses,
             "double_clicks": produced.double_clicks,
             "asked_again_unanswered": produced.unanswered,
+            "stopped": produced.stopped.len(),
+            "stopped_too_late": produced.stopped_too_late.len(),
             "malformed": bad,
         },
         "reservations_held_unresolved": held,
@@ -533,6 +603,39 @@ where
     );
     assert_eq!(report.duplicate_tasks, 0, "{name}: {out:#}");
     assert_eq!(report.outbox_unpublished, 0, "{name}: {out:#}");
+    // Every Stop did what its answer said: a `200` left the task cancelled with no reply, a
+    // `409` left it as it had ended, and no task ended cancelled that nobody stopped.
+    let statuses = |tasks: &[replyd_core::domain::TaskId]| {
+        let ids: Vec<uuid::Uuid> = tasks.iter().map(|t| t.as_uuid()).collect();
+        let client = &client;
+        async move {
+            client
+                .query(
+                    "SELECT status, count(*) FROM reply_tasks WHERE task_id = ANY($1) GROUP BY 1",
+                    &[&ids],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+                .collect::<BTreeMap<_, _>>()
+        }
+    };
+    let stopped = statuses(&produced.stopped).await;
+    assert!(
+        stopped.keys().all(|s| s == "cancelled"),
+        "{name}: stopped tasks not cancelled: {stopped:?}"
+    );
+    let too_late = statuses(&produced.stopped_too_late).await;
+    assert!(
+        too_late.keys().all(|s| s == "completed" || s == "failed"),
+        "{name}: stops refused as too late, tasks not finished: {too_late:?}"
+    );
+    assert_eq!(
+        report.cancelled,
+        produced.stopped.len() as i64,
+        "{name}: {out:#}"
+    );
     report
 }
 

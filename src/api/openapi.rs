@@ -26,6 +26,7 @@ use super::{conversations, events, quota};
         replies::show,
         events::stream,
         replies::regenerate,
+        replies::cancel,
         quota::show,
         conversations::list,
         conversations::erase
@@ -50,7 +51,7 @@ use super::{conversations, events, quota};
     )),
     modifiers(&BearerKey, &EveryRouteRefusals),
     tags(
-        (name = "replies", description = "Reply tasks: submit, read, follow, regenerate"),
+        (name = "replies", description = "Reply tasks: submit, read, follow, regenerate, cancel"),
         (name = "quota", description = "Generation quotas: every new task reserves one generation, charged once"),
         (name = "conversations", description = "A conversation's messages and their replies, in the order they were written; erasing a conversation")
     ),

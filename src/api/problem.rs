@@ -49,6 +49,8 @@ pub enum ProblemKind {
     RateLimited,
     /// A task whose Kafka record would be over `kafka.max_record_bytes` (422).
     RecordTooLarge,
+    /// A cancel of a task that had already ended with its reply or a failure (409).
+    TaskFinished,
     /// No API key, or an unknown or revoked one (401).
     Unauthorized,
     /// The database cannot be reached (503).
@@ -61,7 +63,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in the order of the enum.
-    pub const ALL: [ProblemKind; 21] = [
+    pub const ALL: [ProblemKind; 22] = [
         ProblemKind::BodyTooLarge,
         ProblemKind::HeadersTooLarge,
         ProblemKind::ConversationErased,
@@ -79,6 +81,7 @@ impl ProblemKind {
         ProblemKind::QuotaExceeded,
         ProblemKind::RateLimited,
         ProblemKind::RecordTooLarge,
+        ProblemKind::TaskFinished,
         ProblemKind::Unauthorized,
         ProblemKind::Unavailable,
         ProblemKind::UnsupportedMediaType,
@@ -105,6 +108,7 @@ impl ProblemKind {
             ProblemKind::QuotaExceeded => "quota_exceeded",
             ProblemKind::RateLimited => "rate_limited",
             ProblemKind::RecordTooLarge => "record_too_large",
+            ProblemKind::TaskFinished => "task_finished",
             ProblemKind::Unauthorized => "unauthorized",
             ProblemKind::Unavailable => "unavailable",
             ProblemKind::UnsupportedMediaType => "unsupported_media_type",
@@ -134,10 +138,11 @@ const _: () = {
             ProblemKind::QuotaExceeded => 14,
             ProblemKind::RateLimited => 15,
             ProblemKind::RecordTooLarge => 16,
-            ProblemKind::Unauthorized => 17,
-            ProblemKind::Unavailable => 18,
-            ProblemKind::UnsupportedMediaType => 19,
-            ProblemKind::UriTooLong => 20,
+            ProblemKind::TaskFinished => 17,
+            ProblemKind::Unauthorized => 18,
+            ProblemKind::Unavailable => 19,
+            ProblemKind::UnsupportedMediaType => 20,
+            ProblemKind::UriTooLong => 21,
         }
     }
     let mut i = 0;

@@ -18,6 +18,7 @@ use utoipa::ToSchema;
 use super::auth::Workspace;
 use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::state::ApiState;
+use crate::store::cancels::CancelOutcome;
 use crate::store::intake::{Submission, Submitted, provider_request, task_spec};
 use replyd_core::domain::limits::{
     MAX_CONVERSATION_ID_BYTES, MAX_DOCUMENT_VERSION_BYTES, MAX_MODEL_BYTES,
@@ -67,6 +68,9 @@ pub enum ReplyStatus {
     Completed,
     /// No reply will come (terminal); `failure` says why.
     Failed,
+    /// Stopped by `POST /v1/replies/{task_id}/cancel` (terminal): no reply will come, and the
+    /// task is not charged.
+    Cancelled,
 }
 
 impl From<TaskStatus> for ReplyStatus {
@@ -76,6 +80,7 @@ impl From<TaskStatus> for ReplyStatus {
             TaskStatus::Running => ReplyStatus::Running,
             TaskStatus::Completed => ReplyStatus::Completed,
             TaskStatus::Failed => ReplyStatus::Failed,
+            TaskStatus::Cancelled => ReplyStatus::Cancelled,
         }
     }
 }
@@ -600,6 +605,63 @@ pub async fn regenerate(
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Stop a task: one that waits makes no call, one that runs has its call cut short and its
+/// answer refused, and either ends `cancelled` with its quota reservation released. Safe to
+/// repeat: a second cancel answers as the first did.
+#[utoipa::path(
+    post,
+    operation_id = "cancelReply",
+    path = "/v1/replies/{task_id}/cancel",
+    tag = "replies",
+    params(TaskIdPath),
+    responses(
+        (status = 200, description = "The task is cancelled (by this request or an earlier one): no reply will come, a running call is cut short (its answer, if one still comes, is refused), its reservation is released, and its event stream ends with this status", body = ReplyView),
+        (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "The task had already ended: its reply was saved before the cancel arrived, or it had failed (`task_finished`); nothing changed. Read the task for its reply", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot be reached; cancelling again is safe", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn cancel(
+    State(state): State<ApiState>,
+    Workspace(workspace): Workspace,
+    Path(task_id): Path<String>,
+) -> Response {
+    let cancelled = async {
+        let unavailable =
+            |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
+        let task = task_of(&state, &workspace, &task_id).await?;
+        let id = task.spec.task_id;
+        let outcome = state.store.cancel(id).await.map_err(unavailable)?;
+        crate::telemetry::cancel(outcome.as_str());
+        let finished = |detail: &str| {
+            Problem::new(
+                StatusCode::CONFLICT,
+                ProblemKind::TaskFinished,
+                "Task already finished",
+                format!("task {id} {detail} before the cancel arrived; nothing changed"),
+            )
+        };
+        match outcome {
+            CancelOutcome::Cancelled | CancelOutcome::AlreadyCancelled => {
+                match state.store.read(id).await.map_err(unavailable)? {
+                    Some(task) => Ok(ReplyView::of(&task)),
+                    None => Err(Problem::not_found(format!("no task {id}"))),
+                }
+            }
+            CancelOutcome::AlreadyCompleted => Err(finished("had its reply saved")),
+            CancelOutcome::AlreadyFailed => Err(finished("had failed")),
+            // Erased between the read and the cancel.
+            CancelOutcome::NotFound => Err(Problem::not_found(format!("no task {id}"))),
+        }
+    };
+    match cancelled.await {
+        Ok(view) => Json(view).into_response(),
+        Err(problem) => problem.into_response(),
+    }
 }
 
 /// The workspace policy's verdict on a request, judged on the provider request it becomes

@@ -13,11 +13,12 @@ use super::state::ApiState;
 use super::{conversations, demo, events, openapi, quota, replies};
 
 /// The API's routes, each documented in [`super::openapi`] (a test holds the two together).
-pub const ROUTES: [&str; 7] = [
+pub const ROUTES: [&str; 8] = [
     "/v1/replies",
     "/v1/replies/{task_id}",
     "/v1/replies/{task_id}/events",
     "/v1/replies/{task_id}/regenerate",
+    "/v1/replies/{task_id}/cancel",
     "/v1/quota",
     "/v1/conversations/{conversation_id}/messages",
     "/v1/conversations/{conversation_id}",
@@ -29,6 +30,7 @@ pub fn router(state: ApiState) -> Router {
         show,
         events,
         regenerate,
+        cancel,
         quota,
         messages,
         conversation,
@@ -43,6 +45,7 @@ pub fn router(state: ApiState) -> Router {
         .route(show, get(replies::show))
         .route(events, get(events::stream))
         .route(regenerate, post(replies::regenerate))
+        .route(cancel, post(replies::cancel))
         .route(quota, get(quota::show))
         .route(messages, get(conversations::list))
         .route(conversation, delete(conversations::erase))

@@ -241,6 +241,8 @@ pub struct StatusCounts {
     pub tasks: i64,
     pub completed: i64,
     pub failed: i64,
+    /// Stopped by their users.
+    pub cancelled: i64,
     /// Pending or running.
     pub open: i64,
 }
@@ -265,6 +267,8 @@ pub struct QuotaFacts {
     /// Open reservations of failed tasks whose provider may have done the work.
     pub unresolved: i64,
     pub completed_without_charge: i64,
+    /// Settled reservations of cancelled tasks that were not released.
+    pub cancelled_not_released: i64,
     pub charges_without_reply: i64,
     pub counter_mismatches: i64,
     pub token_charge_mismatches: i64,
@@ -293,13 +297,15 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
             "SELECT count(*), \
                count(*) FILTER (WHERE status = $1), \
                count(*) FILTER (WHERE status = $2), \
-               count(*) FILTER (WHERE status IN ($3, $4)) \
+               count(*) FILTER (WHERE status IN ($3, $4)), \
+               count(*) FILTER (WHERE status = $5) \
              FROM reply_tasks",
             &[
                 &TaskStatus::Completed.as_str(),
                 &TaskStatus::Failed.as_str(),
                 &TaskStatus::Pending.as_str(),
                 &TaskStatus::Running.as_str(),
+                &TaskStatus::Cancelled.as_str(),
             ],
         )
         .await?;
@@ -308,6 +314,7 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         completed: statuses.get(1),
         failed: statuses.get(2),
         open: statuses.get(3),
+        cancelled: statuses.get(4),
     };
     // Outcomes are bound as parameters from the one enum that writes them.
     let count = |sql: &'static str, outcome: Option<AttemptOutcome>| {
@@ -395,7 +402,8 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
                                        FROM reply_attempts a \
                                       WHERE a.task_id = t.task_id \
                                         AND a.assignment_version = t.assignment_version \
-                                        AND t.status = 'completed'), r.token_ceiling) END) \
+                                        AND t.status = 'completed'), r.token_ceiling) END), \
+               count(*) FILTER (WHERE t.status = 'cancelled' AND r.state <> 'released') \
              FROM quota_reservations r JOIN reply_tasks t USING (task_id)",
             &[],
         )
@@ -411,6 +419,7 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         charges_without_reply: row.get(7),
         counter_mismatches: row.get(8),
         token_charge_mismatches: row.get(9),
+        cancelled_not_released: row.get(10),
     };
     // Nearest rank: percentile_disc(p) is the value at rank ceil(p × n).
     let attempts = client
@@ -580,7 +589,7 @@ async fn read_records(
 }
 
 /// For each record of `batch` (partition, offset, task), in order: whether its task is
-/// terminal (or forgotten: deleted by retention or an erasure, done for good), and whether a
+/// terminal (completed, failed or cancelled; or forgotten: deleted by retention or an erasure, done for good), and whether a
 /// dead-letter copy of it exists.
 async fn judge(
     client: &tokio_postgres::Client,
@@ -591,7 +600,7 @@ async fn judge(
     let tasks: Vec<Option<Uuid>> = batch.iter().map(|r| r.2).collect();
     let rows = client
         .query(
-            "SELECT coalesce(t.status IN ($4, $5), false) \
+            "SELECT coalesce(t.status IN ($4, $5, $6), false) \
                  OR EXISTS (SELECT 1 FROM forgotten_tasks f WHERE f.task_id = s.task), \
                EXISTS (SELECT 1 FROM check_dead d WHERE d.partition = s.p AND d.\"offset\" = s.o) \
              FROM unnest($1::int[], $2::bigint[], $3::uuid[]) WITH ORDINALITY AS s(p, o, task, i) \
@@ -603,6 +612,7 @@ async fn judge(
                 &tasks,
                 &TaskStatus::Completed.as_str(),
                 &TaskStatus::Failed.as_str(),
+                &TaskStatus::Cancelled.as_str(),
             ],
         )
         .await?;

@@ -18,6 +18,8 @@ pub struct Report {
     pub tasks: i64,
     pub completed: i64,
     pub failed: i64,
+    /// Stopped by their users (`POST /v1/replies/{id}/cancel`).
+    pub cancelled: i64,
     pub pending: i64,
     pub dead_lettered: i64,
     /// Records in the topic (all partitions), good and bad.
@@ -57,6 +59,8 @@ pub struct Report {
     pub reservations_unresolved: i64,
     /// Completed tasks whose reservation is not charged (must be 0).
     pub completed_without_charge: i64,
+    /// Cancelled tasks whose reservation was settled otherwise than released (must be 0).
+    pub cancelled_not_released: i64,
     /// Charged reservations whose task neither completed nor failed under a policy that
     /// charges failures, nor failed while the provider may have done its work (must be 0).
     pub charges_without_reply: i64,
@@ -89,10 +93,11 @@ impl Report {
             .map(|(w, n)| format!("{w}:{n}"))
             .collect();
         format!(
-            "tasks={} completed={} failed={} dead_lettered={} duplicate_tasks={} duplicate_replies={} lost={} charged={} released={} unsettled={} provider_requests={} generations={} replies_by_worker={}",
+            "tasks={} completed={} failed={} cancelled={} dead_lettered={} duplicate_tasks={} duplicate_replies={} lost={} charged={} released={} unsettled={} provider_requests={} generations={} replies_by_worker={}",
             self.tasks,
             self.completed,
             self.failed,
+            self.cancelled,
             self.dead_lettered,
             self.duplicate_tasks,
             self.duplicate_replies,
@@ -122,6 +127,7 @@ impl Report {
         row("tasks", self.tasks.to_string(), "");
         row("  completed", self.completed.to_string(), "");
         row("  failed", self.failed.to_string(), "");
+        row("  cancelled", self.cancelled.to_string(), "");
         row("  pending or running", self.pending.to_string(), "");
         row("records in the topic", self.records.to_string(), "");
         row("  bad records", self.bad_records.to_string(), "");
@@ -208,6 +214,11 @@ impl Report {
         row(
             "completed without charge",
             self.completed_without_charge.to_string(),
+            "I8: must be 0",
+        );
+        row(
+            "cancelled, not released",
+            self.cancelled_not_released.to_string(),
             "I8: must be 0",
         );
         row(

@@ -20,6 +20,7 @@ pub fn verdict(facts: Facts) -> Report {
         tasks,
         completed: facts.statuses.completed,
         failed: facts.statuses.failed,
+        cancelled: facts.statuses.cancelled,
         pending: facts.statuses.open,
         dead_lettered: facts.dead_lettered,
         records: facts.records.records,
@@ -46,6 +47,7 @@ pub fn verdict(facts: Facts) -> Report {
         reservations_unsettled: facts.quota.unsettled,
         reservations_unresolved: facts.quota.unresolved,
         completed_without_charge: facts.quota.completed_without_charge,
+        cancelled_not_released: facts.quota.cancelled_not_released,
         charges_without_reply: facts.quota.charges_without_reply,
         quota_counter_mismatches: facts.quota.counter_mismatches,
         token_charge_mismatches: facts.quota.token_charge_mismatches,
@@ -76,12 +78,13 @@ pub fn verdict(facts: Facts) -> Report {
     }
     if report.reservations_unsettled > 0
         || report.completed_without_charge > 0
+        || report.cancelled_not_released > 0
         || report.charges_without_reply > 0
         || report.quota_counter_mismatches > 0
         || report.token_charge_mismatches > 0
     {
         report.violations.push(
-            "I8 quota once: a reservation past its TTL unsettled, a completed task without its charge, a charge without its reply, a counter that disagrees with its reservations, or a token charge other than the reply's reported usage (else its ceiling)"
+            "I8 quota once: a reservation past its TTL unsettled, a completed task without its charge, a cancelled task's reservation not released, a charge without its reply, a counter that disagrees with its reservations, or a token charge other than the reply's reported usage (else its ceiling)"
                 .into(),
         );
     }
@@ -98,7 +101,7 @@ pub fn verdict(facts: Facts) -> Report {
 mod tests {
     use std::collections::BTreeMap;
 
-    use super::super::facts::{AttemptStats, MockCounts, StatusCounts};
+    use super::super::facts::{AttemptStats, MockCounts, QuotaFacts, StatusCounts};
     use super::super::records::RecordTallies;
     use super::*;
 
@@ -116,6 +119,7 @@ mod tests {
                 tasks: 2,
                 completed: 1,
                 failed: 0,
+                cancelled: 0,
                 open: 1,
             },
             ..Facts::default()
@@ -144,6 +148,27 @@ mod tests {
         let named: Vec<&str> = report.violations.iter().map(|v| &v[..2]).collect();
         assert_eq!(named, ["I1", "I7", "I6"]);
         assert!(report.render_table().contains("BROKEN"));
+    }
+
+    #[test]
+    fn a_cancelled_task_whose_reservation_was_not_released_breaks_i8() {
+        let report = verdict(Facts {
+            statuses: StatusCounts {
+                tasks: 1,
+                cancelled: 1,
+                ..StatusCounts::default()
+            },
+            quota: QuotaFacts {
+                charged: 1,
+                cancelled_not_released: 1,
+                ..QuotaFacts::default()
+            },
+            ..Facts::default()
+        });
+        let named: Vec<&str> = report.violations.iter().map(|v| &v[..2]).collect();
+        assert_eq!(named, ["I8"]);
+        assert!(report.summary_line().contains("cancelled=1"));
+        assert!(report.render_table().contains("cancelled, not released"));
     }
 
     #[test]

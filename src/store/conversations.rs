@@ -47,7 +47,7 @@ impl Store {
                                 WHERE workspace_id = $1 AND conversation_id = $2) \
                      OR EXISTS (SELECT 1 FROM reply_tasks WHERE status IN ('pending', 'running') \
                                 AND workspace_id = $1 AND conversation_id = $2) \
-                     OR EXISTS (SELECT 1 FROM reply_tasks WHERE status IN ('completed', 'failed') \
+                     OR EXISTS (SELECT 1 FROM reply_tasks WHERE status IN ('completed', 'failed', 'cancelled') \
                                 AND workspace_id = $1 AND conversation_id = $2)",
                 &[&workspace, &conversation],
             )
@@ -102,7 +102,7 @@ impl Store {
         let tasks = client
             .query(
                 &format!(
-                    "SELECT {TASK_COLUMNS} FROM reply_tasks WHERE status IN ('completed', 'failed') \
+                    "SELECT {TASK_COLUMNS} FROM reply_tasks WHERE status IN ('completed', 'failed', 'cancelled') \
                        AND workspace_id = $1 AND conversation_id = $2 AND message_id = ANY($3) \
                      UNION ALL \
                      SELECT {TASK_COLUMNS} FROM reply_tasks WHERE status IN ('pending', 'running') \

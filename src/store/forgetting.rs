@@ -57,7 +57,7 @@ impl ErasureScope {
     fn tasks(&self, select: &str) -> String {
         let rows = self.rows();
         format!(
-            "SELECT {select} FROM reply_tasks WHERE status IN ('completed', 'failed') AND {rows} \
+            "SELECT {select} FROM reply_tasks WHERE status IN ('completed', 'failed', 'cancelled') AND {rows} \
              UNION ALL SELECT {select} FROM reply_tasks WHERE status IN ('pending', 'running') AND {rows}"
         )
     }
@@ -154,7 +154,7 @@ impl Store {
         let row = client
             .query_one(
                 "SELECT * FROM replyd_forget(ARRAY(SELECT t.task_id FROM reply_tasks t \
-                   WHERE t.status IN ('completed', 'failed') \
+                   WHERE t.status IN ('completed', 'failed', 'cancelled') \
                      AND t.finished_at < clock_timestamp() - make_interval(secs => $1) \
                      AND NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.task_id = t.task_id \
                                       AND k.expires_at > clock_timestamp()) \

@@ -21,7 +21,9 @@
 //! - [`quota`]: limits, the counter as read, the admission statement (I8).
 //! - [`forgetting`]: retention and erasure, and the forgotten tasks' ids (V21).
 //! - [`conversations`]: a conversation's messages in order, with their tasks (V22).
+//! - [`cancels`]: Stop, an open task ended `cancelled` (V23).
 
+pub mod cancels;
 pub mod capacity;
 mod claims;
 mod completions;

@@ -466,7 +466,7 @@ impl Store {
                 &format!(
                     "WITH settled AS ( \
                        SELECT {settling} AS state \
-                       FROM reply_tasks t WHERE t.task_id = $1 AND t.status IN ('completed', 'failed')), \
+                       FROM reply_tasks t WHERE t.task_id = $1 AND t.status IN ('completed', 'failed', 'cancelled')), \
                      noted AS ( \
                        INSERT INTO quota_decisions (task_id, decided_by, decision, reason) \
                        SELECT $1, $2, state, $3 FROM settled WHERE state IS NOT NULL RETURNING decision) \

@@ -245,6 +245,7 @@ fn claim_from(task_id: Uuid, label: &str, row: &Row) -> Result<ClaimOutcome, Sto
         }),
         ClaimKind::AlreadyCompleted => ClaimOutcome::AlreadyCompleted,
         ClaimKind::AlreadyFailed => ClaimOutcome::AlreadyFailed,
+        ClaimKind::AlreadyCancelled => ClaimOutcome::AlreadyCancelled,
         ClaimKind::LeasedByOther => ClaimOutcome::LeasedByOther {
             owner: row
                 .get::<_, Option<String>>("lease_owner")

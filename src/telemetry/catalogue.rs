@@ -44,6 +44,7 @@ pub mod names {
     pub const LIBRDKAFKA_LOGS: &str = "replyd_librdkafka_logs_total";
     pub const API_REFUSALS: &str = "replyd_api_refusals_total";
     pub const SUBMISSIONS: &str = "replyd_api_submissions_total";
+    pub const CANCELS: &str = "replyd_api_cancels_total";
     pub const HTTP_REQUEST_SECONDS: &str = "replyd_http_request_duration_seconds";
     pub const OUTBOX_PUBLISHED: &str = "replyd_outbox_published_total";
     pub const OUTBOX_PUBLISH_ERRORS: &str = "replyd_outbox_publish_errors_total";
@@ -137,6 +138,7 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
 pub const API_METRICS: &[(&str, Kind)] = &[
     (API_REFUSALS, Kind::Counter),
     (SUBMISSIONS, Kind::Counter),
+    (CANCELS, Kind::Counter),
     (HTTP_REQUEST_SECONDS, Kind::Histogram),
     (QUOTA_REFUSED, Kind::Counter),
     (STORE_ERRORS, Kind::Counter),

@@ -36,6 +36,11 @@ pub fn submission(replayed: bool) {
     counter!(SUBMISSIONS, "replayed" => if replayed { "true" } else { "false" }).increment(1);
 }
 
+/// A cancel and what it did (`cancelled`, `already_completed`, ...).
+pub fn cancel(outcome: &'static str) {
+    counter!(CANCELS, "outcome" => outcome).increment(1);
+}
+
 pub fn outbox_published(rows: usize) {
     if rows > 0 {
         tracing::debug!(rows, "outbox rows published");

@@ -21,7 +21,9 @@ use super::parking::{ParkedTasks, TaskWatch, WakeSource};
 use super::store_retry::{pause, with_retry};
 use crate::capacity::{self, Capacity};
 use crate::provider::{BackgroundProvider, Provider};
-use crate::store::{CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, Store};
+use crate::store::{
+    CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, RenewOutcome, Store,
+};
 use crate::telemetry::{self, CallEnd, trace};
 use replyd_core::domain::{
     AttemptOutcome, ProviderRan, RecordEnd, RecordSource, StoredTask, TaskId, TaskSpec,
@@ -226,6 +228,9 @@ impl TaskRunner {
                 }
                 ClaimOutcome::AlreadyFailed => {
                     return Some(RecordEnd::AlreadyFailed);
+                }
+                ClaimOutcome::AlreadyCancelled => {
+                    return Some(RecordEnd::Cancelled);
                 }
                 ClaimOutcome::BudgetExhausted { attempts } => {
                     telemetry::task_failed_at_claim(
@@ -502,12 +507,28 @@ impl TaskRunner {
         let mut hold = self
             .store
             .hold(lease, self.settings.renew_interval, self.settings.lease);
-        tokio::select! {
-            // Cancellation first: a revoked partition's work stops before anything else.
-            biased;
-            _ = cancel.cancelled() => Guarded::Cancelled,
-            refusal = hold.lost() => Guarded::Refused(refusal),
-            result = call => Guarded::Done(result),
+        // A change of the task's status while this assignment holds it is someone else's end
+        // of it, a user's Stop most often: look at once instead of at the next renewal, so
+        // the call is cut short while the user still waits for it to stop.
+        let mut changed = self.parked.watch(TaskId::from(lease.task_id));
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                // Cancellation first: a revoked partition's work stops before anything else.
+                biased;
+                _ = cancel.cancelled() => return Guarded::Cancelled,
+                refusal = hold.lost() => return Guarded::Refused(refusal),
+                () = changed.changed() => {
+                    // A renewal is the fenced look: refused when the task is no longer this
+                    // assignment's. An error leaves it to the next regular renewal.
+                    if let Ok(RenewOutcome::Refused(refusal)) =
+                        self.store.renew(lease, self.settings.lease).await
+                    {
+                        return Guarded::Refused(refusal);
+                    }
+                }
+                result = &mut call => return Guarded::Done(result),
+            }
         }
     }
 
@@ -664,6 +685,7 @@ impl TaskRunner {
         match refusal {
             Refusal::AlreadySaved { .. } => AttemptEnd::Terminal(RecordEnd::AlreadyCompleted),
             Refusal::Failed => AttemptEnd::Terminal(RecordEnd::AlreadyFailed),
+            Refusal::Cancelled => AttemptEnd::Terminal(RecordEnd::Cancelled),
             // Someone else holds (or may take) the task: read it again, and park if leased.
             Refusal::LeaseExpired | Refusal::TakenOver { .. } | Refusal::NotFound => {
                 AttemptEnd::Again {

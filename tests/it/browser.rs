@@ -34,6 +34,7 @@ struct Saved {
     tasks: BTreeSet<String>,
     completed_with_reply: usize,
     failed_without_reply: usize,
+    cancelled_without_reply: usize,
     released: i64,
     messages: i64,
     keys: i64,
@@ -71,6 +72,11 @@ async fn saved(app: &TestApp, conversation: &str) -> Saved {
         failed_without_reply: one(
             "SELECT count(*) FROM reply_tasks WHERE conversation_id = $1 \
              AND status = 'failed' AND saved_response IS NULL AND failure IS NOT NULL",
+        )
+        .await as usize,
+        cancelled_without_reply: one(
+            "SELECT count(*) FROM reply_tasks WHERE conversation_id = $1 \
+             AND status = 'cancelled' AND saved_response IS NULL",
         )
         .await as usize,
         released: one(
@@ -175,6 +181,7 @@ async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answe
             "no_streaming",
             "quota",
             "failed",
+            "stop",
             "refused"
         ]
     );
@@ -197,14 +204,15 @@ async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answe
             s.faults
         );
         // One task per press (a Regenerate is a second press); the quota's refused press and
-        // the 422 wrote nothing; a task that failed is released, not charged.
-        let (presses, failed) = match s.scenario.as_str() {
-            "regenerate" => (2, 0),
-            "failed" => (1, 1),
-            "refused" => (0, 0),
-            _ => (1, 0),
+        // the 422 wrote nothing; a task that failed or was stopped is released, not charged.
+        let (presses, failed, stopped) = match s.scenario.as_str() {
+            "regenerate" => (2, 0, 0),
+            "failed" => (1, 1, 0),
+            "stop" => (1, 0, 1),
+            "refused" => (0, 0, 0),
+            _ => (1, 0, 0),
         };
-        let completed = presses - failed;
+        let completed = presses - failed - stopped;
         let keys_sent = match s.scenario.as_str() {
             "quota" | "refused" => presses + 1,
             _ => presses,
@@ -230,11 +238,12 @@ async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answe
         );
         assert_eq!(saved.completed_with_reply, completed, "{}", s.scenario);
         assert_eq!(saved.failed_without_reply, failed, "{}", s.scenario);
+        assert_eq!(saved.cancelled_without_reply, stopped, "{}", s.scenario);
         assert_eq!(s.replies_shown as usize, completed, "{}", s.scenario);
         assert_eq!(
             (saved.reservations, saved.charged, saved.released),
-            (presses as i64, completed as i64, failed as i64),
-            "{}: each task reserved once, charged once if it completed, released if it failed",
+            (presses as i64, completed as i64, (failed + stopped) as i64),
+            "{}: each task reserved once, charged once if it completed, released if it failed or was stopped",
             s.scenario
         );
     }

@@ -7,15 +7,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use replyd::api::ApiState;
-use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
-use replyd::api::settings::ApiSettings;
+use replyd::api::replies::ReplyStatus;
 use replyd::store::forgetting::ErasureScope;
 use replyd_core::domain::{RecordSource, TaskId, TaskSpec};
 use replyd_core::lease::ClaimOutcome;
 use replyd_lab::mock_provider::MockSettings;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::helpers::app::{TestApp, WorkerConfig};
@@ -30,84 +27,6 @@ fn mock() -> MockSettings {
     MockSettings {
         latency_ms: 20,
         ..MockSettings::default()
-    }
-}
-
-/// The HTTP front over the test's schema, with one key per workspace.
-struct Front {
-    base: String,
-    client: reqwest::Client,
-    keys: BTreeMap<&'static str, String>,
-    _stop: tokio_util::sync::DropGuard,
-}
-
-async fn front(app: &TestApp, workspaces: &[&'static str]) -> Front {
-    let mut keys = BTreeMap::new();
-    for ws in workspaces {
-        keys.insert(*ws, api::workspace_with_key(&app.db.store, ws).await.token);
-    }
-    let stop = CancellationToken::new();
-    let state = ApiState::new(
-        app.db.store.clone(),
-        ApiSettings::default(),
-        api::limits(64 * 1024),
-    );
-    let (base, stop) = api::serve_on_loopback(state, stop).await;
-    Front {
-        base,
-        client: reqwest::Client::new(),
-        keys,
-        _stop: stop,
-    }
-}
-
-impl Front {
-    async fn post(&self, ws: &str, conversation: &str, message: &str) -> reqwest::Response {
-        self.client
-            .post(format!("{}/v1/replies", self.base))
-            .bearer_auth(&self.keys[ws])
-            .header("Idempotency-Key", Uuid::new_v4().to_string())
-            .json(&json!({"conversation_id": conversation, "message": message}))
-            .send()
-            .await
-            .unwrap()
-    }
-
-    async fn send(&self, ws: &str, conversation: &str, message: &str) -> Accepted {
-        let response = self.post(ws, conversation, message).await;
-        assert_eq!(response.status(), 202);
-        response.json().await.unwrap()
-    }
-
-    async fn status(&self, ws: &str, accepted: &Accepted) -> reqwest::StatusCode {
-        self.client
-            .get(format!("{}{}", self.base, accepted.status_url))
-            .bearer_auth(&self.keys[ws])
-            .send()
-            .await
-            .unwrap()
-            .status()
-    }
-
-    async fn wait_until(&self, ws: &str, accepted: &Accepted, status: ReplyStatus) {
-        wait_until(
-            &format!("task {} is {status:?}", accepted.task_id),
-            LIMIT,
-            || async {
-                let view: ReplyView = self
-                    .client
-                    .get(format!("{}{}", self.base, accepted.status_url))
-                    .bearer_auth(&self.keys[ws])
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-                view.status == status
-            },
-        )
-        .await;
     }
 }
 
@@ -298,7 +217,7 @@ async fn retention_forgets_old_finished_tasks_only_and_their_records_sent_again_
         ..WorkerConfig::default()
     };
     let app = TestApp::start(2, mock(), config).await;
-    let front = front(&app, &["acme"]).await;
+    let front = api::front(&app.db.store, &["acme"]).await;
     app.spawn_relay("relay");
     app.spawn_worker("w1");
     let mut sent = Vec::new();
@@ -461,7 +380,7 @@ async fn retention_forgets_old_finished_tasks_only_and_their_records_sent_again_
 async fn erasing_a_conversation_ends_its_running_task_deletes_its_data_and_refuses_what_comes_later()
  {
     let app = TestApp::start(2, mock(), WorkerConfig::default()).await;
-    let front = front(&app, &["acme", "globex"]).await;
+    let front = api::front(&app.db.store, &["acme", "globex"]).await;
     app.spawn_relay("relay");
     app.spawn_worker("w1");
     let c1 = vec![

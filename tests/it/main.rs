@@ -9,6 +9,7 @@ mod helpers;
 
 mod api;
 mod browser;
+mod cancel;
 mod checker;
 mod deploy;
 mod forgetting;

@@ -1145,7 +1145,7 @@ async fn with_the_listening_session_killed_parked_records_still_finish() {
                 let terminal: i64 = client
                     .query_one(
                         "SELECT count(*) FROM reply_tasks WHERE task_id = ANY($1) \
-                     AND status IN ('completed', 'failed')",
+                     AND status IN ('completed', 'failed', 'cancelled')",
                         &[&ids.iter().map(|t| t.as_uuid()).collect::<Vec<_>>()],
                     )
                     .await

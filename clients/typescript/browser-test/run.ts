@@ -102,7 +102,9 @@ function count(seen: Seen[], test: (s: Seen) => boolean): number {
   return seen.filter(test).length;
 }
 
-const posts = (seen: Seen[]) => seen.filter((s) => s.method === "POST");
+/** Presses: POSTs but cancels (a Stop carries no key and makes no task). */
+const posts = (seen: Seen[]) => seen.filter((s) => s.method === "POST" && !s.path.endsWith("/cancel"));
+const cancels = (seen: Seen[]) => seen.filter((s) => s.method === "POST" && s.path.endsWith("/cancel"));
 const streams = (seen: Seen[]) => seen.filter((s) => s.method === "GET" && s.path.endsWith("/events"));
 const polls = (seen: Seen[]) => seen.filter((s) => s.method === "GET" && /^\/v1\/replies\/[^/]+$/.test(s.path));
 
@@ -268,6 +270,24 @@ const scenarios: Record<string, Scenario> = {
     assert.ok(reply!.text.length > 0, "the failure's reason is shown");
     assert.equal(posts(proxy.seen).length, 1);
     return report("failed", page, proxy);
+  },
+
+  // Stop during a slow reply: one cancel, the task ends cancelled with no reply, and the page
+  // offers Regenerate where it offered Stop.
+  async stop(page, base, proxy) {
+    await open(page, base, key());
+    await ask(page, "[mock:latency_ms=8000] Take your time over this one.");
+    await page.waitForSelector(".reply[data-status=running] button.stop", { timeout: TIMEOUT });
+    await page.click(".reply button.stop");
+    await page.waitForSelector(".reply[data-status=cancelled]", { timeout: TIMEOUT });
+    const [reply] = await shown(page);
+    assert.equal(reply!.badge, "stopped");
+    assert.equal(reply!.text, "", "a stopped reply shows no text");
+    assert.equal(await page.$$eval(".reply button.stop", (nodes) => nodes.length), 0, "no Stop once stopped");
+    assert.equal(await page.$$eval(".reply button.regenerate", (nodes) => nodes.length), 1);
+    assert.equal(cancels(proxy.seen).length, 1, "one cancel per press of Stop");
+    assert.equal(cancels(proxy.seen)[0]!.status, 200);
+    return report("stop", page, proxy);
   },
 
   // A request that is wrong (a message over worker.max_prompt_bytes): 422, sent once, its key

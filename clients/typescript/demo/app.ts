@@ -1,4 +1,4 @@
-// The demo chat page: Send, Regenerate, and each reply's state as the server records it. The
+// The demo chat page: Send, Stop, Regenerate, and each reply's state as the server records it. The
 // conversation (which tasks each question has) is kept in sessionStorage, so a reload
 // follows the same tasks again; a press still unanswered at the reload is resumed under its
 // own key by the client. Nothing here guesses a state: every badge is a state the server sent.
@@ -145,6 +145,7 @@ const BADGE: Record<ReplyView["status"], string> = {
   running: "still processing",
   completed: "completed",
   failed: "failed",
+  cancelled: "stopped",
 };
 
 function show(turn: Turn, view: ReplyView): void {
@@ -154,10 +155,37 @@ function show(turn: Turn, view: ReplyView): void {
   node.querySelector(".text")!.textContent = view.reply ?? view.failure ?? "";
   const meta = node.querySelector(".meta")!;
   meta.textContent = `attempt ${view.attempts} of ${view.max_attempts} · task ${view.task_id.slice(0, 8)}`;
-  if ((view.status === "completed" || view.status === "failed") && !node.querySelector("button")) {
-    const again = element("button", { type: "button", class: "secondary regenerate" }, "Regenerate");
-    again.addEventListener("click", () => void regenerate(turn, view.task_id, again));
-    node.append(again);
+  const finished = view.status === "completed" || view.status === "failed" || view.status === "cancelled";
+  const stopButton = node.querySelector<HTMLButtonElement>("button.stop");
+  if (finished) {
+    stopButton?.remove();
+    if (!node.querySelector("button.regenerate")) {
+      const again = element("button", { type: "button", class: "secondary regenerate" }, "Regenerate");
+      again.addEventListener("click", () => void regenerate(turn, view.task_id, again));
+      node.append(again);
+    }
+  } else if (!stopButton) {
+    const stop = element("button", { type: "button", class: "secondary stop" }, "Stop");
+    stop.addEventListener("click", () => void cancel(turn, view.task_id, stop));
+    node.append(stop);
+  }
+}
+
+/** Stop: the task ends cancelled, unless its reply was saved first (then the reply shows). */
+async function cancel(turn: Turn, taskId: string, button: HTMLButtonElement): Promise<void> {
+  button.disabled = true;
+  try {
+    show(turn, await client.cancel(taskId));
+    quiet();
+  } catch (error) {
+    if (error instanceof ProblemError && error.kind === "task_finished") {
+      say("Too late to stop: the reply was already written.", { "data-kind": error.kind, "data-status": String(error.status) });
+      show(turn, await client.get(taskId));
+    } else {
+      const { text, attrs } = explain(error);
+      say(text, attrs);
+      button.disabled = false;
+    }
   }
 }
 

@@ -126,6 +126,15 @@ export class ReplydClient {
     regenerate(taskId, options = {}) {
         return this.press(`/v1/replies/${encodeURIComponent(taskId)}/regenerate`, undefined, options.meta, options.signal);
     }
+    /**
+     * Stop a task (the user pressed Stop): it makes no call, or its running call is cut short,
+     * and it ends `cancelled`, uncharged. Safe to send again, and retried as the server's
+     * answers allow. Rejects with a `ProblemError` of kind `task_finished` (409) when the reply
+     * was saved (or the task failed) first: nothing changed, and `get` shows the reply.
+     */
+    cancel(taskId, options = {}) {
+        return this.call("POST", `/v1/replies/${encodeURIComponent(taskId)}/cancel`, {}, options.signal);
+    }
     /** Presses not yet settled (e.g. in flight when the page was reloaded), oldest first. */
     pending() {
         return this.presses.list();
@@ -165,8 +174,8 @@ export class ReplydClient {
         return this.call("GET", "/v1/quota", {}, options.signal);
     }
     /**
-     * A task's states as they change, from the current one to a terminal one (`completed` or
-     * `failed`), each once. Streams Server-Sent Events; a cut stream reconnects with
+     * A task's states as they change, from the current one to a terminal one (`completed`,
+     * `failed` or `cancelled`), each once. Streams Server-Sent Events; a cut stream reconnects with
      * `Last-Event-ID`; where streaming is unavailable (no event stream comes back, or several
      * connections in a row bring nothing), it polls `GET /v1/replies/{task_id}` instead. It
      * outlasts outages of any length; it ends early only by throwing a `ProblemError` that is

@@ -41,10 +41,12 @@ export class ProblemError extends ReplydError {
   }
 
   /**
-   * Whether the request itself is wrong (a 4xx other than 408, 409, 425 and 429): the press
-   * is settled and is never sent again under its key.
+   * Whether the request itself is wrong (a 4xx other than 408, 409, 425 and 429), or can
+   * never succeed (`task_finished`: a cancel of a task that had already ended, which is a 409
+   * but no concurrent request): the press is settled and is never sent again under its key.
    */
   get refused(): boolean {
+    if (this.kind === "task_finished") return true;
     return this.status >= 400 && this.status < 500 && ![408, 409, 425, 429].includes(this.status);
   }
 }

@@ -89,6 +89,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/replies/{task_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Stop a task: one that waits makes no call, one that runs has its call cut short and its
+         *     answer refused, and either ends `cancelled` with its quota reservation released. Safe to
+         *     repeat: a second cancel answers as the first did.
+         */
+        post: operations["cancelReply"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/replies/{task_id}/events": {
         parameters: {
             query?: never;
@@ -278,7 +299,7 @@ export interface components {
          *     OpenAPI document's `ProblemKind`, from which the TypeScript client's type is generated.
          * @enum {string}
          */
-        ProblemKind: "body_too_large" | "headers_too_large" | "conversation_erased" | "idempotency_key_reused" | "invalid_authorization" | "invalid_body" | "invalid_idempotency_key" | "invalid_query" | "invalid_task_id" | "malformed_json" | "malformed_request" | "method_not_allowed" | "not_found" | "outside_workspace_policy" | "quota_exceeded" | "rate_limited" | "record_too_large" | "unauthorized" | "unavailable" | "unsupported_media_type" | "uri_too_long";
+        ProblemKind: "body_too_large" | "headers_too_large" | "conversation_erased" | "idempotency_key_reused" | "invalid_authorization" | "invalid_body" | "invalid_idempotency_key" | "invalid_query" | "invalid_task_id" | "malformed_json" | "malformed_request" | "method_not_allowed" | "not_found" | "outside_workspace_policy" | "quota_exceeded" | "rate_limited" | "record_too_large" | "task_finished" | "unauthorized" | "unavailable" | "unsupported_media_type" | "uri_too_long";
         /** @description A workspace's quota now. */
         QuotaView: {
             /**
@@ -320,7 +341,7 @@ export interface components {
          * @description Where a task is in its life.
          * @enum {string}
          */
-        ReplyStatus: "pending" | "running" | "completed" | "failed";
+        ReplyStatus: "pending" | "running" | "completed" | "failed" | "cancelled";
         /** @description A task as the API shows it. */
         ReplyView: {
             /**
@@ -926,6 +947,112 @@ export interface operations {
                 };
             };
             /** @description The database cannot be reached */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+        };
+    };
+    cancelReply: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The task's id, as `POST /v1/replies` answered it. */
+                task_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The task is cancelled (by this request or an earlier one): no reply will come, a running call is cut short (its answer, if one still comes, is refused), its reservation is released, and its event stream ends with this status */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReplyView"];
+                };
+            };
+            /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description No API key, or an unknown or revoked one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description No such task in the caller's workspace */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The task had already ended: its reply was saved before the cancel arrived, or it had failed (`task_finished`); nothing changed. Read the task for its reply */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A request target over 65534 bytes (`uri_too_long`) */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            429: {
+                headers: {
+                    /** @description Seconds until the key may ask again */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The database cannot be reached; cancelling again is safe */
             503: {
                 headers: {
                     [name: string]: unknown;

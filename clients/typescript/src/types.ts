@@ -19,7 +19,7 @@ export type ReplyStatus = Schemas["ReplyStatus"];
 export type ReplyView = Schemas["ReplyView"];
 
 /** The states after which a task never changes. */
-export const TERMINAL: ReadonlySet<ReplyStatus> = new Set<ReplyStatus>(["completed", "failed"]);
+export const TERMINAL: ReadonlySet<ReplyStatus> = new Set<ReplyStatus>(["completed", "failed", "cancelled"]);
 
 export function isTerminal(status: ReplyStatus): boolean {
   return TERMINAL.has(status);

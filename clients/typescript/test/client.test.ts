@@ -417,6 +417,31 @@ test("a conversation's page is asked for by its cursor and its size, the id esca
   });
 });
 
+test("a cancel is a POST of the task's path, retried when unanswered, and a late one is a final problem", async () => {
+  const view = { task_id: "t/1", status: "cancelled", attempts: 0, max_attempts: 3 };
+  const h = harness(
+    steps(
+      () => problem(503, "unavailable"),
+      () => new Response(JSON.stringify(view), { status: 200, headers: { "content-type": "application/json" } }),
+      () => problem(409, "task_finished"),
+    ),
+  );
+  assert.deepEqual(await h.client.cancel("t/1"), view);
+  assert.equal(h.requests.length, 2);
+  for (const request of h.requests) {
+    assert.equal(request.method, "POST");
+    assert.equal(request.url, `${BASE}/v1/replies/t%2F1/cancel`);
+    assert.equal(request.headers.get("idempotency-key"), null);
+  }
+  await assert.rejects(h.client.cancel("t/1"), (error: unknown) => {
+    assert.ok(error instanceof ProblemError);
+    assert.equal(error.status, 409);
+    assert.equal(error.problem.type.split("/").pop(), "task_finished");
+    return true;
+  });
+  assert.equal(h.requests.length, 3, "a 409 is final: not asked again");
+});
+
 test("erasing a conversation is a DELETE of its path, retried as the server's answers allow", async () => {
   const erased = { conversation_id: "c 1", tasks: 2, messages: 2, ended: 0 };
   const h = harness(

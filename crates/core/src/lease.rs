@@ -66,6 +66,8 @@ pub enum ClaimOutcome {
     AlreadyCompleted,
     /// Nothing to do: the task failed for good.
     AlreadyFailed,
+    /// Nothing to do: the user stopped the task.
+    AlreadyCancelled,
     /// Another assignment holds a live lease; come back after `until`.
     LeasedByOther {
         owner: String,
@@ -92,6 +94,7 @@ pub enum ClaimKind {
     Claimed,
     AlreadyCompleted,
     AlreadyFailed,
+    AlreadyCancelled,
     LeasedByOther,
     BudgetExhausted,
     DeadlinePassed,
@@ -102,10 +105,11 @@ pub enum ClaimKind {
 
 impl ClaimKind {
     /// Every kind, in the order of the enum.
-    pub const ALL: [ClaimKind; 9] = [
+    pub const ALL: [ClaimKind; 10] = [
         ClaimKind::Claimed,
         ClaimKind::AlreadyCompleted,
         ClaimKind::AlreadyFailed,
+        ClaimKind::AlreadyCancelled,
         ClaimKind::LeasedByOther,
         ClaimKind::BudgetExhausted,
         ClaimKind::DeadlinePassed,
@@ -120,6 +124,7 @@ impl ClaimKind {
             ClaimKind::Claimed => "claimed",
             ClaimKind::AlreadyCompleted => "already_completed",
             ClaimKind::AlreadyFailed => "already_failed",
+            ClaimKind::AlreadyCancelled => "already_cancelled",
             ClaimKind::LeasedByOther => "leased_by_other",
             ClaimKind::BudgetExhausted => "budget_exhausted",
             ClaimKind::DeadlinePassed => "deadline_passed",
@@ -142,6 +147,7 @@ impl ClaimOutcome {
             ClaimOutcome::Claimed(_) => ClaimKind::Claimed,
             ClaimOutcome::AlreadyCompleted => ClaimKind::AlreadyCompleted,
             ClaimOutcome::AlreadyFailed => ClaimKind::AlreadyFailed,
+            ClaimOutcome::AlreadyCancelled => ClaimKind::AlreadyCancelled,
             ClaimOutcome::LeasedByOther { .. } => ClaimKind::LeasedByOther,
             ClaimOutcome::BudgetExhausted { .. } => ClaimKind::BudgetExhausted,
             ClaimOutcome::DeadlinePassed { .. } => ClaimKind::DeadlinePassed,
@@ -188,6 +194,7 @@ pub fn decide_claim(row: &LeaseSnapshot) -> ClaimDecision {
     match row.status {
         TaskStatus::Completed => return ClaimDecision::Refuse(ClaimOutcome::AlreadyCompleted),
         TaskStatus::Failed => return ClaimDecision::Refuse(ClaimOutcome::AlreadyFailed),
+        TaskStatus::Cancelled => return ClaimDecision::Refuse(ClaimOutcome::AlreadyCancelled),
         TaskStatus::Running if row.lease_live() => {
             return ClaimDecision::Refuse(ClaimOutcome::LeasedByOther {
                 owner: row.lease_owner.clone().unwrap_or_default(),
@@ -237,6 +244,8 @@ pub enum Refusal {
     AlreadySaved { by_this_assignment: bool },
     /// The task failed for good.
     Failed,
+    /// The user stopped the task.
+    Cancelled,
     /// This assignment is still the current one, but its lease ran out by the database clock.
     LeaseExpired,
     /// A newer assignment exists: this caller is a zombie.
@@ -251,6 +260,7 @@ impl Refusal {
         match self {
             Refusal::AlreadySaved { .. } => "already_saved",
             Refusal::Failed => "already_failed",
+            Refusal::Cancelled => "already_cancelled",
             Refusal::LeaseExpired => "fenced_lease_expired",
             Refusal::TakenOver { .. } => "fenced_taken_over",
             Refusal::NotFound => "not_found",
@@ -277,6 +287,9 @@ pub fn classify_refusal(row: &LeaseSnapshot, my_version: i64) -> Refusal {
     }
     if row.status == TaskStatus::Failed {
         return Refusal::Failed;
+    }
+    if row.status == TaskStatus::Cancelled {
+        return Refusal::Cancelled;
     }
     if row.assignment_version != my_version {
         return Refusal::TakenOver {

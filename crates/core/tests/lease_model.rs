@@ -423,6 +423,7 @@ fn refusal_is_truthful(state: &State, version: u8, refusal: &Refusal) -> bool {
             .saved
             .is_some_and(|saved| (saved.version == version) == *by_this_assignment),
         Refusal::Failed => row.status == TaskStatus::Failed,
+        Refusal::Cancelled => row.status == TaskStatus::Cancelled,
         Refusal::TakenOver { current_version } => {
             row.assignment_version != version
                 && *current_version == i64::from(row.assignment_version)

@@ -1,7 +1,10 @@
 //! The API served in-process on a free loopback port, over a test schema: what the intake,
 //! quota, front-half and reconciler tests start the same way, and [`Api`], the intake and quota
-//! tests' fixture.
+//! tests' fixture, and [`Front`], the fixture of the tests that run workers beside it.
 
+use std::collections::BTreeMap;
+
+use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
 use replyd::api::settings::ApiSettings;
 use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::store::Store;
@@ -92,4 +95,89 @@ pub async fn serve_on_loopback(state: ApiState, stop: CancellationToken) -> (Str
         .await
         .unwrap();
     (format!("http://{addr}"), stop.drop_guard())
+}
+
+/// The HTTP front over a test app's schema, with one key per workspace: what the tests that
+/// run real workers beside the API (forgetting, cancelling) send and read through.
+pub struct Front {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub keys: BTreeMap<&'static str, String>,
+    _stop: DropGuard,
+}
+
+/// Serves the API over `store`'s schema, with a new key for each of `workspaces`.
+pub async fn front(store: &Store, workspaces: &[&'static str]) -> Front {
+    let mut keys = BTreeMap::new();
+    for ws in workspaces {
+        keys.insert(*ws, workspace_with_key(store, ws).await.token);
+    }
+    let state = ApiState::new(store.clone(), ApiSettings::default(), limits(64 * 1024));
+    let (base, stop) = serve_on_loopback(state, CancellationToken::new()).await;
+    Front {
+        base,
+        client: reqwest::Client::new(),
+        keys,
+        _stop: stop,
+    }
+}
+
+impl Front {
+    /// A new message under a new idempotency key.
+    pub async fn post(&self, ws: &str, conversation: &str, message: &str) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/replies", self.base))
+            .bearer_auth(&self.keys[ws])
+            .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+            .json(&json!({"conversation_id": conversation, "message": message}))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// [`Front::post`], which must be accepted.
+    pub async fn send(&self, ws: &str, conversation: &str, message: &str) -> Accepted {
+        let response = self.post(ws, conversation, message).await;
+        assert_eq!(response.status(), 202);
+        response.json().await.unwrap()
+    }
+
+    /// `GET` of the task's status URL.
+    pub async fn get(&self, ws: &str, accepted: &Accepted) -> reqwest::Response {
+        self.client
+            .get(format!("{}{}", self.base, accepted.status_url))
+            .bearer_auth(&self.keys[ws])
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn status(&self, ws: &str, accepted: &Accepted) -> reqwest::StatusCode {
+        self.get(ws, accepted).await.status()
+    }
+
+    /// The task as the API shows it.
+    pub async fn view(&self, ws: &str, accepted: &Accepted) -> ReplyView {
+        self.get(ws, accepted).await.json().await.unwrap()
+    }
+
+    /// `POST /v1/replies/{id}/cancel`.
+    pub async fn cancel(&self, ws: &str, task: &str) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/replies/{task}/cancel", self.base))
+            .bearer_auth(&self.keys[ws])
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Waits (up to two minutes) until the task shows `status`.
+    pub async fn wait_until(&self, ws: &str, accepted: &Accepted, status: ReplyStatus) {
+        super::wait_until(
+            &format!("task {} is {status:?}", accepted.task_id),
+            std::time::Duration::from_secs(120),
+            || async { self.view(ws, accepted).await.status == status },
+        )
+        .await;
+    }
 }

@@ -608,7 +608,7 @@ listen = "127.0.0.1:0"
             async move {
                 let row = client
                     .query_one(
-                        "SELECT count(*) FROM reply_tasks WHERE task_id = ANY($1) AND status IN ('completed', 'failed')",
+                        "SELECT count(*) FROM reply_tasks WHERE task_id = ANY($1) AND status IN ('completed', 'failed', 'cancelled')",
                         &[uuids],
                     )
                     .await

@@ -16,18 +16,22 @@ pub enum TaskStatus {
     Running,
     Completed,
     Failed,
+    /// The user stopped it (`POST /v1/replies/{id}/cancel`, migration V23): no call starts
+    /// after it, a running call's write is fenced, its reservation is released.
+    Cancelled,
 }
 
 impl TaskStatus {
     /// Every status, as `reply_tasks.status`'s `CHECK` list holds them (a test holds the two
     /// together); the match below fails to compile until a new variant is listed here too.
-    pub const ALL: [TaskStatus; 4] = {
+    pub const ALL: [TaskStatus; 5] = {
         const fn listed(s: TaskStatus) {
             match s {
                 TaskStatus::Pending
                 | TaskStatus::Running
                 | TaskStatus::Completed
-                | TaskStatus::Failed => {}
+                | TaskStatus::Failed
+                | TaskStatus::Cancelled => {}
             }
         }
         listed(TaskStatus::Pending);
@@ -36,6 +40,7 @@ impl TaskStatus {
             TaskStatus::Running,
             TaskStatus::Completed,
             TaskStatus::Failed,
+            TaskStatus::Cancelled,
         ]
     };
 
@@ -45,6 +50,7 @@ impl TaskStatus {
             TaskStatus::Running => "running",
             TaskStatus::Completed => "completed",
             TaskStatus::Failed => "failed",
+            TaskStatus::Cancelled => "cancelled",
         }
     }
 
@@ -54,12 +60,16 @@ impl TaskStatus {
             "running" => TaskStatus::Running,
             "completed" => TaskStatus::Completed,
             "failed" => TaskStatus::Failed,
+            "cancelled" => TaskStatus::Cancelled,
             _ => return None,
         })
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(self, TaskStatus::Completed | TaskStatus::Failed)
+        matches!(
+            self,
+            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled
+        )
     }
 }
 
@@ -104,12 +114,15 @@ pub enum AttemptOutcome {
     /// The attempt ended without an outcome of its own: cancelled (revoked, stopping), or its
     /// lease ran out and the task was taken over. Its worker may still report later.
     Abandoned,
+    /// The user stopped the task while this attempt held it: the call was cut short and any
+    /// answer is refused.
+    Cancelled,
 }
 
 impl AttemptOutcome {
     /// Every outcome, as `reply_attempts.outcome`'s `CHECK` list holds them (a test holds the
     /// two together); the match below fails to compile until a new variant is listed here too.
-    pub const ALL: [AttemptOutcome; 7] = {
+    pub const ALL: [AttemptOutcome; 8] = {
         const fn listed(o: AttemptOutcome) {
             match o {
                 AttemptOutcome::Accepted
@@ -118,7 +131,8 @@ impl AttemptOutcome {
                 | AttemptOutcome::Ambiguous
                 | AttemptOutcome::Timeout
                 | AttemptOutcome::Refused
-                | AttemptOutcome::Abandoned => {}
+                | AttemptOutcome::Abandoned
+                | AttemptOutcome::Cancelled => {}
             }
         }
         listed(AttemptOutcome::Accepted);
@@ -130,6 +144,7 @@ impl AttemptOutcome {
             AttemptOutcome::Timeout,
             AttemptOutcome::Refused,
             AttemptOutcome::Abandoned,
+            AttemptOutcome::Cancelled,
         ]
     };
 
@@ -142,6 +157,7 @@ impl AttemptOutcome {
             AttemptOutcome::Timeout => "timeout",
             AttemptOutcome::Refused => "refused",
             AttemptOutcome::Abandoned => "abandoned",
+            AttemptOutcome::Cancelled => "cancelled",
         }
     }
 
@@ -154,6 +170,7 @@ impl AttemptOutcome {
             "timeout" => AttemptOutcome::Timeout,
             "refused" => AttemptOutcome::Refused,
             "abandoned" => AttemptOutcome::Abandoned,
+            "cancelled" => AttemptOutcome::Cancelled,
             _ => return None,
         })
     }
@@ -175,6 +192,8 @@ pub enum RecordEnd {
     AlreadyFailed,
     /// The task was forgotten (retention or an erasure): nothing is left to do for it.
     Forgotten,
+    /// The user stopped the task: nothing is left to do for it.
+    Cancelled,
 }
 
 impl RecordEnd {
@@ -186,6 +205,7 @@ impl RecordEnd {
             RecordEnd::AlreadyCompleted => "already_completed",
             RecordEnd::AlreadyFailed => "already_failed",
             RecordEnd::Forgotten => "forgotten",
+            RecordEnd::Cancelled => "cancelled",
         }
     }
 }
