@@ -80,6 +80,8 @@ pub struct BrowsersReport {
     pub replayed_answers: usize,
     pub completed: usize,
     pub failed: usize,
+    /// Tasks stopped (by a cancel from elsewhere: these browsers never press Stop).
+    pub cancelled: usize,
     /// Presses (or regenerates) not terminal within `--press-limit-s`, or refused.
     pub unfinished: usize,
     /// Presses answered `429` with a `Retry-After` beyond `--press-limit-s` (not unfinished:
@@ -292,7 +294,10 @@ impl Browser {
                         continue;
                     };
                     last_id = Some(id);
-                    if matches!(view.status, ReplyStatus::Completed | ReplyStatus::Failed) {
+                    if matches!(
+                        view.status,
+                        ReplyStatus::Completed | ReplyStatus::Failed | ReplyStatus::Cancelled
+                    ) {
                         return Some((view.status, view));
                     }
                 }
@@ -429,6 +434,7 @@ fn report_of(outcomes: &[PressOutcome]) -> BrowsersReport {
                     report.failed += 1;
                     latencies.push(took.as_millis() as i64);
                 }
+                Some((ReplyStatus::Cancelled, _)) => report.cancelled += 1,
                 _ => report.unfinished += 1,
             }
         }
