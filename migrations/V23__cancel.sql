@@ -54,8 +54,11 @@ begin
     update reply_attempts a set outcome = 'cancelled', detail = 'task cancelled',
            finished_at = clock_timestamp()
      where a.task_id = p_task and a.outcome is null;
+    -- A running task's call may be under way, live lease or not (the lapsed-call trigger
+    -- notes only a lapsed one): remembered for `replyd inspect`, as a takeover would.
     update reply_tasks r
        set status = 'cancelled', assignment_version = r.assignment_version + 1,
+           provider_may_have_run = r.provider_may_have_run or r.status = 'running',
            lease_owner = null, lease_until = null, next_attempt_at = null,
            finished_at = clock_timestamp(), updated_at = clock_timestamp()
      where r.task_id = p_task;
