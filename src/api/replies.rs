@@ -23,9 +23,12 @@ use crate::store::intake::{Submission, Submitted, provider_request, task_spec};
 use replyd_core::domain::limits::{
     MAX_CONVERSATION_ID_BYTES, MAX_DOCUMENT_VERSION_BYTES, MAX_MODEL_BYTES,
 };
-use replyd_core::domain::{AttemptRecord, Role, StoredTask, TaskId, TaskStatus, TokenUsage};
+use replyd_core::domain::{
+    AttemptRecord, ChatMessage, Role, StoredTask, TaskId, TaskStatus, TokenUsage,
+};
+use replyd_core::history::{self, Budget, KeptError};
 use replyd_core::idempotency::{BoundInputs, IdempotencyKey, Operation};
-use replyd_core::workspace_policy::{Admitted, PolicyRefusal};
+use replyd_core::workspace_policy::{Admitted, PolicyRefusal, WorkspacePolicy};
 
 /// The body of `POST /v1/replies`: a JSON object. Every field is bound to the
 /// `Idempotency-Key`: a retry with the same key must send the same values. No text may
@@ -54,6 +57,14 @@ pub struct CreateReply {
     /// The most tokens the reply may have.
     #[schema(minimum = 1, maximum = 1_000_000)]
     pub max_output_tokens: Option<u32>,
+    /// Which answer the user kept of an earlier message that has several (after a
+    /// Regenerate): the task ids of those replies, at most one per message and 100 in all. An
+    /// earlier message not named is sent with its newest completed reply. The model is asked
+    /// with the conversation's earlier messages and these replies (oldest dropped first past
+    /// `api.history_max_tokens`), fixed when the task is created; the list (not the history it
+    /// picks) is bound to the key, so a retry after a new turn elsewhere is the same task.
+    #[schema(max_items = 100, value_type = Option<Vec<uuid::Uuid>>)]
+    pub kept_replies: Option<Vec<TaskId>>,
 }
 
 /// Where a task is in its life.
@@ -467,7 +478,7 @@ fn urls(task_id: TaskId) -> (String, String) {
         (status = 410, description = "The conversation (or its workspace) was erased: it takes no new messages (`conversation_erased`); nothing was written", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 413, description = "The body is over `api.max_body_bytes` (`body_too_large`); a declared `Content-Length` over it is refused before the body is read (no `100 Continue`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, or a request whose token ceiling is over its whole token quota (`outside_workspace_policy`; `fields` names them, `detail` the setting)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, or a request whose token ceiling is over its whole token quota (`outside_workspace_policy`; `fields` names them, `detail` the setting)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "New work over the workspace's quota of generations or of tokens (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
@@ -494,6 +505,10 @@ async fn create_inner(
 ) -> Result<Response, Problem> {
     let key = key_of(headers)?;
     let create = parse_body(state, headers, body).await?;
+    let kept = create.kept_replies.unwrap_or_default();
+    // Sorted, as the order of a set is no difference; none named is the same as absent.
+    let mut kept_bound: Vec<String> = kept.iter().map(ToString::to_string).collect();
+    kept_bound.sort();
     let inputs = BoundInputs {
         conversation_id: create.conversation_id,
         message: create.message,
@@ -502,23 +517,90 @@ async fn create_inner(
         context: create.context,
         max_output_tokens: create.max_output_tokens,
         source_task: None,
+        kept_replies: (!kept_bound.is_empty()).then_some(kept_bound),
     };
-    let verdict = judge(state, &workspace, &inputs).await?;
-    let submission = Submission {
+    let policy = policy_of(state, &workspace).await?;
+    let alone = judge(state, &policy, &inputs, &[]);
+    let history = match &alone {
+        // Refused whatever its history (unless it is a replay, which needs none).
+        Err(_) => Ok(Vec::new()),
+        Ok(admitted) => history_of(state, &workspace, &inputs, &kept, &policy, admitted).await?,
+    };
+    let mut submission = Submission {
         workspace_id: workspace,
         operation: Operation::CreateReply,
         key,
+        // Judged again below with the history that fits the record.
+        verdict: alone.clone(),
+        history,
         inputs,
         max_attempts: state.limits.max_attempts,
         retention: state.settings.idempotency_retention(),
         existing_message: None,
         quota: state.quota,
         traceparent: crate::telemetry::trace::traceparent(&tracing::Span::current()),
-        verdict,
     };
+    // Each turn of history adds its framing to the record: past the record limit, the oldest
+    // turns go first, as the budget drops them.
+    while check_record_size(&submission, state.limits.max_record_bytes).is_err()
+        && let Ok(turns) = &mut submission.history
+        && !turns.is_empty()
+    {
+        drop_oldest_turn(turns);
+    }
+    let turns = submission.history.as_deref().unwrap_or_default();
+    submission.verdict = alone.and_then(|_| judge(state, &policy, &submission.inputs, turns));
     check_record_size(&submission, state.limits.max_record_bytes)
         .map_err(|refusal| Problem::invalid_body(refusal.detail).with_fields(refusal.fields))?;
     submit(state, submission).await
+}
+
+/// The history a new message is asked with (`replyd_core::history`): the conversation's
+/// earlier messages and the replies kept, within `api.history_max_tokens`, what is left of
+/// `worker.max_prompt_bytes`, and what is left of the workspace's whole token quota, so
+/// history alone never makes a request the policy refuses. Or why `kept_replies` cannot be
+/// used.
+async fn history_of(
+    state: &ApiState,
+    workspace: &str,
+    inputs: &BoundInputs,
+    kept: &[TaskId],
+    policy: &WorkspacePolicy,
+    alone: &Admitted,
+) -> Result<Result<Vec<ChatMessage>, KeptError>, Problem> {
+    let max_tokens = state.settings.history_max_tokens;
+    if max_tokens == 0 && kept.is_empty() {
+        return Ok(Ok(Vec::new()));
+    }
+    let earlier = state
+        .store
+        .earlier_messages(workspace, &inputs.conversation_id)
+        .await
+        .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?;
+    let prompt = inputs.message.len() + inputs.context.as_ref().map_or(0, String::len);
+    let budget = Budget {
+        tokens: i64::from(max_tokens).min(
+            policy
+                .token_limit
+                .map_or(i64::MAX, |limit| limit - alone.token_ceiling),
+        ),
+        bytes: state.limits.max_prompt_bytes.saturating_sub(prompt),
+    };
+    let composed = history::compose(&earlier, kept, &inputs.document_version, budget);
+    if let Ok(history) = &composed {
+        crate::telemetry::history(history.turns.len(), history.dropped);
+    }
+    Ok(composed.map(|h| h.turns))
+}
+
+/// Drops the oldest turn: a user message and the reply after it, if any.
+fn drop_oldest_turn(turns: &mut Vec<ChatMessage>) {
+    let len = if turns.get(1).is_some_and(|m| m.role == Role::Assistant) {
+        2
+    } else {
+        1
+    };
+    turns.drain(..len.min(turns.len()));
 }
 
 /// The inputs of a regenerate: the source task's question, bound to the source task.
@@ -540,6 +622,7 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
         context: text_of(Role::System),
         max_output_tokens: request.max_output_tokens,
         source_task: Some(source.spec.task_id.to_string()),
+        kept_replies: None,
     }
 }
 
@@ -577,7 +660,10 @@ pub async fn regenerate(
         let key = key_of(&headers)?;
         let source = task_of(&state, &workspace, &task_id).await?;
         let inputs = regenerate_inputs(&source);
-        let verdict = judge(&state, &workspace, &inputs).await?;
+        // The source's history, as it was asked: the new answer is to the same conversation.
+        let turns = history::of_source(&source.spec.request.messages);
+        let policy = policy_of(&state, &workspace).await?;
+        let verdict = judge(&state, &policy, &inputs, &turns);
         let submission = Submission {
             workspace_id: workspace,
             operation: Operation::Regenerate,
@@ -589,6 +675,7 @@ pub async fn regenerate(
             quota: state.quota,
             traceparent: crate::telemetry::trace::traceparent(&tracing::Span::current()),
             verdict,
+            history: Ok(turns),
         };
         // A task that came from Kafka was not held to the API's bounds, and the record
         // limit may have been lowered since.
@@ -664,29 +751,34 @@ pub async fn cancel(
     }
 }
 
-/// The workspace policy's verdict on a request, judged on the provider request it becomes
-/// ([`provider_request`]: its model and output bound, the length of each message it sends).
-/// The policy is read now, so an operator's change applies to the next request.
-async fn judge(
-    state: &ApiState,
-    workspace: &str,
-    inputs: &BoundInputs,
-) -> Result<Result<Admitted, PolicyRefusal>, Problem> {
-    let policy = state
+/// The workspace's policy, read now, so an operator's change applies to the next request.
+async fn policy_of(state: &ApiState, workspace: &str) -> Result<WorkspacePolicy, Problem> {
+    Ok(state
         .store
         .workspace_policy(workspace)
         .await
         .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?
-        .unwrap_or_default();
-    let request = provider_request(inputs);
+        .unwrap_or_default())
+}
+
+/// The workspace policy's verdict on a request, judged on the provider request it becomes
+/// ([`provider_request`] with its history: its model and output bound, the length of each
+/// message it sends).
+fn judge(
+    state: &ApiState,
+    policy: &WorkspacePolicy,
+    inputs: &BoundInputs,
+    history: &[ChatMessage],
+) -> Result<Admitted, PolicyRefusal> {
+    let request = provider_request(inputs, history);
     let prompt_parts: Vec<usize> = request.messages.iter().map(|m| m.content.len()).collect();
-    Ok(replyd_core::workspace_policy::judge(
-        &policy,
+    replyd_core::workspace_policy::judge(
+        policy,
         request.model.as_deref(),
         &state.limits.default_model,
         request.max_output_tokens,
         &prompt_parts,
-    ))
+    )
 }
 
 /// Runs the intake transaction and answers: 202 with where to follow the task.
@@ -705,6 +797,9 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
                 refusal.detail,
             )
             .with_fields(refusal.fields));
+        }
+        Submitted::BadKeptReplies(bad) => {
+            return Err(Problem::invalid_body(bad.to_string()).with_fields(vec!["kept_replies"]));
         }
         Submitted::Erased => {
             return Err(Problem::new(
@@ -836,7 +931,29 @@ mod tests {
             model: None,
             context: Some("Be brief.".into()),
             max_output_tokens: Some(256),
+            kept_replies: None,
         }
+    }
+
+    #[test]
+    fn the_oldest_turn_goes_whole() {
+        let message = |role, content: &str| ChatMessage {
+            role,
+            content: content.into(),
+        };
+        let mut turns = vec![
+            message(Role::User, "one?"),
+            message(Role::Assistant, "first"),
+            message(Role::User, "unanswered?"),
+            message(Role::User, "three?"),
+            message(Role::Assistant, "third"),
+        ];
+        drop_oldest_turn(&mut turns);
+        assert_eq!(turns[0].content, "unanswered?");
+        drop_oldest_turn(&mut turns);
+        assert_eq!(turns[0].content, "three?");
+        drop_oldest_turn(&mut turns);
+        assert!(turns.is_empty());
     }
 
     #[test]
@@ -971,6 +1088,7 @@ mod tests {
                 context: context.map(str::to_owned),
                 max_output_tokens: None,
                 source_task: None,
+                kept_replies: None,
             },
             max_attempts: 3,
             retention: chrono::TimeDelta::hours(1),
@@ -981,6 +1099,7 @@ mod tests {
                 max_output_tokens: None,
                 token_ceiling: 0,
             }),
+            history: Ok(Vec::new()),
         };
         let small = submission("q", Some("c"));
         let size = task_spec(&small, TaskId::new_random(), uuid::Uuid::new_v4()).record_bytes();

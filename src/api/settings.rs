@@ -45,6 +45,12 @@ pub struct ApiSettings {
     pub cors_allowed_origins: Vec<String>,
     /// How long a browser may keep a preflight's answer before asking again.
     pub cors_max_age_ms: u64,
+    /// The most tokens of history a new message's task carries: the conversation's earlier
+    /// messages (its newest 200 at most) with the replies the user kept, counted as the token
+    /// quota counts them (bytes and 8 a message), the oldest dropped first, each with its
+    /// reply, and within what is left of `worker.max_prompt_bytes` and of the workspace's
+    /// whole token quota. Fixed when the task is created. 0 sends each message alone.
+    pub history_max_tokens: u32,
 }
 
 impl Default for ApiSettings {
@@ -61,6 +67,7 @@ impl Default for ApiSettings {
             demo_page: false,
             cors_allowed_origins: Vec::new(),
             cors_max_age_ms: 10 * 60 * 1000,
+            history_max_tokens: 16_000,
         }
     }
 }

@@ -6,7 +6,8 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use replyd_core::domain::StoredTask;
+use replyd_core::domain::{StoredTask, TaskId};
+use replyd_core::history::{EarlierMessage, EarlierReply};
 
 use super::Store;
 use super::error::StoreError;
@@ -125,5 +126,60 @@ impl Store {
             }
         }
         Ok(Some(MessagePage { messages, more }))
+    }
+}
+
+/// Earlier messages the history of a new one reads at most: the newest ones, since the budget
+/// drops the oldest first.
+pub const HISTORY_MESSAGES: i64 = 200;
+
+impl Store {
+    /// The newest [`HISTORY_MESSAGES`] messages of `conversation`, oldest first, each with its
+    /// completed replies, oldest first: what the history of a new message is composed from
+    /// (`replyd_core::history`). One statement; read before the intake's transaction, so the
+    /// history is what the conversation held when the request was read.
+    pub async fn earlier_messages(
+        &self,
+        workspace: &str,
+        conversation: &str,
+    ) -> Result<Vec<EarlierMessage>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT m.seq, m.content, t.task_id, t.saved_response, t.document_version \
+                 FROM (SELECT seq, message_id, content FROM messages \
+                       WHERE workspace_id = $1 AND conversation_id = $2 \
+                       ORDER BY seq DESC LIMIT $3) m \
+                 LEFT JOIN reply_tasks t ON t.workspace_id = $1 AND t.conversation_id = $2 \
+                      AND t.message_id = m.message_id::text AND t.status = 'completed' \
+                 ORDER BY m.seq, t.created_at, t.task_id",
+            )
+            .await?;
+        let rows = client
+            .query(&statement, &[&workspace, &conversation, &HISTORY_MESSAGES])
+            .await?;
+        let mut earlier: Vec<(i64, EarlierMessage)> = Vec::new();
+        for row in &rows {
+            let seq: i64 = row.get(0);
+            if earlier.last().is_none_or(|(last, _)| *last != seq) {
+                earlier.push((
+                    seq,
+                    EarlierMessage {
+                        content: row.get(1),
+                        replies: Vec::new(),
+                    },
+                ));
+            }
+            let task: Option<Uuid> = row.get(2);
+            let text: Option<String> = row.get(3);
+            if let (Some(task), Some(text), Some((_, message))) = (task, text, earlier.last_mut()) {
+                message.replies.push(EarlierReply {
+                    task_id: TaskId::from(task),
+                    text,
+                    document_version: row.get(4),
+                });
+            }
+        }
+        Ok(earlier.into_iter().map(|(_, m)| m).collect())
     }
 }

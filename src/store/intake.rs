@@ -11,6 +11,7 @@ use prost::Message as _;
 use uuid::Uuid;
 
 use replyd_core::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
+use replyd_core::history::KeptError;
 use replyd_core::idempotency::{BoundInputs, IdempotencyKey, Operation, Reuse, decide_reuse};
 use replyd_core::quota::QuotaPolicy;
 use replyd_core::workspace_policy::{Admitted, PolicyRefusal};
@@ -40,6 +41,10 @@ pub struct Submission {
     /// what new work asks the provider for and reserves, or why new work is refused. A replay
     /// is answered whatever it says now, as it is whatever the quota says.
     pub verdict: Result<Admitted, PolicyRefusal>,
+    /// The turns the provider is asked with before the message (`replyd_core::history`), or
+    /// why the request's `kept_replies` cannot be used. Like the verdict, a replay is answered
+    /// whatever it says now: the history is fixed when the task is created.
+    pub history: Result<Vec<ChatMessage>, KeptError>,
 }
 
 /// What the intake did.
@@ -58,11 +63,14 @@ pub enum Submitted {
     Refused(PolicyRefusal),
     /// New work in a conversation (or workspace) that was erased; nothing written.
     Erased,
+    /// New work whose `kept_replies` name no earlier reply of the conversation; nothing
+    /// written.
+    BadKeptReplies(KeptError),
 }
 
-/// The provider request a submission asks for: the context as a system message, then the
-/// user's message.
-pub fn provider_request(inputs: &BoundInputs) -> ProviderRequest {
+/// The provider request a submission asks for: the context as a system message, the
+/// conversation's history, then the user's message.
+pub fn provider_request(inputs: &BoundInputs, history: &[ChatMessage]) -> ProviderRequest {
     let mut messages = Vec::new();
     if let Some(context) = inputs.context.as_ref().filter(|c| !c.is_empty()) {
         messages.push(ChatMessage {
@@ -70,6 +78,7 @@ pub fn provider_request(inputs: &BoundInputs) -> ProviderRequest {
             content: context.clone(),
         });
     }
+    messages.extend_from_slice(history);
     messages.push(ChatMessage {
         role: Role::User,
         content: inputs.message.clone(),
@@ -86,7 +95,8 @@ pub fn provider_request(inputs: &BoundInputs) -> ProviderRequest {
 /// intake makes (a regenerate keeps its message's id); the text of every UUID is as long, so
 /// any ids give the record's exact size.
 pub fn task_spec(s: &Submission, task_id: TaskId, new_message_id: Uuid) -> TaskSpec {
-    let mut request = provider_request(&s.inputs);
+    let history = s.history.as_deref().unwrap_or_default();
+    let mut request = provider_request(&s.inputs, history);
     if let Ok(admitted) = &s.verdict {
         // The workspace's cap stands in for an absent bound: the provider keeps to the
         // ceiling the reservation holds.
@@ -269,6 +279,10 @@ impl Store {
             if let Err(refusal) = &s.verdict {
                 tx.rollback().await?;
                 return Ok(Some(Submitted::Refused(refusal.clone())));
+            }
+            if let Err(bad) = &s.history {
+                tx.rollback().await?;
+                return Ok(Some(Submitted::BadKeptReplies(bad.clone())));
             }
             if admitted.is_some() {
                 tx.commit().await?;

@@ -45,6 +45,7 @@ pub mod names {
     pub const API_REFUSALS: &str = "replyd_api_refusals_total";
     pub const SUBMISSIONS: &str = "replyd_api_submissions_total";
     pub const CANCELS: &str = "replyd_api_cancels_total";
+    pub const HISTORY_DROPPED: &str = "replyd_api_history_messages_dropped_total";
     pub const HTTP_REQUEST_SECONDS: &str = "replyd_http_request_duration_seconds";
     pub const OUTBOX_PUBLISHED: &str = "replyd_outbox_published_total";
     pub const OUTBOX_PUBLISH_ERRORS: &str = "replyd_outbox_publish_errors_total";
@@ -139,6 +140,7 @@ pub const API_METRICS: &[(&str, Kind)] = &[
     (API_REFUSALS, Kind::Counter),
     (SUBMISSIONS, Kind::Counter),
     (CANCELS, Kind::Counter),
+    (HISTORY_DROPPED, Kind::Counter),
     (HTTP_REQUEST_SECONDS, Kind::Histogram),
     (QUOTA_REFUSED, Kind::Counter),
     (STORE_ERRORS, Kind::Counter),

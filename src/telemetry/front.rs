@@ -41,6 +41,20 @@ pub fn cancel(outcome: &'static str) {
     counter!(CANCELS, "outcome" => outcome).increment(1);
 }
 
+/// A new message's history composed: `turns` messages sent before it, `dropped` earlier
+/// messages left out by the budget (`api.history_max_tokens`), counted so an operator sees how
+/// often conversations outgrow it.
+pub fn history(turns: usize, dropped: usize) {
+    if dropped > 0 {
+        tracing::debug!(
+            turns,
+            dropped,
+            "history over its budget: oldest messages left out"
+        );
+    }
+    counter!(HISTORY_DROPPED).increment(dropped as u64);
+}
+
 pub fn outbox_published(rows: usize) {
     if rows > 0 {
         tracing::debug!(rows, "outbox rows published");

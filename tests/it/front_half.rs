@@ -924,9 +924,21 @@ async fn a_record_the_broker_refuses_fails_its_task_and_holds_back_nothing_else(
     let app = TestApp::start(1, mock(), WorkerConfig::default()).await;
     limit_record_size(&app, 4_000).await;
     let front = front(&app).await;
-    // Two rows for one partition, in one relay batch: one the topic cannot take, one it can.
+    // Two rows for one partition, in one relay batch: one the topic cannot take, one it can
+    // (in another conversation: a message after the big one would carry it as history).
     let big = front.send("press-big", &"x".repeat(8_000)).await;
-    let small = front.send("press-small", "q").await;
+    let small: Accepted = front
+        .client
+        .post(format!("{}/v1/replies", front.base))
+        .bearer_auth(&front.key)
+        .header("Idempotency-Key", "press-small")
+        .json(&json!({"conversation_id": "conv-2", "message": "q"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let stream = front.events(&big, None).await;
     app.spawn_relay("relay");
     app.spawn_worker("w1");

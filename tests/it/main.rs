@@ -14,6 +14,7 @@ mod checker;
 mod deploy;
 mod forgetting;
 mod front_half;
+mod history;
 mod house;
 mod kafka_smoke;
 mod kafka_tls;

@@ -932,7 +932,8 @@ async fn a_token_quota_reserves_the_ceiling_and_settles_once_to_the_reported_usa
             .await
             .unwrap()
     );
-    // "q" is 1 byte: a ceiling of 1 + 8 + 4,000.
+    // "q" is 1 byte: a ceiling of 1 + 8 + 4,000. The second press in the conversation carries
+    // the first message as its history (no reply yet): its ceiling holds it, 4,018.
     let first: Accepted = api.press("k1", "q").await.json().await.unwrap();
     let second: Accepted = api.press("k2", "q").await.json().await.unwrap();
     let quota = api.quota().await;
@@ -942,7 +943,7 @@ async fn a_token_quota_reserves_the_ceiling_and_settles_once_to_the_reported_usa
             &quota["tokens"]["remaining"],
             &quota["workspace_policy"]["max_output_tokens"]
         ),
-        (&json!(8_018), &json!(1_982), &json!(4_000)),
+        (&json!(8_027), &json!(1_973), &json!(4_000)),
         "{quota}"
     );
     let refused = api.press("k3", "q").await;
@@ -951,9 +952,9 @@ async fn a_token_quota_reserves_the_ceiling_and_settles_once_to_the_reported_usa
     let problem: Value = refused.json().await.unwrap();
     let detail = problem["detail"].as_str().unwrap();
     assert!(
-        detail.contains("up to 4009 tokens")
+        detail.contains("up to 4027 tokens")
             && detail.contains("10000 tokens per 1d")
-            && detail.contains("8018 held"),
+            && detail.contains("8027 held"),
         "{detail}"
     );
     assert_eq!(api.ledger().await.0, 2, "the refused request wrote nothing");
@@ -962,11 +963,11 @@ async fn a_token_quota_reserves_the_ceiling_and_settles_once_to_the_reported_usa
     api.complete_reporting(second.task_id, None).await;
     assert_eq!(
         api.token_ledger().await,
-        vec![(4_009, Some(42)), (4_009, Some(4_009))],
+        vec![(4_009, Some(42)), (4_018, Some(4_018))],
         "the reported usage, and the ceiling for a reply that reported none"
     );
     let tokens = api.db.store.quota("acme").await.unwrap().unwrap().tokens;
-    assert_eq!((tokens.used, tokens.reserved), (42 + 4_009, 0));
+    assert_eq!((tokens.used, tokens.reserved), (42 + 4_018, 0));
 
     // Settled once: the completed task is not claimed again, and settling it again (as the
     // reconciler mends a missed settlement) changes nothing.
@@ -990,8 +991,10 @@ async fn a_token_quota_reserves_the_ceiling_and_settles_once_to_the_reported_usa
     let again = api.db.store.quota("acme").await.unwrap().unwrap().tokens;
     assert_eq!(again, tokens);
 
-    // Room again: 10,000 − 4,051 holds another 4,009.
+    // Room again: 10,000 − 4,060 holds another, with both turns and their replies ("the
+    // answer", 10 bytes) as its history: 2 × (1 + 8) + 2 × (10 + 8) + 1 + 8 + 4,000 = 4,063.
     assert_eq!(api.press("k3", "q").await.status(), StatusCode::ACCEPTED);
+    assert_eq!(api.token_ledger().await[2], (4_063, None));
 }
 
 /// The workspace's policy, judged before anything is written: a model outside its list and

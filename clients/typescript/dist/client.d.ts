@@ -40,6 +40,11 @@ export interface SendOptions {
     model?: string;
     context?: string;
     maxOutputTokens?: number;
+    /**
+     * After a Regenerate, which answer of an earlier message the user kept: those replies' task
+     * ids (one per message). Messages not named are sent with their newest reply.
+     */
+    keptReplies?: string[];
     /** Stored with the press and handed back by `pending()`. */
     meta?: Record<string, string>;
     signal?: AbortSignal;

@@ -120,6 +120,8 @@ export class ReplydClient {
             body.context = options.context;
         if (options.maxOutputTokens !== undefined)
             body.max_output_tokens = options.maxOutputTokens;
+        if (options.keptReplies !== undefined && options.keptReplies.length > 0)
+            body.kept_replies = options.keptReplies;
         return this.press("/v1/replies", body, options.meta, options.signal);
     }
     /** Ask for another reply to a task's message: a press of its own, with its own key. */

@@ -59,6 +59,11 @@ export interface SendOptions {
   model?: string;
   context?: string;
   maxOutputTokens?: number;
+  /**
+   * After a Regenerate, which answer of an earlier message the user kept: those replies' task
+   * ids (one per message). Messages not named are sent with their newest reply.
+   */
+  keptReplies?: string[];
   /** Stored with the press and handed back by `pending()`. */
   meta?: Record<string, string>;
   signal?: AbortSignal;
@@ -183,6 +188,7 @@ export class ReplydClient {
     if (options.model !== undefined) body.model = options.model;
     if (options.context !== undefined) body.context = options.context;
     if (options.maxOutputTokens !== undefined) body.max_output_tokens = options.maxOutputTokens;
+    if (options.keptReplies !== undefined && options.keptReplies.length > 0) body.kept_replies = options.keptReplies;
     return this.press("/v1/replies", body, options.meta, options.signal);
   }
 

@@ -203,6 +203,15 @@ export interface components {
             /** @description The document version the question is about (empty when none; at most 256 bytes). */
             document_version?: string;
             /**
+             * @description Which answer the user kept of an earlier message that has several (after a
+             *     Regenerate): the task ids of those replies, at most one per message and 100 in all. An
+             *     earlier message not named is sent with its newest completed reply. The model is asked
+             *     with the conversation's earlier messages and these replies (oldest dropped first past
+             *     `api.history_max_tokens`), fixed when the task is created; the list (not the history it
+             *     picks) is bound to the key, so a retry after a new turn elsewhere is the same task.
+             */
+            kept_replies?: string[] | null;
+            /**
              * Format: int32
              * @description The most tokens the reply may have.
              */
@@ -820,7 +829,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, or a request whose token ceiling is over its whole token quota (`outside_workspace_policy`; `fields` names them, `detail` the setting) */
+            /** @description The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, or a request whose token ceiling is over its whole token quota (`outside_workspace_policy`; `fields` names them, `detail` the setting) */
             422: {
                 headers: {
                     [name: string]: unknown;

@@ -123,6 +123,19 @@ test("a retry after a lost answer carries the press's key", async () => {
   }
 });
 
+test("the replies the user kept go with the message; none kept, the field is left out", async () => {
+  const h = harness(steps(() => accepted(), () => accepted()));
+  const kept = "6a0d4c52-3f43-4a5e-9d3a-1c3f3e0a7b21";
+  await h.client.send("conv-1", "and then?", { keptReplies: [kept] });
+  await h.client.send("conv-1", "and then?", { keptReplies: [] });
+  assert.deepEqual(JSON.parse(h.requests[0]!.body ?? ""), {
+    conversation_id: "conv-1",
+    message: "and then?",
+    kept_replies: [kept],
+  });
+  assert.deepEqual(JSON.parse(h.requests[1]!.body ?? ""), { conversation_id: "conv-1", message: "and then?" });
+});
+
 test("two sends, the second after the first settled, carry different keys", async () => {
   const h = harness(steps(() => accepted(), () => accepted()));
   await h.client.send("conv-1", "hello");

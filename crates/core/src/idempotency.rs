@@ -98,6 +98,11 @@ pub struct BoundInputs {
     pub max_output_tokens: Option<u32>,
     /// For a regenerate: the task whose message is answered again.
     pub source_task: Option<String>,
+    /// The replies the user kept of earlier messages (`kept_replies`), sorted; absent when the
+    /// request named none, and then left out of the canonical form, so the keys stored
+    /// before it was bound hash as they did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_replies: Option<Vec<String>>,
 }
 
 impl BoundInputs {
@@ -132,6 +137,7 @@ impl BoundInputs {
             self.max_output_tokens == other.max_output_tokens,
         );
         check("source_task", self.source_task == other.source_task);
+        check("kept_replies", self.kept_replies == other.kept_replies);
         fields
     }
 }
@@ -191,6 +197,7 @@ mod tests {
             context: None,
             max_output_tokens: Some(256),
             source_task: None,
+            kept_replies: None,
         }
     }
 
@@ -250,6 +257,14 @@ mod tests {
                 br#"{"conversation_id":"conv-1","message":"What are the key decisions in this document?","document_version":"v7","model":null,"context":null,"max_output_tokens":256,"source_task":null}"#
             ))
         );
+    }
+
+    #[test]
+    fn kept_replies_are_bound_once_named() {
+        let mut kept = inputs();
+        kept.kept_replies = Some(vec!["0b6f9a3e-64a4-4d4c-9c0a-7f7c1b2a9e10".into()]);
+        assert_ne!(kept.hash(), inputs().hash());
+        assert_eq!(kept.differing_fields(&inputs()), ["kept_replies"]);
     }
 
     proptest! {

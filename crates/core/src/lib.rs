@@ -7,6 +7,7 @@
 
 pub mod api_key;
 pub mod domain;
+pub mod history;
 pub mod idempotency;
 pub mod lease;
 pub mod offsets;

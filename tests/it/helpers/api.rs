@@ -112,17 +112,64 @@ pub async fn front(store: &Store, workspaces: &[&'static str]) -> Front {
     for ws in workspaces {
         keys.insert(*ws, workspace_with_key(store, ws).await.token);
     }
-    let state = ApiState::new(store.clone(), ApiSettings::default(), limits(64 * 1024));
-    let (base, stop) = serve_on_loopback(state, CancellationToken::new()).await;
-    Front {
-        base,
-        client: reqwest::Client::new(),
-        keys,
-        _stop: stop,
-    }
+    Front::serve(store, keys, ApiSettings::default()).await
 }
 
 impl Front {
+    async fn serve(
+        store: &Store,
+        keys: BTreeMap<&'static str, String>,
+        settings: ApiSettings,
+    ) -> Self {
+        let state = ApiState::new(store.clone(), settings, limits(64 * 1024));
+        let (base, stop) = serve_on_loopback(state, CancellationToken::new()).await;
+        Self {
+            base,
+            client: reqwest::Client::new(),
+            keys,
+            _stop: stop,
+        }
+    }
+
+    /// A second API server over the same schema, taking the same keys, with `settings`.
+    pub async fn beside(&self, store: &Store, settings: ApiSettings) -> Self {
+        Self::serve(store, self.keys.clone(), settings).await
+    }
+
+    /// `POST /v1/replies` of `body` under the idempotency key `key`.
+    pub async fn post_body(
+        &self,
+        ws: &str,
+        key: &str,
+        body: &serde_json::Value,
+    ) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/replies", self.base))
+            .bearer_auth(&self.keys[ws])
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// `POST /v1/replies/{id}/regenerate` under a new idempotency key, which must be accepted.
+    pub async fn regenerate(&self, ws: &str, task: &Accepted) -> Accepted {
+        let response = self
+            .client
+            .post(format!(
+                "{}/v1/replies/{}/regenerate",
+                self.base, task.task_id
+            ))
+            .bearer_auth(&self.keys[ws])
+            .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 202);
+        response.json().await.unwrap()
+    }
+
     /// A new message under a new idempotency key.
     pub async fn post(&self, ws: &str, conversation: &str, message: &str) -> reqwest::Response {
         self.client
