@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::auth::Workspace;
+use super::auth::{Caller, Workspace};
 use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::replies::ReplyView;
 use super::state::ApiState;
@@ -108,14 +108,14 @@ fn invalid_query(detail: String) -> Problem {
     responses(
         (status = 200, description = "A page of the conversation's messages, oldest first, each with its replies", body = MessagePage),
         (status = 400, description = "`after` is not a cursor this API gave, `limit` is not 1 to 100, or the query cannot be read (`invalid_query`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such conversation in the caller's workspace (one is made by its first message sent through `POST /v1/replies`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "No such conversation in the caller's workspace, or, for an end user's token, none of its user's (one is made by its first message sent through `POST /v1/replies`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
     ),
-    security(("api_key" = []))
+    security(("api_key" = []), ("end_user_token" = []))
 )]
 pub async fn list(
     State(state): State<ApiState>,
-    Workspace(workspace): Workspace,
+    caller: Caller,
     Path(conversation_id): Path<String>,
     query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
@@ -139,9 +139,23 @@ pub async fn list(
         if conversation_id.len() > 256 {
             return Err(not_found());
         }
+        let unavailable =
+            |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
+        let workspace = &caller.workspace;
+        if caller.end_user.is_some() {
+            // An end user lists their own conversations only; another's is not there.
+            let owner = state
+                .store
+                .conversation_owner(workspace, &conversation_id)
+                .await
+                .map_err(unavailable)?;
+            if !caller.sees(owner.as_ref()) {
+                return Err(not_found());
+            }
+        }
         let page = state
             .store
-            .conversation_page(&workspace, &conversation_id, after, limit)
+            .conversation_page(workspace, &conversation_id, after, limit)
             .await
             .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?
             .ok_or_else(not_found)?;
@@ -209,6 +223,7 @@ pub struct ErasedConversation {
     params(ConversationIdPath),
     responses(
         (status = 200, description = "The conversation is erased: its messages, tasks, replies, attempts and idempotency records are deleted, a task still running ends (its reply, when its call returns, is not saved), and a record of it that comes later is refused. Its quota charges stay. New messages to it get `410` (`conversation_erased`). Erasing it again answers `200` with nothing deleted", body = ErasedConversation),
+        (status = 403, description = "An end user's token: a conversation is erased with the workspace's key (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "No such conversation in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 503, description = "The database cannot be reached; erasing again finishes the work", body = ProblemDetails, content_type = "application/problem+json"),
     ),

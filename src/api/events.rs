@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream};
 use tokio::sync::broadcast;
 
-use super::auth::Workspace;
+use super::auth::{Caller, EndUser};
 use super::problem::ProblemDetails;
 use super::replies::ReplyView;
 use super::state::ApiState;
@@ -52,11 +52,30 @@ fn event_of(task: &StoredTask) -> Event {
         .expect("a reply view serializes")
 }
 
+/// What a stream was opened with.
+enum Credential {
+    /// An API key, by its id.
+    Key(String),
+    /// An end user's token: it ends at its expiry or when the user's tokens are revoked.
+    Token { workspace: String, user: EndUser },
+}
+
+impl std::fmt::Display for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::Key(key_id) => write!(f, "API key {key_id}"),
+            Credential::Token { workspace, user } => {
+                write!(f, "end user {:?} of {workspace}", user.id)
+            }
+        }
+    }
+}
+
 struct Follow {
     store: Store,
     task_id: TaskId,
-    /// The API key the stream was opened with: the stream ends once it is revoked.
-    key_id: String,
+    /// What the stream was opened with: it ends once that is revoked (or, a token, expired).
+    credential: Credential,
     changes: broadcast::Receiver<Option<TaskId>>,
     last_sent: Option<String>,
     done: bool,
@@ -69,9 +88,9 @@ impl Follow {
             if self.done {
                 return None;
             }
-            match self.store.read_followed(self.task_id, &self.key_id).await {
+            match self.read().await {
                 Ok((_, false)) => {
-                    tracing::info!(task_id = %self.task_id, key_id = %self.key_id, "event stream ended: its API key was revoked");
+                    tracing::info!(task_id = %self.task_id, credential = %self.credential, "event stream ended: its credential was revoked or expired");
                     return None;
                 }
                 Ok((Some(task), true)) => {
@@ -91,6 +110,21 @@ impl Follow {
                 Err(e) => crate::telemetry::store_error("events_read", &e),
             }
             self.wait().await;
+        }
+    }
+
+    /// The task, and whether the stream's credential still holds.
+    async fn read(&self) -> Result<(Option<StoredTask>, bool), crate::store::StoreError> {
+        match &self.credential {
+            Credential::Key(key_id) => self.store.read_followed(self.task_id, key_id).await,
+            Credential::Token { workspace, user } => {
+                if chrono::Utc::now().timestamp() >= user.expires_at {
+                    return Ok((None, false));
+                }
+                let check = self.store.token_check(workspace, &user.id).await?;
+                let live = check.is_some_and(|c| c.generation == user.generation);
+                Ok((self.store.read(self.task_id).await?, live))
+            }
         }
     }
 
@@ -148,27 +182,35 @@ pub struct StatusEvent {
     responses(
         (status = 200, description = "The current state at once, then each change of status or attempt (not every write: a lease renewal is no event); the stream ends after a terminal state, or within 2 s of its API key's revocation (a reconnect then gets 401). Keep-alive comments every 15 s. The schema is that of each event", body = StatusEvent, content_type = "text/event-stream"),
         (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "No such task in the caller's workspace (for an end user's token, in its user's conversations)", body = ProblemDetails, content_type = "application/problem+json"),
     ),
-    security(("api_key" = []))
+    security(("api_key" = []), ("end_user_token" = []))
 )]
 pub async fn stream(
     State(state): State<ApiState>,
-    Workspace(workspace): Workspace,
+    caller: Caller,
     Path(task_id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
     // Subscribed before the first read, so a change between the read and the wait wakes it.
     let changes = state.changes.subscribe();
-    // The extractor above authenticated this very header.
-    let key_id = replyd_core::api_key::parse_bearer(
-        headers
-            .get(axum::http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes()),
-    )
-    .map(|presented| presented.key_id)
-    .unwrap_or_default();
-    let task_id = match super::replies::task_of(&state, &workspace, &task_id).await {
+    let credential = match &caller.end_user {
+        Some(user) => Credential::Token {
+            workspace: caller.workspace.clone(),
+            user: user.clone(),
+        },
+        // The extractor above authenticated this very header.
+        None => Credential::Key(
+            replyd_core::api_key::parse_bearer(
+                headers
+                    .get(axum::http::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+            )
+            .map(|presented| presented.key_id)
+            .unwrap_or_default(),
+        ),
+    };
+    let task_id = match super::replies::task_of(&state, &caller, &task_id).await {
         Ok(task) => task.spec.task_id,
         Err(problem) => return problem.into_response(),
     };
@@ -179,7 +221,7 @@ pub async fn stream(
     Sse::new(follow(Follow {
         store: state.store.clone(),
         task_id,
-        key_id,
+        credential,
         changes,
         last_sent,
         done: false,

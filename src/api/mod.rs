@@ -14,6 +14,7 @@ pub mod auth;
 mod changes;
 pub mod conversations;
 pub mod demo;
+pub mod end_users;
 pub mod events;
 pub mod headers;
 pub mod openapi;

@@ -12,7 +12,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::problem::{ProblemDetails, ProblemKind};
 use super::replies::{self, Accepted, CreateReply, ReplyStatus, ReplyView};
-use super::{conversations, events, quota};
+use super::{conversations, end_users, events, quota};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -29,10 +29,14 @@ use super::{conversations, events, quota};
         replies::cancel,
         quota::show,
         conversations::list,
-        conversations::erase
+        conversations::erase,
+        end_users::create_token,
+        end_users::revoke
     ),
     components(schemas(
         CreateReply,
+        end_users::CreateToken,
+        end_users::EndUserToken,
         Accepted,
         ReplyView,
         replies::UsageView,
@@ -75,6 +79,18 @@ impl Modify for BearerKey {
                         .build(),
                 ),
             );
+            components.add_security_scheme(
+                "end_user_token",
+                SecurityScheme::Http(
+                    HttpBuilder::new()
+                        .scheme(HttpAuthScheme::Bearer)
+                        .bearer_format("JWT")
+                        .description(Some(
+                            "An end user's short-lived token from `POST /v1/end-user-tokens`: what a product's page holds instead of the workspace's key",
+                        ))
+                        .build(),
+                ),
+            );
         }
     }
 }
@@ -91,7 +107,11 @@ const ANY_ROUTE_BAD_REQUEST: &str = "a request head the server cannot parse (`ma
 /// `429` and the database's `503` are said here once too (a route with a `429` or `503` of its
 /// own keeps it: its own says more).
 const ANY_ROUTE: [(&str, &str, bool); 6] = [
-    ("401", "No API key, or an unknown or revoked one", true),
+    (
+        "401",
+        "No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token)",
+        true,
+    ),
     (
         "429",
         "The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`)",

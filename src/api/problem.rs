@@ -23,6 +23,8 @@ pub enum ProblemKind {
     ConversationErased,
     /// An `Idempotency-Key` used before with other inputs (422).
     IdempotencyKeyReused,
+    /// An end user's token on a route only the workspace's key may call (403).
+    Forbidden,
     /// `Authorization` that is not one bearer key (400).
     InvalidAuthorization,
     /// A body, or the task it makes, the API will not take (422).
@@ -63,11 +65,12 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in the order of the enum.
-    pub const ALL: [ProblemKind; 22] = [
+    pub const ALL: [ProblemKind; 23] = [
         ProblemKind::BodyTooLarge,
         ProblemKind::HeadersTooLarge,
         ProblemKind::ConversationErased,
         ProblemKind::IdempotencyKeyReused,
+        ProblemKind::Forbidden,
         ProblemKind::InvalidAuthorization,
         ProblemKind::InvalidBody,
         ProblemKind::InvalidIdempotencyKey,
@@ -95,6 +98,7 @@ impl ProblemKind {
             ProblemKind::HeadersTooLarge => "headers_too_large",
             ProblemKind::ConversationErased => "conversation_erased",
             ProblemKind::IdempotencyKeyReused => "idempotency_key_reused",
+            ProblemKind::Forbidden => "forbidden",
             ProblemKind::InvalidAuthorization => "invalid_authorization",
             ProblemKind::InvalidBody => "invalid_body",
             ProblemKind::InvalidIdempotencyKey => "invalid_idempotency_key",
@@ -125,24 +129,25 @@ const _: () = {
             ProblemKind::HeadersTooLarge => 1,
             ProblemKind::ConversationErased => 2,
             ProblemKind::IdempotencyKeyReused => 3,
-            ProblemKind::InvalidAuthorization => 4,
-            ProblemKind::InvalidBody => 5,
-            ProblemKind::InvalidIdempotencyKey => 6,
-            ProblemKind::InvalidQuery => 7,
-            ProblemKind::InvalidTaskId => 8,
-            ProblemKind::MalformedJson => 9,
-            ProblemKind::MalformedRequest => 10,
-            ProblemKind::MethodNotAllowed => 11,
-            ProblemKind::NotFound => 12,
-            ProblemKind::OutsideWorkspacePolicy => 13,
-            ProblemKind::QuotaExceeded => 14,
-            ProblemKind::RateLimited => 15,
-            ProblemKind::RecordTooLarge => 16,
-            ProblemKind::TaskFinished => 17,
-            ProblemKind::Unauthorized => 18,
-            ProblemKind::Unavailable => 19,
-            ProblemKind::UnsupportedMediaType => 20,
-            ProblemKind::UriTooLong => 21,
+            ProblemKind::Forbidden => 4,
+            ProblemKind::InvalidAuthorization => 5,
+            ProblemKind::InvalidBody => 6,
+            ProblemKind::InvalidIdempotencyKey => 7,
+            ProblemKind::InvalidQuery => 8,
+            ProblemKind::InvalidTaskId => 9,
+            ProblemKind::MalformedJson => 10,
+            ProblemKind::MalformedRequest => 11,
+            ProblemKind::MethodNotAllowed => 12,
+            ProblemKind::NotFound => 13,
+            ProblemKind::OutsideWorkspacePolicy => 14,
+            ProblemKind::QuotaExceeded => 15,
+            ProblemKind::RateLimited => 16,
+            ProblemKind::RecordTooLarge => 17,
+            ProblemKind::TaskFinished => 18,
+            ProblemKind::Unauthorized => 19,
+            ProblemKind::Unavailable => 20,
+            ProblemKind::UnsupportedMediaType => 21,
+            ProblemKind::UriTooLong => 22,
         }
     }
     let mut i = 0;

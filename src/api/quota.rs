@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Workspace;
-use super::problem::{Problem, ProblemKind};
+use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::state::ApiState;
 use crate::store::quota::{QuotaRefusal, QuotaState};
 use replyd_core::quota::{
@@ -132,6 +132,7 @@ pub fn view(quota: &QuotaState, policy: QuotaPolicy, workspace: &WorkspacePolicy
     tag = "quota",
     responses(
         (status = 200, description = "The caller's quota", body = QuotaView),
+        (status = 403, description = "An end user's token: the quota is read with the workspace's key (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
 )]

@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::auth::Workspace;
+use super::auth::Caller;
 use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::state::ApiState;
 use crate::store::cancels::CancelOutcome;
@@ -276,6 +276,19 @@ async fn parse_body(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<CreateReply, Problem> {
+    let create: CreateReply = parse_json(state, headers, body).await?;
+    check_inputs(&create, state.limits.max_prompt_bytes)
+        .map_err(|refusal| Problem::invalid_body(refusal.detail).with_fields(refusal.fields))?;
+    Ok(create)
+}
+
+/// Reads a JSON object body of `T`: a `415` if not sent as JSON, `413` over
+/// `api.max_body_bytes`, `400` if not JSON, `422` if not a `T`.
+pub(super) async fn parse_json<T: serde::de::DeserializeOwned>(
+    state: &ApiState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, Problem> {
     if !is_json(headers) {
         return Err(Problem::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -288,22 +301,19 @@ async fn parse_body(
     let bytes = to_bytes(body, limit)
         .await
         .map_err(|_| body_too_large(limit))?;
-    let JsonObject(create) =
-        serde_json::from_slice::<JsonObject<CreateReply>>(&bytes).map_err(|e| {
-            use serde_json::error::Category;
-            match e.classify() {
-                Category::Syntax | Category::Eof | Category::Io => Problem::bad_request(
-                    ProblemKind::MalformedJson,
-                    format!("the body is not JSON: {e}"),
-                ),
-                Category::Data => Problem::invalid_body(format!(
-                    "the body does not match the request schema: {e}"
-                )),
+    let JsonObject(parsed) = serde_json::from_slice::<JsonObject<T>>(&bytes).map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Syntax | Category::Eof | Category::Io => Problem::bad_request(
+                ProblemKind::MalformedJson,
+                format!("the body is not JSON: {e}"),
+            ),
+            Category::Data => {
+                Problem::invalid_body(format!("the body does not match the request schema: {e}"))
             }
-        })?;
-    check_inputs(&create, state.limits.max_prompt_bytes)
-        .map_err(|refusal| Problem::invalid_body(refusal.detail).with_fields(refusal.fields))?;
-    Ok(create)
+        }
+    })?;
+    Ok(parsed)
 }
 
 /// The largest `max_output_tokens` taken: far above what any model writes, low enough that a
@@ -475,6 +485,7 @@ fn urls(task_id: TaskId) -> (String, String) {
                 ("RegenerateReply" = (operation_id = "regenerateReply", parameters(("task_id" = "$response.body#/task_id")))),
             )),
         (status = 400, description = "No `Idempotency-Key`, one that is empty, over 255 bytes or not printable ASCII, or several different ones (`invalid_idempotency_key`); or a body that is not JSON (`malformed_json`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "An end user's token, in a conversation that is not its user's (another user's, or one begun with the workspace's key); nothing was written", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 410, description = "The conversation (or its workspace) was erased: it takes no new messages (`conversation_erased`); nothing was written", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 413, description = "The body is over `api.max_body_bytes` (`body_too_large`); a declared `Content-Length` over it is refused before the body is read (no `100 Continue`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
@@ -483,15 +494,15 @@ fn urls(task_id: TaskId) -> (String, String) {
             headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
     ),
-    security(("api_key" = []))
+    security(("api_key" = []), ("end_user_token" = []))
 )]
 pub async fn create(
     State(state): State<ApiState>,
-    Workspace(workspace): Workspace,
+    caller: Caller,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match create_inner(&state, workspace, &headers, body).await {
+    match create_inner(&state, caller, &headers, body).await {
         Ok(response) => response,
         Err(problem) => problem.into_response(),
     }
@@ -499,7 +510,7 @@ pub async fn create(
 
 async fn create_inner(
     state: &ApiState,
-    workspace: String,
+    caller: Caller,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
@@ -519,6 +530,10 @@ async fn create_inner(
         source_task: None,
         kept_replies: (!kept_bound.is_empty()).then_some(kept_bound),
     };
+    let Caller {
+        workspace,
+        end_user,
+    } = caller;
     let policy = policy_of(state, &workspace).await?;
     let alone = judge(state, &policy, &inputs, &[]);
     let history = match &alone {
@@ -533,6 +548,7 @@ async fn create_inner(
         // Judged again below with the history that fits the record.
         verdict: alone.clone(),
         history,
+        end_user: end_user.map(|u| u.id),
         inputs,
         max_attempts: state.limits.max_attempts,
         retention: state.settings.idempotency_retention(),
@@ -641,31 +657,31 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
                 ("Idempotent-Replayed" = String, description = "`true` when this answers an earlier request with the same key")
             )),
         (status = 400, description = "A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "No such task in the caller's workspace (for an end user's token, in its user's conversations)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 410, description = "The task's conversation (or its workspace) was erased while this was asked (`conversation_erased`); nothing was written", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest), or the source's model or output bound is outside the workspace's policy now (`outside_workspace_policy`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "New work over the workspace's quota of generations or of tokens (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
     ),
-    security(("api_key" = []))
+    security(("api_key" = []), ("end_user_token" = []))
 )]
 pub async fn regenerate(
     State(state): State<ApiState>,
-    Workspace(workspace): Workspace,
+    caller: Caller,
     Path(task_id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
     let result = async {
         let key = key_of(&headers)?;
-        let source = task_of(&state, &workspace, &task_id).await?;
+        let source = task_of(&state, &caller, &task_id).await?;
         let inputs = regenerate_inputs(&source);
         // The source's history, as it was asked: the new answer is to the same conversation.
         let turns = history::of_source(&source.spec.request.messages);
-        let policy = policy_of(&state, &workspace).await?;
+        let policy = policy_of(&state, &caller.workspace).await?;
         let verdict = judge(&state, &policy, &inputs, &turns);
         let submission = Submission {
-            workspace_id: workspace,
+            workspace_id: caller.workspace,
             operation: Operation::Regenerate,
             key,
             inputs,
@@ -676,6 +692,7 @@ pub async fn regenerate(
             traceparent: crate::telemetry::trace::traceparent(&tracing::Span::current()),
             verdict,
             history: Ok(turns),
+            end_user: caller.end_user.map(|u| u.id),
         };
         // A task that came from Kafka was not held to the API's bounds, and the record
         // limit may have been lowered since.
@@ -706,21 +723,21 @@ pub async fn regenerate(
     responses(
         (status = 200, description = "The task is cancelled (by this request or an earlier one): no reply will come, a running call is cut short (its answer, if one still comes, is refused), its reservation is released, and its event stream ends with this status", body = ReplyView),
         (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "No such task in the caller's workspace (for an end user's token, in its user's conversations)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 409, description = "The task had already ended: its reply was saved before the cancel arrived, or it had failed (`task_finished`); nothing changed. Read the task for its reply", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 503, description = "The database cannot be reached; cancelling again is safe", body = ProblemDetails, content_type = "application/problem+json"),
     ),
-    security(("api_key" = []))
+    security(("api_key" = []), ("end_user_token" = []))
 )]
 pub async fn cancel(
     State(state): State<ApiState>,
-    Workspace(workspace): Workspace,
+    caller: Caller,
     Path(task_id): Path<String>,
 ) -> Response {
     let cancelled = async {
         let unavailable =
             |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
-        let task = task_of(&state, &workspace, &task_id).await?;
+        let task = task_of(&state, &caller, &task_id).await?;
         let id = task.spec.task_id;
         let outcome = state.store.cancel(id).await.map_err(unavailable)?;
         crate::telemetry::cancel(outcome.as_str());
@@ -798,6 +815,12 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
             )
             .with_fields(refusal.fields));
         }
+        Submitted::NotTheirs => {
+            return Err(Problem::not_found(format!(
+                "no conversation {:?} of this end user",
+                submission.inputs.conversation_id
+            )));
+        }
         Submitted::BadKeptReplies(bad) => {
             return Err(Problem::invalid_body(bad.to_string()).with_fields(vec!["kept_replies"]));
         }
@@ -872,17 +895,17 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
     responses(
         (status = 200, description = "The task", body = ReplyView),
         (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such task in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "No such task in the caller's workspace (for an end user's token, in its user's conversations)", body = ProblemDetails, content_type = "application/problem+json"),
     ),
-    security(("api_key" = []))
+    security(("api_key" = []), ("end_user_token" = []))
 )]
 pub async fn show(
     State(state): State<ApiState>,
-    Workspace(workspace): Workspace,
+    caller: Caller,
     Path(task_id): Path<String>,
 ) -> Response {
     let shown = async {
-        let task = task_of(&state, &workspace, &task_id).await?;
+        let task = task_of(&state, &caller, &task_id).await?;
         let attempts = state
             .store
             .attempts(task.spec.task_id)
@@ -903,7 +926,7 @@ pub async fn show(
 /// task is exactly as absent (`404`) as one that does not exist.
 pub(super) async fn task_of(
     state: &ApiState,
-    workspace: &str,
+    caller: &Caller,
     raw_id: &str,
 ) -> Result<StoredTask, Problem> {
     let task_id = TaskId::parse(raw_id).map_err(|_| {
@@ -912,11 +935,26 @@ pub(super) async fn task_of(
             format!("{raw_id:?} is not a task id (a UUID)"),
         )
     })?;
-    match state.store.read(task_id).await {
-        Ok(Some(task)) if task.spec.workspace_id == workspace => Ok(task),
-        Ok(_) => Err(Problem::not_found(format!("no task {task_id}"))),
-        Err(e) => Err(Problem::unavailable(crate::telemetry::chain(&e))),
+    let unavailable =
+        |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
+    let not_found = || Problem::not_found(format!("no task {task_id}"));
+    let task = match state.store.read(task_id).await.map_err(unavailable)? {
+        Some(task) if task.spec.workspace_id == caller.workspace => task,
+        _ => return Err(not_found()),
+    };
+    if caller.end_user.is_some() {
+        // An end user sees the tasks of their own conversations only; another's is answered
+        // as a task of another workspace is.
+        let owner = state
+            .store
+            .conversation_owner(&caller.workspace, &task.spec.conversation_id)
+            .await
+            .map_err(unavailable)?;
+        if !caller.sees(owner.as_ref()) {
+            return Err(not_found());
+        }
     }
+    Ok(task)
 }
 
 #[cfg(test)]
@@ -1100,6 +1138,7 @@ mod tests {
                 token_ceiling: 0,
             }),
             history: Ok(Vec::new()),
+            end_user: None,
         };
         let small = submission("q", Some("c"));
         let size = task_spec(&small, TaskId::new_random(), uuid::Uuid::new_v4()).record_bytes();

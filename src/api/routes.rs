@@ -10,10 +10,10 @@ use super::settings::ApiSettings;
 
 use super::problem::{Problem, ProblemKind};
 use super::state::ApiState;
-use super::{conversations, demo, events, openapi, quota, replies};
+use super::{conversations, demo, end_users, events, openapi, quota, replies};
 
 /// The API's routes, each documented in [`super::openapi`] (a test holds the two together).
-pub const ROUTES: [&str; 8] = [
+pub const ROUTES: [&str; 10] = [
     "/v1/replies",
     "/v1/replies/{task_id}",
     "/v1/replies/{task_id}/events",
@@ -22,6 +22,8 @@ pub const ROUTES: [&str; 8] = [
     "/v1/quota",
     "/v1/conversations/{conversation_id}/messages",
     "/v1/conversations/{conversation_id}",
+    "/v1/end-user-tokens",
+    "/v1/end-users/{user_id}/revoke",
 ];
 
 pub fn router(state: ApiState) -> Router {
@@ -34,6 +36,8 @@ pub fn router(state: ApiState) -> Router {
         quota,
         messages,
         conversation,
+        tokens,
+        revoke,
     ] = ROUTES;
     let pages = if state.settings.demo_page {
         demo::router()
@@ -49,6 +53,8 @@ pub fn router(state: ApiState) -> Router {
         .route(quota, get(quota::show))
         .route(messages, get(conversations::list))
         .route(conversation, delete(conversations::erase))
+        .route(tokens, post(end_users::create_token))
+        .route(revoke, post(end_users::revoke))
         .route(
             "/openapi.json",
             get(|| async {

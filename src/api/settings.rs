@@ -51,6 +51,10 @@ pub struct ApiSettings {
     /// reply, and within what is left of `worker.max_prompt_bytes` and of the workspace's
     /// whole token quota. Fixed when the task is created. 0 sends each message alone.
     pub history_max_tokens: u32,
+    /// The longest an end user's token may live (`POST /v1/end-user-tokens`, whose default is
+    /// 900 s or this, the shorter). A token cannot be recalled one by one, only all of a
+    /// user's at once: a short life bounds what a leaked one can do.
+    pub end_user_token_max_ttl_seconds: u32,
 }
 
 impl Default for ApiSettings {
@@ -68,6 +72,7 @@ impl Default for ApiSettings {
             cors_allowed_origins: Vec::new(),
             cors_max_age_ms: 10 * 60 * 1000,
             history_max_tokens: 16_000,
+            end_user_token_max_ttl_seconds: 3_600,
         }
     }
 }
@@ -104,6 +109,15 @@ impl ApiSettings {
         if self.header_read_timeout_ms == 0 {
             refuse("api.header_read_timeout_ms", "must be positive".into());
         }
+        if !(1..=MAX_TOKEN_TTL_SECONDS).contains(&self.end_user_token_max_ttl_seconds) {
+            refuse(
+                "api.end_user_token_max_ttl_seconds",
+                format!(
+                    "{} must be between 1 and {MAX_TOKEN_TTL_SECONDS} (a day): a token cannot be recalled alone, only with all of its user's",
+                    self.end_user_token_max_ttl_seconds
+                ),
+            );
+        }
         for origin in &self.cors_allowed_origins {
             if let Err(why) = check_origin(origin) {
                 refuse("api.cors_allowed_origins", format!("{origin:?}: {why}"));
@@ -126,6 +140,9 @@ impl ApiSettings {
         )
     }
 }
+
+/// The longest `api.end_user_token_max_ttl_seconds` may be.
+const MAX_TOKEN_TTL_SECONDS: u32 = 24 * 60 * 60;
 
 /// The fewest header fields `api.max_headers` may allow.
 const MIN_HEADERS: usize = 32;
@@ -164,7 +181,25 @@ pub fn check_origin(origin: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::check_origin;
+    use super::{ApiSettings, check_origin};
+
+    #[test]
+    fn a_token_life_of_zero_or_over_a_day_is_refused_naming_the_setting() {
+        for (ttl, refused) in [(0, true), (1, false), (86_400, false), (86_401, true)] {
+            let settings = ApiSettings {
+                end_user_token_max_ttl_seconds: ttl,
+                ..ApiSettings::default()
+            };
+            let problems = settings.problems();
+            assert_eq!(
+                problems
+                    .iter()
+                    .any(|(s, _)| *s == "api.end_user_token_max_ttl_seconds"),
+                refused,
+                "{ttl}: {problems:?}"
+            );
+        }
+    }
 
     #[test]
     fn an_allowed_origin_is_one_a_browser_sends() {

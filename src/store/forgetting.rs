@@ -283,6 +283,17 @@ impl Store {
                 &[&scope.workspace_id],
             )
             .await?;
+            // Its end users' generations and its signing secret: no token of it verifies.
+            tx.execute(
+                "DELETE FROM end_users WHERE workspace_id = $1",
+                &[&scope.workspace_id],
+            )
+            .await?;
+            tx.execute(
+                "DELETE FROM end_user_token_secrets WHERE workspace_id = $1",
+                &[&scope.workspace_id],
+            )
+            .await?;
             erased.workspace = tx
                 .execute(
                     "DELETE FROM workspaces WHERE workspace_id = $1",

@@ -45,6 +45,9 @@ pub struct Submission {
     /// why the request's `kept_replies` cannot be used. Like the verdict, a replay is answered
     /// whatever it says now: the history is fixed when the task is created.
     pub history: Result<Vec<ChatMessage>, KeptError>,
+    /// The end user whose token asks (`None`: the workspace's key): the conversation must be
+    /// theirs, or new, and then becomes theirs.
+    pub end_user: Option<String>,
 }
 
 /// What the intake did.
@@ -66,6 +69,8 @@ pub enum Submitted {
     /// New work whose `kept_replies` name no earlier reply of the conversation; nothing
     /// written.
     BadKeptReplies(KeptError),
+    /// An end user's request in a conversation that is not theirs; nothing written.
+    NotTheirs,
 }
 
 /// The provider request a submission asks for: the context as a system message, the
@@ -132,6 +137,11 @@ const INSERT_KEY: &str = "INSERT INTO idempotency_keys (workspace_id, operation,
 /// conversation's row stays locked until the commit, so numbers are given in commit order.
 const INSERT_MESSAGE: &str = "INSERT INTO messages (message_id, workspace_id, conversation_id, content) \
      VALUES ($1, $2, $3, $4)";
+const CLAIM_CONVERSATION: &str = "INSERT INTO conversations (workspace_id, conversation_id, end_user_id, last_seq) \
+     VALUES ($1, $2, $3, 0) ON CONFLICT DO NOTHING";
+/// A statement of its own after the claim: it sees the row a concurrent claim committed.
+const CONVERSATION_OWNER: &str = "SELECT end_user_id FROM conversations \
+     WHERE workspace_id = $1 AND conversation_id = $2 FOR UPDATE";
 const INSERT_OUTBOX: &str =
     "INSERT INTO outbox (task_id, record_key, payload, traceparent) VALUES ($1, $2, $3, $4)";
 
@@ -164,6 +174,22 @@ impl Store {
             .map_err(|_| StoreError::Config("max_attempts over i32".into()))?;
         let retention_s = s.retention.as_seconds_f64();
         let payload = spec.to_proto().encode_to_vec();
+        if let Some(user) = &s.end_user {
+            // Claimed first, so the conversation's row is locked for the rest: a new one is
+            // made this user's (number 0: its first message is 1); two first requests of two
+            // users at once, the second waits here and finds it the first's.
+            let conversation = &s.inputs.conversation_id;
+            tx.execute(CLAIM_CONVERSATION, &[&s.workspace_id, conversation, user])
+                .await?;
+            let owner: Option<String> = tx
+                .query_one(CONVERSATION_OWNER, &[&s.workspace_id, conversation])
+                .await?
+                .get(0);
+            if owner.as_deref() != Some(user.as_str()) {
+                tx.rollback().await?;
+                return Ok(Some(Submitted::NotTheirs));
+            }
+        }
         let (erased, expire, insert_task, insert_key, insert_message, insert_outbox, admit) = futures_util::try_join!(
             tx.prepare_cached(SCOPE_ERASED),
             tx.prepare_cached(EXPIRE_KEY),

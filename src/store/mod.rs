@@ -28,6 +28,7 @@ pub mod capacity;
 mod claims;
 mod completions;
 pub mod conversations;
+pub mod end_users;
 mod error;
 mod fence;
 pub mod forgetting;

@@ -46,6 +46,7 @@ pub mod names {
     pub const SUBMISSIONS: &str = "replyd_api_submissions_total";
     pub const CANCELS: &str = "replyd_api_cancels_total";
     pub const HISTORY_DROPPED: &str = "replyd_api_history_messages_dropped_total";
+    pub const END_USER_TOKENS: &str = "replyd_api_end_user_tokens_issued_total";
     pub const HTTP_REQUEST_SECONDS: &str = "replyd_http_request_duration_seconds";
     pub const OUTBOX_PUBLISHED: &str = "replyd_outbox_published_total";
     pub const OUTBOX_PUBLISH_ERRORS: &str = "replyd_outbox_publish_errors_total";
@@ -141,6 +142,7 @@ pub const API_METRICS: &[(&str, Kind)] = &[
     (SUBMISSIONS, Kind::Counter),
     (CANCELS, Kind::Counter),
     (HISTORY_DROPPED, Kind::Counter),
+    (END_USER_TOKENS, Kind::Counter),
     (HTTP_REQUEST_SECONDS, Kind::Histogram),
     (QUOTA_REFUSED, Kind::Counter),
     (STORE_ERRORS, Kind::Counter),

@@ -55,6 +55,11 @@ pub fn history(turns: usize, dropped: usize) {
     counter!(HISTORY_DROPPED).increment(dropped as u64);
 }
 
+/// A token issued for an end user (never the token itself).
+pub fn end_user_token() {
+    counter!(END_USER_TOKENS).increment(1);
+}
+
 pub fn outbox_published(rows: usize) {
     if rows > 0 {
         tracing::debug!(rows, "outbox rows published");

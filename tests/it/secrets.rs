@@ -1,7 +1,8 @@
 //! No secret in any output: `replyd serve` runs the whole chain with a database password, a
 //! provider key, a provider extra header (Azure's `api-key`) and a Kafka SASL password it was
-//! given (as a Deployment gives them: environment variables and the URL), and an API key a
-//! caller presses with. Then every
+//! given (as a Deployment gives them: environment variables and the URL), an API key a caller
+//! presses with, and an end user's token made with it (and its workspace's signing secret).
+//! Then every
 //! output of the run is searched for each of them: the process's log, `/metrics`, `/readyz`,
 //! `/healthz`, `replyd config show` and `config check`, `--help`, an error that names the
 //! database it cannot reach, and `replyd check`.
@@ -95,8 +96,49 @@ async fn no_secret_shows_in_any_output_of_a_run() {
         .await
         .unwrap();
     crate::helpers::press_until_completed(&http, &addr, &api_key.token, "press-1").await;
+    // An end user's token: made, pressed with, and a tampered one refused without echoing it.
+    let minted: serde_json::Value = http
+        .post(format!("http://{addr}/v1/end-user-tokens"))
+        .bearer_auth(&api_key.token)
+        .json(&serde_json::json!({"user_id": "user-a"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = minted["token"].as_str().unwrap().to_owned();
+    crate::helpers::press_until_completed(&http, &addr, &token, "press-2").await;
+    let tampered = http
+        .get(format!("http://{addr}/v1/conversations/conv-1/messages"))
+        .bearer_auth(format!("{token}x"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let signing_secret: String = client
+        .query_one(
+            "SELECT secret FROM end_user_token_secrets WHERE workspace_id = 'acme'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let secrets = [
+        secrets.as_slice(),
+        &[
+            ("end user's token", token.clone()),
+            ("token signing secret", signing_secret),
+        ],
+    ]
+    .concat();
 
-    let mut outputs: Vec<(String, String)> = vec![("API 401".into(), refused)];
+    let mut outputs: Vec<(String, String)> = vec![
+        ("API 401".into(), refused),
+        ("API 401 of a token".into(), tampered),
+    ];
     let observability = app.observability_addr("serve").unwrap();
     for path in ["/metrics", "/readyz", "/healthz"] {
         let page = reqwest::get(format!("http://{observability}{path}"))

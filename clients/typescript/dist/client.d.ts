@@ -15,8 +15,18 @@ export interface RequestReport {
 export interface ClientOptions {
     /** Where the API is, e.g. `https://replies.example.com`; empty: this page's origin. */
     baseUrl?: string;
-    /** The API key (`Authorization: Bearer`), or a function that gives it for each request. */
+    /**
+     * The credential (`Authorization: Bearer`): on a product's page, an end user's token from
+     * `POST /v1/end-user-tokens` (asked for by the product's backend, which alone holds the
+     * workspace's API key); on a server, the API key. Or a function that gives it per request.
+     */
     apiKey: string | (() => string);
+    /**
+     * Gives a new end user's token when the API refuses the current one (401: it expired or
+     * was revoked), by asking the product's backend. The request is sent once more with it,
+     * under the same idempotency key; a second 401 is final. Concurrent refusals share one call.
+     */
+    refreshToken?: () => Promise<string>;
     /** Where unsettled presses are kept: `sessionStorage` when there is one, else memory. */
     presses?: PressStore;
     retry?: Partial<RetryPolicy>;
@@ -59,6 +69,10 @@ export declare function abortableSleep(ms: number, signal?: AbortSignal): Promis
 export declare class ReplydClient {
     private readonly baseUrl;
     private readonly apiKey;
+    private readonly refreshToken;
+    /** The token `refreshToken` gave last, used instead of `apiKey` from then on. */
+    private refreshed;
+    private refreshing;
     private readonly presses;
     private readonly policy;
     private readonly streamIdleMs;
@@ -145,7 +159,13 @@ export declare class ReplydClient {
     private join;
     /** Sends a press until the server answers it for good; forgets its key only then. */
     private settle;
+    private credential;
     private headers;
+    /**
+     * After a 401 to a request sent with `sent`: whether a new credential is there to try, from
+     * `refreshToken` (one call at a time), or because another request renewed it meanwhile.
+     */
+    private renew;
     /** One request, retried while it may yet succeed and the budget allows. */
     private call;
     /** The events of one stream connection; throws how it failed. */

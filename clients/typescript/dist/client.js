@@ -74,6 +74,10 @@ async function problemOf(response) {
 export class ReplydClient {
     baseUrl;
     apiKey;
+    refreshToken;
+    /** The token `refreshToken` gave last, used instead of `apiKey` from then on. */
+    refreshed;
+    refreshing;
     presses;
     policy;
     streamIdleMs;
@@ -90,6 +94,7 @@ export class ReplydClient {
         this.baseUrl = (options.baseUrl ?? "").replace(/\/+$/, "");
         const key = options.apiKey;
         this.apiKey = typeof key === "function" ? key : () => key;
+        this.refreshToken = options.refreshToken;
         this.presses = options.presses ?? defaultPresses();
         this.policy = { ...DEFAULT_RETRY, ...options.retry };
         this.streamIdleMs = options.streamIdleMs ?? 45_000;
@@ -300,8 +305,26 @@ export class ReplydClient {
             throw error;
         }
     }
-    headers(extra) {
-        return { authorization: `Bearer ${this.apiKey()}`, ...extra };
+    credential() {
+        return this.refreshed ?? this.apiKey();
+    }
+    headers(extra, credential) {
+        return { authorization: `Bearer ${credential}`, ...extra };
+    }
+    /**
+     * After a 401 to a request sent with `sent`: whether a new credential is there to try, from
+     * `refreshToken` (one call at a time), or because another request renewed it meanwhile.
+     */
+    async renew(sent) {
+        if (this.refreshToken === undefined)
+            return false;
+        if (this.credential() !== sent)
+            return true;
+        this.refreshing ??= this.refreshToken().finally(() => {
+            this.refreshing = undefined;
+        });
+        this.refreshed = await this.refreshing;
+        return this.refreshed !== sent;
     }
     /** One request, retried while it may yet succeed and the budget allows. */
     async call(method, path, init, signal) {
@@ -312,8 +335,10 @@ export class ReplydClient {
         if (init.body !== undefined)
             headers["content-type"] = "application/json";
         const body = init.body === undefined ? undefined : JSON.stringify(init.body);
+        let renewed = false;
         for (let retry = 0, requests = 1;; retry++, requests++) {
             let failure;
+            const credential = this.credential();
             let serverWaitMs;
             const report = { method, path, retry, outcome: "network" };
             if (init.key !== undefined)
@@ -322,7 +347,7 @@ export class ReplydClient {
             try {
                 const response = await this.fetch(this.baseUrl + path, {
                     method,
-                    headers: this.headers(headers),
+                    headers: this.headers(headers, credential),
                     ...(body === undefined ? {} : { body }),
                     signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
                 });
@@ -343,6 +368,11 @@ export class ReplydClient {
                     serverWaitMs = retryAfterMs(response.headers.get("retry-after"), this.now());
                     const retryAt = serverWaitMs === undefined ? undefined : new Date(this.now() + serverWaitMs);
                     const problem = new ProblemError(await problemOf(response), requests, retryAt);
+                    if (response.status === 401 && !renewed && (await this.renew(credential))) {
+                        // A new token: the same request once more, at once.
+                        renewed = true;
+                        continue;
+                    }
                     if (problem.refused)
                         throw problem;
                     failure = problem;
@@ -378,8 +408,9 @@ export class ReplydClient {
         const connectTimer = setTimeout(() => connection.abort(new Error("no answer")), this.policy.attemptTimeoutMs);
         const report = { method: "GET", path, retry: 0, outcome: "network" };
         let response;
+        const credential = this.credential();
         try {
-            response = await this.fetch(this.baseUrl + path, { headers: this.headers(headers), signal: connection.signal });
+            response = await this.fetch(this.baseUrl + path, { headers: this.headers(headers, credential), signal: connection.signal });
         }
         catch (error) {
             this.onRequest(report);
@@ -395,6 +426,9 @@ export class ReplydClient {
             if (response.status !== 200) {
                 const serverWaitMs = retryAfterMs(response.headers.get("retry-after"), this.now());
                 const problem = new ProblemError(await problemOf(response), 1, undefined);
+                // A new token: connect again with it.
+                if (response.status === 401 && (await this.renew(credential)))
+                    throw new StreamFailed(0, problem);
                 if (problem.refused)
                     throw problem;
                 throw new StreamFailed(serverWaitMs, problem);

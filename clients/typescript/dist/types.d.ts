@@ -2,6 +2,9 @@ import type { components } from "./openapi.js";
 type Schemas = components["schemas"];
 export type Accepted = Schemas["Accepted"];
 export type CreateReply = Schemas["CreateReply"];
+export type CreateToken = Schemas["CreateToken"];
+/** What the product's backend gets for one end user (`POST /v1/end-user-tokens`). */
+export type EndUserToken = Schemas["EndUserToken"];
 export type ErasedConversation = Schemas["ErasedConversation"];
 export type MessagePage = Schemas["MessagePage"];
 export type MessageView = Schemas["MessageView"];

@@ -33,8 +33,18 @@ export interface RequestReport {
 export interface ClientOptions {
   /** Where the API is, e.g. `https://replies.example.com`; empty: this page's origin. */
   baseUrl?: string;
-  /** The API key (`Authorization: Bearer`), or a function that gives it for each request. */
+  /**
+   * The credential (`Authorization: Bearer`): on a product's page, an end user's token from
+   * `POST /v1/end-user-tokens` (asked for by the product's backend, which alone holds the
+   * workspace's API key); on a server, the API key. Or a function that gives it per request.
+   */
   apiKey: string | (() => string);
+  /**
+   * Gives a new end user's token when the API refuses the current one (401: it expired or
+   * was revoked), by asking the product's backend. The request is sent once more with it,
+   * under the same idempotency key; a second 401 is final. Concurrent refusals share one call.
+   */
+  refreshToken?: () => Promise<string>;
   /** Where unsettled presses are kept: `sessionStorage` when there is one, else memory. */
   presses?: PressStore;
   retry?: Partial<RetryPolicy>;
@@ -144,6 +154,10 @@ async function problemOf(response: Response): Promise<ProblemDetails> {
 export class ReplydClient {
   private readonly baseUrl: string;
   private readonly apiKey: () => string;
+  private readonly refreshToken: (() => Promise<string>) | undefined;
+  /** The token `refreshToken` gave last, used instead of `apiKey` from then on. */
+  private refreshed: string | undefined;
+  private refreshing: Promise<string> | undefined;
   private readonly presses: PressStore;
   private readonly policy: RetryPolicy;
   private readonly streamIdleMs: number;
@@ -161,6 +175,7 @@ export class ReplydClient {
     this.baseUrl = (options.baseUrl ?? "").replace(/\/+$/, "");
     const key = options.apiKey;
     this.apiKey = typeof key === "function" ? key : () => key;
+    this.refreshToken = options.refreshToken;
     this.presses = options.presses ?? defaultPresses();
     this.policy = { ...DEFAULT_RETRY, ...options.retry };
     this.streamIdleMs = options.streamIdleMs ?? 45_000;
@@ -372,8 +387,26 @@ export class ReplydClient {
     }
   }
 
-  private headers(extra: Record<string, string>): Record<string, string> {
-    return { authorization: `Bearer ${this.apiKey()}`, ...extra };
+  private credential(): string {
+    return this.refreshed ?? this.apiKey();
+  }
+
+  private headers(extra: Record<string, string>, credential: string): Record<string, string> {
+    return { authorization: `Bearer ${credential}`, ...extra };
+  }
+
+  /**
+   * After a 401 to a request sent with `sent`: whether a new credential is there to try, from
+   * `refreshToken` (one call at a time), or because another request renewed it meanwhile.
+   */
+  private async renew(sent: string): Promise<boolean> {
+    if (this.refreshToken === undefined) return false;
+    if (this.credential() !== sent) return true;
+    this.refreshing ??= this.refreshToken().finally(() => {
+      this.refreshing = undefined;
+    });
+    this.refreshed = await this.refreshing;
+    return this.refreshed !== sent;
   }
 
   /** One request, retried while it may yet succeed and the budget allows. */
@@ -383,8 +416,10 @@ export class ReplydClient {
     if (init.key !== undefined) headers["idempotency-key"] = init.key;
     if (init.body !== undefined) headers["content-type"] = "application/json";
     const body = init.body === undefined ? undefined : JSON.stringify(init.body);
+    let renewed = false;
     for (let retry = 0, requests = 1; ; retry++, requests++) {
       let failure: ReplydError;
+      const credential = this.credential();
       let serverWaitMs: number | undefined;
       const report: RequestReport = { method, path, retry, outcome: "network" };
       if (init.key !== undefined) report.key = init.key;
@@ -392,7 +427,7 @@ export class ReplydClient {
       try {
         const response = await this.fetch(this.baseUrl + path, {
           method,
-          headers: this.headers(headers),
+          headers: this.headers(headers, credential),
           ...(body === undefined ? {} : { body }),
           signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
         });
@@ -410,6 +445,11 @@ export class ReplydClient {
           serverWaitMs = retryAfterMs(response.headers.get("retry-after"), this.now());
           const retryAt = serverWaitMs === undefined ? undefined : new Date(this.now() + serverWaitMs);
           const problem = new ProblemError(await problemOf(response), requests, retryAt);
+          if (response.status === 401 && !renewed && (await this.renew(credential))) {
+            // A new token: the same request once more, at once.
+            renewed = true;
+            continue;
+          }
           if (problem.refused) throw problem;
           failure = problem;
         }
@@ -439,8 +479,9 @@ export class ReplydClient {
     const connectTimer = setTimeout(() => connection.abort(new Error("no answer")), this.policy.attemptTimeoutMs);
     const report: RequestReport = { method: "GET", path, retry: 0, outcome: "network" };
     let response: Response;
+    const credential = this.credential();
     try {
-      response = await this.fetch(this.baseUrl + path, { headers: this.headers(headers), signal: connection.signal });
+      response = await this.fetch(this.baseUrl + path, { headers: this.headers(headers, credential), signal: connection.signal });
     } catch (error) {
       this.onRequest(report);
       signal?.removeEventListener("abort", onAbort);
@@ -454,6 +495,8 @@ export class ReplydClient {
       if (response.status !== 200) {
         const serverWaitMs = retryAfterMs(response.headers.get("retry-after"), this.now());
         const problem = new ProblemError(await problemOf(response), 1, undefined);
+        // A new token: connect again with it.
+        if (response.status === 401 && (await this.renew(credential))) throw new StreamFailed(0, problem);
         if (problem.refused) throw problem;
         throw new StreamFailed(serverWaitMs, problem);
       }

@@ -11,6 +11,8 @@ export { TERMINAL, isTerminal } from "./types.js";
 export type {
   Accepted,
   CreateReply,
+  CreateToken,
+  EndUserToken,
   ErasedConversation,
   MessagePage,
   MessageView,

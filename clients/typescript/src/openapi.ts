@@ -38,6 +38,43 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/end-user-tokens": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Ask for a short-lived token for one end user. */
+        post: operations["createEndUserToken"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/end-users/{user_id}/revoke": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Revoke every token of an end user issued so far (the user signed out everywhere, or was
+         *     removed). Their open event streams end; tokens asked for afterwards work.
+         */
+        post: operations["revokeEndUserTokens"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/quota": {
         parameters: {
             query?: never;
@@ -221,6 +258,40 @@ export interface components {
             /** @description The model to ask; the provider's default when absent (at most 256 bytes). */
             model?: string | null;
         };
+        /** @description The body of `POST /v1/end-user-tokens`. */
+        CreateToken: {
+            /**
+             * Format: int32
+             * @description How long the token lives: at most `api.end_user_token_max_ttl_seconds`; 900 when absent.
+             */
+            ttl_seconds?: number | null;
+            /**
+             * @description The product's id of its user (not blank, at most 256 bytes, no control characters).
+             *     The token sees this user's conversations only: those whose first message it sent.
+             */
+            user_id: string;
+        };
+        /** @description A token for one end user. */
+        EndUserToken: {
+            /**
+             * Format: date-time
+             * @description When it stops working; ask for a new one before.
+             */
+            expires_at: string;
+            /**
+             * Format: int32
+             * @description Seconds from now until `expires_at`.
+             */
+            expires_in: number;
+            /**
+             * @description Send as `Authorization: Bearer <token>`. It may create replies in the user's
+             *     conversations, read them, list them, follow their events and stop them; nothing else.
+             */
+            token: string;
+            /** @description Always `Bearer`. */
+            token_type: string;
+            user_id: string;
+        };
         /** @description What erasing a conversation deleted. */
         ErasedConversation: {
             conversation_id: string;
@@ -308,7 +379,7 @@ export interface components {
          *     OpenAPI document's `ProblemKind`, from which the TypeScript client's type is generated.
          * @enum {string}
          */
-        ProblemKind: "body_too_large" | "headers_too_large" | "conversation_erased" | "idempotency_key_reused" | "invalid_authorization" | "invalid_body" | "invalid_idempotency_key" | "invalid_query" | "invalid_task_id" | "malformed_json" | "malformed_request" | "method_not_allowed" | "not_found" | "outside_workspace_policy" | "quota_exceeded" | "rate_limited" | "record_too_large" | "task_finished" | "unauthorized" | "unavailable" | "unsupported_media_type" | "uri_too_long";
+        ProblemKind: "body_too_large" | "headers_too_large" | "conversation_erased" | "idempotency_key_reused" | "forbidden" | "invalid_authorization" | "invalid_body" | "invalid_idempotency_key" | "invalid_query" | "invalid_task_id" | "malformed_json" | "malformed_request" | "method_not_allowed" | "not_found" | "outside_workspace_policy" | "quota_exceeded" | "rate_limited" | "record_too_large" | "task_finished" | "unauthorized" | "unavailable" | "unsupported_media_type" | "uri_too_long";
         /** @description A workspace's quota now. */
         QuotaView: {
             /**
@@ -489,8 +560,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No API key, or an unknown or revoked one */
+            /** @description No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token) */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description An end user's token: a conversation is erased with the workspace's key (`forbidden`) */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -594,7 +674,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No API key, or an unknown or revoked one */
+            /** @description No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -603,7 +683,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No such conversation in the caller's workspace (one is made by its first message sent through `POST /v1/replies`) */
+            /** @description No such conversation in the caller's workspace, or, for an end user's token, none of its user's (one is made by its first message sent through `POST /v1/replies`) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -661,6 +741,235 @@ export interface operations {
             };
         };
     };
+    createEndUserToken: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateToken"];
+            };
+        };
+        responses: {
+            /** @description The token: hand it to the user's browser, never the API key */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EndUserToken"];
+                };
+            };
+            /** @description The body is not JSON (`malformed_json`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description An end user's token: only the workspace's key makes tokens (`forbidden`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A request target over 65534 bytes (`uri_too_long`) */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The body is not sent as JSON (`unsupported_media_type`) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A bad `user_id`, or `ttl_seconds` outside 1 to `api.end_user_token_max_ttl_seconds` (`invalid_body`; `fields` names it) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            429: {
+                headers: {
+                    /** @description Seconds until the key may ask again */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The database cannot be reached */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+        };
+    };
+    revokeEndUserTokens: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The product's id of its user. */
+                user_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every token of the user issued before this is refused from now on (`401`) */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description An end user's token (`forbidden`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description An empty `user_id` (no such route, `not_found`) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A request target over 65534 bytes (`uri_too_long`) */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A bad `user_id` (`invalid_body`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            429: {
+                headers: {
+                    /** @description Seconds until the key may ask again */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The database cannot be reached; revoking again is safe */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+        };
+    };
     getQuota: {
         parameters: {
             query?: never;
@@ -688,8 +997,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No API key, or an unknown or revoked one */
+            /** @description No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token) */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description An end user's token: the quota is read with the workspace's key (`forbidden`) */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -784,8 +1102,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No API key, or an unknown or revoked one */
+            /** @description No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token) */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description An end user's token, in a conversation that is not its user's (another user's, or one begun with the workspace's key); nothing was written */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -899,7 +1226,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No API key, or an unknown or revoked one */
+            /** @description No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -908,7 +1235,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No such task in the caller's workspace */
+            /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -996,7 +1323,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No API key, or an unknown or revoked one */
+            /** @description No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -1005,7 +1332,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No such task in the caller's workspace */
+            /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1105,7 +1432,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No API key, or an unknown or revoked one */
+            /** @description No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -1114,7 +1441,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No such task in the caller's workspace */
+            /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1209,7 +1536,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No API key, or an unknown or revoked one */
+            /** @description No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -1218,7 +1545,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description No such task in the caller's workspace */
+            /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
                     [name: string]: unknown;

@@ -136,6 +136,40 @@ test("the replies the user kept go with the message; none kept, the field is lef
   assert.deepEqual(JSON.parse(h.requests[1]!.body ?? ""), { conversation_id: "conv-1", message: "and then?" });
 });
 
+test("a 401 asks refreshToken once for a new token and sends the same press again with it", async () => {
+  let refreshes = 0;
+  const h = harness(steps(() => problem(401, "unauthorized"), () => accepted()), {
+    apiKey: "old-token",
+    refreshToken: async () => `new-token-${++refreshes}`,
+  });
+  const answer = await h.client.send("conv-1", "hello");
+  assert.equal(answer.task_id, TASK);
+  assert.equal(refreshes, 1);
+  assert.deepEqual(
+    h.requests.map((r) => r.headers.get("authorization")),
+    ["Bearer old-token", "Bearer new-token-1"],
+  );
+  assert.equal(new Set(h.keys()).size, 1, "one press, one key");
+  assert.deepEqual(h.waits, [], "no backoff before the renewed request");
+  // The new token is kept for what follows.
+  await h.client.regenerate(TASK).catch(() => {});
+  assert.equal(h.requests[2]?.headers.get("authorization"), "Bearer new-token-1");
+});
+
+test("a second 401 after a refresh is final, and without refreshToken the first is", async () => {
+  let refreshes = 0;
+  const h = harness(steps(() => problem(401, "unauthorized"), () => problem(401, "unauthorized")), {
+    apiKey: "old-token",
+    refreshToken: async () => `new-token-${++refreshes}`,
+  });
+  await assert.rejects(h.client.send("conv-1", "hello"), (error: unknown) => error instanceof ProblemError && error.status === 401);
+  assert.equal(refreshes, 1);
+  assert.equal(h.requests.length, 2);
+  const plain = harness(steps(() => problem(401, "unauthorized")));
+  await assert.rejects(plain.client.send("conv-1", "hello"), ProblemError);
+  assert.equal(plain.requests.length, 1);
+});
+
 test("two sends, the second after the first settled, carry different keys", async () => {
   const h = harness(steps(() => accepted(), () => accepted()));
   await h.client.send("conv-1", "hello");

@@ -1,0 +1,31 @@
+-- End users: the product's users, who call the API from their browsers with short-lived
+-- tokens instead of the workspace's key (`replyd_core::end_user`).
+--
+-- Each workspace signs its users' tokens with its own secret, made when its first token is
+-- asked for; it is needed in the clear to sign, and it leaves the database only to sign and
+-- verify. A user's `generation` is written into each token; a revocation moves it on, and
+-- every token issued before no longer verifies.
+
+create table end_user_token_secrets (
+    workspace_id text        primary key references workspaces,
+    -- base64url of 32 random bytes.
+    secret       text        not null,
+    created_at   timestamptz not null default clock_timestamp()
+);
+
+create table end_users (
+    workspace_id text        not null references workspaces,
+    user_id      text        not null,
+    generation   bigint      not null default 0 check (generation >= 0),
+    revoked_at   timestamptz,
+    primary key (workspace_id, user_id)
+);
+
+-- The end user a conversation belongs to: the user whose token wrote its first message. A
+-- conversation begun with the workspace's key belongs to no end user, and no token sees it.
+alter table conversations add column end_user_id text;
+
+-- An end user's conversation is claimed (its row made, with no message yet, number 0) in the
+-- transaction of its first message, before the message's insert numbers it 1.
+alter table conversations drop constraint conversations_last_seq_check;
+alter table conversations add constraint conversations_last_seq_check check (last_seq >= 0);

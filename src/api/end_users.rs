@@ -1,0 +1,163 @@
+//! End users' tokens: `POST /v1/end-user-tokens` (the product's backend, with the workspace's
+//! key, asks for a short-lived token for one of its users, which the user's browser holds
+//! instead of the key) and `POST /v1/end-users/{user_id}/revoke` (every token of the user stops
+//! working). Both take the workspace's key only: a token cannot make or revoke tokens.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::auth::Workspace;
+use super::problem::{Problem, ProblemDetails};
+use super::state::ApiState;
+use replyd_core::end_user;
+
+/// Seconds a token lives when the request names none.
+pub const DEFAULT_TTL_SECONDS: u32 = 15 * 60;
+
+/// The body of `POST /v1/end-user-tokens`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateToken {
+    /// The product's id of its user (not blank, at most 256 bytes, no control characters).
+    /// The token sees this user's conversations only: those whose first message it sent.
+    #[schema(min_length = 1, max_length = 256)]
+    pub user_id: String,
+    /// How long the token lives: at most `api.end_user_token_max_ttl_seconds`; 900 when absent.
+    #[schema(minimum = 1)]
+    pub ttl_seconds: Option<u32>,
+}
+
+/// A token for one end user.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EndUserToken {
+    /// Send as `Authorization: Bearer <token>`. It may create replies in the user's
+    /// conversations, read them, list them, follow their events and stop them; nothing else.
+    pub token: String,
+    /// Always `Bearer`.
+    pub token_type: String,
+    pub user_id: String,
+    /// When it stops working; ask for a new one before.
+    pub expires_at: DateTime<Utc>,
+    /// Seconds from now until `expires_at`.
+    pub expires_in: u32,
+}
+
+/// Ask for a short-lived token for one end user.
+#[utoipa::path(
+    post,
+    operation_id = "createEndUserToken",
+    path = "/v1/end-user-tokens",
+    tag = "end users",
+    request_body(content = CreateToken, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The token: hand it to the user's browser, never the API key", body = EndUserToken),
+        (status = 400, description = "The body is not JSON (`malformed_json`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "No API key, or an unknown or revoked one (`unauthorized`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 403, description = "An end user's token: only the workspace's key makes tokens (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not sent as JSON (`unsupported_media_type`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "A bad `user_id`, or `ttl_seconds` outside 1 to `api.end_user_token_max_ttl_seconds` (`invalid_body`; `fields` names it)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn create_token(
+    State(state): State<ApiState>,
+    Workspace(workspace): Workspace,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let made = async {
+        let asked: CreateToken = super::replies::parse_json(&state, &headers, body).await?;
+        end_user::check_user_id(&asked.user_id)
+            .map_err(|detail| Problem::invalid_body(detail).with_fields(vec!["user_id"]))?;
+        let max = state.settings.end_user_token_max_ttl_seconds;
+        let ttl = asked.ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS.min(max));
+        if !(1..=max).contains(&ttl) {
+            return Err(Problem::invalid_body(format!(
+                "`ttl_seconds` is {ttl}; it must be between 1 and {max} (api.end_user_token_max_ttl_seconds)"
+            ))
+            .with_fields(vec!["ttl_seconds"]));
+        }
+        let signing = state
+            .store
+            .token_signing(&workspace, &asked.user_id)
+            .await
+            .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?
+            .ok_or_else(|| Problem::not_found(format!("no workspace {workspace}")))?;
+        let now = Utc::now();
+        let token = end_user::mint(
+            &signing.key(),
+            &workspace,
+            &asked.user_id,
+            signing.generation,
+            now.timestamp(),
+            i64::from(ttl),
+        );
+        crate::telemetry::end_user_token();
+        Ok::<_, Problem>(EndUserToken {
+            token,
+            token_type: "Bearer".into(),
+            user_id: asked.user_id,
+            expires_at: now + chrono::TimeDelta::seconds(i64::from(ttl)),
+            expires_in: ttl,
+        })
+    };
+    match made.await {
+        Ok(token) => (StatusCode::CREATED, Json(token)).into_response(),
+        Err(problem) => problem.into_response(),
+    }
+}
+
+/// The end user whose tokens to revoke.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // documents the path; the handler reads it as a string
+pub(super) struct UserIdPath {
+    /// The product's id of its user.
+    user_id: String,
+}
+
+/// Revoke every token of an end user issued so far (the user signed out everywhere, or was
+/// removed). Their open event streams end; tokens asked for afterwards work.
+#[utoipa::path(
+    post,
+    operation_id = "revokeEndUserTokens",
+    path = "/v1/end-users/{user_id}/revoke",
+    tag = "end users",
+    params(UserIdPath),
+    responses(
+        (status = 204, description = "Every token of the user issued before this is refused from now on (`401`)"),
+        (status = 404, description = "An empty `user_id` (no such route, `not_found`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "No API key, or an unknown or revoked one (`unauthorized`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 403, description = "An end user's token (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "A bad `user_id` (`invalid_body`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot be reached; revoking again is safe", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn revoke(
+    State(state): State<ApiState>,
+    Workspace(workspace): Workspace,
+    Path(user_id): Path<String>,
+) -> Response {
+    let revoked = async {
+        end_user::check_user_id(&user_id)
+            .map_err(|detail| Problem::invalid_body(detail).with_fields(vec!["user_id"]))?;
+        state
+            .store
+            .revoke_end_user(&workspace, &user_id)
+            .await
+            .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?;
+        Ok::<_, Problem>(())
+    };
+    match revoked.await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(problem) => problem.into_response(),
+    }
+}

@@ -1,0 +1,260 @@
+//! End users' tokens over HTTP: the product's backend (the workspace's key) asks for a token
+//! per user; a token sees and acts on its own user's conversations only (another's, or one
+//! begun with the key, is a 404, as another workspace's is), cannot make tokens or call the
+//! key's other routes (403), is refused once expired or revoked (401, saying which), and a
+//! request it cannot make writes nothing.
+
+use std::time::Duration;
+
+use replyd::api::replies::Accepted;
+use replyd::api::settings::ApiSettings;
+use replyd_core::quota::QuotaSettings;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::api::{self, Api};
+use crate::helpers::wait_until;
+
+async fn start() -> Api {
+    Api::start(
+        ApiSettings::default(),
+        api::limits(10_000),
+        QuotaSettings::default().policy(),
+    )
+    .await
+}
+
+/// `POST /v1/end-user-tokens` with `credential`; the response.
+async fn ask_token(api: &Api, credential: &str, body: Value) -> reqwest::Response {
+    api.client
+        .post(format!("{}/v1/end-user-tokens", api.base))
+        .bearer_auth(credential)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A token for `user`, which must be made.
+async fn token_for(api: &Api, user: &str) -> String {
+    let response = ask_token(api, &api.key, json!({"user_id": user})).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let made: Value = response.json().await.unwrap();
+    assert_eq!(
+        (&made["token_type"], &made["user_id"]),
+        (&json!("Bearer"), &json!(user))
+    );
+    assert_eq!(made["expires_in"], 900);
+    made["token"].as_str().unwrap().to_owned()
+}
+
+async fn call(api: &Api, method: Method, path: &str, credential: &str) -> reqwest::Response {
+    api.client
+        .request(method, format!("{}{path}", api.base))
+        .bearer_auth(credential)
+        .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn post_message(api: &Api, credential: &str, conversation: &str) -> reqwest::Response {
+    api.client
+        .post(format!("{}/v1/replies", api.base))
+        .bearer_auth(credential)
+        .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+        .json(&json!({"conversation_id": conversation, "message": "What changed?"}))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A problem's status and `type`'s last segment, and its detail.
+async fn problem(response: reqwest::Response) -> (u16, String, String) {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap();
+    let kind = body["type"].as_str().unwrap().rsplit('/').next().unwrap();
+    (
+        status,
+        kind.to_owned(),
+        body["detail"].as_str().unwrap().to_owned(),
+    )
+}
+
+async fn counts(api: &Api) -> (i64, i64) {
+    let row = api
+        .db
+        .raw_client()
+        .await
+        .query_one(
+            "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM reply_tasks)",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_sees_only_its_users_conversations_and_nothing_of_the_keys_routes() {
+    let api = start().await;
+    let (a, b) = (
+        token_for(&api, "user-a").await,
+        token_for(&api, "user-b").await,
+    );
+
+    // A's conversation, begun with A's token.
+    let response = post_message(&api, &a, "conv-a").await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let task: Accepted = response.json().await.unwrap();
+    let id = task.task_id;
+    let own = [
+        (Method::GET, format!("/v1/replies/{id}")),
+        (Method::GET, "/v1/conversations/conv-a/messages".to_owned()),
+    ];
+    for (method, path) in &own {
+        assert_eq!(
+            call(&api, method.clone(), path, &a).await.status(),
+            200,
+            "{path}"
+        );
+        // The product's backend, with the key, sees it too.
+        assert_eq!(
+            call(&api, method.clone(), path, &api.key).await.status(),
+            200,
+            "{path}"
+        );
+    }
+    let events = call(&api, Method::GET, &format!("/v1/replies/{id}/events"), &a).await;
+    assert_eq!(events.status(), 200);
+    drop(events);
+
+    // B: every route of A's task and conversation is a 404, as another workspace's is, and B
+    // cannot write into A's conversation.
+    let before = counts(&api).await;
+    for (method, path) in [
+        (Method::GET, format!("/v1/replies/{id}")),
+        (Method::GET, format!("/v1/replies/{id}/events")),
+        (Method::POST, format!("/v1/replies/{id}/cancel")),
+        (Method::POST, format!("/v1/replies/{id}/regenerate")),
+        (Method::GET, "/v1/conversations/conv-a/messages".to_owned()),
+    ] {
+        let (status, kind, _) = problem(call(&api, method, &path, &b).await).await;
+        assert_eq!((status, kind.as_str()), (404, "not_found"), "{path}");
+    }
+    let (status, kind, _) = problem(post_message(&api, &b, "conv-a").await).await;
+    assert_eq!((status, kind.as_str()), (404, "not_found"));
+    // A conversation begun with the key belongs to no end user.
+    assert_eq!(post_message(&api, &api.key, "conv-key").await.status(), 202);
+    let after_key = counts(&api).await;
+    assert_eq!(
+        after_key,
+        (before.0 + 1, before.1 + 1),
+        "only the key's message was written"
+    );
+    let (status, _, _) = problem(post_message(&api, &a, "conv-key").await).await;
+    assert_eq!(status, 404);
+    let listed = call(&api, Method::GET, "/v1/conversations/conv-key/messages", &a).await;
+    assert_eq!(listed.status(), 404);
+    assert_eq!(
+        counts(&api).await,
+        after_key,
+        "refused requests wrote nothing"
+    );
+
+    // A's own task: A may stop it.
+    let stopped = call(&api, Method::POST, &format!("/v1/replies/{id}/cancel"), &a).await;
+    assert_eq!(stopped.status(), 200);
+
+    // A token cannot make tokens, revoke them, read the quota or erase a conversation.
+    for (method, path) in [
+        (Method::POST, "/v1/end-user-tokens"),
+        (Method::POST, "/v1/end-users/user-b/revoke"),
+        (Method::GET, "/v1/quota"),
+        (Method::DELETE, "/v1/conversations/conv-a"),
+    ] {
+        let response = if path == "/v1/end-user-tokens" {
+            ask_token(&api, &a, json!({"user_id": "user-b"})).await
+        } else {
+            call(&api, method, path, &a).await
+        };
+        let (status, kind, _) = problem(response).await;
+        assert_eq!((status, kind.as_str()), (403, "forbidden"), "{path}");
+    }
+    // Still there: the forbidden erase erased nothing.
+    assert_eq!(
+        call(&api, Method::GET, "/v1/conversations/conv-a/messages", &a)
+            .await
+            .status(),
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_is_refused_once_expired_or_revoked_and_bad_requests_for_one_say_why() {
+    let api = start().await;
+    let a = token_for(&api, "user-a").await;
+    assert_eq!(post_message(&api, &a, "conv-a").await.status(), 202);
+    let listing = "/v1/conversations/conv-a/messages";
+
+    // A token of one second: refused once it has run out, saying so.
+    let short: Value = ask_token(
+        &api,
+        &api.key,
+        json!({"user_id": "user-a", "ttl_seconds": 1}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let short = short["token"].as_str().unwrap().to_owned();
+    wait_until(
+        "the short token expired",
+        Duration::from_secs(30),
+        || async { call(&api, Method::GET, listing, &short).await.status() == 401 },
+    )
+    .await;
+    let (status, kind, detail) = problem(call(&api, Method::GET, listing, &short).await).await;
+    assert_eq!((status, kind.as_str()), (401, "unauthorized"));
+    assert!(detail.contains("expired"), "{detail}");
+
+    // Revoked: every token of the user so far is refused; one asked for afterwards works and
+    // still sees the user's conversation.
+    let revoked = call(&api, Method::POST, "/v1/end-users/user-a/revoke", &api.key).await;
+    assert_eq!(revoked.status(), 204);
+    let (status, _, detail) = problem(call(&api, Method::GET, listing, &a).await).await;
+    assert_eq!(status, 401);
+    assert!(detail.contains("revoked"), "{detail}");
+    let again = token_for(&api, "user-a").await;
+    assert_eq!(call(&api, Method::GET, listing, &again).await.status(), 200);
+
+    // Tampered: refused, and not echoed.
+    let tampered = format!("{again}x");
+    let (status, _, detail) = problem(call(&api, Method::GET, listing, &tampered).await).await;
+    assert_eq!(status, 401);
+    assert!(!detail.contains(&again), "{detail}");
+
+    // Bad requests for a token name their field.
+    for (body, field) in [
+        (json!({"user_id": ""}), "user_id"),
+        (json!({"user_id": "x".repeat(257)}), "user_id"),
+        (json!({"user_id": "u", "ttl_seconds": 0}), "ttl_seconds"),
+        (json!({"user_id": "u", "ttl_seconds": 3_601}), "ttl_seconds"),
+    ] {
+        let response = ask_token(&api, &api.key, body.clone()).await;
+        assert_eq!(response.status(), 422, "{body}");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["fields"], json!([field]), "{body}");
+    }
+    let unknown = ask_token(&api, &api.key, json!({"user_id": "u", "scope": "all"})).await;
+    assert_eq!(unknown.status(), 422);
+    // Without a key, no token.
+    let anonymous = api
+        .client
+        .post(format!("{}/v1/end-user-tokens", api.base))
+        .json(&json!({"user_id": "u"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+}
