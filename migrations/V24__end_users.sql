@@ -29,3 +29,15 @@ alter table conversations add column end_user_id text;
 -- transaction of its first message, before the message's insert numbers it 1.
 alter table conversations drop constraint conversations_last_seq_check;
 alter table conversations add constraint conversations_last_seq_check check (last_seq >= 0);
+
+-- A share of the workspace's quota no one end user may pass (percent of each limit, none when
+-- null): a user's generations admitted in the current window and not released, and their
+-- tokens (charged, or the ceiling while reserved), counted from the reservations, which now
+-- name their end user. Admissions of one user are serialized by an advisory lock taken before
+-- the admission statement, whose snapshot then holds the user's every earlier reservation.
+alter table quota_counters
+    add column end_user_share_percent smallint
+        check (end_user_share_percent between 1 and 100);
+alter table quota_reservations add column end_user_id text;
+create index quota_reservations_of_end_user
+    on quota_reservations (workspace_id, end_user_id, created_at) where end_user_id is not null;

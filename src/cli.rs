@@ -224,6 +224,10 @@ pub enum QuotaCommand {
         /// current one when absent (1d for a new workspace).
         #[arg(long)]
         period: Option<String>,
+        /// The share of each limit no one end user may pass in a window, in percent (1 to
+        /// 100), or `none`: what their tokens had admitted and not released counts.
+        #[arg(long)]
+        end_user_share: Option<String>,
     },
     /// Show a workspace's quota: limit, used, reserved, when it resets, and the policy.
     #[command(after_help = "Exit codes: 0 shown; 4 no such workspace.")]

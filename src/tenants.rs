@@ -171,6 +171,19 @@ fn parse_count(text: &str, flag: &str, what: &str) -> Result<Option<i64>, String
     }
 }
 
+/// Parses `--end-user-share`: a percent from 1 to 100, or `none`.
+fn parse_share(text: &str) -> Result<Option<i16>, String> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    match text.trim_end_matches('%').parse::<i16>() {
+        Ok(n) if (1..=100).contains(&n) => Ok(Some(n)),
+        _ => Err(format!(
+            "--end-user-share {text:?} is not a percent from 1 to 100 or `none`"
+        )),
+    }
+}
+
 /// Parses `--limit`: a count of generations, or `none`.
 fn parse_limit(text: &str) -> Result<Option<i64>, String> {
     parse_count(text, "--limit", "generations")
@@ -184,11 +197,21 @@ pub async fn quota(settings: &Settings, command: &QuotaCommand) -> anyhow::Resul
             limit,
             tokens,
             period,
+            end_user_share,
         } => {
-            if limit.is_none() && tokens.is_none() && period.is_none() {
-                eprintln!("replyd: nothing to set: give --limit, --tokens or --period");
+            if limit.is_none() && tokens.is_none() && period.is_none() && end_user_share.is_none() {
+                eprintln!(
+                    "replyd: nothing to set: give --limit, --tokens, --period or --end-user-share"
+                );
                 return Ok(ExitCode::from(BAD_NAME));
             }
+            let share = match end_user_share.as_deref().map(parse_share).transpose() {
+                Ok(share) => share,
+                Err(e) => {
+                    eprintln!("replyd: {e}");
+                    return Ok(ExitCode::from(BAD_NAME));
+                }
+            };
             let parsed = (|| {
                 let limit = limit.as_deref().map(parse_limit).transpose()?;
                 let tokens = tokens
@@ -227,6 +250,14 @@ pub async fn quota(settings: &Settings, command: &QuotaCommand) -> anyhow::Resul
                         .set_token_limit(workspace, tokens)
                         .await
                         .context("setting the token quota")?,
+                    None => true,
+                };
+            let set = set
+                && match share {
+                    Some(share) => store
+                        .set_end_user_share(workspace, share)
+                        .await
+                        .context("setting the end users' share")?,
                     None => true,
                 };
             if !set {

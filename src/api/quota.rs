@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 use super::auth::Workspace;
 use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::state::ApiState;
-use crate::store::quota::{QuotaRefusal, QuotaState};
+use crate::store::quota::{EndUserShare, QuotaRefusal, QuotaState};
 use replyd_core::quota::{
     Limited, QuotaPolicy, RetryAdvice, SettleEstimate, Usage, advise_retry, format_period,
 };
@@ -52,6 +52,10 @@ pub struct QuotaView {
     pub tokens: TokenQuotaView,
     /// What this workspace's requests may ask for.
     pub workspace_policy: WorkspacePolicyView,
+    /// The share of each limit (generations and tokens) no one end user may pass in a window,
+    /// in percent; absent: none. Counted over what was admitted for the user's tokens in the
+    /// window and not released.
+    pub end_user_share_percent: Option<i16>,
 }
 
 /// A workspace's quota in tokens. A reservation holds its request's ceiling (its prompt's
@@ -121,6 +125,7 @@ pub fn view(quota: &QuotaState, policy: QuotaPolicy, workspace: &WorkspacePolicy
             allowed_models: workspace.allowed_models.clone(),
             max_output_tokens: workspace.max_output_tokens,
         },
+        end_user_share_percent: quota.end_user_share_percent,
     }
 }
 
@@ -176,6 +181,36 @@ pub fn over_quota(refusal: &QuotaRefusal, policy: QuotaPolicy) -> Response {
         Some(seconds) => problem.with_retry_after(seconds),
         None => problem,
     }
+    .into_response()
+}
+
+/// The `429` of a request over its end user's share of the workspace's quota: the share
+/// frees only as the window ends (a reservation released sooner frees it sooner, but no
+/// estimate of that is offered), so `Retry-After` is the window's end.
+pub fn over_end_user_share(share: &EndUserShare, ceiling: i64) -> Response {
+    crate::telemetry::quota_refused();
+    let seconds = super::problem::retry_after_seconds(
+        (share.resets_at - share.now).to_std().unwrap_or_default(),
+    );
+    let shown = |limit: Option<i64>, unit: &str| {
+        limit.map_or_else(|| format!("no limit of {unit}"), |l| format!("{l} {unit}"))
+    };
+    let detail = format!(
+        "this end user's share of the workspace's quota ({} % of each limit: {} and {} per window) is taken: {} generations and {} tokens admitted in this window, and this request may cost up to {ceiling} tokens; the window ends at {} (in {seconds} s)",
+        share.percent,
+        shown(share.generation_limit, "generations"),
+        shown(share.token_limit, "tokens"),
+        share.generations,
+        share.tokens,
+        share.resets_at.to_rfc3339(),
+    );
+    Problem::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        ProblemKind::QuotaExceeded,
+        "Quota exceeded",
+        detail,
+    )
+    .with_retry_after(seconds)
     .into_response()
 }
 

@@ -71,6 +71,13 @@ pub enum Submitted {
     BadKeptReplies(KeptError),
     /// An end user's request in a conversation that is not theirs; nothing written.
     NotTheirs,
+    /// New work over the end user's share of the workspace's quota (the workspace may have
+    /// room); nothing written.
+    OverEndUserShare {
+        share: super::quota::EndUserShare,
+        /// The request's token ceiling.
+        ceiling: i64,
+    },
 }
 
 /// The provider request a submission asks for: the context as a system message, the
@@ -281,6 +288,10 @@ impl Store {
                 if s.verdict.is_err() {
                     return Ok(None);
                 }
+                if let Some(user) = &s.end_user {
+                    tx.execute(super::quota::END_USER_LOCK, &[&s.workspace_id, user])
+                        .await?;
+                }
                 tx.query_opt(
                     &admit,
                     &[
@@ -292,6 +303,7 @@ impl Store {
                         &ttl_s,
                         &s.quota.charge_failed,
                         &ceiling,
+                        &s.end_user,
                     ],
                 )
                 .await
@@ -318,6 +330,14 @@ impl Store {
             // answered below whatever the quota says now.
             tx.rollback().await?;
             drop(client);
+            if let Some(user) = &s.end_user
+                && let Some(share) = self
+                    .end_user_share(&s.workspace_id, user, s.quota.pending_reserves)
+                    .await?
+                && !share.admits(ceiling)
+            {
+                return Ok(Some(Submitted::OverEndUserShare { share, ceiling }));
+            }
             let quota = self
                 .quota_refusal(&s.workspace_id, ceiling)
                 .await?

@@ -27,7 +27,10 @@ use replyd_core::quota::{
 /// has no key: it is admitted as operation `retry`, keyed by the failed task's id, when the
 /// task is the retry of that one. No row returned: refused or a replay, nothing changed.
 /// `$1` workspace, `$2` task, `$3` operation, `$4` key, `$6` TTL in seconds, `$7` whether a
-/// failure is charged, `$8` the request's token ceiling.
+/// failure is charged, `$8` the request's token ceiling, `$9` the end user (or null): with the
+/// workspace's `end_user_share_percent`, the user's own admitted-and-not-released
+/// generations and tokens in the window must leave room too (their lock taken before, see
+/// [`END_USER_LOCK`]).
 pub(crate) const ADMIT: &str = "WITH now AS (SELECT clock_timestamp() AS at), \
      admitted AS ( \
        UPDATE quota_counters q \
@@ -50,11 +53,52 @@ pub(crate) const ADMIT: &str = "WITH now AS (SELECT clock_timestamp() AS at), \
               CASE WHEN replyd_quota_window(q.window_start, q.period_seconds, now.at) = q.window_start \
                    THEN q.tokens_used ELSE 0 END + CASE WHEN $5 THEN q.tokens_reserved ELSE 0 END + $8 \
               <= q.token_limit) \
+          AND ($9::text IS NULL OR q.end_user_share_percent IS NULL OR ( \
+              SELECT (q.generation_limit IS NULL \
+                      OR count(*) < q.generation_limit * q.end_user_share_percent / 100) \
+                 AND (q.token_limit IS NULL \
+                      OR coalesce(sum(coalesce(r.tokens_charged, r.token_ceiling)), 0) + $8 \
+                         <= q.token_limit * q.end_user_share_percent / 100) \
+                FROM quota_reservations r \
+               WHERE r.workspace_id = $1 AND r.end_user_id = $9 \
+                 AND r.created_at >= replyd_quota_window(q.window_start, q.period_seconds, now.at) \
+                 AND (r.state = 'charged' OR ($5 AND r.state = 'reserved')))) \
        RETURNING q.workspace_id, now.at) \
      INSERT INTO quota_reservations (task_id, workspace_id, operation, idempotency_key, expires_at, \
-       charge_on_failure, token_ceiling) \
-     SELECT $2, workspace_id, $3, $4, at + make_interval(secs => $6), $7, $8 FROM admitted \
+       charge_on_failure, token_ceiling, end_user_id) \
+     SELECT $2, workspace_id, $3, $4, at + make_interval(secs => $6), $7, $8, $9 FROM admitted \
      RETURNING task_id";
+
+/// Taken in an end user's intake transaction just before [`ADMIT`]: the admission's snapshot,
+/// taken after it, then holds every earlier reservation of the user, so two of their requests
+/// at once cannot both take the share's last unit. (The counter row's lock alone would not do:
+/// a statement that waited for it re-checks the row, not its subquery over the reservations.)
+pub(crate) const END_USER_LOCK: &str =
+    "SELECT pg_advisory_xact_lock(hashtextextended('replyd.end_user/' || $1 || '/' || $2, 0))";
+
+/// What an end user has of the workspace's quota in the current window, when a share is set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndUserShare {
+    pub percent: i16,
+    /// The user's limits: the share of each workspace limit (none where it has none).
+    pub generation_limit: Option<i64>,
+    pub token_limit: Option<i64>,
+    /// Admitted in the window and not released: charged, or reserved while open
+    /// reservations count.
+    pub generations: i64,
+    pub tokens: i64,
+    pub resets_at: DateTime<Utc>,
+    /// The database's clock when this was read.
+    pub now: DateTime<Utc>,
+}
+
+impl EndUserShare {
+    /// Whether a request of `ceiling` tokens fits.
+    pub fn admits(&self, ceiling: i64) -> bool {
+        self.generation_limit.is_none_or(|l| self.generations < l)
+            && self.token_limit.is_none_or(|l| self.tokens + ceiling <= l)
+    }
+}
 
 /// A workspace's quota as `GET /v1/quota` and `replyd quota show` report it.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +107,8 @@ pub struct QuotaState {
     /// The same counter in tokens (`limit`: the workspace's token limit).
     pub tokens: Usage,
     pub period_seconds: i64,
+    /// The share of each limit no one end user may pass, in percent; none when absent.
+    pub end_user_share_percent: Option<i16>,
     /// The current window (the one that holds now).
     pub window_start: DateTime<Utc>,
     pub resets_at: DateTime<Utc>,
@@ -146,7 +192,7 @@ pub const SETTLE_HISTORY: i64 = 50;
 const READ_QUOTA: &str = "SELECT q.generation_limit, q.period_seconds, \
      CASE WHEN w.start = q.window_start THEN q.used ELSE 0 END AS used, q.reserved, \
      q.token_limit, CASE WHEN w.start = q.window_start THEN q.tokens_used ELSE 0 END AS tokens_used, \
-     q.tokens_reserved, \
+     q.tokens_reserved, q.end_user_share_percent, \
      w.start AS window_start, \
      w.start + make_interval(secs => q.period_seconds) AS resets_at, \
      o.first_expiry, o.oldest_open_since, \
@@ -259,6 +305,65 @@ impl Store {
         Ok(updated == 1)
     }
 
+    /// Sets (or, `None`, removes) the share of each of the workspace's limits no one end user
+    /// may pass; whether the workspace exists.
+    pub async fn set_end_user_share(
+        &self,
+        workspace_id: &str,
+        percent: Option<i16>,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let updated = client
+            .execute(
+                "UPDATE quota_counters SET end_user_share_percent = $2, \
+                 updated_at = clock_timestamp() WHERE workspace_id = $1",
+                &[&workspace_id, &percent],
+            )
+            .await?;
+        Ok(updated == 1)
+    }
+
+    /// What `user` has of the workspace's quota in the current window, counted as [`ADMIT`]
+    /// counts it; `None` when the workspace sets no share.
+    pub async fn end_user_share(
+        &self,
+        workspace_id: &str,
+        user: &str,
+        pending_reserves: bool,
+    ) -> Result<Option<EndUserShare>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "WITH now AS (SELECT clock_timestamp() AS at), \
+                 q AS (SELECT q.*, now.at, replyd_quota_window(q.window_start, q.period_seconds, now.at) AS win \
+                       FROM quota_counters q, now WHERE q.workspace_id = $1 \
+                       AND q.end_user_share_percent IS NOT NULL) \
+                 SELECT q.end_user_share_percent, \
+                        q.generation_limit * q.end_user_share_percent / 100, \
+                        q.token_limit * q.end_user_share_percent / 100, \
+                        (SELECT count(*) FROM quota_reservations r WHERE r.workspace_id = $1 \
+                           AND r.end_user_id = $2 AND r.created_at >= q.win \
+                           AND (r.state = 'charged' OR ($3 AND r.state = 'reserved'))), \
+                        (SELECT coalesce(sum(coalesce(r.tokens_charged, r.token_ceiling)), 0)::bigint \
+                           FROM quota_reservations r WHERE r.workspace_id = $1 \
+                           AND r.end_user_id = $2 AND r.created_at >= q.win \
+                           AND (r.state = 'charged' OR ($3 AND r.state = 'reserved'))), \
+                        q.win + make_interval(secs => q.period_seconds), q.at \
+                 FROM q",
+                &[&workspace_id, &user, &pending_reserves],
+            )
+            .await?;
+        Ok(row.map(|row| EndUserShare {
+            percent: row.get(0),
+            generation_limit: row.get(1),
+            token_limit: row.get(2),
+            generations: row.get(3),
+            tokens: row.get(4),
+            resets_at: row.get(5),
+            now: row.get(6),
+        }))
+    }
+
     /// The workspace's quota now (a window that has ended reads as the new, empty one).
     pub async fn quota(&self, workspace_id: &str) -> Result<Option<QuotaState>, StoreError> {
         Ok(self
@@ -310,6 +415,7 @@ impl Store {
                     reserved: row.get("tokens_reserved"),
                 },
                 period_seconds: row.get("period_seconds"),
+                end_user_share_percent: row.get("end_user_share_percent"),
                 window_start: row.get("window_start"),
                 resets_at: row.get("resets_at"),
                 first_expiry: row.get("first_expiry"),

@@ -166,6 +166,8 @@ impl Store {
                         &quota.reservation_ttl.as_secs_f64(),
                         &quota.charge_failed,
                         &ceiling,
+                        // An operator's retry is the workspace's, not an end user's.
+                        &None::<String>,
                     ],
                 )
                 .await?;

@@ -258,3 +258,94 @@ async fn a_token_is_refused_once_expired_or_revoked_and_bad_requests_for_one_say
         .unwrap();
     assert_eq!(anonymous.status(), 401);
 }
+
+/// The end users' share of the quota: no one user passes it, whatever the others do, also
+/// with many of their requests at once; the workspace's key is held only to the workspace's
+/// limit, and a refused request writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_end_user_passes_their_share_of_the_quota_even_racing() {
+    let api = start().await;
+    assert!(
+        api.db
+            .store
+            .set_quota("acme", Some(12), 86_400)
+            .await
+            .unwrap()
+    );
+    // 25 % of 12 generations: 3 per user per window.
+    assert!(
+        api.db
+            .store
+            .set_end_user_share("acme", Some(25))
+            .await
+            .unwrap()
+    );
+    let (a, b, c) = (
+        token_for(&api, "user-a").await,
+        token_for(&api, "user-b").await,
+        token_for(&api, "user-c").await,
+    );
+    for n in 0..3 {
+        let accepted = post_message(&api, &a, &format!("a-{n}")).await;
+        assert_eq!(accepted.status(), 202);
+    }
+    let before = counts(&api).await;
+    let refused = post_message(&api, &a, "a-3").await;
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    let (_, kind, detail) = problem(refused).await;
+    assert_eq!(kind, "quota_exceeded");
+    assert!(
+        detail.contains("this end user's share")
+            && detail.contains("25 %")
+            && detail.contains("3 generations"),
+        "{detail}"
+    );
+    assert_eq!(
+        counts(&api).await,
+        before,
+        "the refused request wrote nothing"
+    );
+
+    // Another user has their own share; twenty of one user's first requests at once admit
+    // exactly three.
+    assert_eq!(post_message(&api, &b, "b-0").await.status(), 202);
+    let conversations: Vec<String> = (0..20).map(|n| format!("c-{n}")).collect();
+    let racing = futures_util::future::join_all(
+        conversations
+            .iter()
+            .map(|conversation| post_message(&api, &c, conversation)),
+    )
+    .await;
+    let statuses: Vec<u16> = racing.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 202).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        17,
+        "{statuses:?}"
+    );
+
+    // The key is held to the workspace's limit only: 7 of 12 are taken, 5 remain.
+    for n in 0..5 {
+        assert_eq!(
+            post_message(&api, &api.key, &format!("k-{n}"))
+                .await
+                .status(),
+            202
+        );
+    }
+    assert_eq!(post_message(&api, &api.key, "k-5").await.status(), 429);
+    let quota: Value = call(&api, Method::GET, "/v1/quota", &api.key)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (&quota["end_user_share_percent"], &quota["remaining"]),
+        (&json!(25), &json!(0))
+    );
+}
