@@ -53,7 +53,8 @@ pub enum Command {
     /// Send dead-lettered records back to the task topic once what refused them is fixed.
     #[command(subcommand)]
     DeadLetters(DeadLettersCommand),
-    /// Erase one conversation's data, or a whole workspace's: its tasks (an unfinished one
+    /// Erase one conversation's data, one end user's (every conversation they began), or a
+    /// whole workspace's: its tasks (an unfinished one
     /// ends now, its reservation charged if the provider may have done the work), attempts,
     /// replies, messages, reservations, idempotency records and outbox rows; for a workspace
     /// also its API keys, quota counter and row. The erased tasks' ids and the scope are
@@ -67,11 +68,14 @@ pub enum Command {
         #[arg(long)]
         workspace: String,
         /// Only this conversation of it.
-        #[arg(long, required_unless_present = "whole_workspace")]
+        #[arg(long, required_unless_present_any = ["whole_workspace", "end_user"])]
         conversation: Option<String>,
         /// Erase the whole workspace (instead of --conversation).
-        #[arg(long, conflicts_with = "conversation")]
+        #[arg(long, conflicts_with_all = ["conversation", "end_user"])]
         whole_workspace: bool,
+        /// Only the conversations this end user began (their tokens are revoked first).
+        #[arg(long, conflicts_with = "conversation")]
+        end_user: Option<String>,
         /// Count what would be erased; write nothing.
         #[arg(long)]
         dry_run: bool,
@@ -254,6 +258,16 @@ pub enum WorkspaceCommand {
         models: Option<String>,
         #[arg(long)]
         max_output_tokens: Option<String>,
+    },
+    /// Set how long a workspace's finished tasks are kept (their replies, attempts, messages,
+    /// reservations and idempotency records): `--tasks 30d` (d, h, m or s), or `none` for the
+    /// deployment's `retention.tasks_ms`. Deleted by the relay's retention rounds, never while
+    /// a task's idempotency record or open reservation still needs it.
+    #[command(after_help = "Exit codes: 0 set; 2 a bad value; 4 no such workspace.")]
+    Retention {
+        workspace: String,
+        #[arg(long)]
+        tasks: String,
     },
 }
 

@@ -1,6 +1,6 @@
-//! `replyd erase`: one workspace's or one conversation's data deleted, for good (see
-//! [`crate::store::forgetting`] for what goes and what is remembered). The operator's command:
-//! the scope, a dry run that counts, and a report of what went.
+//! `replyd erase`: one workspace's, one conversation's or one end user's data deleted, for
+//! good (see [`crate::store::forgetting`] for what goes and what is remembered). The
+//! operator's command: the scope, a dry run that counts, and a report of what went.
 
 use anyhow::Context as _;
 use serde::Serialize;
@@ -100,4 +100,86 @@ pub async fn erase(store: &Store, scope: &ErasureScope) -> Result<Erased, StoreE
     let erased = store.erase(scope).await?;
     crate::telemetry::tasks_forgotten("erasure", erased.forgotten.tasks);
     Ok(erased)
+}
+
+/// Most rounds of an end user's erasure: each erases the conversations the user has, and a
+/// request authenticated just before their tokens were revoked may still begin one.
+const END_USER_ROUNDS: usize = 5;
+
+/// What erasing an end user did: their conversations, each erased as `DELETE
+/// /v1/conversations/{id}` erases one, and all that went with them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ErasedEndUser {
+    pub conversations: u64,
+    #[serde(flatten)]
+    pub erased: Erased,
+}
+
+/// Erases every conversation `user` of `workspace` began, after revoking their tokens (so no
+/// new one begins meanwhile; the user's id stays, with its token generation, so that the
+/// tokens issued before stay refused). Other users' data and the workspace's own
+/// conversations are not touched. Running it again finishes an interrupted run.
+pub async fn erase_end_user(
+    store: &Store,
+    workspace: &str,
+    user: &str,
+) -> Result<ErasedEndUser, StoreError> {
+    store.revoke_end_user(workspace, user).await?;
+    let mut done = ErasedEndUser::default();
+    for _ in 0..END_USER_ROUNDS {
+        let conversations = store.end_user_conversations(workspace, user).await?;
+        if conversations.is_empty() {
+            break;
+        }
+        for conversation in conversations {
+            let scope = ErasureScope {
+                workspace_id: workspace.to_owned(),
+                conversation_id: Some(conversation),
+            };
+            done.erased.add(erase(store, &scope).await?);
+            done.conversations += 1;
+        }
+    }
+    Ok(done)
+}
+
+/// `replyd erase --end-user`: erases (or, with `dry_run`, counts) an end user's data.
+pub async fn run_end_user(
+    settings: &Settings,
+    workspace: &str,
+    user: &str,
+    dry_run: bool,
+) -> anyhow::Result<ErasureReport> {
+    let store = Store::connect(&settings.database).context("database settings")?;
+    let described = format!("end user {user:?} of workspace {workspace}");
+    if dry_run {
+        let mut plan = ErasurePlan::default();
+        for conversation in store
+            .end_user_conversations(workspace, user)
+            .await
+            .with_context(|| format!("reading the conversations of {described}"))?
+        {
+            let scope = ErasureScope {
+                workspace_id: workspace.to_owned(),
+                conversation_id: Some(conversation),
+            };
+            plan.add(
+                store
+                    .erasure_plan(&scope)
+                    .await
+                    .with_context(|| format!("counting what erasing {described} deletes"))?,
+            );
+        }
+        return Ok(ErasureReport::Counted {
+            scope: described,
+            plan,
+        });
+    }
+    let done = erase_end_user(&store, workspace, user)
+        .await
+        .with_context(|| format!("erasing {described} (run it again to finish)"))?;
+    Ok(ErasureReport::Erased {
+        scope: format!("{described} ({} conversations)", done.conversations),
+        erased: done.erased,
+    })
 }

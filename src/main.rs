@@ -131,14 +131,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             workspace,
             conversation,
             whole_workspace: _,
+            end_user,
             dry_run,
             json,
         } => {
-            let scope = replyd::store::forgetting::ErasureScope {
-                workspace_id: workspace,
-                conversation_id: conversation,
+            let report = match end_user {
+                Some(user) => {
+                    replyd::erasure::run_end_user(&settings()?, &workspace, &user, dry_run).await?
+                }
+                None => {
+                    let scope = replyd::store::forgetting::ErasureScope {
+                        workspace_id: workspace,
+                        conversation_id: conversation,
+                    };
+                    replyd::erasure::run(&settings()?, &scope, dry_run).await?
+                }
             };
-            let report = replyd::erasure::run(&settings()?, &scope, dry_run).await?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {

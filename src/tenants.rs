@@ -28,6 +28,9 @@ pub async fn workspace(
             models,
             max_output_tokens,
         } => return workspace_policy(settings, workspace, models, max_output_tokens).await,
+        WorkspaceCommand::Retention { workspace, tasks } => {
+            return workspace_retention(settings, workspace, tasks).await;
+        }
     };
     if !valid_workspace_id(name) {
         eprintln!(
@@ -43,6 +46,44 @@ pub async fn workspace(
     {
         WorkspaceCreated::Created => println!("workspace {name} created"),
         WorkspaceCreated::Exists => println!("workspace {name} exists already; nothing changed"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn workspace_retention(
+    settings: &Settings,
+    workspace: &str,
+    tasks: &str,
+) -> anyhow::Result<ExitCode> {
+    let seconds = if tasks.eq_ignore_ascii_case("none") {
+        None
+    } else {
+        match replyd_core::quota::parse_period(tasks) {
+            // parse_period bounds it to ten years, far inside i64.
+            Ok(seconds) => Some(i64::try_from(seconds).unwrap_or(i64::MAX)),
+            Err(e) => {
+                eprintln!("replyd: --tasks: {e}");
+                return Ok(ExitCode::from(BAD_NAME));
+            }
+        }
+    };
+    let store = Store::connect(&settings.database)?;
+    if !store
+        .set_task_retention(workspace, seconds)
+        .await
+        .context("setting the retention")?
+    {
+        eprintln!("replyd: no workspace {workspace:?}");
+        return Ok(ExitCode::from(NOT_FOUND));
+    }
+    match seconds {
+        Some(seconds) => println!(
+            "workspace {workspace} keeps its finished tasks for {}",
+            replyd_core::quota::format_period(seconds.max(1) as u64)
+        ),
+        None => {
+            println!("workspace {workspace} keeps its finished tasks as retention.tasks_ms says")
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -161,3 +161,62 @@ pub async fn revoke(
         Err(problem) => problem.into_response(),
     }
 }
+
+/// What erasing an end user deleted.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErasedEndUser {
+    pub user_id: String,
+    /// The conversations the user began, each erased as `DELETE
+    /// /v1/conversations/{conversation_id}` erases one.
+    pub conversations: u64,
+    /// Their tasks (with their replies and attempts).
+    pub tasks: u64,
+    /// Their messages.
+    pub messages: u64,
+    /// Tasks that had not finished: they ended now.
+    pub ended: u64,
+}
+
+/// Erase an end user's data: every conversation they began, with its messages, tasks,
+/// replies, attempts and idempotency records; their tokens are revoked first. Other users'
+/// conversations and the workspace's own are not touched; quota charges stay.
+#[utoipa::path(
+    delete,
+    operation_id = "eraseEndUser",
+    path = "/v1/end-users/{user_id}",
+    tag = "end users",
+    params(UserIdPath),
+    responses(
+        (status = 200, description = "Erased (again: nothing more to delete, all counts 0). The user's tokens issued so far are refused; a new token may be asked for and begins afresh", body = ErasedEndUser),
+        (status = 403, description = "An end user's token (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "An empty `user_id` (no such route, `not_found`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "A bad `user_id` (`invalid_body`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot be reached; erasing again finishes the work", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn erase(
+    State(state): State<ApiState>,
+    Workspace(workspace): Workspace,
+    Path(user_id): Path<String>,
+) -> Response {
+    let erased = async {
+        end_user::check_user_id(&user_id)
+            .map_err(|detail| Problem::invalid_body(detail).with_fields(vec!["user_id"]))?;
+        let done = crate::erasure::erase_end_user(&state.store, &workspace, &user_id)
+            .await
+            .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?;
+        let forgotten = done.erased.forgotten;
+        Ok::<_, Problem>(ErasedEndUser {
+            user_id: user_id.clone(),
+            conversations: done.conversations,
+            tasks: forgotten.tasks,
+            messages: forgotten.messages + done.erased.other_messages,
+            ended: forgotten.charged + forgotten.released,
+        })
+    };
+    match erased.await {
+        Ok(view) => Json(view).into_response(),
+        Err(problem) => problem.into_response(),
+    }
+}

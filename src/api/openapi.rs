@@ -31,12 +31,14 @@ use super::{conversations, end_users, events, quota};
         conversations::list,
         conversations::erase,
         end_users::create_token,
-        end_users::revoke
+        end_users::revoke,
+        end_users::erase
     ),
     components(schemas(
         CreateReply,
         end_users::CreateToken,
         end_users::EndUserToken,
+        end_users::ErasedEndUser,
         Accepted,
         ReplyView,
         replies::UsageView,

@@ -13,7 +13,7 @@ use super::state::ApiState;
 use super::{conversations, demo, end_users, events, openapi, quota, replies};
 
 /// The API's routes, each documented in [`super::openapi`] (a test holds the two together).
-pub const ROUTES: [&str; 10] = [
+pub const ROUTES: [&str; 11] = [
     "/v1/replies",
     "/v1/replies/{task_id}",
     "/v1/replies/{task_id}/events",
@@ -24,6 +24,7 @@ pub const ROUTES: [&str; 10] = [
     "/v1/conversations/{conversation_id}",
     "/v1/end-user-tokens",
     "/v1/end-users/{user_id}/revoke",
+    "/v1/end-users/{user_id}",
 ];
 
 pub fn router(state: ApiState) -> Router {
@@ -38,6 +39,7 @@ pub fn router(state: ApiState) -> Router {
         conversation,
         tokens,
         revoke,
+        end_user,
     ] = ROUTES;
     let pages = if state.settings.demo_page {
         demo::router()
@@ -55,6 +57,7 @@ pub fn router(state: ApiState) -> Router {
         .route(conversation, delete(conversations::erase))
         .route(tokens, post(end_users::create_token))
         .route(revoke, post(end_users::revoke))
+        .route(end_user, delete(end_users::erase))
         .route(
             "/openapi.json",
             get(|| async {

@@ -101,21 +101,21 @@ impl Housekeeping {
     /// Forgets finished tasks past their age, a bounded number of batches, and lets go of
     /// forgotten ids past theirs.
     async fn retain(&self) {
-        if let Some(age) = self.retention.tasks() {
-            for _ in 0..RETENTION_BATCHES {
-                let batch = self.store.forget_finished(age, FORGET_BATCH).await;
-                self.heartbeat.beat();
-                match batch {
-                    Ok(forgotten) => {
-                        telemetry::tasks_forgotten("retention", forgotten.tasks);
-                        if forgotten.tasks < FORGET_BATCH as u64 {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        telemetry::store_error("forget_finished", &e);
+        // Every round, also without a deployment-wide retention: a workspace may set its own.
+        let age = self.retention.tasks();
+        for _ in 0..RETENTION_BATCHES {
+            let batch = self.store.forget_finished(age, FORGET_BATCH).await;
+            self.heartbeat.beat();
+            match batch {
+                Ok(forgotten) => {
+                    telemetry::tasks_forgotten("retention", forgotten.tasks);
+                    if forgotten.tasks < FORGET_BATCH as u64 {
                         break;
                     }
+                }
+                Err(e) => {
+                    telemetry::store_error("forget_finished", &e);
+                    break;
                 }
             }
         }

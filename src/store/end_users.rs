@@ -110,4 +110,21 @@ impl Store {
             .await?;
         Ok(row.map(|row| row.get(0)))
     }
+
+    /// The conversations `user` began, by id.
+    pub async fn end_user_conversations(
+        &self,
+        workspace: &str,
+        user: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT conversation_id FROM conversations \
+                 WHERE workspace_id = $1 AND end_user_id = $2 ORDER BY conversation_id",
+                &[&workspace, &user],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
 }

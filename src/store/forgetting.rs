@@ -96,6 +96,16 @@ pub struct Erased {
     pub workspace: bool,
 }
 
+impl Erased {
+    /// Both erasures' counts together (an end user's conversations, erased one by one).
+    pub fn add(&mut self, other: Erased) {
+        self.forgotten.add(other.forgotten);
+        self.other_messages += other.other_messages;
+        self.api_keys += other.api_keys;
+        self.workspace |= other.workspace;
+    }
+}
+
 /// What an erasure would delete, counted without deleting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ErasurePlan {
@@ -103,6 +113,16 @@ pub struct ErasurePlan {
     pub open_tasks: i64,
     pub messages: i64,
     pub api_keys: i64,
+}
+
+impl ErasurePlan {
+    /// Both plans' counts together.
+    pub fn add(&mut self, other: ErasurePlan) {
+        self.tasks += other.tasks;
+        self.open_tasks += other.open_tasks;
+        self.messages += other.messages;
+        self.api_keys += other.api_keys;
+    }
 }
 
 fn counts(row: &tokio_postgres::Row) -> Forgotten {
@@ -138,24 +158,32 @@ impl Store {
         Ok(counts(&row))
     }
 
-    /// One round of retention: forgets up to `limit` tasks finished more than `age` ago,
-    /// oldest first. A task whose idempotency record is still remembered (a client's retry
-    /// must still find it), whose reservation is still open (unresolved work), or whose
-    /// reservation was settled in its workspace's current quota window (a period change
-    /// recounts the window from the reservations) waits.
+    /// One round of retention: forgets up to `limit` tasks finished longer ago than their
+    /// workspace's retention (`workspaces.task_retention_seconds`, V25), else `age` (none:
+    /// kept unless their workspace says otherwise), oldest first. A task whose idempotency
+    /// record is still remembered (a client's retry must still find it), whose reservation is
+    /// still open (unresolved work), or whose reservation was settled in its workspace's
+    /// current quota window (a period change recounts the window from the reservations) waits.
     pub async fn forget_finished(
         &self,
-        age: Duration,
+        age: Option<Duration>,
         limit: i64,
     ) -> Result<Forgotten, StoreError> {
         // The selection and the deletion in one statement (one round trip); an empty
-        // selection forgets nothing.
+        // selection forgets nothing. The shortest retention of any workspace bounds the scan
+        // of the finished tasks' index; each task is then held to its own workspace's.
         let client = self.client().await?;
+        let secs = age.map(|a| a.as_secs_f64());
         let row = client
             .query_one(
-                "SELECT * FROM replyd_forget(ARRAY(SELECT t.task_id FROM reply_tasks t \
+                "WITH shortest AS (SELECT least($1::float8, \
+                     (SELECT min(task_retention_seconds)::float8 FROM workspaces)) AS secs) \
+                 SELECT * FROM replyd_forget(ARRAY(SELECT t.task_id FROM reply_tasks t \
+                   LEFT JOIN workspaces w ON w.workspace_id = t.workspace_id, shortest \
                    WHERE t.status IN ('completed', 'failed', 'cancelled') \
-                     AND t.finished_at < clock_timestamp() - make_interval(secs => $1) \
+                     AND t.finished_at < clock_timestamp() - make_interval(secs => shortest.secs) \
+                     AND t.finished_at < clock_timestamp() \
+                         - make_interval(secs => coalesce(w.task_retention_seconds::float8, $1)) \
                      AND NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.task_id = t.task_id \
                                       AND k.expires_at > clock_timestamp()) \
                      AND NOT EXISTS (SELECT 1 FROM quota_reservations r \
@@ -163,10 +191,27 @@ impl Store {
                                      WHERE r.task_id = t.task_id \
                                        AND (r.state = 'reserved' OR r.settled_at >= q.window_start)) \
                    ORDER BY t.finished_at LIMIT $2), 'retention')",
-                &[&age.as_secs_f64(), &limit],
+                &[&secs, &limit],
             )
             .await?;
         Ok(counts(&row))
+    }
+
+    /// Sets (or, `None`, removes) the workspace's own retention of its finished tasks; whether
+    /// the workspace exists.
+    pub async fn set_task_retention(
+        &self,
+        workspace_id: &str,
+        seconds: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let updated = client
+            .execute(
+                "UPDATE workspaces SET task_retention_seconds = $2 WHERE workspace_id = $1",
+                &[&workspace_id, &seconds],
+            )
+            .await?;
+        Ok(updated == 1)
     }
 
     /// Deletes up to `limit` remembered ids (and erased scopes) older than `age`: by then no

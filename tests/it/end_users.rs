@@ -349,3 +349,178 @@ async fn no_end_user_passes_their_share_of_the_quota_even_racing() {
         (&json!(25), &json!(0))
     );
 }
+
+/// Plays a worker that completes `task` through the fenced path.
+async fn complete(api: &Api, task: replyd_core::domain::TaskId) {
+    let replyd_core::lease::ClaimOutcome::Claimed(lease) = api
+        .db
+        .store
+        .claim(task, "w-test", Duration::from_secs(30))
+        .await
+        .unwrap()
+    else {
+        panic!("the task can be claimed");
+    };
+    api.db
+        .store
+        .complete(&lease, "the answer", None)
+        .await
+        .unwrap();
+}
+
+/// Rows of each table that holds a conversation's data, for the conversations named.
+async fn rows_of(api: &Api, conversations: &[&str]) -> Vec<i64> {
+    let conversations: Vec<String> = conversations.iter().map(|c| (*c).to_owned()).collect();
+    let client = api.db.raw_client().await;
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM messages WHERE conversation_id = ANY($1)), \
+                    (SELECT count(*) FROM reply_tasks WHERE conversation_id = ANY($1)), \
+                    (SELECT count(*) FROM reply_attempts a JOIN reply_tasks t USING (task_id) \
+                      WHERE t.conversation_id = ANY($1)), \
+                    (SELECT count(*) FROM conversations WHERE conversation_id = ANY($1))",
+            &[&conversations],
+        )
+        .await
+        .unwrap();
+    (0..4).map(|i| row.get(i)).collect()
+}
+
+/// Erasing an end user: their conversations go (one finished, one still pending, which ends),
+/// their tokens stop working, and nothing of another user's or of the key's is touched;
+/// erasing again deletes nothing; a token cannot erase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erasing_an_end_user_deletes_their_conversations_only_and_ends_their_tokens() {
+    let api = start().await;
+    let (a, b) = (
+        token_for(&api, "user-a").await,
+        token_for(&api, "user-b").await,
+    );
+    let finished: Accepted = post_message(&api, &a, "a-1").await.json().await.unwrap();
+    complete(&api, finished.task_id).await;
+    assert_eq!(post_message(&api, &a, "a-2").await.status(), 202);
+    assert_eq!(post_message(&api, &b, "b-1").await.status(), 202);
+    assert_eq!(post_message(&api, &api.key, "k-1").await.status(), 202);
+    let others = rows_of(&api, &["b-1", "k-1"]).await;
+    assert_eq!(rows_of(&api, &["a-1", "a-2"]).await, [2, 2, 1, 2]);
+
+    let forbidden = call(&api, Method::DELETE, "/v1/end-users/user-a", &b).await;
+    assert_eq!(forbidden.status(), 403);
+    let erased: Value = call(&api, Method::DELETE, "/v1/end-users/user-a", &api.key)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        erased,
+        json!({"user_id": "user-a", "conversations": 2, "tasks": 2, "messages": 2, "ended": 1})
+    );
+    assert_eq!(rows_of(&api, &["a-1", "a-2"]).await, [0, 0, 0, 0]);
+    assert_eq!(
+        rows_of(&api, &["b-1", "k-1"]).await,
+        others,
+        "nothing else touched"
+    );
+    let (status, _, detail) =
+        problem(call(&api, Method::GET, "/v1/conversations/b-1/messages", &a).await).await;
+    assert_eq!(status, 401);
+    assert!(detail.contains("revoked"), "{detail}");
+    assert_eq!(
+        call(&api, Method::GET, "/v1/conversations/b-1/messages", &b)
+            .await
+            .status(),
+        200
+    );
+    // A new token for the user begins afresh: their old conversations are gone.
+    let again = token_for(&api, "user-a").await;
+    assert_eq!(
+        call(&api, Method::GET, "/v1/conversations/a-1/messages", &again)
+            .await
+            .status(),
+        404
+    );
+    let twice: Value = call(&api, Method::DELETE, "/v1/end-users/user-a", &api.key)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (&twice["conversations"], &twice["tasks"]),
+        (&json!(0), &json!(0))
+    );
+}
+
+/// A workspace's own retention: its finished tasks past it are forgotten while another
+/// workspace's, as old, are kept by the deployment's (here none); removing it keeps them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspaces_own_retention_forgets_its_old_tasks_and_no_one_elses() {
+    let api = start().await;
+    let globex = api::workspace_with_key(&api.db.store, "globex").await.token;
+    let ours: Accepted = post_message(&api, &api.key, "old-1")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let theirs: Accepted = post_message(&api, &globex, "old-2")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let tasks = vec![ours.task_id.as_uuid(), theirs.task_id.as_uuid()];
+    for task in [ours.task_id, theirs.task_id] {
+        complete(&api, task).await;
+    }
+    // Both finished ten days ago, their idempotency records expired, charged in a past window.
+    let client = api.db.raw_client().await;
+    client
+        .batch_execute(&format!(
+            "UPDATE reply_tasks SET finished_at = finished_at - interval '10 days' \
+               WHERE task_id IN ('{0}', '{1}'); \
+             UPDATE idempotency_keys SET expires_at = clock_timestamp() - interval '1 second' \
+               WHERE task_id IN ('{0}', '{1}'); \
+             UPDATE quota_reservations SET created_at = created_at - interval '10 days', \
+               settled_at = settled_at - interval '10 days' WHERE task_id IN ('{0}', '{1}')",
+            tasks[0], tasks[1]
+        ))
+        .await
+        .unwrap();
+    let store = &api.db.store;
+    assert_eq!(
+        store.forget_finished(None, 100).await.unwrap().tasks,
+        0,
+        "no retention anywhere"
+    );
+    assert!(
+        store
+            .set_task_retention("acme", Some(7 * 86_400))
+            .await
+            .unwrap()
+    );
+    assert!(!store.set_task_retention("nobody", Some(1)).await.unwrap());
+    // A deployment's retention longer than theirs keeps globex's.
+    let thirty_days = Some(Duration::from_secs(30 * 86_400));
+    let forgotten = store.forget_finished(thirty_days, 100).await.unwrap();
+    assert_eq!(forgotten.tasks, 1);
+    let left: Vec<uuid::Uuid> = client
+        .query(
+            "SELECT task_id FROM reply_tasks WHERE task_id = ANY($1)",
+            &[&tasks],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, [tasks[1]]);
+    assert!(
+        store
+            .set_task_retention("globex", Some(20 * 86_400))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.forget_finished(None, 100).await.unwrap().tasks,
+        0,
+        "ten days < twenty"
+    );
+}

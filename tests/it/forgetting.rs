@@ -323,7 +323,7 @@ async fn retention_forgets_old_finished_tasks_only_and_their_records_sent_again_
     let again = app
         .db
         .store
-        .forget_finished(Duration::from_secs(30 * 86_400), 100)
+        .forget_finished(Some(Duration::from_secs(30 * 86_400)), 100)
         .await
         .unwrap();
     assert_eq!(again.tasks, 0, "nothing is left to forget");

@@ -584,8 +584,8 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_document()
     assert!(check.tasks > 0, "schemathesis made tasks");
     assert_eq!(
         check.tasks,
-        check.completed + check.failed,
-        "every task it made was settled: {check:#?}"
+        check.completed + check.failed + check.cancelled,
+        "every task it made ended (some it stopped): {check:#?}"
     );
 }
 

@@ -6,4 +6,4 @@ export type { Press, PressStore } from "./presses.js";
 export { DEFAULT_RETRY, backoffMs, fitsBudget, retryAfterMs, verdict, waitMs } from "./retry.js";
 export type { RetryPolicy, Verdict } from "./retry.js";
 export { TERMINAL, isTerminal } from "./types.js";
-export type { Accepted, CreateReply, CreateToken, EndUserToken, ErasedConversation, MessagePage, MessageView, ProblemDetails, ProblemKind, QuotaView, ReplyStatus, ReplyView, } from "./types.js";
+export type { Accepted, CreateReply, CreateToken, EndUserToken, ErasedConversation, ErasedEndUser, MessagePage, MessageView, ProblemDetails, ProblemKind, QuotaView, ReplyStatus, ReplyView, } from "./types.js";

@@ -6,6 +6,7 @@ export type CreateToken = Schemas["CreateToken"];
 /** What the product's backend gets for one end user (`POST /v1/end-user-tokens`). */
 export type EndUserToken = Schemas["EndUserToken"];
 export type ErasedConversation = Schemas["ErasedConversation"];
+export type ErasedEndUser = Schemas["ErasedEndUser"];
 export type MessagePage = Schemas["MessagePage"];
 export type MessageView = Schemas["MessageView"];
 export type ProblemDetails = Schemas["ProblemDetails"];

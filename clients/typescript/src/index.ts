@@ -14,6 +14,7 @@ export type {
   CreateToken,
   EndUserToken,
   ErasedConversation,
+  ErasedEndUser,
   MessagePage,
   MessageView,
   ProblemDetails,

@@ -55,6 +55,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/end-users/{user_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Erase an end user's data: every conversation they began, with its messages, tasks,
+         *     replies, attempts and idempotency records; their tokens are revoked first. Other users'
+         *     conversations and the workspace's own are not touched; quota charges stay.
+         */
+        delete: operations["eraseEndUser"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/end-users/{user_id}/revoke": {
         parameters: {
             query?: never;
@@ -311,6 +332,31 @@ export interface components {
              * @description Tasks deleted (0 when it was erased before).
              */
             tasks: number;
+        };
+        /** @description What erasing an end user deleted. */
+        ErasedEndUser: {
+            /**
+             * Format: int64
+             * @description The conversations the user began, each erased as `DELETE
+             *     /v1/conversations/{conversation_id}` erases one.
+             */
+            conversations: number;
+            /**
+             * Format: int64
+             * @description Tasks that had not finished: they ended now.
+             */
+            ended: number;
+            /**
+             * Format: int64
+             * @description Their messages.
+             */
+            messages: number;
+            /**
+             * Format: int64
+             * @description Their tasks (with their replies and attempts).
+             */
+            tasks: number;
+            user_id: string;
         };
         /** @description One page of a conversation's messages. */
         MessagePage: {
@@ -854,6 +900,121 @@ export interface operations {
                 };
             };
             /** @description The database cannot be reached */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+        };
+    };
+    eraseEndUser: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The product's id of its user. */
+                user_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Erased (again: nothing more to delete, all counts 0). The user's tokens issued so far are refused; a new token may be asked for and begins afresh */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErasedEndUser"];
+                };
+            };
+            /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description No API key or end user's token, or an unknown or revoked key, or a token that is expired, revoked or not signed by the workspace (`unauthorized`; `detail` says which for a token) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description An end user's token (`forbidden`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description An empty `user_id` (no such route, `not_found`) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A declared `Content-Length` over `api.max_body_bytes` (`body_too_large`), refused before the body is read (no `100 Continue`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A request target over 65534 bytes (`uri_too_long`) */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description A bad `user_id` (`invalid_body`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
+            429: {
+                headers: {
+                    /** @description Seconds until the key may ask again */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description More header fields than `api.max_headers`, or headers over `api.max_header_bytes` (`headers_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProblemDetails"];
+                };
+            };
+            /** @description The database cannot be reached; erasing again finishes the work */
             503: {
                 headers: {
                     [name: string]: unknown;
