@@ -8,8 +8,9 @@
 # malformed records go straight to the topic, as a broken producer would send them. At the
 # end every process is stopped through its drain path and one summary line is printed: what
 # the browsers did and saw (`replyd-lab browsers`) and what the durable state says (`replyd check`).
-# The API also serves the demo page (api.demo_page): DEMO_PAGE_S=300 keeps the chain up five
-# minutes after the simulated browsers, for a person to press Send at the URL it prints.
+# A product's own server (`replyd-lab product`) serves the demo page on its origin, signing a
+# person in with a short-lived end-user token (the workspace's key stays on it): DEMO_PAGE_S=300
+# keeps the chain up five minutes after the simulated browsers, to press Send at the URL it prints.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,6 +36,15 @@ topic="demo-$run_id"
 db_url=$(schema_url "demo_$run_id")
 start_mock "$dir/mock" --latency-ms 200 --latency-jitter-ms 50
 
+# The product's own server (`replyd-lab product`) serves the demo page on its origin and alone
+# holds the workspace's key; the page calls the API on another origin, which must allow it. A
+# port nothing answers on, for that origin.
+product_port=18480
+while (exec 3<>"/dev/tcp/127.0.0.1/$product_port") 2>/dev/null; do
+  product_port=$((product_port + 1))
+done
+product="http://127.0.0.1:$product_port"
+
 # One settings file per process (only the worker id differs): the same configuration runs
 # every part. One key presses for every simulated browser here: the per-key limit is not what
 # this runs.
@@ -43,7 +53,8 @@ for name in api w1 w2; do
     kafka.session_timeout_ms=10000 worker.partition_window=32 worker.global_window=128 \
     worker.lease_ms=15000 worker.renew_interval_ms=5000 worker.drain_timeout_ms=5000 \
     worker.commit_interval_ms=500 provider.request_timeout_ms=30000 \
-    api.rate_limit_per_second=0 api.demo_page=true relay.poll_interval_ms=500
+    api.rate_limit_per_second=0 "api.cors_allowed_origins=[\"$product\"]" \
+    relay.poll_interval_ms=500
 done
 start_front_half "$dir/api.toml" demo "$dir"
 for w in w1 w2; do
@@ -53,8 +64,11 @@ done
 # Press Send only once every worker holds partitions, so the demo shows two workers sharing
 # the work, not one doing all of it while the other is still joining.
 wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log" || { tail -n 5 "$dir"/*.log >&2; exit 1; }
+REPLYD_API_KEY=$key "$lab" product --api "http://$api" --listen "127.0.0.1:$product_port" \
+  2>"$dir/product.log" &
+pids+=($!)
 echo "demo: API on $api, relay and two workers running; $presses browsers pressing Send" >&2
-echo "demo: the demo page is http://$api/demo#key=$key (DEMO_PAGE_S=N keeps the chain up N s after the browsers)" >&2
+echo "demo: the demo page is $product/demo: sign in with any name (DEMO_PAGE_S=N keeps the chain up N s after the browsers)" >&2
 
 "$lab" produce --config "$dir/api.toml" --count 0 --malformed "$malformed" >/dev/null
 
@@ -74,7 +88,7 @@ done
 wait "$browsers" || { echo "demo: the browsers did not finish; see $dir/browsers.log" >&2; exit 1; }
 elapsed=$(awk -v s="$start" -v now="$(date +%s.%N)" 'BEGIN { printf "%.1f", now - s }')
 if [ "$page_s" -gt 0 ]; then
-  echo "demo: the chain stays up $page_s s for the page: http://$api/demo#key=$key" >&2
+  echo "demo: the chain stays up $page_s s for the page: $product/demo" >&2
   sleep "$page_s"
 fi
 

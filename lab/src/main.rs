@@ -11,6 +11,7 @@ use replyd::config::Settings;
 use replyd_lab::browsers::BrowsersArgs;
 use replyd_lab::mock_provider::MockProviderArgs;
 use replyd_lab::produce::ProduceArgs;
+use replyd_lab::product::ProductArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -42,6 +43,9 @@ enum Command {
     /// Simulated browsers pressing Send against a live API (retries with the same key, lost
     /// answers, double clicks, Regenerate, SSE follow); prints a JSON report.
     Browsers(BrowsersArgs),
+    /// A product's own server: the demo page on its own origin, signing its users in with
+    /// short-lived end-user tokens while it alone holds the workspace's key.
+    Product(ProductArgs),
 }
 
 #[tokio::main]
@@ -71,6 +75,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await
                 .context("producing")?;
             println!("{}", serde_json::to_string(&report)?);
+        }
+        Command::Product(args) => {
+            let shutdown = replyd::serve::shutdown_on_signal();
+            replyd_lab::product::run(args, async move { shutdown.cancelled().await })
+                .await
+                .context("product")?;
         }
         Command::Browsers(args) => {
             let report = replyd_lab::browsers::run(&args).await.context("browsers")?;

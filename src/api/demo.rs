@@ -58,8 +58,8 @@ const ASSETS: [Asset; 11] = [
     asset!("/demo/client/types.js", JS, "dist/types.js"),
 ];
 
-/// The policy of every demo answer; the import map is the one inline script, allowed by hash.
-static CONTENT_SECURITY_POLICY: LazyLock<HeaderValue> = LazyLock::new(|| {
+/// The page's one inline script (its import map), allowed by its hash.
+static IMPORT_MAP_HASH: LazyLock<String> = LazyLock::new(|| {
     let page = ASSETS[0].text;
     let open = r#"<script type="importmap">"#;
     let start = page.find(open).expect("the page has an import map") + open.len();
@@ -67,25 +67,32 @@ static CONTENT_SECURITY_POLICY: LazyLock<HeaderValue> = LazyLock::new(|| {
         + page[start..]
             .find("</script>")
             .expect("the import map ends");
-    let hash = base64::engine::general_purpose::STANDARD.encode(Sha256::digest(&page[start..end]));
-    let policy = format!(
-        "default-src 'none'; script-src 'self' 'sha256-{hash}'; style-src 'self'; connect-src 'self'; \
-         base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-    );
-    HeaderValue::from_str(&policy).expect("a policy of ASCII")
+    base64::engine::general_purpose::STANDARD.encode(Sha256::digest(&page[start..end]))
 });
 
-fn serve(asset: &'static Asset) -> Response {
+/// The policy of every demo answer: this origin's scripts and styles, and connections to this
+/// origin and, when the page calls an API on another (`api`), to that one.
+fn content_security_policy(api: Option<&str>) -> HeaderValue {
+    let connect = match api {
+        Some(api) => format!("'self' {api}"),
+        None => "'self'".to_owned(),
+    };
+    let policy = format!(
+        "default-src 'none'; script-src 'self' 'sha256-{}'; style-src 'self'; connect-src {connect}; \
+         base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        *IMPORT_MAP_HASH
+    );
+    HeaderValue::from_str(&policy).expect("a policy of ASCII")
+}
+
+fn serve(asset: &'static Asset, policy: HeaderValue) -> Response {
     let mut response = asset.text.into_response();
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(asset.content_type),
     );
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        CONTENT_SECURITY_POLICY.clone(),
-    );
+    headers.insert(header::CONTENT_SECURITY_POLICY, policy);
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
@@ -99,11 +106,23 @@ fn serve(asset: &'static Asset) -> Response {
     response
 }
 
-/// The page's routes (`/demo` and `/demo/` both give the page).
+/// The page's routes (`/demo` and `/demo/` both give the page), on the API's own origin.
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    let mut router = Router::new().route("/demo/", get(|| async { serve(&ASSETS[0]) }));
+    pages(None)
+}
+
+/// The page's routes as a product's own server serves them, on another origin than the API at
+/// `api` (an origin such as `http://127.0.0.1:8080`), which the page may then call.
+pub fn pages<S: Clone + Send + Sync + 'static>(api: Option<&str>) -> Router<S> {
+    let policy = content_security_policy(api);
+    let page = policy.clone();
+    let mut router = Router::new().route(
+        "/demo/",
+        get(move || async move { serve(&ASSETS[0], page) }),
+    );
     for asset in &ASSETS {
-        router = router.route(asset.path, get(move || async move { serve(asset) }));
+        let policy = policy.clone();
+        router = router.route(asset.path, get(move || async move { serve(asset, policy) }));
     }
     router
 }
@@ -143,8 +162,20 @@ mod tests {
 
     #[test]
     fn the_policy_allows_the_import_map_by_its_hash_only() {
-        let policy = CONTENT_SECURITY_POLICY.to_str().unwrap();
+        let own = content_security_policy(None);
+        let policy = own.to_str().unwrap();
         assert!(policy.contains("script-src 'self' 'sha256-"), "{policy}");
         assert!(!policy.contains("unsafe-inline"), "{policy}");
+        assert!(policy.contains("connect-src 'self';"), "{policy}");
+    }
+
+    #[test]
+    fn a_products_page_may_connect_to_its_api_and_nothing_else() {
+        let other = content_security_policy(Some("http://127.0.0.1:8080"));
+        let policy = other.to_str().unwrap();
+        assert!(
+            policy.contains("connect-src 'self' http://127.0.0.1:8080;"),
+            "{policy}"
+        );
     }
 }

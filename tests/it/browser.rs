@@ -291,3 +291,134 @@ async fn without_the_setting_there_is_no_page() {
     }
     app.terminate("api-demo").await;
 }
+
+/// The demo page as a product serves it: on the product's own origin (`replyd-lab product`,
+/// which alone holds the workspace's key), calling the API on another, signed in as an end
+/// user whose two-second token expires mid-conversation and is refreshed; Stop during a slow
+/// reply; a reload and another tab read the conversation back from the listing; another user
+/// sees none of it (`clients/typescript/browser-test/product.ts`). Here: what the server saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_page_on_a_products_origin_signs_in_with_a_token_refreshes_it_stops_and_restores()
+{
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/clients/typescript/build/browser-test/product.js"
+    );
+    assert!(
+        std::path::Path::new(script).exists(),
+        "{script} is missing: `make client-test` (npm test in clients/typescript) builds it"
+    );
+    let mock = MockSettings {
+        latency_ms: 300,
+        ..MockSettings::default()
+    };
+    let app = TestApp::start(2, mock, WorkerConfig::default()).await;
+    let store = &app.db.store;
+    store.create_workspace("acme").await.unwrap();
+    let key = issue(&mut rand::rng());
+    store.create_api_key("acme", &key).await.unwrap();
+    // The product's origin must be known to the API (CORS) before either starts: a free port,
+    // taken and given back.
+    let product_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let product = format!("http://127.0.0.1:{product_port}");
+    app.route(Routes {
+        env: vec![(
+            "REPLYD_API__CORS_ALLOWED_ORIGINS".into(),
+            format!("[\"{product}\"]"),
+        )],
+        ..Routes::default()
+    });
+    app.spawn_process("serve", "serve");
+    let addr = app.wait_for_api_addr("serve", LIMIT).await;
+    let ttl_s = "2";
+    let mut server = tokio::process::Command::new(crate::helpers::lab_bin())
+        .args(["product", "--api", &format!("http://{addr}")])
+        .args(["--listen", &format!("127.0.0.1:{product_port}")])
+        .args(["--token-ttl-s", ttl_s])
+        .env("REPLYD_API_KEY", &key.token)
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    crate::helpers::wait_until("the product serves its page", LIMIT, || async {
+        reqwest::get(format!("{product}/demo/config.json"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+
+    let run = tokio::process::Command::new("node")
+        .arg(script)
+        .env("REPLYD_PRODUCT_URL", &product)
+        .env("REPLYD_KEY", &key.token)
+        .env("REPLYD_TOKEN_TTL_S", ttl_s)
+        .env(
+            "CHROMIUM",
+            crate::helpers::infra_opt("CHROMIUM").unwrap_or("/usr/bin/chromium".into()),
+        )
+        .kill_on_drop(true)
+        .output();
+    let run = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .expect("the browser run ends within 5 minutes")
+        .expect("node runs (installed by `make infra-up`)");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "the product's page failed:\n{}\n{stdout}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let conversation = report["conversation_id"].as_str().unwrap();
+    assert!(report["tokens"].as_u64().unwrap() >= 2, "{report}");
+
+    app.wait_until_committed_to_end(LIMIT).await;
+    let db = app.db.raw_client().await;
+    let saved: Vec<(String, String)> = db
+        .query(
+            "SELECT task_id::text, status FROM reply_tasks WHERE conversation_id = $1 \
+             ORDER BY created_at",
+            &[&conversation],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let shown: Vec<(String, String)> = report["tasks_shown"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(report["statuses"].as_array().unwrap())
+        .map(|(t, s)| (t.as_str().unwrap().into(), s.as_str().unwrap().into()))
+        .collect();
+    assert_eq!(saved, shown, "one task per press, as the page showed them");
+    let owner: Option<String> = db
+        .query_one(
+            "SELECT end_user_id FROM conversations WHERE conversation_id = $1",
+            &[&conversation],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner.as_deref(), Some("alice"));
+    let released: i64 = db
+        .query_one(
+            "SELECT count(*) FROM quota_reservations r JOIN reply_tasks t USING (task_id) \
+             WHERE t.conversation_id = $1 AND r.state = 'released'",
+            &[&conversation],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(released, 1, "the stopped task is not charged");
+
+    server.kill().await.unwrap();
+    app.terminate("serve").await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+}

@@ -1,10 +1,16 @@
-// The demo chat page: Send, Stop, Regenerate, and each reply's state as the server records it. The
-// conversation (which tasks each question has) is kept in sessionStorage, so a reload
-// follows the same tasks again; a press still unanswered at the reload is resumed under its
-// own key by the client. Nothing here guesses a state: every badge is a state the server sent.
+// The demo chat page: Send, Stop, Regenerate, and each reply's state as the server records it.
+// After a reload, or in another tab (`?conversation=<id>`), the conversation is read back from
+// the server's listing; a press still unanswered at the reload is resumed under its own key by
+// the client. Nothing here guesses a state: every badge is a state the server sent.
+//
+// Served by a product's own server (`/demo/config.json` says where replyd is), the page signs
+// in as an end user and holds only that user's short-lived token, asking the product again when
+// it runs out; served by replyd itself, it takes an API key, for a developer's own trials.
 import { ProblemError, ReplydClient } from "@replyd/client";
 const STATE = "replyd.demo.conversation";
 const KEY = "replyd.demo.key";
+const USER = "replyd.demo.user";
+const TOKEN = "replyd.demo.token";
 const STATS = "replyd.demo.stats";
 function load(name, fallback) {
     try {
@@ -42,19 +48,61 @@ if (fragment.get("key")) {
     sessionStorage.setItem(KEY, fragment.get("key"));
     history.replaceState(null, "", location.pathname + location.search);
 }
-const stats = load(STATS, { requests: 0, retries: 0, reports: [] });
+const stats = load(STATS, { requests: 0, retries: 0, reports: [], tokens: 0 });
+stats.tokens = stats.tokens ?? 0;
 let conversation = load(STATE, { id: `demo-${newId()}`, turns: [] });
-const client = new ReplydClient({
-    apiKey: () => sessionStorage.getItem(KEY) ?? "",
-    onRequest: (report) => {
-        stats.requests++;
-        if (report.retry > 0)
-            stats.retries++;
-        stats.reports.push(report);
-        save(STATS, stats);
-    },
-});
+// Another tab opens a conversation by its id.
+const asked = new URLSearchParams(location.search).get("conversation");
+if (asked && asked !== conversation.id)
+    conversation = { id: asked, turns: [] };
+const onRequest = (report) => {
+    stats.requests++;
+    if (report.retry > 0)
+        stats.retries++;
+    stats.reports.push(report);
+    save(STATS, stats);
+};
+/** The product's server, when the page is served by one. */
+async function productConfig() {
+    try {
+        const response = await fetch("/demo/config.json");
+        return response.ok ? (await response.json()) : undefined;
+    }
+    catch {
+        return undefined;
+    }
+}
+const product = await productConfig();
+/** A token for `user` from the product's server (which alone holds the workspace's key). */
+async function signIn(user) {
+    if (product === undefined)
+        throw new Error("no product server to sign in with");
+    const response = await fetch(product.session, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ user_id: user }),
+    });
+    if (!response.ok)
+        throw new Error(`the product refused to sign in ${user} (${response.status})`);
+    const { token } = (await response.json());
+    sessionStorage.setItem(TOKEN, token);
+    stats.tokens++;
+    save(STATS, stats);
+    return token;
+}
+const client = product === undefined
+    ? new ReplydClient({ apiKey: () => sessionStorage.getItem(KEY) ?? "", onRequest })
+    : new ReplydClient({
+        baseUrl: product.api,
+        apiKey: () => sessionStorage.getItem(TOKEN) ?? "",
+        // The token ran out (or was revoked): ask the product for a new one.
+        refreshToken: () => signIn(sessionStorage.getItem(USER) ?? ""),
+        onRequest,
+    });
 window.replydDemo = { stats, conversation: () => conversation };
+function signedIn() {
+    return sessionStorage.getItem(product === undefined ? KEY : TOKEN) !== null;
+}
 const transcript = byId("transcript");
 const notice = byId("notice");
 const compose = byId("compose");
@@ -181,6 +229,15 @@ async function follow(turn, taskId) {
     }
 }
 function accepted(turn, taskId) {
+    const listed = conversation.turns.find((t) => t !== turn && t.tasks.includes(taskId));
+    if (listed !== undefined) {
+        // A press resumed after a reload that had reached the server: its turn is the listed one.
+        conversation.turns = conversation.turns.filter((t) => t !== turn);
+        transcript.querySelector(`li[data-turn-id="${turn.id}"]`)?.remove();
+        saveConversation();
+        void follow(listed, taskId);
+        return;
+    }
     if (!turn.tasks.includes(taskId)) {
         turn.tasks.push(taskId);
         saveConversation();
@@ -220,8 +277,8 @@ async function send() {
     const text = messageBox.value.trim();
     if (sending || text === "")
         return;
-    if (!sessionStorage.getItem(KEY)) {
-        say("Enter an API key first.", { "data-kind": "no_key" });
+    if (!signedIn()) {
+        say(product === undefined ? "Enter an API key first." : "Sign in first.", { "data-kind": "no_key" });
         return;
     }
     sending = true;
@@ -268,23 +325,93 @@ messageBox.addEventListener("keydown", (event) => {
         void send();
     }
 });
-byId("key-form").addEventListener("submit", (event) => {
-    event.preventDefault();
-    sessionStorage.setItem(KEY, keyBox.value.trim());
-    keyBox.value = "";
-    quiet();
-});
-byId("new-conversation").addEventListener("click", () => {
+function newConversation() {
     conversation = { id: `demo-${newId()}`, turns: [] };
     transcript.replaceChildren();
     saveConversation();
-});
-saveConversation();
-for (const turn of conversation.turns) {
-    turnNode(turn);
-    for (const taskId of turn.tasks)
-        void follow(turn, taskId);
 }
+byId("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = keyBox.value.trim();
+    keyBox.value = "";
+    if (product === undefined) {
+        sessionStorage.setItem(KEY, value);
+        quiet();
+        return;
+    }
+    // Another user's conversations are not this one's to see: begin a new one.
+    const before = sessionStorage.getItem(USER);
+    if (before !== null && before !== value)
+        newConversation();
+    sessionStorage.setItem(USER, value);
+    signIn(value).then(async () => {
+        byId("user").textContent = `signed in as ${value}`;
+        quiet();
+        await render();
+    }, (error) => say(String(error), { "data-kind": "sign_in" }));
+});
+byId("new-conversation").addEventListener("click", newConversation);
+/**
+ * The conversation as the server has it: every message with its replies, in order. `undefined`
+ * when it cannot be read (no credential yet, no such conversation yet, the server away): the
+ * page then shows what it kept.
+ */
+async function listed() {
+    if (!signedIn())
+        return undefined;
+    const turns = [];
+    let after;
+    try {
+        // Bounded: 50 pages of 100 messages.
+        for (let n = 0; n < 50; n++) {
+            const page = await client.messages(conversation.id, after === undefined ? { limit: 100 } : { after, limit: 100 });
+            for (const message of page.messages) {
+                const turn = { id: message.message_id, message: message.content, tasks: message.replies.map((r) => r.task_id) };
+                turns.push(turn);
+                for (const view of message.replies)
+                    shownAtLoad.set(view.task_id, view);
+            }
+            if (!page.has_more || !page.next_cursor)
+                break;
+            after = page.next_cursor;
+        }
+    }
+    catch {
+        return undefined;
+    }
+    return turns;
+}
+const shownAtLoad = new Map();
+if (product !== undefined) {
+    byId("api-key-label").textContent = "Your name";
+    keyBox.type = "text";
+    keyBox.placeholder = "alice";
+    byId("use-key").textContent = "Sign in";
+    const user = sessionStorage.getItem(USER);
+    if (user !== null)
+        byId("user").textContent = `signed in as ${user}`;
+}
+/** Shows the conversation as the server has it (or, unreadable, as kept) and follows it. */
+async function render() {
+    const restored = await listed();
+    if (restored !== undefined) {
+        // What the page kept but the server does not have (a press not sent yet) is rebuilt
+        // from the client's pending presses below.
+        conversation.turns = restored;
+        transcript.replaceChildren();
+    }
+    saveConversation();
+    for (const turn of conversation.turns) {
+        turnNode(turn);
+        for (const taskId of turn.tasks) {
+            const view = shownAtLoad.get(taskId);
+            if (view !== undefined)
+                show(turn, view);
+            void follow(turn, taskId);
+        }
+    }
+}
+await render();
 for (const press of client.pending())
     resume(press);
 document.body.dataset.ready = "true";
