@@ -41,3 +41,18 @@ alter table quota_counters
 alter table quota_reservations add column end_user_id text;
 create index quota_reservations_of_end_user
     on quota_reservations (workspace_id, end_user_id, created_at) where end_user_id is not null;
+
+-- What an end user has of the workspace's quota since `since` (the window's start): their
+-- reservations not released, charged ones at the tokens charged, open ones (when open
+-- reservations count) at their ceiling. The one definition the admission statement and the
+-- refusal's report both read.
+create function replyd_end_user_usage(
+    p_workspace text, p_user text, p_since timestamptz, p_pending boolean,
+    out generations bigint, out tokens bigint)
+language sql stable as $$
+    select count(*), coalesce(sum(coalesce(r.tokens_charged, r.token_ceiling)), 0)::bigint
+      from quota_reservations r
+     where r.workspace_id = p_workspace and r.end_user_id = p_user
+       and r.created_at >= p_since
+       and (r.state = 'charged' or (p_pending and r.state = 'reserved'))
+$$;

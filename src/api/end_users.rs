@@ -17,6 +17,12 @@ use super::problem::{Problem, ProblemDetails};
 use super::state::ApiState;
 use replyd_core::end_user;
 
+/// A `422` naming `user_id` when it is not one the API takes.
+fn checked_user_id(user_id: &str) -> Result<(), Problem> {
+    end_user::check_user_id(user_id)
+        .map_err(|detail| Problem::invalid_body(detail).with_fields(vec!["user_id"]))
+}
+
 /// Seconds a token lives when the request names none.
 pub const DEFAULT_TTL_SECONDS: u32 = 15 * 60;
 
@@ -74,8 +80,7 @@ pub async fn create_token(
 ) -> Response {
     let made = async {
         let asked: CreateToken = super::replies::parse_json(&state, &headers, body).await?;
-        end_user::check_user_id(&asked.user_id)
-            .map_err(|detail| Problem::invalid_body(detail).with_fields(vec!["user_id"]))?;
+        checked_user_id(&asked.user_id)?;
         let max = state.settings.end_user_token_max_ttl_seconds;
         let ttl = asked.ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS.min(max));
         if !(1..=max).contains(&ttl) {
@@ -147,8 +152,7 @@ pub async fn revoke(
     Path(user_id): Path<String>,
 ) -> Response {
     let revoked = async {
-        end_user::check_user_id(&user_id)
-            .map_err(|detail| Problem::invalid_body(detail).with_fields(vec!["user_id"]))?;
+        checked_user_id(&user_id)?;
         state
             .store
             .revoke_end_user(&workspace, &user_id)
@@ -201,8 +205,7 @@ pub async fn erase(
     Path(user_id): Path<String>,
 ) -> Response {
     let erased = async {
-        end_user::check_user_id(&user_id)
-            .map_err(|detail| Problem::invalid_body(detail).with_fields(vec!["user_id"]))?;
+        checked_user_id(&user_id)?;
         let done = crate::erasure::erase_end_user(&state.store, &workspace, &user_id)
             .await
             .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?;

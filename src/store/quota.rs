@@ -55,14 +55,11 @@ pub(crate) const ADMIT: &str = "WITH now AS (SELECT clock_timestamp() AS at), \
               <= q.token_limit) \
           AND ($9::text IS NULL OR q.end_user_share_percent IS NULL OR ( \
               SELECT (q.generation_limit IS NULL \
-                      OR count(*) < q.generation_limit * q.end_user_share_percent / 100) \
+                      OR u.generations < q.generation_limit * q.end_user_share_percent / 100) \
                  AND (q.token_limit IS NULL \
-                      OR coalesce(sum(coalesce(r.tokens_charged, r.token_ceiling)), 0) + $8 \
-                         <= q.token_limit * q.end_user_share_percent / 100) \
-                FROM quota_reservations r \
-               WHERE r.workspace_id = $1 AND r.end_user_id = $9 \
-                 AND r.created_at >= replyd_quota_window(q.window_start, q.period_seconds, now.at) \
-                 AND (r.state = 'charged' OR ($5 AND r.state = 'reserved')))) \
+                      OR u.tokens + $8 <= q.token_limit * q.end_user_share_percent / 100) \
+                FROM replyd_end_user_usage($1, $9, \
+                       replyd_quota_window(q.window_start, q.period_seconds, now.at), $5) u)) \
        RETURNING q.workspace_id, now.at) \
      INSERT INTO quota_reservations (task_id, workspace_id, operation, idempotency_key, expires_at, \
        charge_on_failure, token_ceiling, end_user_id) \
@@ -341,15 +338,9 @@ impl Store {
                  SELECT q.end_user_share_percent, \
                         q.generation_limit * q.end_user_share_percent / 100, \
                         q.token_limit * q.end_user_share_percent / 100, \
-                        (SELECT count(*) FROM quota_reservations r WHERE r.workspace_id = $1 \
-                           AND r.end_user_id = $2 AND r.created_at >= q.win \
-                           AND (r.state = 'charged' OR ($3 AND r.state = 'reserved'))), \
-                        (SELECT coalesce(sum(coalesce(r.tokens_charged, r.token_ceiling)), 0)::bigint \
-                           FROM quota_reservations r WHERE r.workspace_id = $1 \
-                           AND r.end_user_id = $2 AND r.created_at >= q.win \
-                           AND (r.state = 'charged' OR ($3 AND r.state = 'reserved'))), \
+                        u.generations, u.tokens, \
                         q.win + make_interval(secs => q.period_seconds), q.at \
-                 FROM q",
+                 FROM q, replyd_end_user_usage($1, $2, q.win, $3) u",
                 &[&workspace_id, &user, &pending_reserves],
             )
             .await?;

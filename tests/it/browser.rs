@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use crate::helpers::app::{Routes, TestApp, WorkerConfig};
-use replyd_core::api_key::issue;
+use replyd_core::api_key::{IssuedKey, issue};
 use replyd_lab::mock_provider::MockSettings;
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -104,27 +104,63 @@ async fn saved(app: &TestApp, conversation: &str) -> Saved {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answers_reloads_and_cut_streams()
- {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/clients/typescript/build/browser-test/run.js"
+/// A browser script as `make client-test` (npm test in clients/typescript) builds it.
+fn built_script(name: &str) -> String {
+    let script = format!(
+        "{}/clients/typescript/build/browser-test/{name}",
+        env!("CARGO_MANIFEST_DIR")
     );
     assert!(
-        std::path::Path::new(script).exists(),
+        std::path::Path::new(&script).exists(),
         "{script} is missing: `make client-test` (npm test in clients/typescript) builds it"
     );
-    // The scenarios that need a slow reply ask for one in their prompt.
+    script
+}
+
+/// The chain with a mock that takes 300 ms a reply (the scenarios that need a slow one ask for
+/// it in their prompt), and a workspace `acme` with a key.
+async fn app_with_acme() -> (TestApp, IssuedKey) {
     let mock = MockSettings {
         latency_ms: 300,
         ..MockSettings::default()
     };
     let app = TestApp::start(2, mock, WorkerConfig::default()).await;
-    let store = &app.db.store;
-    store.create_workspace("acme").await.unwrap();
+    app.db.store.create_workspace("acme").await.unwrap();
     let key = issue(&mut rand::rng());
-    store.create_api_key("acme", &key).await.unwrap();
+    app.db.store.create_api_key("acme", &key).await.unwrap();
+    (app, key)
+}
+
+/// Runs a browser script in Chromium with `env`; its standard output, once it succeeded.
+async fn run_script(script: &str, env: &[(&str, String)], limit: Duration) -> String {
+    let run = tokio::process::Command::new("node")
+        .arg(script)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env(
+            "CHROMIUM",
+            crate::helpers::infra_opt("CHROMIUM").unwrap_or("/usr/bin/chromium".into()),
+        )
+        .kill_on_drop(true)
+        .output();
+    let run = tokio::time::timeout(limit, run)
+        .await
+        .unwrap_or_else(|_| panic!("{script} ends within {limit:?}"))
+        .expect("node runs (installed by `make infra-up`)");
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(
+        run.status.success(),
+        "{script} failed:\n{}\n{stdout}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answers_reloads_and_cut_streams()
+ {
+    let script = built_script("run.js");
+    let (app, key) = app_with_acme().await;
+    let store = &app.db.store;
     // One generation a year: the refusal's Retry-After is far beyond the client's budget.
     store.create_workspace("capped").await.unwrap();
     assert!(
@@ -144,29 +180,18 @@ async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answe
 
     let out = std::env::temp_dir().join(crate::helpers::unique("browser"));
     std::fs::create_dir_all(&out).unwrap();
-    let run = tokio::process::Command::new("node")
-        .arg(script)
-        .env("REPLYD_URL", format!("http://{addr}"))
-        .env("REPLYD_KEY", &key.token)
-        .env("REPLYD_QUOTA_KEY", &capped.token)
-        .env("REPLYD_MOCK_URL", app.mock.base_url())
-        .env("REPLYD_OUT", &out)
-        .env(
-            "CHROMIUM",
-            crate::helpers::infra_opt("CHROMIUM").unwrap_or("/usr/bin/chromium".into()),
-        )
-        .kill_on_drop(true)
-        .output();
-    let run = tokio::time::timeout(Duration::from_secs(600), run)
-        .await
-        .expect("the browser run ends within 10 minutes")
-        .expect("node runs (installed by `make infra-up`)");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "the browser scenarios failed:\n{}\n{stdout}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let stdout = run_script(
+        &script,
+        &[
+            ("REPLYD_URL", format!("http://{addr}")),
+            ("REPLYD_KEY", key.token.clone()),
+            ("REPLYD_QUOTA_KEY", capped.token.clone()),
+            ("REPLYD_MOCK_URL", app.mock.base_url()),
+            ("REPLYD_OUT", out.display().to_string()),
+        ],
+        Duration::from_secs(600),
+    )
+    .await;
     let scenarios: Vec<Scenario> = serde_json::from_str(stdout.trim()).unwrap();
     let names: Vec<&str> = scenarios.iter().map(|s| s.scenario.as_str()).collect();
     assert_eq!(
@@ -300,23 +325,8 @@ async fn without_the_setting_there_is_no_page() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_page_on_a_products_origin_signs_in_with_a_token_refreshes_it_stops_and_restores()
 {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/clients/typescript/build/browser-test/product.js"
-    );
-    assert!(
-        std::path::Path::new(script).exists(),
-        "{script} is missing: `make client-test` (npm test in clients/typescript) builds it"
-    );
-    let mock = MockSettings {
-        latency_ms: 300,
-        ..MockSettings::default()
-    };
-    let app = TestApp::start(2, mock, WorkerConfig::default()).await;
-    let store = &app.db.store;
-    store.create_workspace("acme").await.unwrap();
-    let key = issue(&mut rand::rng());
-    store.create_api_key("acme", &key).await.unwrap();
+    let script = built_script("product.js");
+    let (app, key) = app_with_acme().await;
     // The product's origin must be known to the API (CORS) before either starts: a free port,
     // taken and given back.
     let product_port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -334,11 +344,10 @@ async fn the_demo_page_on_a_products_origin_signs_in_with_a_token_refreshes_it_s
     });
     app.spawn_process("serve", "serve");
     let addr = app.wait_for_api_addr("serve", LIMIT).await;
-    let ttl_s = "2";
     let mut server = tokio::process::Command::new(crate::helpers::lab_bin())
         .args(["product", "--api", &format!("http://{addr}")])
         .args(["--listen", &format!("127.0.0.1:{product_port}")])
-        .args(["--token-ttl-s", ttl_s])
+        .args(["--token-ttl-s", "2"])
         .env("REPLYD_API_KEY", &key.token)
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -351,27 +360,15 @@ async fn the_demo_page_on_a_products_origin_signs_in_with_a_token_refreshes_it_s
     })
     .await;
 
-    let run = tokio::process::Command::new("node")
-        .arg(script)
-        .env("REPLYD_PRODUCT_URL", &product)
-        .env("REPLYD_KEY", &key.token)
-        .env("REPLYD_TOKEN_TTL_S", ttl_s)
-        .env(
-            "CHROMIUM",
-            crate::helpers::infra_opt("CHROMIUM").unwrap_or("/usr/bin/chromium".into()),
-        )
-        .kill_on_drop(true)
-        .output();
-    let run = tokio::time::timeout(Duration::from_secs(300), run)
-        .await
-        .expect("the browser run ends within 5 minutes")
-        .expect("node runs (installed by `make infra-up`)");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "the product's page failed:\n{}\n{stdout}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let stdout = run_script(
+        &script,
+        &[
+            ("REPLYD_PRODUCT_URL", product.clone()),
+            ("REPLYD_KEY", key.token.clone()),
+        ],
+        Duration::from_secs(300),
+    )
+    .await;
     let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     let conversation = report["conversation_id"].as_str().unwrap();
     assert!(report["tokens"].as_u64().unwrap() >= 2, "{report}");

@@ -59,10 +59,20 @@ async fn call(api: &Api, method: Method, path: &str, credential: &str) -> reqwes
 }
 
 async fn post_message(api: &Api, credential: &str, conversation: &str) -> reqwest::Response {
+    let key = uuid::Uuid::new_v4().to_string();
+    post_with_key(api, credential, &key, conversation).await
+}
+
+async fn post_with_key(
+    api: &Api,
+    credential: &str,
+    key: &str,
+    conversation: &str,
+) -> reqwest::Response {
     api.client
         .post(format!("{}/v1/replies", api.base))
         .bearer_auth(credential)
-        .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+        .header("Idempotency-Key", key)
         .json(&json!({"conversation_id": conversation, "message": "What changed?"}))
         .send()
         .await
@@ -104,7 +114,7 @@ async fn a_token_sees_only_its_users_conversations_and_nothing_of_the_keys_route
     );
 
     // A's conversation, begun with A's token.
-    let response = post_message(&api, &a, "conv-a").await;
+    let response = post_with_key(&api, &a, "press-a", "conv-a").await;
     assert_eq!(response.status(), StatusCode::ACCEPTED);
     let task: Accepted = response.json().await.unwrap();
     let id = task.task_id;
@@ -144,6 +154,12 @@ async fn a_token_sees_only_its_users_conversations_and_nothing_of_the_keys_route
     }
     let (status, kind, _) = problem(post_message(&api, &b, "conv-a").await).await;
     assert_eq!((status, kind.as_str()), (404, "not_found"));
+    // Nor does A's idempotency key give B A's task: the same press is A's conversation's 404,
+    // and the key in B's own conversation is another request (I6).
+    let (status, kind, _) = problem(post_with_key(&api, &b, "press-a", "conv-a").await).await;
+    assert_eq!((status, kind.as_str()), (404, "not_found"));
+    let (status, kind, _) = problem(post_with_key(&api, &b, "press-a", "conv-b").await).await;
+    assert_eq!((status, kind.as_str()), (422, "idempotency_key_reused"));
     // A conversation begun with the key belongs to no end user.
     assert_eq!(post_message(&api, &api.key, "conv-key").await.status(), 202);
     let after_key = counts(&api).await;
@@ -350,24 +366,6 @@ async fn no_end_user_passes_their_share_of_the_quota_even_racing() {
     );
 }
 
-/// Plays a worker that completes `task` through the fenced path.
-async fn complete(api: &Api, task: replyd_core::domain::TaskId) {
-    let replyd_core::lease::ClaimOutcome::Claimed(lease) = api
-        .db
-        .store
-        .claim(task, "w-test", Duration::from_secs(30))
-        .await
-        .unwrap()
-    else {
-        panic!("the task can be claimed");
-    };
-    api.db
-        .store
-        .complete(&lease, "the answer", None)
-        .await
-        .unwrap();
-}
-
 /// Rows of each table that holds a conversation's data, for the conversations named.
 async fn rows_of(api: &Api, conversations: &[&str]) -> Vec<i64> {
     let conversations: Vec<String> = conversations.iter().map(|c| (*c).to_owned()).collect();
@@ -397,7 +395,7 @@ async fn erasing_an_end_user_deletes_their_conversations_only_and_ends_their_tok
         token_for(&api, "user-b").await,
     );
     let finished: Accepted = post_message(&api, &a, "a-1").await.json().await.unwrap();
-    complete(&api, finished.task_id).await;
+    api.finish(finished.task_id, true).await;
     assert_eq!(post_message(&api, &a, "a-2").await.status(), 202);
     assert_eq!(post_message(&api, &b, "b-1").await.status(), 202);
     assert_eq!(post_message(&api, &api.key, "k-1").await.status(), 202);
@@ -468,7 +466,7 @@ async fn a_workspaces_own_retention_forgets_its_old_tasks_and_no_one_elses() {
         .unwrap();
     let tasks = vec![ours.task_id.as_uuid(), theirs.task_id.as_uuid()];
     for task in [ours.task_id, theirs.task_id] {
-        complete(&api, task).await;
+        api.finish(task, true).await;
     }
     // Both finished ten days ago, their idempotency records expired, charged in a past window.
     let client = api.db.raw_client().await;

@@ -65,43 +65,6 @@ impl Api {
             row.get(5),
         )
     }
-
-    /// Plays a worker's claim of the task.
-    async fn claim(&self, task: TaskId) -> replyd_core::lease::Lease {
-        let ClaimOutcome::Claimed(lease) = self
-            .db
-            .store
-            .claim(task, "w-test", Duration::from_secs(30))
-            .await
-            .unwrap()
-        else {
-            panic!("the task can be claimed");
-        };
-        lease
-    }
-
-    /// Plays a worker: claims the task and completes it (or fails it) through the fenced path.
-    async fn finish(&self, task: TaskId, complete: bool) {
-        let lease = self.claim(task).await;
-        if complete {
-            self.db
-                .store
-                .complete(&lease, "the answer", None)
-                .await
-                .unwrap();
-        } else {
-            self.db
-                .store
-                .fail(
-                    &lease,
-                    "the provider refused",
-                    replyd_core::domain::AttemptOutcome::ProviderError,
-                    replyd_core::domain::ProviderRan::No,
-                )
-                .await
-                .unwrap();
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

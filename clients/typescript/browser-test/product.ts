@@ -7,7 +7,7 @@
 // (tests/it/browser.rs), which checks the server's durable state.
 //
 // Environment: REPLYD_PRODUCT_URL (the product's origin), REPLYD_KEY (the workspace's key, to
-// look for in the browser), REPLYD_TOKEN_TTL_S (the product's token lifetime), CHROMIUM.
+// look for in the browser), CHROMIUM.
 
 import assert from "node:assert/strict";
 
@@ -84,6 +84,16 @@ async function conversationOf(page: Page): Promise<string> {
   return page.evaluate(() => (window as unknown as { replydDemo: { conversation(): { id: string } } }).replydDemo.conversation().id);
 }
 
+/** Waits until the token the page holds has expired (its `exp`, by this machine's clock). */
+async function expired(page: Page): Promise<void> {
+  const exp = await page.evaluate(() => {
+    const token = sessionStorage.getItem("replyd.demo.token") ?? "";
+    const payload = token.split(".")[1] ?? "";
+    return (JSON.parse(atob(payload.replace(/-/g, "+").replace(/_/g, "/"))) as { exp: number }).exp;
+  });
+  await page.waitForFunction((at) => Date.now() / 1000 >= at, exp, { timeout: TIMEOUT, polling: 100 });
+}
+
 /** Everything the page keeps, to look for the workspace's key in. */
 async function storage(page: Page): Promise<string> {
   return page.evaluate(() => JSON.stringify({ session: { ...sessionStorage }, local: { ...localStorage }, cookies: document.cookie }));
@@ -92,7 +102,6 @@ async function storage(page: Page): Promise<string> {
 async function main(): Promise<void> {
   const product = env("REPLYD_PRODUCT_URL");
   const key = env("REPLYD_KEY");
-  const ttlMs = Number(env("REPLYD_TOKEN_TTL_S")) * 1000;
   let browser: Browser | undefined;
   try {
     browser = await chromium.launch({
@@ -110,7 +119,7 @@ async function main(): Promise<void> {
     // new token on the 401 and sends the same press again.
     await ask(page, "What are the key decisions in this document?");
     await showing(page, ["completed"]);
-    await page.waitForTimeout(ttlMs + 1_000);
+    await expired(page);
     await ask(page, "Which one is the riskiest?");
     const two = await showing(page, ["completed", "completed"]);
     const afterRefresh = await stats(page);
@@ -146,7 +155,14 @@ async function main(): Promise<void> {
     const bob = await bobContext.newPage();
     await open(bob, `${product}/demo?conversation=${encodeURIComponent(conversation)}`);
     await signIn(bob, "bob");
-    await bob.waitForTimeout(500);
+    await bob.waitForFunction(
+      () =>
+        (window as unknown as { replydDemo: { stats: PageStats } }).replydDemo.stats.reports.some(
+          (r) => r.path.includes("/messages") && r.outcome === 404,
+        ),
+      undefined,
+      { timeout: TIMEOUT },
+    );
     assert.deepEqual(await shown(bob), [], "another user's conversation is not shown");
 
     // The workspace's key is nowhere in any browser.

@@ -9,6 +9,7 @@ use replyd::api::settings::ApiSettings;
 use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::store::Store;
 use replyd_core::api_key::{IssuedKey, issue};
+use replyd_core::domain::TaskId;
 use replyd_core::quota::QuotaPolicy;
 use serde_json::json;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -44,6 +45,43 @@ impl Api {
                 .build()
                 .unwrap(),
             _stop: stop,
+        }
+    }
+
+    /// Plays a worker's claim of the task.
+    pub async fn claim(&self, task: TaskId) -> replyd_core::lease::Lease {
+        let replyd_core::lease::ClaimOutcome::Claimed(lease) = self
+            .db
+            .store
+            .claim(task, "w-test", std::time::Duration::from_secs(30))
+            .await
+            .unwrap()
+        else {
+            panic!("the task can be claimed");
+        };
+        lease
+    }
+
+    /// Plays a worker: claims the task and completes it (or fails it) through the fenced path.
+    pub async fn finish(&self, task: TaskId, complete: bool) {
+        let lease = self.claim(task).await;
+        if complete {
+            self.db
+                .store
+                .complete(&lease, "the answer", None)
+                .await
+                .unwrap();
+        } else {
+            self.db
+                .store
+                .fail(
+                    &lease,
+                    "the provider refused",
+                    replyd_core::domain::AttemptOutcome::ProviderError,
+                    replyd_core::domain::ProviderRan::No,
+                )
+                .await
+                .unwrap();
         }
     }
 
@@ -172,14 +210,9 @@ impl Front {
 
     /// A new message under a new idempotency key.
     pub async fn post(&self, ws: &str, conversation: &str, message: &str) -> reqwest::Response {
-        self.client
-            .post(format!("{}/v1/replies", self.base))
-            .bearer_auth(&self.keys[ws])
-            .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
-            .json(&json!({"conversation_id": conversation, "message": message}))
-            .send()
+        let body = json!({"conversation_id": conversation, "message": message});
+        self.post_body(ws, &uuid::Uuid::new_v4().to_string(), &body)
             .await
-            .unwrap()
     }
 
     /// [`Front::post`], which must be accepted.
