@@ -360,10 +360,14 @@ async fn the_attempt_budget_survives_a_kill_during_backoff() {
         stored.failure
     );
     assert_eq!(stored.attempt_count, 3);
-    assert_eq!(
-        app.mock.stats().requests,
-        3,
-        "calls never exceed max_attempts"
+    assert_eq!(attempts(&app, &task).await.len(), 3);
+    // The backoff is full jitter (anywhere in [0, 1.5 s]), so the kill may instead land just
+    // after the second claim and before its call reached the provider: that attempt is spent
+    // without a call. Either way the restarted worker never gets a fresh budget.
+    let requests = app.mock.stats().requests;
+    assert!(
+        (2..=3).contains(&requests),
+        "calls never exceed max_attempts: {requests}"
     );
     assert_eq!(app.check().await.max_attempts_exceeded, 0);
 }
