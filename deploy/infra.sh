@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# Local, throwaway infrastructure for tests, the demo and CI: a PostgreSQL cluster and a
-# single-node Apache Kafka (KRaft) on 127.0.0.1, both under target/infra/.
+# Local, throwaway infrastructure for tests, the demo and CI: a PostgreSQL cluster, a
+# single-node Apache Kafka (KRaft) and an SQS-compatible server (ElasticMQ, in memory) on
+# 127.0.0.1, all under target/infra/.
 #
-#   deploy/infra.sh up      install what is missing, start both, write target/infra/env
+#   deploy/infra.sh up [postgres] [kafka] [sqs]
+#                           install what is missing, start the parts named (all three when none
+#                           is), write target/infra/env: the started parts' addresses, and those
+#                           of the parts not named that still run
 #   deploy/infra.sh tools   install or build the tools only the tests run (schemathesis,
 #                           promtool, helm, Jaeger, the chart and image checkers, Node.js and
 #                           Chromium), once per machine; write target/infra/tools.env.
 #                           `make test` runs it; `make demo` does not need it
-#   deploy/infra.sh down    stop both (by the pids they wrote); data stays for the next `up`
+#   deploy/infra.sh down    stop all three (by the pids they wrote); data stays for the next
+#                           `up` (ElasticMQ's queues and messages do not: they live in memory)
 #   deploy/infra.sh clean   down, then delete target/infra
 #   deploy/infra.sh status  print what runs
 #   deploy/infra.sh postgres-crash   immediate-mode stop (a crash), then start on the same port
 #   deploy/infra.sh kafka-crash      SIGKILL the broker, then start it on the same ports
+#   deploy/infra.sh sqs-crash        SIGKILL ElasticMQ, then start it on the same port (its
+#                                    queues and messages are lost)
 #   deploy/infra.sh toxiproxy        build Toxiproxy once per machine, print its path
-#                                    (both for the chaos harness; local services only)
+#                                    (these for the chaos harness; local services only)
 #
 # Every step is idempotent: `up` on a running setup only re-checks readiness and rewrites the env
-# file. DATABASE_URL / KAFKA_BOOTSTRAP in the environment replace the local service of that kind.
+# file. DATABASE_URL / KAFKA_BOOTSTRAP / SQS_ENDPOINT in the environment replace the local service
+# of that kind.
 # Chosen ports are reserved in ${REPLYD_PORTS_DIR:-/tmp/replyd-ports}/<port>: other checkouts skip them.
 set -euo pipefail
 
@@ -29,6 +37,8 @@ kafka_version="${REPLYD_KAFKA_VERSION:-4.4.0}"
 log4j_version="2.24.3"
 cache="${REPLYD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/replyd}"
 kafka_home="$cache/kafka-$kafka_version"
+elasticmq_version="${REPLYD_ELASTICMQ_VERSION:-1.7.1}"
+elasticmq_home="$cache/elasticmq-$elasticmq_version"
 ports_dir="${REPLYD_PORTS_DIR:-/tmp/replyd-ports}"
 
 say() { printf 'infra: %s\n' "$*" >&2; }
@@ -53,7 +63,7 @@ apt_install() {
 # Listening is not enough to tell a port is in use: the advertised proxy port is idle until the
 # network chaos scenario starts Toxiproxy there, and a chosen port is idle until its server is
 # up. So each chosen port gets a file $ports_dir/<port>: line 1 the owner's target/infra, line 2
-# its role there (pg, kafka, controller, proxied, advertised).
+# its role there (pg, kafka, controller, proxied, advertised, secure, sqs).
 
 # Symlinks resolved, so two paths to one checkout are one owner.
 ports_owner() { readlink -m "$infra"; }
@@ -496,6 +506,126 @@ kafka_down() {
   rm -f "$pidf"
 }
 
+# ---------------------------------------------------------------- SQS (ElasticMQ)
+
+# ElasticMQ and its runtime dependencies from Maven Central, once per machine (like kafka_fetch).
+sqs_fetch() {
+  if [ -f "$elasticmq_home/.complete" ]; then return; fi
+  command -v java >/dev/null || apt_install openjdk-17-jre-headless
+  command -v mvn >/dev/null || apt_install maven
+  say "fetching ElasticMQ $elasticmq_version jars into $elasticmq_home (once per machine)"
+  rm -rf "$elasticmq_home.tmp" && mkdir -p "$elasticmq_home.tmp"
+  cat >"$elasticmq_home.tmp/pom.xml" <<POM
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.replyd</groupId>
+  <artifactId>elasticmq-runtime</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.elasticmq</groupId><artifactId>elasticmq-server_2.13</artifactId><version>$elasticmq_version</version></dependency>
+  </dependencies>
+</project>
+POM
+  (cd "$elasticmq_home.tmp" && mvn -q -B -Dstyle.color=never org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$elasticmq_home.tmp/libs") \
+    || die "could not fetch the ElasticMQ jars from Maven Central"
+  touch "$elasticmq_home.tmp/.complete"
+  rm -rf "$elasticmq_home" && mv "$elasticmq_home.tmp" "$elasticmq_home"
+}
+
+# Whether ElasticMQ on port $1 answers an SQS call (ListQueues, in the query protocol), over
+# bash's /dev/tcp: an HTTP/1.1 request with Connection: close, and the reply read to its end.
+sqs_ready() {
+  local body='Action=ListQueues&Version=2012-11-05' reply
+  port_open "$1" || return 1
+  reply=$(
+    exec 2>/dev/null 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+    printf 'POST / HTTP/1.1\r\nHost: 127.0.0.1:%s\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: %s\r\nConnection: close\r\n\r\n%s' \
+      "$1" "${#body}" "$body" >&3
+    timeout 10 cat <&3
+  ) || return 1
+  [[ $reply == *ListQueuesResponse* ]]
+}
+
+sqs_up() {
+  if [ -n "${SQS_ENDPOINT:-}" ]; then
+    say "using SQS_ENDPOINT from the environment"
+    echo "SQS_ENDPOINT=$SQS_ENDPOINT" >>"$env_file.tmp"
+    return
+  fi
+  sqs_fetch
+  local dir="$infra/sqs" port
+  mkdir -p "$dir"
+  if pid_alive "$dir/pid"; then
+    port=$(cat "$dir/port")
+    reserve_running sqs "$port"
+  else
+    # The port of the last start first (in $dir/port), so a restart keeps the address.
+    local first=19324
+    [ ! -f "$dir/port" ] || first=$(cat "$dir/port")
+    ports_lock
+    port=$(claim_port "${REPLYD_SQS_PORT:-$first}" sqs)
+    ports_unlock
+    echo "$port" >"$dir/port"
+    # On 127.0.0.1 only (ElasticMQ binds 0.0.0.0 by default); no queues: the tests create
+    # theirs. The included application.conf holds ElasticMQ's HTTP settings (a request timeout
+    # above SQS's 20 s long polls, 256 KiB messages).
+    cat >"$dir/elasticmq.conf" <<CONF
+include classpath("application.conf")
+
+node-address {
+  protocol = "http"
+  host = "127.0.0.1"
+  port = $port
+  context-path = ""
+}
+rest-sqs {
+  enabled = true
+  bind-hostname = "127.0.0.1"
+  bind-port = $port
+  sqs-limits = strict
+}
+rest-stats.enabled = false
+generate-node-address = false
+CONF
+    cat >"$dir/logback.xml" <<LOG
+<configuration>
+  <appender name="out" class="ch.qos.logback.core.ConsoleAppender">
+    <encoder><pattern>%d{HH:mm:ss.SSS} %-5level %logger{36} - %msg%n</pattern></encoder>
+  </appender>
+  <logger name="org.elasticmq" level="INFO"/>
+  <root level="WARN"><appender-ref ref="out"/></root>
+</configuration>
+LOG
+    say "starting ElasticMQ $elasticmq_version on 127.0.0.1:$port"
+    nohup java -Xms64m -Xmx256m -Djava.awt.headless=true -Dconfig.file="$dir/elasticmq.conf" \
+      -Dlogback.configurationFile="$dir/logback.xml" -cp "$elasticmq_home/libs/*" \
+      org.elasticmq.server.Main >"$dir/log" 2>&1 &
+    echo $! >"$dir/pid"
+  fi
+  local deadline=$((SECONDS + 60))
+  until sqs_ready "$port"; do
+    pid_alive "$dir/pid" || { tail -n 40 "$dir/log" >&2 || true; die "ElasticMQ exited during start-up (see $dir/log)"; }
+    [ $SECONDS -lt $deadline ] || die "ElasticMQ did not answer ListQueues within 60 s (see $dir/log)"
+    sleep 0.5
+  done
+  say "ElasticMQ ready on 127.0.0.1:$port"
+  echo "SQS_ENDPOINT=http://127.0.0.1:$port" >>"$env_file.tmp"
+}
+
+sqs_down() {
+  local pidf="$infra/sqs/pid" pid
+  if pid_alive "$pidf"; then
+    pid=$(cat "$pidf")
+    kill "$pid"
+    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -9 "$pid" 2>/dev/null || true
+    say "ElasticMQ stopped"
+  fi
+  rm -f "$pidf"
+}
+
 # ---------------------------------------------------------------- main
 
 # Sourced (to test the functions above): define them, run nothing.
@@ -608,13 +738,46 @@ go_tool() {
   echo "$bin_dir/$name"
 }
 
+# Whether part $1 (postgres, kafka, sqs) runs here, and the env file lines that are its own.
+part_running() {
+  case $1 in
+    postgres) [ -f "$infra/pg/data/postmaster.pid" ] ;;
+    kafka) pid_alive "$infra/kafka/pid" ;;
+    sqs) pid_alive "$infra/sqs/pid" ;;
+  esac
+}
+part_env_lines() {
+  case $1 in
+    postgres) echo '^(DATABASE_URL|PG_TLS_[A-Z_]*)=' ;;
+    kafka) echo '^KAFKA_[A-Z_]*=' ;;
+    sqs) echo '^SQS_ENDPOINT=' ;;
+  esac
+}
+
 case "${1:-}" in
   up)
+    # The parts named, or all; a part not named keeps its lines in the env file while it runs
+    # (the demo starting only what it uses, a crash restarting one part, leave the other
+    # addresses the tests read in place).
+    shift
+    parts=("$@")
+    [ ${#parts[@]} -gt 0 ] || parts=(postgres kafka sqs)
+    for part in "${parts[@]}"; do
+      case $part in
+        postgres | kafka | sqs) ;;
+        *) die "unknown part '$part' (up takes postgres, kafka, sqs)" ;;
+      esac
+    done
     mkdir -p "$infra"
     build_deps_up
     : >"$env_file.tmp"
-    postgres_up
-    kafka_up
+    for part in postgres kafka sqs; do
+      if [[ " ${parts[*]} " == *" $part "* ]]; then
+        "${part}_up"
+      elif [ -f "$env_file" ] && part_running "$part"; then
+        grep -E "$(part_env_lines "$part")" "$env_file" >>"$env_file.tmp" || true
+      fi
+    done
     mv "$env_file.tmp" "$env_file"
     cat "$env_file"
     ;;
@@ -627,10 +790,12 @@ case "${1:-}" in
     cat "$tools_env"
     ;;
   down)
+    sqs_down
     kafka_down
     postgres_down
     ;;
   clean)
+    sqs_down
     kafka_down
     postgres_down
     release_ports
@@ -658,7 +823,7 @@ case "${1:-}" in
     pgdir=$(readlink -f "$infra/pg")
     pg_run "$(pg_bin)/pg_ctl" -D "$pgdir/data" -m immediate -w stop >/dev/null 2>&1 || true
     say "PostgreSQL crashed (immediate stop)"
-    REPLYD_PG_PORT=$(cat "$pgdir/port") "$0" up >/dev/null
+    REPLYD_PG_PORT=$(cat "$pgdir/port") "$0" up postgres >/dev/null
     ;;
   kafka-crash)
     [ -z "${KAFKA_BOOTSTRAP:-}" ] || die "KAFKA_BOOTSTRAP names an external broker: not crashing it"
@@ -666,15 +831,24 @@ case "${1:-}" in
     for _ in $(seq 1 100); do pid_alive "$infra/kafka/pid" || break; sleep 0.1; done
     rm -f "$infra/kafka/pid"
     say "Kafka crashed (SIGKILL)"
-    REPLYD_KAFKA_PORT=$(cat "$infra/kafka/port") "$0" up >/dev/null
+    REPLYD_KAFKA_PORT=$(cat "$infra/kafka/port") "$0" up kafka >/dev/null
+    ;;
+  sqs-crash)
+    [ -z "${SQS_ENDPOINT:-}" ] || die "SQS_ENDPOINT names an external server: not crashing it"
+    pid_alive "$infra/sqs/pid" && kill -9 "$(cat "$infra/sqs/pid")"
+    for _ in $(seq 1 100); do pid_alive "$infra/sqs/pid" || break; sleep 0.1; done
+    rm -f "$infra/sqs/pid"
+    say "ElasticMQ crashed (SIGKILL)"
+    REPLYD_SQS_PORT=$(cat "$infra/sqs/port") "$0" up sqs >/dev/null
     ;;
   status)
     [ -f "$env_file" ] && cat "$env_file"
     pid_alive "$infra/kafka/pid" && echo "kafka: running (pid $(cat "$infra/kafka/pid"))" || echo "kafka: stopped"
     [ -f "$infra/pg/data/postmaster.pid" ] && echo "postgres: running (pid $(head -n1 "$infra/pg/data/postmaster.pid"))" || echo "postgres: stopped"
+    pid_alive "$infra/sqs/pid" && echo "sqs: running (pid $(cat "$infra/sqs/pid"), http://127.0.0.1:$(cat "$infra/sqs/port"))" || echo "sqs: stopped"
     ;;
   *)
-    echo "usage: $0 up|down|clean|status|postgres-crash|kafka-crash|toxiproxy|promtool|helm" >&2
+    echo "usage: $0 up [postgres] [kafka] [sqs]|tools|down|clean|status|postgres-crash|kafka-crash|sqs-crash|toxiproxy|jaeger|promtool|helm" >&2
     exit 2
     ;;
 esac

@@ -38,6 +38,7 @@ pub struct Settings {
     pub quota: QuotaSettings,
     pub capacity: crate::capacity::CapacitySettings,
     pub retention: crate::housekeeping::settings::RetentionSettings,
+    pub sqs: crate::sqs::settings::SqsSettings,
 }
 
 /// One problem with the settings: which setting, and what is wrong with it.
@@ -194,6 +195,26 @@ impl Settings {
         }
     }
 
+    /// `[sqs]`'s problems, when something here uses the queue.
+    fn sqs_problems(&self) -> Vec<(&'static str, String)> {
+        use crate::sqs::settings::Transport;
+        if self.worker.source != Transport::Sqs && self.relay.sink != Transport::Sqs {
+            return Vec::new();
+        }
+        let mut out = self.sqs.problems();
+        let visibility_ms = u64::from(self.sqs.visibility_timeout_seconds) * 1_000;
+        if self.worker.source == Transport::Sqs && visibility_ms < self.worker.lease_ms {
+            out.push((
+                "sqs.visibility_timeout_seconds",
+                format!(
+                    "{} s must be at least worker.lease_ms ({} ms): a message that reappears while its task's lease still runs is only handed back again",
+                    self.sqs.visibility_timeout_seconds, self.worker.lease_ms
+                ),
+            ));
+        }
+        out
+    }
+
     /// Refuses settings that contradict each other or cannot work, naming every problem.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let problems = self.problems();
@@ -221,6 +242,7 @@ impl Settings {
             .chain(self.relay.problems())
             .chain(self.api.problems())
             .chain(self.retention.problems(self.api.idempotency_retention_ms))
+            .chain(self.sqs_problems())
         {
             refuse(setting, message);
         }

@@ -21,6 +21,7 @@ pub mod reconcile;
 pub mod relay;
 pub mod retries;
 pub mod serve;
+pub mod sqs;
 pub mod store;
 pub mod telemetry;
 pub mod tenants;

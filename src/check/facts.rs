@@ -10,9 +10,11 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use uuid::Uuid;
 
-use super::records::{RecordFacts, RecordTallies};
+use super::records::{QueueFacts, RecordFacts, RecordTallies};
 use crate::config::Settings;
 use crate::kafka::dead_letter::headers;
+use crate::sqs::Sqs;
+use crate::sqs::settings::Transport;
 use crate::store::{connect_error, session_config, tls_connector};
 use replyd_core::domain::{AttemptOutcome, TaskSpec, TaskStatus};
 
@@ -29,6 +31,8 @@ pub enum CheckError {
     },
     #[error("mock provider: {0}")]
     Mock(#[from] reqwest::Error),
+    #[error(transparent)]
+    Sqs(#[from] crate::sqs::SqsError),
     #[error("{0}")]
     Other(String),
 }
@@ -276,7 +280,11 @@ pub struct QuotaFacts {
 
 /// Reads the topic, its dead-letter twin, the committed offsets, the task tables and the
 /// mock's counters.
-pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<Facts, CheckError> {
+pub async fn read_facts(
+    settings: &Settings,
+    mock_url: Option<&str>,
+    sqs: Option<Sqs>,
+) -> Result<Facts, CheckError> {
     let config = session_config(&settings.database)?;
     let (client, connection) = config
         .connect(tls_connector(&settings.database)?)
@@ -291,7 +299,17 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
         },
         other => other,
     };
-    let (records, dead_lettered) = read_records(settings, &client).await.map_err(named)?;
+    let (records, dead_lettered) = match settings.worker.source {
+        Transport::Kafka => read_records(settings, &client).await.map_err(named)?,
+        Transport::Sqs => {
+            let sqs = match sqs {
+                Some(sqs) => sqs,
+                None => Sqs::connect(&settings.sqs).await?,
+            };
+            let queue = read_queue(settings, &sqs, &client).await?;
+            (queue.tallies(), queue.dead_letters)
+        }
+    };
     let statuses = client
         .query_one(
             "SELECT count(*), \
@@ -485,6 +503,34 @@ pub async fn read_facts(settings: &Settings, mock_url: Option<&str>) -> Result<F
 /// Reads the dead-letter topic into a session table, then the source topic batch by batch,
 /// judging each record against the committed offsets, that table and the task it carries.
 /// Memory holds a few batches, whatever the topics' lengths.
+/// An SQS source's state: its queue's and dead-letter queue's depth, and the open tasks
+/// handed to it (a producer's, which have no outbox row, and the API's whose row the relay
+/// published).
+async fn read_queue(
+    settings: &Settings,
+    sqs: &Sqs,
+    client: &tokio_postgres::Client,
+) -> Result<QueueFacts, CheckError> {
+    let in_queue = sqs.depth(&settings.sqs.queue_url).await?.total();
+    let dead_letter_url = sqs.dead_letter_queue(&settings.sqs).await?;
+    let dead_letters = sqs.depth(&dead_letter_url).await?.total();
+    let open_handed: i64 = client
+        .query_one(
+            "SELECT count(*) FROM reply_tasks t \
+             WHERE t.status IN ($1, $2) \
+               AND NOT EXISTS (SELECT 1 FROM outbox o \
+                               WHERE o.task_id = t.task_id AND o.published_at IS NULL)",
+            &[&TaskStatus::Pending.as_str(), &TaskStatus::Running.as_str()],
+        )
+        .await?
+        .get(0);
+    Ok(QueueFacts {
+        in_queue: in_queue as i64,
+        dead_letters: dead_letters as i64,
+        open_handed,
+    })
+}
+
 async fn read_records(
     settings: &Settings,
     client: &tokio_postgres::Client,

@@ -16,6 +16,10 @@
 //! - I3: `lost` counts records below the committed offset whose task is not terminal (or was
 //!   never created) and bad records below it with no dead-letter copy. A task forgotten by
 //!   retention or an erasure (`forgotten_tasks`) is done for good: its records are not lost.
+//!   On an SQS source (a queue keeps no history of what it delivered): each task handed to
+//!   the queue and not terminal needs a message of its own still in the queue, so `lost` is
+//!   the open handed tasks beyond the queue's messages (exact once it is drained; SQS's counts
+//!   are approximate for about a minute after a change).
 //! - I7: `max_attempts_exceeded` counts tasks with more attempts than their budget: calls that
 //!   may have cost money (attempt rows other than `refused`; a refusal gives its attempt back).
 
@@ -34,7 +38,7 @@ pub use facts::{
     AttemptStats, CheckError, Facts, MockCounts, QuotaFacts, StatusCounts, committed_offsets,
     committed_offsets_with, read_facts,
 };
-pub use records::{RecordFacts, RecordTallies};
+pub use records::{QueueFacts, RecordFacts, RecordTallies};
 pub use report::{Percentiles, Report};
 pub use verdict::{percentile, verdict};
 
@@ -73,5 +77,15 @@ pub async fn run_command(settings: &Settings, args: &CheckArgs) -> anyhow::Resul
 
 /// Runs every check and returns the report.
 pub async fn run(settings: &Settings, mock_url: Option<&str>) -> Result<Report, CheckError> {
-    Ok(verdict(read_facts(settings, mock_url).await?))
+    Ok(verdict(read_facts(settings, mock_url, None).await?))
+}
+
+/// [`run`] with an SQS client of the caller's (a tool's own credentials) instead of one from
+/// the AWS chain.
+pub async fn run_with_sqs(
+    settings: &Settings,
+    mock_url: Option<&str>,
+    sqs: crate::sqs::Sqs,
+) -> Result<Report, CheckError> {
+    Ok(verdict(read_facts(settings, mock_url, Some(sqs)).await?))
 }

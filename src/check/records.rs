@@ -1,5 +1,6 @@
 //! The rule each source record is judged by (I3), and the tallies the records fold into, so
-//! the checker reads a topic of any length in batches and keeps only the counts. Pure.
+//! the checker reads a topic of any length in batches and keeps only the counts; and what an
+//! SQS queue's state says of the same rule. Pure.
 
 /// What the checker learned about one record of the source topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +42,34 @@ impl RecordTallies {
         let outcome = record.dead_lettered || (record.has_task && record.terminal);
         if !outcome {
             self.lost += 1;
+        }
+    }
+}
+
+/// What the checker reads of an SQS source (`worker.source = "sqs"`). A queue keeps no history
+/// of the messages it delivered, so I3 is judged from what it still holds: every task handed
+/// to the queue (a producer's message, or an outbox row the relay published) that is not
+/// terminal needs a message of its own still in the queue (visible, in flight or delayed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFacts {
+    /// Messages in the queue, in any state.
+    pub in_queue: i64,
+    /// Messages in its dead-letter queue.
+    pub dead_letters: i64,
+    /// Tasks handed to the queue and not terminal.
+    pub open_handed: i64,
+}
+
+impl QueueFacts {
+    /// The queue's messages as tallies: each still in the queue is not acknowledged yet, and
+    /// each open task beyond them has lost its message (exact once the queue is drained, a
+    /// lower bound before).
+    pub fn tallies(&self) -> RecordTallies {
+        RecordTallies {
+            records: self.in_queue + self.dead_letters,
+            bad: self.dead_letters,
+            uncommitted: self.in_queue,
+            lost: (self.open_handed - self.in_queue).max(0),
         }
     }
 }
@@ -87,5 +116,30 @@ mod tests {
                 lost: 2,
             }
         );
+    }
+
+    #[test]
+    fn an_open_task_without_a_message_left_in_the_queue_is_lost() {
+        let drained = QueueFacts {
+            in_queue: 0,
+            dead_letters: 2,
+            open_handed: 1,
+        };
+        assert_eq!(drained.tallies().lost, 1);
+        assert_eq!(drained.tallies().bad, 2);
+        // Each open task may still have its message in the queue.
+        let busy = QueueFacts {
+            in_queue: 5,
+            dead_letters: 0,
+            open_handed: 5,
+        };
+        assert_eq!(busy.tallies().lost, 0);
+        assert_eq!(busy.tallies().uncommitted, 5);
+        let short = QueueFacts {
+            in_queue: 3,
+            dead_letters: 0,
+            open_handed: 5,
+        };
+        assert_eq!(short.tallies().lost, 2);
     }
 }

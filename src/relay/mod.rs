@@ -1,6 +1,7 @@
-//! `replyd relay`: hands the outbox's tasks to Kafka. Batches of unpublished rows are taken
-//! with `SKIP LOCKED` (many relays at once), published to `kafka.topic` with an idempotent
-//! producer (`acks=all`), and marked published in the same transaction once acknowledged.
+//! `replyd relay`: hands the outbox's tasks to Kafka (or SQS, `relay.sink`). Batches of
+//! unpublished rows are taken with `SKIP LOCKED` (many relays at once), published to
+//! `kafka.topic` with an idempotent producer (`acks=all`) or sent to `sqs.queue_url`
+//! ([`crate::sqs::publish`]), and marked published in the same transaction once acknowledged.
 //! Woken by `NOTIFY replyd_outbox`, with a polling fallback. Between batches it runs the
 //! [`crate::housekeeping`] rounds that are due (purges, the outbox's lag, the quota's
 //! reconciler).
@@ -28,9 +29,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::config::Settings;
+use crate::connect_retry::retry_connecting;
 use crate::housekeeping::Housekeeping;
 use crate::kafka::KafkaLogs;
 use crate::probes::{Heartbeat, Probes, Readiness};
+use crate::sqs::publish::SqsPublisher;
+use crate::sqs::settings::Transport;
+use crate::sqs::{Sqs, SqsError};
 use crate::store::Store;
 use crate::store::listen::{Listener, listen};
 use crate::store::outbox::{OutboxRow, Published};
@@ -114,14 +119,33 @@ pub async fn run(
     let store = Store::connect(&settings.database).context("database settings")?;
     let relay = &settings.relay;
     let kafka = &settings.kafka;
-    let producer: FutureProducer<KafkaLogs> = producer_config(&settings)
-        .create_with_context(KafkaLogs::default())
-        .with_context(|| {
-            format!(
-                "Kafka producer for {} (kafka.bootstrap_servers)",
-                kafka.bootstrap_servers
+    let sink = match relay.sink {
+        Transport::Kafka => Sink::Kafka {
+            producer: producer_config(&settings)
+                .create_with_context(KafkaLogs::default())
+                .with_context(|| {
+                    format!(
+                        "Kafka producer for {} (kafka.bootstrap_servers)",
+                        kafka.bootstrap_servers
+                    )
+                })?,
+            topic: kafka.topic.clone(),
+        },
+        Transport::Sqs => {
+            let sqs = Sqs::connect(&settings.sqs).await.context("SQS settings")?;
+            let publisher = retry_connecting(
+                "reaching SQS",
+                Duration::from_millis(kafka.startup_retry_ms),
+                &shutdown,
+                SqsError::is_transient,
+                || SqsPublisher::connect(sqs.clone(), &settings.sqs),
             )
-        })?;
+            .await
+            .context("checking the SQS queue")?;
+            crate::telemetry::register(crate::telemetry::SQS_METRICS);
+            Sink::Sqs(publisher)
+        }
+    };
     let provider = crate::provider::build_provider(&settings.provider)
         .context("provider settings (the quota reconciler asks the provider)")?;
     let heartbeat = Arc::new(Heartbeat::default());
@@ -155,12 +179,12 @@ pub async fn run(
             max_lag: relay.ready_max_lag(),
         },
     );
-    tracing::info!(topic = %kafka.topic, "relay started");
+    tracing::info!(to = %sink.name(), "relay started");
     while !shutdown.is_cancelled() {
         heartbeat.beat();
         let published = store
             .relay_batch(relay.batch_size, |rows| {
-                publish(&producer, &kafka.topic, rows)
+                sink.publish(rows, relay.publish_timeout())
             })
             .await;
         let full = match published {
@@ -185,6 +209,36 @@ pub async fn run(
     }
     tracing::info!("relay stopped");
     Ok(())
+}
+
+/// Where the relay hands the outbox.
+enum Sink {
+    Kafka {
+        producer: FutureProducer<KafkaLogs>,
+        topic: String,
+    },
+    Sqs(SqsPublisher),
+}
+
+impl Sink {
+    fn name(&self) -> String {
+        match self {
+            Sink::Kafka { topic, .. } => format!("kafka topic {topic}"),
+            Sink::Sqs(publisher) => format!("sqs queue {}", publisher.queue_name()),
+        }
+    }
+
+    /// Publishes `rows`. An SQS batch's calls end within `timeout` (the batch's transaction is
+    /// open meanwhile); a row whose call did not answer in time stays for the next batch.
+    /// librdkafka bounds a Kafka publish itself (`message.timeout.ms`).
+    async fn publish(&self, rows: Vec<OutboxRow>, timeout: Duration) -> Published {
+        match self {
+            Sink::Kafka { producer, topic } => publish(producer, topic, rows).await,
+            Sink::Sqs(publisher) => tokio::time::timeout(timeout, publisher.publish(rows))
+                .await
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// Publishes `rows`: the ids Kafka acknowledged, and those it refused for good with why. Each
@@ -227,7 +281,7 @@ async fn publish(
 /// Sends one row's record and waits for the broker's answer.
 async fn send(producer: &FutureProducer<KafkaLogs>, topic: &str, row: &OutboxRow) -> Sent {
     let stored = row.traceparent.as_deref();
-    let span = trace::publish(topic, &row.task_id.to_string(), stored);
+    let span = trace::publish("kafka", topic, &row.task_id.to_string(), stored);
     let mut record = FutureRecord::to(topic)
         .key(&row.record_key)
         .payload(&row.payload);
@@ -243,7 +297,7 @@ async fn send(producer: &FutureProducer<KafkaLogs>, topic: &str, row: &OutboxRow
         Err((e, _)) => match refused_for_good(&e) {
             Some(reason) => Sent::Refused(reason),
             None => {
-                telemetry::outbox_publish_failed(row.outbox_id, &e);
+                telemetry::outbox_publish_failed(row.outbox_id, &telemetry::chain(&e));
                 Sent::Failed
             }
         },

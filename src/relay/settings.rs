@@ -4,17 +4,22 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::sqs::settings::Transport;
+
 /// The outbox relay (`replyd relay`).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RelaySettings {
+    /// Where the outbox is handed: `kafka` (`kafka.topic`) or `sqs` (`sqs.queue_url`).
+    pub sink: Transport,
     /// Outbox rows published per transaction.
     pub batch_size: i64,
     /// How often the outbox is looked at when no notification came.
     pub poll_interval_ms: u64,
     /// How long published rows are kept before they are deleted.
     pub retention_ms: u64,
-    /// librdkafka's `message.timeout.ms` for a publish; must be below
+    /// How long a batch's publish may take (librdkafka's `message.timeout.ms` on Kafka; the
+    /// whole batch's calls on SQS); must be below
     /// `database.idle_in_transaction_session_timeout_ms`, since the batch's transaction stays
     /// open while its records are published.
     pub publish_timeout_ms: u64,
@@ -26,6 +31,7 @@ pub struct RelaySettings {
 impl Default for RelaySettings {
     fn default() -> Self {
         Self {
+            sink: Transport::Kafka,
             batch_size: 100,
             poll_interval_ms: 1_000,
             retention_ms: 60 * 60 * 1000,
@@ -64,6 +70,10 @@ impl RelaySettings {
 
     pub fn retention(&self) -> Duration {
         Duration::from_millis(self.retention_ms)
+    }
+
+    pub fn publish_timeout(&self) -> Duration {
+        Duration::from_millis(self.publish_timeout_ms)
     }
 
     pub fn ready_max_lag(&self) -> Duration {

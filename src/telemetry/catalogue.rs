@@ -60,6 +60,15 @@ pub mod names {
     pub const QUOTA_RECONCILED: &str = "replyd_quota_reconciled_total";
     pub const QUOTA_REFUSED: &str = "replyd_quota_refused_total";
     pub const QUOTA_OVERDUE: &str = "replyd_quota_reservations_overdue";
+    pub const SQS_RECEIVED: &str = "replyd_sqs_messages_received_total";
+    pub const SQS_DUPLICATE_RECEIVES: &str = "replyd_sqs_duplicate_receives_total";
+    pub const SQS_RECEIVED_AGE_SECONDS: &str = "replyd_sqs_received_message_age_seconds";
+    pub const SQS_DELETED: &str = "replyd_sqs_messages_deleted_total";
+    pub const SQS_HANDED_BACK: &str = "replyd_sqs_messages_handed_back_total";
+    pub const SQS_VISIBILITY_EXTENSIONS: &str = "replyd_sqs_visibility_extensions_total";
+    pub const SQS_ENTRIES_REFUSED: &str = "replyd_sqs_batch_entries_refused_total";
+    pub const SQS_ERRORS: &str = "replyd_sqs_errors_total";
+    pub const SQS_QUEUE_MESSAGES: &str = "replyd_sqs_queue_messages";
 }
 
 use names::*;
@@ -134,6 +143,20 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
     (LISTENER_LOSSES, Kind::Counter),
     (TASKS_FAILED_AT_CLAIM, Kind::Counter),
     (LIBRDKAFKA_LOGS, Kind::Counter),
+];
+
+/// The metric families a worker whose source is SQS exports beside [`WORKER_METRICS`] (a relay
+/// sending to SQS counts its refused entries and failed calls the same way).
+pub const SQS_METRICS: &[(&str, Kind)] = &[
+    (SQS_RECEIVED, Kind::Counter),
+    (SQS_DUPLICATE_RECEIVES, Kind::Counter),
+    (SQS_RECEIVED_AGE_SECONDS, Kind::Gauge),
+    (SQS_DELETED, Kind::Counter),
+    (SQS_HANDED_BACK, Kind::Counter),
+    (SQS_VISIBILITY_EXTENSIONS, Kind::Counter),
+    (SQS_ENTRIES_REFUSED, Kind::Counter),
+    (SQS_ERRORS, Kind::Counter),
+    (SQS_QUEUE_MESSAGES, Kind::Gauge),
 ];
 
 /// The metric families the API exports.

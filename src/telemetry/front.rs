@@ -6,7 +6,7 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 
 use super::catalogue::names::*;
-use super::lines::{chain, once_a_minute, shape_of};
+use super::lines::{once_a_minute, shape_of};
 
 /// An API request answered with a problem; `kind` is the problem's type, `status` its HTTP
 /// status. Both are labels: one status covers several kinds (`rate_limited` and
@@ -67,9 +67,13 @@ pub fn outbox_published(rows: usize) {
     counter!(OUTBOX_PUBLISHED).increment(rows as u64);
 }
 
-pub fn outbox_publish_failed(outbox_id: i64, error: &rdkafka::error::KafkaError) {
-    if once_a_minute(&format!("outbox:{}", shape_of(&error.to_string()))) {
-        tracing::warn!(outbox_id, error = %chain(error), "publishing an outbox row failed; it stays for the next batch (repeats are held back for a minute)");
+pub fn outbox_publish_failed(outbox_id: i64, error: &str) {
+    if once_a_minute(&format!("outbox:{}", shape_of(error))) {
+        tracing::warn!(
+            outbox_id,
+            error,
+            "publishing an outbox row failed; it stays for the next batch (repeats are held back for a minute)"
+        );
     }
     counter!(OUTBOX_PUBLISH_ERRORS).increment(1);
 }

@@ -13,16 +13,18 @@ mod kafka;
 mod lines;
 pub mod logging;
 mod provider;
+mod sqs;
 mod tasks;
 pub mod trace;
 
 pub use catalogue::{
     API_METRICS, CAPACITY_WAIT_BUCKETS, COMPLETION_BATCH_ROWS_BUCKETS,
     HTTP_REQUEST_SECONDS_BUCKETS, Kind, PROVIDER_SECONDS_BUCKETS, RELAY_METRICS,
-    RENEWAL_BATCH_ROWS_BUCKETS, WORKER_METRICS, names, register,
+    RENEWAL_BATCH_ROWS_BUCKETS, SQS_METRICS, WORKER_METRICS, names, register,
 };
 pub use front::*;
 pub use kafka::*;
 pub use lines::{RepeatedFailure, chain};
 pub use provider::*;
+pub use sqs::*;
 pub use tasks::*;

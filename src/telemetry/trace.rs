@@ -280,13 +280,13 @@ pub fn api_request(method: &str, route: &str, headers: &axum::http::HeaderMap) -
 }
 
 /// The relay's producer span of one outbox row: a child of the request that wrote it.
-pub fn publish(topic: &str, task_id: &str, stored: Option<&str>) -> Span {
+pub fn publish(system: &'static str, topic: &str, task_id: &str, stored: Option<&str>) -> Span {
     let span = tracing::info_span!(
         target: TARGET,
         "publish",
         otel.name = format!("publish {topic}"),
         otel.kind = "producer",
-        messaging.system = "kafka",
+        messaging.system = system,
         messaging.operation.type = "send",
         messaging.destination.name = topic,
         replyd.task_id = task_id,
@@ -307,13 +307,19 @@ pub fn record_headers(span: &Span, stored: Option<&str>) -> Option<OwnedHeaders>
 
 /// The worker's consumer span of one record: a child of its `traceparent` header, or the root
 /// of a new trace when the producer sent none.
-pub fn process(topic: &str, partition: i32, offset: i64, carrier: Option<&dyn Extractor>) -> Span {
+pub fn process(
+    system: &'static str,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    carrier: Option<&dyn Extractor>,
+) -> Span {
     let span = tracing::info_span!(
         target: TARGET,
         "process",
         otel.name = format!("process {topic}"),
         otel.kind = "consumer",
-        messaging.system = "kafka",
+        messaging.system = system,
         messaging.operation.type = "process",
         messaging.destination.name = topic,
         messaging.destination.partition.id = partition,
@@ -481,7 +487,7 @@ mod tests {
     #[test]
     fn with_traces_off_no_context_is_made_or_sent() {
         // No exporter layer in unit tests: every trace span is disabled.
-        let span = process("t", 0, 1, None);
+        let span = process("kafka", "t", 0, 1, None);
         assert_eq!(traceparent(&span), None);
         assert!(record_headers(&span, None).is_none());
         let kept = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";

@@ -289,6 +289,14 @@ impl Shared {
                             .catch_unwind()
                             .await;
                     match attempt {
+                        // A Kafka record cannot be handed back (`can_hand_back`); were one
+                        // asked to wait anyway, it waits here and runs again.
+                        Ok(RecordOutcome::HandedBack { after }) => {
+                            tokio::select! {
+                                _ = cancel.cancelled() => break RecordOutcome::Cancelled,
+                                _ = tokio::time::sleep(after) => {}
+                            }
+                        }
                         Ok(outcome) => break outcome,
                         Err(_) => {
                             // A handler bug must neither crash the process nor drop the record:
@@ -800,8 +808,16 @@ pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
 
 /// A Kafka record, as the pipeline sees it.
 impl Delivery for OwnedMessage {
-    fn payload(&self) -> Option<&[u8]> {
-        Message::payload(self)
+    fn payload(&self) -> Result<Option<&[u8]>, replyd_core::domain::RecordError> {
+        Ok(Message::payload(self))
+    }
+
+    fn system(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn can_hand_back(&self) -> bool {
+        false
     }
 
     fn written_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {

@@ -29,6 +29,10 @@ use crate::connect_retry::retry_connecting;
 use crate::kafka::dead_letter::{DeadLetterError, DeadLetters};
 use crate::probes::{DatabaseReady, Probes, Readiness};
 use crate::provider::build_provider;
+use crate::sqs::dead_letter::SqsDeadLetters;
+use crate::sqs::settings::Transport;
+use crate::sqs::source::{SourceLimits, SourceStatus, run_source};
+use crate::sqs::{Sqs, SqsError};
 use crate::store::Store;
 
 use consumer::{ConsumerStatus, run_consumer};
@@ -96,34 +100,6 @@ pub async fn run_worker(
         Recovery::IdempotencyKey => settings.retry.provider_honours_idempotency_key,
         Recovery::None => false,
     };
-    let dead_letters = Arc::new(DeadLetters::new(&settings.kafka).context("dead-letter producer")?);
-    retry_connecting(
-        "reaching Kafka",
-        Duration::from_millis(settings.kafka.startup_retry_ms),
-        &shutdown,
-        // A topic created moments before the workers (a deploy's topic Job, a test) may not
-        // be in every broker's metadata yet: a missing one is waited for within the start-up
-        // window like an unreachable broker, then refused by name.
-        |e: &DeadLetterError| {
-            matches!(
-                e,
-                DeadLetterError::Unreachable { .. } | DeadLetterError::MissingTopic(_)
-            )
-        },
-        || {
-            let dead_letters = Arc::clone(&dead_letters);
-            async move {
-                // A metadata request blocks: keep it off the runtime's threads.
-                tokio::task::spawn_blocking(move || dead_letters.verify_topic())
-                    .await
-                    .unwrap_or_else(|e| Err(DeadLetterError::Panicked(e.to_string())))
-            }
-        },
-    )
-    .await
-    .context("checking the dead-letter topic")?;
-    let dead_letters = Arc::into_inner(dead_letters)
-        .ok_or_else(|| anyhow::anyhow!("the dead-letter check still holds the producer"))?;
     let worker_id = settings.worker.resolved_worker_id();
     let parked = ParkedTasks::default();
     if settings.database.listen {
@@ -157,15 +133,77 @@ pub async fn run_worker(
             recoverable,
         },
     );
-    let pipeline = Arc::new(Pipeline::new(
-        dead_letters,
-        runner,
-        PipelineSettings {
-            rules: settings.worker.record_rules(),
-            io_retry: settings.worker.io_retry(),
-        },
-    ));
+    let pipeline_settings = PipelineSettings {
+        rules: settings.worker.record_rules(),
+        io_retry: settings.worker.io_retry(),
+    };
+    match settings.worker.source {
+        Transport::Kafka => {
+            run_kafka(
+                settings,
+                probes,
+                shutdown,
+                store,
+                runner,
+                pipeline_settings,
+                worker_id,
+            )
+            .await
+        }
+        Transport::Sqs => {
+            run_sqs(
+                settings,
+                probes,
+                shutdown,
+                store,
+                runner,
+                pipeline_settings,
+                worker_id,
+            )
+            .await
+        }
+    }
+}
 
+/// The Kafka source: the dead-letter topic checked, then the consumer's poll thread.
+async fn run_kafka(
+    settings: Settings,
+    probes: &Probes,
+    shutdown: CancellationToken,
+    store: Store,
+    runner: TaskRunner,
+    pipeline_settings: PipelineSettings,
+    worker_id: String,
+) -> anyhow::Result<()> {
+    let dead_letters = Arc::new(DeadLetters::new(&settings.kafka).context("dead-letter producer")?);
+    retry_connecting(
+        "reaching Kafka",
+        Duration::from_millis(settings.kafka.startup_retry_ms),
+        &shutdown,
+        // A topic created moments before the workers (a deploy's topic Job, a test) may not
+        // be in every broker's metadata yet: a missing one is waited for within the start-up
+        // window like an unreachable broker, then refused by name.
+        |e: &DeadLetterError| {
+            matches!(
+                e,
+                DeadLetterError::Unreachable { .. } | DeadLetterError::MissingTopic(_)
+            )
+        },
+        || {
+            let dead_letters = Arc::clone(&dead_letters);
+            async move {
+                // A metadata request blocks: keep it off the runtime's threads.
+                tokio::task::spawn_blocking(move || dead_letters.verify_topic())
+                    .await
+                    .unwrap_or_else(|e| Err(DeadLetterError::Panicked(e.to_string())))
+            }
+        },
+    )
+    .await
+    .context("checking the dead-letter topic")?;
+    let dead_letters = Arc::into_inner(dead_letters)
+        .ok_or_else(|| anyhow::anyhow!("the dead-letter check still holds the producer"))?;
+    let pipeline = Arc::new(Pipeline::new(dead_letters, runner, pipeline_settings));
     let status = Arc::new(ConsumerStatus::default());
     probes.watch("worker", Arc::clone(&status.heartbeat));
     probes.add(
@@ -197,4 +235,99 @@ pub async fn run_worker(
         .map_err(|_| anyhow::anyhow!("the poll thread panicked"))?
         .context("kafka consumer")?;
     Ok(())
+}
+
+/// A worker reading SQS is ready while its receive loop turns and its last receive answered,
+/// and the database answers.
+struct SqsReady {
+    status: Arc<SourceStatus>,
+    store: Store,
+}
+
+impl Readiness for SqsReady {
+    fn check(&self) -> BoxFuture<'_, Result<String, String>> {
+        Box::pin(async move {
+            if !self.status.receiving.load(Ordering::Relaxed) {
+                let why = self
+                    .status
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+                    .unwrap_or_else(|| "not receiving".into());
+                return Err(why);
+            }
+            let silent = self.status.heartbeat.silent_for();
+            if silent > READY_POLL_SILENCE {
+                return Err(format!(
+                    "the receive loop has not turned for {:.1} s",
+                    silent.as_secs_f64()
+                ));
+            }
+            DatabaseReady(self.store.clone()).check().await?;
+            Ok(format!(
+                "{} SQS messages held",
+                self.status.held.load(Ordering::Relaxed)
+            ))
+        })
+    }
+}
+
+/// The SQS source: the queue and its dead-letter queue checked (waiting within
+/// `kafka.startup_retry_ms` for an endpoint that does not answer yet), then the receive loop.
+async fn run_sqs(
+    settings: Settings,
+    probes: &Probes,
+    shutdown: CancellationToken,
+    store: Store,
+    runner: TaskRunner,
+    pipeline_settings: PipelineSettings,
+    worker_id: String,
+) -> anyhow::Result<()> {
+    let sqs = Sqs::connect(&settings.sqs).await.context("SQS settings")?;
+    let startup = Duration::from_millis(settings.kafka.startup_retry_ms);
+    let dead_letter_url = retry_connecting(
+        "reaching SQS",
+        startup,
+        &shutdown,
+        SqsError::is_transient,
+        || sqs.dead_letter_queue(&settings.sqs),
+    )
+    .await
+    .context("finding the SQS dead-letter queue")?;
+    let dead_letters = SqsDeadLetters::new(sqs.clone(), dead_letter_url);
+    retry_connecting(
+        "reaching the SQS dead-letter queue",
+        startup,
+        &shutdown,
+        SqsError::is_transient,
+        || dead_letters.verify(),
+    )
+    .await
+    .with_context(|| format!("checking the dead-letter queue {}", dead_letters.url()))?;
+    let pipeline = Arc::new(Pipeline::new(dead_letters, runner, pipeline_settings));
+    crate::telemetry::register(crate::telemetry::SQS_METRICS);
+    let status = Arc::new(SourceStatus::default());
+    probes.watch("worker", Arc::clone(&status.heartbeat));
+    probes.add(
+        "worker",
+        SqsReady {
+            status: Arc::clone(&status),
+            store,
+        },
+    );
+    tracing::info!(worker_id = %worker_id, queue = %settings.sqs.queue_url, "worker started");
+    run_source(
+        sqs,
+        settings.sqs.clone(),
+        SourceLimits {
+            max_in_flight: settings.sqs.max_in_flight(settings.worker.global_window),
+            drain_timeout: Duration::from_millis(settings.worker.drain_timeout_ms),
+            io_retry: settings.worker.io_retry(),
+        },
+        pipeline,
+        shutdown,
+        status,
+    )
+    .await
 }

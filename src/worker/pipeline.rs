@@ -3,7 +3,8 @@
 //!
 //! Keeps I3 from the record's side: the handler says `Done` only when the task is terminal or
 //! the record is kept as a dead letter; a cancelled record (revoke, shutdown) says `Cancelled`
-//! and is delivered again. It sees a record only through [`Delivery`], whatever its source.
+//! and is delivered again, and a record whose task another worker holds is handed back to a
+//! source that can take it (SQS) instead of waiting here. It sees a record only through [`Delivery`], whatever its source.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use super::source::{DeadLetter, Delivery, RecordHandler, RecordOutcome};
 use crate::telemetry::{self, trace};
 use replyd_core::domain::{RecordEnd, RecordRules, RecordSource, TaskSpec};
 
-use super::runner::{FromRecord, TaskRunner};
+use super::runner::{FromRecord, RunEnd, TaskRunner, WhenHeld};
 use super::store_retry::pause;
 
 /// Settings of the per-record pipeline.
@@ -55,6 +56,7 @@ impl<L> Pipeline<L> {
         // The record's own span of the task's trace (a new trace when it came without a
         // `traceparent`); the log's span stays the source's `record`.
         let span = trace::process(
+            record.system(),
             &key.topic,
             key.partition,
             offset,
@@ -75,11 +77,9 @@ impl<L> Pipeline<L> {
         L: DeadLetter<D>,
     {
         let (key, offset) = record.position();
-        let spec = match TaskSpec::from_record(
-            record.payload(),
-            record.written_at(),
-            &self.settings.rules,
-        ) {
+        let spec = match record.payload().and_then(|payload| {
+            TaskSpec::from_record(payload, record.written_at(), &self.settings.rules)
+        }) {
             Ok(spec) => spec,
             Err(error) => {
                 // A bad record is done once it is kept as a dead letter.
@@ -102,6 +102,7 @@ impl<L> Pipeline<L> {
                 }
             }
         };
+        let record_can_hand_back = record.can_hand_back();
         let task_id = spec.task_id;
         let id = task_id.to_string();
         tracing::Span::current().record("task_id", id.as_str());
@@ -113,9 +114,19 @@ impl<L> Pipeline<L> {
                 offset,
             },
         };
-        match self.runner.run(task_id, Some(record), &cancel, span).await {
-            Some(how) => RecordOutcome::Done(how),
-            None => RecordOutcome::Cancelled,
+        let held = if record_can_hand_back {
+            WhenHeld::HandBack
+        } else {
+            WhenHeld::Park
+        };
+        match self
+            .runner
+            .run(task_id, Some(record), held, &cancel, span)
+            .await
+        {
+            RunEnd::Terminal(how) => RecordOutcome::Done(how),
+            RunEnd::Cancelled => RecordOutcome::Cancelled,
+            RunEnd::HandBack { after } => RecordOutcome::HandedBack { after },
         }
     }
 }

@@ -43,6 +43,29 @@ pub struct FromRecord<'a> {
     pub source: RecordSource,
 }
 
+/// What a run does when another worker holds the task's lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenHeld {
+    /// Wait in memory until the lease ends or the task changes: a Kafka record's offset holds
+    /// its partition's commit point whether it waits here or not.
+    Park,
+    /// Give the record back to its source, to be delivered again when the lease ends: an SQS
+    /// message waits hidden in its queue instead of in this worker's memory. A lease held by
+    /// this worker's own name is still waited for here: its twin wakes it at once.
+    HandBack,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunEnd {
+    /// The task is terminal, saying how.
+    Terminal(RecordEnd),
+    /// Cancelled before a durable outcome.
+    Cancelled,
+    /// Another worker holds the task (under [`WhenHeld::HandBack`]): look again after this.
+    HandBack { after: Duration },
+}
+
 /// How often a background create whose answer was lost is sent again within one attempt.
 const CREATE_RESENDS: u32 = 2;
 
@@ -140,18 +163,33 @@ impl TaskRunner {
         with_retry(self.settings.io_retry, operation, cancel, op).await
     }
 
-    /// Runs the task until it is terminal (`Some`, saying how) or `cancel` fires (`None`).
-    /// With `record`, the first claim also inserts the record's task if it is absent (one
-    /// round trip for both) and reports a record that disagrees with the stored task.
-    /// Each claim, provider call and completion is a child span of `trace` (see
+    /// Runs the task until it is terminal, `cancel` fires, or (under [`WhenHeld::HandBack`])
+    /// another worker holds it. With `record`, the first claim also inserts the record's task
+    /// if it is absent (one round trip for both) and reports a record that disagrees with the
+    /// stored task. Each claim, provider call and completion is a child span of `trace` (see
     /// [`trace`]; disabled spans when traces are off).
     pub async fn run(
         &self,
         task_id: TaskId,
         record: Option<FromRecord<'_>>,
+        held: WhenHeld,
         cancel: &CancellationToken,
         trace: &Span,
-    ) -> Option<RecordEnd> {
+    ) -> RunEnd {
+        match self.run_inner(task_id, record, held, cancel, trace).await {
+            Some(end) => end,
+            None => RunEnd::Cancelled,
+        }
+    }
+
+    async fn run_inner(
+        &self,
+        task_id: TaskId,
+        record: Option<FromRecord<'_>>,
+        held: WhenHeld,
+        cancel: &CancellationToken,
+        trace: &Span,
+    ) -> Option<RunEnd> {
         let id = task_id.to_string();
         // Watched from before the first claim, so a lease that ends between a claim and the
         // park below still wakes this run.
@@ -192,7 +230,7 @@ impl TaskRunner {
                     // Deleted by retention or an erasure, perhaps while this worker ran it: a
                     // forgotten task is never run again.
                     self.parked.wake(task_id, WakeSource::Local);
-                    return Some(RecordEnd::Forgotten);
+                    return Some(RunEnd::Terminal(RecordEnd::Forgotten));
                 }
                 // Ensured above, and only a forgotten task is deleted: someone removed it.
                 tracing::error!(task_id = %id, "task row disappeared; retrying");
@@ -205,12 +243,12 @@ impl TaskRunner {
                 ClaimOutcome::Claimed(lease) => {
                     tracing::Span::current().record("assignment_version", lease.version);
                     match self.attempt(&stored, &lease, cancel, trace).await {
-                        AttemptEnd::Terminal(how) => return Some(how),
+                        AttemptEnd::Terminal(how) => return Some(RunEnd::Terminal(how)),
                         AttemptEnd::Cancelled => return None,
                         AttemptEnd::Again { wait } => wait,
                     }
                 }
-                ClaimOutcome::LeasedByOther { until, .. } => {
+                ClaimOutcome::LeasedByOther { until, owner, .. } => {
                     // Park until the other lease ends or the task's status changes (woken by
                     // `parked`), then look again. The lease end is database time; a small
                     // skew only shifts when we look.
@@ -218,19 +256,22 @@ impl TaskRunner {
                         .to_std()
                         .unwrap_or_default()
                         .clamp(self.settings.io_retry / 4, self.settings.lease);
+                    if held == WhenHeld::HandBack && owner != self.settings.worker_id {
+                        return Some(RunEnd::HandBack { after: wait });
+                    }
                     if !self.park(cancel, wait, &mut watch).await {
                         return None;
                     }
                     continue;
                 }
                 ClaimOutcome::AlreadyCompleted => {
-                    return Some(RecordEnd::AlreadyCompleted);
+                    return Some(RunEnd::Terminal(RecordEnd::AlreadyCompleted));
                 }
                 ClaimOutcome::AlreadyFailed => {
-                    return Some(RecordEnd::AlreadyFailed);
+                    return Some(RunEnd::Terminal(RecordEnd::AlreadyFailed));
                 }
                 ClaimOutcome::AlreadyCancelled => {
-                    return Some(RecordEnd::Cancelled);
+                    return Some(RunEnd::Terminal(RecordEnd::Cancelled));
                 }
                 ClaimOutcome::BudgetExhausted { attempts } => {
                     telemetry::task_failed_at_claim(
@@ -242,7 +283,7 @@ impl TaskRunner {
                         ),
                     );
                     self.parked.wake(task_id, WakeSource::Local);
-                    return Some(RecordEnd::Failed);
+                    return Some(RunEnd::Terminal(RecordEnd::Failed));
                 }
                 ClaimOutcome::DeadlinePassed { deadline } => {
                     telemetry::task_failed_at_claim(
@@ -255,7 +296,7 @@ impl TaskRunner {
                         ),
                     );
                     self.parked.wake(task_id, WakeSource::Local);
-                    return Some(RecordEnd::Failed);
+                    return Some(RunEnd::Terminal(RecordEnd::Failed));
                 }
                 ClaimOutcome::NotBefore { at } => {
                     let wait = (at - Utc::now())

@@ -5,12 +5,16 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::sqs::settings::Transport;
 use replyd_core::domain::RecordRules;
 
 /// How the worker processes records.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerSettings {
+    /// Where the worker takes records from: `kafka` (the consumer group of `[kafka]`) or
+    /// `sqs` (the queue of `[sqs]`).
+    pub source: Transport,
     /// Name of this worker in leases and attempt rows. Empty means `<hostname>-<pid>`.
     pub worker_id: String,
     /// Records of one partition processed at once; the partition is paused when full.
@@ -51,6 +55,7 @@ impl Default for WorkerSettings {
     fn default() -> Self {
         let rules = RecordRules::default();
         Self {
+            source: Transport::Kafka,
             worker_id: String::new(),
             partition_window: 64,
             global_window: 256,

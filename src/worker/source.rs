@@ -1,10 +1,10 @@
 //! The seam between where records come from and what is done with them. A source (the Kafka
-//! group consumer, [`super::consumer`], today) owns a record's acknowledgement: it holds the
-//! record "in flight" while its handler runs and acknowledges it (for Kafka, commits past it)
-//! only once the handler says [`RecordOutcome::Done`]. The handler ([`super::pipeline`]) sees a
-//! record only as a [`Delivery`], and keeps a bad one through the source's [`DeadLetter`], so
-//! a second source is a room of its own beside the consumer, and the pipeline and the runner
-//! do not change for it.
+//! group consumer, [`super::consumer`], or an SQS queue, [`crate::sqs::source`]) owns a
+//! record's acknowledgement: it holds the record "in flight" while its handler runs and
+//! acknowledges it (for Kafka, commits past it; for SQS, deletes it) only once the handler says
+//! [`RecordOutcome::Done`]. The handler ([`super::pipeline`]) sees a record only as a
+//! [`Delivery`], and keeps a bad one through the source's [`DeadLetter`], so each source is a
+//! room of its own, and the pipeline and the runner do not change for it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,8 +18,14 @@ use replyd_core::offsets::PartitionKey;
 
 /// One record as its source delivers it.
 pub trait Delivery: Send + Sync + 'static {
-    /// The record's bytes; `None` for a tombstone or an empty message.
-    fn payload(&self) -> Option<&[u8]>;
+    /// The record's bytes (`None` for a tombstone), or why its envelope holds none a record
+    /// can be read from (an SQS body that is not base64).
+    fn payload(&self) -> Result<Option<&[u8]>, RecordError>;
+    /// The messaging system, as trace spans name it (`kafka`, `aws_sqs`).
+    fn system(&self) -> &'static str;
+    /// Whether the source can take the record back unacknowledged, to deliver it again later
+    /// ([`RecordOutcome::HandedBack`]). A Kafka record cannot leave its partition's order.
+    fn can_hand_back(&self) -> bool;
     /// When its producer wrote it, when the source says.
     fn written_at(&self) -> Option<DateTime<Utc>>;
     /// Where it sits in its source: the partition (a topic's, or a queue's only one) and its
@@ -49,6 +55,9 @@ pub enum RecordOutcome {
     /// The work was cancelled (revoke, shutdown) before a durable outcome: the source must not
     /// acknowledge it, so it is delivered again.
     Cancelled,
+    /// Another worker holds the record's task: the source keeps it unacknowledged and
+    /// delivers it again after this (only from a delivery that [`Delivery::can_hand_back`]).
+    HandedBack { after: std::time::Duration },
 }
 
 impl RecordOutcome {
@@ -57,6 +66,7 @@ impl RecordOutcome {
         match self {
             RecordOutcome::Done(how) => how.as_str(),
             RecordOutcome::Cancelled => "cancelled",
+            RecordOutcome::HandedBack { .. } => "handed_back",
         }
     }
 }

@@ -28,6 +28,7 @@ mod provider_http;
 mod quota;
 mod reconcile;
 mod secrets;
+mod sqs;
 mod store_fencing;
 mod store_functions;
 mod tracing;

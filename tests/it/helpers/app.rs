@@ -54,6 +54,8 @@ pub struct WorkerConfig {
     pub extra_toml: String,
     /// `kafka.group_instance_id` = the process's name: static membership.
     pub static_membership: bool,
+    /// `sqs.visibility_timeout_seconds` of a test on SQS ([`TestApp::start_on_sqs`]).
+    pub sqs_visibility_seconds: u32,
 }
 
 impl Default for WorkerConfig {
@@ -80,6 +82,7 @@ impl Default for WorkerConfig {
             commit_interval_ms: 200,
             extra_toml: String::new(),
             static_membership: false,
+            sqs_visibility_seconds: 6,
         }
     }
 }
@@ -120,6 +123,21 @@ pub struct TestApp {
     /// Where workers reach PostgreSQL and the provider, when not directly (a fault proxy).
     routes: Mutex<Routes>,
     dir: PathBuf,
+    /// The queues of a test on SQS: the workers receive from them and the relay sends to them.
+    pub sqs: Option<SqsQueues>,
+}
+
+/// A test's SQS queues and the server they live on.
+#[derive(Debug, Clone)]
+pub struct SqsQueues {
+    pub endpoint: String,
+    pub queues: replyd_lab::sqs::Queues,
+}
+
+impl SqsQueues {
+    pub fn client(&self) -> replyd::sqs::Sqs {
+        replyd_lab::sqs::connect(&self.endpoint)
+    }
 }
 
 /// A `replyd worker` process. Dropping it kills it, so no test leaves processes behind.
@@ -180,7 +198,51 @@ impl TestApp {
             spawns: Mutex::new(HashMap::new()),
             routes: Mutex::new(Routes::default()),
             dir,
+            sqs: None,
         }
+    }
+
+    /// An application whose workers receive from an SQS queue of its own (on the server
+    /// `deploy/infra.sh` starts), and whose relay sends to it. Its dead-letter queue is the
+    /// queue's `RedrivePolicy`'s, after `max_receive_count` receives.
+    pub async fn start_on_sqs(
+        mock: MockSettings,
+        config: WorkerConfig,
+        max_receive_count: u32,
+    ) -> Self {
+        let mut app = Self::start(1, mock, config).await;
+        let endpoint = infra("SQS_ENDPOINT");
+        let client = replyd_lab::sqs::connect(&endpoint);
+        let queues = replyd_lab::sqs::create_queues(&client, &app.topic, max_receive_count)
+            .await
+            .expect("SQS queues");
+        app.sqs = Some(SqsQueues { endpoint, queues });
+        app
+    }
+
+    /// The test's SQS queues (a test started with [`TestApp::start_on_sqs`]).
+    pub fn on_sqs(&self) -> &SqsQueues {
+        self.sqs.as_ref().expect("the test runs on SQS")
+    }
+
+    /// The `[sqs]` table and the source and sink that use it, on a test on SQS.
+    fn sqs_toml(&self) -> String {
+        let Some(sqs) = &self.sqs else {
+            return String::new();
+        };
+        format!(
+            r#"
+[sqs]
+queue_url = "{url}"
+endpoint_url = "{endpoint}"
+region = "us-east-1"
+wait_time_seconds = 2
+visibility_timeout_seconds = {visibility}
+"#,
+            url = sqs.queues.url,
+            endpoint = sqs.endpoint,
+            visibility = self.config.sqs_visibility_seconds,
+        )
     }
 
     fn worker_toml(&self, name: &str) -> String {
@@ -213,7 +275,7 @@ dead_letter_topic = "{dlq}"
 {heartbeat}
 
 [worker]
-worker_id = "{name}"
+{source}worker_id = "{name}"
 partition_window = {pw}
 global_window = {gw}
 read_ahead = {ra}
@@ -242,9 +304,21 @@ listen = "127.0.0.1:0"
 
 [api]
 listen = "127.0.0.1:0"
-
+{sink}
+{sqs}
 {extra}
 "#,
+            source = if self.sqs.is_some() {
+                "source = \"sqs\"\n"
+            } else {
+                ""
+            },
+            sink = if self.sqs.is_some() {
+                "\n[relay]\nsink = \"sqs\"\n"
+            } else {
+                ""
+            },
+            sqs = self.sqs_toml(),
             url = self.worker_database_url(),
             commit = c.commit_interval_ms,
             kafka_toml = routes.kafka_toml.as_deref().unwrap_or_default(),
@@ -354,12 +428,19 @@ listen = "127.0.0.1:0"
             .append(true)
             .open(&log)
             .unwrap();
-        let env = self
+        let mut env = self
             .routes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .env
             .clone();
+        if self.sqs.is_some() {
+            env.extend(
+                replyd_lab::sqs::TEST_ENV
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string())),
+            );
+        }
         let child = Command::new(env!("CARGO_BIN_EXE_replyd"))
             .args([command, "--config"])
             .arg(&config)
@@ -451,7 +532,9 @@ listen = "127.0.0.1:0"
             &format!("{name} is ready"),
             Duration::from_secs(60),
             || async {
-                std::fs::read_to_string(&log).is_ok_and(|text| text.contains("consumer started"))
+                std::fs::read_to_string(&log).is_ok_and(|text| {
+                    text.contains("consumer started") || text.contains("SQS source started")
+                })
             },
         )
         .await;
@@ -581,6 +664,29 @@ listen = "127.0.0.1:0"
             .ok()?;
         page.lines()
             .find_map(|line| line.strip_prefix(metric)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// The sum of every series of metric family `metric` of worker `name` (0 when none).
+    pub async fn metric_total(&self, name: &str, metric: &str) -> f64 {
+        let Some(addr) = self.observability_addr(name) else {
+            return 0.0;
+        };
+        let Ok(page) = reqwest::get(format!("http://{addr}/metrics")).await else {
+            return 0.0;
+        };
+        page.text()
+            .await
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix(metric)?;
+                let value = match rest.strip_prefix('{') {
+                    Some(labelled) => labelled.split_once("} ")?.1,
+                    None => rest.strip_prefix(' ')?,
+                };
+                value.parse::<f64>().ok()
+            })
+            .sum()
     }
 
     /// Publishes tasks (key = conversation id) and returns once the broker acknowledged all.
@@ -724,9 +830,18 @@ listen = "127.0.0.1:0"
 
     /// The checker's report over this test's schema, topic, group and mock.
     pub async fn check(&self) -> replyd::check::Report {
-        replyd::check::run(&self.settings(), Some(&self.mock.base_url()))
+        match &self.sqs {
+            Some(sqs) => replyd::check::run_with_sqs(
+                &self.settings(),
+                Some(&self.mock.base_url()),
+                sqs.client(),
+            )
             .await
-            .expect("check runs")
+            .expect("check runs"),
+            None => replyd::check::run(&self.settings(), Some(&self.mock.base_url()))
+                .await
+                .expect("check runs"),
+        }
     }
 
     /// Attempt outcomes over all tasks, counted.

@@ -115,7 +115,7 @@ impl Default for RecordRules {
 
 /// Why a record cannot become a task. Each variant is a dead-letter reason; `kind()` is the
 /// stable label used in metrics and DLQ headers.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum RecordError {
     #[error("record is not a replyd.v1.ReplyTask: {0}")]
     Undecodable(String),
