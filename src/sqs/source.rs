@@ -329,6 +329,7 @@ async fn settle_loop(
                 }
             }
             status.held.store(held.len(), Ordering::Relaxed);
+            telemetry::in_flight(held.len(), 0);
         }
         for chunk in deletes.chunks(SQS_BATCH_LIMIT) {
             delete(&sqs, &queue, chunk).await;

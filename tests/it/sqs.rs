@@ -221,3 +221,301 @@ async fn bad_messages_of_each_kind_land_in_the_dead_letter_queue_with_the_reason
     assert!(kinds.contains(&"prompt_too_large".to_owned()), "{kinds:?}");
     assert!(kinds.contains(&"missing_field".to_owned()), "{kinds:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_call_has_its_messages_finished_elsewhere_with_one_generation_each() {
+    // Four at a time, so the kill finds some tasks done, some in their calls, some waiting.
+    let config = WorkerConfig {
+        partition_window: 4,
+        global_window: 4,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start_on_sqs(mock(1_000), config, MAX_RECEIVES).await;
+    app.spawn_worker("w1");
+    app.wait_until_ready("w1").await;
+    let all = tasks(30, 10);
+    send(&app, &all, 1).await;
+
+    // Kill while some tasks are done and others are in their calls.
+    let client = app.db.raw_client().await;
+    wait_until("some tasks completed and some running", LIMIT, || {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'running') FROM reply_tasks",
+                    &[],
+                )
+                .await
+                .unwrap();
+            row.get::<_, i64>(0) >= 1 && row.get::<_, i64>(1) >= 2
+        }
+    })
+    .await;
+    app.kill("w1");
+    // The killed worker's messages are hidden until their visibility runs out, then another
+    // worker receives them and takes each task over once its lease has lapsed.
+    app.spawn_worker("w2");
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+    wait_until_drained(&app).await;
+    let report = assert_invariants(&app, 30).await;
+    // The cut-off calls were sent again under the same Idempotency-Key: one generation each.
+    assert_eq!(report.mock_generations, Some(30), "{report:#?}");
+    let took_over: i64 = client
+        .query_one(
+            "SELECT count(*) FROM reply_attempts WHERE worker = 'w2' AND outcome = 'accepted'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(took_over > 0, "w2 finished what w1 held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_stopped_past_its_lease_and_visibility_is_fenced_and_loses_no_message() {
+    let config = WorkerConfig {
+        lease_ms: 2_000,
+        renew_interval_ms: 500,
+        drain_timeout_ms: 1_000,
+        sqs_visibility_seconds: 3,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start_on_sqs(mock(1_500), config, MAX_RECEIVES).await;
+    app.spawn_worker("w1");
+    app.spawn_worker("w2");
+    app.wait_until_ready("w1").await;
+    app.wait_until_ready("w2").await;
+    let all = tasks(40, 8);
+    send(&app, &all, 1).await;
+
+    let client = app.db.raw_client().await;
+    wait_until("w1 holds leases", LIMIT, || {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT count(*) FROM reply_tasks WHERE status = 'running' AND lease_owner = 'w1'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                >= 2
+        }
+    })
+    .await;
+    app.stop("w1");
+    // w1's messages reappear once their visibility runs out; w2 takes their tasks over once
+    // the leases lapse. w1 comes back while w2 still runs some of them: the zombie must not
+    // delete a message whose task is still running elsewhere.
+    wait_until("w2 runs tasks w1 held", LIMIT, || {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT count(*) FROM reply_tasks t WHERE status = 'running' AND lease_owner = 'w2' \
+                     AND EXISTS (SELECT 1 FROM reply_attempts a WHERE a.task_id = t.task_id AND a.worker = 'w1')",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                >= 2
+        }
+    })
+    .await;
+    app.resume("w1");
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+
+    // The zombie's completions are refused and recorded as fenced; its deletes use receipt
+    // handles made stale by w2's receives, and cost nothing: every task is already done.
+    // The zombie's late writes (a renewal or a completion, whichever it tries first) are
+    // refused, and it lets go of every message it held: their tasks are done.
+    wait_until("w1's late writes are refused", LIMIT, || async {
+        app.log_lines_with("w1", &["lease renewal refused"])
+            + app.log_lines_with("w1", &["fenced write refused"])
+            > 0
+    })
+    .await;
+    wait_until("w1 holds no message", LIMIT, || async {
+        app.metric("w1", "replyd_in_flight_records").await == Some(0.0)
+    })
+    .await;
+    wait_until_drained(&app).await;
+    let report = assert_invariants(&app, 40).await;
+    let outcomes = app.attempt_outcomes().await;
+    assert_eq!(outcomes.get("accepted"), Some(&40), "{outcomes:?}");
+    // w1's taken-over attempts ended fenced (its write refused) or abandoned (taken over
+    // before it tried), never accepted.
+    let ended_elsewhere =
+        outcomes.get("fenced").unwrap_or(&0) + outcomes.get("abandoned").unwrap_or(&0);
+    assert!(ended_elsewhere >= 2, "{outcomes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_longer_than_the_visibility_timeout_keeps_its_message_hidden() {
+    let config = WorkerConfig {
+        lease_ms: 3_000,
+        renew_interval_ms: 500,
+        sqs_visibility_seconds: 3,
+        ..WorkerConfig::default()
+    };
+    // Three visibility timeouts long.
+    let app = TestApp::start_on_sqs(mock(9_000), config, MAX_RECEIVES).await;
+    app.spawn_worker("w1");
+    app.wait_until_ready("w1").await;
+    let all = tasks(1, 1);
+    send(&app, &all, 1).await;
+    wait_until("w1's call is in flight", LIMIT, || async {
+        app.mock.stats().in_flight == 1
+    })
+    .await;
+    app.spawn_worker("w2");
+    app.wait_until_ready("w2").await;
+
+    app.wait_until_terminal(&ids(&all), LIMIT).await;
+    wait_until_drained(&app).await;
+    let report = assert_invariants(&app, 1).await;
+    assert_eq!(report.mock_requests, Some(1), "{report:#?}");
+    // Extended while the call ran, so neither worker saw the message again.
+    assert!(metric(&app, "w1", "replyd_sqs_visibility_extensions_total").await >= 2.0);
+    assert_eq!(
+        metric(&app, "w2", "replyd_sqs_messages_received_total").await,
+        0.0
+    );
+    assert_eq!(
+        metric(&app, "w1", "replyd_sqs_duplicate_receives_total").await,
+        0.0
+    );
+    assert_eq!(
+        metric(&app, "w1", "replyd_sqs_messages_received_total").await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_to_start_without_a_dead_letter_queue_or_an_answering_endpoint() {
+    let app = TestApp::start_on_sqs(mock(10), WorkerConfig::default(), MAX_RECEIVES).await;
+    let sqs = app.on_sqs();
+    // A queue with no RedrivePolicy, and no sqs.dead_letter_queue_url.
+    let bare = sqs
+        .client()
+        .client()
+        .create_queue()
+        .queue_name(format!("{}-bare", app.topic))
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    app.route(crate::helpers::app::Routes {
+        env: vec![("REPLYD_SQS__QUEUE_URL".into(), bare.clone())],
+        ..Default::default()
+    });
+    app.spawn_worker("w1");
+    assert!(
+        !app.wait_for_exit("w1", LIMIT).await,
+        "the worker must not run"
+    );
+    let log = app.log_of("w1");
+    assert!(
+        log.contains(&format!("queue `{bare}` has no dead-letter queue"))
+            && log.contains("sqs.dead_letter_queue_url"),
+        "{log}"
+    );
+
+    // An endpoint that does not answer is waited for within the start-up window, then named
+    // with its setting.
+    app.route(crate::helpers::app::Routes {
+        env: vec![
+            (
+                "REPLYD_SQS__ENDPOINT_URL".into(),
+                "http://127.0.0.1:1".into(),
+            ),
+            ("REPLYD_KAFKA__STARTUP_RETRY_MS".into(), "2000".into()),
+        ],
+        ..Default::default()
+    });
+    app.spawn_worker("w2");
+    assert!(
+        !app.wait_for_exit("w2", LIMIT).await,
+        "the worker must not run"
+    );
+    let log = app.log_of("w2");
+    assert!(
+        log.contains("cannot reach SQS at http://127.0.0.1:1 (sqs.endpoint_url)"),
+        "{log}"
+    );
+    assert!(log.contains("of retrying"), "{log}");
+
+    // Settings SQS cannot honour are refused before anything connects, each named.
+    app.route(crate::helpers::app::Routes {
+        env: vec![
+            ("REPLYD_SQS__BATCH_SIZE".into(), "11".into()),
+            ("REPLYD_SQS__VISIBILITY_TIMEOUT_SECONDS".into(), "1".into()),
+        ],
+        ..Default::default()
+    });
+    app.spawn_worker("w3");
+    assert!(
+        !app.wait_for_exit("w3", LIMIT).await,
+        "the worker must not run"
+    );
+    let log = app.log_of("w3");
+    assert!(log.contains("sqs.batch_size"), "{log}");
+    assert!(log.contains("sqs.visibility_timeout_seconds"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_chain_runs_on_sqs_for_browsers_that_lose_answers_and_double_click() {
+    // replyd serve with relay.sink and worker.source on SQS: press → outbox → SQS → worker →
+    // reply → the stream.
+    let app = TestApp::start_on_sqs(mock(50), WorkerConfig::default(), MAX_RECEIVES).await;
+    app.db.store.create_workspace("acme").await.unwrap();
+    let key = replyd_core::api_key::issue(&mut rand::rng());
+    app.db.store.create_api_key("acme", &key).await.unwrap();
+    app.spawn_process("serve", "serve");
+    let addr = app.wait_for_api_addr("serve", LIMIT).await;
+    let run = tokio::process::Command::new(crate::helpers::lab_bin())
+        .args(["browsers", "--api", &format!("http://{addr}")])
+        .args(["--presses", "40", "--concurrency", "8"])
+        .args(["--lose-share", "0.5", "--lose-timeout-ms", "3"])
+        .args(["--double-click-share", "0.3", "--regenerate-share", "0.3"])
+        .args(["--press-limit-s", "120", "--seed", "11"])
+        .env("REPLYD_API_KEY", &key.token)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let browsers: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(browsers["presses"], 40, "{browsers}");
+    assert_eq!(browsers["unfinished"], 0, "{browsers}");
+    assert_eq!(browsers["answers_disagreeing"], 0, "{browsers}");
+    let regenerates = browsers["regenerates"].as_i64().unwrap();
+
+    wait_until_drained(&app).await;
+    app.terminate("serve").await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+    let tasks = 40 + regenerates;
+    assert_eq!(
+        (report.tasks, report.completed),
+        (tasks, tasks),
+        "{report:#?}"
+    );
+    assert_eq!(report.duplicate_replies, 0, "{report:#?}");
+    assert_eq!(report.lost, 0, "{report:#?}");
+    assert_eq!(report.mock_generations, Some(tasks), "{report:#?}");
+    assert_eq!(report.outbox_unpublished, 0, "{report:#?}");
+    assert_eq!(
+        (report.reservations_charged, report.reservations_open),
+        (tasks, 0),
+        "one charge per task, none open: {report:#?}"
+    );
+    assert!(!app.log_of("serve").contains(" ERROR "), "a clean shutdown");
+}
