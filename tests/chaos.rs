@@ -46,6 +46,18 @@ const RELAY: &str = "relay";
 const WORKSPACE: &str = "chaos";
 const QUOTA_LIMIT: i64 = 1_000_000;
 
+/// Where the harness's tasks travel: Kafka (a 6-partition topic) or an SQS Standard queue
+/// (`worker.source` and `relay.sink` = `sqs`), the same faults on each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum On {
+    Kafka,
+    Sqs,
+}
+
+/// Receives before the SQS server moves a message to the dead-letter queue: far above what a
+/// scenario's redeliveries and hand-backs reach, so a move would show as a lost task.
+const SQS_MAX_RECEIVES: u32 = 100;
+
 /// How long faults are injected; short by default (CI), longer for `make chaos`.
 fn fault_window() -> Duration {
     let seconds = std::env::var("CHAOS_SECONDS")
@@ -101,6 +113,8 @@ fn config(protocol: &'static str) -> WorkerConfig {
             Profile::OpenAiResponses => "background_responses",
             _ => "chat_completions",
         },
+        // On SQS: a stalled worker's messages reappear after as long as its leases last.
+        sqs_visibility_seconds: 3,
         ..WorkerConfig::default()
     }
 }
@@ -233,9 +247,18 @@ async fn produce_steadily(
                 good += 1;
             }
         }
-        publish(&producer, &app.topic, &records)
-            .await
-            .expect("published");
+        match &app.sqs {
+            None => publish(&producer, &app.topic, &records)
+                .await
+                .expect("published"),
+            Some(sqs) => {
+                let bodies: Vec<String> =
+                    records.iter().map(|(_, value)| sqs_body(value)).collect();
+                replyd_lab::sqs::send_bodies(&sqs.client(), &sqs.queues.url, &bodies)
+                    .await
+                    .expect("sent");
+            }
+        }
         // A steady rate: the next batch is due one tick after the last was due.
         next += tick;
         tokio::time::sleep_until(next.into()).await;
@@ -264,6 +287,16 @@ async fn produce_steadily(
     // One task per key, whatever was asked again.
     assert_eq!(tasks.len(), produced.presses, "a task per press");
     produced
+}
+
+/// A record as an SQS message body. SQS itself refuses an empty body and one over its size
+/// limit, so those malformed records go as bodies that are not base64 at all.
+fn sqs_body(value: &[u8]) -> String {
+    if value.is_empty() || value.len() > 150 * 1024 {
+        format!("not base64: {} bytes", value.len())
+    } else {
+        replyd::sqs::message::encode_body(value)
+    }
 }
 
 /// One press of Send, as a careful browser makes it.
@@ -404,7 +437,33 @@ where
     F: FnOnce(Arc<TestApp>, Instant, fastrand::Rng) -> Fut,
     Fut: std::future::Future<Output = Faults>,
 {
-    run_scenario_with(name, protocol, poison, |_app| async { None }, inject).await
+    run_scenario_with(
+        On::Kafka,
+        name,
+        protocol,
+        poison,
+        |_app| async { None },
+        inject,
+    )
+    .await
+}
+
+/// [`run_scenario`] on `on`; the scenario's report is `<name>_sqs` on SQS.
+async fn run_scenario_on<F, Fut>(
+    on: On,
+    name: &str,
+    poison: f64,
+    inject: F,
+) -> replyd::check::Report
+where
+    F: FnOnce(Arc<TestApp>, Instant, fastrand::Rng) -> Fut,
+    Fut: std::future::Future<Output = Faults>,
+{
+    let name = match on {
+        On::Kafka => name.to_owned(),
+        On::Sqs => format!("{name}_sqs"),
+    };
+    run_scenario_with(on, &name, "classic", poison, |_app| async { None }, inject).await
 }
 
 /// Something a scenario keeps alive until its check is done (a proxy process).
@@ -412,6 +471,7 @@ type Keep = Option<Box<dyn std::any::Any + Send>>;
 
 /// [`run_scenario`] with a `setup` that runs after the app starts and before its workers do.
 async fn run_scenario_with<S, SFut, F, Fut>(
+    on: On,
     name: &str,
     protocol: &'static str,
     poison: f64,
@@ -430,7 +490,10 @@ where
     let _serial = SERIAL.lock().await;
     let seed = seed();
     eprintln!("chaos {name}: seed {seed}");
-    let app = Arc::new(TestApp::start(PARTITIONS, mock(), config(protocol)).await);
+    let app = Arc::new(match on {
+        On::Kafka => TestApp::start(PARTITIONS, mock(), config(protocol)).await,
+        On::Sqs => TestApp::start_on_sqs(mock(), config(protocol), SQS_MAX_RECEIVES).await,
+    });
     let store = &app.db.store;
     store.create_workspace(WORKSPACE).await.unwrap();
     let key = issue(&mut rand::rng());
@@ -492,7 +555,20 @@ where
         }
     })
     .await;
-    app.wait_until_committed_to_end(drained_limit).await;
+    match &app.sqs {
+        None => app.wait_until_committed_to_end(drained_limit).await,
+        // Every message deleted: each was acknowledged only past its task's end.
+        Some(sqs) => {
+            let client = sqs.client();
+            wait_until("the queue is drained", drained_limit, || async {
+                client
+                    .depth(&sqs.queues.url)
+                    .await
+                    .is_ok_and(|d| d.total() == 0)
+            })
+            .await
+        }
+    }
     // The drain includes the outbox: a row whose record reached Kafka while the commit that
     // marks it published was cut (a reset connection) is published again by the relay's next
     // batch, up to a poll interval later; its task may be done before that.
@@ -554,6 +630,7 @@ where
     let total_faults: u64 = faults.counts.values().sum();
     let out = json!({
         "scenario": name,
+        "source": format!("{on:?}").to_lowercase(),
         "protocol": protocol,
         "profile": format!("{:?}", profile()),
         "seed": seed,
@@ -690,25 +767,40 @@ async fn kill_front(app: &TestApp, rng: &mut fastrand::Rng, faults: &mut Faults)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kill() {
-    if !selected("kill") {
-        return;
+    if selected("kill") {
+        kill(On::Kafka).await;
     }
-    run_scenario("kill", "classic", 0.0, |app, until, mut rng| async move {
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_kill_sqs() {
+    if selected("kill_sqs") {
+        kill(On::Sqs).await;
+    }
+}
+
+/// SIGKILL of a worker, then a restart, and of the API or the relay. On Kafka the others must
+/// own every partition before the victim comes back (`reassign_s`); an SQS queue has none:
+/// the victim's messages reappear once their visibility runs out.
+async fn kill(on: On) {
+    run_scenario_on(on, "kill", 0.0, |app, until, mut rng| async move {
         let mut faults = Faults::default();
         while Instant::now() < until {
             pause(&mut rng, 2_000, 4_000).await;
             let victim = WORKERS[rng.usize(..WORKERS.len())];
             app.kill(victim);
             faults.fired("sigkill");
-            let killed = Instant::now();
-            let others: Vec<&str> = WORKERS.iter().copied().filter(|w| *w != victim).collect();
-            wait_until(
-                "the others own every partition",
-                Duration::from_secs(60),
-                || async { assigned_partitions(&app, &others).await == PARTITIONS as usize },
-            )
-            .await;
-            faults.reassign_s.push(killed.elapsed().as_secs_f64());
+            if app.sqs.is_none() {
+                let killed = Instant::now();
+                let others: Vec<&str> = WORKERS.iter().copied().filter(|w| *w != victim).collect();
+                wait_until(
+                    "the others own every partition",
+                    Duration::from_secs(60),
+                    || async { assigned_partitions(&app, &others).await == PARTITIONS as usize },
+                )
+                .await;
+                faults.reassign_s.push(killed.elapsed().as_secs_f64());
+            }
             pause(&mut rng, 500, 2_000).await;
             app.spawn_worker(victim);
             kill_front(&app, &mut rng, &mut faults).await;
@@ -720,10 +812,22 @@ async fn chaos_kill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_zombie() {
-    if !selected("zombie") {
-        return;
+    if selected("zombie") {
+        zombie(On::Kafka).await;
     }
-    let report = run_scenario("zombie", "classic", 0.0, |app, until, mut rng| async move {
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_zombie_sqs() {
+    if selected("zombie_sqs") {
+        zombie(On::Sqs).await;
+    }
+}
+
+/// SIGSTOP of a worker holding work, past its lease and its session (or its messages'
+/// visibility), then SIGCONT: a zombie whose late writes must be refused.
+async fn zombie(on: On) {
+    let report = run_scenario_on(on, "zombie", 0.0, |app, until, mut rng| async move {
         let mut faults = Faults::default();
         while Instant::now() < until {
             pause(&mut rng, 1_000, 3_000).await;
@@ -812,42 +916,59 @@ async fn chaos_rebalance_consumer_protocol() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_provider() {
-    if !selected("provider") {
-        return;
+    if selected("provider") {
+        provider(On::Kafka).await;
     }
-    run_scenario(
-        "provider",
-        "classic",
-        0.0,
-        |app, until, mut rng| async move {
-            let mut faults = Faults::default();
-            let kinds = [
-                ("5xx", json!({"error_rate": 0.3, "error_status": 502})),
-                ("429", json!({"rate_limit_rate": 0.3, "retry_after_s": 1})),
-                ("hang", json!({"hang_rate": 0.1, "hang_ms": 600000})),
-                ("ambiguous_drop", json!({"drop_after_work_rate": 0.3})),
-            ];
-            while Instant::now() < until {
-                let (kind, faults_json) = &kinds[rng.usize(..kinds.len())];
-                app.set_faults(faults_json.clone()).await;
-                faults.fired(kind);
-                pause(&mut rng, 1_500, 3_000).await;
-                app.set_faults(json!({})).await;
-                pause(&mut rng, 500, 1_500).await;
-            }
-            faults
-        },
-    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_provider_sqs() {
+    if selected("provider_sqs") {
+        provider(On::Sqs).await;
+    }
+}
+
+/// The provider's faults in turn: 5xx, 429 with Retry-After, hangs, answers lost after the
+/// work was done.
+async fn provider(on: On) {
+    run_scenario_on(on, "provider", 0.0, |app, until, mut rng| async move {
+        let mut faults = Faults::default();
+        let kinds = [
+            ("5xx", json!({"error_rate": 0.3, "error_status": 502})),
+            ("429", json!({"rate_limit_rate": 0.3, "retry_after_s": 1})),
+            ("hang", json!({"hang_rate": 0.1, "hang_ms": 600000})),
+            ("ambiguous_drop", json!({"drop_after_work_rate": 0.3})),
+        ];
+        while Instant::now() < until {
+            let (kind, faults_json) = &kinds[rng.usize(..kinds.len())];
+            app.set_faults(faults_json.clone()).await;
+            faults.fired(kind);
+            pause(&mut rng, 1_500, 3_000).await;
+            app.set_faults(json!({})).await;
+            pause(&mut rng, 500, 1_500).await;
+        }
+        faults
+    })
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_poison() {
-    if !selected("poison") {
-        return;
+    if selected("poison") {
+        poison(On::Kafka).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_poison_sqs() {
+    if selected("poison_sqs") {
+        poison(On::Sqs).await;
+    }
+}
+
+async fn poison(on: On) {
     // 1% malformed, truncated or oversized records, mixed into the steady stream.
-    run_scenario("poison", "classic", 0.01, |_app, until, _rng| async move {
+    run_scenario_on(on, "poison", 0.01, |_app, until, _rng| async move {
         // The faults are in the stream (counted as malformed_records).
         tokio::time::sleep(until.saturating_duration_since(Instant::now())).await;
         Faults::default()
@@ -881,41 +1002,47 @@ fn local_services() -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_postgres() {
-    if !selected("postgres") || !local_services() {
-        return;
+    if selected("postgres") && local_services() {
+        postgres(On::Kafka).await;
     }
-    run_scenario(
-        "postgres",
-        "classic",
-        0.0,
-        |app, until, mut rng| async move {
-            let mut faults = Faults::default();
-            while Instant::now() < until {
-                pause(&mut rng, 2_000, 4_000).await;
-                if rng.bool() {
-                    // A crash: every session dies, whatever it was doing (COMMIT included).
-                    infra_crash("postgres-crash").await;
-                    faults.fired("immediate_restart");
-                } else {
-                    // Connections cut under the workers, some mid-transaction or mid-COMMIT.
-                    let client = app.db.raw_client().await;
-                    let cut: i64 = client
-                        .query_one(
-                            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_postgres_sqs() {
+    if selected("postgres_sqs") && local_services() {
+        postgres(On::Sqs).await;
+    }
+}
+
+/// PostgreSQL crashed (immediate stop and restart), or its connections cut under the workers.
+async fn postgres(on: On) {
+    run_scenario_on(on, "postgres", 0.0, |app, until, mut rng| async move {
+        let mut faults = Faults::default();
+        while Instant::now() < until {
+            pause(&mut rng, 2_000, 4_000).await;
+            if rng.bool() {
+                // A crash: every session dies, whatever it was doing (COMMIT included).
+                infra_crash("postgres-crash").await;
+                faults.fired("immediate_restart");
+            } else {
+                // Connections cut under the workers, some mid-transaction or mid-COMMIT.
+                let client = app.db.raw_client().await;
+                let cut: i64 = client
+                    .query_one(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
                          WHERE application_name = 'replyd' AND pid <> pg_backend_pid()",
-                            &[],
-                        )
-                        .await
-                        .unwrap()
-                        .get(0);
-                    if cut > 0 {
-                        faults.fired("connections_cut");
-                    }
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if cut > 0 {
+                    faults.fired("connections_cut");
                 }
             }
-            faults
-        },
-    )
+        }
+        faults
+    })
     .await;
 }
 
@@ -1129,6 +1256,7 @@ async fn chaos_network() {
     };
     let black_hole = (fault_window() / 4).clamp(Duration::from_secs(3), Duration::from_secs(20));
     run_scenario_with(
+        On::Kafka,
         "network",
         "classic",
         0.0,
