@@ -2,12 +2,13 @@
 //! PostgreSQL (a session, and a schema that has every migration this build needs), Kafka
 //! (the brokers, the task topic and the dead-letter topic, and that neither keeps records
 //! longer than forgotten tasks are remembered), the provider (its model list, with
-//! the key every call carries). Each is asked on its own, within a bound, so one that hangs
+//! the key every call carries), and the SQS queue and its dead-letter queue when they are used. Each is asked on its own, within a bound, so one that hangs
 //! does not hide the others; each failure names the address and the setting.
 
 use std::time::Duration;
 
 use crate::config::Settings;
+use crate::sqs::settings::Transport;
 
 /// How long each part may take to answer.
 const PART_TIMEOUT: Duration = Duration::from_secs(20);
@@ -28,14 +29,24 @@ impl std::fmt::Display for Reached {
     }
 }
 
-/// Asks every part at once; one line each, in a fixed order.
+/// Asks every part at once; one line each, in a fixed order. The SQS queue is asked when the
+/// worker receives from it or the relay sends to it.
 pub async fn check(settings: &Settings) -> Vec<Reached> {
-    let (database, kafka, provider) = tokio::join!(
+    let uses_sqs =
+        settings.worker.source == Transport::Sqs || settings.relay.sink == Transport::Sqs;
+    let (database, kafka, provider, sqs) = tokio::join!(
         bounded(database(settings)),
         bounded(kafka(settings)),
         bounded(provider(settings)),
+        async {
+            if uses_sqs {
+                Some(bounded(sqs(settings)).await)
+            } else {
+                None
+            }
+        },
     );
-    vec![
+    let mut reached = vec![
         Reached {
             part: "database",
             answer: database,
@@ -48,7 +59,52 @@ pub async fn check(settings: &Settings) -> Vec<Reached> {
             part: "provider",
             answer: provider,
         },
-    ]
+    ];
+    if let Some(answer) = sqs {
+        reached.push(Reached {
+            part: "sqs",
+            answer,
+        });
+    }
+    reached
+}
+
+/// The queue (its depth and visibility timeout), and the dead-letter queue a worker would copy
+/// refused messages to, with the receive count after which the queue's own redrive moves a
+/// message there.
+async fn sqs(settings: &Settings) -> Result<String, String> {
+    use aws_sdk_sqs::types::QueueAttributeName as Name;
+    let sqs = crate::sqs::Sqs::connect(&settings.sqs)
+        .await
+        .map_err(|e| e.to_string())?;
+    let queue = &settings.sqs.queue_url;
+    let attributes = sqs.attributes(queue).await.map_err(|e| e.to_string())?;
+    let depth = sqs.depth(queue).await.map_err(|e| e.to_string())?;
+    let mut what = format!(
+        "{queue}: {} visible, {} in flight",
+        depth.visible, depth.in_flight
+    );
+    if settings.worker.source == Transport::Sqs {
+        let dead_letters = sqs
+            .dead_letter_queue(&settings.sqs)
+            .await
+            .map_err(|e| e.to_string())?;
+        sqs.attributes(&dead_letters)
+            .await
+            .map_err(|e| format!("the dead-letter queue: {e}"))?;
+        let max_receives = attributes
+            .get(&Name::RedrivePolicy)
+            .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+            .and_then(|p| {
+                p.get("maxReceiveCount")
+                    .map(|n| n.to_string().replace('"', ""))
+            });
+        what.push_str(&format!("; dead-letter queue {dead_letters}"));
+        if let Some(n) = max_receives {
+            what.push_str(&format!(" after {n} receives (RedrivePolicy)"));
+        }
+    }
+    Ok(what)
 }
 
 async fn bounded(

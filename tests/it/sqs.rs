@@ -519,3 +519,38 @@ async fn the_whole_chain_runs_on_sqs_for_browsers_that_lose_answers_and_double_c
     );
     assert!(!app.log_of("serve").contains(" ERROR "), "a clean shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_check_connect_reaches_the_queue_and_its_dead_letter_queue() {
+    let app = TestApp::start_on_sqs(mock(10), WorkerConfig::default(), 7).await;
+    let check = |env: Vec<(&str, String)>| {
+        let out = app
+            .operator_command(&["config", "check", "--connect"])
+            .envs(replyd_lab::sqs::TEST_ENV)
+            .envs(env)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let sqs = app.on_sqs();
+    let (code, out) = check(Vec::new());
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!(
+            "sqs: ok: {}: 0 visible, 0 in flight; dead-letter queue {} after 7 receives",
+            sqs.queues.url, sqs.queues.dead_letter_url
+        )),
+        "{out}"
+    );
+    // A queue that does not exist is named with its setting.
+    let missing = format!("{}/000000000000/no-such-queue", sqs.endpoint);
+    let (code, out) = check(vec![("REPLYD_SQS__QUEUE_URL", missing.clone())]);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(
+        out.contains("sqs: FAILED") && out.contains(&format!("`{missing}` (sqs.queue_url)")),
+        "{out}"
+    );
+}
