@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-capacity chaos fuzz
+.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-capacity bench-sqs chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -100,6 +100,11 @@ bench-check:
 VARIANT ?= plain
 bench-capacity:
 	bash deploy/bench-capacity.sh $(VARIANT) 2000
+
+## bench-sqs: one worker draining 3,000 tasks from SQS (ElasticMQ) and from Kafka at the same
+## window (64) and mock (100 ms a call): replies/s of each and SQS ÷ Kafka, three runs.
+bench-sqs:
+	bash deploy/bench-sqs.sh 3000 64 100 3
 
 ## chaos: every fault scenario for CHAOS_SECONDS (default 180) each, or one: make chaos SCENARIO=kill.
 ## Reports in target/chaos/<scenario>.json and target/chaos/summary.json. (make test runs a

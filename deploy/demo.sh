@@ -11,6 +11,9 @@
 # A product's own server (`replyd-lab product`) serves the demo page on its origin, signing a
 # person in with a short-lived end-user token (the workspace's key stays on it): DEMO_PAGE_S=300
 # keeps the chain up five minutes after the simulated browsers, to press Send at the URL it prints.
+# DEMO_SOURCE=sqs runs the chain on an SQS Standard queue instead of Kafka (ElasticMQ, started by
+# deploy/infra.sh): the relay sends to the queue, the workers receive from it, and the malformed
+# messages go to it; Kafka is not started.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +26,12 @@ partitions=${DEMO_PARTITIONS:-6}
 limit_s=${DEMO_LIMIT_S:-600}
 # Seconds the chain stays up after the simulated browsers, for a person to try the demo page.
 page_s=${DEMO_PAGE_S:-0}
+source=${DEMO_SOURCE:-kafka}
+case "$source" in
+  kafka) infra_parts="postgres kafka" ;;
+  sqs) infra_parts="postgres sqs" ;;
+  *) echo "demo: DEMO_SOURCE=$source: use kafka or sqs" >&2; exit 2 ;;
+esac
 
 # shellcheck source=deploy/lib.sh
 . deploy/lib.sh
@@ -45,11 +54,22 @@ while (exec 3<>"/dev/tcp/127.0.0.1/$product_port") 2>/dev/null; do
 done
 product="http://127.0.0.1:$product_port"
 
+# On SQS: the queue and its dead-letter queue (after 10 receives), and its settings. The AWS
+# SDK signs every call; the local server checks no credentials.
+transport=()
+if [ "$source" = sqs ]; then
+  queues=$("$lab" sqs-queue --endpoint "$SQS_ENDPOINT" --name "$topic" --malformed "$malformed")
+  queue_url=$(echo "$queues" | head -n 1)
+  transport=(worker.source='"sqs"' relay.sink='"sqs"' "sqs.queue_url=\"$queue_url\"" \
+    "sqs.endpoint_url=\"$SQS_ENDPOINT\"" sqs.region='"us-east-1"' kafka.bootstrap_servers=)
+  export AWS_ACCESS_KEY_ID=replyd-demo AWS_SECRET_ACCESS_KEY=replyd-demo
+fi
+
 # One settings file per process (only the worker id differs): the same configuration runs
 # every part. One key presses for every simulated browser here: the per-key limit is not what
 # this runs.
 for name in api w1 w2; do
-  write_settings "$dir/$name.toml" "worker.worker_id=\"$name\"" \
+  write_settings "$dir/$name.toml" "worker.worker_id=\"$name\"" "${transport[@]}" \
     kafka.session_timeout_ms=10000 worker.partition_window=32 worker.global_window=128 \
     worker.lease_ms=15000 worker.renew_interval_ms=5000 worker.drain_timeout_ms=5000 \
     worker.commit_interval_ms=500 provider.request_timeout_ms=30000 \
@@ -61,16 +81,24 @@ for w in w1 w2; do
   "$bin" worker --config "$dir/$w.toml" 2>"$dir/$w.log" &
   pids+=($!)
 done
-# Press Send only once every worker holds partitions, so the demo shows two workers sharing
-# the work, not one doing all of it while the other is still joining.
-wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log" || { tail -n 5 "$dir"/*.log >&2; exit 1; }
+# Press Send only once every worker holds partitions (or receives from the queue), so the demo
+# shows two workers sharing the work, not one doing all of it while the other is still joining.
+if [ "$source" = kafka ]; then
+  wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log" || { tail -n 5 "$dir"/*.log >&2; exit 1; }
+else
+  for w in w1 w2; do
+    for _ in $(seq 1 120); do grep -q "SQS source started" "$dir/$w.log" 2>/dev/null && break; sleep 0.5; done
+  done
+fi
 REPLYD_API_KEY=$key "$lab" product --api "http://$api" --listen "127.0.0.1:$product_port" \
   2>"$dir/product.log" &
 pids+=($!)
-echo "demo: API on $api, relay and two workers running; $presses browsers pressing Send" >&2
+echo "demo: API on $api, relay and two workers running on $source; $presses browsers pressing Send" >&2
 echo "demo: the demo page is $product/demo: sign in with any name (DEMO_PAGE_S=N keeps the chain up N s after the browsers)" >&2
 
-"$lab" produce --config "$dir/api.toml" --count 0 --malformed "$malformed" >/dev/null
+if [ "$source" = kafka ]; then
+  "$lab" produce --config "$dir/api.toml" --count 0 --malformed "$malformed" >/dev/null
+fi
 
 start=$(date +%s.%N)
 REPLYD_API_KEY=$key timeout "$limit_s" "$lab" browsers --api "http://$api" \

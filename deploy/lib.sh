@@ -1,11 +1,13 @@
 # Shared by demo.sh and the bench scripts (sourced, not run): local infrastructure, a release
 # build, processes stopped by their pids on exit, the mock provider, a schema per run.
 
-# Starts the infrastructure, exports DATABASE_URL and KAFKA_BOOTSTRAP, builds replyd and
-# replyd-lab (release) and sets $bin (the service) and $lab (the mock provider, the simulated
-# browsers, the producer). Installs psql when missing (the scripts read progress with it).
+# Starts the infrastructure (the parts in $infra_parts, PostgreSQL and Kafka by default),
+# exports DATABASE_URL and KAFKA_BOOTSTRAP (and SQS_ENDPOINT), builds replyd and replyd-lab
+# (release) and sets $bin (the service) and $lab (the mock provider, the simulated browsers,
+# the producer). Installs psql when missing (the scripts read progress with it).
 prepare() {
-  bash deploy/infra.sh up >/dev/null
+  # shellcheck disable=SC2086 # a list of parts
+  bash deploy/infra.sh up ${infra_parts:-postgres kafka} >/dev/null
   if ! command -v psql >/dev/null; then
     echo "installing postgresql-client (psql)" >&2
     local sudo_=""
@@ -75,7 +77,7 @@ write_settings() {
   {
     printf '%s\n' \
       "database.url=\"$db_url\"" \
-      "kafka.bootstrap_servers=\"$KAFKA_BOOTSTRAP\"" \
+      "kafka.bootstrap_servers=\"${KAFKA_BOOTSTRAP:-}\"" \
       "kafka.topic=\"$topic\"" \
       "kafka.group_id=\"$topic\"" \
       "provider.base_url=${mock_url:+\"$mock_url\"}" \
@@ -106,7 +108,8 @@ write_settings() {
 }
 
 # start_front_half SETTINGS WORKSPACE LOG_DIR: migrates the schema, makes WORKSPACE and its API
-# key ($key), creates the topic with $partitions partitions (1 when unset), and starts
+# key ($key), creates the topic with $partitions partitions (1 when unset; not on an SQS
+# $source, whose queue the caller makes), and starts
 # `replyd api` (its address in $api) and `replyd relay` with SETTINGS, their logs in LOG_DIR.
 # Run `quota set` or anything else the workspace needs through $bin afterwards.
 start_front_half() {
@@ -114,7 +117,9 @@ start_front_half() {
   "$bin" migrate --config "$settings" 2>"$logs/migrate.log"
   "$bin" workspace create "$workspace" --config "$settings" >/dev/null
   key=$("$bin" api-key create --workspace "$workspace" --config "$settings" 2>/dev/null)
-  "$lab" produce --config "$settings" --create-partitions "${partitions:-1}" --count 0 >/dev/null
+  if [ "${source:-kafka}" = kafka ]; then
+    "$lab" produce --config "$settings" --create-partitions "${partitions:-1}" --count 0 >/dev/null
+  fi
   "$bin" api --config "$settings" 2>"$logs/api.log" &
   pids+=($!)
   "$bin" relay --config "$settings" 2>"$logs/relay.log" &

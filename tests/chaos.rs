@@ -252,8 +252,10 @@ async fn produce_steadily(
                 .await
                 .expect("published"),
             Some(sqs) => {
-                let bodies: Vec<String> =
-                    records.iter().map(|(_, value)| sqs_body(value)).collect();
+                let bodies: Vec<String> = records
+                    .iter()
+                    .map(|(_, value)| replyd_lab::sqs::body_of(value))
+                    .collect();
                 replyd_lab::sqs::send_bodies(&sqs.client(), &sqs.queues.url, &bodies)
                     .await
                     .expect("sent");
@@ -287,16 +289,6 @@ async fn produce_steadily(
     // One task per key, whatever was asked again.
     assert_eq!(tasks.len(), produced.presses, "a task per press");
     produced
-}
-
-/// A record as an SQS message body. SQS itself refuses an empty body and one over its size
-/// limit, so those malformed records go as bodies that are not base64 at all.
-fn sqs_body(value: &[u8]) -> String {
-    if value.is_empty() || value.len() > 150 * 1024 {
-        format!("not base64: {} bytes", value.len())
-    } else {
-        replyd::sqs::message::encode_body(value)
-    }
 }
 
 /// One press of Send, as a careful browser makes it.

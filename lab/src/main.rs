@@ -46,6 +46,30 @@ enum Command {
     /// A product's own server: the demo page on its own origin, signing its users in with
     /// short-lived end-user tokens while it alone holds the workspace's key.
     Product(ProductArgs),
+    /// Create an SQS queue with a dead-letter queue behind its RedrivePolicy on an
+    /// SQS-compatible server (test credentials), optionally send malformed messages to it;
+    /// prints the queue's URL, then the dead-letter queue's.
+    SqsQueue(SqsQueueArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct SqsQueueArgs {
+    /// The server's endpoint (`SQS_ENDPOINT` of deploy/infra.sh).
+    #[arg(long)]
+    endpoint: String,
+    #[arg(long)]
+    name: String,
+    /// Receives after which the queue moves a message to its dead-letter queue.
+    #[arg(long, default_value_t = 10)]
+    max_receive_count: u32,
+    /// Malformed messages to send, as a broken producer would.
+    #[arg(long, default_value_t = 0)]
+    malformed: usize,
+    /// Demo tasks to send (one message each), over this many conversations.
+    #[arg(long, default_value_t = 0)]
+    tasks: usize,
+    #[arg(long, default_value_t = 8)]
+    conversations: usize,
 }
 
 #[tokio::main]
@@ -81,6 +105,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             replyd_lab::product::run(args, async move { shutdown.cancelled().await })
                 .await
                 .context("product")?;
+        }
+        Command::SqsQueue(args) => {
+            let sqs = replyd_lab::sqs::connect(&args.endpoint);
+            let queues =
+                replyd_lab::sqs::create_queues(&sqs, &args.name, args.max_receive_count).await?;
+            let bodies: Vec<String> = (0..args.malformed)
+                .map(|n| replyd_lab::sqs::body_of(&replyd_lab::produce::malformed_record(n).1))
+                .collect();
+            replyd_lab::sqs::send_bodies(&sqs, &queues.url, &bodies).await?;
+            let workspace = format!("ws-{}", args.name);
+            let tasks: Vec<_> = (0..args.tasks)
+                .map(|n| {
+                    replyd_lab::produce::demo_task(&workspace, n, args.conversations.max(1), 0)
+                })
+                .collect();
+            replyd_lab::sqs::send_tasks(&sqs, &queues.url, &tasks, 1).await?;
+            println!("{}\n{}", queues.url, queues.dead_letter_url);
         }
         Command::Browsers(args) => {
             let report = replyd_lab::browsers::run(&args).await.context("browsers")?;

@@ -837,6 +837,19 @@ fn every_rendering_installs_in_helm_s_order() {
         "own-service-account".into(),
         String::from_utf8(own.stdout).unwrap(),
     ));
+    // A role for the service account (IRSA on EKS: the AWS credential chain SQS uses).
+    let role = "arn:aws:iam::123456789012:role/replyd";
+    let docs = rendered(
+        &[],
+        &[&format!(
+            "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn={role}"
+        )],
+    );
+    let account = of_kind(&docs, "ServiceAccount");
+    assert_eq!(
+        account[0]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"],
+        role
+    );
     for (name, rendered) in sets {
         let manifests = manifests_of(&rendered);
         let migrate = manifests

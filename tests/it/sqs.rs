@@ -343,7 +343,7 @@ async fn a_zombie_stopped_past_its_lease_and_visibility_is_fenced_and_loses_no_m
     })
     .await;
     wait_until_drained(&app).await;
-    let report = assert_invariants(&app, 40).await;
+    assert_invariants(&app, 40).await;
     let outcomes = app.attempt_outcomes().await;
     assert_eq!(outcomes.get("accepted"), Some(&40), "{outcomes:?}");
     // w1's taken-over attempts ended fenced (its write refused) or abandoned (taken over
