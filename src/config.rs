@@ -93,13 +93,19 @@ type Value = figment::value::Value;
 
 impl Settings {
     /// How long a record may wait to be handed to another worker after its worker vanished
-    /// mid-task: the group notices (its session timeout), the task's lease runs out, and a
-    /// revoked partition drains. The quota's reconciler does not take a task worked within this
+    /// mid-task: the group notices (its session timeout; on SQS, the message's visibility runs
+    /// out), the task's lease runs out, and a revoked partition drains. The quota's reconciler does not take a task worked within this
     /// bound for abandoned work.
     pub fn redelivery_bound(&self) -> Duration {
+        // On SQS the vanished worker's messages reappear once their visibility runs out.
+        let noticed_ms = match self.worker.source {
+            crate::sqs::settings::Transport::Kafka => self.kafka.group_session_timeout_ms(),
+            crate::sqs::settings::Transport::Sqs => {
+                u64::from(self.sqs.visibility_timeout_seconds) * 1_000
+            }
+        };
         Duration::from_millis(
-            self.kafka
-                .group_session_timeout_ms()
+            noticed_ms
                 .saturating_add(self.worker.lease_ms)
                 .saturating_add(self.worker.drain_timeout_ms),
         )

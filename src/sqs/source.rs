@@ -127,20 +127,21 @@ pub async fn run_source<H: RecordHandler<SqsMessage>>(
 
     while !shutdown.is_cancelled() {
         status.heartbeat.beat();
-        // Ask for no more than the free slots; wait for one when none is free.
-        let free = loop {
-            let free = slots.available_permits();
-            if free > 0 {
-                break free;
-            }
+        // Ask for no more than the free slots: wait for one (a handler ending frees it at
+        // once), then count the others.
+        let mut beat = tokio::time::interval(Duration::from_secs(1));
+        let first_slot = loop {
             tokio::select! {
-                _ = shutdown.cancelled() => break 0,
-                _ = tokio::time::sleep(Duration::from_millis(200)) => status.heartbeat.beat(),
+                _ = shutdown.cancelled() => break None,
+                _ = beat.tick() => status.heartbeat.beat(),
+                permit = Arc::clone(&slots).acquire_owned() => break permit.ok(),
             }
         };
-        if free == 0 {
+        let Some(first_slot) = first_slot else {
             break;
-        }
+        };
+        let mut first_slot = Some(first_slot);
+        let free = 1 + slots.available_permits();
         let wanted = free.min(settings.batch_size as usize).min(SQS_BATCH_LIMIT) as i32;
         let receive = sqs
             .client()
@@ -156,7 +157,6 @@ pub async fn run_source<H: RecordHandler<SqsMessage>>(
             .config_override(Sqs::receive_timeouts(&settings))
             .send();
         tokio::pin!(receive);
-        let mut beat = tokio::time::interval(Duration::from_secs(1));
         let received = loop {
             tokio::select! {
                 // A receive cut short here may have taken messages: they reappear after their
@@ -215,7 +215,10 @@ pub async fn run_source<H: RecordHandler<SqsMessage>>(
                 duplicates += 1;
                 continue;
             }
-            let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            let Some(permit) = first_slot
+                .take()
+                .or_else(|| Arc::clone(&slots).try_acquire_owned().ok())
+            else {
                 // Only this loop takes slots, and it asked for no more than were free.
                 tracing::error!("no free slot for a received message; it is handed back");
                 let _ = settled_tx.send((message.message_id.clone(), RecordOutcome::Cancelled));

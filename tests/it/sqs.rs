@@ -554,3 +554,58 @@ async fn config_check_connect_reaches_the_queue_and_its_dead_letter_queue() {
         "{out}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_sends_each_press_as_its_record_with_the_trace_context_as_an_attribute() {
+    let app = TestApp::start_on_sqs(mock(10), WorkerConfig::default(), MAX_RECEIVES).await;
+    let key = crate::helpers::api::workspace_with_key(&app.db.store, "acme").await;
+    app.spawn_process("api", "api");
+    app.spawn_relay("relay");
+    let addr = app.wait_for_api_addr("api", LIMIT).await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let accepted: serde_json::Value = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/replies"))
+        .bearer_auth(&key.token)
+        .header("Idempotency-Key", "press-1")
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .json(&serde_json::json!({"conversation_id": "conv-1", "message": "q"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+
+    // No worker runs: the message waits in the queue, as the relay sent it.
+    let sqs = app.on_sqs();
+    let client = sqs.client();
+    let message = {
+        let mut found = None;
+        for _ in 0..20 {
+            let answer = client
+                .client()
+                .receive_message()
+                .queue_url(&sqs.queues.url)
+                .message_attribute_names("All")
+                .wait_time_seconds(1)
+                .send()
+                .await
+                .unwrap();
+            if let Some(message) = answer.messages.unwrap_or_default().pop() {
+                found = Some(message);
+                break;
+            }
+        }
+        found.expect("the relay sent the press's message")
+    };
+    let record = replyd::sqs::message::decode_body(message.body.as_deref().unwrap()).unwrap();
+    let task = replyd_core::proto::v1::ReplyTask::decode(record.as_slice()).unwrap();
+    assert_eq!(task.task_id, accepted["task_id"].as_str().unwrap());
+    let traceparent = message
+        .message_attributes
+        .unwrap_or_default()
+        .remove("traceparent")
+        .and_then(|v| v.string_value)
+        .expect("a traceparent attribute");
+    assert_eq!(traceparent.split('-').nth(1), Some(trace_id), "{traceparent}");
+}
