@@ -464,6 +464,66 @@ async fn a_pressed_send_is_one_trace_from_the_request_to_the_completion() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pressed_send_over_sqs_is_one_trace_from_the_request_to_the_completion() {
+    // The relay sends to an SQS queue and the worker receives from it: the trace context
+    // travels as the message's `traceparent` attribute.
+    let jaeger = Jaeger::start().await;
+    let app = TestApp::start_on_sqs(mock(), WorkerConfig::default(), 10).await;
+    app.route(Routes {
+        env: vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), jaeger.otlp.clone()),
+            ("OTEL_BSP_SCHEDULE_DELAY".into(), "200".into()),
+        ],
+        ..Routes::default()
+    });
+    let store = &app.db.store;
+    store.create_workspace("acme").await.unwrap();
+    let key = issue(&mut rand::rng());
+    store.create_api_key("acme", &key).await.unwrap();
+    app.spawn_process("api", "api");
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    let api = app.wait_for_api_addr("api", LIMIT).await;
+    let trace_id = uuid::Uuid::new_v4().simple().to_string();
+    let sent = format!("00-{trace_id}-00f067aa0ba902b7-01");
+    let accepted = press_with_headers_until_completed(
+        &reqwest::Client::new(),
+        &api,
+        &key.token,
+        "press-1",
+        &[("traceparent", &sent)],
+    )
+    .await;
+    let task_id = accepted["task_id"].as_str().unwrap().to_owned();
+
+    // The queue is named as the test's topic.
+    let queue = &app.topic;
+    let trace = jaeger
+        .wait_for_spans(
+            &trace_id,
+            &[
+                "POST /v1/replies",
+                &format!("publish {queue}"),
+                &format!("process {queue}"),
+                "claim",
+                "provider call",
+                "save reply",
+            ],
+        )
+        .await;
+    let request = trace.span("POST /v1/replies");
+    let publish = trace.span(&format!("publish {queue}"));
+    assert_eq!(publish.service, "replyd-relay");
+    assert_eq!(publish.parent.as_ref(), Some(&request.id));
+    assert_eq!(publish.tags["messaging.system"], "aws_sqs");
+    assert_eq!(
+        trace.span(&format!("process {queue}")).tags["messaging.system"],
+        "aws_sqs"
+    );
+    assert_worker_hops(&app, &trace, &trace_id, &task_id, Some(&publish.id)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_without_a_traceparent_starts_a_trace_of_its_own() {
     let jaeger = Jaeger::start().await;
     let app = traced_app(&jaeger).await;
