@@ -220,7 +220,10 @@ pub struct MockCounts {
 /// Everything the checker reads, as plain values.
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
-    /// The source topic's records, judged one by one and counted.
+    /// Where the workers take their records from: a topic, or an SQS queue.
+    pub source: Transport,
+    /// The source topic's records, judged one by one and counted (on SQS: the queue's and its
+    /// dead-letter queue's messages, [`QueueFacts::tallies`]).
     pub records: RecordTallies,
     /// Source records with a dead-letter copy.
     pub dead_lettered: i64,
@@ -483,6 +486,7 @@ pub async fn read_facts(
         None => None,
     };
     Ok(Facts {
+        source: settings.worker.source,
         records,
         dead_lettered,
         statuses,

@@ -15,6 +15,8 @@ pub struct Percentiles {
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Report {
+    /// Where the records came from: `kafka` (a topic) or `sqs` (a queue).
+    pub source: String,
     pub tasks: i64,
     pub completed: i64,
     pub failed: i64,
@@ -129,23 +131,43 @@ impl Report {
         row("  failed", self.failed.to_string(), "");
         row("  cancelled", self.cancelled.to_string(), "");
         row("  pending or running", self.pending.to_string(), "");
-        row("records in the topic", self.records.to_string(), "");
-        row("  bad records", self.bad_records.to_string(), "");
-        row("  dead-lettered", self.dead_lettered.to_string(), "");
-        row(
-            "  not yet committed past",
-            self.uncommitted_records.to_string(),
-            "",
-        );
+        let sqs = self.source == "sqs";
+        if sqs {
+            // A queue keeps no history: what it and its dead-letter queue still hold.
+            row(
+                "messages held",
+                self.records.to_string(),
+                "the queue's and its dead-letter queue's",
+            );
+            row("  dead-lettered", self.dead_lettered.to_string(), "");
+            row(
+                "  in the queue",
+                self.uncommitted_records.to_string(),
+                "not deleted yet",
+            );
+        } else {
+            row("records in the topic", self.records.to_string(), "");
+            row("  bad records", self.bad_records.to_string(), "");
+            row("  dead-lettered", self.dead_lettered.to_string(), "");
+            row(
+                "  not yet committed past",
+                self.uncommitted_records.to_string(),
+                "",
+            );
+        }
         row(
             "duplicate replies",
             self.duplicate_replies.to_string(),
             "I1: must be 0",
         );
         row(
-            "lost records",
+            if sqs { "lost tasks" } else { "lost records" },
             self.lost.to_string(),
-            "I3: committed past without an outcome; must be 0",
+            if sqs {
+                "I3: open, with no message left in the queue; must be 0"
+            } else {
+                "I3: committed past without an outcome; must be 0"
+            },
         );
         row(
             "fenced rejections",

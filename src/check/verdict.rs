@@ -2,6 +2,7 @@
 
 use super::facts::Facts;
 use super::report::{Percentiles, Report};
+use crate::sqs::settings::Transport;
 
 /// The `p` quantile of `sorted` by the nearest-rank method (0 when empty).
 pub fn percentile(sorted: &[i64], p: f64) -> i64 {
@@ -17,6 +18,11 @@ pub fn percentile(sorted: &[i64], p: f64) -> i64 {
 pub fn verdict(facts: Facts) -> Report {
     let tasks = facts.statuses.tasks;
     let mut report = Report {
+        source: match facts.source {
+            Transport::Kafka => "kafka",
+            Transport::Sqs => "sqs",
+        }
+        .to_owned(),
         tasks,
         completed: facts.statuses.completed,
         failed: facts.statuses.failed,
@@ -66,10 +72,14 @@ pub fn verdict(facts: Facts) -> Report {
             .push("I1 one reply: tasks with more than one accepted reply".into());
     }
     if report.lost > 0 {
-        report.violations.push(
-            "I3 nothing lost: records committed past without a terminal task or dead-letter copy"
-                .into(),
-        );
+        report.violations.push(match facts.source {
+            Transport::Kafka => {
+                "I3 nothing lost: records committed past without a terminal task or dead-letter copy".into()
+            }
+            Transport::Sqs => {
+                "I3 nothing lost: open tasks handed to the queue with no message left in it".into()
+            }
+        });
     }
     if report.max_attempts_exceeded > 0 {
         report
@@ -135,6 +145,28 @@ mod tests {
             "{:?}",
             report.violations
         );
+    }
+
+    #[test]
+    fn on_sqs_an_open_task_without_its_message_breaks_i3_in_the_queue_s_words() {
+        use super::super::records::QueueFacts;
+        let queue = QueueFacts {
+            in_queue: 0,
+            dead_letters: 1,
+            open_handed: 1,
+        };
+        let report = verdict(Facts {
+            source: Transport::Sqs,
+            records: queue.tallies(),
+            dead_lettered: queue.dead_letters,
+            ..Facts::default()
+        });
+        assert_eq!(report.source, "sqs");
+        assert_eq!(report.lost, 1);
+        assert!(report.violations[0].starts_with("I3") && report.violations[0].contains("queue"));
+        let table = report.render_table();
+        assert!(table.contains("lost tasks"), "{table}");
+        assert!(!table.contains("records in the topic"), "{table}");
     }
 
     #[test]

@@ -51,6 +51,14 @@ impl InFlight {
             .collect()
     }
 
+    /// Whether `message_id` is still held under `receipt_handle` (not let go, not received
+    /// again since).
+    pub fn holds(&self, message_id: &str, receipt_handle: &str) -> bool {
+        self.held
+            .get(message_id)
+            .is_some_and(|handle| handle == receipt_handle)
+    }
+
     pub fn len(&self) -> usize {
         self.held.len()
     }
@@ -71,7 +79,9 @@ mod tests {
         assert_eq!(held.arrive("m2", "h9"), Arrival::New);
         assert_eq!(held.arrive("m1", "h2"), Arrival::Again);
         assert_eq!(held.len(), 2);
+        assert!(held.holds("m1", "h2") && !held.holds("m1", "h1"));
         assert_eq!(held.settle("m1").as_deref(), Some("h2"));
+        assert!(!held.holds("m1", "h2"));
         assert_eq!(held.settle("m1"), None, "settled once");
         // Received again after it was let go (its delete may not have taken): a new run,
         // which the task's claim answers.

@@ -16,7 +16,6 @@
 //! slots. A message delivered again while held (SQS Standard may, within its window) starts
 //! nothing; its newest handle is kept ([`super::inflight`]).
 
-use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -461,17 +460,28 @@ async fn extend_loop(
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let handles = held.lock().unwrap_or_else(|p| p.into_inner()).handles();
-        let mut by_id: HashMap<String, String> = HashMap::new();
-        for (id, handle) in handles {
-            by_id.insert(id, handle);
-        }
-        let entries: Vec<_> = by_id
+        let entries: Vec<_> = held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .handles()
             .into_iter()
             .map(|(id, handle)| (id, handle, seconds))
             .collect();
         for chunk in entries.chunks(SQS_BATCH_LIMIT) {
-            match change_visibility(&sqs, &queue, chunk).await {
+            // What was let go while the earlier chunks were sent is not extended (its handle
+            // is deleted or handed back: SQS would refuse the entry, or undo the hand-back).
+            let chunk: Vec<_> = {
+                let held = held.lock().unwrap_or_else(|p| p.into_inner());
+                chunk
+                    .iter()
+                    .filter(|(id, handle, _)| held.holds(id, handle))
+                    .cloned()
+                    .collect()
+            };
+            if chunk.is_empty() {
+                continue;
+            }
+            match change_visibility(&sqs, &queue, &chunk).await {
                 Ok(extended) => {
                     failures.recovered();
                     telemetry::sqs_visibility_extended(extended);
