@@ -73,34 +73,27 @@ pub async fn check(settings: &Settings) -> Vec<Reached> {
 /// refused messages to, with the receive count after which the queue's own redrive moves a
 /// message there.
 async fn sqs(settings: &Settings) -> Result<String, String> {
-    use aws_sdk_sqs::types::QueueAttributeName as Name;
+    use crate::sqs::{QueueDepth, RedrivePolicy};
     let sqs = crate::sqs::Sqs::connect(&settings.sqs)
         .await
         .map_err(|e| e.to_string())?;
     let queue = &settings.sqs.queue_url;
     let attributes = sqs.attributes(queue).await.map_err(|e| e.to_string())?;
-    let depth = sqs.depth(queue).await.map_err(|e| e.to_string())?;
+    let depth = QueueDepth::of(&attributes);
     let mut what = format!(
         "{queue}: {} visible, {} in flight",
         depth.visible, depth.in_flight
     );
     if settings.worker.source == Transport::Sqs {
         let dead_letters = sqs
-            .dead_letter_queue(&settings.sqs)
+            .dead_letter_queue(&settings.sqs, &attributes)
             .await
             .map_err(|e| e.to_string())?;
         sqs.attributes(&dead_letters)
             .await
             .map_err(|e| format!("the dead-letter queue: {e}"))?;
-        let max_receives = attributes
-            .get(&Name::RedrivePolicy)
-            .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
-            .and_then(|p| {
-                p.get("maxReceiveCount")
-                    .map(|n| n.to_string().replace('"', ""))
-            });
         what.push_str(&format!("; dead-letter queue {dead_letters}"));
-        if let Some(n) = max_receives {
+        if let Some(n) = RedrivePolicy::of(&attributes).and_then(|p| p.max_receive_count) {
             what.push_str(&format!(" after {n} receives (RedrivePolicy)"));
         }
     }

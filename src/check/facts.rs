@@ -13,8 +13,8 @@ use uuid::Uuid;
 use super::records::{QueueFacts, RecordFacts, RecordTallies};
 use crate::config::Settings;
 use crate::kafka::dead_letter::headers;
-use crate::sqs::Sqs;
 use crate::sqs::settings::Transport;
+use crate::sqs::{QueueDepth, Sqs};
 use crate::store::{connect_error, session_config, tls_connector};
 use replyd_core::domain::{AttemptOutcome, TaskSpec, TaskStatus};
 
@@ -515,8 +515,9 @@ async fn read_queue(
     sqs: &Sqs,
     client: &tokio_postgres::Client,
 ) -> Result<QueueFacts, CheckError> {
-    let in_queue = sqs.depth(&settings.sqs.queue_url).await?.total();
-    let dead_letter_url = sqs.dead_letter_queue(&settings.sqs).await?;
+    let attributes = sqs.attributes(&settings.sqs.queue_url).await?;
+    let in_queue = QueueDepth::of(&attributes).total();
+    let dead_letter_url = sqs.dead_letter_queue(&settings.sqs, &attributes).await?;
     let dead_letters = sqs.depth(&dead_letter_url).await?.total();
     let open_handed: i64 = client
         .query_one(

@@ -195,10 +195,7 @@ impl Sqs {
     }
 
     /// The queue's attributes (`GetQueueAttributes`, all of them), by name.
-    pub async fn attributes(
-        &self,
-        queue: &str,
-    ) -> Result<std::collections::HashMap<QueueAttributeName, String>, SqsError> {
+    pub async fn attributes(&self, queue: &str) -> Result<Attributes, SqsError> {
         let answer = self
             .client
             .get_queue_attributes()
@@ -212,40 +209,25 @@ impl Sqs {
 
     /// What the queue holds now, as SQS approximates it.
     pub async fn depth(&self, queue: &str) -> Result<QueueDepth, SqsError> {
-        let attributes = self.attributes(queue).await?;
-        let count = |name: QueueAttributeName| {
-            attributes
-                .get(&name)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        Ok(QueueDepth {
-            visible: count(QueueAttributeName::ApproximateNumberOfMessages),
-            in_flight: count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-            delayed: count(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
-        })
+        Ok(QueueDepth::of(&self.attributes(queue).await?))
     }
 
     /// The dead-letter queue refused messages are copied to: `sqs.dead_letter_queue_url`, else
-    /// the one the queue's `RedrivePolicy` names (its ARN's last part is the queue's name).
-    pub async fn dead_letter_queue(&self, settings: &SqsSettings) -> Result<String, SqsError> {
+    /// the one the `RedrivePolicy` of the queue's `attributes` names.
+    pub async fn dead_letter_queue(
+        &self,
+        settings: &SqsSettings,
+        attributes: &Attributes,
+    ) -> Result<String, SqsError> {
         if !settings.dead_letter_queue_url.is_empty() {
             return Ok(settings.dead_letter_queue_url.clone());
         }
         let queue = &settings.queue_url;
-        let attributes = self.attributes(queue).await?;
-        let target = attributes
-            .get(&QueueAttributeName::RedrivePolicy)
-            .and_then(|policy| serde_json::from_str::<serde_json::Value>(policy).ok())
-            .and_then(|policy| {
-                policy
-                    .get("deadLetterTargetArn")
-                    .and_then(|arn| arn.as_str())
-                    .map(|arn| arn.rsplit(':').next().unwrap_or(arn).to_owned())
-            })
+        let target = RedrivePolicy::of(attributes)
             .ok_or_else(|| SqsError::NoDeadLetterQueue {
                 queue: queue.clone(),
-            })?;
+            })?
+            .dead_letter_queue_name;
         let answer = self
             .client
             .get_queue_url()
@@ -265,6 +247,35 @@ impl Sqs {
     }
 }
 
+/// A queue's attributes, as `GetQueueAttributes` answers them.
+pub type Attributes = std::collections::HashMap<QueueAttributeName, String>;
+
+/// A queue's `RedrivePolicy`: where SQS moves a message, and after how many receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedrivePolicy {
+    /// The dead-letter queue's name (the last part of its ARN).
+    pub dead_letter_queue_name: String,
+    pub max_receive_count: Option<u64>,
+}
+
+impl RedrivePolicy {
+    /// The policy among `attributes`, if the queue has one.
+    pub fn of(attributes: &Attributes) -> Option<Self> {
+        let policy: serde_json::Value =
+            serde_json::from_str(attributes.get(&QueueAttributeName::RedrivePolicy)?).ok()?;
+        let arn = policy.get("deadLetterTargetArn")?.as_str()?;
+        // SQS writes the count as a number; some tools as a string.
+        let max_receive_count = policy.get("maxReceiveCount").and_then(|n| {
+            n.as_u64()
+                .or_else(|| n.as_str().and_then(|s| s.parse().ok()))
+        });
+        Some(Self {
+            dead_letter_queue_name: arn.rsplit(':').next().unwrap_or(arn).to_owned(),
+            max_receive_count,
+        })
+    }
+}
+
 /// A queue's messages by state (`ApproximateNumberOf...`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QueueDepth {
@@ -277,7 +288,53 @@ pub struct QueueDepth {
 }
 
 impl QueueDepth {
+    /// The depth among `attributes`.
+    pub fn of(attributes: &Attributes) -> Self {
+        let count = |name: QueueAttributeName| {
+            attributes
+                .get(&name)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Self {
+            visible: count(QueueAttributeName::ApproximateNumberOfMessages),
+            in_flight: count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+            delayed: count(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
+        }
+    }
+
     pub fn total(&self) -> u64 {
         self.visible + self.in_flight + self.delayed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_redrive_policy_names_its_queue_and_count_as_sqs_or_a_tool_writes_them() {
+        let with = |policy: &str| {
+            Attributes::from([(QueueAttributeName::RedrivePolicy, policy.to_owned())])
+        };
+        let arn = "arn:aws:sqs:eu-west-1:123456789012:tasks-dlq";
+        assert_eq!(
+            RedrivePolicy::of(&with(&format!(
+                r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":10}}"#
+            ))),
+            Some(RedrivePolicy {
+                dead_letter_queue_name: "tasks-dlq".into(),
+                max_receive_count: Some(10),
+            })
+        );
+        assert_eq!(
+            RedrivePolicy::of(&with(&format!(
+                r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"7"}}"#
+            )))
+            .and_then(|p| p.max_receive_count),
+            Some(7)
+        );
+        assert_eq!(RedrivePolicy::of(&Attributes::new()), None);
+        assert_eq!(RedrivePolicy::of(&with("not json")), None);
     }
 }

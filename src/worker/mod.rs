@@ -45,6 +45,23 @@ use runner::{RunnerSettings, TaskRunner};
 /// drain holds it up to `worker.drain_timeout_ms`, and meanwhile the worker takes no records.
 const READY_POLL_SILENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// What every source's readiness asks after its own: its `what` loop turned within
+/// [`READY_POLL_SILENCE`], and the database answers.
+async fn turning_with_the_database(
+    heartbeat: &crate::probes::Heartbeat,
+    what: &str,
+    store: &Store,
+) -> Result<(), String> {
+    let silent = heartbeat.silent_for();
+    if silent > READY_POLL_SILENCE {
+        return Err(format!(
+            "the {what} loop has not turned for {:.1} s",
+            silent.as_secs_f64()
+        ));
+    }
+    DatabaseReady(store.clone()).check().await.map(|_| ())
+}
+
 /// A worker is ready while its consumer polls (its loop turned within [`READY_POLL_SILENCE`])
 /// and the database answers.
 struct WorkerReady {
@@ -58,14 +75,7 @@ impl Readiness for WorkerReady {
             if !self.status.polling.load(Ordering::Relaxed) {
                 return Err("consumer not polling".into());
             }
-            let silent = self.status.heartbeat.silent_for();
-            if silent > READY_POLL_SILENCE {
-                return Err(format!(
-                    "the poll loop has not turned for {:.1} s",
-                    silent.as_secs_f64()
-                ));
-            }
-            DatabaseReady(self.store.clone()).check().await?;
+            turning_with_the_database(&self.status.heartbeat, "poll", &self.store).await?;
             Ok(format!(
                 "{} partitions assigned",
                 self.status.assigned_partitions.load(Ordering::Relaxed)
@@ -257,14 +267,7 @@ impl Readiness for SqsReady {
                     .unwrap_or_else(|| "not receiving".into());
                 return Err(why);
             }
-            let silent = self.status.heartbeat.silent_for();
-            if silent > READY_POLL_SILENCE {
-                return Err(format!(
-                    "the receive loop has not turned for {:.1} s",
-                    silent.as_secs_f64()
-                ));
-            }
-            DatabaseReady(self.store.clone()).check().await?;
+            turning_with_the_database(&self.status.heartbeat, "receive", &self.store).await?;
             Ok(format!(
                 "{} SQS messages held",
                 self.status.held.load(Ordering::Relaxed)
@@ -291,7 +294,12 @@ async fn run_sqs(
         startup,
         &shutdown,
         SqsError::is_transient,
-        || sqs.dead_letter_queue(&settings.sqs),
+        // The queue answers (it exists, the credentials may read it), and names its
+        // dead-letter queue unless the settings do.
+        || async {
+            let attributes = sqs.attributes(&settings.sqs.queue_url).await?;
+            sqs.dead_letter_queue(&settings.sqs, &attributes).await
+        },
     )
     .await
     .context("finding the SQS dead-letter queue")?;

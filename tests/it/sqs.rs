@@ -10,38 +10,15 @@ use std::time::Duration;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 use prost::Message as _;
 use replyd::sqs::message::{attributes, encode_body};
-use replyd_core::domain::{ChatMessage, Role, TaskId, TaskSpec};
-use replyd_lab::mock_provider::MockSettings;
-use replyd_lab::produce::demo_task;
+use replyd_core::domain::{ChatMessage, Role, TaskSpec};
 
 use crate::helpers::app::{TestApp, WorkerConfig};
-use crate::helpers::{unique, wait_until};
+use crate::helpers::{demo_tasks, ids, key_honouring_mock, wait_until};
 
 const LIMIT: Duration = Duration::from_secs(120);
 /// Receives before the server moves a message to the dead-letter queue: far above what these
 /// tests' redeliveries and hand-backs reach, so a move would be a finding.
 const MAX_RECEIVES: u32 = 50;
-
-fn tasks(count: usize, conversations: usize) -> Vec<TaskSpec> {
-    let workspace = unique("ws");
-    (0..count)
-        .map(|n| demo_task(&workspace, n, conversations, 0))
-        .collect()
-}
-
-fn ids(tasks: &[TaskSpec]) -> Vec<TaskId> {
-    tasks.iter().map(|t| t.task_id).collect()
-}
-
-/// A provider that honours `Idempotency-Key`, as in the Kafka scenarios: a call cut off by a
-/// kill or a takeover and sent again finds the first generation.
-fn mock(latency_ms: u64) -> MockSettings {
-    MockSettings {
-        latency_ms,
-        honour_idempotency_key: true,
-        ..MockSettings::default()
-    }
-}
 
 async fn send(app: &TestApp, tasks: &[TaskSpec], copies: usize) {
     let sqs = app.on_sqs();
@@ -81,12 +58,17 @@ async fn metric(app: &TestApp, worker: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_task_sent_three_times_to_two_workers_gets_one_reply_and_its_messages_are_deleted() {
-    let app = TestApp::start_on_sqs(mock(50), WorkerConfig::default(), MAX_RECEIVES).await;
+    let app = TestApp::start_on_sqs(
+        key_honouring_mock(50),
+        WorkerConfig::default(),
+        MAX_RECEIVES,
+    )
+    .await;
     app.spawn_worker("w1");
     app.spawn_worker("w2");
     app.wait_until_ready("w1").await;
     app.wait_until_ready("w2").await;
-    let all = tasks(30, 10);
+    let all = demo_tasks(30, 10);
     send(&app, &all, 3).await;
 
     app.wait_until_terminal(&ids(&all), LIMIT).await;
@@ -122,10 +104,10 @@ async fn copies_of_a_task_another_worker_runs_are_handed_back_not_held() {
         global_window: 4,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start_on_sqs(mock(3_000), config, MAX_RECEIVES).await;
+    let app = TestApp::start_on_sqs(key_honouring_mock(3_000), config, MAX_RECEIVES).await;
     app.spawn_worker("w1");
     app.wait_until_ready("w1").await;
-    let all = tasks(4, 4);
+    let all = demo_tasks(4, 4);
     send(&app, &all, 1).await;
     wait_until("w1 runs the four calls", LIMIT, || async {
         app.mock.stats().in_flight == 4
@@ -157,11 +139,11 @@ async fn bad_messages_of_each_kind_land_in_the_dead_letter_queue_with_the_reason
         max_prompt_bytes: 1_000,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start_on_sqs(mock(20), config, MAX_RECEIVES).await;
-    let good = tasks(3, 3);
-    let mut missing = tasks(1, 1).remove(0);
+    let app = TestApp::start_on_sqs(key_honouring_mock(20), config, MAX_RECEIVES).await;
+    let good = demo_tasks(3, 3);
+    let mut missing = demo_tasks(1, 1).remove(0);
     missing.workspace_id.clear();
-    let mut large = tasks(1, 1).remove(0);
+    let mut large = demo_tasks(1, 1).remove(0);
     large.request.messages = vec![ChatMessage {
         role: Role::User,
         content: "x".repeat(5_000),
@@ -230,10 +212,10 @@ async fn a_worker_killed_mid_call_has_its_messages_finished_elsewhere_with_one_g
         global_window: 4,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start_on_sqs(mock(1_000), config, MAX_RECEIVES).await;
+    let app = TestApp::start_on_sqs(key_honouring_mock(1_000), config, MAX_RECEIVES).await;
     app.spawn_worker("w1");
     app.wait_until_ready("w1").await;
-    let all = tasks(30, 10);
+    let all = demo_tasks(30, 10);
     send(&app, &all, 1).await;
 
     // Kill while some tasks are done and others are in their calls.
@@ -281,12 +263,12 @@ async fn a_zombie_stopped_past_its_lease_and_visibility_is_fenced_and_loses_no_m
         sqs_visibility_seconds: 3,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start_on_sqs(mock(1_500), config, MAX_RECEIVES).await;
+    let app = TestApp::start_on_sqs(key_honouring_mock(1_500), config, MAX_RECEIVES).await;
     app.spawn_worker("w1");
     app.spawn_worker("w2");
     app.wait_until_ready("w1").await;
     app.wait_until_ready("w2").await;
-    let all = tasks(40, 8);
+    let all = demo_tasks(40, 8);
     send(&app, &all, 1).await;
 
     let client = app.db.raw_client().await;
@@ -362,10 +344,10 @@ async fn a_call_longer_than_the_visibility_timeout_keeps_its_message_hidden() {
         ..WorkerConfig::default()
     };
     // Three visibility timeouts long.
-    let app = TestApp::start_on_sqs(mock(9_000), config, MAX_RECEIVES).await;
+    let app = TestApp::start_on_sqs(key_honouring_mock(9_000), config, MAX_RECEIVES).await;
     app.spawn_worker("w1");
     app.wait_until_ready("w1").await;
-    let all = tasks(1, 1);
+    let all = demo_tasks(1, 1);
     send(&app, &all, 1).await;
     wait_until("w1's call is in flight", LIMIT, || async {
         app.mock.stats().in_flight == 1
@@ -396,7 +378,12 @@ async fn a_call_longer_than_the_visibility_timeout_keeps_its_message_hidden() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_refuses_to_start_without_a_dead_letter_queue_or_an_answering_endpoint() {
-    let app = TestApp::start_on_sqs(mock(10), WorkerConfig::default(), MAX_RECEIVES).await;
+    let app = TestApp::start_on_sqs(
+        key_honouring_mock(10),
+        WorkerConfig::default(),
+        MAX_RECEIVES,
+    )
+    .await;
     let sqs = app.on_sqs();
     // A queue with no RedrivePolicy, and no sqs.dead_letter_queue_url.
     let bare = sqs
@@ -471,7 +458,12 @@ async fn a_worker_refuses_to_start_without_a_dead_letter_queue_or_an_answering_e
 async fn the_whole_chain_runs_on_sqs_for_browsers_that_lose_answers_and_double_click() {
     // replyd serve with relay.sink and worker.source on SQS: press → outbox → SQS → worker →
     // reply → the stream.
-    let app = TestApp::start_on_sqs(mock(50), WorkerConfig::default(), MAX_RECEIVES).await;
+    let app = TestApp::start_on_sqs(
+        key_honouring_mock(50),
+        WorkerConfig::default(),
+        MAX_RECEIVES,
+    )
+    .await;
     app.db.store.create_workspace("acme").await.unwrap();
     let key = replyd_core::api_key::issue(&mut rand::rng());
     app.db.store.create_api_key("acme", &key).await.unwrap();
@@ -522,7 +514,7 @@ async fn the_whole_chain_runs_on_sqs_for_browsers_that_lose_answers_and_double_c
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_check_connect_reaches_the_queue_and_its_dead_letter_queue() {
-    let app = TestApp::start_on_sqs(mock(10), WorkerConfig::default(), 7).await;
+    let app = TestApp::start_on_sqs(key_honouring_mock(10), WorkerConfig::default(), 7).await;
     let check = |env: Vec<(&str, String)>| {
         let out = app
             .operator_command(&["config", "check", "--connect"])

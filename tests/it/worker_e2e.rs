@@ -6,38 +6,15 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use crate::helpers::app::{Routes, TestApp, WorkerConfig};
-use crate::helpers::{unique, wait_until};
+use crate::helpers::{demo_tasks, ids, key_honouring_mock, unique, wait_until};
 use prost::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use replyd_core::domain::{ChatMessage, Role, TaskId, TaskSpec};
-use replyd_lab::mock_provider::MockSettings;
-use replyd_lab::produce::{demo_task, malformed_record};
+use replyd_lab::produce::malformed_record;
 
 const LIMIT: Duration = Duration::from_secs(120);
-
-fn tasks(count: usize, conversations: usize) -> Vec<TaskSpec> {
-    let workspace = unique("ws");
-    (0..count)
-        .map(|n| demo_task(&workspace, n, conversations, 0))
-        .collect()
-}
-
-fn ids(tasks: &[TaskSpec]) -> Vec<TaskId> {
-    tasks.iter().map(|t| t.task_id).collect()
-}
-
-/// A provider that honours `Idempotency-Key` (an opt-in: no real chat API documents it). These
-/// scenarios kill and stop workers mid-call and count generations; a call resent under the
-/// same key after a kill or a takeover finds the first generation, so one per task.
-fn mock(latency_ms: u64) -> MockSettings {
-    MockSettings {
-        latency_ms,
-        honour_idempotency_key: true,
-        ..MockSettings::default()
-    }
-}
 
 /// Asserts the invariants the checker reads back: one reply per task (I1), nothing committed
 /// past unfinished work (I3), attempts within budget (I7).
@@ -53,9 +30,9 @@ async fn assert_invariants(app: &TestApp, tasks: usize) -> replyd::check::Report
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_record_published_three_times_gets_exactly_one_reply() {
-    let app = TestApp::start(3, mock(50), WorkerConfig::default()).await;
+    let app = TestApp::start(3, key_honouring_mock(50), WorkerConfig::default()).await;
     app.spawn_worker("w1");
-    let tasks = tasks(30, 10);
+    let tasks = demo_tasks(30, 10);
     app.produce_tasks(&tasks, 3).await;
 
     app.wait_until_terminal(&ids(&tasks), LIMIT).await;
@@ -88,7 +65,7 @@ async fn healthz_watches_the_worker_s_poll_loop_and_the_relay_s_loop() {
         drain_timeout_ms: 1_000,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(1, mock(20), config).await;
+    let app = TestApp::start(1, key_honouring_mock(20), config).await;
     app.route(Routes {
         env: vec![
             (
@@ -134,8 +111,8 @@ async fn a_full_window_pauses_the_partition_so_in_flight_work_stays_bounded() {
         partition_window: 3,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(1, mock(200), config).await;
-    let all = tasks(30, 1);
+    let app = TestApp::start(1, key_honouring_mock(200), config).await;
+    let all = demo_tasks(30, 1);
     app.produce_tasks(&all, 1).await;
     app.spawn_worker("w1");
     app.wait_until_terminal(&ids(&all), LIMIT).await;
@@ -347,9 +324,9 @@ fn dead_letters(bootstrap: &str, topic: &str) -> Vec<(i64, String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_records_of_each_kind_land_in_the_dlq_and_the_partition_keeps_moving() {
-    let app = TestApp::start(1, mock(20), WorkerConfig::default()).await;
+    let app = TestApp::start(1, key_honouring_mock(20), WorkerConfig::default()).await;
     app.spawn_worker("w1");
-    let good = tasks(2, 1);
+    let good = demo_tasks(2, 1);
     let mut records = vec![("k".to_string(), good[0].to_proto().encode_to_vec())];
     for n in 0..replyd_lab::produce::MALFORMED_KINDS.len() {
         records.push(("k".to_string(), malformed_record(n).1));
@@ -361,10 +338,10 @@ async fn bad_records_of_each_kind_land_in_the_dlq_and_the_partition_keeps_moving
         .await
         .unwrap();
     // Offset 7: a deadline written in seconds instead of milliseconds (January 1970).
-    let mut in_seconds = tasks(1, 1).remove(0);
+    let mut in_seconds = demo_tasks(1, 1).remove(0);
     in_seconds.deadline = chrono::DateTime::from_timestamp_millis(chrono::Utc::now().timestamp());
     // Offset 8: a deadline that passed an hour ago: a task, failed at its first claim.
-    let mut too_late = tasks(1, 1).remove(0);
+    let mut too_late = demo_tasks(1, 1).remove(0);
     too_late.deadline = Some(chrono::Utc::now() - chrono::TimeDelta::hours(1));
     app.produce_raw(&[
         ("k".to_string(), in_seconds.to_proto().encode_to_vec()),
@@ -429,9 +406,9 @@ async fn the_checker_judges_records_by_the_workers_own_prompt_limit() {
         max_prompt_bytes: 65_536,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(1, mock(10), config).await;
+    let app = TestApp::start(1, key_honouring_mock(10), config).await;
     app.spawn_worker("w1");
-    let mut all = tasks(3, 1);
+    let mut all = demo_tasks(3, 1);
     // One byte over this worker's limit, far under the built-in one.
     all[1].request.messages = vec![ChatMessage {
         role: Role::User,
@@ -453,8 +430,8 @@ async fn the_checker_judges_records_by_the_workers_own_prompt_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_first_record_does_not_hold_back_later_ones_but_holds_the_commit_point() {
-    let app = TestApp::start(1, mock(20), WorkerConfig::default()).await;
-    let mut all = tasks(11, 1);
+    let app = TestApp::start(1, key_honouring_mock(20), WorkerConfig::default()).await;
+    let mut all = demo_tasks(11, 1);
     // The mock answers this one after 8 s (a directive it reads from the prompt).
     all[0].request.messages.push(ChatMessage {
         role: Role::User,
@@ -546,8 +523,8 @@ async fn a_worker_killed_mid_partition_loses_nothing_and_saves_one_reply_each() 
         partition_window: 8,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(2, mock(300), config).await;
-    let all = tasks(60, 12);
+    let app = TestApp::start(2, key_honouring_mock(300), config).await;
+    let all = demo_tasks(60, 12);
     app.produce_tasks(&all, 1).await;
     app.spawn_worker("w1");
 
@@ -586,8 +563,8 @@ async fn rebalance_one_two_one(protocol: &'static str) {
         partition_window: 4,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(4, mock(200), config).await;
-    let all = tasks(120, 24);
+    let app = TestApp::start(4, key_honouring_mock(200), config).await;
+    let all = demo_tasks(120, 24);
     app.produce_tasks(&all, 1).await;
     app.spawn_worker("w1");
 
@@ -652,8 +629,8 @@ async fn a_partition_paused_when_revoked_is_read_again_when_it_comes_back(protoc
         read_ahead: 2,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(4, mock(500), config).await;
-    let all = tasks(40, 40);
+    let app = TestApp::start(4, key_honouring_mock(500), config).await;
+    let all = demo_tasks(40, 40);
     app.produce_tasks(&all, 1).await;
     app.spawn_worker("w1");
     wait_until("w1 paused all its partitions", LIMIT, || async {
@@ -702,10 +679,10 @@ async fn a_zombie_stopped_past_its_lease_and_session_is_fenced_when_it_returns()
         partition_window: 8,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(2, mock(1_500), config).await;
+    let app = TestApp::start(2, key_honouring_mock(1_500), config).await;
     app.spawn_worker("w1");
     app.spawn_worker("w2");
-    let all = tasks(40, 8);
+    let all = demo_tasks(40, 8);
     app.produce_tasks(&all, 1).await;
 
     // Stop w1 while it holds leases with calls in flight.
@@ -755,7 +732,7 @@ async fn a_zombie_stopped_past_its_lease_and_session_is_fenced_when_it_returns()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_check_connect_reaches_every_part_and_names_each_that_does_not_answer() {
-    let app = TestApp::start(1, mock(10), WorkerConfig::default()).await;
+    let app = TestApp::start(1, key_honouring_mock(10), WorkerConfig::default()).await;
     let check = |env: &[(&str, String)]| {
         let out = app
             .operator_command(&["config", "check", "--connect"])
@@ -846,7 +823,7 @@ async fn dead_letters_replayed_after_the_fix_become_one_reply_each_and_bad_ones_
         max_prompt_bytes: 1_000,
         ..WorkerConfig::default()
     };
-    let mut app = TestApp::start(1, mock(10), config).await;
+    let mut app = TestApp::start(1, key_honouring_mock(10), config).await;
     let mut large = crate::helpers::task_spec(3);
     large.request.messages[0].content = "word ".repeat(400);
     let small = crate::helpers::task_spec(3);
@@ -933,7 +910,7 @@ async fn restart_one_of_two(static_membership: bool) -> (usize, usize) {
         session_timeout_ms: 20_000,
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(2, mock(10), config).await;
+    let app = TestApp::start(2, key_honouring_mock(10), config).await;
     app.spawn_worker("w1");
     app.spawn_worker("w2");
     app.wait_until_assigned(&["w1", "w2"]).await;
@@ -942,7 +919,7 @@ async fn restart_one_of_two(static_membership: bool) -> (usize, usize) {
     app.spawn_worker("w1");
     app.wait_until_assigned(&["w1", "w2"]).await;
     // The work still flows through both.
-    let all = tasks(20, 20);
+    let all = demo_tasks(20, 20);
     app.produce_tasks(&all, 1).await;
     app.wait_until_terminal(&ids(&all), LIMIT).await;
     (before, rebalances_in(&app.log_of("w2")))
@@ -974,7 +951,7 @@ async fn a_worker_refuses_to_start_without_its_dead_letter_topic() {
         dead_letter_topic: unique("missing-dlq"),
         ..WorkerConfig::default()
     };
-    let app = TestApp::start(1, mock(10), config).await;
+    let app = TestApp::start(1, key_honouring_mock(10), config).await;
     // The topic is waited for within the start-up window (a topic made moments before may
     // not be in the metadata yet), then refused by name.
     app.route(Routes {
@@ -1051,7 +1028,7 @@ fn long_lease(listen: bool) -> WorkerConfig {
 /// Two workers holding one of two partitions each: a task published to both partitions is
 /// raced for by both, and the loser parks on the winner's lease.
 async fn two_workers_on_two_partitions(latency_ms: u64, config: WorkerConfig) -> TestApp {
-    let app = TestApp::start(2, mock(latency_ms), config).await;
+    let app = TestApp::start(2, key_honouring_mock(latency_ms), config).await;
     app.spawn_worker("w1");
     app.spawn_worker("w2");
     app.wait_until_assigned(&["w1", "w2"]).await;
@@ -1070,10 +1047,10 @@ const WELL_BEFORE_THE_LEASE_ENDS: Duration = Duration::from_secs(20);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_in_the_same_worker_is_woken_when_its_twin_completes() {
     // No notifications: only the in-process wake-up can end the parking early.
-    let app = TestApp::start(1, mock(500), long_lease(false)).await;
+    let app = TestApp::start(1, key_honouring_mock(500), long_lease(false)).await;
     app.spawn_worker("w1");
     app.wait_until_assigned(&["w1"]).await;
-    let all = tasks(20, 4);
+    let all = demo_tasks(20, 4);
     app.produce_tasks(&all, 3).await;
 
     app.wait_until_terminal(&ids(&all), LIMIT).await;
@@ -1090,7 +1067,7 @@ async fn a_duplicate_in_the_same_worker_is_woken_when_its_twin_completes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_on_another_worker_is_woken_by_the_completion_notification() {
     let app = two_workers_on_two_partitions(500, long_lease(true)).await;
-    let all = tasks(30, 6);
+    let all = demo_tasks(30, 6);
     app.produce_to_partitions(&all, &[0, 1]).await;
 
     app.wait_until_terminal(&ids(&all), LIMIT).await;
@@ -1112,7 +1089,7 @@ async fn with_the_listening_session_killed_parked_records_still_finish() {
         ..WorkerConfig::default()
     };
     let app = two_workers_on_two_partitions(800, config).await;
-    let all = tasks(30, 6);
+    let all = demo_tasks(30, 6);
     let client = app.db.raw_client().await;
     let listeners = format!(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
@@ -1178,7 +1155,7 @@ async fn without_notifications_parked_records_finish_at_the_lease_end() {
         ..WorkerConfig::default()
     };
     let app = two_workers_on_two_partitions(500, config).await;
-    let all = tasks(10, 2);
+    let all = demo_tasks(10, 2);
     app.produce_to_partitions(&all, &[0, 1]).await;
 
     app.wait_until_terminal(&ids(&all), LIMIT).await;
@@ -1192,7 +1169,7 @@ async fn without_notifications_parked_records_finish_at_the_lease_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn produce_prints_a_summary_and_writes_the_ids_only_when_asked() {
-    let app = TestApp::start(2, mock(10), WorkerConfig::default()).await;
+    let app = TestApp::start(2, key_honouring_mock(10), WorkerConfig::default()).await;
     let ids_file = std::env::temp_dir().join(unique("ids"));
     let (config, ids) = (app.settings_file(), ids_file.clone());
     let output = tokio::task::spawn_blocking(move || {

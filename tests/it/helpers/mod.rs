@@ -157,6 +157,31 @@ pub fn task_spec(max_attempts: u32) -> TaskSpec {
     }
 }
 
+/// `count` demo tasks of a workspace of their own, over `conversations` conversations.
+pub fn demo_tasks(count: usize, conversations: usize) -> Vec<TaskSpec> {
+    let workspace = unique("ws");
+    (0..count)
+        .map(|n| replyd_lab::produce::demo_task(&workspace, n, conversations, 0))
+        .collect()
+}
+
+/// The tasks' ids.
+pub fn ids(tasks: &[TaskSpec]) -> Vec<TaskId> {
+    tasks.iter().map(|t| t.task_id).collect()
+}
+
+/// A provider that honours `Idempotency-Key` (an opt-in: no real chat API documents it),
+/// answering after `latency_ms`. The end-to-end scenarios kill and stop workers mid-call and
+/// count generations; a call resent under the same key after a kill or a takeover finds the
+/// first generation, so one per task.
+pub fn key_honouring_mock(latency_ms: u64) -> replyd_lab::mock_provider::MockSettings {
+    replyd_lab::mock_provider::MockSettings {
+        latency_ms,
+        honour_idempotency_key: true,
+        ..Default::default()
+    }
+}
+
 /// Polls `condition` until it holds or `limit` passes; panics naming `what` on timeout.
 /// Tests wait on conditions, never on bare sleeps.
 /// Waits (10 s at most) until `sql`, one row of one boolean read by the database's clock, is
