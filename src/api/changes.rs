@@ -1,19 +1,27 @@
-//! The task status changes of this API process: one listening session on
-//! `replyd_task_status` (sent by the task table's trigger on every status change) fanned out
-//! to every open event stream ([`super::events`]). A notification is only a hint: a stream
-//! re-reads its row on every hint and on a timer.
+//! The task changes of this API process, for its open event streams ([`super::events`]):
+//! - status changes: one listening session on `replyd_task_status` (sent by the task table's
+//!   trigger on every status change), fanned out to every open stream. A notification is only
+//!   a hint: a stream re-reads its row on every hint and on a timer.
+//! - live text: one listening session on `replyd_live` (sent with each piece a worker writes,
+//!   the piece in its payload), handed only to the streams that follow that task, so a piece
+//!   costs nothing for the streams of other tasks and no read for the streams of its own.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::DatabaseSettings;
 use crate::store::listen::{Listener, TASK_STATUS_CHANNEL, listen, parse_status_payload};
+use crate::store::live::{LIVE_TEXT_CHANNEL, LivePiece, parse_live_payload};
 use replyd_core::domain::TaskId;
 
-/// The fan-out of task status notifications to the open streams of this process.
+/// The fan-out of task status notifications and live text to the open streams of this process.
 #[derive(Clone)]
 pub struct TaskChanges {
     sender: broadcast::Sender<Option<TaskId>>,
+    live: LiveFanout,
 }
 
 impl Default for TaskChanges {
@@ -21,6 +29,7 @@ impl Default for TaskChanges {
         // A stream that falls this far behind re-reads its row (see `Lagged` below).
         Self {
             sender: broadcast::channel(1024).0,
+            live: LiveFanout::default(),
         }
     }
 }
@@ -41,19 +50,103 @@ impl Listener for Fanout {
     }
 }
 
+/// What a stream following a task hears of its live text.
+#[derive(Debug, Clone)]
+pub enum LiveHint {
+    /// A piece, as its worker wrote it.
+    Piece(Arc<LivePiece>),
+    /// Pieces may have been missed (the session listens again): read what was missed.
+    Resync,
+}
+
+/// Pieces queued for one stream before it reads them itself (it falls behind: `Lagged`).
+const LIVE_QUEUE: usize = 256;
+
+/// The followed tasks of this process and their streams' channels.
+#[derive(Clone, Default)]
+struct LiveFanout {
+    followed: Arc<Mutex<HashMap<TaskId, broadcast::Sender<LiveHint>>>>,
+}
+
+impl LiveFanout {
+    fn lock(&self) -> MutexGuard<'_, HashMap<TaskId, broadcast::Sender<LiveHint>>> {
+        // The map holds only senders: usable whatever panicked while it was held.
+        self.followed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Listener for LiveFanout {
+    fn listening(&mut self) {
+        for sender in self.lock().values() {
+            let _ = sender.send(LiveHint::Resync);
+        }
+    }
+
+    fn notified(&mut self, payload: &str) {
+        let Some(piece) = parse_live_payload(payload) else {
+            return;
+        };
+        if let Some(sender) = self.lock().get(&piece.task_id) {
+            let _ = sender.send(LiveHint::Piece(Arc::new(piece)));
+        }
+    }
+}
+
+/// One stream's hold on its task's live text; the task is let go with its last follower.
+pub(super) struct LiveFollow {
+    pub receiver: broadcast::Receiver<LiveHint>,
+    task: TaskId,
+    fanout: LiveFanout,
+}
+
+impl Drop for LiveFollow {
+    fn drop(&mut self) {
+        let mut followed = self.fanout.lock();
+        // This stream's receiver is still counted while it is being dropped.
+        if followed
+            .get(&self.task)
+            .is_some_and(|sender| sender.receiver_count() <= 1)
+        {
+            followed.remove(&self.task);
+        }
+    }
+}
+
 impl TaskChanges {
-    /// Starts the one listening session of this process.
+    /// Starts the listening sessions of this process.
     pub fn listen(&self, database: DatabaseSettings, shutdown: CancellationToken) {
         tokio::spawn(listen(
-            database,
+            database.clone(),
             format!("replyd-api-listener {}", std::process::id()),
             TASK_STATUS_CHANNEL,
             Fanout(self.sender.clone()),
+            shutdown.clone(),
+        ));
+        tokio::spawn(listen(
+            database,
+            format!("replyd-api-live {}", std::process::id()),
+            LIVE_TEXT_CHANNEL,
+            self.live.clone(),
             shutdown,
         ));
     }
 
     pub(super) fn subscribe(&self) -> broadcast::Receiver<Option<TaskId>> {
         self.sender.subscribe()
+    }
+
+    /// Follows `task`'s live text from now on.
+    pub(super) fn follow_live(&self, task: TaskId) -> LiveFollow {
+        let receiver = self
+            .live
+            .lock()
+            .entry(task)
+            .or_insert_with(|| broadcast::channel(LIVE_QUEUE).0)
+            .subscribe();
+        LiveFollow {
+            receiver,
+            task,
+            fanout: self.live.clone(),
+        }
     }
 }

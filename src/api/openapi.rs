@@ -45,6 +45,8 @@ use super::{conversations, end_users, events, quota};
         replies::AttemptUsageView,
         ReplyStatus,
         events::StatusEvent,
+        events::DeltaData,
+        events::WithdrawnData,
         quota::QuotaView,
         quota::PolicyView,
         quota::TokenQuotaView,

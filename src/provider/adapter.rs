@@ -2,13 +2,35 @@
 //! runs a generation as an operation with an id, [`BackgroundProvider`]. The caller holds one
 //! `Arc<dyn Provider>` whatever the adapter (see the room's face, `super`).
 
-use replyd_core::provider::{Generation, GenerationRequest, OperationId, ProviderError, Recovery};
+use replyd_core::provider::{
+    Generation, GenerationRequest, OperationId, ProviderError, Recovery, Usage,
+};
+
+/// Where a streamed call's text goes as it arrives: the worker forwards it to the task's
+/// followers. A hint only: what is saved is the generation the call returns.
+pub trait TextSink: Send + Sync {
+    /// The next piece of the reply's text, in order.
+    fn text(&self, delta: &str);
+    /// The usage the provider reported so far (a cut stream keeps the last one).
+    fn usage(&self, _usage: Usage) {}
+}
 
 /// An LLM provider. Implementations make one request per call and never retry.
 #[async_trait::async_trait]
 pub trait Provider: Send + Sync {
     /// Asks for one reply. Dropping the returned future aborts the request.
     async fn generate(&self, request: &GenerationRequest) -> Result<Generation, ProviderError>;
+
+    /// Asks for one reply, streamed when the adapter and `provider.stream` allow: its text goes
+    /// to `sink` as it is written, and the whole reply is returned as from `generate`. The
+    /// default asks for the whole reply at once.
+    async fn generate_streamed(
+        &self,
+        request: &GenerationRequest,
+        _sink: &dyn TextSink,
+    ) -> Result<Generation, ProviderError> {
+        self.generate(request).await
+    }
 
     /// Short stable name for logs and metrics (`"openai"`).
     fn name(&self) -> &str;
@@ -51,6 +73,16 @@ pub trait BackgroundProvider: Provider {
     /// provider says the failure was a server error; a cancelled, expired or unknown one is
     /// `OperationGone`. Dropping the future stops the polling.
     async fn wait(&self, operation: &OperationId) -> Result<Generation, ProviderError>;
+
+    /// [`BackgroundProvider::wait`], with the operation's text sent to `sink` from its start
+    /// as it is written, where the provider streams it. The default waits without streaming.
+    async fn wait_streamed(
+        &self,
+        operation: &OperationId,
+        _sink: &dyn TextSink,
+    ) -> Result<Generation, ProviderError> {
+        self.wait(operation).await
+    }
 
     /// One look at `operation`, without waiting: its generation when it is done, `None` while
     /// it is queued or running. Errors as `wait`'s (`OperationGone` for an unknown one).

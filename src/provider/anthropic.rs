@@ -20,13 +20,14 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use super::adapter::Provider;
+use super::adapter::{Provider, TextSink};
 use super::http::OpenAiBuildError;
 use super::http::{
     build_client, endpoint, extra_headers, status_error_as, transport_error, with_extra_headers,
     with_idempotency_key, with_trace_context,
 };
 use super::settings::OpenAiSettings;
+use super::stream::{self, StreamFold};
 use replyd_core::domain::Role;
 use replyd_core::provider::classify::classify_anthropic_status_at;
 use replyd_core::provider::{
@@ -47,6 +48,9 @@ pub struct AnthropicMessagesProvider {
     /// `max_tokens` of a task that sets none (`provider.anthropic_max_tokens`).
     default_max_tokens: u32,
     request_timeout: Duration,
+    /// `provider.stream`.
+    stream: bool,
+    stream_idle: Duration,
 }
 
 impl AnthropicMessagesProvider {
@@ -70,12 +74,32 @@ impl AnthropicMessagesProvider {
             // The API refuses 0; the settings' check does too, this keeps a direct caller safe.
             default_max_tokens: settings.anthropic_max_tokens.max(1),
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            stream: settings.stream,
+            stream_idle: Duration::from_millis(settings.stream_idle_timeout_ms),
         })
     }
 
     /// The URL every call is posted to.
     pub fn endpoint(&self) -> &Url {
         &self.endpoint
+    }
+
+    /// Sends `body` with the key, version, idempotency, extra and trace headers.
+    async fn send(
+        &self,
+        body: &WireRequest<'_>,
+        request: &GenerationRequest,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let builder = self.client.post(self.endpoint.clone()).json(body);
+        let builder = with_extra_headers(builder, &self.extra_headers);
+        let builder = with_idempotency_key(builder, &request.idempotency_key)?;
+        let builder = with_anthropic_key(builder, self.api_key.as_ref())?;
+        let builder = builder.header("anthropic-version", self.version.clone());
+        let builder = with_trace_context(builder);
+        builder
+            .send()
+            .await
+            .map_err(|e| transport_error(e, self.request_timeout))
     }
 
     fn wire_request<'a>(&'a self, request: &'a GenerationRequest) -> WireRequest<'a> {
@@ -113,6 +137,7 @@ impl AnthropicMessagesProvider {
                     })
                 })
                 .collect(),
+            stream: None,
         }
     }
 }
@@ -121,17 +146,7 @@ impl AnthropicMessagesProvider {
 impl Provider for AnthropicMessagesProvider {
     async fn generate(&self, request: &GenerationRequest) -> Result<Generation, ProviderError> {
         let body = self.wire_request(request);
-        let builder = self.client.post(self.endpoint.clone()).json(&body);
-        let builder = with_extra_headers(builder, &self.extra_headers);
-        let builder = with_idempotency_key(builder, &request.idempotency_key)?;
-        let builder = with_anthropic_key(builder, self.api_key.as_ref())?;
-        let builder = builder.header("anthropic-version", self.version.clone());
-        let builder = with_trace_context(builder);
-
-        let response = builder
-            .send()
-            .await
-            .map_err(|e| transport_error(e, self.request_timeout))?;
+        let response = self.send(&body, request).await?;
         let status = response.status();
         if !status.is_success() {
             return Err(status_error_as(response, classify_anthropic_status_at).await);
@@ -142,6 +157,30 @@ impl Provider for AnthropicMessagesProvider {
             .await
             .map_err(|e| transport_error(e, self.request_timeout))?;
         let mut generation = parse_message(status, &bytes, body.model)?;
+        generation.rate_signals = signals;
+        Ok(generation)
+    }
+
+    async fn generate_streamed(
+        &self,
+        request: &GenerationRequest,
+        sink: &dyn TextSink,
+    ) -> Result<Generation, ProviderError> {
+        if !self.stream {
+            return self.generate(request).await;
+        }
+        let mut body = self.wire_request(request);
+        body.stream = Some(true);
+        let response = self.send(&body, request).await?;
+        if !response.status().is_success() {
+            return Err(status_error_as(response, classify_anthropic_status_at).await);
+        }
+        let signals = RateSignals::read(response.headers(), SystemTime::now());
+        let mut fold = MessageStream::new(body.model);
+        stream::read(response, &mut fold, sink, self.stream_idle)
+            .await
+            .map_err(|cut| cut.error)?;
+        let mut generation = fold.generation()?;
         generation.rate_signals = signals;
         Ok(generation)
     }
@@ -227,6 +266,165 @@ pub(crate) fn parse_message(
     })
 }
 
+/// A message's event stream: `message_start` (its id, model and the prompt's usage),
+/// `content_block_delta`s whose `text_delta` is the next piece of text, `message_delta` (the
+/// stop reason and the output's usage), `message_stop`; `ping`s between. An `error` event
+/// (`overloaded_error`, `api_error`) is Anthropic's error after the first tokens. Pure.
+pub(crate) struct MessageStream {
+    asked_model: String,
+    text: String,
+    id: Option<String>,
+    model: Option<String>,
+    usage: Option<Usage>,
+    stop_reason: Option<String>,
+    done: bool,
+}
+
+impl MessageStream {
+    pub(crate) fn new(asked_model: &str) -> Self {
+        Self {
+            asked_model: asked_model.to_owned(),
+            text: String::new(),
+            id: None,
+            model: None,
+            usage: None,
+            stop_reason: None,
+            done: false,
+        }
+    }
+}
+
+impl StreamFold for MessageStream {
+    fn event(&mut self, event: &str, data: &str) -> Result<Option<String>, ProviderError> {
+        let wire: WireStreamEvent =
+            serde_json::from_str(data).map_err(|e| stream::malformed("a Messages event", e))?;
+        // The `data`'s own `type` is the event's name (the SSE `event:` line repeats it).
+        let kind = if wire.kind.is_empty() {
+            event
+        } else {
+            wire.kind.as_str()
+        };
+        match kind {
+            "message_start" => {
+                if let Some(message) = wire.message {
+                    self.id = message.id;
+                    self.model = message.model.filter(|m| !m.is_empty());
+                    self.usage = message.usage.map(|u| Usage {
+                        prompt_tokens: u.input_tokens,
+                        completion_tokens: u.output_tokens,
+                    });
+                }
+                Ok(None)
+            }
+            "content_block_delta" => {
+                let piece = wire
+                    .delta
+                    .filter(|d| d.kind.as_deref() == Some("text_delta"))
+                    .and_then(|d| d.text)
+                    .unwrap_or_default();
+                self.text.push_str(&piece);
+                Ok(Some(piece))
+            }
+            "message_delta" => {
+                if let Some(reason) = wire.delta.and_then(|d| d.stop_reason) {
+                    self.stop_reason = Some(reason);
+                }
+                if let Some(output) = wire.usage.map(|u| u.output_tokens) {
+                    // The output's count is cumulative; the prompt's was in `message_start`.
+                    let prompt = self.usage.map_or(0, |u| u.prompt_tokens);
+                    self.usage = Some(Usage {
+                        prompt_tokens: prompt,
+                        completion_tokens: output,
+                    });
+                }
+                Ok(None)
+            }
+            "message_stop" => {
+                self.done = true;
+                Ok(None)
+            }
+            "error" => {
+                let error = wire.error.unwrap_or_default();
+                let status = match error.kind.as_deref() {
+                    Some("overloaded_error") => 529,
+                    Some("rate_limit_error") => 429,
+                    _ => 500,
+                };
+                Err(stream::failed_mid_stream(
+                    status,
+                    error.kind.as_deref(),
+                    error.message.as_deref().unwrap_or("no message"),
+                    self.chars(),
+                ))
+            }
+            // `ping`, the content blocks' start and stop, and events added later.
+            _ => Ok(None),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.done
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    fn chars(&self) -> usize {
+        self.text.chars().count()
+    }
+
+    fn generation(self) -> Result<Generation, ProviderError> {
+        match self.stop_reason.as_deref() {
+            Some("refusal") => {
+                return Err(ProviderError::Fatal {
+                    status: 200,
+                    message: "content refused: stop_reason is refusal".into(),
+                });
+            }
+            Some("max_tokens") if self.text.is_empty() => {
+                return Err(ProviderError::Fatal {
+                    status: 200,
+                    message: "reply cut at max_tokens before any text".into(),
+                });
+            }
+            _ => {}
+        }
+        Ok(Generation {
+            text: self.text,
+            model: self.model.unwrap_or(self.asked_model),
+            usage: self.usage,
+            provider_response_id: self.id,
+            rate_signals: RateSignals::default(),
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct WireStreamEvent {
+    #[serde(rename = "type", default)]
+    kind: String,
+    message: Option<WireMessageAnswer>,
+    delta: Option<WireStreamDelta>,
+    usage: Option<WireUsage>,
+    error: Option<WireStreamError>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireStreamDelta {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    text: Option<String>,
+    stop_reason: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct WireStreamError {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    message: Option<String>,
+}
+
 #[derive(Debug, Serialize)]
 struct WireRequest<'a> {
     model: &'a str,
@@ -234,6 +432,8 @@ struct WireRequest<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     system: Option<String>,
     messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]

@@ -35,10 +35,11 @@ mod http;
 pub mod openai;
 pub mod responses;
 pub mod settings;
+mod stream;
 
 use std::sync::Arc;
 
-pub use adapter::{BackgroundProvider, Provider};
+pub use adapter::{BackgroundProvider, Provider, TextSink};
 
 pub use anthropic::AnthropicMessagesProvider;
 pub use http::OpenAiBuildError;

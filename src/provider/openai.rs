@@ -12,12 +12,13 @@ use reqwest::header::HeaderMap;
 use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use super::adapter::Provider;
+use super::adapter::{Provider, TextSink};
 use super::http::{
     OpenAiBuildError, build_client, endpoint, extra_headers, status_error, transport_error,
     with_api_key, with_extra_headers, with_idempotency_key, with_trace_context,
 };
 use super::settings::{OpenAiSettings, takes_max_completion_tokens};
+use super::stream::{self, StreamFold};
 use replyd_core::domain::Role;
 use replyd_core::provider::{Generation, GenerationRequest, ProviderError, RateSignals, Usage};
 use replyd_core::secret::Secret;
@@ -34,6 +35,9 @@ pub struct OpenAiChatProvider {
     /// `provider.max_completion_tokens_models`.
     max_completion_tokens_models: Vec<String>,
     request_timeout: Duration,
+    /// `provider.stream`.
+    stream: bool,
+    stream_idle: Duration,
 }
 
 impl OpenAiChatProvider {
@@ -48,6 +52,8 @@ impl OpenAiChatProvider {
             default_model: settings.default_model.clone(),
             max_completion_tokens_models: settings.max_completion_tokens_models.clone(),
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            stream: settings.stream,
+            stream_idle: Duration::from_millis(settings.stream_idle_timeout_ms),
         })
     }
 
@@ -82,7 +88,26 @@ impl OpenAiChatProvider {
                 .collect(),
             max_tokens,
             max_completion_tokens,
+            stream: None,
+            stream_options: None,
         }
+    }
+
+    /// Sends `body` with the key, idempotency, extra and trace headers.
+    async fn send(
+        &self,
+        body: &WireRequest<'_>,
+        request: &GenerationRequest,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let builder = self.client.post(self.endpoint.clone()).json(body);
+        let builder = with_extra_headers(builder, &self.extra_headers);
+        let builder = with_idempotency_key(builder, &request.idempotency_key)?;
+        let builder = with_api_key(builder, self.api_key.as_ref())?;
+        let builder = with_trace_context(builder);
+        builder
+            .send()
+            .await
+            .map_err(|e| transport_error(e, self.request_timeout))
     }
 }
 
@@ -99,16 +124,7 @@ pub(crate) fn role_name(role: Role) -> &'static str {
 impl Provider for OpenAiChatProvider {
     async fn generate(&self, request: &GenerationRequest) -> Result<Generation, ProviderError> {
         let body = self.wire_request(request);
-        let builder = self.client.post(self.endpoint.clone()).json(&body);
-        let builder = with_extra_headers(builder, &self.extra_headers);
-        let builder = with_idempotency_key(builder, &request.idempotency_key)?;
-        let builder = with_api_key(builder, self.api_key.as_ref())?;
-        let builder = with_trace_context(builder);
-
-        let response = builder
-            .send()
-            .await
-            .map_err(|e| transport_error(e, self.request_timeout))?;
+        let response = self.send(&body, request).await?;
         let status = response.status();
         if !status.is_success() {
             return Err(status_error(response).await);
@@ -123,8 +139,155 @@ impl Provider for OpenAiChatProvider {
         Ok(generation)
     }
 
+    async fn generate_streamed(
+        &self,
+        request: &GenerationRequest,
+        sink: &dyn TextSink,
+    ) -> Result<Generation, ProviderError> {
+        if !self.stream {
+            return self.generate(request).await;
+        }
+        let mut body = self.wire_request(request);
+        body.stream = Some(true);
+        // Without it the stream reports no usage at all.
+        body.stream_options = Some(WireStreamOptions {
+            include_usage: true,
+        });
+        let response = self.send(&body, request).await?;
+        if !response.status().is_success() {
+            return Err(status_error(response).await);
+        }
+        let signals = RateSignals::read(response.headers(), SystemTime::now());
+        let mut fold = ChatStream::new(body.model);
+        stream::read(response, &mut fold, sink, self.stream_idle)
+            .await
+            .map_err(|cut| cut.error)?;
+        let mut generation = fold.generation()?;
+        generation.rate_signals = signals;
+        Ok(generation)
+    }
+
     fn name(&self) -> &str {
         "openai"
+    }
+}
+
+/// A chat completion's stream: `data:` chunks whose first choice's `delta.content` is the next
+/// piece of text, a chunk with `finish_reason`, the usage chunk (`choices: []`, asked for with
+/// `stream_options.include_usage`), then `data: [DONE]`. An `error` object instead of a chunk
+/// is OpenAI's error after the first tokens. Pure.
+pub(crate) struct ChatStream {
+    asked_model: String,
+    text: String,
+    refusal: String,
+    id: Option<String>,
+    model: Option<String>,
+    usage: Option<Usage>,
+    finish_reason: Option<String>,
+    done: bool,
+}
+
+impl ChatStream {
+    pub(crate) fn new(asked_model: &str) -> Self {
+        Self {
+            asked_model: asked_model.to_owned(),
+            text: String::new(),
+            refusal: String::new(),
+            id: None,
+            model: None,
+            usage: None,
+            finish_reason: None,
+            done: false,
+        }
+    }
+}
+
+impl StreamFold for ChatStream {
+    fn event(&mut self, _event: &str, data: &str) -> Result<Option<String>, ProviderError> {
+        if data.trim() == "[DONE]" {
+            self.done = true;
+            return Ok(None);
+        }
+        let chunk: WireChunk = serde_json::from_str(data)
+            .map_err(|e| stream::malformed("a chat completion chunk", e))?;
+        if let Some(error) = chunk.error {
+            let status = match error.kind.as_deref() {
+                Some("rate_limit_exceeded" | "tokens") => 429,
+                _ => 500,
+            };
+            return Err(stream::failed_mid_stream(
+                status,
+                error.kind.as_deref(),
+                error.message.as_deref().unwrap_or("no message"),
+                self.chars(),
+            ));
+        }
+        if self.id.is_none() {
+            self.id = chunk.id;
+        }
+        if self.model.is_none() {
+            self.model = chunk.model.filter(|m| !m.is_empty());
+        }
+        if let Some(usage) = chunk.usage {
+            self.usage = Some(Usage {
+                prompt_tokens: usage.prompt_tokens,
+                completion_tokens: usage.completion_tokens,
+            });
+        }
+        let Some(choice) = chunk.choices.into_iter().next() else {
+            return Ok(None);
+        };
+        if let Some(reason) = choice.finish_reason {
+            self.finish_reason = Some(reason);
+        }
+        let Some(delta) = choice.delta else {
+            return Ok(None);
+        };
+        if let Some(refusal) = delta.refusal {
+            self.refusal.push_str(&refusal);
+        }
+        let piece = delta.content.unwrap_or_default();
+        self.text.push_str(&piece);
+        Ok(Some(piece))
+    }
+
+    fn finished(&self) -> bool {
+        self.done
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    fn chars(&self) -> usize {
+        self.text.chars().count()
+    }
+
+    fn generation(self) -> Result<Generation, ProviderError> {
+        if !self.refusal.is_empty() {
+            return Err(ProviderError::Fatal {
+                status: 200,
+                message: format!("content refused: {}", self.refusal),
+            });
+        }
+        if self.finish_reason.as_deref() == Some("content_filter") {
+            return Err(ProviderError::Fatal {
+                status: 200,
+                message: "content refused: finish_reason is content_filter".into(),
+            });
+        }
+        if self.finish_reason.is_none() {
+            return Err(ProviderError::MalformedResponse {
+                message: "the stream ended with [DONE] but no chunk gave a finish_reason".into(),
+            });
+        }
+        Ok(Generation {
+            text: self.text,
+            model: self.model.unwrap_or(self.asked_model),
+            usage: self.usage,
+            provider_response_id: self.id,
+            rate_signals: RateSignals::default(),
+        })
     }
 }
 
@@ -188,6 +351,44 @@ struct WireRequest<'a> {
     max_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_completion_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<WireStreamOptions>,
+}
+
+#[derive(Debug, Serialize)]
+struct WireStreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireChunk {
+    id: Option<String>,
+    model: Option<String>,
+    #[serde(default)]
+    choices: Vec<WireChunkChoice>,
+    usage: Option<WireUsage>,
+    error: Option<WireStreamError>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireChunkChoice {
+    delta: Option<WireDelta>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireDelta {
+    content: Option<String>,
+    refusal: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireStreamError {
+    message: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
 }
 
 #[derive(Debug, Serialize)]

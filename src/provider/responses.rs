@@ -15,6 +15,7 @@ use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use super::adapter::TextSink;
 use super::adapter::{BackgroundProvider, Provider};
 use super::http::OpenAiBuildError;
 use super::http::{
@@ -23,6 +24,7 @@ use super::http::{
 };
 use super::openai::role_name;
 use super::settings::OpenAiSettings;
+use super::stream::{self, Cut, StreamFold};
 use replyd_core::provider::{
     Generation, GenerationRequest, OperationId, ProviderError, RateSignals, Recovery, Usage,
 };
@@ -42,7 +44,15 @@ pub struct OpenAiResponsesProvider {
     poll_interval: Duration,
     /// How long one `wait` keeps polling an operation that is not done yet.
     max_wait: Duration,
+    /// `provider.stream`: responses are created streamed, so their events can be read (and
+    /// read again from any point) by whichever attempt waits on them.
+    stream: bool,
+    stream_idle: Duration,
 }
+
+/// How often one streamed wait picks a broken stream up where it broke before it falls back
+/// to polling.
+const STREAM_RESUMES: u32 = 3;
 
 impl OpenAiResponsesProvider {
     /// Builds the adapter; fails on a base URL or an extra header the settings' check refuses.
@@ -58,6 +68,8 @@ impl OpenAiResponsesProvider {
             // A zero interval would poll as fast as the provider answers.
             poll_interval: Duration::from_millis(settings.poll_interval_ms.max(1)),
             max_wait: Duration::from_millis(settings.operation_max_wait_ms),
+            stream: settings.stream,
+            stream_idle: Duration::from_millis(settings.stream_idle_timeout_ms),
         })
     }
 
@@ -95,7 +107,58 @@ impl OpenAiResponsesProvider {
                 .collect(),
             background: true,
             max_output_tokens: request.max_output_tokens,
+            stream: self.stream.then_some(true),
         }
+    }
+
+    /// One streamed read of `operation`'s events after `fold`'s last one, into `fold`.
+    /// `Ok(false)`: the provider will not stream this response (created without `stream`), so
+    /// only polling can wait on it.
+    async fn stream_once(
+        &self,
+        operation: &OperationId,
+        fold: &mut ResponseStream,
+        sink: &dyn TextSink,
+    ) -> Result<bool, Cut> {
+        let fatal = |error| Cut {
+            error,
+            connection: false,
+        };
+        let mut url = self.operation_url(operation).map_err(fatal)?;
+        url.query_pairs_mut().append_pair("stream", "true");
+        if let Some(last) = fold.last_sequence {
+            url.query_pairs_mut()
+                .append_pair("starting_after", &last.to_string());
+        }
+        let builder = self.client.get(url);
+        let builder = with_extra_headers(builder, &self.extra_headers);
+        let builder = with_api_key(builder, self.api_key.as_ref()).map_err(fatal)?;
+        let builder = with_trace_context(builder);
+        let response = builder.send().await.map_err(|e| Cut {
+            error: transport_error(e, self.request_timeout),
+            connection: true,
+        })?;
+        let status = response.status();
+        if status == StatusCode::BAD_REQUEST {
+            return Ok(false);
+        }
+        if !status.is_success() {
+            return Err(match status_error(response).await {
+                ProviderError::Fatal {
+                    status: 404,
+                    message,
+                } => fatal(gone(
+                    operation,
+                    &format!("the provider does not know it ({message})"),
+                )),
+                error => Cut {
+                    connection: poll_may_be_retried(&error),
+                    error,
+                },
+            });
+        }
+        stream::read(response, fold, sink, self.stream_idle).await?;
+        Ok(true)
     }
 
     /// One poll: the response object as it is now.
@@ -180,6 +243,20 @@ impl BackgroundProvider for OpenAiResponsesProvider {
         if !response.status().is_success() {
             return Err(status_error(response).await);
         }
+        if body.stream == Some(true) {
+            // The first event names the response; the rest is read by `wait_streamed`, from
+            // the start, by whichever attempt waits. Closing this stream does not stop a
+            // background response.
+            let mut fold = ResponseStream::naming(&self.default_model);
+            let created = stream::read(response, &mut fold, &NoText, self.stream_idle).await;
+            return match (fold.id, created) {
+                (Some(id), _) => Ok(OperationId(id)),
+                (None, Err(cut)) => Err(cut.error),
+                (None, Ok(())) => Err(ProviderError::MalformedResponse {
+                    message: "the response's stream ended before naming it".into(),
+                }),
+            };
+        }
         let bytes = response
             .bytes()
             .await
@@ -195,6 +272,32 @@ impl BackgroundProvider for OpenAiResponsesProvider {
                 Polled::Pending => None,
             },
         )
+    }
+
+    /// Streams the operation's events from its first (a new attempt's followers start from
+    /// empty), picks a broken stream up after its last event up to [`STREAM_RESUMES`] times,
+    /// then polls as [`BackgroundProvider::wait`] does: the operation runs on at the provider
+    /// whatever happens to the connection.
+    async fn wait_streamed(
+        &self,
+        operation: &OperationId,
+        sink: &dyn TextSink,
+    ) -> Result<Generation, ProviderError> {
+        if !self.stream {
+            return self.wait(operation).await;
+        }
+        let mut fold = ResponseStream::new(&self.default_model);
+        for _ in 0..=STREAM_RESUMES {
+            match self.stream_once(operation, &mut fold, sink).await {
+                Ok(true) => return fold.generation(),
+                Ok(false) => break,
+                Err(cut) if cut.connection => {
+                    tracing::debug!(%operation, error = %cut.error, "the response's stream broke; resuming after its last event");
+                }
+                Err(cut) => return Err(cut.error),
+            }
+        }
+        self.wait(operation).await
     }
 
     async fn wait(&self, operation: &OperationId) -> Result<Generation, ProviderError> {
@@ -425,6 +528,138 @@ fn generation(response: WireResponse, text: String, asked_model: &str) -> Genera
     }
 }
 
+/// A sink for a stream read only for its first event.
+struct NoText;
+
+impl TextSink for NoText {
+    fn text(&self, _delta: &str) {}
+}
+
+/// A background response's events: `response.created` (its id), `response.output_text.delta`s
+/// (the next piece of text), then `response.completed`, `response.incomplete` or
+/// `response.failed` with the response object, read as a poll reads it. Every event carries a
+/// `sequence_number`, after which a broken stream is picked up again. Reading the create's
+/// stream, it is finished once the response is named. Pure.
+pub(crate) struct ResponseStream {
+    asked_model: String,
+    text: String,
+    id: Option<String>,
+    last_sequence: Option<u64>,
+    usage: Option<Usage>,
+    ended: Option<Result<Generation, ProviderError>>,
+    /// Set while reading a create: finished at `response.created`.
+    naming_only: bool,
+}
+
+impl ResponseStream {
+    pub(crate) fn new(asked_model: &str) -> Self {
+        Self {
+            asked_model: asked_model.to_owned(),
+            text: String::new(),
+            id: None,
+            last_sequence: None,
+            usage: None,
+            ended: None,
+            naming_only: false,
+        }
+    }
+
+    /// A fold of a create's stream, finished once the response is named.
+    fn naming(asked_model: &str) -> Self {
+        Self {
+            naming_only: true,
+            ..Self::new(asked_model)
+        }
+    }
+}
+
+impl StreamFold for ResponseStream {
+    fn event(&mut self, event: &str, data: &str) -> Result<Option<String>, ProviderError> {
+        let wire: WireStreamEvent = serde_json::from_str(data)
+            .map_err(|e| stream::malformed("a response stream event", e))?;
+        if let Some(sequence) = wire.sequence_number {
+            // A resumed stream repeats nothing; an event at or before the last one is ignored
+            // all the same, so no text is counted twice.
+            if self.last_sequence.is_some_and(|last| sequence <= last) {
+                return Ok(None);
+            }
+            self.last_sequence = Some(sequence);
+        }
+        let kind = if wire.kind.is_empty() {
+            event
+        } else {
+            wire.kind.as_str()
+        };
+        match kind {
+            "response.created" => {
+                if let Some(id) = wire.response.as_ref().and_then(|r| r.get("id")) {
+                    self.id = id.as_str().map(str::to_owned);
+                }
+                Ok(None)
+            }
+            "response.output_text.delta" => {
+                let piece = wire.delta.unwrap_or_default();
+                self.text.push_str(&piece);
+                Ok(Some(piece))
+            }
+            "response.completed" | "response.incomplete" | "response.failed" => {
+                let response = wire.response.unwrap_or_default();
+                let bytes = serde_json::to_vec(&response).unwrap_or_default();
+                let read = parse_response(StatusCode::OK, &bytes, &self.asked_model);
+                self.ended = Some(match read {
+                    Ok(Polled::Done(generation)) => {
+                        self.usage = generation.usage;
+                        Ok(*generation)
+                    }
+                    Ok(Polled::Pending) => Err(ProviderError::MalformedResponse {
+                        message: format!("`{kind}` carries a response that is not done"),
+                    }),
+                    Err(error) => Err(error),
+                });
+                Ok(None)
+            }
+            "error" => Err(stream::failed_mid_stream(
+                500,
+                wire.code.as_deref(),
+                wire.message.as_deref().unwrap_or("no message"),
+                self.chars(),
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.ended.is_some() || (self.naming_only && self.id.is_some())
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    fn chars(&self) -> usize {
+        self.text.chars().count()
+    }
+
+    fn generation(self) -> Result<Generation, ProviderError> {
+        self.ended.unwrap_or_else(|| {
+            Err(ProviderError::Ambiguous {
+                message: "the response's stream ended without its final event".into(),
+            })
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct WireStreamEvent {
+    #[serde(rename = "type", default)]
+    kind: String,
+    sequence_number: Option<u64>,
+    response: Option<serde_json::Value>,
+    delta: Option<String>,
+    code: Option<String>,
+    message: Option<String>,
+}
+
 #[derive(Debug, Serialize)]
 struct WireCreate<'a> {
     model: &'a str,
@@ -432,6 +667,8 @@ struct WireCreate<'a> {
     background: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_output_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]

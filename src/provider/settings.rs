@@ -84,6 +84,16 @@ pub struct OpenAiSettings {
     /// Limit on opening the TCP (and TLS) connection. A call that runs out of it is `NotSent`.
     /// Default 3000.
     pub connect_timeout_ms: u64,
+    /// Ask for a streamed answer (chat completions and Messages `stream: true`, background
+    /// responses streamed from their first event), so the worker can forward the text to the
+    /// task's followers as it is written. The saved reply is the same either way: the whole
+    /// text, once the provider's final event says it is whole; a stream that ends without it
+    /// is an ambiguous call. Default true.
+    pub stream: bool,
+    /// A streamed answer that sends nothing for this long is cut and treated as a call whose
+    /// answer was lost (`Ambiguous`), well before `request_timeout_ms` when a provider stalls
+    /// mid-answer. At least 1000. Default 30000.
+    pub stream_idle_timeout_ms: u64,
     /// Model asked for when a task names none. Default `gpt-4o-mini`.
     pub default_model: String,
     /// `chat_completions`, `background_responses` or `anthropic_messages` (see
@@ -122,6 +132,8 @@ impl Default for OpenAiSettings {
             api_key: None,
             request_timeout_ms: 60_000,
             connect_timeout_ms: 3_000,
+            stream: true,
+            stream_idle_timeout_ms: 30_000,
             default_model: "gpt-4o-mini".into(),
             api: ProviderApi::ChatCompletions,
             poll_interval_ms: 500,
@@ -148,6 +160,15 @@ impl OpenAiSettings {
         }
         for problem in self.extra_header_problems() {
             out.push(("provider.extra_headers", problem));
+        }
+        if self.stream_idle_timeout_ms < 1_000 {
+            out.push((
+                "provider.stream_idle_timeout_ms",
+                format!(
+                    "{} is below 1000: a provider's pause between two events (a long prompt's first token, a ping) would cut healthy streams",
+                    self.stream_idle_timeout_ms
+                ),
+            ));
         }
         if self.api == ProviderApi::AnthropicMessages {
             if self.anthropic_max_tokens == 0 {

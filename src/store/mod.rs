@@ -35,6 +35,7 @@ pub mod forgetting;
 mod gather;
 pub mod intake;
 pub mod listen;
+pub mod live;
 pub mod migrate;
 pub mod outbox;
 pub mod quota;

@@ -69,6 +69,10 @@ pub mod names {
     pub const SQS_ENTRIES_REFUSED: &str = "replyd_sqs_batch_entries_refused_total";
     pub const SQS_ERRORS: &str = "replyd_sqs_errors_total";
     pub const SQS_QUEUE_MESSAGES: &str = "replyd_sqs_queue_messages";
+    pub const LIVE_PIECES: &str = "replyd_live_text_pieces_total";
+    pub const LIVE_BYTES: &str = "replyd_live_text_bytes_total";
+    pub const PROVIDER_STREAMS: &str = "replyd_provider_streams_total";
+    pub const API_LIVE_EVENTS: &str = "replyd_api_live_events_total";
 }
 
 use names::*;
@@ -143,6 +147,9 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
     (LISTENER_LOSSES, Kind::Counter),
     (TASKS_FAILED_AT_CLAIM, Kind::Counter),
     (LIBRDKAFKA_LOGS, Kind::Counter),
+    (LIVE_PIECES, Kind::Counter),
+    (LIVE_BYTES, Kind::Counter),
+    (PROVIDER_STREAMS, Kind::Counter),
 ];
 
 /// The metric families a worker whose source is SQS exports beside [`WORKER_METRICS`] (a relay
@@ -166,6 +173,7 @@ pub const API_METRICS: &[(&str, Kind)] = &[
     (CANCELS, Kind::Counter),
     (HISTORY_DROPPED, Kind::Counter),
     (END_USER_TOKENS, Kind::Counter),
+    (API_LIVE_EVENTS, Kind::Counter),
     (HTTP_REQUEST_SECONDS, Kind::Histogram),
     (QUOTA_REFUSED, Kind::Counter),
     (STORE_ERRORS, Kind::Counter),

@@ -81,3 +81,22 @@ pub fn provider_usage(model: &str, usage: Option<(u32, u32)>) {
 pub fn capacity_limit(bucket: &str, per_second: f64) {
     gauge!(CAPACITY_LIMIT, "model" => bucket.to_owned()).set(per_second);
 }
+
+/// How a streamed provider answer ended: `completed`, `cut`, `error`, `cancelled`, `fenced`.
+pub fn provider_stream_ended(end: &'static str) {
+    counter!(PROVIDER_STREAMS, "end" => end).increment(1);
+}
+
+/// A piece of live text written (`written`), refused because its attempt is no longer the
+/// task's running one (`fenced`), or lost to a database error (`error`).
+pub fn live_text_piece(outcome: &'static str, bytes: usize) {
+    counter!(LIVE_PIECES, "outcome" => outcome).increment(1);
+    if outcome == "written" {
+        counter!(LIVE_BYTES).increment(bytes as u64);
+    }
+}
+
+/// A live event sent to a follower: `delta` or `withdrawn`.
+pub fn api_live_event(event: &'static str) {
+    counter!(API_LIVE_EVENTS, "event" => event).increment(1);
+}

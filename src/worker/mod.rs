@@ -8,6 +8,7 @@
 //! succeeds or the record is cancelled).
 
 pub mod consumer;
+mod live;
 pub mod parking;
 pub mod pipeline;
 pub mod runner;
@@ -141,6 +142,8 @@ pub async fn run_worker(
             chars_per_token: settings.capacity.chars_per_token,
             retry: settings.retry.clone(),
             recoverable,
+            stream: settings.provider.stream,
+            live_text: settings.worker.live_text_interval(),
         },
     );
     let pipeline_settings = PipelineSettings {

@@ -17,10 +17,12 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, Span};
 
+use super::live::{LiveText, Received};
 use super::parking::{ParkedTasks, TaskWatch, WakeSource};
 use super::store_retry::{pause, with_retry};
 use crate::capacity::{self, Capacity};
 use crate::provider::{BackgroundProvider, Provider};
+use crate::store::live::StreamEnd;
 use crate::store::{
     CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, RenewOutcome, Store,
 };
@@ -88,6 +90,11 @@ pub struct RunnerSettings {
     /// Whether an ambiguous call can be recovered by the provider (it honours
     /// Idempotency-Key, or looks operations up by id) instead of generating again.
     pub recoverable: bool,
+    /// Whether calls ask for a streamed answer (`provider.stream`).
+    pub stream: bool,
+    /// How long a streamed answer's text gathers before it is written for the followers
+    /// (`worker.live_text_interval_ms`); None forwards nothing.
+    pub live_text: Option<Duration>,
 }
 
 /// Drives tasks to a terminal state through their leases.
@@ -364,25 +371,53 @@ impl TaskRunner {
         let started = Instant::now();
         // The provider's HTTP requests carry this span's context (`traceparent`).
         let call_span = trace::provider_call(trace, &request.model, lease.attempt);
+        // The text of this attempt, for the task's followers, as the provider writes it.
+        let live = LiveText::start(
+            self.store.clone(),
+            stored.spec.task_id,
+            lease.version,
+            self.settings.live_text.filter(|_| self.settings.stream),
+        );
         let called = match self.provider.as_background() {
             Some(background) => {
-                self.call_background(background, stored, &request, lease, cancel)
+                self.call_background(background, stored, &request, lease, cancel, &live)
                     .instrument(call_span.clone())
                     .await
             }
             None => {
-                self.guarded(lease, cancel, self.provider.generate(&request))
-                    .instrument(call_span.clone())
-                    .await
+                self.guarded(
+                    lease,
+                    cancel,
+                    self.provider.generate_streamed(&request, &live),
+                )
+                .instrument(call_span.clone())
+                .await
             }
         };
+        let received = live.received();
+        drop(live);
         let result = match called {
             Guarded::Done(result) => result,
             other => {
                 call_span.record("replyd.outcome", other.label());
+                let end = match other {
+                    Guarded::Cancelled => StreamEnd::Cancelled,
+                    _ => StreamEnd::Fenced,
+                };
+                self.stream_ended(lease, Some(end), received).await;
                 return self.interrupted(&id, lease, other, started).await;
             }
         };
+        let end = match &result {
+            Ok(_) => None,
+            // Nothing came: no stream was open (a refusal, a request not sent).
+            Err(_) if received.chars == 0 && received.usage.is_none() => None,
+            Err(ProviderError::Ambiguous { .. }) => Some(StreamEnd::Cut),
+            Err(_) => Some(StreamEnd::Error),
+        };
+        if result.is_ok() || end.is_some() {
+            self.stream_ended(lease, end, received).await;
+        }
         match result {
             Ok(generation) => {
                 call_span.record("replyd.outcome", CallEnd::Replied.label());
@@ -444,6 +479,7 @@ impl TaskRunner {
         request: &GenerationRequest,
         lease: &Lease,
         cancel: &CancellationToken,
+        live: &LiveText,
     ) -> Guarded<Result<Generation, ProviderError>> {
         let operation = match &stored.provider_operation_id {
             Some(known) => OperationId(known.clone()),
@@ -470,7 +506,7 @@ impl TaskRunner {
             }
         };
         let waited = self
-            .guarded(lease, cancel, background.wait(&operation))
+            .guarded(lease, cancel, background.wait_streamed(&operation, live))
             .await;
         if let Guarded::Done(Err(ProviderError::OperationGone { .. })) = &waited {
             // The provider no longer knows the operation (expired, cancelled): forget it so
@@ -505,6 +541,34 @@ impl TaskRunner {
                 }
                 _ => return started,
             }
+        }
+    }
+
+    /// Counts how a streamed call ended and, when it ended without a reply (`end`), records
+    /// that on its attempt with what it had received: its characters, and the usage the
+    /// provider last reported (none stays "not reported"). Best effort: the record is for
+    /// people, and a lost one changes no outcome.
+    async fn stream_ended(&self, lease: &Lease, end: Option<StreamEnd>, received: Received) {
+        if !self.settings.stream {
+            return;
+        }
+        let Some(end) = end else {
+            telemetry::provider_stream_ended("completed");
+            return;
+        };
+        telemetry::provider_stream_ended(end.as_str());
+        if let Err(e) = self
+            .store
+            .record_stream_end(
+                TaskId::from(lease.task_id),
+                lease.version,
+                end,
+                received.chars,
+                received.usage,
+            )
+            .await
+        {
+            telemetry::store_error("record_stream_end", &e);
         }
     }
 

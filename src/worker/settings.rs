@@ -49,6 +49,12 @@ pub struct WorkerSettings {
     pub max_attempts_limit: u32,
     /// Wait before retrying a database or dead-letter write that failed.
     pub io_retry_ms: u64,
+    /// How long a streamed answer's text gathers before the worker writes it for the task's
+    /// followers (one statement and one notification each time): the followers see the text
+    /// grow in steps of this, and a reply costs about its duration divided by this in
+    /// statements. 0 forwards nothing (the answer is still streamed when `provider.stream`
+    /// is on, and saved whole). Between 20 and 1000 when set. Default 75.
+    pub live_text_interval_ms: u64,
 }
 
 impl Default for WorkerSettings {
@@ -68,6 +74,7 @@ impl Default for WorkerSettings {
             default_max_attempts: rules.default_max_attempts,
             max_attempts_limit: rules.max_attempts_limit,
             io_retry_ms: 500,
+            live_text_interval_ms: 75,
         }
     }
 }
@@ -116,7 +123,21 @@ impl WorkerSettings {
         if self.commit_interval_ms == 0 {
             refuse("worker.commit_interval_ms", "must be positive".into());
         }
+        if self.live_text_interval_ms != 0 && !(20..=1000).contains(&self.live_text_interval_ms) {
+            refuse(
+                "worker.live_text_interval_ms",
+                format!(
+                    "{} must be 0 (forward nothing) or between 20 and 1000: below 20 a reply costs a statement for every few tokens, above 1000 the text no longer looks live",
+                    self.live_text_interval_ms
+                ),
+            );
+        }
         out
+    }
+
+    /// How long live text gathers before it is written; None when none is forwarded.
+    pub fn live_text_interval(&self) -> Option<Duration> {
+        (self.live_text_interval_ms > 0).then(|| Duration::from_millis(self.live_text_interval_ms))
     }
 
     pub fn record_rules(&self) -> RecordRules {

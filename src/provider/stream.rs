@@ -1,0 +1,126 @@
+//! Streamed answers, shared by the adapters: the Server-Sent Events of a success answer read
+//! one at a time, each handed to the dialect's [`StreamFold`] (pure), its text to the caller's
+//! [`TextSink`] as it arrives.
+//!
+//! The saved reply does not change with streaming: it is the fold's whole text, and only once
+//! the provider's final event (`[DONE]`, `message_stop`, `response.completed`) says it is
+//! whole. Everything before that is a hint for the task's followers. A stream that ends
+//! without its final event (a cut connection, a stall past `provider.stream_idle_timeout_ms`)
+//! is a call whose answer was lost, `Ambiguous` as a broken body always was; an error event
+//! after the first tokens is a failure after the provider started working,
+//! `MaybeExecuted`.
+
+use std::time::Duration;
+
+use eventsource_stream::Eventsource as _;
+use futures_util::StreamExt as _;
+use reqwest::Response;
+
+use super::adapter::TextSink;
+use replyd_core::provider::{Generation, ProviderError, Usage};
+
+/// What a dialect makes of a streamed answer, one event at a time. Pure: the adapters' tests
+/// feed it the events the real APIs send.
+pub(crate) trait StreamFold: Send {
+    /// One event (its `event:` name, empty when it has none, and its `data:`): the text it
+    /// adds, or the error it reports.
+    fn event(&mut self, event: &str, data: &str) -> Result<Option<String>, ProviderError>;
+    /// Whether the provider's final event has arrived: nothing more is read after it.
+    fn finished(&self) -> bool;
+    /// The usage the provider has reported so far (Anthropic reports the prompt's at the
+    /// start and the output's at the end; OpenAI only at the end).
+    fn usage(&self) -> Option<Usage>;
+    /// Characters of text received so far.
+    fn chars(&self) -> usize;
+    /// The generation, once finished.
+    fn generation(self) -> Result<Generation, ProviderError>;
+}
+
+/// How a read of a stream ended without a generation.
+pub(crate) struct Cut {
+    pub error: ProviderError,
+    /// Whether the connection (not the provider) ended it: the provider may still be working,
+    /// and an API that can resume a stream can pick it up where it broke.
+    pub connection: bool,
+}
+
+/// Reads `response`'s events into `fold` until its final event, handing each piece of text
+/// and each usage report to `sink`. `idle` bounds the wait for any one event.
+pub(crate) async fn read<F: StreamFold>(
+    response: Response,
+    fold: &mut F,
+    sink: &dyn TextSink,
+    idle: Duration,
+) -> Result<(), Cut> {
+    let mut events = response.bytes_stream().eventsource();
+    let mut reported = fold.usage();
+    loop {
+        let next = match tokio::time::timeout(idle, events.next()).await {
+            Err(_) => {
+                return Err(lost(
+                    fold,
+                    &format!(
+                        "no event for {} ms (provider.stream_idle_timeout_ms)",
+                        idle.as_millis()
+                    ),
+                ));
+            }
+            Ok(next) => next,
+        };
+        let event = match next {
+            None => return Err(lost(fold, "the stream ended without its final event")),
+            Some(Err(e)) => return Err(lost(fold, &format!("the stream broke: {e}"))),
+            Some(Ok(event)) => event,
+        };
+        let text = fold.event(&event.event, &event.data).map_err(|error| Cut {
+            error,
+            connection: false,
+        })?;
+        if let Some(text) = text.filter(|t| !t.is_empty()) {
+            sink.text(&text);
+        }
+        let usage = fold.usage();
+        if usage != reported {
+            if let Some(usage) = usage {
+                sink.usage(usage);
+            }
+            reported = usage;
+        }
+        if fold.finished() {
+            return Ok(());
+        }
+    }
+}
+
+/// An answer lost in transit after `fold` had part of it: `Ambiguous`, saying how much came.
+fn lost(fold: &impl StreamFold, why: &str) -> Cut {
+    Cut {
+        error: ProviderError::Ambiguous {
+            message: format!("{why} after {} characters of text", fold.chars()),
+        },
+        connection: true,
+    }
+}
+
+/// An error event after the provider started answering: it ran (and may bill what it wrote).
+pub(crate) fn failed_mid_stream(
+    status: u16,
+    kind: Option<&str>,
+    message: &str,
+    chars: usize,
+) -> ProviderError {
+    ProviderError::MaybeExecuted {
+        status,
+        message: format!(
+            "{}{message} (an error event after {chars} characters of text)",
+            kind.map(|k| format!("{k}: ")).unwrap_or_default()
+        ),
+    }
+}
+
+/// A stream event that is not what its dialect documents.
+pub(crate) fn malformed(what: &str, error: impl std::fmt::Display) -> ProviderError {
+    ProviderError::MalformedResponse {
+        message: format!("stream event is not {what}: {error}"),
+    }
+}
