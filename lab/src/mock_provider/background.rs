@@ -8,12 +8,22 @@
 //! about ten minutes unless stored): after it, the book forgets the response and its key, so a
 //! lookup is 404 and a client that waited too long has no recovery left. Time is a monotonic
 //! offset supplied by the caller.
+//!
+//! A response created with `stream: true` keeps every event of its stream, numbered from 0 by
+//! its `sequence_number`, as each step of its life records it: `response.created`, then
+//! `response.in_progress`, the output item and its text part opened, the text's deltas, their
+//! close, and `response.completed` (or `response.failed` at any point). That log is what lets a
+//! client whose connection broke resume with `starting_after` and lose nothing, as OpenAI's
+//! background streams do; it is forgotten with the response.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+use super::behaviour::Fault;
+use super::stream::{Event, Part, StreamEnd};
 
 /// The part of a `POST /v1/responses` body the mock reads; other fields (`store`, ...) are
 /// accepted and ignored, as OpenAI-compatible servers do.
@@ -22,8 +32,16 @@ pub struct CreateRequest {
     pub model: Option<String>,
     pub input: Vec<InputMessage>,
     pub background: Option<bool>,
+    /// Whether the create is answered with the response's event stream.
+    pub stream: Option<bool>,
     /// Counted against a token limit (the reply itself is not cut to it).
     pub max_output_tokens: Option<u32>,
+}
+
+impl CreateRequest {
+    pub fn streamed(&self) -> bool {
+        self.stream == Some(true)
+    }
 }
 
 /// One message of `input`; only the plain-string `content` form is served.
@@ -94,6 +112,45 @@ pub struct ResponseEntry {
     pub state: ResponseState,
     /// The idempotency key it was created under, when keys are honoured (forgotten with it).
     pub key: Option<String>,
+    /// The events of a response created with `stream: true`, each at its `sequence_number`;
+    /// `None` for one created without, which cannot be streamed.
+    pub events: Option<Vec<Event>>,
+}
+
+impl ResponseEntry {
+    /// Appends an event to a streamed response's log, numbered by its place in it.
+    fn record(&mut self, mut data: Value, part: Part) {
+        if let Some(events) = &mut self.events {
+            data["sequence_number"] = json!(events.len());
+            events.push(Event::typed(&data, part));
+        }
+    }
+
+    /// Records `response.<kind>` with the response object as it is now.
+    fn record_state(&mut self, id: &str, kind: &str, part: Part) {
+        if self.events.is_some() {
+            let object = response_object(id, self);
+            self.record(
+                json!({ "type": format!("response.{kind}"), "response": object }),
+                part,
+            );
+        }
+    }
+}
+
+/// What a streamed response's log holds from a point on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replay {
+    /// No such response (never created, or forgotten).
+    Unknown,
+    /// Created without `stream: true`: there is no stream to replay.
+    NotStreamed,
+    /// Its events from that point on, and how a stream of it ends once they are sent, if the
+    /// response has ended.
+    Events {
+        events: Vec<Event>,
+        ended: Option<StreamEnd>,
+    },
 }
 
 /// What a create did.
@@ -129,12 +186,14 @@ impl ResponseBook {
     }
 
     /// Creates a response `resp_<n>` for `model`, unless `honour_key` and `key` names an
-    /// earlier one still kept, which is then returned instead.
+    /// earlier one still kept, which is then returned instead. A `streamed` one keeps its events
+    /// from its `response.created` on.
     pub fn create(
         &mut self,
         key: Option<&str>,
         honour_key: bool,
         model: &str,
+        streamed: bool,
         now: Duration,
     ) -> Creation {
         self.forget_expired(now);
@@ -144,38 +203,120 @@ impl ResponseBook {
         }
         self.created += 1;
         let id = format!("resp_{}", self.created);
-        self.by_id.insert(
-            id.clone(),
-            ResponseEntry {
-                model: model.to_owned(),
-                state: ResponseState::Queued,
-                key: key.map(str::to_owned),
-            },
-        );
+        let mut entry = ResponseEntry {
+            model: model.to_owned(),
+            state: ResponseState::Queued,
+            key: key.map(str::to_owned),
+            events: streamed.then(Vec::new),
+        };
+        entry.record_state(&id, "created", Part::Head);
+        self.by_id.insert(id.clone(), entry);
         if let Some(key) = key {
             self.by_key.insert(key.to_owned(), id.clone());
         }
         Creation::New(id)
     }
 
-    /// `queued` → `in_progress`; false (and no change) from any other state or for an unknown id.
+    /// `queued` → `in_progress` (recording `response.in_progress`); false (and no change) from
+    /// any other state or for an unknown id.
     pub fn begin(&mut self, id: &str) -> bool {
-        self.advance(
+        let begun = self.advance(
             id,
             |state| *state == ResponseState::Queued,
             ResponseState::InProgress,
-        )
+        );
+        if begun && let Some(entry) = self.by_id.get_mut(id) {
+            entry.record_state(id, "in_progress", Part::Head);
+        }
+        begun
+    }
+
+    /// Records the opening of a streamed response's text: its output item and its text part.
+    pub fn open_text(&mut self, id: &str) {
+        let Some(entry) = self.by_id.get_mut(id) else {
+            return;
+        };
+        entry.record(
+            json!({
+                "type": "response.output_item.added",
+                "output_index": 0,
+                "item": message_item(id, "in_progress", json!([])),
+            }),
+            Part::Head,
+        );
+        entry.record(
+            json!({
+                "type": "response.content_part.added",
+                "item_id": item_id(id),
+                "output_index": 0,
+                "content_index": 0,
+                "part": output_text(""),
+            }),
+            Part::Head,
+        );
+    }
+
+    /// Records a piece of a streamed response's text.
+    pub fn delta(&mut self, id: &str, piece: &str) {
+        if let Some(entry) = self.by_id.get_mut(id) {
+            entry.record(
+                json!({
+                    "type": "response.output_text.delta",
+                    "item_id": item_id(id),
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": piece,
+                }),
+                Part::Delta,
+            );
+        }
     }
 
     /// Ends a response that has not ended yet at `now`, from which its retention counts;
-    /// false (and no change) otherwise.
+    /// false (and no change) otherwise. A streamed response records its text's close and
+    /// `response.completed`, or `response.failed`.
     pub fn finish(&mut self, id: &str, end: ResponseState, now: Duration) -> bool {
         debug_assert!(end.is_terminal(), "finish takes a terminal state");
         let ended = self.advance(id, |state| !state.is_terminal(), end);
-        if ended && self.retention.is_some() {
+        if !ended {
+            return false;
+        }
+        if self.retention.is_some() {
             self.ended.push_back((now, id.to_owned()));
         }
-        ended
+        if let Some(entry) = self.by_id.get_mut(id) {
+            match &entry.state {
+                ResponseState::Completed(out) => {
+                    let text = out.text.clone();
+                    close_text(entry, id, &text);
+                    entry.record_state(id, "completed", Part::Tail);
+                }
+                _ => entry.record_state(id, "failed", Part::Tail),
+            }
+        }
+        true
+    }
+
+    /// A streamed response's events from sequence number `from` on, by `now`.
+    pub fn replay(&mut self, id: &str, from: u64, now: Duration) -> Replay {
+        let Some(entry) = self.get(id, now) else {
+            return Replay::Unknown;
+        };
+        let Some(events) = &entry.events else {
+            return Replay::NotStreamed;
+        };
+        let from = usize::try_from(from)
+            .unwrap_or(usize::MAX)
+            .min(events.len());
+        let ended = match entry.state {
+            ResponseState::Completed(_) => Some(StreamEnd::Completed),
+            ResponseState::Failed { .. } => Some(StreamEnd::Errored),
+            ResponseState::Queued | ResponseState::InProgress => None,
+        };
+        Replay::Events {
+            events: events[from..].to_vec(),
+            ended,
+        }
     }
 
     /// The response `id`, if the mock created it and has not forgotten it by `now`.
@@ -229,18 +370,129 @@ impl ResponseBook {
     }
 }
 
+/// Records the close of a streamed response's text: the text done, its part done, its item
+/// done.
+fn close_text(entry: &mut ResponseEntry, id: &str, text: &str) {
+    entry.record(
+        json!({
+            "type": "response.output_text.done",
+            "item_id": item_id(id),
+            "output_index": 0,
+            "content_index": 0,
+            "text": text,
+        }),
+        Part::Tail,
+    );
+    entry.record(
+        json!({
+            "type": "response.content_part.done",
+            "item_id": item_id(id),
+            "output_index": 0,
+            "content_index": 0,
+            "part": output_text(text),
+        }),
+        Part::Tail,
+    );
+    entry.record(
+        json!({
+            "type": "response.output_item.done",
+            "output_index": 0,
+            "item": message_item(id, "completed", json!([output_text(text)])),
+        }),
+        Part::Tail,
+    );
+}
+
+/// The id of a response's one output item.
+fn item_id(id: &str) -> String {
+    format!("msg_{id}")
+}
+
+/// The response's one output item: an assistant message.
+fn message_item(id: &str, status: &str, content: Value) -> Value {
+    json!({
+        "type": "message",
+        "id": item_id(id),
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    })
+}
+
+/// A text part of the output item.
+fn output_text(text: &str) -> Value {
+    json!({ "type": "output_text", "text": text, "annotations": [] })
+}
+
+/// Where a resumed stream starts: the `stream` and `starting_after` query parameters of
+/// `GET /v1/responses/{id}`. `None` for a plain retrieve; else the first sequence number to
+/// send. A value that is not one the API takes is named.
+pub fn parse_resume(query: &HashMap<String, String>) -> Result<Option<u64>, String> {
+    let streamed = match query.get("stream").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(format!(
+                "Invalid value for 'stream': expected a boolean, got '{other}'."
+            ));
+        }
+    };
+    if !streamed {
+        return Ok(None);
+    }
+    match query.get("starting_after") {
+        None => Ok(Some(0)),
+        Some(after) => after
+            .parse::<u64>()
+            .map(|after| Some(after.saturating_add(1)))
+            .map_err(|_| {
+                format!("Invalid value for 'starting_after': expected an integer, got '{after}'.")
+            }),
+    }
+}
+
+/// OpenAI's refusal to stream a response that was not created streaming.
+pub fn not_streamable_body() -> Value {
+    json!({
+        "error": {
+            "message": "This response cannot be streamed because it was not created with stream=true.",
+            "type": "invalid_request_error",
+            "param": "stream",
+            "code": "invalid_request_error",
+        }
+    })
+}
+
+/// After how many deltas a streamed response's generation fails under `fault`: a stream error
+/// fails the response itself (`response.failed`), as a server error mid-generation does.
+pub fn generation_failure(fault: Fault) -> Option<usize> {
+    match fault {
+        Fault::StreamError { after_chunks, .. } => Some(after_chunks),
+        _ => None,
+    }
+}
+
+/// The fault a streamed response's connection gets: a cut or a stall breaks the connection
+/// only (the response goes on in the background, to be resumed); a stream error is the
+/// response's (at its create, [`generation_failure`]; a resume only reads it), not the
+/// connection's.
+pub fn connection_fault(fault: Fault) -> Fault {
+    match fault {
+        Fault::StreamError { .. } => Fault::None,
+        fault => fault,
+    }
+}
+
 /// The response object the API answers for `entry`.
 pub fn response_object(id: &str, entry: &ResponseEntry) -> Value {
     let (model, output, usage, error) = match &entry.state {
         ResponseState::Completed(out) => (
             out.model.as_str(),
-            json!([{
-                "type": "message",
-                "id": format!("msg_{id}"),
-                "status": "completed",
-                "role": "assistant",
-                "content": [{ "type": "output_text", "text": out.text, "annotations": [] }],
-            }]),
+            json!([message_item(
+                id,
+                "completed",
+                json!([output_text(&out.text)])
+            )]),
             json!({
                 "input_tokens": out.input_tokens,
                 "output_tokens": out.output_tokens,
@@ -287,7 +539,7 @@ mod tests {
     fn a_response_goes_from_queued_through_in_progress_to_completed() {
         let mut book = ResponseBook::default();
         let t = Duration::ZERO;
-        let Creation::New(id) = book.create(Some("k"), true, "m", t) else {
+        let Creation::New(id) = book.create(Some("k"), true, "m", false, t) else {
             panic!("the first create is new");
         };
         assert_eq!(id, "resp_1");
@@ -322,7 +574,7 @@ mod tests {
     fn an_ended_response_is_forgotten_with_its_key_after_its_retention() {
         let secs = Duration::from_secs;
         let mut book = ResponseBook::with_retention(Some(secs(600)));
-        let Creation::New(id) = book.create(Some("k"), true, "m", secs(0)) else {
+        let Creation::New(id) = book.create(Some("k"), true, "m", false, secs(0)) else {
             panic!("new");
         };
         book.begin(&id);
@@ -331,7 +583,7 @@ mod tests {
         assert!(book.finish(&id, ResponseState::Completed(output("hi")), secs(5_000)));
         assert!(book.get(&id, secs(5_599)).is_some());
         assert_eq!(
-            book.create(Some("k"), true, "m", secs(5_599)),
+            book.create(Some("k"), true, "m", false, secs(5_599)),
             Creation::Existing(id.clone())
         );
         assert!(
@@ -340,7 +592,7 @@ mod tests {
         );
         assert_eq!(book.forgotten(), 1);
         assert_eq!(
-            book.create(Some("k"), true, "m", secs(5_600)),
+            book.create(Some("k"), true, "m", false, secs(5_600)),
             Creation::New("resp_2".into()),
             "the key is forgotten with it"
         );
@@ -351,27 +603,27 @@ mod tests {
         let mut book = ResponseBook::default();
         let t = Duration::ZERO;
         assert_eq!(
-            book.create(Some("k"), true, "m", t),
+            book.create(Some("k"), true, "m", false, t),
             Creation::New("resp_1".into())
         );
         assert_eq!(
-            book.create(Some("k"), true, "m", t),
+            book.create(Some("k"), true, "m", false, t),
             Creation::Existing("resp_1".into())
         );
         assert_eq!(
-            book.create(Some("other"), true, "m", t),
+            book.create(Some("other"), true, "m", false, t),
             Creation::New("resp_2".into())
         );
         assert_eq!(
-            book.create(None, true, "m", t),
+            book.create(None, true, "m", false, t),
             Creation::New("resp_3".into())
         );
         assert_eq!(
-            book.create(None, true, "m", t),
+            book.create(None, true, "m", false, t),
             Creation::New("resp_4".into())
         );
         assert_eq!(
-            book.create(Some("k"), false, "m", t),
+            book.create(Some("k"), false, "m", false, t),
             Creation::New("resp_5".into())
         );
     }
@@ -382,6 +634,7 @@ mod tests {
             model: "asked".into(),
             state: ResponseState::Queued,
             key: None,
+            events: None,
         };
         let queued = response_object("resp_1", &entry);
         assert_eq!(queued["status"], "queued");
@@ -427,5 +680,173 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.input[0].content, "hi");
+        assert!(!ok.streamed());
+        let streamed = parse_create(
+            br#"{"input":[{"role":"user","content":"hi"}],"background":true,"stream":true}"#,
+        )
+        .unwrap();
+        assert!(streamed.streamed());
+    }
+
+    fn data(event: &Event) -> Value {
+        serde_json::from_str(&event.data).expect("JSON")
+    }
+
+    #[test]
+    fn a_streamed_response_keeps_its_events_in_openais_order_numbered_from_zero() {
+        let mut book = ResponseBook::default();
+        let t = Duration::ZERO;
+        let Creation::New(id) = book.create(None, false, "m", true, t) else {
+            panic!("new");
+        };
+        book.begin(&id);
+        book.open_text(&id);
+        book.delta(&id, "hel");
+        book.delta(&id, "lo");
+        let done = Output {
+            text: "hello".into(),
+            model: "m".into(),
+            input_tokens: 2,
+            output_tokens: 1,
+        };
+        assert!(book.finish(&id, ResponseState::Completed(done), t));
+
+        let Replay::Events { events, ended } = book.replay(&id, 0, t) else {
+            panic!("a streamed response replays");
+        };
+        assert_eq!(ended, Some(StreamEnd::Completed));
+        let names: Vec<&str> = events.iter().map(|e| e.name.as_deref().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        for (n, event) in events.iter().enumerate() {
+            assert_eq!(data(event)["sequence_number"], n);
+            assert_eq!(data(event)["type"], event.name.as_deref().unwrap());
+        }
+        assert_eq!(
+            events.iter().map(|e| e.part).collect::<Vec<_>>()[3..7],
+            [Part::Head, Part::Delta, Part::Delta, Part::Tail]
+        );
+        assert_eq!(data(&events[0])["response"]["status"], "queued");
+        assert_eq!(data(&events[0])["response"]["id"], id);
+        assert_eq!(data(&events[1])["response"]["status"], "in_progress");
+        assert_eq!(
+            data(&events[4]),
+            json!({"type":"response.output_text.delta","item_id":"msg_resp_1","output_index":0,
+                   "content_index":0,"delta":"hel","sequence_number":4})
+        );
+        assert_eq!(data(&events[6])["text"], "hello");
+        assert_eq!(data(&events[8])["item"]["status"], "completed");
+        let completed = data(&events[9])["response"].clone();
+        assert_eq!(
+            completed,
+            response_object(&id, book.get(&id, t).unwrap()),
+            "the object a plain retrieve answers"
+        );
+        assert_eq!(completed["usage"]["total_tokens"], 3);
+
+        let Replay::Events { events: rest, .. } = book.replay(&id, 8, t) else {
+            panic!("replays");
+        };
+        assert_eq!(rest, events[8..]);
+        let Replay::Events { events: none, .. } = book.replay(&id, 99, t) else {
+            panic!("replays");
+        };
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn a_failed_stream_ends_with_response_failed_and_a_plain_one_cannot_be_replayed() {
+        let mut book = ResponseBook::default();
+        let t = Duration::ZERO;
+        let Creation::New(id) = book.create(None, false, "m", true, t) else {
+            panic!("new");
+        };
+        book.begin(&id);
+        let Replay::Events { ended: None, .. } = book.replay(&id, 0, t) else {
+            panic!("still going");
+        };
+        book.finish(
+            &id,
+            ResponseState::Failed {
+                message: "boom".into(),
+            },
+            t,
+        );
+        let Replay::Events { events, ended } = book.replay(&id, 2, t) else {
+            panic!("replays");
+        };
+        assert_eq!(ended, Some(StreamEnd::Errored));
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].name.as_deref(), Some("response.failed"));
+        assert_eq!(data(&events[0])["response"]["error"]["message"], "boom");
+        assert_eq!(data(&events[0])["sequence_number"], 2);
+
+        let Creation::New(plain) = book.create(None, false, "m", false, t) else {
+            panic!("new");
+        };
+        book.begin(&plain);
+        book.delta(&plain, "ignored");
+        assert_eq!(book.get(&plain, t).unwrap().events, None);
+        assert_eq!(book.replay(&plain, 0, t), Replay::NotStreamed);
+        assert_eq!(book.replay("resp_404", 0, t), Replay::Unknown);
+    }
+
+    #[test]
+    fn a_resume_is_asked_with_stream_and_starting_after() {
+        let query = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        assert_eq!(parse_resume(&query(&[])), Ok(None));
+        assert_eq!(parse_resume(&query(&[("stream", "false")])), Ok(None));
+        assert_eq!(parse_resume(&query(&[("stream", "true")])), Ok(Some(0)));
+        assert_eq!(
+            parse_resume(&query(&[("stream", "true"), ("starting_after", "7")])),
+            Ok(Some(8))
+        );
+        assert!(
+            parse_resume(&query(&[("stream", "true"), ("starting_after", "-1")]))
+                .unwrap_err()
+                .contains("starting_after")
+        );
+        assert!(
+            parse_resume(&query(&[("stream", "yes")]))
+                .unwrap_err()
+                .contains("'stream'")
+        );
+        assert_eq!(
+            not_streamable_body()["error"]["type"],
+            "invalid_request_error"
+        );
+    }
+
+    #[test]
+    fn a_stream_error_fails_the_response_while_a_cut_breaks_only_the_connection() {
+        let error = Fault::StreamError {
+            after_chunks: 2,
+            status: 500,
+        };
+        assert_eq!(generation_failure(error), Some(2));
+        assert_eq!(connection_fault(error), Fault::None);
+        let cut = Fault::StreamCut { after_chunks: 2 };
+        assert_eq!(generation_failure(cut), None);
+        assert_eq!(connection_fault(cut), cut);
+        assert_eq!(generation_failure(Fault::DropAfterWork), None);
+        assert_eq!(connection_fault(Fault::DropAfterWork), Fault::DropAfterWork);
     }
 }

@@ -1,5 +1,6 @@
 //! The mock provider's decisions, kept pure so they can be tested without a server: which fault
-//! a request gets, how long its generation takes, and what the reply says.
+//! a request gets, how long its generation takes, and what the reply says (and how long it is,
+//! so that a test can have a reply long enough to stream).
 //!
 //! Randomness comes from [`FaultRng`], a seeded SplitMix64, rather than from a library RNG whose
 //! output may change between versions: a chaos run that found a bug must replay the same faults
@@ -11,6 +12,13 @@ use super::settings::FaultSettings;
 
 /// Longest part of the last user message quoted in a reply.
 pub const QUOTED_CHARS: usize = 40;
+
+/// Longest reply `[mock:reply_chars=N]` pads to: a typo must not make the mock allocate
+/// gigabytes.
+pub const MAX_REPLY_CHARS: usize = 1_000_000;
+
+/// The words a padded reply repeats: plain, ASCII, deterministic.
+const PADDING_WORDS: [&str; 6] = ["and", "the", "reply", "goes", "on", "streaming"];
 
 /// A small seeded generator (SplitMix64): fast, well mixed, and stable forever by construction.
 #[derive(Debug, Clone)]
@@ -51,13 +59,38 @@ pub enum Fault {
     RateLimit { retry_after_s: u64 },
     /// Wait `hang_ms` before doing anything, so the client times out first.
     Hang { hang_ms: u64 },
-    /// Do the work, count it, store it under the key, then break the response.
+    /// Do the work, count it, store it under the key, then break the response (a stream: before
+    /// its first event).
     DropAfterWork,
+    /// Stream `after_chunks` deltas, then cut the connection. Streamed answers only.
+    StreamCut { after_chunks: usize },
+    /// Stream `after_chunks` deltas, send nothing for `hang_ms`, then cut the connection.
+    /// Streamed answers only.
+    StreamStall { after_chunks: usize, hang_ms: u64 },
+    /// Stream `after_chunks` deltas, then the API's in-stream error event, of the kind its
+    /// dialect gives `status`, then close. Streamed answers only.
+    StreamError { after_chunks: usize, status: u16 },
+}
+
+impl Fault {
+    /// The fault as it strikes an answer that is streamed or sent whole: a stream fault is no
+    /// fault for an answer sent whole.
+    pub fn for_answer(self, streamed: bool) -> Fault {
+        match self {
+            Fault::StreamCut { .. } | Fault::StreamStall { .. } | Fault::StreamError { .. }
+                if !streamed =>
+            {
+                Fault::None
+            }
+            fault => fault,
+        }
+    }
 }
 
 /// Picks the fault for a request from one uniform draw `roll` in `[0, 1)`. The rates are laid
-/// end to end on `[0, 1)` in a fixed order (error, rate limit, hang, drop after work), so a
-/// rate of 1.0 forces its fault and rates of 0 never fire.
+/// end to end on `[0, 1)` in a fixed order (error, rate limit, hang, drop after work, stream
+/// cut, stream stall, stream error), so a rate of 1.0 forces its fault and rates of 0 never
+/// fire. The stream faults come last, so a run without them draws what it drew before them.
 pub fn choose_fault(roll: f64, faults: &FaultSettings) -> Fault {
     let mut bound = 0.0;
     let candidates = [
@@ -80,6 +113,26 @@ pub fn choose_fault(roll: f64, faults: &FaultSettings) -> Fault {
             },
         ),
         (faults.drop_after_work_rate, Fault::DropAfterWork),
+        (
+            faults.stream_cut_rate,
+            Fault::StreamCut {
+                after_chunks: faults.stream_fault_after_chunks,
+            },
+        ),
+        (
+            faults.stream_stall_rate,
+            Fault::StreamStall {
+                after_chunks: faults.stream_fault_after_chunks,
+                hang_ms: faults.hang_ms,
+            },
+        ),
+        (
+            faults.stream_error_rate,
+            Fault::StreamError {
+                after_chunks: faults.stream_fault_after_chunks,
+                status: faults.error_status,
+            },
+        ),
     ];
     for (rate, fault) in candidates {
         bound += rate;
@@ -101,26 +154,56 @@ pub fn sample_latency(mean_ms: u64, jitter_ms: u64, roll: f64) -> Duration {
 /// A per-request latency a test writes into the prompt as `[mock:latency_ms=N]`, so one task
 /// can be slow while the others are fast. The first directive found wins.
 pub fn latency_directive<'a>(contents: impl IntoIterator<Item = &'a str>) -> Option<Duration> {
-    const TAG: &str = "[mock:latency_ms=";
+    directive("[mock:latency_ms=", contents).map(Duration::from_millis)
+}
+
+/// A per-request reply length a test writes into the prompt as `[mock:reply_chars=N]`, so a
+/// reply is long enough to stream in many deltas; at most [`MAX_REPLY_CHARS`]. The first
+/// directive found wins.
+pub fn reply_chars_directive<'a>(contents: impl IntoIterator<Item = &'a str>) -> Option<usize> {
+    let chars = directive("[mock:reply_chars=", contents)?;
+    Some(usize::try_from(chars).map_or(MAX_REPLY_CHARS, |c| c.min(MAX_REPLY_CHARS)))
+}
+
+/// The number in the first `TAG` N `]` found in `contents`.
+fn directive<'a>(tag: &str, contents: impl IntoIterator<Item = &'a str>) -> Option<u64> {
     contents.into_iter().find_map(|content| {
-        let rest = &content[content.find(TAG)? + TAG.len()..];
-        let ms: u64 = rest[..rest.find(']')?].parse().ok()?;
-        Some(Duration::from_millis(ms))
+        let rest = &content[content.find(tag)? + tag.len()..];
+        rest[..rest.find(']')?].parse().ok()
     })
 }
 
 /// The reply text: deterministic from the key and the prompt, plus the generation number, so a
-/// test can tell a replayed reply (same number) from a second generation (a new one).
-pub fn reply_text(key: Option<&str>, last_user_message: Option<&str>, generation: u64) -> String {
+/// test can tell a replayed reply (same number) from a second generation (a new one). It ends
+/// with ` [generation N]`. With `reply_chars` (from [`reply_chars_directive`]) longer than that
+/// text, plain words are put before the ` [generation N]` suffix until the reply is exactly
+/// `reply_chars` characters long; the start (`reply to KEY: QUOTE`) and the suffix stay.
+pub fn reply_text(
+    key: Option<&str>,
+    last_user_message: Option<&str>,
+    generation: u64,
+    reply_chars: Option<usize>,
+) -> String {
     let quoted: String = last_user_message
         .unwrap_or("")
         .chars()
         .take(QUOTED_CHARS)
         .collect();
-    format!(
-        "reply to {}: {quoted} [generation {generation}]",
-        key.unwrap_or("-")
-    )
+    let start = format!("reply to {}: {quoted}", key.unwrap_or("-"));
+    let suffix = format!(" [generation {generation}]");
+    let bare = start.chars().count() + suffix.chars().count();
+    let padding = reply_chars.map_or(0, |chars| chars.saturating_sub(bare));
+    format!("{start}{}{suffix}", padding_words(padding))
+}
+
+/// `chars` characters of ` and the reply goes on streaming and …`, the last word cut short.
+fn padding_words(chars: usize) -> String {
+    PADDING_WORDS
+        .iter()
+        .cycle()
+        .flat_map(|word| std::iter::once(' ').chain(word.chars()))
+        .take(chars)
+        .collect()
 }
 
 /// A rough token count (whitespace-separated words), for the `usage` block.
@@ -185,7 +268,7 @@ mod tests {
                 Fault::RateLimit { .. } => counts[1] += 1,
                 Fault::DropAfterWork => counts[2] += 1,
                 Fault::None => {}
-                Fault::Hang { .. } => panic!("a zero rate fired"),
+                fault => panic!("a zero rate fired: {fault:?}"),
             }
         }
         for (count, rate) in counts.iter().zip([0.1, 0.05, 0.2]) {
@@ -197,12 +280,15 @@ mod tests {
     #[test]
     fn the_reply_quotes_the_start_of_the_last_user_message() {
         let long = "é".repeat(100);
-        let text = reply_text(Some("k1"), Some(&long), 3);
+        let text = reply_text(Some("k1"), Some(&long), 3, None);
         assert_eq!(
             text,
             format!("reply to k1: {} [generation 3]", "é".repeat(40))
         );
-        assert_eq!(reply_text(None, None, 1), "reply to -:  [generation 1]");
+        assert_eq!(
+            reply_text(None, None, 1, None),
+            "reply to -:  [generation 1]"
+        );
         assert_eq!(count_tokens("a  b\nc"), 3);
     }
 
@@ -236,6 +322,70 @@ mod tests {
                 prop_assert!((0.0..1.0).contains(&x));
             }
         }
+    }
+
+    #[test]
+    fn a_reply_chars_directive_pads_the_reply_to_exactly_that_many_characters() {
+        assert_eq!(
+            reply_chars_directive(["hi", "[mock:reply_chars=300] long please"]),
+            Some(300)
+        );
+        assert_eq!(reply_chars_directive(["[mock:reply_chars=-1]"]), None);
+        assert_eq!(reply_chars_directive(["[mock:reply_chars=9"]), None);
+        assert_eq!(
+            reply_chars_directive(["[mock:reply_chars=99999999999]"]),
+            Some(MAX_REPLY_CHARS)
+        );
+
+        let quote = "é [mock:reply_chars=80]";
+        let padded = reply_text(Some("k"), Some(quote), 7, Some(80));
+        assert_eq!(padded.chars().count(), 80);
+        assert!(padded.starts_with("reply to k: é [mock:reply_chars=80] and the reply"));
+        assert!(padded.ends_with(" [generation 7]"), "{padded}");
+        assert_eq!(padded, reply_text(Some("k"), Some(quote), 7, Some(80)));
+
+        let bare = reply_text(Some("k"), Some(quote), 7, None);
+        assert_eq!(reply_text(Some("k"), Some(quote), 7, Some(3)), bare);
+        assert_eq!(
+            reply_text(Some("k"), Some(quote), 7, Some(bare.chars().count() + 1)),
+            bare.replace(" [generation", "  [generation")
+        );
+    }
+
+    #[test]
+    fn stream_faults_are_drawn_last_and_strike_streamed_answers_only() {
+        let f = FaultSettings {
+            drop_after_work_rate: 0.25,
+            stream_cut_rate: 0.25,
+            stream_stall_rate: 0.25,
+            stream_error_rate: 0.25,
+            stream_fault_after_chunks: 5,
+            hang_ms: 9,
+            error_status: 529,
+            ..FaultSettings::default()
+        };
+        let cut = Fault::StreamCut { after_chunks: 5 };
+        let stall = Fault::StreamStall {
+            after_chunks: 5,
+            hang_ms: 9,
+        };
+        let error = Fault::StreamError {
+            after_chunks: 5,
+            status: 529,
+        };
+        for (roll, expected) in [
+            (0.1, Fault::DropAfterWork),
+            (0.3, cut),
+            (0.6, stall),
+            (0.9, error),
+        ] {
+            assert_eq!(choose_fault(roll, &f), expected, "roll {roll}");
+            assert_eq!(expected.for_answer(true), expected);
+        }
+        for stream_only in [cut, stall, error] {
+            assert_eq!(stream_only.for_answer(false), Fault::None);
+        }
+        assert_eq!(Fault::DropAfterWork.for_answer(false), Fault::DropAfterWork);
     }
 
     #[test]

@@ -9,6 +9,10 @@
 //! Like the real API it never deduplicates: Anthropic documents no idempotency key, so a
 //! repeated key generates (and counts) again whatever `honour_idempotency_key` says. The key
 //! is only what the generations are counted under.
+//!
+//! With `"stream": true` the message is answered as Anthropic streams it (the events in
+//! `super::stream`): the latency before the first event, the text in paced deltas, and a
+//! stream fault's cut, stall or `error` event mid-stream.
 
 use std::sync::Arc;
 
@@ -21,10 +25,12 @@ use serde_json::json;
 
 use super::behaviour::latency_directive;
 use super::server::{
-    ChatRequest, ChatRequestMessage, InFlight, MockState, ShuttingDown, answer,
+    ChatRequest, ChatRequestMessage, InFlight, MockState, Produced, ShuttingDown, answer,
     apply_fault_before_work, finish_unless_asked, idempotency_key, produce, shutting_down,
     token_cost,
 };
+use super::sse::stream_answer;
+use super::stream::{Message, Usage, anthropic_error_event, anthropic_events, course};
 
 /// The `anthropic-version` values the mock serves: the ones Anthropic documents.
 pub const KNOWN_VERSIONS: &[&str] = &["2023-06-01", "2023-01-01"];
@@ -41,6 +47,8 @@ struct MessagesRequest {
     #[serde(default)]
     system: Option<Content>,
     messages: Vec<InputMessage>,
+    #[serde(default)]
+    stream: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -114,6 +122,8 @@ fn parse_messages_request(body: &[u8]) -> Result<ChatRequest, String> {
         // Always sent to this API; counted against a token limit like OpenAI's.
         max_tokens: Some(u32::try_from(request.max_tokens).unwrap_or(u32::MAX)),
         max_completion_tokens: None,
+        stream: request.stream,
+        stream_options: None,
     })
 }
 
@@ -146,16 +156,42 @@ pub(super) async fn create_message(
     };
 
     let (fault, latency) = state.draw();
+    let fault = fault.for_answer(request.streamed());
     let latency =
         latency_directive(request.messages.iter().map(|m| m.content.as_str())).unwrap_or(latency);
     if let Err(response) = apply_fault_before_work(&state, fault).await {
         return in_flight.answered(admitted.decorate(in_anthropic_shape(response).await));
     }
+    let streamed = request.streamed();
     let work = {
         let state = Arc::clone(&state);
-        let request = request.clone();
         async move { produce(&state, key.as_deref(), &request, latency).await }
     };
+    if streamed {
+        let chunk_chars = state.stream_chunk_chars();
+        return stream_answer(
+            &state,
+            admitted,
+            in_flight,
+            work,
+            move |produced: Produced| {
+                let message = Message {
+                    id: &message_id(&produced),
+                    model: &produced.model,
+                    text: &produced.text,
+                    usage: Usage {
+                        input_tokens: produced.prompt_tokens,
+                        output_tokens: produced.completion_tokens,
+                    },
+                };
+                course(
+                    anthropic_events(message, chunk_chars),
+                    fault,
+                    anthropic_error_event,
+                )
+            },
+        );
+    }
     let produced = match finish_unless_asked(&state, work).await {
         Ok(produced) => produced,
         Err(ShuttingDown) => {
@@ -164,7 +200,7 @@ pub(super) async fn create_message(
         }
     };
     let body = json!({
-        "id": format!("msg_mock_{}", produced.generation),
+        "id": message_id(&produced),
         "type": "message",
         "role": "assistant",
         "model": produced.model,
@@ -177,6 +213,11 @@ pub(super) async fn create_message(
         },
     });
     in_flight.answered(admitted.decorate(answer(fault, Bytes::from(body.to_string()))))
+}
+
+/// A generation's message id.
+fn message_id(produced: &Produced) -> String {
+    format!("msg_mock_{}", produced.generation)
 }
 
 /// The API's own header checks, before the body is read: a key (any non-empty one) and a

@@ -14,10 +14,20 @@
 //! Anthropic documents no idempotency key); `GET /v1/models` (the model list, in the
 //! profile's shape, generating nothing); `GET /stats`, `GET /stats/{key}`, `GET|PUT /faults`, `GET /healthz`. With
 //! limits set, a generating request over one is answered 429 at once without any work, and
-//! every answer carries the rate-limit headers. The decisions (fault, latency, reply text) live
-//! in [`behaviour`], the limits in [`capacity`] and the background responses' state machine in
-//! [`background`], all pure; the routes and state in `server`; this file starts and stops the
-//! server.
+//! every answer carries the rate-limit headers.
+//!
+//! Each generating route streams as its real API does when asked (`"stream": true`): chat
+//! completion chunks ending with `[DONE]`, Anthropic's message events, a background response's
+//! numbered events, which `GET /v1/responses/{id}?stream=true&starting_after=N` resumes. The
+//! latency is then the time to the first delta, the deltas are paced
+//! (`stream_chunk_chars`, `stream_chunk_interval_ms`), and the stream faults cut, stall or
+//! break a stream with the API's error event mid-way, so a client is tried against the
+//! streams it will meet, not kinder ones.
+//!
+//! The decisions (fault, latency, reply text) live in [`behaviour`], the limits in
+//! [`capacity`], the background responses' state machine and event log in [`background`], the
+//! streams' events and breaks in [`stream`], all pure; the routes and state in `server`, the
+//! sending of streams in `sse`; this file starts and stops the server.
 
 pub mod background;
 pub mod behaviour;
@@ -26,6 +36,8 @@ mod messages;
 mod models;
 mod server;
 pub mod settings;
+mod sse;
+pub mod stream;
 
 use std::future::Future;
 use std::io::Write;

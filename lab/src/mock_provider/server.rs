@@ -2,7 +2,8 @@
 //! its idempotency store, the background responses endpoints around the pure
 //! [`ResponseBook`], Anthropic's messages endpoint (in `super::messages`), the capacity limits
 //! around the pure [`Capacity`], the counters behind
-//! `/stats`, and the run-time fault switch.
+//! `/stats`, and the run-time fault switch. A request with `"stream": true` is answered by
+//! `super::sse` with the events of `super::stream` (or the response's own log).
 //!
 //! The counters are what the tests and the chaos harness check I6 against: `generations` per key
 //! is the number of replies the provider "billed" for that task, through either API. The
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,13 +25,20 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::background::{
-    Creation, Output, ResponseBook, ResponseState, parse_create, response_object,
+    Creation, Output, Replay, ResponseBook, ResponseState, connection_fault, generation_failure,
+    not_streamable_body, parse_create, parse_resume, response_object,
 };
 use super::behaviour::{
-    Fault, FaultRng, choose_fault, count_tokens, latency_directive, reply_text, sample_latency,
+    Fault, FaultRng, choose_fault, count_tokens, latency_directive, reply_chars_directive,
+    reply_text, sample_latency,
 };
 use super::capacity::{Admission, Capacity, Limit, limit_headers, refusal_body};
 use super::settings::{DEFAULT_MAX_OUTPUT_TOKENS, FaultSettings, MockSettings};
+use super::sse::{follow_response, stream_answer};
+use super::stream::{
+    ChatCompletion, OPENAI_STREAM_ERROR, StreamEnd, Usage, chat_error_event, chat_events,
+    chunk_text, course,
+};
 
 /// What `GET /stats` answers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +91,25 @@ pub struct StatsSnapshot {
     /// The most tokens (as the token limit counts them) admitted within one second.
     #[serde(default)]
     pub max_tokens_in_a_second: u64,
+    /// Streamed answers begun: a 200 `text/event-stream` to a chat completion, a message, a
+    /// background create or a resume. One whose client left before its end is counted here
+    /// only.
+    #[serde(default)]
+    pub streams_started: u64,
+    /// Streamed answers sent to their end.
+    #[serde(default)]
+    pub streams_completed: u64,
+    /// Streamed answers whose connection the mock cut (`stream_cut_rate`, a streamed
+    /// `drop_after_work_rate`, a shutdown mid-stream).
+    #[serde(default)]
+    pub streams_cut: u64,
+    /// Streamed answers that stalled (`stream_stall_rate`), counted as the stall begins.
+    #[serde(default)]
+    pub streams_stalled: u64,
+    /// Streamed answers closed after an error event (`stream_error_rate`), or after a
+    /// background response's `response.failed`.
+    #[serde(default)]
+    pub streams_errored: u64,
 }
 
 /// Refusals over each limit.
@@ -139,7 +166,8 @@ pub const TRACEPARENTS_KEPT: usize = 32;
 /// never across an `.await`, so it cannot stall the runtime.
 ///
 /// Lock order where two are held: `capacity` before `stats`, so the in-progress count and its
-/// maximum move with the limiter's.
+/// maximum move with the limiter's; `responses` before `live`, so a streamed response is
+/// watched from its creation.
 pub(crate) struct MockState {
     settings: MockSettings,
     faults: Mutex<FaultSettings>,
@@ -153,12 +181,20 @@ pub(crate) struct MockState {
     stats: Mutex<StatsSnapshot>,
     keys: Mutex<HashMap<String, KeyState>>,
     responses: Mutex<ResponseBook>,
+    /// The streamed background responses still generating, by id: each value moves with every
+    /// event the response records, which wakes the streams that follow it.
+    live: Mutex<HashMap<String, watch::Sender<u64>>>,
     traceparents: Mutex<HashMap<String, Vec<String>>>,
     shutdown: watch::Receiver<bool>,
 }
 
-/// A finished reply, stored as the exact bytes sent so a replay is identical.
-type Reply = Bytes;
+/// A finished chat reply: the exact bytes sent whole, stored so a replay is identical, and the
+/// completion they tell, which a stream sends in pieces (a replay too).
+#[derive(Clone)]
+struct Reply {
+    body: Bytes,
+    completion: Arc<ChatCompletion>,
+}
 
 enum KeyState {
     /// The first request with this key is generating; later ones wait on this.
@@ -179,6 +215,7 @@ impl MockState {
             responses: Mutex::new(ResponseBook::with_retention(
                 settings.response_retention_ms().map(Duration::from_millis),
             )),
+            live: Mutex::new(HashMap::new()),
             traceparents: Mutex::new(HashMap::new()),
             shutdown,
             settings,
@@ -188,6 +225,49 @@ impl MockState {
     /// The real API this mock imitates.
     pub(super) fn profile(&self) -> super::settings::MockProfile {
         self.settings.profile
+    }
+
+    /// Characters per delta of a stream.
+    pub(super) fn stream_chunk_chars(&self) -> usize {
+        self.settings.stream_chunk_chars
+    }
+
+    /// The pause between two deltas of a stream.
+    pub(super) fn stream_chunk_interval(&self) -> Duration {
+        Duration::from_millis(self.settings.stream_chunk_interval_ms)
+    }
+
+    pub(super) fn stream_started(&self) {
+        lock(&self.stats).streams_started += 1;
+    }
+
+    pub(super) fn stream_ended(&self, end: StreamEnd) {
+        let mut stats = lock(&self.stats);
+        match end {
+            StreamEnd::Completed => stats.streams_completed += 1,
+            StreamEnd::Errored => stats.streams_errored += 1,
+            StreamEnd::Cut => stats.streams_cut += 1,
+            StreamEnd::Stalled(_) => stats.streams_stalled += 1,
+        }
+    }
+
+    /// A watch on the events of streamed response `id`, while its generation runs.
+    pub(super) fn changes(&self, id: &str) -> Option<watch::Receiver<u64>> {
+        lock(&self.live).get(id).map(watch::Sender::subscribe)
+    }
+
+    /// Streamed response `id`'s events from sequence number `from` on.
+    pub(super) fn replay(&self, id: &str, from: u64) -> Replay {
+        lock(&self.responses).replay(id, from, self.now())
+    }
+
+    /// Changes response `id` in the book, waking the streams that follow it.
+    fn record<R>(&self, id: &str, change: impl FnOnce(&mut ResponseBook) -> R) -> R {
+        let changed = change(&mut lock(&self.responses));
+        if let Some(live) = lock(&self.live).get(id) {
+            live.send_modify(|events| *events += 1);
+        }
+        changed
     }
 
     /// Keeps the request's `traceparent` under its idempotency key, when it has both.
@@ -307,7 +387,7 @@ impl MockState {
 
     /// Sleeps, unless the server is shutting down first (then `Err`), so a hanging request
     /// cannot hold up a graceful shutdown.
-    async fn pause(&self, duration: Duration) -> Result<(), ShuttingDown> {
+    pub(super) async fn pause(&self, duration: Duration) -> Result<(), ShuttingDown> {
         let mut shutdown = self.shutdown.clone();
         tokio::select! {
             _ = tokio::time::sleep(duration) => Ok(()),
@@ -432,6 +512,31 @@ pub(super) struct ChatRequest {
     pub(super) max_tokens: Option<u32>,
     #[serde(default)]
     pub(super) max_completion_tokens: Option<u32>,
+    /// Whether the answer is streamed.
+    #[serde(default)]
+    pub(super) stream: Option<bool>,
+    #[serde(default)]
+    pub(super) stream_options: Option<StreamOptions>,
+}
+
+impl ChatRequest {
+    pub(super) fn streamed(&self) -> bool {
+        self.stream == Some(true)
+    }
+
+    /// Whether a stream ends with a usage chunk.
+    fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .and_then(|options| options.include_usage)
+            .unwrap_or(false)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub(super) struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -446,36 +551,49 @@ fn parse_request(body: &[u8]) -> Result<ChatRequest, String> {
     if request.messages.is_empty() {
         return Err("'messages' must contain at least one message".into());
     }
+    if request.stream_options.is_some() && !request.streamed() {
+        return Err(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.".into(),
+        );
+    }
     Ok(request)
 }
 
-/// Counts a chat request in and out of `in_flight`. Dropped without [`InFlight::answered`] means
-/// the handler future was dropped: hyper does that when the client closes the connection, which
-/// is how the tests see a cancelled call.
-pub(super) struct InFlight<'a> {
-    state: &'a MockState,
+/// Counts a chat request in and out of `in_flight`. Dropped without [`InFlight::answered`] (or,
+/// for a stream, [`InFlight::done`]) means the handler future or the stream was dropped: hyper
+/// does that when the client closes the connection, which is how the tests see a cancelled
+/// call.
+pub(super) struct InFlight {
+    state: Arc<MockState>,
     answered: bool,
 }
 
-impl<'a> InFlight<'a> {
-    pub(super) fn enter(state: &'a MockState) -> Self {
-        let mut stats = lock(&state.stats);
-        stats.requests += 1;
-        stats.in_flight += 1;
-        stats.max_in_flight = stats.max_in_flight.max(stats.in_flight);
+impl InFlight {
+    pub(super) fn enter(state: &Arc<MockState>) -> Self {
+        {
+            let mut stats = lock(&state.stats);
+            stats.requests += 1;
+            stats.in_flight += 1;
+            stats.max_in_flight = stats.max_in_flight.max(stats.in_flight);
+        }
         Self {
-            state,
+            state: Arc::clone(state),
             answered: false,
         }
     }
 
-    pub(super) fn answered(mut self, response: Response) -> Response {
-        self.answered = true;
+    pub(super) fn answered(self, response: Response) -> Response {
+        self.done();
         response
+    }
+
+    /// The request was answered to its end (a stream: to its end, whatever that was).
+    pub(super) fn done(mut self) {
+        self.answered = true;
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         let mut stats = lock(&self.state.stats);
         stats.in_flight -= 1;
@@ -509,12 +627,14 @@ async fn chat_completions(
     };
 
     let (fault, latency) = state.draw();
+    let fault = fault.for_answer(request.streamed());
     let latency =
         latency_directive(request.messages.iter().map(|m| m.content.as_str())).unwrap_or(latency);
     if let Err(response) = apply_fault_before_work(&state, fault).await {
         return in_flight.answered(admitted.decorate(response));
     }
 
+    let streamed = request.streamed().then(|| request.include_usage());
     let work = {
         let state = Arc::clone(&state);
         async move {
@@ -526,10 +646,17 @@ async fn chat_completions(
             }
         }
     };
+    if let Some(include_usage) = streamed {
+        let chunk_chars = state.stream_chunk_chars();
+        return stream_answer(&state, admitted, in_flight, work, move |reply: Reply| {
+            let events = chat_events(&reply.completion, include_usage, chunk_chars);
+            course(events, fault, |_| chat_error_event())
+        });
+    }
     let Ok(reply) = finish_unless_asked(&state, work).await else {
         return in_flight.answered(admitted.decorate(shutting_down()));
     };
-    in_flight.answered(admitted.decorate(answer(fault, reply)))
+    in_flight.answered(admitted.decorate(answer(fault, reply.body)))
 }
 
 /// Runs a generation to its end even when the client goes away (the handler's future is then
@@ -555,7 +682,7 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Option<String> {
 }
 
 /// The part of a fault that comes before the work: an error or a 429 answered at once
-/// (`Err`), or a hang; `None` and `DropAfterWork` go on to the work.
+/// (`Err`), or a hang; the others go on to the work, and strike its answer.
 pub(super) async fn apply_fault_before_work(
     state: &MockState,
     fault: Fault,
@@ -579,7 +706,11 @@ pub(super) async fn apply_fault_before_work(
             Ok(()) => Ok(()),
             Err(ShuttingDown) => Err(shutting_down()),
         },
-        Fault::None | Fault::DropAfterWork => Ok(()),
+        Fault::None
+        | Fault::DropAfterWork
+        | Fault::StreamCut { .. }
+        | Fault::StreamStall { .. }
+        | Fault::StreamError { .. } => Ok(()),
     }
 }
 
@@ -611,6 +742,12 @@ fn no_background_responses() -> Response {
 /// the key's earlier one) and answers its object at once, `queued` when new. The generation runs
 /// in a spawned task, so it goes on whatever happens to this answer: with `DropAfterWork` the
 /// response exists and is generating but the client never learns its id.
+///
+/// With `"stream": true` the answer is the response's event stream instead, from its
+/// `response.created` on; a cut or a stall breaks that connection only (the response goes on,
+/// to be resumed with `GET /v1/responses/{id}?stream=true&starting_after=N`), a stream error
+/// makes the response fail. A key's earlier response is streamed from its start, or refused
+/// 400 if it was not created streaming.
 async fn create_response(
     State(state): State<Arc<MockState>>,
     headers: HeaderMap,
@@ -624,6 +761,7 @@ async fn create_response(
         Ok(request) => request,
         Err(message) => return openai_error(StatusCode::BAD_REQUEST, &message),
     };
+    let streamed = request.streamed();
     let key = idempotency_key(&headers);
     state.note_traceparent(key.as_deref(), &headers);
     let cost = token_cost(
@@ -635,6 +773,7 @@ async fn create_response(
         Err(refusal) => return *refusal,
     };
     let (fault, latency) = state.draw();
+    let fault = fault.for_answer(streamed);
     let latency =
         latency_directive(request.input.iter().map(|m| m.content.as_str())).unwrap_or(latency);
     if let Err(response) = apply_fault_before_work(&state, fault).await {
@@ -643,28 +782,39 @@ async fn create_response(
 
     let model = request.model.clone().unwrap_or_else(|| "mock-model".into());
     let now = state.now();
-    let (id, object) = {
+    let (creation, object, has_stream) = {
         let mut book = lock(&state.responses);
         let creation = book.create(
             key.as_deref(),
             state.settings.honour_idempotency_key,
             &model,
+            streamed,
             now,
         );
         let (Creation::New(id) | Creation::Existing(id)) = &creation;
         // Rendered under the same lock as the create, so a new response is answered `queued`
         // even if its generation starts before this answer is sent.
-        let object = book
+        let (object, has_stream) = book
             .get(id, now)
-            .map(|entry| response_object(id, entry))
+            .map(|entry| (response_object(id, entry), entry.events.is_some()))
             .expect("the book holds the response it just created or found");
-        match creation {
-            Creation::New(id) => (Some(id), object),
-            Creation::Existing(_) => (None, object),
+        if let Creation::New(id) = &creation
+            && streamed
+        {
+            // Before the stream that follows it and the generation that records it start.
+            lock(&state.live).insert(id.clone(), watch::channel(0).0);
+        }
+        (creation, object, has_stream)
+    };
+    let response = match (&creation, streamed) {
+        (_, false) => answer(fault, Bytes::from(object.to_string())),
+        (Creation::Existing(_), true) if !has_stream => not_streamable(),
+        (Creation::New(id) | Creation::Existing(id), true) => {
+            follow_response(&state, id.clone(), 0, connection_fault(fault))
         }
     };
-    let response = admitted.decorate(answer(fault, Bytes::from(object.to_string())));
-    if let Some(id) = id {
+    let response = admitted.decorate(response);
+    if let Creation::New(id) = creation {
         lock(&state.stats).responses_created += 1;
         let chat = ChatRequest {
             model: request.model,
@@ -678,7 +828,15 @@ async fn create_response(
                 .collect(),
             max_tokens: request.max_output_tokens,
             max_completion_tokens: None,
+            // The response's stream is its own, recorded by `run_background`.
+            stream: None,
+            stream_options: None,
         };
+        let pace = streamed.then(|| Pace {
+            chunk_chars: state.stream_chunk_chars(),
+            interval: state.stream_chunk_interval(),
+            fails_after: generation_failure(fault),
+        });
         tokio::spawn(run_background(
             Arc::clone(&state),
             id,
@@ -686,14 +844,24 @@ async fn create_response(
             chat,
             latency,
             admitted,
+            pace,
         ));
     }
     response
 }
 
+/// How a streamed response's generation records its text: in deltas of `chunk_chars` with
+/// `interval` between them, failing after `fails_after` deltas when a stream error struck.
+struct Pace {
+    chunk_chars: usize,
+    interval: Duration,
+    fails_after: Option<usize>,
+}
+
 /// The generation of one background response: `in_progress`, the latency, then `completed`
 /// (counted like a chat generation, under the key), or `failed` if the mock shuts down first.
-/// The create's admission is held until the generation ends: it is in progress till then.
+/// A streamed one records its text in deltas at its `pace` in between. The create's admission
+/// is held until the generation ends: it is in progress till then.
 async fn run_background(
     state: Arc<MockState>,
     id: String,
@@ -701,45 +869,105 @@ async fn run_background(
     request: ChatRequest,
     latency: Duration,
     admitted: Admitted,
+    pace: Option<Pace>,
 ) {
-    lock(&state.responses).begin(&id);
+    state.record(&id, |book| book.begin(&id));
     let end = match produce(&state, key.as_deref(), &request, latency).await {
-        Ok(produced) => ResponseState::Completed(Output {
-            text: produced.text,
-            model: produced.model,
-            input_tokens: produced.prompt_tokens,
-            output_tokens: produced.completion_tokens,
-        }),
-        Err(ShuttingDown) => ResponseState::Failed {
-            message: "mock provider shut down before the response was done".into(),
+        Ok(produced) => match &pace {
+            Some(pace) => record_text(&state, &id, produced, pace).await,
+            None => ResponseState::Completed(output(produced)),
         },
+        Err(ShuttingDown) => shut_down_before_done(),
     };
-    lock(&state.responses).finish(&id, end, state.now());
+    state.record(&id, |book| book.finish(&id, end, state.now()));
+    lock(&state.live).remove(&id);
     drop(admitted);
+}
+
+/// Records a streamed response's text at its pace; how its generation ends.
+async fn record_text(
+    state: &MockState,
+    id: &str,
+    produced: Produced,
+    pace: &Pace,
+) -> ResponseState {
+    state.record(id, |book| book.open_text(id));
+    let pieces = chunk_text(&produced.text, pace.chunk_chars);
+    let sent = pace
+        .fails_after
+        .map_or(pieces.len(), |after| after.min(pieces.len()));
+    for (n, piece) in pieces[..sent].iter().enumerate() {
+        if n > 0 && state.pause(pace.interval).await.is_err() {
+            return shut_down_before_done();
+        }
+        state.record(id, |book| book.delta(id, piece));
+    }
+    if pace.fails_after.is_some() {
+        return ResponseState::Failed {
+            message: OPENAI_STREAM_ERROR.into(),
+        };
+    }
+    ResponseState::Completed(output(produced))
+}
+
+fn output(produced: Produced) -> Output {
+    Output {
+        text: produced.text,
+        model: produced.model,
+        input_tokens: produced.prompt_tokens,
+        output_tokens: produced.completion_tokens,
+    }
+}
+
+fn shut_down_before_done() -> ResponseState {
+    ResponseState::Failed {
+        message: "mock provider shut down before the response was done".into(),
+    }
 }
 
 /// `GET /v1/responses/{id}`: the response object as it is now; 404 for an unknown id. Faults
 /// apply as to any request; `DropAfterWork` loses this poll's answer, not the response.
-async fn get_response(State(state): State<Arc<MockState>>, Path(id): Path<String>) -> Response {
+///
+/// With `?stream=true` (and `starting_after=N`), the response's events after sequence number N
+/// (all of them without it), then the live ones until it ends, as OpenAI's resume does; 400 for
+/// a response not created streaming. A cut or a stall breaks this connection only; a stream
+/// error is no fault here (a resume only reads the response).
+async fn get_response(
+    State(state): State<Arc<MockState>>,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
     if !state.settings.background_responses {
         return no_background_responses();
     }
     lock(&state.stats).responses_polled += 1;
+    let resume = match parse_resume(&query) {
+        Ok(resume) => resume,
+        Err(message) => return openai_error(StatusCode::BAD_REQUEST, &message),
+    };
     let (fault, _latency) = state.draw();
+    let fault = fault.for_answer(resume.is_some());
     if let Err(response) = apply_fault_before_work(&state, fault).await {
         return response;
     }
     let now = state.now();
-    let object = lock(&state.responses)
+    let found = lock(&state.responses)
         .get(&id, now)
-        .map(|entry| response_object(&id, entry));
-    match object {
-        Some(object) => answer(fault, Bytes::from(object.to_string())),
-        None => openai_error(
+        .map(|entry| (response_object(&id, entry), entry.events.is_some()));
+    match (found, resume) {
+        (None, _) => openai_error(
             StatusCode::NOT_FOUND,
             &format!("No response found with id '{id}'."),
         ),
+        (Some((object, _)), None) => answer(fault, Bytes::from(object.to_string())),
+        (Some((_, false)), Some(_)) => not_streamable(),
+        (Some((_, true)), Some(from)) => follow_response(&state, id, from, connection_fault(fault)),
     }
+}
+
+/// OpenAI's refusal to stream a response created without `stream: true`.
+fn not_streamable() -> Response {
+    (StatusCode::BAD_REQUEST, axum::Json(not_streamable_body())).into_response()
 }
 
 /// The reply stored under `key`, generating it only if no request with this key has: a request
@@ -840,7 +1068,8 @@ pub(super) async fn produce(
         .rev()
         .find(|m| m.role == "user")
         .map(|m| m.content.as_str());
-    let text = reply_text(key, last_user, generation);
+    let reply_chars = reply_chars_directive(request.messages.iter().map(|m| m.content.as_str()));
+    let text = reply_text(key, last_user, generation, reply_chars);
     let prompt_tokens: u32 = request
         .messages
         .iter()
@@ -873,35 +1102,46 @@ async fn generate(
     let created = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    let usage = Usage {
+        input_tokens: prompt_tokens,
+        output_tokens: completion_tokens,
+    };
+    let completion = ChatCompletion {
+        id: format!("chatcmpl-mock-{generation}"),
+        created,
+        model,
+        text,
+        usage: (!lock(&state.faults).omit_usage).then_some(usage),
+    };
     let mut body = json!({
-        "id": format!("chatcmpl-mock-{generation}"),
+        "id": completion.id,
         "object": "chat.completion",
-        "created": created,
-        "model": model,
+        "created": completion.created,
+        "model": completion.model,
         "choices": [{
             "index": 0,
-            "message": { "role": "assistant", "content": text },
+            "message": { "role": "assistant", "content": completion.text },
             "finish_reason": "stop",
         }],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
     });
-    if lock(&state.faults).omit_usage
-        && let Some(fields) = body.as_object_mut()
-    {
-        fields.remove("usage");
+    if let Some(usage) = completion.usage {
+        body["usage"] = json!({
+            "prompt_tokens": usage.input_tokens,
+            "completion_tokens": usage.output_tokens,
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+        });
     }
-    Ok(Bytes::from(body.to_string()))
+    Ok(Reply {
+        body: Bytes::from(body.to_string()),
+        completion: Arc::new(completion),
+    })
 }
 
 /// "Did the work, lost the answer": status 200 and the headers go out with the first half of the
 /// body, then the body stream fails and hyper closes the connection. The client sees a success
 /// status and then a body that ends early (reqwest: a body error), so it cannot know the reply
 /// that was generated, counted and stored under its key.
-fn broken_response(reply: Reply) -> Response {
+fn broken_response(reply: Bytes) -> Response {
     let half = reply.slice(..reply.len() / 2);
     let chunks = futures_util::stream::unfold(0u8, move |step| {
         let half = half.clone();

@@ -1,6 +1,6 @@
-//! Settings of the mock provider: the real API it imitates (its profile), latency, fault rates,
-//! capacity limits, idempotency, the background-responses capability and their retention,
-//! seed; and the command-line flags that carry them.
+//! Settings of the mock provider: the real API it imitates (its profile), latency, the pace of
+//! its streams, fault rates, capacity limits, idempotency, the background-responses capability
+//! and their retention, seed; and the command-line flags that carry them.
 //!
 //! What the provider *is* (its profile, its limits, whether it honours keys, whether it has
 //! background responses) is fixed at start in [`MockSettings`]; what goes wrong with it
@@ -12,12 +12,13 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-/// Faults injected into chat-completion requests and into background-response creates and polls
-/// alike. Replaceable at run time with `PUT /faults`. On a create, `drop_after_work_rate` creates
-/// the response and starts its generation, then breaks the answer, so the client never sees the
-/// id; on a poll, it loses that poll's answer.
+/// Faults injected into chat-completion and messages requests and into background-response
+/// creates and polls alike. Replaceable at run time with `PUT /faults`. On a create,
+/// `drop_after_work_rate` creates the response and starts its generation, then breaks the
+/// answer, so the client never sees the id; on a poll, it loses that poll's answer.
 /// Each rate is the share of requests, in `[0, 1]`, that get the fault; together they may not
-/// exceed 1.
+/// exceed 1. The `stream_*` rates strike streamed answers only, after
+/// `stream_fault_after_chunks` deltas; a request answered whole draws them as no fault.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FaultSettings {
@@ -37,8 +38,23 @@ pub struct FaultSettings {
     /// response is then broken mid-body.
     pub drop_after_work_rate: f64,
     /// Answers leave out their `usage` block, as some OpenAI-compatible servers do (not a
-    /// rate: every answer, while set). Chat completions only.
+    /// rate: every answer, while set). Chat completions only; a stream then has no usage
+    /// chunk.
     pub omit_usage: bool,
+    /// Share of streamed answers whose connection is cut (no final chunk, no `[DONE]`, no
+    /// `message_stop`) after `stream_fault_after_chunks` deltas. The generation ran and is
+    /// counted; a background response goes on to its end, to be resumed.
+    pub stream_cut_rate: f64,
+    /// Share of streamed answers that send nothing more for `hang_ms` after
+    /// `stream_fault_after_chunks` deltas, then are cut.
+    pub stream_stall_rate: f64,
+    /// Share of streamed answers that send the API's in-stream error event after
+    /// `stream_fault_after_chunks` deltas, then close; its kind follows `error_status`. A
+    /// background response then fails (`response.failed`).
+    pub stream_error_rate: f64,
+    /// How many deltas a streamed answer sends before its stream fault strikes (all of them
+    /// when it has fewer). Default 3.
+    pub stream_fault_after_chunks: usize,
 }
 
 impl Default for FaultSettings {
@@ -52,6 +68,10 @@ impl Default for FaultSettings {
             hang_ms: 600_000,
             drop_after_work_rate: 0.0,
             omit_usage: false,
+            stream_cut_rate: 0.0,
+            stream_stall_rate: 0.0,
+            stream_error_rate: 0.0,
+            stream_fault_after_chunks: 3,
         }
     }
 }
@@ -75,6 +95,8 @@ pub enum InvalidSettings {
     },
     #[error("limits.concurrent_requests (--limit-concurrent) = 0 admits nothing: at least 1")]
     NoConcurrency,
+    #[error("stream_chunk_chars (--stream-chunk-chars) = 0 streams nothing: at least 1")]
+    EmptyStreamChunks,
 }
 
 impl FaultSettings {
@@ -86,6 +108,9 @@ impl FaultSettings {
             ("rate_limit_rate", self.rate_limit_rate),
             ("hang_rate", self.hang_rate),
             ("drop_after_work_rate", self.drop_after_work_rate),
+            ("stream_cut_rate", self.stream_cut_rate),
+            ("stream_stall_rate", self.stream_stall_rate),
+            ("stream_error_rate", self.stream_error_rate),
         ];
         for (name, value) in rates {
             if !(0.0..=1.0).contains(&value) {
@@ -218,11 +243,16 @@ pub struct MockSettings {
     /// The real API the mock imitates where they differ (refusals, retention). Default
     /// `openai-chat`.
     pub profile: MockProfile,
-    /// Mean time a generation takes, in milliseconds.
+    /// Mean time a generation takes, in milliseconds. A streamed one takes it before its first
+    /// delta (its time to first token), then its deltas are paced.
     pub latency_ms: u64,
     /// Uniform spread around `latency_ms`: each generation takes `latency_ms ± latency_jitter_ms`
     /// (never less than zero).
     pub latency_jitter_ms: u64,
+    /// Characters of the reply per delta of a stream. Default 12, about three tokens.
+    pub stream_chunk_chars: usize,
+    /// Pause between two deltas of a stream, in milliseconds. Default 20.
+    pub stream_chunk_interval_ms: u64,
     /// Injected faults; `PUT /faults` replaces them while the mock runs.
     pub faults: FaultSettings,
     /// Capacity limits (requests and tokens per minute, requests at once); none by default.
@@ -255,6 +285,8 @@ impl Default for MockSettings {
             profile: MockProfile::OpenAiChat,
             latency_ms: 0,
             latency_jitter_ms: 0,
+            stream_chunk_chars: DEFAULT_STREAM_CHUNK_CHARS,
+            stream_chunk_interval_ms: DEFAULT_STREAM_CHUNK_INTERVAL_MS,
             faults: FaultSettings::default(),
             limits: LimitSettings::default(),
             honour_idempotency_key: false,
@@ -266,11 +298,22 @@ impl Default for MockSettings {
     }
 }
 
+/// Characters per delta of a stream unless told: about three tokens.
+pub const DEFAULT_STREAM_CHUNK_CHARS: usize = 12;
+
+/// Pause between deltas of a stream unless told, in milliseconds.
+pub const DEFAULT_STREAM_CHUNK_INTERVAL_MS: u64 = 20;
+
 impl MockSettings {
-    /// Refuses faults and limits that contradict themselves or could admit nothing.
+    /// Refuses faults and limits that contradict themselves or could admit nothing, and
+    /// streams whose deltas would be empty.
     pub fn validate(&self) -> Result<(), InvalidSettings> {
         self.faults.validate()?;
-        self.limits.validate()
+        self.limits.validate()?;
+        if self.stream_chunk_chars == 0 {
+            return Err(InvalidSettings::EmptyStreamChunks);
+        }
+        Ok(())
     }
 
     /// How long an ended background response stays retrievable; `None` while the mock runs.
@@ -301,12 +344,18 @@ pub struct MockProviderArgs {
     /// Generating requests in progress at once; none when absent.
     #[arg(long)]
     pub limit_concurrent: Option<u64>,
-    /// Mean time a generation takes, in milliseconds.
+    /// Mean time a generation takes, in milliseconds (a stream's time to its first delta).
     #[arg(long, default_value_t = 0)]
     pub latency_ms: u64,
     /// Uniform spread around --latency-ms, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub latency_jitter_ms: u64,
+    /// Characters of the reply per delta of a stream.
+    #[arg(long, default_value_t = DEFAULT_STREAM_CHUNK_CHARS)]
+    pub stream_chunk_chars: usize,
+    /// Pause between two deltas of a stream, in milliseconds.
+    #[arg(long, default_value_t = DEFAULT_STREAM_CHUNK_INTERVAL_MS)]
+    pub stream_chunk_interval_ms: u64,
     /// Share of requests answered --error-status at once.
     #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
     pub error_rate: f64,
@@ -328,6 +377,20 @@ pub struct MockProviderArgs {
     /// Share of requests whose work is done and whose response is then broken mid-body.
     #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
     pub drop_after_work_rate: f64,
+    /// Share of streamed answers cut after --stream-fault-after-chunks deltas.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
+    pub stream_cut_rate: f64,
+    /// Share of streamed answers that stall for --hang-ms after --stream-fault-after-chunks
+    /// deltas, then are cut.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
+    pub stream_stall_rate: f64,
+    /// Share of streamed answers that send the API's error event after
+    /// --stream-fault-after-chunks deltas, then close.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
+    pub stream_error_rate: f64,
+    /// Deltas a streamed answer sends before its stream fault strikes.
+    #[arg(long, default_value_t = 3)]
+    pub stream_fault_after_chunks: usize,
     /// Whether a repeated Idempotency-Key returns the first reply instead of generating anew
     /// (no real chat API documents it: false by default).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
@@ -354,6 +417,8 @@ impl From<MockProviderArgs> for MockSettings {
             profile: args.profile,
             latency_ms: args.latency_ms,
             latency_jitter_ms: args.latency_jitter_ms,
+            stream_chunk_chars: args.stream_chunk_chars,
+            stream_chunk_interval_ms: args.stream_chunk_interval_ms,
             faults: FaultSettings {
                 error_rate: args.error_rate,
                 error_status: args.error_status,
@@ -363,6 +428,10 @@ impl From<MockProviderArgs> for MockSettings {
                 hang_ms: args.hang_ms,
                 drop_after_work_rate: args.drop_after_work_rate,
                 omit_usage: false,
+                stream_cut_rate: args.stream_cut_rate,
+                stream_stall_rate: args.stream_stall_rate,
+                stream_error_rate: args.stream_error_rate,
+                stream_fault_after_chunks: args.stream_fault_after_chunks,
             },
             limits: LimitSettings {
                 requests_per_minute: args.limit_rpm,
@@ -422,6 +491,12 @@ mod tests {
             "--limit-tpm=90000",
             "--limit-concurrent=64",
             "--response-retention-ms=5000",
+            "--stream-chunk-chars=5",
+            "--stream-chunk-interval-ms=7",
+            "--stream-cut-rate=0.125",
+            "--stream-stall-rate=0.25",
+            "--stream-error-rate=0.375",
+            "--stream-fault-after-chunks=2",
         ])
         .unwrap();
         let settings = MockSettings::from(cli.args);
@@ -441,7 +516,24 @@ mod tests {
             }
         );
         assert_eq!(settings.response_retention_ms(), Some(5000));
+        assert_eq!(
+            (
+                settings.stream_chunk_chars,
+                settings.stream_chunk_interval_ms
+            ),
+            (5, 7)
+        );
+        assert_eq!(
+            (
+                settings.faults.stream_cut_rate,
+                settings.faults.stream_stall_rate,
+                settings.faults.stream_error_rate,
+                settings.faults.stream_fault_after_chunks,
+            ),
+            (0.125, 0.25, 0.375, 2)
+        );
         assert!(Cli::try_parse_from(["mock", "--hang-rate=1.5"]).is_err());
+        assert!(Cli::try_parse_from(["mock", "--stream-cut-rate=2"]).is_err());
         assert!(Cli::try_parse_from(["mock", "--profile=openai"]).is_err());
     }
 
@@ -551,5 +643,29 @@ mod tests {
             ..FaultSettings::default()
         };
         assert_eq!(exactly_one.validate(), Ok(()));
+        let streams_too = FaultSettings {
+            error_rate: 0.5,
+            stream_stall_rate: 0.25,
+            stream_error_rate: 0.5,
+            ..FaultSettings::default()
+        };
+        assert_eq!(
+            streams_too.validate(),
+            Err(InvalidSettings::RatesOverOne { sum: 1.25 })
+        );
+    }
+
+    #[test]
+    fn a_stream_of_empty_deltas_is_refused_naming_its_flag() {
+        let empty = MockSettings {
+            stream_chunk_chars: 0,
+            ..MockSettings::default()
+        };
+        let error = empty.validate().unwrap_err();
+        assert_eq!(error, InvalidSettings::EmptyStreamChunks);
+        assert!(
+            error.to_string().contains("--stream-chunk-chars"),
+            "{error}"
+        );
     }
 }
