@@ -641,4 +641,121 @@ mod tests {
         });
         assert!(!format!("{provider:?}").contains("hunter2"));
     }
+
+    fn fold(events: &[(&str, &str)]) -> (String, MessageStream, Option<ProviderError>) {
+        let mut stream = MessageStream::new("asked");
+        let mut text = String::new();
+        for (event, data) in events {
+            match stream.event(event, data) {
+                Ok(Some(piece)) => text.push_str(&piece),
+                Ok(None) => {}
+                Err(e) => return (text, stream, Some(e)),
+            }
+        }
+        (text, stream, None)
+    }
+
+    const START: (&str, &str) = (
+        "message_start",
+        r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude-x","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":25,"output_tokens":1}}}"#,
+    );
+    const BLOCK: (&str, &str) = (
+        "content_block_start",
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+    );
+    const PING: (&str, &str) = ("ping", r#"{"type": "ping"}"#);
+    const DELTA_A: (&str, &str) = (
+        "content_block_delta",
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#,
+    );
+    const DELTA_B: (&str, &str) = (
+        "content_block_delta",
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"!"}}"#,
+    );
+    const STOP_BLOCK: (&str, &str) = (
+        "content_block_stop",
+        r#"{"type":"content_block_stop","index":0}"#,
+    );
+    const MESSAGE_DELTA: (&str, &str) = (
+        "message_delta",
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":15}}"#,
+    );
+    const STOP: (&str, &str) = ("message_stop", r#"{"type":"message_stop"}"#);
+
+    #[test]
+    fn a_message_stream_is_its_text_deltas_with_the_prompts_and_the_outputs_usage() {
+        let (text, stream, error) = fold(&[
+            START,
+            BLOCK,
+            PING,
+            DELTA_A,
+            DELTA_B,
+            STOP_BLOCK,
+            MESSAGE_DELTA,
+            STOP,
+        ]);
+        assert!(error.is_none());
+        assert_eq!(text, "Hello!");
+        assert!(stream.finished());
+        let generation = stream.generation().unwrap();
+        assert_eq!(generation.text, "Hello!");
+        assert_eq!(generation.model, "claude-x");
+        assert_eq!(
+            generation.usage,
+            Some(Usage {
+                prompt_tokens: 25,
+                completion_tokens: 15
+            })
+        );
+        assert_eq!(generation.provider_response_id.as_deref(), Some("msg_1"));
+    }
+
+    #[test]
+    fn a_cut_message_stream_is_unfinished_with_the_usage_reported_at_its_start() {
+        let (_, stream, _) = fold(&[START, BLOCK, DELTA_A]);
+        assert!(!stream.finished());
+        assert_eq!(stream.chars(), 5);
+        assert_eq!(
+            stream.usage(),
+            Some(Usage {
+                prompt_tokens: 25,
+                completion_tokens: 1
+            })
+        );
+    }
+
+    #[test]
+    fn an_error_event_after_the_first_tokens_may_have_executed() {
+        let overloaded = (
+            "error",
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+        );
+        let (text, _, error) = fold(&[START, BLOCK, DELTA_A, overloaded]);
+        assert_eq!(text, "Hello");
+        match error {
+            Some(ProviderError::MaybeExecuted {
+                status: 529,
+                message,
+            }) => {
+                assert!(
+                    message.starts_with("overloaded_error: Overloaded"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_streamed_refusal_is_fatal() {
+        let refused = (
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"refusal"},"usage":{"output_tokens":2}}"#,
+        );
+        let (_, stream, _) = fold(&[START, BLOCK, refused, STOP]);
+        assert!(matches!(
+            stream.generation(),
+            Err(ProviderError::Fatal { .. })
+        ));
+    }
 }

@@ -606,4 +606,102 @@ mod tests {
         let provider = OpenAiChatProvider::new(&settings).unwrap();
         assert!(!format!("{settings:?} {provider:?}").contains("hunter2"));
     }
+
+    /// Feeds `events` (data lines) to a chat stream; the text pieces and the end.
+    fn fold(events: &[&str]) -> (Vec<String>, ChatStream, Option<ProviderError>) {
+        let mut stream = ChatStream::new("asked");
+        let mut pieces = Vec::new();
+        for data in events {
+            match stream.event("", data) {
+                Ok(Some(piece)) if !piece.is_empty() => pieces.push(piece),
+                Ok(_) => {}
+                Err(e) => return (pieces, stream, Some(e)),
+            }
+        }
+        (pieces, stream, None)
+    }
+
+    fn chunk(content: &str) -> String {
+        format!(
+            r#"{{"id":"chatcmpl-9","object":"chat.completion.chunk","model":"m-1","choices":[{{"index":0,"delta":{{"content":{}}},"finish_reason":null}}],"usage":null}}"#,
+            serde_json::to_string(content).unwrap()
+        )
+    }
+
+    const FINISH: &str = r#"{"id":"chatcmpl-9","object":"chat.completion.chunk","model":"m-1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}"#;
+    const USAGE: &str = r#"{"id":"chatcmpl-9","object":"chat.completion.chunk","model":"m-1","choices":[],"usage":{"prompt_tokens":11,"completion_tokens":4,"total_tokens":15}}"#;
+    const FIRST: &str = r#"{"id":"chatcmpl-9","object":"chat.completion.chunk","model":"m-1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"usage":null}"#;
+
+    #[test]
+    fn a_streamed_completion_is_its_pieces_in_order_with_the_last_chunks_usage() {
+        let (a, b) = (chunk("Hel"), chunk("lo, wor"));
+        let c = chunk("ld");
+        let (pieces, stream, error) = fold(&[FIRST, &a, &b, &c, FINISH, USAGE, "[DONE]"]);
+        assert!(error.is_none());
+        assert_eq!(pieces, ["Hel", "lo, wor", "ld"]);
+        assert!(stream.finished());
+        assert_eq!(
+            stream.generation().unwrap(),
+            Generation {
+                text: "Hello, world".into(),
+                model: "m-1".into(),
+                usage: Some(Usage {
+                    prompt_tokens: 11,
+                    completion_tokens: 4
+                }),
+                provider_response_id: Some("chatcmpl-9".into()),
+                rate_signals: RateSignals::default(),
+            }
+        );
+    }
+
+    #[test]
+    fn a_stream_without_its_usage_chunk_reports_none_and_one_without_done_is_unfinished() {
+        let a = chunk("Hi");
+        let (_, stream, _) = fold(&[FIRST, &a, FINISH, "[DONE]"]);
+        assert_eq!(stream.generation().unwrap().usage, None);
+        let (_, stream, _) = fold(&[FIRST, &a, FINISH, USAGE]);
+        assert!(!stream.finished());
+        assert_eq!(stream.chars(), 2);
+        assert_eq!(stream.usage().map(|u| u.completion_tokens), Some(4));
+    }
+
+    #[test]
+    fn an_error_after_the_first_tokens_may_have_executed() {
+        let a = chunk("Partial ");
+        let error = r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}"#;
+        let (pieces, _, failed) = fold(&[FIRST, &a, error]);
+        assert_eq!(pieces, ["Partial "]);
+        match failed {
+            Some(ProviderError::MaybeExecuted {
+                status: 500,
+                message,
+            }) => {
+                assert!(message.contains("server_error"), "{message}");
+                assert!(message.contains("after 8 characters"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_streamed_refusal_or_filter_is_fatal_and_a_chunk_that_is_not_json_is_malformed() {
+        let refusal = r#"{"choices":[{"index":0,"delta":{"refusal":"I can't help with that."},"finish_reason":null}]}"#;
+        let (_, stream, _) = fold(&[FIRST, refusal, FINISH, "[DONE]"]);
+        assert!(matches!(
+            stream.generation(),
+            Err(ProviderError::Fatal { .. })
+        ));
+        let filtered = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"content_filter"}]}"#;
+        let (_, stream, _) = fold(&[FIRST, filtered, "[DONE]"]);
+        assert!(matches!(
+            stream.generation(),
+            Err(ProviderError::Fatal { .. })
+        ));
+        let (_, _, error) = fold(&["{not json"]);
+        assert!(matches!(
+            error,
+            Some(ProviderError::MalformedResponse { .. })
+        ));
+    }
 }

@@ -890,6 +890,8 @@ mod tests {
                 "input": [{"role": "user", "content": "hi"}],
                 "background": true,
                 "max_output_tokens": 16,
+                // Created streamed, so any attempt can read its events (`provider.stream`).
+                "stream": true,
             })
         );
         assert_eq!(
@@ -918,5 +920,116 @@ mod tests {
         assert_eq!(provider.recovery(), Recovery::OperationId);
         assert!(provider.as_background().is_some());
         assert_eq!(provider.name(), "openai-responses");
+    }
+
+    fn response_event(kind: &str, sequence: u64, extra: &str) -> String {
+        format!(r#"{{"type":"{kind}","sequence_number":{sequence}{extra}}}"#)
+    }
+
+    fn text_delta(sequence: u64, delta: &str) -> String {
+        response_event(
+            "response.output_text.delta",
+            sequence,
+            &format!(
+                r#","item_id":"msg_1","output_index":0,"content_index":0,"delta":{}"#,
+                serde_json::to_string(delta).unwrap()
+            ),
+        )
+    }
+
+    const COMPLETED: &str = r#","response":{"id":"resp_1","object":"response","status":"completed","model":"m-1","output":[{"type":"message","id":"msg_1","role":"assistant","content":[{"type":"output_text","text":"Hello there"}]}],"usage":{"input_tokens":9,"output_tokens":3,"total_tokens":12}}"#;
+    const CREATED: &str = r#","response":{"id":"resp_1","object":"response","status":"queued"}"#;
+
+    fn feed(stream: &mut ResponseStream, events: &[String]) -> String {
+        let mut text = String::new();
+        for data in events {
+            if let Some(piece) = stream.event("", data).unwrap() {
+                text.push_str(&piece);
+            }
+        }
+        text
+    }
+
+    #[test]
+    fn a_response_stream_is_its_text_deltas_and_ends_with_the_completed_response() {
+        let mut stream = ResponseStream::new("asked");
+        let text = feed(
+            &mut stream,
+            &[
+                response_event("response.created", 0, CREATED),
+                response_event("response.in_progress", 1, CREATED),
+                text_delta(2, "Hello"),
+                text_delta(3, " there"),
+                response_event("response.completed", 4, COMPLETED),
+            ],
+        );
+        assert_eq!(text, "Hello there");
+        assert!(stream.finished());
+        assert_eq!(stream.last_sequence, Some(4));
+        let generation = stream.generation().unwrap();
+        assert_eq!(generation.text, "Hello there");
+        assert_eq!(
+            generation.usage,
+            Some(Usage {
+                prompt_tokens: 9,
+                completion_tokens: 3
+            })
+        );
+    }
+
+    #[test]
+    fn a_resumed_stream_counts_no_event_twice() {
+        let mut stream = ResponseStream::new("asked");
+        let first = feed(
+            &mut stream,
+            &[
+                response_event("response.created", 0, CREATED),
+                text_delta(1, "Hel"),
+                text_delta(2, "lo"),
+            ],
+        );
+        assert!(!stream.finished());
+        assert_eq!(stream.last_sequence, Some(2));
+        // A provider that repeats an event the resume asked to skip changes nothing.
+        let rest = feed(
+            &mut stream,
+            &[
+                text_delta(2, "lo"),
+                text_delta(3, " there"),
+                response_event("response.completed", 4, COMPLETED),
+            ],
+        );
+        assert_eq!(format!("{first}{rest}"), "Hello there");
+        assert_eq!(stream.generation().unwrap().text, "Hello there");
+    }
+
+    #[test]
+    fn a_create_stream_is_read_until_it_names_the_response() {
+        let mut stream = ResponseStream::naming("asked");
+        assert!(!stream.finished());
+        feed(
+            &mut stream,
+            &[response_event("response.created", 0, CREATED)],
+        );
+        assert!(stream.finished());
+        assert_eq!(stream.id.as_deref(), Some("resp_1"));
+    }
+
+    #[test]
+    fn a_failed_response_ends_its_stream_with_its_error() {
+        let failed = r#","response":{"id":"resp_1","object":"response","status":"failed","error":{"code":"server_error","message":"boom"},"output":[]}"#;
+        let mut stream = ResponseStream::new("asked");
+        feed(
+            &mut stream,
+            &[
+                text_delta(1, "Hi"),
+                response_event("response.failed", 2, failed),
+            ],
+        );
+        assert!(stream.finished());
+        assert!(matches!(
+            stream.generation(),
+            Err(ProviderError::MaybeExecuted { status: 200, .. })
+        ));
     }
 }

@@ -19,6 +19,7 @@ mod history;
 mod house;
 mod kafka_smoke;
 mod kafka_tls;
+mod live;
 mod operations;
 mod postgres_tls;
 mod provider_anthropic;
