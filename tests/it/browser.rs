@@ -120,10 +120,15 @@ fn built_script(name: &str) -> String {
 /// The chain with a mock that takes 300 ms a reply (the scenarios that need a slow one ask for
 /// it in their prompt), and a workspace `acme` with a key.
 async fn app_with_acme() -> (TestApp, IssuedKey) {
-    let mock = MockSettings {
+    app_with_acme_on(MockSettings {
         latency_ms: 300,
         ..MockSettings::default()
-    };
+    })
+    .await
+}
+
+/// The chain with `mock`, and a workspace `acme` with a key.
+async fn app_with_acme_on(mock: MockSettings) -> (TestApp, IssuedKey) {
     let app = TestApp::start(2, mock, WorkerConfig::default()).await;
     app.db.store.create_workspace("acme").await.unwrap();
     let key = issue(&mut rand::rng());
@@ -415,6 +420,97 @@ async fn the_demo_page_on_a_products_origin_signs_in_with_a_token_refreshes_it_s
     assert_eq!(released, 1, "the stopped task is not charged");
 
     server.kill().await.unwrap();
+    app.terminate("serve").await;
+    let report = app.check().await;
+    assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");
+}
+
+/// The answer as it is written: the mock streams a long reply slowly, the worker forwards its
+/// text (`provider.stream` and `worker.live_text_interval_ms` at their defaults), and the demo
+/// page shows it growing in its bubble, again after a reload mid-answer, and ends with the
+/// saved reply; a second answer stopped mid-way shows none of its text
+/// (`clients/typescript/browser-test/live.ts`). Here: the text the page ended with is the reply
+/// the server saved, and the stopped task saved none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_page_shows_the_answer_growing_survives_a_reload_and_ends_with_the_saved_reply() {
+    let script = built_script("live.js");
+    // 3000 characters in deltas of 12, one every 40 ms: 10 s of writing, forwarded to the
+    // followers every 75 ms, long enough for a reload in the middle.
+    let (app, key) = app_with_acme_on(MockSettings {
+        latency_ms: 300,
+        stream_chunk_chars: 12,
+        stream_chunk_interval_ms: 40,
+        ..MockSettings::default()
+    })
+    .await;
+    app.route(Routes {
+        env: vec![("REPLYD_API__DEMO_PAGE".into(), "true".into())],
+        ..Routes::default()
+    });
+    app.spawn_process("serve", "serve");
+    let addr = app.wait_for_api_addr("serve", LIMIT).await;
+
+    let stdout = run_script(
+        &script,
+        &[
+            ("REPLYD_URL", format!("http://{addr}")),
+            ("REPLYD_KEY", key.token.clone()),
+            (
+                "REPLYD_PROMPT",
+                "[mock:reply_chars=3000] Tell me all about it.".into(),
+            ),
+        ],
+        Duration::from_secs(300),
+    )
+    .await;
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    eprintln!("{report:#}");
+    for phase in ["lengths_before_reload", "lengths_after_reload"] {
+        assert!(
+            report[phase].as_array().unwrap().len() >= 3,
+            "{phase}: {report}"
+        );
+    }
+
+    let db = app.db.raw_client().await;
+    let rows: Vec<(String, String, Option<String>)> = db
+        .query(
+            "SELECT task_id::text, status, saved_response FROM reply_tasks \
+             WHERE conversation_id = $1 ORDER BY created_at",
+            &[&report["conversation_id"].as_str().unwrap()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let [
+        (task, status, saved),
+        (stopped, stopped_status, stopped_saved),
+    ] = &rows[..]
+    else {
+        panic!("one task per press: {rows:?}");
+    };
+    assert_eq!(task, report["task_id"].as_str().unwrap());
+    assert_eq!(status, "completed");
+    assert_eq!(stopped, report["stopped_task_id"].as_str().unwrap());
+    assert_eq!(
+        (stopped_status.as_str(), stopped_saved),
+        ("cancelled", &None)
+    );
+    let saved = saved.as_deref().expect("a completed task has its reply");
+    assert_eq!(
+        saved.chars().count(),
+        3000,
+        "the mock's reply is as long as asked"
+    );
+    assert_eq!(
+        report["text"].as_str().unwrap(),
+        saved,
+        "the page ends with the saved reply"
+    );
+
+    app.wait_until_committed_to_end(LIMIT).await;
     app.terminate("serve").await;
     let report = app.check().await;
     assert_eq!(report.violations, Vec::<String>::new(), "{report:#?}");

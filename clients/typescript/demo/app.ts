@@ -1,4 +1,5 @@
-// The demo chat page: Send, Stop, Regenerate, and each reply's state as the server records it.
+// The demo chat page: Send, Stop, Regenerate, and each reply's state as the server records it,
+// its text shown as it is written (marked `data-streaming` until the saved reply replaces it).
 // After a reload, or in another tab (`?conversation=<id>`), the conversation is read back from
 // the server's listing; a press still unanswered at the reload is resumed under its own key by
 // the client. Nothing here guesses a state: every badge is a state the server sent.
@@ -7,7 +8,17 @@
 // in as an end user and holds only that user's short-lived token, asking the product again when
 // it runs out; served by replyd itself, it takes an API key, for a developer's own trials.
 
-import { ProblemError, ReplydClient, type MessagePage, type Press, type ReplyView, type RequestReport } from "@replyd/client";
+import {
+  ProblemError,
+  ReplydClient,
+  isTerminal,
+  type FollowText,
+  type FollowWithdrawn,
+  type MessagePage,
+  type Press,
+  type ReplyView,
+  type RequestReport,
+} from "@replyd/client";
 
 interface Turn {
   id: string;
@@ -193,7 +204,12 @@ function replyNode(turn: Turn, taskId: string): HTMLDivElement {
   const existing = replies.querySelector<HTMLDivElement>(`[data-task-id="${taskId}"]`);
   if (existing) return existing;
   const node = element("div", { class: "reply", "data-task-id": taskId, "data-status": "pending" });
-  node.append(element("span", { class: "status" }, "still processing"), element("p", { class: "text" }), element("p", { class: "meta" }));
+  node.append(
+    element("span", { class: "status" }, "still processing"),
+    element("span", { class: "note" }),
+    element("p", { class: "text" }),
+    element("p", { class: "meta" }),
+  );
   replies.append(node);
   return node;
 }
@@ -206,14 +222,26 @@ const BADGE: Record<ReplyView["status"], string> = {
   cancelled: "stopped",
 };
 
+/** Marks a reply as still being written, or no longer. */
+function writing(node: HTMLElement, on: boolean): void {
+  node.toggleAttribute("data-streaming", on);
+  node.setAttribute("aria-busy", String(on));
+}
+
 function show(turn: Turn, view: ReplyView): void {
   const node = replyNode(turn, view.task_id);
   node.dataset.status = view.status;
   node.querySelector(".status")!.textContent = BADGE[view.status];
-  node.querySelector(".text")!.textContent = view.reply ?? view.failure ?? "";
+  const finished = isTerminal(view.status);
+  // A text being written stays; otherwise the bubble holds the saved reply (in place of the
+  // written text), the failure, or nothing (not written yet, stopped, or waiting to retry).
+  if (view.status !== "running" || !node.hasAttribute("data-streaming")) {
+    writing(node, false);
+    node.querySelector(".text")!.textContent = view.reply ?? view.failure ?? "";
+  }
+  if (finished) node.querySelector(".note")!.textContent = "";
   const meta = node.querySelector(".meta")!;
   meta.textContent = `attempt ${view.attempts} of ${view.max_attempts} · task ${view.task_id.slice(0, 8)}`;
-  const finished = view.status === "completed" || view.status === "failed" || view.status === "cancelled";
   const stopButton = node.querySelector<HTMLButtonElement>("button.stop");
   if (finished) {
     stopButton?.remove();
@@ -226,6 +254,24 @@ function show(turn: Turn, view: ReplyView): void {
     const stop = element("button", { type: "button", class: "secondary stop" }, "Stop");
     stop.addEventListener("click", () => void cancel(turn, view.task_id, stop));
     node.append(stop);
+  }
+}
+
+/** The running attempt's text as it grows, or its withdrawal (it will not be saved). */
+function live(turn: Turn, taskId: string, update: FollowText | FollowWithdrawn): void {
+  const node = replyNode(turn, taskId);
+  // A piece that comes after Stop (or after the saved reply) is not the answer.
+  if (isTerminal(node.dataset.status as ReplyView["status"])) return;
+  const text = node.querySelector(".text")!;
+  const note = node.querySelector(".note")!;
+  if (update.kind === "text") {
+    text.textContent = update.text;
+    note.textContent = "";
+    writing(node, true);
+  } else {
+    text.textContent = "";
+    writing(node, false);
+    note.textContent = update.reason === "superseded" || update.reason === "retrying" ? "retrying…" : "";
   }
 }
 
@@ -252,10 +298,14 @@ async function follow(turn: Turn, taskId: string): Promise<void> {
   followed.add(taskId);
   replyNode(turn, taskId);
   try {
-    for await (const view of client.follow(taskId)) show(turn, view);
+    for await (const update of client.follow(taskId, { text: true })) {
+      if (update.kind === "status") show(turn, update.view);
+      else live(turn, taskId, update);
+    }
   } catch (error) {
     followed.delete(taskId);
     const node = replyNode(turn, taskId);
+    writing(node, false);
     node.dataset.status = "unknown";
     node.querySelector(".status")!.textContent = "unknown";
     node.querySelector(".text")!.textContent = explain(error).text;

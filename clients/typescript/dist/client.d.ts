@@ -1,6 +1,6 @@
 import { type Press, type PressStore } from "./presses.js";
 import { type RetryPolicy } from "./retry.js";
-import { type Accepted, type ErasedConversation, type MessagePage, type QuotaView, type ReplyView } from "./types.js";
+import { type Accepted, type ErasedConversation, type MessagePage, type QuotaView, type ReplyView, type WithdrawnData } from "./types.js";
 /** One request this client sent, as `onRequest` reports it. */
 export interface RequestReport {
     method: string;
@@ -64,6 +64,30 @@ export interface FollowOptions {
     /** `false`: poll from the start (no streaming). */
     stream?: boolean;
 }
+/** A new state of the task. A `completed` one carries the saved reply: it replaces the text. */
+export interface FollowStatus {
+    kind: "status";
+    view: ReplyView;
+}
+/** The running attempt's text grew by `delta`; `text` is all of it so far. */
+export interface FollowText {
+    kind: "text";
+    text: string;
+    delta: string;
+    /** The attempt whose text this is: another attempt's text starts from empty. */
+    assignmentVersion: number;
+    /** The piece's number in its attempt, from 1. */
+    seq: number;
+}
+/** The attempt's text will not be saved: clear it (the next attempt's starts from empty). */
+export interface FollowWithdrawn {
+    kind: "withdrawn";
+    assignmentVersion: number;
+    /** What the task is now: `superseded` (another attempt runs), `retrying`, `failed`, `cancelled`. */
+    reason: WithdrawnData["reason"];
+}
+/** What `follow(taskId, { text: true })` yields. */
+export type FollowUpdate = FollowStatus | FollowText | FollowWithdrawn;
 /** Waits `ms`, or rejects with the signal's reason once it is aborted. */
 export declare function abortableSleep(ms: number, signal?: AbortSignal): Promise<void>;
 export declare class ReplydClient {
@@ -148,13 +172,26 @@ export declare class ReplydClient {
      * connections in a row bring nothing), it polls `GET /v1/replies/{task_id}` instead. It
      * outlasts outages of any length; it ends early only by throwing a `ProblemError` that is
      * final (e.g. 404: no such task in this workspace) or the abort signal's reason.
+     *
+     * With `{ text: true }`, it yields `FollowUpdate`s instead: the same states, and between them
+     * the running attempt's text as it grows and its withdrawals.
      */
-    follow(taskId: string, options?: FollowOptions): AsyncGenerator<ReplyView, void, undefined>;
-    /**
-     * The task's states as the transport brings them, repeats included: streamed, then polled
-     * once streaming is found unavailable. `follow` keeps the new ones and stops at the end.
-     */
+    follow(taskId: string, options: FollowOptions & {
+        text: true;
+    }): AsyncGenerator<FollowUpdate, void, undefined>;
+    follow(taskId: string, options?: FollowOptions & {
+        text?: false;
+    }): AsyncGenerator<ReplyView, void, undefined>;
     private states;
+    /** The transport's updates with repeated states left out, up to a terminal state. */
+    private updates;
+    /**
+     * The task's updates as the transport brings them, repeated states included: streamed, then
+     * polled (states only) once streaming is found unavailable. Pieces of text already had, or
+     * past a gap, are left out; `Last-Event-ID` names the last update taken, so a reconnect
+     * brings what follows it.
+     */
+    private transport;
     private press;
     private join;
     /** Sends a press until the server answers it for good; forgets its key only then. */

@@ -1,11 +1,55 @@
 // The client of `/v1/replies`: one idempotency key per press, kept until the server has
-// answered that press for good; retries that reuse it; and a follow of a task's state that
-// reconnects, falls back to polling, and ends at a terminal state.
+// answered that press for good; retries that reuse it; and a follow of a task's state (and, if
+// asked, of its text as it is written) that reconnects, falls back to polling, and ends at a
+// terminal state.
 import { createParser } from "eventsource-parser";
 import { NetworkError, ProblemError } from "./errors.js";
 import { memoryPresses, newKey, storagePresses } from "./presses.js";
 import { DEFAULT_RETRY, fitsBudget, retryAfterMs, verdict, waitMs } from "./retry.js";
 import { isTerminal, } from "./types.js";
+/**
+ * The update one event brings, given the text held: `undefined` for a piece already had (or
+ * an event that is no update), `gap` for a piece past the next one.
+ */
+function parseUpdate(event, live) {
+    let data;
+    try {
+        data = JSON.parse(event.data);
+    }
+    catch {
+        return undefined; // not an update: the next read brings one
+    }
+    switch (event.event) {
+        case "status":
+            return { kind: "status", view: data };
+        case "delta": {
+            const delta = data;
+            // A piece of another attempt than the one held starts a new text.
+            const held = live?.version === delta.assignment_version ? live : undefined;
+            const next = (held?.seq ?? 0) + 1;
+            if (delta.seq < next)
+                return undefined;
+            if (delta.seq > next)
+                return "gap";
+            return {
+                kind: "text",
+                text: (held?.text ?? "") + delta.text,
+                delta: delta.text,
+                assignmentVersion: delta.assignment_version,
+                seq: delta.seq,
+            };
+        }
+        case "withdrawn": {
+            const withdrawn = data;
+            // Another attempt's than the text held: nothing held is void.
+            if (live !== undefined && live.version !== withdrawn.assignment_version)
+                return undefined;
+            return { kind: "withdrawn", assignmentVersion: withdrawn.assignment_version, reason: withdrawn.reason };
+        }
+        default:
+            return undefined;
+    }
+}
 /** Waits `ms`, or rejects with the signal's reason once it is aborted. */
 export function abortableSleep(ms, signal) {
     return new Promise((resolve, reject) => {
@@ -180,33 +224,42 @@ export class ReplydClient {
     quota(options = {}) {
         return this.call("GET", "/v1/quota", {}, options.signal);
     }
-    /**
-     * A task's states as they change, from the current one to a terminal one (`completed`,
-     * `failed` or `cancelled`), each once. Streams Server-Sent Events; a cut stream reconnects with
-     * `Last-Event-ID`; where streaming is unavailable (no event stream comes back, or several
-     * connections in a row bring nothing), it polls `GET /v1/replies/{task_id}` instead. It
-     * outlasts outages of any length; it ends early only by throwing a `ProblemError` that is
-     * final (e.g. 404: no such task in this workspace) or the abort signal's reason.
-     */
-    async *follow(taskId, options = {}) {
+    follow(taskId, options = {}) {
+        return options.text === true ? this.updates(taskId, options) : this.states(taskId, options);
+    }
+    async *states(taskId, options) {
+        for await (const update of this.updates(taskId, options))
+            if (update.kind === "status")
+                yield update.view;
+    }
+    /** The transport's updates with repeated states left out, up to a terminal state. */
+    async *updates(taskId, options) {
         let last;
-        for await (const view of this.states(taskId, options)) {
+        for await (const update of this.transport(taskId, options)) {
+            if (update.kind !== "status") {
+                yield update;
+                continue;
+            }
+            const view = update.view;
             if (last === undefined || view.status !== last.status || view.updated_at !== last.updated_at) {
                 last = view;
-                yield view;
+                yield update;
             }
             if (isTerminal(view.status))
                 return;
         }
     }
     /**
-     * The task's states as the transport brings them, repeats included: streamed, then polled
-     * once streaming is found unavailable. `follow` keeps the new ones and stops at the end.
+     * The task's updates as the transport brings them, repeated states included: streamed, then
+     * polled (states only) once streaming is found unavailable. Pieces of text already had, or
+     * past a gap, are left out; `Last-Event-ID` names the last update taken, so a reconnect
+     * brings what follows it.
      */
-    async *states(taskId, options) {
+    async *transport(taskId, options) {
         const { signal } = options;
         let streaming = options.stream ?? true;
         let lastEventId;
+        let live;
         let silentConnections = 0;
         let retry = 0;
         while (true) {
@@ -224,7 +277,7 @@ export class ReplydClient {
                     continue;
                 }
                 retry = 0;
-                yield view;
+                yield { kind: "status", view };
                 await this.sleep(this.pollIntervalMs, signal);
                 continue;
             }
@@ -233,20 +286,22 @@ export class ReplydClient {
             try {
                 for await (const event of this.events(taskId, lastEventId, signal)) {
                     events++;
+                    const update = parseUpdate(event, live);
+                    if (update === "gap")
+                        break; // pieces were lost: reconnect after the last one taken
+                    if (update === undefined)
+                        continue; // a piece had already, or not an update
                     if (event.id !== undefined)
                         lastEventId = event.id;
-                    if (event.event !== "status")
-                        continue;
-                    let view;
-                    try {
-                        view = JSON.parse(event.data);
+                    if (update.kind === "text") {
+                        live = { version: update.assignmentVersion, seq: update.seq, text: update.text };
                     }
-                    catch {
-                        continue; // not a state: the next read brings one
+                    else if (update.kind === "withdrawn") {
+                        live = undefined;
                     }
                     silentConnections = 0;
                     retry = 0;
-                    yield view;
+                    yield update;
                 }
             }
             catch (error) {

@@ -176,7 +176,8 @@ export interface paths {
         };
         /**
          * Follow a task: its states as Server-Sent Events, each an `event: status` whose data is the
-         *     task as `GET /v1/replies/{task_id}` shows it.
+         *     task as `GET /v1/replies/{task_id}` shows it, and the running attempt's text as it is
+         *     written (`event: delta`, `event: withdrawn`).
          */
         get: operations["followReply"];
         put?: never;
@@ -290,6 +291,23 @@ export interface components {
              *     The token sees this user's conversations only: those whose first message it sent.
              */
             user_id: string;
+        };
+        /** @description The `data` of a `delta` event: the next piece of the running attempt's text. */
+        DeltaData: {
+            /**
+             * Format: int64
+             * @description The attempt (its assignment version) whose text this is: the text of one attempt is
+             *     its pieces in order; a piece of another attempt starts another text.
+             */
+            assignment_version: number;
+            /**
+             * Format: int32
+             * @description The piece's number in its attempt: 1, 2, … with no gap and no repeat on one stream.
+             */
+            seq: number;
+            task_id: string;
+            /** @description The text to append. */
+            text: string;
         };
         /** @description A token for one end user. */
         EndUserToken: {
@@ -500,13 +518,23 @@ export interface components {
         };
         /** @description One event of a follow stream, as its fields arrive (the schema of each event). */
         StatusEvent: {
-            /** @description The task as JSON, exactly as `GET /v1/replies/{task_id}` shows it (a `ReplyView`). */
+            /**
+             * @description JSON: for `status`, the task exactly as `GET /v1/replies/{task_id}` shows it (a
+             *     `ReplyView`; a completed one carries the saved reply); for `delta`, a `DeltaData`; for
+             *     `withdrawn`, a `WithdrawnData`.
+             */
             data: string;
-            /** @description Always `status`. */
+            /**
+             * @description `status` (a state), `delta` (a piece of the running attempt's text) or `withdrawn`
+             *     (an attempt's text is void).
+             */
             event: string;
             /**
-             * @description This state's id (`<attempt>-<status>`, e.g. `1-running`): sent back as
-             *     `Last-Event-ID`, that state is not sent again.
+             * @description A state's id is `<attempt>-<status>` (e.g. `1-running`); a piece's
+             *     `live-<assignment_version>-<seq>`; a withdrawal's `withdrawn-<assignment_version>`.
+             *     Sent back as `Last-Event-ID`: a state is not sent again; after a piece, the stream
+             *     goes on with the next piece of that attempt if it still runs, and otherwise withdraws
+             *     its text first.
              */
             id: string;
         };
@@ -561,6 +589,20 @@ export interface components {
              *     totals. Refused calls (`refused`), which the provider did not run, are not counted.
              */
             unreported_attempts: number;
+        };
+        /** @description The `data` of a `withdrawn` event: the text of an attempt that will not be saved. */
+        WithdrawnData: {
+            /**
+             * Format: int64
+             * @description The attempt whose text is void.
+             */
+            assignment_version: number;
+            /**
+             * @description What the task is now: `superseded` (another attempt runs, and its text follows),
+             *     `retrying` (it waits for another attempt), `failed`, `cancelled`.
+             */
+            reason: string;
+            task_id: string;
         };
         /** @description What a workspace's requests may ask for (`replyd workspace policy`). */
         WorkspacePolicyView: {
@@ -1570,7 +1612,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description The id of the last event the client saw: that state is not sent again */
+                /** @description The id of the last event the client saw: that state is not sent again; after a piece of text, the stream resumes with the next piece of that attempt (or withdraws it, if it no longer runs) */
                 "Last-Event-ID"?: string | null;
             };
             path: {
@@ -1581,7 +1623,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The current state at once, then each change of status or attempt (not every write: a lease renewal is no event); the stream ends after a terminal state, or within 2 s of its API key's revocation (a reconnect then gets 401). Keep-alive comments every 15 s. The schema is that of each event */
+            /** @description The current state at once, then each change of status or attempt (not every write: a lease renewal is no event); while an attempt runs, its text as the provider writes it (`delta` events: append each `text` to the text of its `assignment_version`), and a `withdrawn` event when that attempt's text will not be saved (then the next attempt's text starts from empty). A completed state carries the saved reply: show it in place of the text. The stream ends after a terminal state, or within 2 s of its API key's revocation (a reconnect then gets 401). Keep-alive comments every 15 s. The schema is that of each event */
             200: {
                 headers: {
                     [name: string]: unknown;

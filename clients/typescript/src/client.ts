@@ -1,6 +1,7 @@
 // The client of `/v1/replies`: one idempotency key per press, kept until the server has
-// answered that press for good; retries that reuse it; and a follow of a task's state that
-// reconnects, falls back to polling, and ends at a terminal state.
+// answered that press for good; retries that reuse it; and a follow of a task's state (and, if
+// asked, of its text as it is written) that reconnects, falls back to polling, and ends at a
+// terminal state.
 
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 
@@ -11,11 +12,13 @@ import {
   isTerminal,
   type Accepted,
   type CreateReply,
+  type DeltaData,
   type ErasedConversation,
   type MessagePage,
   type ProblemDetails,
   type QuotaView,
   type ReplyView,
+  type WithdrawnData,
 } from "./types.js";
 
 /** One request this client sent, as `onRequest` reports it. */
@@ -83,6 +86,81 @@ export interface FollowOptions {
   signal?: AbortSignal;
   /** `false`: poll from the start (no streaming). */
   stream?: boolean;
+}
+
+/** A new state of the task. A `completed` one carries the saved reply: it replaces the text. */
+export interface FollowStatus {
+  kind: "status";
+  view: ReplyView;
+}
+
+/** The running attempt's text grew by `delta`; `text` is all of it so far. */
+export interface FollowText {
+  kind: "text";
+  text: string;
+  delta: string;
+  /** The attempt whose text this is: another attempt's text starts from empty. */
+  assignmentVersion: number;
+  /** The piece's number in its attempt, from 1. */
+  seq: number;
+}
+
+/** The attempt's text will not be saved: clear it (the next attempt's starts from empty). */
+export interface FollowWithdrawn {
+  kind: "withdrawn";
+  assignmentVersion: number;
+  /** What the task is now: `superseded` (another attempt runs), `retrying`, `failed`, `cancelled`. */
+  reason: WithdrawnData["reason"];
+}
+
+/** What `follow(taskId, { text: true })` yields. */
+export type FollowUpdate = FollowStatus | FollowText | FollowWithdrawn;
+
+/** The text a follow holds: its attempt, the number of its last piece, the text. */
+interface LiveText {
+  version: number;
+  seq: number;
+  text: string;
+}
+
+/**
+ * The update one event brings, given the text held: `undefined` for a piece already had (or
+ * an event that is no update), `gap` for a piece past the next one.
+ */
+function parseUpdate(event: EventSourceMessage, live: LiveText | undefined): FollowUpdate | "gap" | undefined {
+  let data: unknown;
+  try {
+    data = JSON.parse(event.data);
+  } catch {
+    return undefined; // not an update: the next read brings one
+  }
+  switch (event.event) {
+    case "status":
+      return { kind: "status", view: data as ReplyView };
+    case "delta": {
+      const delta = data as DeltaData;
+      // A piece of another attempt than the one held starts a new text.
+      const held = live?.version === delta.assignment_version ? live : undefined;
+      const next = (held?.seq ?? 0) + 1;
+      if (delta.seq < next) return undefined;
+      if (delta.seq > next) return "gap";
+      return {
+        kind: "text",
+        text: (held?.text ?? "") + delta.text,
+        delta: delta.text,
+        assignmentVersion: delta.assignment_version,
+        seq: delta.seq,
+      };
+    }
+    case "withdrawn": {
+      const withdrawn = data as WithdrawnData;
+      // Another attempt's than the text held: nothing held is void.
+      if (live !== undefined && live.version !== withdrawn.assignment_version) return undefined;
+      return { kind: "withdrawn", assignmentVersion: withdrawn.assignment_version, reason: withdrawn.reason };
+    }
+    default:
+      return undefined;
+  }
 }
 
 /** Waits `ms`, or rejects with the signal's reason once it is aborted. */
@@ -279,26 +357,48 @@ export class ReplydClient {
    * connections in a row bring nothing), it polls `GET /v1/replies/{task_id}` instead. It
    * outlasts outages of any length; it ends early only by throwing a `ProblemError` that is
    * final (e.g. 404: no such task in this workspace) or the abort signal's reason.
+   *
+   * With `{ text: true }`, it yields `FollowUpdate`s instead: the same states, and between them
+   * the running attempt's text as it grows and its withdrawals.
    */
-  async *follow(taskId: string, options: FollowOptions = {}): AsyncGenerator<ReplyView, void, undefined> {
+  follow(taskId: string, options: FollowOptions & { text: true }): AsyncGenerator<FollowUpdate, void, undefined>;
+  follow(taskId: string, options?: FollowOptions & { text?: false }): AsyncGenerator<ReplyView, void, undefined>;
+  follow(taskId: string, options: FollowOptions & { text?: boolean } = {}): AsyncGenerator<FollowUpdate | ReplyView, void, undefined> {
+    return options.text === true ? this.updates(taskId, options) : this.states(taskId, options);
+  }
+
+  private async *states(taskId: string, options: FollowOptions): AsyncGenerator<ReplyView, void, undefined> {
+    for await (const update of this.updates(taskId, options)) if (update.kind === "status") yield update.view;
+  }
+
+  /** The transport's updates with repeated states left out, up to a terminal state. */
+  private async *updates(taskId: string, options: FollowOptions): AsyncGenerator<FollowUpdate, void, undefined> {
     let last: ReplyView | undefined;
-    for await (const view of this.states(taskId, options)) {
+    for await (const update of this.transport(taskId, options)) {
+      if (update.kind !== "status") {
+        yield update;
+        continue;
+      }
+      const view = update.view;
       if (last === undefined || view.status !== last.status || view.updated_at !== last.updated_at) {
         last = view;
-        yield view;
+        yield update;
       }
       if (isTerminal(view.status)) return;
     }
   }
 
   /**
-   * The task's states as the transport brings them, repeats included: streamed, then polled
-   * once streaming is found unavailable. `follow` keeps the new ones and stops at the end.
+   * The task's updates as the transport brings them, repeated states included: streamed, then
+   * polled (states only) once streaming is found unavailable. Pieces of text already had, or
+   * past a gap, are left out; `Last-Event-ID` names the last update taken, so a reconnect
+   * brings what follows it.
    */
-  private async *states(taskId: string, options: FollowOptions): AsyncGenerator<ReplyView, void, undefined> {
+  private async *transport(taskId: string, options: FollowOptions): AsyncGenerator<FollowUpdate, void, undefined> {
     const { signal } = options;
     let streaming = options.stream ?? true;
     let lastEventId: string | undefined;
+    let live: LiveText | undefined;
     let silentConnections = 0;
     let retry = 0;
 
@@ -315,7 +415,7 @@ export class ReplydClient {
           continue;
         }
         retry = 0;
-        yield view;
+        yield { kind: "status", view };
         await this.sleep(this.pollIntervalMs, signal);
         continue;
       }
@@ -324,17 +424,18 @@ export class ReplydClient {
       try {
         for await (const event of this.events(taskId, lastEventId, signal)) {
           events++;
+          const update = parseUpdate(event, live);
+          if (update === "gap") break; // pieces were lost: reconnect after the last one taken
+          if (update === undefined) continue; // a piece had already, or not an update
           if (event.id !== undefined) lastEventId = event.id;
-          if (event.event !== "status") continue;
-          let view: ReplyView;
-          try {
-            view = JSON.parse(event.data) as ReplyView;
-          } catch {
-            continue; // not a state: the next read brings one
+          if (update.kind === "text") {
+            live = { version: update.assignmentVersion, seq: update.seq, text: update.text };
+          } else if (update.kind === "withdrawn") {
+            live = undefined;
           }
           silentConnections = 0;
           retry = 0;
-          yield view;
+          yield update;
         }
       } catch (error) {
         if (signal?.aborted) throw signal.reason;

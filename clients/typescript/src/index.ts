@@ -1,7 +1,16 @@
 // @replyd/client: the browser's half of replyd's idempotency contract.
 
 export { ReplydClient, abortableSleep } from "./client.js";
-export type { ClientOptions, FollowOptions, RequestReport, SendOptions } from "./client.js";
+export type {
+  ClientOptions,
+  FollowOptions,
+  FollowStatus,
+  FollowText,
+  FollowUpdate,
+  FollowWithdrawn,
+  RequestReport,
+  SendOptions,
+} from "./client.js";
 export { NetworkError, ProblemError, ReplydError } from "./errors.js";
 export { memoryPresses, newKey, storagePresses } from "./presses.js";
 export type { Press, PressStore } from "./presses.js";
@@ -12,6 +21,7 @@ export type {
   Accepted,
   CreateReply,
   CreateToken,
+  DeltaData,
   EndUserToken,
   ErasedConversation,
   ErasedEndUser,
@@ -22,4 +32,5 @@ export type {
   QuotaView,
   ReplyStatus,
   ReplyView,
+  WithdrawnData,
 } from "./types.js";

@@ -9,6 +9,8 @@ type Schemas = components["schemas"];
 export type Accepted = Schemas["Accepted"];
 export type CreateReply = Schemas["CreateReply"];
 export type CreateToken = Schemas["CreateToken"];
+/** A piece of a running attempt's text, as a follow's `delta` event carries it. */
+export type DeltaData = Schemas["DeltaData"];
 /** What the product's backend gets for one end user (`POST /v1/end-user-tokens`). */
 export type EndUserToken = Schemas["EndUserToken"];
 export type ErasedConversation = Schemas["ErasedConversation"];
@@ -21,6 +23,8 @@ export type ProblemKind = Schemas["ProblemKind"];
 export type QuotaView = Schemas["QuotaView"];
 export type ReplyStatus = Schemas["ReplyStatus"];
 export type ReplyView = Schemas["ReplyView"];
+/** An attempt whose text will not be saved, as a follow's `withdrawn` event carries it. */
+export type WithdrawnData = Schemas["WithdrawnData"];
 
 /** The states after which a task never changes. */
 export const TERMINAL: ReadonlySet<ReplyStatus> = new Set<ReplyStatus>(["completed", "failed", "cancelled"]);

@@ -3,7 +3,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import test, { type TestContext } from "node:test";
 
-import { ReplydClient, type ClientOptions } from "../src/client.js";
+import { ReplydClient, type ClientOptions, type FollowUpdate } from "../src/client.js";
 import { ProblemError } from "../src/errors.js";
 import { memoryPresses } from "../src/presses.js";
 import type { ReplyStatus, ReplyView } from "../src/types.js";
@@ -262,4 +262,240 @@ test("polling outlasts an outage longer than one call's budget", { timeout: 5_00
   );
   assert.deepEqual(await collect(client.follow(TASK)), [COMPLETED]);
   assert.equal(requests(STATUS).length, 9);
+});
+
+function sendDelta(res: http.ServerResponse, version: number, seq: number, text: string): void {
+  const data = { task_id: TASK, assignment_version: version, seq, text };
+  res.write(`event: delta\nid: live-${version}-${seq}\ndata: ${JSON.stringify(data)}\n\n`);
+}
+
+function sendWithdrawn(res: http.ServerResponse, version: number, reason: string): void {
+  const data = { task_id: TASK, assignment_version: version, reason };
+  res.write(`event: withdrawn\nid: withdrawn-${version}\ndata: ${JSON.stringify(data)}\n\n`);
+}
+
+/** The updates of a follow with text, each as one line: a state, a text so far, a withdrawal. */
+async function updates(iterable: AsyncIterable<FollowUpdate>, each?: (update: FollowUpdate, index: number) => void): Promise<string[]> {
+  const lines: string[] = [];
+  for await (const update of iterable) {
+    each?.(update, lines.length);
+    switch (update.kind) {
+      case "status":
+        lines.push(`status ${update.view.status}${update.view.reply === undefined ? "" : ` ${JSON.stringify(update.view.reply)}`}`);
+        break;
+      case "text":
+        lines.push(`text v${update.assignmentVersion}#${update.seq} ${JSON.stringify(update.text)} (+${JSON.stringify(update.delta)})`);
+        break;
+      case "withdrawn":
+        lines.push(`withdrawn v${update.assignmentVersion} ${update.reason}`);
+        break;
+    }
+  }
+  return lines;
+}
+
+const saved = (reply: string): ReplyView => ({ ...COMPLETED, reply });
+
+test("with text, the running attempt's text grows piece by piece, and completed ends it with the saved reply", { timeout: 5_000 }, async (t) => {
+  const { client, requests } = await serve(t, {
+    [EVENTS]: (_req, res) => {
+      openStream(res);
+      sendEvent(res, "0-pending", PENDING);
+      sendEvent(res, "1-running", RUNNING);
+      sendDelta(res, 7, 1, "Hel");
+      sendDelta(res, 7, 2, "lo, ");
+      sendDelta(res, 7, 3, "world");
+      sendEvent(res, "1-completed", saved("Hello, world"));
+      res.end();
+    },
+  });
+  assert.deepEqual(await updates(client.follow(TASK, { text: true })), [
+    "status pending",
+    "status running",
+    'text v7#1 "Hel" (+"Hel")',
+    'text v7#2 "Hello, " (+"lo, ")',
+    'text v7#3 "Hello, world" (+"world")',
+    'status completed "Hello, world"',
+  ]);
+  assert.equal(requests(EVENTS).length, 1);
+});
+
+test("a withdrawn attempt's text is void, and the next attempt's text starts from empty", { timeout: 5_000 }, async (t) => {
+  const { client } = await serve(t, {
+    [EVENTS]: (_req, res) => {
+      openStream(res);
+      sendEvent(res, "1-running", RUNNING);
+      sendDelta(res, 7, 1, "first ");
+      sendDelta(res, 7, 2, "try");
+      sendWithdrawn(res, 7, "retrying");
+      sendEvent(res, "1-pending", { ...PENDING, attempts: 1, updated_at: "2025-01-15T12:00:01.200Z" });
+      sendEvent(res, "2-running", { ...RUNNING, attempts: 2, updated_at: "2025-01-15T12:00:01.500Z" });
+      sendDelta(res, 8, 1, "second");
+      sendDelta(res, 8, 2, " try");
+      sendEvent(res, "2-completed", saved("second try"));
+      res.end();
+    },
+  });
+  assert.deepEqual(await updates(client.follow(TASK, { text: true })), [
+    "status running",
+    'text v7#1 "first " (+"first ")',
+    'text v7#2 "first try" (+"try")',
+    "withdrawn v7 retrying",
+    "status pending",
+    "status running",
+    'text v8#1 "second" (+"second")',
+    'text v8#2 "second try" (+" try")',
+    'status completed "second try"',
+  ]);
+});
+
+test("a piece of another attempt starts a new text even without a withdrawal", { timeout: 5_000 }, async (t) => {
+  const { client } = await serve(t, {
+    [EVENTS]: (_req, res) => {
+      openStream(res);
+      sendEvent(res, "1-running", RUNNING);
+      sendDelta(res, 7, 1, "old");
+      sendDelta(res, 8, 1, "new");
+      sendEvent(res, "2-completed", saved("new"));
+      res.end();
+    },
+  });
+  assert.deepEqual(await updates(client.follow(TASK, { text: true })), [
+    "status running",
+    'text v7#1 "old" (+"old")',
+    'text v8#1 "new" (+"new")',
+    'status completed "new"',
+  ]);
+});
+
+test("a stream cut mid-text reconnects with Last-Event-ID live-V-S and goes on from the next piece, repeats ignored", { timeout: 5_000 }, async (t) => {
+  let first: http.ServerResponse | undefined;
+  const { client, requests } = await serve(t, {
+    [EVENTS]: (_req, res, nth) => {
+      openStream(res);
+      if (nth === 0) {
+        first = res;
+        sendEvent(res, "1-running", RUNNING);
+        sendDelta(res, 7, 1, "a");
+        sendDelta(res, 7, 2, "b");
+        return; // held open until the test cuts it
+      }
+      // A piece the client has, sent again, is not appended twice.
+      sendDelta(res, 7, 2, "b");
+      sendDelta(res, 7, 3, "c");
+      sendEvent(res, "1-completed", saved("abc"));
+      res.end();
+    },
+  });
+  const seen = await updates(client.follow(TASK, { text: true }), (update) => {
+    if (update.kind === "text" && update.seq === 2) first!.socket!.destroy();
+  });
+  assert.deepEqual(seen, ["status running", 'text v7#1 "a" (+"a")', 'text v7#2 "ab" (+"b")', 'text v7#3 "abc" (+"c")', 'status completed "abc"']);
+  const connections = requests(EVENTS);
+  assert.equal(connections.length, 2);
+  assert.equal(connections[1]!.headers["last-event-id"], "live-7-2");
+});
+
+test("a piece past a gap is not appended: the follow reconnects after the last piece it has", { timeout: 5_000 }, async (t) => {
+  const { client, requests } = await serve(t, {
+    [EVENTS]: (_req, res, nth) => {
+      openStream(res);
+      if (nth === 0) {
+        sendEvent(res, "1-running", RUNNING);
+        sendDelta(res, 7, 1, "a");
+        sendDelta(res, 7, 3, "c"); // piece 2 lost
+        return; // held open: only the client's reconnect moves on
+      }
+      sendDelta(res, 7, 2, "b");
+      sendDelta(res, 7, 3, "c");
+      sendEvent(res, "1-completed", saved("abc"));
+      res.end();
+    },
+  });
+  assert.deepEqual(await updates(client.follow(TASK, { text: true })), [
+    "status running",
+    'text v7#1 "a" (+"a")',
+    'text v7#2 "ab" (+"b")',
+    'text v7#3 "abc" (+"c")',
+    'status completed "abc"',
+  ]);
+  assert.equal(requests(EVENTS)[1]!.headers["last-event-id"], "live-7-1");
+});
+
+test("a reconnect after a piece of an attempt that no longer runs gets its withdrawal, then the current state", { timeout: 5_000 }, async (t) => {
+  let first: http.ServerResponse | undefined;
+  const { client, requests } = await serve(t, {
+    [EVENTS]: (_req, res, nth) => {
+      openStream(res);
+      if (nth === 0) {
+        first = res;
+        sendEvent(res, "1-running", RUNNING);
+        sendDelta(res, 7, 1, "lost");
+        return;
+      }
+      sendWithdrawn(res, 7, "superseded");
+      sendEvent(res, "2-running", { ...RUNNING, attempts: 2, updated_at: "2025-01-15T12:00:01.500Z" });
+      sendDelta(res, 8, 1, "kept");
+      sendEvent(res, "2-completed", saved("kept"));
+      res.end();
+    },
+  });
+  const seen = await updates(client.follow(TASK, { text: true }), (update) => {
+    if (update.kind === "text" && update.assignmentVersion === 7) first!.socket!.destroy();
+  });
+  assert.deepEqual(seen, [
+    "status running",
+    'text v7#1 "lost" (+"lost")',
+    "withdrawn v7 superseded",
+    "status running",
+    'text v8#1 "kept" (+"kept")',
+    'status completed "kept"',
+  ]);
+  assert.equal(requests(EVENTS)[1]!.headers["last-event-id"], "live-7-1");
+});
+
+test("the saved reply of completed is what the follow ends with, even when the streamed text differs", { timeout: 5_000 }, async (t) => {
+  const { client } = await serve(t, {
+    [EVENTS]: (_req, res) => {
+      openStream(res);
+      sendEvent(res, "1-running", RUNNING);
+      sendDelta(res, 7, 1, "draft");
+      sendEvent(res, "1-completed", saved("the saved reply"));
+      // Nothing after a terminal state is taken.
+      sendDelta(res, 7, 2, " more");
+      res.end();
+    },
+  });
+  const seen = await updates(client.follow(TASK, { text: true }));
+  assert.deepEqual(seen, ["status running", 'text v7#1 "draft" (+"draft")', 'status completed "the saved reply"']);
+});
+
+test("without text, a follow yields only its states, and its reconnect names the last piece", { timeout: 5_000 }, async (t) => {
+  const { client, requests } = await serve(t, {
+    [EVENTS]: (_req, res, nth) => {
+      openStream(res);
+      if (nth === 0) {
+        sendEvent(res, "1-running", RUNNING);
+        sendDelta(res, 7, 1, "a");
+        // Ended after the piece, so the client has read it when it reconnects.
+        res.end();
+        return;
+      }
+      sendDelta(res, 7, 2, "b");
+      sendEvent(res, "1-completed", COMPLETED);
+      res.end();
+    },
+  });
+  assert.deepEqual(await collect(client.follow(TASK)), [RUNNING, COMPLETED]);
+  assert.equal(requests(EVENTS)[1]!.headers["last-event-id"], "live-7-1");
+});
+
+test("a follow with text that polls yields states only", { timeout: 5_000 }, async (t) => {
+  const { client } = await serve(t, {
+    [EVENTS]: (_req, res) => {
+      res.writeHead(200, { "content-type": "text/plain" }).end("a proxy's page");
+    },
+    [STATUS]: (_req, res, nth) => json(res, 200, [RUNNING, COMPLETED][nth] ?? COMPLETED),
+  });
+  assert.deepEqual(await updates(client.follow(TASK, { text: true })), ["status running", 'status completed "hi there"']);
 });

@@ -1,4 +1,5 @@
-// The demo chat page: Send, Stop, Regenerate, and each reply's state as the server records it.
+// The demo chat page: Send, Stop, Regenerate, and each reply's state as the server records it,
+// its text shown as it is written (marked `data-streaming` until the saved reply replaces it).
 // After a reload, or in another tab (`?conversation=<id>`), the conversation is read back from
 // the server's listing; a press still unanswered at the reload is resumed under its own key by
 // the client. Nothing here guesses a state: every badge is a state the server sent.
@@ -6,7 +7,7 @@
 // Served by a product's own server (`/demo/config.json` says where replyd is), the page signs
 // in as an end user and holds only that user's short-lived token, asking the product again when
 // it runs out; served by replyd itself, it takes an API key, for a developer's own trials.
-import { ProblemError, ReplydClient } from "@replyd/client";
+import { ProblemError, ReplydClient, isTerminal, } from "@replyd/client";
 const STATE = "replyd.demo.conversation";
 const KEY = "replyd.demo.key";
 const USER = "replyd.demo.user";
@@ -158,7 +159,7 @@ function replyNode(turn, taskId) {
     if (existing)
         return existing;
     const node = element("div", { class: "reply", "data-task-id": taskId, "data-status": "pending" });
-    node.append(element("span", { class: "status" }, "still processing"), element("p", { class: "text" }), element("p", { class: "meta" }));
+    node.append(element("span", { class: "status" }, "still processing"), element("span", { class: "note" }), element("p", { class: "text" }), element("p", { class: "meta" }));
     replies.append(node);
     return node;
 }
@@ -169,14 +170,26 @@ const BADGE = {
     failed: "failed",
     cancelled: "stopped",
 };
+/** Marks a reply as still being written, or no longer. */
+function writing(node, on) {
+    node.toggleAttribute("data-streaming", on);
+    node.setAttribute("aria-busy", String(on));
+}
 function show(turn, view) {
     const node = replyNode(turn, view.task_id);
     node.dataset.status = view.status;
     node.querySelector(".status").textContent = BADGE[view.status];
-    node.querySelector(".text").textContent = view.reply ?? view.failure ?? "";
+    const finished = isTerminal(view.status);
+    // A text being written stays; otherwise the bubble holds the saved reply (in place of the
+    // written text), the failure, or nothing (not written yet, stopped, or waiting to retry).
+    if (view.status !== "running" || !node.hasAttribute("data-streaming")) {
+        writing(node, false);
+        node.querySelector(".text").textContent = view.reply ?? view.failure ?? "";
+    }
+    if (finished)
+        node.querySelector(".note").textContent = "";
     const meta = node.querySelector(".meta");
     meta.textContent = `attempt ${view.attempts} of ${view.max_attempts} · task ${view.task_id.slice(0, 8)}`;
-    const finished = view.status === "completed" || view.status === "failed" || view.status === "cancelled";
     const stopButton = node.querySelector("button.stop");
     if (finished) {
         stopButton?.remove();
@@ -190,6 +203,25 @@ function show(turn, view) {
         const stop = element("button", { type: "button", class: "secondary stop" }, "Stop");
         stop.addEventListener("click", () => void cancel(turn, view.task_id, stop));
         node.append(stop);
+    }
+}
+/** The running attempt's text as it grows, or its withdrawal (it will not be saved). */
+function live(turn, taskId, update) {
+    const node = replyNode(turn, taskId);
+    // A piece that comes after Stop (or after the saved reply) is not the answer.
+    if (isTerminal(node.dataset.status))
+        return;
+    const text = node.querySelector(".text");
+    const note = node.querySelector(".note");
+    if (update.kind === "text") {
+        text.textContent = update.text;
+        note.textContent = "";
+        writing(node, true);
+    }
+    else {
+        text.textContent = "";
+        writing(node, false);
+        note.textContent = update.reason === "superseded" || update.reason === "retrying" ? "retrying…" : "";
     }
 }
 /** Stop: the task ends cancelled, unless its reply was saved first (then the reply shows). */
@@ -217,12 +249,17 @@ async function follow(turn, taskId) {
     followed.add(taskId);
     replyNode(turn, taskId);
     try {
-        for await (const view of client.follow(taskId))
-            show(turn, view);
+        for await (const update of client.follow(taskId, { text: true })) {
+            if (update.kind === "status")
+                show(turn, update.view);
+            else
+                live(turn, taskId, update);
+        }
     }
     catch (error) {
         followed.delete(taskId);
         const node = replyNode(turn, taskId);
+        writing(node, false);
         node.dataset.status = "unknown";
         node.querySelector(".status").textContent = "unknown";
         node.querySelector(".text").textContent = explain(error).text;
