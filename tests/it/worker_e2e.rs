@@ -671,7 +671,11 @@ async fn rebalance_one_two_one_under_the_consumer_protocol() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zombie_stopped_past_its_lease_and_session_is_fenced_when_it_returns() {
+    // Whole answers: the zombie wakes with its reply in hand and tries to save it. A streamed
+    // answer is still being read when its renewal is refused, which ends the call before it
+    // can try (`live::a_zombie_whose_stream_resumes_…`).
     let config = WorkerConfig {
+        stream: false,
         lease_ms: 2_000,
         renew_interval_ms: 500,
         drain_timeout_ms: 1_000,

@@ -29,6 +29,12 @@
 //! have done the work: the design's rule for a Stop, and the one release the I8 property
 //! excuses, by name, so that no other release hides behind it.
 //!
+//! While its call runs, a worker may write pieces of the call's text for the task's followers
+//! (`Action::LivePiece`, migration V26). The piece's insert is guarded by the assignment and
+//! the status only; the model checks that this is enough for followers never to be shown, as
+//! the current attempt's, text from an assignment a claim or a Stop has superseded, or after
+//! the task ended or was forgotten. An accepted piece changes no state the protocol reads.
+//!
 //! The clock and the number of crashes and stalls are bounded, so the state space is finite and
 //! the breadth-first search visits all of it.
 //!
@@ -392,6 +398,10 @@ struct History {
     /// The workers, one bit each, whose completion was refused as cancelled while they held
     /// the assignment the Stop superseded: their call was in flight when the Stop came.
     completion_refused_by_cancel: u8,
+    /// A piece of live text was accepted from an assignment that is not the row's, or after
+    /// the task ended, was stopped or was forgotten: followers would be shown text as the
+    /// current attempt's that can never be saved.
+    piece_out_of_turn: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -450,6 +460,10 @@ enum Action {
     },
     /// `replyd_cancel` (V23): the user presses Stop.
     Cancel,
+    /// `replyd_live_append` (V26): the worker writes a piece of its call's text for the task's
+    /// followers, accepted only while its assignment is the row's and running. It changes
+    /// nothing a claim or a write reads: only what the followers are shown.
+    LivePiece(WorkerId),
 }
 
 /// The database clock as the timestamps the fencing functions compare.
@@ -935,6 +949,7 @@ impl Model for LeaseProtocol {
                 Phase::Idle | Phase::Redelivered => actions.push(Action::Claim(id)),
                 Phase::Calling { .. } => {
                     actions.push(Action::Renew(id));
+                    actions.push(Action::LivePiece(id));
                     actions.push(Action::FinishCall(id));
                     for retryable in [true, false].into_iter().filter(|_| self.call_failures) {
                         for ran in [true, false] {
@@ -986,6 +1001,22 @@ impl Model for LeaseProtocol {
                     return None;
                 };
                 self.renew(&mut state, id, version);
+            }
+            Action::LivePiece(id) => {
+                let Phase::Calling { version } = state.workers[usize::from(id)].phase else {
+                    return None;
+                };
+                // The insert's guard, as V26 writes it: the assignment and the status, no
+                // clock (a piece of a lapsed lease not yet taken over is still the current
+                // attempt's text). A refused piece stops the forwarding, not the call.
+                let accepted = state.presence.row_exists()
+                    && state.row.assignment_version == version
+                    && state.row.status == TaskStatus::Running;
+                if accepted {
+                    state.history.piece_out_of_turn |= state.row.status.is_terminal()
+                        || state.history.cancelled
+                        || state.presence.ever_forgotten();
+                }
             }
             Action::FinishCall(id) => {
                 let worker = &mut state.workers[usize::from(id)];
@@ -1119,6 +1150,10 @@ impl Model for LeaseProtocol {
                         .iter()
                         .all(|a| a.version == a.current_version)
                 },
+            ),
+            Property::always(
+                "live text: no piece is shown as the current attempt's from a superseded assignment, or after the task ended, was stopped or was forgotten",
+                |_, s: &State| !s.history.piece_out_of_turn,
             ),
             Property::always(ZOMBIE_ACCEPTED, |_, s: &State| {
                 s.history

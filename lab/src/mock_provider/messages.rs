@@ -30,7 +30,7 @@ use super::server::{
     token_cost,
 };
 use super::sse::stream_answer;
-use super::stream::{Message, Usage, anthropic_error_event, anthropic_events, course};
+use super::stream::{Message, Usage, anthropic_error_event, anthropic_events, course, error_type};
 
 /// The `anthropic-version` values the mock serves: the ones Anthropic documents.
 pub const KNOWN_VERSIONS: &[&str] = &["2023-06-01", "2023-01-01"];
@@ -246,22 +246,6 @@ pub(super) fn refuse_headers(headers: &HeaderMap) -> Option<Response> {
             &format!("anthropic-version: unknown version `{version}`"),
         )),
         Some(_) => None,
-    }
-}
-
-/// Anthropic's error type for a status, as its documentation lists them.
-pub fn error_type(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        401 => "authentication_error",
-        402 => "billing_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        529 => "overloaded_error",
-        // 400 and the 4xx statuses Anthropic does not list.
-        400..=499 => "invalid_request_error",
-        _ => "api_error",
     }
 }
 

@@ -32,6 +32,8 @@
 pub mod background;
 pub mod behaviour;
 pub mod capacity;
+#[cfg(test)]
+mod http_tests;
 mod messages;
 mod models;
 mod server;

@@ -15,7 +15,6 @@ use axum::http::StatusCode;
 use serde_json::{Value, json};
 
 use super::behaviour::Fault;
-use super::messages::error_type;
 
 /// The message OpenAI sends in an error event mid-stream, and in a response that failed so.
 pub const OPENAI_STREAM_ERROR: &str =
@@ -353,6 +352,22 @@ pub fn anthropic_error_event(status: u16) -> Event {
         &json!({ "type": "error", "error": { "type": kind, "message": message } }),
         Part::Tail,
     )
+}
+
+/// Anthropic's error type for a status, as its documentation lists them.
+pub fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 => "overloaded_error",
+        // 400 and the 4xx statuses Anthropic does not list.
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
+    }
 }
 
 #[cfg(test)]

@@ -56,6 +56,9 @@ pub struct WorkerConfig {
     pub static_membership: bool,
     /// `sqs.visibility_timeout_seconds` of a test on SQS ([`TestApp::start_on_sqs`]).
     pub sqs_visibility_seconds: u32,
+    /// `provider.stream`: streamed answers (the default), or whole ones for a test about how
+    /// a whole answer is waited for.
+    pub stream: bool,
 }
 
 impl Default for WorkerConfig {
@@ -83,6 +86,7 @@ impl Default for WorkerConfig {
             extra_toml: String::new(),
             static_membership: false,
             sqs_visibility_seconds: 6,
+            stream: true,
         }
     }
 }
@@ -292,6 +296,7 @@ base_url = "{mock}"
 request_timeout_ms = {timeout}
 api = "{api}"
 poll_interval_ms = 100
+stream = {stream}
 
 [retry]
 base_delay_ms = {retry_base}
@@ -319,6 +324,7 @@ listen = "127.0.0.1:0"
                 ""
             },
             sqs = self.sqs_toml(),
+            stream = c.stream,
             url = self.worker_database_url(),
             commit = c.commit_interval_ms,
             kafka_toml = routes.kafka_toml.as_deref().unwrap_or_default(),
