@@ -26,16 +26,19 @@
 //!
 //! The decisions (fault, latency, reply text) live in [`behaviour`], the limits in
 //! [`capacity`], the background responses' state machine and event log in [`background`], the
-//! streams' events and breaks in [`stream`], all pure; the routes and state in `server`, the
-//! sending of streams in `sse`; this file starts and stops the server.
+//! streams' events and breaks in [`stream`], all pure; the shared state and the mock's own
+//! routes in `server`, the generating routes in `chat`, `responses` and `messages`, the
+//! sending of streams in `sse`; this file starts and stops the server and wires the routes.
 
 pub mod background;
 pub mod behaviour;
 pub mod capacity;
+mod chat;
 #[cfg(test)]
 mod http_tests;
 mod messages;
 mod models;
+mod responses;
 mod server;
 pub mod settings;
 mod sse;
@@ -110,6 +113,18 @@ pub async fn spawn(settings: MockSettings, listen: SocketAddr) -> std::io::Resul
     let (stop, stopped) = watch::channel(false);
     let state = Arc::new(MockState::new(settings, stopped.clone()));
     let app = server::routes()
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(chat::chat_completions),
+        )
+        .route(
+            "/v1/responses",
+            axum::routing::post(responses::create_response),
+        )
+        .route(
+            "/v1/responses/{id}",
+            axum::routing::get(responses::get_response),
+        )
         .route(
             "/v1/messages",
             axum::routing::post(messages::create_message),

@@ -1,9 +1,11 @@
-//! The mock provider's HTTP routes and shared state: the OpenAI-compatible chat endpoint with
-//! its idempotency store, the background responses endpoints around the pure
-//! [`ResponseBook`], Anthropic's messages endpoint (in `super::messages`), the capacity limits
-//! around the pure [`Capacity`], the counters behind
-//! `/stats`, and the run-time fault switch. A request with `"stream": true` is answered by
-//! `super::sse` with the events of `super::stream` (or the response's own log).
+//! The mock provider's shared state and what its routes share: the idempotency store, the
+//! background responses' [`ResponseBook`], the capacity limits around the pure [`Capacity`],
+//! the counters behind `/stats`, the run-time fault switch, and the faults, answers and
+//! generation every route uses. The generating routes are in files of their own (the chat
+//! endpoint in `super::chat`, the background responses in `super::responses`, Anthropic's
+//! messages in `super::messages`): a request with `"stream": true` is answered by `super::sse`
+//! with the events of `super::stream` (or the response's own log), and `super::sse` depends on
+//! this file.
 //!
 //! The counters are what the tests and the chaos harness check I6 against: `generations` per key
 //! is the number of replies the provider "billed" for that task, through either API. The
@@ -16,29 +18,21 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::background::{
-    Creation, Output, Replay, ResponseBook, ResponseState, connection_fault, generation_failure,
-    not_streamable_body, parse_create, parse_resume, response_object,
-};
+use super::background::{Replay, ResponseBook};
 use super::behaviour::{
-    Fault, FaultRng, choose_fault, count_tokens, latency_directive, reply_chars_directive,
-    reply_text, sample_latency,
+    Fault, FaultRng, choose_fault, count_tokens, reply_chars_directive, reply_text, sample_latency,
 };
 use super::capacity::{Admission, Capacity, Limit, limit_headers, refusal_body};
 use super::settings::{DEFAULT_MAX_OUTPUT_TOKENS, FaultSettings, MockSettings};
-use super::sse::{follow_response, stream_answer};
-use super::stream::{
-    ChatCompletion, OPENAI_STREAM_ERROR, StreamEnd, Usage, chat_error_event, chat_events,
-    chunk_text, course,
-};
+use super::stream::{ChatCompletion, StreamEnd};
 
 /// What `GET /stats` answers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,8 +163,8 @@ pub const TRACEPARENTS_KEPT: usize = 32;
 /// maximum move with the limiter's; `responses` before `live`, so a streamed response is
 /// watched from its creation.
 pub(crate) struct MockState {
-    settings: MockSettings,
-    faults: Mutex<FaultSettings>,
+    pub(super) settings: MockSettings,
+    pub(super) faults: Mutex<FaultSettings>,
     rng: Mutex<FaultRng>,
     capacity: Mutex<Capacity>,
     /// The admissions per second, as `/stats` answers them (a copy goes into each snapshot).
@@ -178,12 +172,12 @@ pub(crate) struct MockState {
     /// The mock's clock for the limits and the retention: monotonic, so a wall-clock step
     /// cannot let a burst through.
     started: Instant,
-    stats: Mutex<StatsSnapshot>,
-    keys: Mutex<HashMap<String, KeyState>>,
-    responses: Mutex<ResponseBook>,
+    pub(super) stats: Mutex<StatsSnapshot>,
+    pub(super) keys: Mutex<HashMap<String, KeyState>>,
+    pub(super) responses: Mutex<ResponseBook>,
     /// The streamed background responses still generating, by id: each value moves with every
     /// event the response records, which wakes the streams that follow it.
-    live: Mutex<HashMap<String, watch::Sender<u64>>>,
+    pub(super) live: Mutex<HashMap<String, watch::Sender<u64>>>,
     traceparents: Mutex<HashMap<String, Vec<String>>>,
     shutdown: watch::Receiver<bool>,
 }
@@ -191,12 +185,12 @@ pub(crate) struct MockState {
 /// A finished chat reply: the exact bytes sent whole, stored so a replay is identical, and the
 /// completion they tell, which a stream sends in pieces (a replay too).
 #[derive(Clone)]
-struct Reply {
-    body: Bytes,
-    completion: Arc<ChatCompletion>,
+pub(super) struct Reply {
+    pub(super) body: Bytes,
+    pub(super) completion: Arc<ChatCompletion>,
 }
 
-enum KeyState {
+pub(super) enum KeyState {
     /// The first request with this key is generating; later ones wait on this.
     InFlight(watch::Receiver<Option<Reply>>),
     Done(Reply),
@@ -262,7 +256,7 @@ impl MockState {
     }
 
     /// Changes response `id` in the book, waking the streams that follow it.
-    fn record<R>(&self, id: &str, change: impl FnOnce(&mut ResponseBook) -> R) -> R {
+    pub(super) fn record<R>(&self, id: &str, change: impl FnOnce(&mut ResponseBook) -> R) -> R {
         let changed = change(&mut lock(&self.responses));
         if let Some(live) = lock(&self.live).get(id) {
             live.send_modify(|events| *events += 1);
@@ -293,7 +287,7 @@ impl MockState {
     }
 
     /// The mock's age: the clock of the limits and the retention.
-    fn now(&self) -> Duration {
+    pub(super) fn now(&self) -> Duration {
         self.started.elapsed()
     }
 
@@ -446,19 +440,17 @@ pub(super) fn token_cost<'a>(
 
 /// Poisoning only means another request panicked mid-update of plain counters; the data is still
 /// usable, and a mock that stops answering would hide the real failure.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The OpenAI routes and the mock's own (`/stats`, `/faults`, `/healthz`); Anthropic's
-/// messages route is added beside them by the caller (`super::messages`).
+/// The mock's own routes (`/stats`, `/faults`, `/healthz`) and the fallback. The generating
+/// routes are added beside them by the caller (`super::chat`, `super::responses`,
+/// `super::messages`): they stream through `super::sse`, which depends on this file.
 pub(crate) fn routes() -> Router<Arc<MockState>> {
     Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/responses", post(create_response))
-        .route("/v1/responses/{id}", get(get_response))
         .route("/stats", get(stats))
         .route("/stats/{key}", get(key_stats))
         .route("/faults", get(get_faults).put(put_faults))
@@ -525,7 +517,7 @@ impl ChatRequest {
     }
 
     /// Whether a stream ends with a usage chunk.
-    fn include_usage(&self) -> bool {
+    pub(super) fn include_usage(&self) -> bool {
         self.stream_options
             .as_ref()
             .and_then(|options| options.include_usage)
@@ -543,20 +535,6 @@ pub(super) struct StreamOptions {
 pub(super) struct ChatRequestMessage {
     pub(super) role: String,
     pub(super) content: String,
-}
-
-fn parse_request(body: &[u8]) -> Result<ChatRequest, String> {
-    let request: ChatRequest =
-        serde_json::from_slice(body).map_err(|e| format!("invalid request body: {e}"))?;
-    if request.messages.is_empty() {
-        return Err("'messages' must contain at least one message".into());
-    }
-    if request.stream_options.is_some() && !request.streamed() {
-        return Err(
-            "The 'stream_options' parameter is only allowed when 'stream' is enabled.".into(),
-        );
-    }
-    Ok(request)
 }
 
 /// Counts a chat request in and out of `in_flight`. Dropped without [`InFlight::answered`] (or,
@@ -601,62 +579,6 @@ impl Drop for InFlight {
             stats.cancelled += 1;
         }
     }
-}
-
-async fn chat_completions(
-    State(state): State<Arc<MockState>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let in_flight = InFlight::enter(&state);
-    let request = match parse_request(&body) {
-        Ok(request) => request,
-        Err(message) => {
-            return in_flight.answered(openai_error(StatusCode::BAD_REQUEST, &message));
-        }
-    };
-    let key = idempotency_key(&headers);
-    state.note_traceparent(key.as_deref(), &headers);
-    let cost = token_cost(
-        request.messages.iter().map(|m| m.content.as_str()),
-        request.max_tokens.or(request.max_completion_tokens),
-    );
-    let admitted = match state.admit(cost) {
-        Ok(admitted) => admitted,
-        Err(refusal) => return in_flight.answered(*refusal),
-    };
-
-    let (fault, latency) = state.draw();
-    let fault = fault.for_answer(request.streamed());
-    let latency =
-        latency_directive(request.messages.iter().map(|m| m.content.as_str())).unwrap_or(latency);
-    if let Err(response) = apply_fault_before_work(&state, fault).await {
-        return in_flight.answered(admitted.decorate(response));
-    }
-
-    let streamed = request.streamed().then(|| request.include_usage());
-    let work = {
-        let state = Arc::clone(&state);
-        async move {
-            match key {
-                Some(key) if state.settings.honour_idempotency_key => {
-                    reply_once(&state, key, &request, latency).await
-                }
-                key => generate(&state, key.as_deref(), &request, latency).await,
-            }
-        }
-    };
-    if let Some(include_usage) = streamed {
-        let chunk_chars = state.stream_chunk_chars();
-        return stream_answer(&state, admitted, in_flight, work, move |reply: Reply| {
-            let events = chat_events(&reply.completion, include_usage, chunk_chars);
-            course(events, fault, |_| chat_error_event())
-        });
-    }
-    let Ok(reply) = finish_unless_asked(&state, work).await else {
-        return in_flight.answered(admitted.decorate(shutting_down()));
-    };
-    in_flight.answered(admitted.decorate(answer(fault, reply.body)))
 }
 
 /// Runs a generation to its end even when the client goes away (the handler's future is then
@@ -730,313 +652,6 @@ pub(super) fn answer(fault: Fault, body: Bytes) -> Response {
     }
 }
 
-/// The answer of a provider without background responses (`background_responses = false`).
-fn no_background_responses() -> Response {
-    openai_error(
-        StatusCode::NOT_FOUND,
-        "no such route: this provider has no background responses",
-    )
-}
-
-/// `POST /v1/responses`: validates the body, draws a fault, then creates a response (or finds
-/// the key's earlier one) and answers its object at once, `queued` when new. The generation runs
-/// in a spawned task, so it goes on whatever happens to this answer: with `DropAfterWork` the
-/// response exists and is generating but the client never learns its id.
-///
-/// With `"stream": true` the answer is the response's event stream instead, from its
-/// `response.created` on; a cut or a stall breaks that connection only (the response goes on,
-/// to be resumed with `GET /v1/responses/{id}?stream=true&starting_after=N`), a stream error
-/// makes the response fail. A key's earlier response is streamed from its start, or refused
-/// 400 if it was not created streaming.
-async fn create_response(
-    State(state): State<Arc<MockState>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    lock(&state.stats).create_requests += 1;
-    if !state.settings.background_responses {
-        return no_background_responses();
-    }
-    let request = match parse_create(&body) {
-        Ok(request) => request,
-        Err(message) => return openai_error(StatusCode::BAD_REQUEST, &message),
-    };
-    let streamed = request.streamed();
-    let key = idempotency_key(&headers);
-    state.note_traceparent(key.as_deref(), &headers);
-    let cost = token_cost(
-        request.input.iter().map(|m| m.content.as_str()),
-        request.max_output_tokens,
-    );
-    let admitted = match state.admit(cost) {
-        Ok(admitted) => admitted,
-        Err(refusal) => return *refusal,
-    };
-    let (fault, latency) = state.draw();
-    let fault = fault.for_answer(streamed);
-    let latency =
-        latency_directive(request.input.iter().map(|m| m.content.as_str())).unwrap_or(latency);
-    if let Err(response) = apply_fault_before_work(&state, fault).await {
-        return admitted.decorate(response);
-    }
-
-    let model = request.model.clone().unwrap_or_else(|| "mock-model".into());
-    let now = state.now();
-    let (creation, object, has_stream) = {
-        let mut book = lock(&state.responses);
-        let creation = book.create(
-            key.as_deref(),
-            state.settings.honour_idempotency_key,
-            &model,
-            streamed,
-            now,
-        );
-        let (Creation::New(id) | Creation::Existing(id)) = &creation;
-        // Rendered under the same lock as the create, so a new response is answered `queued`
-        // even if its generation starts before this answer is sent.
-        let (object, has_stream) = book
-            .get(id, now)
-            .map(|entry| (response_object(id, entry), entry.events.is_some()))
-            .expect("the book holds the response it just created or found");
-        if let Creation::New(id) = &creation
-            && streamed
-        {
-            // Before the stream that follows it and the generation that records it start.
-            lock(&state.live).insert(id.clone(), watch::channel(0).0);
-        }
-        (creation, object, has_stream)
-    };
-    let response = match (&creation, streamed) {
-        (_, false) => answer(fault, Bytes::from(object.to_string())),
-        (Creation::Existing(_), true) if !has_stream => not_streamable(),
-        (Creation::New(id) | Creation::Existing(id), true) => {
-            follow_response(&state, id.clone(), 0, connection_fault(fault))
-        }
-    };
-    let response = admitted.decorate(response);
-    if let Creation::New(id) = creation {
-        lock(&state.stats).responses_created += 1;
-        let chat = ChatRequest {
-            model: request.model,
-            messages: request
-                .input
-                .into_iter()
-                .map(|m| ChatRequestMessage {
-                    role: m.role,
-                    content: m.content,
-                })
-                .collect(),
-            max_tokens: request.max_output_tokens,
-            max_completion_tokens: None,
-            // The response's stream is its own, recorded by `run_background`.
-            stream: None,
-            stream_options: None,
-        };
-        let pace = streamed.then(|| Pace {
-            chunk_chars: state.stream_chunk_chars(),
-            interval: state.stream_chunk_interval(),
-            fails_after: generation_failure(fault),
-        });
-        tokio::spawn(run_background(
-            Arc::clone(&state),
-            id,
-            key,
-            chat,
-            latency,
-            admitted,
-            pace,
-        ));
-    }
-    response
-}
-
-/// How a streamed response's generation records its text: in deltas of `chunk_chars` with
-/// `interval` between them, failing after `fails_after` deltas when a stream error struck.
-struct Pace {
-    chunk_chars: usize,
-    interval: Duration,
-    fails_after: Option<usize>,
-}
-
-/// The generation of one background response: `in_progress`, the latency, then `completed`
-/// (counted like a chat generation, under the key), or `failed` if the mock shuts down first.
-/// A streamed one records its text in deltas at its `pace` in between. The create's admission
-/// is held until the generation ends: it is in progress till then.
-async fn run_background(
-    state: Arc<MockState>,
-    id: String,
-    key: Option<String>,
-    request: ChatRequest,
-    latency: Duration,
-    admitted: Admitted,
-    pace: Option<Pace>,
-) {
-    state.record(&id, |book| book.begin(&id));
-    let end = match produce(&state, key.as_deref(), &request, latency).await {
-        Ok(produced) => match &pace {
-            Some(pace) => record_text(&state, &id, produced, pace).await,
-            None => ResponseState::Completed(output(produced)),
-        },
-        Err(ShuttingDown) => shut_down_before_done(),
-    };
-    state.record(&id, |book| book.finish(&id, end, state.now()));
-    lock(&state.live).remove(&id);
-    drop(admitted);
-}
-
-/// Records a streamed response's text at its pace; how its generation ends.
-async fn record_text(
-    state: &MockState,
-    id: &str,
-    produced: Produced,
-    pace: &Pace,
-) -> ResponseState {
-    state.record(id, |book| book.open_text(id));
-    let pieces = chunk_text(&produced.text, pace.chunk_chars);
-    let sent = pace
-        .fails_after
-        .map_or(pieces.len(), |after| after.min(pieces.len()));
-    for (n, piece) in pieces[..sent].iter().enumerate() {
-        if n > 0 && state.pause(pace.interval).await.is_err() {
-            return shut_down_before_done();
-        }
-        state.record(id, |book| book.delta(id, piece));
-    }
-    if pace.fails_after.is_some() {
-        return ResponseState::Failed {
-            message: OPENAI_STREAM_ERROR.into(),
-        };
-    }
-    ResponseState::Completed(output(produced))
-}
-
-fn output(produced: Produced) -> Output {
-    Output {
-        text: produced.text,
-        model: produced.model,
-        input_tokens: produced.prompt_tokens,
-        output_tokens: produced.completion_tokens,
-    }
-}
-
-fn shut_down_before_done() -> ResponseState {
-    ResponseState::Failed {
-        message: "mock provider shut down before the response was done".into(),
-    }
-}
-
-/// `GET /v1/responses/{id}`: the response object as it is now; 404 for an unknown id. Faults
-/// apply as to any request; `DropAfterWork` loses this poll's answer, not the response.
-///
-/// With `?stream=true` (and `starting_after=N`), the response's events after sequence number N
-/// (all of them without it), then the live ones until it ends, as OpenAI's resume does; 400 for
-/// a response not created streaming. A cut or a stall breaks this connection only; a stream
-/// error is no fault here (a resume only reads the response).
-async fn get_response(
-    State(state): State<Arc<MockState>>,
-    Path(id): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Response {
-    if !state.settings.background_responses {
-        return no_background_responses();
-    }
-    lock(&state.stats).responses_polled += 1;
-    let resume = match parse_resume(&query) {
-        Ok(resume) => resume,
-        Err(message) => return openai_error(StatusCode::BAD_REQUEST, &message),
-    };
-    let (fault, _latency) = state.draw();
-    let fault = fault.for_answer(resume.is_some());
-    if let Err(response) = apply_fault_before_work(&state, fault).await {
-        return response;
-    }
-    let now = state.now();
-    let found = lock(&state.responses)
-        .get(&id, now)
-        .map(|entry| (response_object(&id, entry), entry.events.is_some()));
-    match (found, resume) {
-        (None, _) => openai_error(
-            StatusCode::NOT_FOUND,
-            &format!("No response found with id '{id}'."),
-        ),
-        (Some((object, _)), None) => answer(fault, Bytes::from(object.to_string())),
-        (Some((_, false)), Some(_)) => not_streamable(),
-        (Some((_, true)), Some(from)) => follow_response(&state, id, from, connection_fault(fault)),
-    }
-}
-
-/// OpenAI's refusal to stream a response created without `stream: true`.
-fn not_streamable() -> Response {
-    (StatusCode::BAD_REQUEST, axum::Json(not_streamable_body())).into_response()
-}
-
-/// The reply stored under `key`, generating it only if no request with this key has: a request
-/// that finds the first one still in flight waits for it and returns the same bytes.
-async fn reply_once(
-    state: &MockState,
-    key: String,
-    request: &ChatRequest,
-    latency: Duration,
-) -> Result<Reply, ShuttingDown> {
-    // Bounded by the number of leaders that are cancelled before finishing; each pass either
-    // returns, waits for a leader, or becomes the leader.
-    let leader = loop {
-        let waiting = {
-            let mut keys = lock(&state.keys);
-            match keys.get(&key) {
-                Some(KeyState::Done(reply)) => return Ok(reply.clone()),
-                Some(KeyState::InFlight(rx)) => rx.clone(),
-                None => {
-                    let (tx, rx) = watch::channel(None);
-                    keys.insert(key.clone(), KeyState::InFlight(rx));
-                    break tx;
-                }
-            }
-        };
-        let mut waiting = waiting;
-        if let Ok(reply) = waiting.wait_for(Option::is_some).await {
-            // `wait_for` only returns once the value is `Some`.
-            return Ok(reply.clone().expect("waited for Some"));
-        }
-        // The leader was dropped (its client went away) before finishing: its guard removed
-        // the entry, so the next pass finds no entry or a new leader.
-    };
-    let mut guard = LeaderGuard {
-        state,
-        key: &key,
-        leader: Some(leader),
-    };
-    let reply = generate(state, Some(&key), request, latency).await?;
-    guard.complete(reply.clone());
-    Ok(reply)
-}
-
-/// Removes an unfinished in-flight entry when its leader is dropped, so the waiters (woken by
-/// the dropped sender) start over instead of waiting forever.
-struct LeaderGuard<'a> {
-    state: &'a MockState,
-    key: &'a str,
-    leader: Option<watch::Sender<Option<Reply>>>,
-}
-
-impl LeaderGuard<'_> {
-    fn complete(&mut self, reply: Reply) {
-        // Store before waking the waiters, so a waiter that starts over finds `Done`.
-        lock(&self.state.keys).insert(self.key.to_owned(), KeyState::Done(reply.clone()));
-        if let Some(leader) = self.leader.take() {
-            leader.send_replace(Some(reply));
-        }
-    }
-}
-
-impl Drop for LeaderGuard<'_> {
-    fn drop(&mut self) {
-        if self.leader.is_some() {
-            lock(&self.state.keys).remove(self.key);
-        }
-    }
-}
-
 /// What one generation produced, before either API wraps it.
 pub(super) struct Produced {
     pub(super) generation: u64,
@@ -1082,58 +697,6 @@ pub(super) async fn produce(
         model: request.model.as_deref().unwrap_or("mock-model").to_owned(),
         prompt_tokens,
         completion_tokens,
-    })
-}
-
-/// A chat generation: [`produce`], wrapped as a chat completion.
-async fn generate(
-    state: &MockState,
-    key: Option<&str>,
-    request: &ChatRequest,
-    latency: Duration,
-) -> Result<Reply, ShuttingDown> {
-    let Produced {
-        generation,
-        text,
-        model,
-        prompt_tokens,
-        completion_tokens,
-    } = produce(state, key, request, latency).await?;
-    let created = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let usage = Usage {
-        input_tokens: prompt_tokens,
-        output_tokens: completion_tokens,
-    };
-    let completion = ChatCompletion {
-        id: format!("chatcmpl-mock-{generation}"),
-        created,
-        model,
-        text,
-        usage: (!lock(&state.faults).omit_usage).then_some(usage),
-    };
-    let mut body = json!({
-        "id": completion.id,
-        "object": "chat.completion",
-        "created": completion.created,
-        "model": completion.model,
-        "choices": [{
-            "index": 0,
-            "message": { "role": "assistant", "content": completion.text },
-            "finish_reason": "stop",
-        }],
-    });
-    if let Some(usage) = completion.usage {
-        body["usage"] = json!({
-            "prompt_tokens": usage.input_tokens,
-            "completion_tokens": usage.output_tokens,
-            "total_tokens": usage.input_tokens + usage.output_tokens,
-        });
-    }
-    Ok(Reply {
-        body: Bytes::from(body.to_string()),
-        completion: Arc::new(completion),
     })
 }
 
@@ -1183,7 +746,7 @@ pub(super) fn shutting_down() -> Response {
 }
 
 /// An error in OpenAI's shape, so clients read the message where they read a real provider's.
-fn openai_error(status: StatusCode, message: &str) -> Response {
+pub(super) fn openai_error(status: StatusCode, message: &str) -> Response {
     let kind = match status.as_u16() {
         429 => "rate_limit_error",
         400..=499 => "invalid_request_error",
