@@ -26,6 +26,7 @@ mod provider_anthropic;
 mod provider_background;
 mod provider_failures;
 mod provider_http;
+mod provider_streams;
 mod quota;
 mod reconcile;
 mod secrets;
