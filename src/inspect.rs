@@ -143,7 +143,7 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "{:<2} {:<8} {:<21} {:<13} {:<33} {:<9} {:<27} {}{}",
+            "{:<2} {:<8} {:<21} {:<13} {:<33} {:<9} {:<27} {}{}{}",
             a.attempt_no,
             a.assignment_version,
             a.worker,
@@ -159,6 +159,10 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
                 |u| format!("{}+{}", u.prompt_tokens, u.completion_tokens)
             ),
             a.outcome.map_or("(open)", |o| o.as_str()),
+            // A streamed answer that ended without a reply, and how much of it came.
+            a.stream_end
+                .map(|(end, chars)| format!(" (stream {}, {chars} chars)", end.as_str()))
+                .unwrap_or_default(),
             a.detail
                 .as_deref()
                 .map(|d| format!(" — {d}"))

@@ -158,6 +158,14 @@ pub struct AttemptUsageView {
     pub prompt_tokens: Option<i64>,
     /// `null`: not reported.
     pub completion_tokens: Option<i64>,
+    /// How its streamed answer ended without a reply: `cut` (no final event: an ambiguous
+    /// call), `error` (an error event after the first tokens), `cancelled`, `fenced` (its lease
+    /// was lost); absent when it ended in a reply, was not streamed, or its worker died.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_end: Option<String>,
+    /// Characters of text the attempt had received when its stream so ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streamed_chars: Option<i32>,
 }
 
 impl UsageView {
@@ -175,6 +183,8 @@ impl UsageView {
                     outcome: a.outcome.map(|o| o.as_str().to_owned()),
                     prompt_tokens: a.usage.map(|u| u.prompt_tokens),
                     completion_tokens: a.usage.map(|u| u.completion_tokens),
+                    stream_end: a.stream_end.map(|(end, _)| end.as_str().to_owned()),
+                    streamed_chars: a.stream_end.map(|(_, chars)| chars),
                 })
                 .collect(),
         }

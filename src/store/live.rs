@@ -3,7 +3,7 @@
 //! not end in a reply. A hint for followers, never state: no claim, completion or check reads
 //! it.
 
-use replyd_core::domain::TaskId;
+use replyd_core::domain::{StreamEnd, TaskId};
 use replyd_core::provider::Usage;
 
 use super::{Store, StoreError};
@@ -38,30 +38,6 @@ pub fn parse_live_payload(payload: &str) -> Option<LivePiece> {
         seq,
         text: parts.next().unwrap_or("").to_owned(),
     })
-}
-
-/// How an attempt's streamed answer ended without a reply (`reply_attempts.stream_end`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamEnd {
-    /// Ended or stalled without the provider's final event.
-    Cut,
-    /// An error event after the first tokens.
-    Error,
-    /// Dropped by the worker: a Stop, a revoked partition, a stopping worker.
-    Cancelled,
-    /// Its lease was lost while it streamed.
-    Fenced,
-}
-
-impl StreamEnd {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StreamEnd::Cut => "cut",
-            StreamEnd::Error => "error",
-            StreamEnd::Cancelled => "cancelled",
-            StreamEnd::Fenced => "fenced",
-        }
-    }
 }
 
 impl Store {

@@ -12,8 +12,8 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use replyd_core::domain::{
-    AttemptOutcome, AttemptRecord, ProviderRan, RecordSource, StoredTask, TaskId, TaskSpec,
-    TokenUsage,
+    AttemptOutcome, AttemptRecord, ProviderRan, RecordSource, StoredTask, StreamEnd, TaskId,
+    TaskSpec, TokenUsage,
 };
 
 use replyd_core::lease::{ClaimOutcome, Lease, Refusal, classify_refusal};
@@ -468,7 +468,7 @@ impl Store {
             .query(
                 "SELECT attempt_no, assignment_version, worker, claimed_at, lease_until, \
                  finished_at, outcome, detail, prompt_tokens, completion_tokens, \
-                 source_partition, source_offset \
+                 source_partition, source_offset, stream_end, streamed_chars \
                  FROM reply_attempts WHERE task_id = $1 ORDER BY assignment_version",
                 &[&task_id.as_uuid()],
             )
@@ -502,6 +502,10 @@ impl Store {
                         (Some(partition), Some(offset)) => Some(RecordSource { partition, offset }),
                         _ => None,
                     },
+                    stream_end: r
+                        .get::<_, Option<&str>>(12)
+                        .and_then(StreamEnd::parse)
+                        .map(|end| (end, r.get::<_, Option<i32>>(13).unwrap_or(0))),
                 })
             })
             .collect()

@@ -22,13 +22,12 @@ use super::parking::{ParkedTasks, TaskWatch, WakeSource};
 use super::store_retry::{pause, with_retry};
 use crate::capacity::{self, Capacity};
 use crate::provider::{BackgroundProvider, Provider};
-use crate::store::live::StreamEnd;
 use crate::store::{
     CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, RenewOutcome, Store,
 };
 use crate::telemetry::{self, CallEnd, trace};
 use replyd_core::domain::{
-    AttemptOutcome, ProviderRan, RecordEnd, RecordSource, StoredTask, TaskId, TaskSpec,
+    AttemptOutcome, ProviderRan, RecordEnd, RecordSource, StoredTask, StreamEnd, TaskId, TaskSpec,
 };
 use replyd_core::lease::{ClaimOutcome, Lease, Refusal};
 use replyd_core::provider::{

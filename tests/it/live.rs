@@ -525,5 +525,17 @@ async fn a_provider_cut_mid_stream_is_an_ambiguous_call_whose_text_is_withdrawn_
     assert_eq!(end.as_deref(), Some("cut"));
     assert_eq!(chars, Some(20 * 12));
     assert_eq!(usage, (None, None), "not reported, never 0");
+    // And so the API shows it.
+    let usage = front.view(&task).await.usage.expect("a read shows usage");
+    let first = &usage.attempts[0];
+    assert_eq!(
+        (
+            first.stream_end.as_deref(),
+            first.streamed_chars,
+            first.prompt_tokens
+        ),
+        (Some("cut"), Some(20 * 12), None)
+    );
+    assert!(usage.unreported_attempts >= 1);
     assert_one_reply(&app).await;
 }

@@ -242,6 +242,17 @@ export interface components {
              * @description `null`: not reported.
              */
             prompt_tokens?: number | null;
+            /**
+             * @description How its streamed answer ended without a reply: `cut` (no final event: an ambiguous
+             *     call), `error` (an error event after the first tokens), `cancelled`, `fenced` (its lease
+             *     was lost); absent when it ended in a reply, was not streamed, or its worker died.
+             */
+            stream_end?: string | null;
+            /**
+             * Format: int32
+             * @description Characters of text the attempt had received when its stream so ended.
+             */
+            streamed_chars?: number | null;
         };
         /**
          * @description The body of `POST /v1/replies`: a JSON object. Every field is bound to the

@@ -262,6 +262,47 @@ pub struct AttemptRecord {
     /// The record this attempt's claim was made for; None for a claim made without one (an
     /// operator's, or a row written before V21).
     pub source: Option<RecordSource>,
+    /// How its streamed answer ended without a reply, and the characters of text it had
+    /// received (V26); None when it ended in a reply, was not streamed, or died with its
+    /// worker.
+    pub stream_end: Option<(StreamEnd, i32)>,
+}
+
+/// How an attempt's streamed answer ended without a reply (`reply_attempts.stream_end`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamEnd {
+    /// Ended or stalled without the provider's final event: an ambiguous call.
+    Cut,
+    /// An error event after the first tokens.
+    Error,
+    /// Dropped by the worker: a Stop, a revoked partition, a stopping worker.
+    Cancelled,
+    /// Its lease was lost while it streamed.
+    Fenced,
+}
+
+impl StreamEnd {
+    pub const ALL: [StreamEnd; 4] = [
+        StreamEnd::Cut,
+        StreamEnd::Error,
+        StreamEnd::Cancelled,
+        StreamEnd::Fenced,
+    ];
+
+    /// The column's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamEnd::Cut => "cut",
+            StreamEnd::Error => "error",
+            StreamEnd::Cancelled => "cancelled",
+            StreamEnd::Fenced => "fenced",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.as_str() == text)
+    }
 }
 
 impl AttemptRecord {
