@@ -34,7 +34,7 @@ use replyd::api::replies::Accepted;
 use replyd_core::api_key::issue;
 use replyd_lab::mock_provider::MockSettings;
 use replyd_lab::produce::{demo_task, malformed_record, producer, publish};
-use serde_json::json;
+use serde_json::{Value, json};
 
 const PARTITIONS: i32 = 6;
 const WORKERS: [&str; 3] = ["w1", "w2", "w3"];
@@ -199,6 +199,10 @@ struct Produced {
     stopped: Vec<replyd_core::domain::TaskId>,
     /// Stops that came too late: the reply was saved, or the task failed, first (`409`).
     stopped_too_late: Vec<replyd_core::domain::TaskId>,
+    /// Presses whose task's event stream was followed to its end, and what their followers
+    /// were shown of the live text.
+    followed: usize,
+    live: LiveCheck,
 }
 
 /// Tasks at a steady rate until `until`: half published to Kafka (a share `poison` of the
@@ -236,6 +240,7 @@ async fn produce_steadily(
                     // A user who presses Stop, at once or while the reply is written.
                     stop_after: (rng.f64() < 0.1)
                         .then(|| Duration::from_millis(rng.u64(0..=2_000))),
+                    follow: rng.f64() < 0.25,
                 };
                 presses.push(tokio::spawn(press.run()));
             } else {
@@ -273,11 +278,17 @@ async fn produce_steadily(
         unanswered: 0,
         stopped: Vec::new(),
         stopped_too_late: Vec::new(),
+        followed: 0,
+        live: LiveCheck::default(),
     };
     let mut tasks = HashSet::new();
     for press in presses {
         let pressed = press.await.unwrap();
         tasks.insert(pressed.task);
+        if let Some(live) = pressed.followed {
+            produced.followed += 1;
+            produced.live.add(live);
+        }
         produced.double_clicks += usize::from(pressed.double_clicked);
         produced.unanswered += pressed.unanswered;
         match pressed.stopped {
@@ -288,7 +299,74 @@ async fn produce_steadily(
     }
     // One task per key, whatever was asked again.
     assert_eq!(tasks.len(), produced.presses, "a task per press");
+    // Whatever died, stalled or restarted, no follower was shown a piece twice, out of order,
+    // or after its attempt's text was withdrawn, and every stream reached its task's end.
+    assert_eq!(
+        produced.live.violations,
+        Vec::<String>::new(),
+        "live text of {} followed presses",
+        produced.followed
+    );
     produced
+}
+
+/// What the followers of presses were shown of the live text, checked event by event.
+#[derive(Debug, Default)]
+struct LiveCheck {
+    pieces: usize,
+    withdrawals: usize,
+    /// Connections that ended or broke before the task's end and were opened again with
+    /// `Last-Event-ID`.
+    reconnects: usize,
+    violations: Vec<String>,
+    /// Per attempt of the followed task: the next piece's number, and whether its text was
+    /// withdrawn.
+    next: std::collections::HashMap<i64, i64>,
+    withdrawn: HashSet<i64>,
+}
+
+impl LiveCheck {
+    /// One event; true at the task's end.
+    fn event(&mut self, task: replyd_core::domain::TaskId, kind: &str, data: &Value) -> bool {
+        let version = data["assignment_version"].as_i64().unwrap_or(-1);
+        match kind {
+            "delta" => {
+                self.pieces += 1;
+                let seq = data["seq"].as_i64().unwrap_or(-1);
+                if self.withdrawn.contains(&version) {
+                    self.violations.push(format!(
+                        "{task}: piece {seq} of attempt {version} after its withdrawal"
+                    ));
+                }
+                let expected = self.next.entry(version).or_insert(1);
+                if seq != *expected {
+                    self.violations.push(format!(
+                        "{task}: piece {seq} of attempt {version} where {expected} was next"
+                    ));
+                }
+                *expected = seq + 1;
+                false
+            }
+            "withdrawn" => {
+                self.withdrawals += 1;
+                self.withdrawn.insert(version);
+                false
+            }
+            "status" => matches!(
+                data["status"].as_str(),
+                Some("completed" | "failed" | "cancelled")
+            ),
+            _ => false,
+        }
+    }
+
+    /// Adds one follower's counts to the scenario's.
+    fn add(&mut self, one: LiveCheck) {
+        self.pieces += one.pieces;
+        self.withdrawals += one.withdrawals;
+        self.reconnects += one.reconnects;
+        self.violations.extend(one.violations);
+    }
 }
 
 /// One press of Send, as a careful browser makes it.
@@ -300,6 +378,8 @@ struct Press {
     double_click: bool,
     /// Press Stop this long after the press was answered.
     stop_after: Option<Duration>,
+    /// Follow the task's event stream to its end, as the page does.
+    follow: bool,
 }
 
 struct Pressed {
@@ -308,6 +388,8 @@ struct Pressed {
     unanswered: usize,
     /// Whether Stop was pressed and cancelled the task (`Some(true)`), or came too late.
     stopped: Option<bool>,
+    /// What its follower was shown, when it was followed.
+    followed: Option<LiveCheck>,
 }
 
 impl Press {
@@ -338,19 +420,82 @@ impl Press {
                 assert!(again.replayed, "press {} again is a replay", self.key);
             }
         }
-        let stopped = match self.stop_after {
-            Some(after) => {
-                tokio::time::sleep(after).await;
-                Some(self.stop(first.task_id, limit).await)
+        let stopping = async {
+            match self.stop_after {
+                Some(after) => {
+                    tokio::time::sleep(after).await;
+                    Some(self.stop(first.task_id, limit).await)
+                }
+                None => None,
             }
-            None => None,
         };
+        let following = async {
+            if self.follow {
+                Some(self.follow(first.task_id, limit).await)
+            } else {
+                None
+            }
+        };
+        let (stopped, followed) = tokio::join!(stopping, following);
         Pressed {
             task: first.task_id,
             double_clicked: self.double_click,
             unanswered,
             stopped,
+            followed,
         }
+    }
+
+    /// Follows the task's event stream to its end, through the API's restarts and
+    /// PostgreSQL's outages: a stream that ends or breaks first is opened again with the id
+    /// of the last event seen.
+    async fn follow(&self, task: replyd_core::domain::TaskId, limit: Instant) -> LiveCheck {
+        let mut check = LiveCheck::default();
+        let mut last_id: Option<String> = None;
+        while Instant::now() < limit {
+            if let Some(addr) = self.app.api_addr(API) {
+                let mut request = self
+                    .client
+                    .get(format!("http://{addr}/v1/replies/{task}/events"))
+                    .bearer_auth(&self.token);
+                if let Some(id) = &last_id {
+                    request = request.header("Last-Event-ID", id);
+                }
+                if let Ok(mut response) = request.send().await
+                    && response.status().is_success()
+                {
+                    let mut buffer = String::new();
+                    // A stream says something (a keep-alive at least) every 15 s.
+                    while let Ok(Ok(Some(bytes))) =
+                        tokio::time::timeout(Duration::from_secs(20), response.chunk()).await
+                    {
+                        buffer.push_str(&String::from_utf8_lossy(&bytes));
+                        while let Some(end) = buffer.find("\n\n") {
+                            let block: String = buffer.drain(..end + 2).collect();
+                            let field =
+                                |name: &str| block.lines().find_map(|l| l.strip_prefix(name));
+                            let (Some(kind), Some(data)) = (field("event: "), field("data: "))
+                            else {
+                                continue; // a keep-alive
+                            };
+                            if let Some(id) = field("id: ") {
+                                last_id = Some(id.to_owned());
+                            }
+                            let data: Value = serde_json::from_str(data).unwrap_or_default();
+                            if check.event(task, kind, &data) {
+                                return check;
+                            }
+                        }
+                    }
+                }
+            }
+            check.reconnects += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        check
+            .violations
+            .push(format!("{task}: the stream never reached the task's end"));
+        check
     }
 
     /// Presses Stop until answered (a cancel is safe to send again): true when the task is
@@ -400,7 +545,8 @@ impl Press {
             .bearer_auth(&self.token)
             .header("Idempotency-Key", &self.key)
             .timeout(Duration::from_secs(10))
-            .json(&json!({"conversation_id": self.key, "message": "What changed?"}))
+            // Long enough to be streamed in pieces, over about half a second.
+            .json(&json!({"conversation_id": self.key, "message": "What changed? [mock:reply_chars=300]"}))
             .send()
             .await
             .map_err(|e| e.to_string())?;
