@@ -184,13 +184,21 @@ struct Follow {
     resumed: Option<i64>,
     /// Events ready to send, in order.
     queue: VecDeque<Event>,
+    /// Pieces may have been written that this stream has not heard of (it just started, its
+    /// listener resubscribed, it fell behind, a piece came after a gap): the next read of a
+    /// running task reads them. Otherwise the notifications bring every piece, and a re-read
+    /// costs no read of the pieces.
+    missed: bool,
     done: bool,
 }
 
 /// What woke a waiting stream.
 enum Wake {
-    /// Read the task (a hint, the timer, a resync).
+    /// Read the task (a hint, the timer).
     Read,
+    /// Read the task and the pieces of its running attempt (a resync, or this stream fell
+    /// behind the pieces' fan-out).
+    Missed,
     /// A piece of its live text.
     Piece(Arc<LivePiece>),
 }
@@ -231,6 +239,10 @@ impl Follow {
             }
             read = match self.wait().await {
                 Wake::Read => true,
+                Wake::Missed => {
+                    self.missed = true;
+                    true
+                }
                 Wake::Piece(piece) => !self.append(&piece),
             };
         }
@@ -260,11 +272,17 @@ impl Follow {
         let (Some(version), Some(_)) = (running, &self.live) else {
             return;
         };
+        if self.shown.is_none() {
+            self.missed = true;
+        }
         let shown = *self.shown.get_or_insert(Shown {
             version,
             next_seq: 1,
             sent_text: false,
         });
+        if !std::mem::take(&mut self.missed) {
+            return;
+        }
         match self
             .store
             .live_text_after(self.task_id, version, shown.next_seq - 1)
@@ -275,7 +293,10 @@ impl Follow {
                     self.append(piece);
                 }
             }
-            Err(e) => crate::telemetry::store_error("live_text_read", &e),
+            Err(e) => {
+                self.missed = true;
+                crate::telemetry::store_error("live_text_read", &e);
+            }
         }
     }
 
@@ -288,6 +309,7 @@ impl Follow {
                     return true; // sent already
                 }
                 if piece.seq > shown.next_seq {
+                    self.missed = true;
                     return false; // missed some: read them in order
                 }
                 shown.next_seq += 1;
@@ -330,7 +352,7 @@ impl Follow {
                     Ok(LiveHint::Piece(piece)) => return Wake::Piece(piece),
                     // Pieces may have been missed: read them.
                     Ok(LiveHint::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                        return Wake::Read;
+                        return Wake::Missed;
                     }
                     Err(broadcast::error::RecvError::Closed) => self.live = None,
                 },
@@ -452,6 +474,7 @@ pub async fn stream(
         shown,
         resumed: resumed.map(|(version, _)| version),
         queue: VecDeque::new(),
+        missed: true,
         done: false,
     }))
     .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))

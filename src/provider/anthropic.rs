@@ -176,6 +176,16 @@ impl Provider for AnthropicMessagesProvider {
             return Err(status_error_as(response, classify_anthropic_status_at).await);
         }
         let signals = RateSignals::read(response.headers(), SystemTime::now());
+        if !stream::is_event_stream(&response) {
+            let status = response.status();
+            let bytes = response
+                .bytes()
+                .await
+                .map_err(|e| transport_error(e, self.request_timeout))?;
+            let mut generation = parse_message(status, &bytes, body.model)?;
+            generation.rate_signals = signals;
+            return Ok(generation);
+        }
         let mut fold = MessageStream::new(body.model);
         stream::read(response, &mut fold, sink, self.stream_idle)
             .await

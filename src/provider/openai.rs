@@ -158,6 +158,16 @@ impl Provider for OpenAiChatProvider {
             return Err(status_error(response).await);
         }
         let signals = RateSignals::read(response.headers(), SystemTime::now());
+        if !stream::is_event_stream(&response) {
+            let status = response.status();
+            let bytes = response
+                .bytes()
+                .await
+                .map_err(|e| transport_error(e, self.request_timeout))?;
+            let mut generation = parse_completion(status, &bytes, body.model)?;
+            generation.rate_signals = signals;
+            return Ok(generation);
+        }
         let mut fold = ChatStream::new(body.model);
         stream::read(response, &mut fold, sink, self.stream_idle)
             .await

@@ -142,6 +142,10 @@ impl OpenAiResponsesProvider {
         if status == StatusCode::BAD_REQUEST {
             return Ok(false);
         }
+        if status.is_success() && !stream::is_event_stream(&response) {
+            // A server that does not stream a response answers the object: polling reads it.
+            return Ok(false);
+        }
         if !status.is_success() {
             return Err(match status_error(response).await {
                 ProviderError::Fatal {
@@ -243,7 +247,7 @@ impl BackgroundProvider for OpenAiResponsesProvider {
         if !response.status().is_success() {
             return Err(status_error(response).await);
         }
-        if body.stream == Some(true) {
+        if body.stream == Some(true) && stream::is_event_stream(&response) {
             // The first event names the response; the rest is read by `wait_streamed`, from
             // the start, by whichever attempt waits. Closing this stream does not stop a
             // background response.

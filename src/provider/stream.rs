@@ -92,6 +92,16 @@ pub(crate) async fn read<F: StreamFold>(
     }
 }
 
+/// Whether an answer is an event stream: a server that ignores `stream` (an older
+/// OpenAI-compatible one, a gateway) answers the whole reply as JSON, which is read as such.
+pub(crate) fn is_event_stream(response: &Response) -> bool {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}
+
 /// An answer lost in transit after `fold` had part of it: `Ambiguous`, saying how much came.
 fn lost(fold: &impl StreamFold, why: &str) -> Cut {
     Cut {

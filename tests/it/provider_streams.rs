@@ -6,7 +6,7 @@
 
 use std::sync::Mutex;
 
-use crate::helpers::provider::{request, set_faults, start_mock, stats};
+use crate::helpers::provider::{one_shot_server, request, set_faults, start_mock, stats};
 use replyd::config::Secret;
 use replyd::provider::{OpenAiSettings, Provider, ProviderApi, TextSink, build_provider};
 use replyd_core::provider::{ProviderError, Usage};
@@ -211,4 +211,21 @@ async fn a_background_responses_broken_stream_is_picked_up_after_its_last_event_
     let stats = stats(&mock).await;
     assert_eq!((stats.responses_created, stats.generations), (1, 1));
     assert!(stats.streams_cut >= 2, "{stats:?}");
+}
+
+#[tokio::test]
+async fn a_server_that_ignores_stream_and_answers_the_whole_reply_is_read_as_such() {
+    let body = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"m-1","choices":[{"index":0,"message":{"role":"assistant","content":"whole"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+    let (base_url, server) = one_shot_server("HTTP/1.1 200 OK", body).await;
+    let provider = build_provider(&settings(&base_url, ProviderApi::ChatCompletions)).unwrap();
+    let sink = Collected::default();
+    let generation = provider
+        .generate_streamed(&request("task-1", "hello"), &sink)
+        .await
+        .expect("a whole answer");
+    assert_eq!(generation.text, "whole");
+    assert_eq!(sink.count(), 0, "nothing was streamed");
+    let sent = server.await.unwrap();
+    assert!(sent.contains(r#""stream":true"#), "{sent}");
+    assert!(sent.contains(r#""include_usage":true"#), "{sent}");
 }
