@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-capacity bench-sqs chaos fuzz
+.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-capacity bench-sqs bench-live chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -105,6 +105,13 @@ bench-capacity:
 ## window (64) and mock (100 ms a call): replies/s of each and SQS ÷ Kafka, three runs.
 bench-sqs:
 	bash deploy/bench-sqs.sh 3000 64 100 3
+
+## bench-live: P8, live replies: 200 presses of 1,200-character replies (300 ms to the first
+## token, then about 2 s of text), 8 at once, live text on (every 75 ms) and off, three runs:
+## press → first text and → completed, statements, transactions, notifications, pieces and
+## CPU per reply, on ÷ off.
+bench-live:
+	bash deploy/bench-live.sh 1200 200 8 3
 
 ## chaos: every fault scenario for CHAOS_SECONDS (default 180) each, or one: make chaos SCENARIO=kill.
 ## Reports in target/chaos/<scenario>.json and target/chaos/summary.json. (make test runs a

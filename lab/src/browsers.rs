@@ -3,7 +3,9 @@
 //! press, reused for every retry; on purpose, some presses lose their first answer (a client
 //! timeout too short for the server) and retry with the same key; every press follows its
 //! task over Server-Sent Events to a terminal state, reconnecting with `Last-Event-ID` when
-//! the stream breaks; some then press Regenerate (a new press, its own key).
+//! the stream breaks; some then press Regenerate (a new press, its own key). The live text
+//! on the way (`delta` events) is timed from the press and checked: each attempt's pieces in
+//! order, and their text the start of the saved reply.
 //!
 //! The report counts what the browsers did and saw. Some presses are double clicks (the same
 //! key twice at once); two answers naming two tasks are counted in `answers_disagreeing` (I6
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use futures_util::stream::{self, StreamExt};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
 use replyd_core::domain::TaskId;
@@ -61,6 +63,10 @@ pub struct BrowsersArgs {
     /// ascending, to this file: the distribution behind the percentiles.
     #[arg(long)]
     pub latencies: Option<std::path::PathBuf>,
+    /// Ask the mock provider for replies of this many characters (`[mock:reply_chars=N]`
+    /// appended to each message), long enough to stream in many pieces.
+    #[arg(long)]
+    pub reply_chars: Option<usize>,
 }
 
 /// What the browsers did and saw, printed as one JSON line.
@@ -96,13 +102,24 @@ pub struct BrowsersReport {
     /// Every terminal press's time, ascending (written by `--latencies`, not printed).
     #[serde(skip)]
     pub e2e_ms: Vec<i64>,
+    /// Followed tasks whose stream carried any live text (`delta` events).
+    pub streamed: usize,
+    /// `delta` events received.
+    pub deltas: usize,
+    /// Deltas that were not the next piece of their attempt's text (must be 0).
+    pub deltas_out_of_order: usize,
+    /// Completed tasks whose streamed text is not the start of their saved reply (must be 0).
+    pub streamed_text_mismatches: usize,
+    /// From a press's first POST to the first `delta` on its stream, over the streamed ones.
+    pub first_text_ms_p50: i64,
+    pub first_text_ms_p99: i64,
 }
 
 impl BrowsersReport {
     /// The report's figures as `name=value` pairs for a summary line.
     pub fn summary_line(&self) -> String {
         format!(
-            "presses={} requests={} retries={} lost_answers={} regenerates={} answers_disagreeing={} unfinished={} quota_refused={} e2e_ms_p50={} e2e_ms_p99={}",
+            "presses={} requests={} retries={} lost_answers={} regenerates={} answers_disagreeing={} unfinished={} quota_refused={} e2e_ms_p50={} e2e_ms_p99={} streamed={} deltas={} deltas_out_of_order={} streamed_text_mismatches={} first_text_ms_p50={} first_text_ms_p99={}",
             self.presses,
             self.requests,
             self.retries,
@@ -112,7 +129,13 @@ impl BrowsersReport {
             self.unfinished,
             self.quota_refused,
             self.e2e_ms_p50,
-            self.e2e_ms_p99
+            self.e2e_ms_p99,
+            self.streamed,
+            self.deltas,
+            self.deltas_out_of_order,
+            self.streamed_text_mismatches,
+            self.first_text_ms_p50,
+            self.first_text_ms_p99
         )
     }
 }
@@ -131,6 +154,11 @@ struct PressOutcome {
     quota_refused: usize,
     /// Terminal state and the time to it, per task followed (the press, then its regenerate).
     ends: Vec<Option<(ReplyStatus, Duration)>>,
+    /// The time to the first `delta`, per task followed whose stream carried one.
+    first_text: Vec<Duration>,
+    deltas: usize,
+    deltas_out_of_order: usize,
+    streamed_text_mismatches: usize,
 }
 
 /// How a POST ended for the browser.
@@ -150,6 +178,8 @@ struct Browser {
     key: String,
     lose_timeout: Duration,
     deadline: Instant,
+    /// Appended to each message: `[mock:reply_chars=N]`, or nothing.
+    directive: String,
 }
 
 impl Browser {
@@ -258,14 +288,18 @@ impl Browser {
         }
     }
 
-    /// Follows `task` to a terminal state over SSE, reconnecting with `Last-Event-ID`.
+    /// Follows `task` to a terminal state over SSE, reconnecting with `Last-Event-ID` (of the
+    /// last event with an id, a piece of text included, as `EventSource` does); `started` is
+    /// when its press was sent.
     async fn follow(
         &self,
         task: TaskId,
+        started: Instant,
         outcome: &mut PressOutcome,
     ) -> Option<(ReplyStatus, ReplyView)> {
         let mut last_id: Option<String> = None;
         let mut opened = 0usize;
+        let mut text = LiveTextSeen::default();
         while Instant::now() < self.deadline {
             if opened > 0 {
                 outcome.stream_reconnects += 1;
@@ -290,14 +324,34 @@ impl Browser {
                 buffer.push_str(&String::from_utf8_lossy(&chunk));
                 while let Some(end) = buffer.find("\n\n") {
                     let event: String = buffer.drain(..end + 2).collect();
-                    let Some((id, view)) = parse_event(&event) else {
+                    let Some((id, event)) = parse_event(&event) else {
                         continue;
                     };
                     last_id = Some(id);
+                    let view = match event {
+                        StreamEvent::Status(view) => view,
+                        StreamEvent::Delta(delta) => {
+                            if !text.any {
+                                outcome.first_text.push(started.elapsed());
+                            }
+                            outcome.deltas += 1;
+                            if !text.append(delta) {
+                                outcome.deltas_out_of_order += 1;
+                            }
+                            continue;
+                        }
+                        StreamEvent::Withdrawn => {
+                            text.withdraw();
+                            continue;
+                        }
+                    };
                     if matches!(
                         view.status,
                         ReplyStatus::Completed | ReplyStatus::Failed | ReplyStatus::Cancelled
                     ) {
+                        if !text.fits(view.reply.as_deref()) {
+                            outcome.streamed_text_mismatches += 1;
+                        }
                         return Some((view.status, view));
                     }
                 }
@@ -307,24 +361,85 @@ impl Browser {
     }
 }
 
-/// The id and the task of one `event: status` block (None for keep-alives and others).
-fn parse_event(block: &str) -> Option<(String, ReplyView)> {
+/// One event of a task's stream, as a browser uses it.
+#[derive(Debug, PartialEq)]
+enum StreamEvent {
+    /// The task's state.
+    Status(ReplyView),
+    /// A piece of the running attempt's text.
+    Delta(Delta),
+    /// The text shown so far is void.
+    Withdrawn,
+}
+
+/// The `data` of a `delta` event, as much of it as a browser reads.
+#[derive(Debug, PartialEq, Deserialize)]
+struct Delta {
+    assignment_version: i64,
+    seq: i32,
+    text: String,
+}
+
+/// The id and the event of one block (None for keep-alives and events without an id).
+fn parse_event(block: &str) -> Option<(String, StreamEvent)> {
     let mut id = None;
     let mut data = String::new();
-    let mut is_status = false;
+    let mut kind = "";
     for line in block.lines() {
         if let Some(value) = line.strip_prefix("id:") {
             id = Some(value.trim().to_owned());
         } else if let Some(value) = line.strip_prefix("data:") {
             data.push_str(value.trim_start());
-        } else if line.trim() == "event: status" || line.trim() == "event:status" {
-            is_status = true;
+        } else if let Some(value) = line.strip_prefix("event:") {
+            kind = value.trim();
         }
     }
-    if !is_status {
-        return None;
+    let event = match kind {
+        "status" => StreamEvent::Status(serde_json::from_str(&data).ok()?),
+        "delta" => StreamEvent::Delta(serde_json::from_str(&data).ok()?),
+        "withdrawn" => StreamEvent::Withdrawn,
+        _ => return None,
+    };
+    Some((id?, event))
+}
+
+/// The live text one stream has shown: the current attempt's, piece by piece.
+#[derive(Debug, Default)]
+struct LiveTextSeen {
+    /// The attempt and the number of its next piece, once one was shown.
+    next: Option<(i64, i32)>,
+    text: String,
+    /// Whether any piece was shown (the first is timed).
+    any: bool,
+}
+
+impl LiveTextSeen {
+    /// Shows `delta`; false when it is not the next piece of its attempt (a piece of another
+    /// attempt starts a new text at piece 1).
+    fn append(&mut self, delta: Delta) -> bool {
+        let expected = match self.next {
+            Some((version, seq)) if version == delta.assignment_version => seq,
+            _ => {
+                self.text.clear();
+                1
+            }
+        };
+        self.next = Some((delta.assignment_version, delta.seq + 1));
+        self.any = true;
+        self.text.push_str(&delta.text);
+        delta.seq == expected
     }
-    Some((id?, serde_json::from_str(&data).ok()?))
+
+    fn withdraw(&mut self) {
+        self.next = None;
+        self.text.clear();
+    }
+
+    /// Whether the text shown is the start of `reply` (the last piece may not have been
+    /// written before the reply was saved); any text fits a task that saved none.
+    fn fits(&self, reply: Option<&str>) -> bool {
+        reply.is_none_or(|reply| reply.starts_with(&self.text))
+    }
 }
 
 /// What one simulated press does.
@@ -371,7 +486,7 @@ async fn one_press(browser: &Browser, choice: Choice) -> PressOutcome {
     let n = choice.n;
     let body = serde_json::json!({
         "conversation_id": format!("conv-{}", n % 50),
-        "message": format!("Question {n}: what changed in this version?"),
+        "message": format!("Question {n}: what changed in this version?{}", browser.directive),
         "document_version": "v1",
     });
     let started = Instant::now();
@@ -381,7 +496,7 @@ async fn one_press(browser: &Browser, choice: Choice) -> PressOutcome {
         }
         return outcome;
     };
-    let end = browser.follow(task, &mut outcome).await;
+    let end = browser.follow(task, started, &mut outcome).await;
     outcome
         .ends
         .push(end.as_ref().map(|(status, _)| (*status, started.elapsed())));
@@ -400,7 +515,7 @@ async fn one_press(browser: &Browser, choice: Choice) -> PressOutcome {
             }
             return outcome;
         };
-        let end = browser.follow(again, &mut outcome).await;
+        let end = browser.follow(again, started, &mut outcome).await;
         outcome
             .ends
             .push(end.map(|(status, _)| (status, started.elapsed())));
@@ -415,6 +530,7 @@ fn report_of(outcomes: &[PressOutcome]) -> BrowsersReport {
         ..BrowsersReport::default()
     };
     let mut latencies = Vec::new();
+    let mut first_text = Vec::new();
     for o in outcomes {
         report.requests += o.requests;
         report.retries += o.retries;
@@ -424,6 +540,11 @@ fn report_of(outcomes: &[PressOutcome]) -> BrowsersReport {
         report.replayed_answers += o.replayed_answers;
         report.stream_reconnects += o.stream_reconnects;
         report.quota_refused += o.quota_refused;
+        report.streamed += o.first_text.len();
+        report.deltas += o.deltas;
+        report.deltas_out_of_order += o.deltas_out_of_order;
+        report.streamed_text_mismatches += o.streamed_text_mismatches;
+        first_text.extend(o.first_text.iter().map(|took| took.as_millis() as i64));
         for end in &o.ends {
             match end {
                 Some((ReplyStatus::Completed, took)) => {
@@ -444,6 +565,9 @@ fn report_of(outcomes: &[PressOutcome]) -> BrowsersReport {
     report.e2e_ms_p99 = replyd::check::percentile(&latencies, 0.99);
     report.e2e_ms_max = latencies.last().copied().unwrap_or(0);
     report.e2e_ms = latencies;
+    first_text.sort_unstable();
+    report.first_text_ms_p50 = replyd::check::percentile(&first_text, 0.50);
+    report.first_text_ms_p99 = replyd::check::percentile(&first_text, 0.99);
     report
 }
 
@@ -458,6 +582,10 @@ pub async fn run(args: &BrowsersArgs) -> anyhow::Result<BrowsersReport> {
         key: args.key.clone(),
         lose_timeout: Duration::from_millis(args.lose_timeout_ms.max(1)),
         deadline: Instant::now() + Duration::from_secs(args.press_limit_s),
+        directive: args
+            .reply_chars
+            .map(|chars| format!(" [mock:reply_chars={chars}]"))
+            .unwrap_or_default(),
     });
     let mut rng = fastrand::Rng::with_seed(args.seed);
     let choices: Vec<Choice> = (0..args.presses)
@@ -486,10 +614,61 @@ mod tests {
     #[test]
     fn a_status_event_is_parsed_and_a_keep_alive_is_not() {
         let block = "event: status\nid: 17-completed\ndata: {\"task_id\":\"6a1f6516-799f-404e-aa06-616005e973de\",\"status\":\"completed\",\"reply\":\"r\",\"failure\":null,\"attempts\":1,\"max_attempts\":3,\"created_at\":\"2026-12-01T10:31:07.455834Z\",\"updated_at\":\"2026-12-01T10:31:07.455834Z\",\"finished_at\":null}\n\n";
-        let (id, view) = parse_event(block).unwrap();
+        let (id, event) = parse_event(block).unwrap();
         assert_eq!(id, "17-completed");
+        let StreamEvent::Status(view) = event else {
+            panic!("{event:?}")
+        };
         assert_eq!(view.status, ReplyStatus::Completed);
         assert_eq!(parse_event(":\n\n"), None);
+    }
+
+    #[test]
+    fn a_delta_and_a_withdrawal_are_parsed() {
+        let block = "event: delta\nid: live-2-5\ndata: {\"task_id\":\"6a1f6516-799f-404e-aa06-616005e973de\",\"assignment_version\":2,\"seq\":5,\"text\":\" and \\\"so\\\" on\"}\n\n";
+        assert_eq!(
+            parse_event(block),
+            Some((
+                "live-2-5".to_owned(),
+                StreamEvent::Delta(Delta {
+                    assignment_version: 2,
+                    seq: 5,
+                    text: " and \"so\" on".to_owned(),
+                })
+            ))
+        );
+        let block = "event: withdrawn\nid: withdrawn-2\ndata: {\"task_id\":\"6a1f6516-799f-404e-aa06-616005e973de\",\"assignment_version\":2,\"reason\":\"retrying\"}\n\n";
+        assert_eq!(
+            parse_event(block),
+            Some(("withdrawn-2".to_owned(), StreamEvent::Withdrawn))
+        );
+        // A delta without its fields is nothing the browser can show.
+        assert_eq!(
+            parse_event("event: delta\nid: live-1-1\ndata: {\"seq\":1}\n\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn live_text_is_checked_piece_by_piece_against_the_saved_reply() {
+        let delta = |assignment_version, seq, text: &str| Delta {
+            assignment_version,
+            seq,
+            text: text.to_owned(),
+        };
+        let mut seen = LiveTextSeen::default();
+        assert!(seen.append(delta(1, 1, "Hel")));
+        assert!(seen.append(delta(1, 2, "lo")));
+        assert!(seen.fits(Some("Hello, world")));
+        assert!(!seen.fits(Some("Help")));
+        // A gap, then a piece of a new attempt that does not start at 1.
+        assert!(!seen.append(delta(1, 4, "!")));
+        assert!(!seen.append(delta(2, 2, "x")));
+        // After a withdrawal the next attempt's text starts from empty.
+        seen.withdraw();
+        assert!(seen.append(delta(3, 1, "Bye")));
+        assert!(seen.fits(Some("Bye")));
+        assert!(seen.fits(None));
     }
 
     #[test]
@@ -501,6 +680,8 @@ mod tests {
                 retries: 1,
                 lost_answers: 1,
                 ends: vec![Some((ReplyStatus::Completed, ms(300)))],
+                first_text: vec![ms(120)],
+                deltas: 4,
                 ..PressOutcome::default()
             },
             PressOutcome {
@@ -510,6 +691,9 @@ mod tests {
                     Some((ReplyStatus::Completed, ms(100))),
                     Some((ReplyStatus::Failed, ms(200))),
                 ],
+                first_text: vec![ms(40), ms(90)],
+                deltas: 7,
+                deltas_out_of_order: 1,
                 ..PressOutcome::default()
             },
             PressOutcome {
@@ -540,6 +724,23 @@ mod tests {
         assert_eq!(
             (report.e2e_ms_p50, report.e2e_ms_p99, report.e2e_ms_max),
             (200, 300, 300)
+        );
+        assert_eq!(
+            (
+                report.streamed,
+                report.deltas,
+                report.deltas_out_of_order,
+                report.first_text_ms_p50,
+                report.first_text_ms_p99
+            ),
+            (3, 11, 1, 90, 120)
+        );
+        assert!(
+            report
+                .summary_line()
+                .ends_with("e2e_ms_p50=200 e2e_ms_p99=300 streamed=3 deltas=11 deltas_out_of_order=1 streamed_text_mismatches=0 first_text_ms_p50=90 first_text_ms_p99=120"),
+            "{}",
+            report.summary_line()
         );
     }
 }
