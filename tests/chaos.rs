@@ -787,6 +787,12 @@ where
             "stopped_too_late": produced.stopped_too_late.len(),
             "malformed": bad,
         },
+        "followed": {
+            "presses": produced.followed,
+            "pieces": produced.live.pieces,
+            "withdrawals": produced.live.withdrawals,
+            "reconnects": produced.live.reconnects,
+        },
         "reservations_held_unresolved": held,
         "check": report,
     });

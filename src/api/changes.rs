@@ -1,10 +1,11 @@
-//! The task changes of this API process, for its open event streams ([`super::events`]):
-//! - status changes: one listening session on `replyd_task_status` (sent by the task table's
-//!   trigger on every status change), fanned out to every open stream. A notification is only
-//!   a hint: a stream re-reads its row on every hint and on a timer.
-//! - live text: one listening session on `replyd_live` (sent with each piece a worker writes,
-//!   the piece in its payload), handed only to the streams that follow that task, so a piece
-//!   costs nothing for the streams of other tasks and no read for the streams of its own.
+//! The task changes of this API process, for its open event streams ([`super::events`]), from
+//! one listening session on two channels:
+//! - status changes (`replyd_task_status`, sent by the task table's trigger on every status
+//!   change), fanned out to every open stream. A notification is only a hint: a stream
+//!   re-reads its row on every hint and on a timer.
+//! - live text (`replyd_live`, sent with each piece a worker writes, the piece in its
+//!   payload), handed only to the streams that follow that task, so a piece costs nothing for
+//!   the streams of other tasks and no read for the streams of its own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -34,18 +35,25 @@ impl Default for TaskChanges {
     }
 }
 
-struct Fanout(broadcast::Sender<Option<TaskId>>);
+/// The one session's listener: status changes to every stream, pieces to their task's.
+struct Fanout {
+    status: broadcast::Sender<Option<TaskId>>,
+    live: LiveFanout,
+}
 
 impl Listener for Fanout {
     fn listening(&mut self) {
         // Changes may have been missed while nobody listened: every stream re-reads.
-        let _ = self.0.send(None);
+        let _ = self.status.send(None);
+        self.live.resync();
     }
 
-    fn notified(&mut self, payload: &str) {
-        if let Some((task, _)) = parse_status_payload(payload) {
+    fn notified(&mut self, channel: &str, payload: &str) {
+        if channel == LIVE_TEXT_CHANNEL {
+            self.live.piece(payload);
+        } else if let Some((task, _)) = parse_status_payload(payload) {
             // No receiver (no open stream) is not an error.
-            let _ = self.0.send(Some(task));
+            let _ = self.status.send(Some(task));
         }
     }
 }
@@ -75,14 +83,14 @@ impl LiveFanout {
     }
 }
 
-impl Listener for LiveFanout {
-    fn listening(&mut self) {
+impl LiveFanout {
+    fn resync(&self) {
         for sender in self.lock().values() {
             let _ = sender.send(LiveHint::Resync);
         }
     }
 
-    fn notified(&mut self, payload: &str) {
+    fn piece(&self, payload: &str) {
         let Some(piece) = parse_live_payload(payload) else {
             return;
         };
@@ -113,20 +121,16 @@ impl Drop for LiveFollow {
 }
 
 impl TaskChanges {
-    /// Starts the listening sessions of this process.
+    /// Starts the one listening session of this process.
     pub fn listen(&self, database: DatabaseSettings, shutdown: CancellationToken) {
         tokio::spawn(listen(
-            database.clone(),
-            format!("replyd-api-listener {}", std::process::id()),
-            TASK_STATUS_CHANNEL,
-            Fanout(self.sender.clone()),
-            shutdown.clone(),
-        ));
-        tokio::spawn(listen(
             database,
-            format!("replyd-api-live {}", std::process::id()),
-            LIVE_TEXT_CHANNEL,
-            self.live.clone(),
+            format!("replyd-api-listener {}", std::process::id()),
+            &[TASK_STATUS_CHANNEL, LIVE_TEXT_CHANNEL],
+            Fanout {
+                status: self.sender.clone(),
+                live: self.live.clone(),
+            },
             shutdown,
         ));
     }

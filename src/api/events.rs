@@ -189,6 +189,10 @@ struct Follow {
     /// running task reads them. Otherwise the notifications bring every piece, and a re-read
     /// costs no read of the pieces.
     missed: bool,
+    /// Read the task before waiting again: at the start, and after a hint, the timer or a
+    /// piece that needs it. Not after sending a piece the notification brought, which is the
+    /// point of carrying the text in it.
+    read_next: bool,
     done: bool,
 }
 
@@ -206,7 +210,6 @@ enum Wake {
 impl Follow {
     /// The next event the client has not seen, waiting for hints or the timer.
     async fn next(mut self) -> Option<(Result<Event, Infallible>, Self)> {
-        let mut read = true;
         loop {
             if let Some(event) = self.queue.pop_front() {
                 return Some((Ok(event), self));
@@ -214,7 +217,7 @@ impl Follow {
             if self.done {
                 return None;
             }
-            if read {
+            if std::mem::take(&mut self.read_next) {
                 match self.read().await {
                     Ok((_, false)) => {
                         tracing::info!(task_id = %self.task_id, credential = %self.credential, "event stream ended: its credential was revoked or expired");
@@ -237,7 +240,7 @@ impl Follow {
                     Err(e) => crate::telemetry::store_error("events_read", &e),
                 }
             }
-            read = match self.wait().await {
+            self.read_next = match self.wait().await {
                 Wake::Read => true,
                 Wake::Missed => {
                     self.missed = true;
@@ -475,6 +478,7 @@ pub async fn stream(
         resumed: resumed.map(|(version, _)| version),
         queue: VecDeque::new(),
         missed: true,
+        read_next: true,
         done: false,
     }))
     .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))

@@ -53,7 +53,7 @@ impl Listener for WakeRelay {
         self.0.notify_one();
     }
 
-    fn notified(&mut self, _payload: &str) {
+    fn notified(&mut self, _channel: &str, _payload: &str) {
         self.0.notify_one();
     }
 }
@@ -168,7 +168,7 @@ pub async fn run(
     tokio::spawn(listen(
         settings.database.clone(),
         format!("replyd-relay {}", std::process::id()),
-        OUTBOX_CHANNEL,
+        &[OUTBOX_CHANNEL],
         WakeRelay(Arc::clone(&wake)),
         shutdown.clone(),
     ));

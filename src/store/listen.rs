@@ -28,21 +28,22 @@ pub fn parse_status_payload(payload: &str) -> Option<(TaskId, TaskStatus)> {
     Some((TaskId::parse(id).ok()?, TaskStatus::parse(status)?))
 }
 
-/// What a listener does with its channel's messages.
+/// What a listener does with its channels' messages.
 pub trait Listener: Send {
     /// The session listens (again): anything sent while it did not is gone.
     fn listening(&mut self);
-    /// One notification's payload.
-    fn notified(&mut self, payload: &str);
+    /// One notification: its channel and its payload.
+    fn notified(&mut self, channel: &str, payload: &str);
 }
 
 /// Wakes the records parked on a task whose lease ended.
-/// Listens on `channel` until `shutdown`, reconnecting with a bounded backoff, one log line
-/// per distinct failure.
+/// Listens on `channels` until `shutdown`, reconnecting with a bounded backoff, one log line
+/// per distinct failure. One session for all of a process's channels: every notification
+/// wakes every listening session of the database, whatever its channels.
 pub async fn listen(
     settings: DatabaseSettings,
     name: String,
-    channel: &'static str,
+    channels: &'static [&'static str],
     mut listener: impl Listener,
     shutdown: CancellationToken,
 ) {
@@ -50,7 +51,7 @@ pub async fn listen(
     let mut failures = RepeatedFailure::new("notification listener");
     let mut backoff = INITIAL_BACKOFF;
     while !shutdown.is_cancelled() {
-        let session = listen_once(&settings, &name, channel, &mut listener, &shutdown, || {
+        let session = listen_once(&settings, &name, channels, &mut listener, &shutdown, || {
             // Listening again: the next loss starts over from the shortest wait.
             failures.recovered();
             backoff = INITIAL_BACKOFF;
@@ -91,7 +92,7 @@ enum SessionEnd {
 async fn listen_once(
     settings: &DatabaseSettings,
     name: &str,
-    channel: &str,
+    channels: &[&str],
     listener: &mut impl Listener,
     shutdown: &CancellationToken,
     listening: impl FnOnce(),
@@ -111,7 +112,8 @@ async fn listen_once(
         }
     });
     let result = async {
-        client.batch_execute(&format!("LISTEN {channel}")).await?;
+        let statements: Vec<String> = channels.iter().map(|c| format!("LISTEN {c};")).collect();
+        client.batch_execute(&statements.concat()).await?;
         telemetry::listener_connected();
         listening();
         listener.listening();
@@ -119,7 +121,9 @@ async fn listen_once(
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 message = rx.recv() => match message {
-                    Some(Ok(AsyncMessage::Notification(n))) => listener.notified(n.payload()),
+                    Some(Ok(AsyncMessage::Notification(n))) => {
+                        listener.notified(n.channel(), n.payload());
+                    }
                     Some(Ok(_)) => {} // notices
                     Some(Err(e)) => return Err(e.into()),
                     None => return Err(SessionEnd::Closed),

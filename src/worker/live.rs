@@ -1,7 +1,7 @@
 //! Live text: the text of the attempt a worker runs, forwarded to the task's followers while
 //! the provider writes it. The provider's stream hands each piece to [`LiveText`] (a
-//! [`TextSink`]); a writer task coalesces what arrived within `worker.live_text_interval_ms`
-//! into one piece and writes it (`Store::append_live_text`: a row and a notification, one
+//! [`TextSink`]); a writer task writes the first piece at once, then coalesces what arrived
+//! within `worker.live_text_interval_ms` into one piece and writes it (`Store::append_live_text`: a row and a notification, one
 //! statement), so a reply costs about one statement per interval however finely the provider
 //! cuts it, and the provider's stream never waits for the database.
 //!
@@ -126,9 +126,13 @@ async fn write(
                 () = shared.arrived.notified() => {}
             }
         }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            () = tokio::time::sleep(interval) => {}
+        // The first piece goes at once: the followers' first text waits for the provider's
+        // first tokens only. Later ones gather for an interval.
+        if seq > 0 {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
         }
         let piece = match unsent.take() {
             Some(piece) => piece,

@@ -143,7 +143,7 @@ impl Listener for WakeParked {
         self.0.wake_all(WakeSource::Resync);
     }
 
-    fn notified(&mut self, payload: &str) {
+    fn notified(&mut self, _channel: &str, payload: &str) {
         match parse_status_payload(payload) {
             // A claim (to running) ends nobody's wait.
             Some((_, TaskStatus::Running)) => {}
@@ -166,7 +166,7 @@ pub async fn relay_task_notifications(
     listen(
         settings,
         name,
-        TASK_STATUS_CHANNEL,
+        &[TASK_STATUS_CHANNEL],
         WakeParked(parked),
         shutdown,
     )
