@@ -384,7 +384,7 @@ impl TaskRunner {
                     .await
             }
             None => {
-                self.guarded(
+                self.guarded_call(
                     lease,
                     cancel,
                     self.provider.generate_streamed(&request, &live),
@@ -400,7 +400,10 @@ impl TaskRunner {
             other => {
                 call_span.record("replyd.outcome", other.label());
                 let end = match other {
-                    Guarded::Cancelled => StreamEnd::Cancelled,
+                    // The user's Stop is a cancelled stream too, seen through its fence.
+                    Guarded::Cancelled | Guarded::Refused(Refusal::Cancelled) => {
+                        StreamEnd::Cancelled
+                    }
                     _ => StreamEnd::Fenced,
                 };
                 self.stream_ended(lease, Some(end), received).await;
@@ -505,7 +508,7 @@ impl TaskRunner {
             }
         };
         let waited = self
-            .guarded(lease, cancel, background.wait_streamed(&operation, live))
+            .guarded_call(lease, cancel, background.wait_streamed(&operation, live))
             .await;
         if let Guarded::Done(Err(ProviderError::OperationGone { .. })) = &waited {
             // The provider no longer knows the operation (expired, cancelled): forget it so
@@ -607,6 +610,27 @@ impl TaskRunner {
         cancel: &CancellationToken,
         call: impl Future<Output = T>,
     ) -> Guarded<T> {
+        self.guarded_as(lease, cancel, call, false).await
+    }
+
+    /// [`TaskRunner::guarded`] of a provider call: an answer already in hand when the lease's
+    /// news comes is handed on (`ended_call_first`).
+    async fn guarded_call<T>(
+        &self,
+        lease: &Lease,
+        cancel: &CancellationToken,
+        call: impl Future<Output = T>,
+    ) -> Guarded<T> {
+        self.guarded_as(lease, cancel, call, true).await
+    }
+
+    async fn guarded_as<T>(
+        &self,
+        lease: &Lease,
+        cancel: &CancellationToken,
+        call: impl Future<Output = T>,
+        ended_call_first: bool,
+    ) -> Guarded<T> {
         // Renewed while the call runs (in the worker's batch when that is on), not after it.
         let mut hold = self
             .store
@@ -617,22 +641,31 @@ impl TaskRunner {
         let mut changed = self.parked.watch(TaskId::from(lease.task_id));
         tokio::pin!(call);
         loop {
-            tokio::select! {
+            let refusal = tokio::select! {
                 // Cancellation first: a revoked partition's work stops before anything else.
                 biased;
                 _ = cancel.cancelled() => return Guarded::Cancelled,
-                refusal = hold.lost() => return Guarded::Refused(refusal),
+                refusal = hold.lost() => refusal,
                 () = changed.changed() => {
                     // A renewal is the fenced look: refused when the task is no longer this
                     // assignment's. An error leaves it to the next regular renewal.
-                    if let Ok(RenewOutcome::Refused(refusal)) =
-                        self.store.renew(lease, self.settings.lease).await
-                    {
-                        return Guarded::Refused(refusal);
+                    match self.store.renew(lease, self.settings.lease).await {
+                        Ok(RenewOutcome::Refused(refusal)) => refusal,
+                        _ => continue,
                     }
                 }
                 result = &mut call => return Guarded::Done(result),
+            };
+            // A provider's answer that had already come goes to the fenced write, which refuses
+            // it and records the refusal, instead of being dropped for news of the lease that
+            // came at the same moment (a zombie wakes with both in hand). A permit or an
+            // operation's start is not taken with a lost lease: no call follows it.
+            if ended_call_first
+                && let Some(result) = futures_util::FutureExt::now_or_never(&mut call)
+            {
+                return Guarded::Done(result);
             }
+            return Guarded::Refused(refusal);
         }
     }
 

@@ -173,6 +173,24 @@ async fn a_task_cancelled_during_its_call_cuts_the_call_short_saves_nothing_and_
         (&0.into(), &0.into()),
         "{quota}"
     );
+    // Its streamed answer is recorded as cancelled, its usage as not reported (never 0).
+    let attempt = app
+        .db
+        .raw_client()
+        .await
+        .query_one(
+            "SELECT stream_end, prompt_tokens FROM reply_attempts WHERE task_id = $1",
+            &[&running.task_id.as_uuid()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            attempt.get::<_, Option<String>>(0).as_deref(),
+            attempt.get::<_, Option<i64>>(1)
+        ),
+        (Some("cancelled"), None)
+    );
     // The worker's record ended on the cancelled task.
     assert_eq!(
         app.metric("w1", "replyd_claims_total{outcome=\"already_cancelled\"}")

@@ -467,16 +467,14 @@ async fn a_zombie_whose_stream_resumes_after_a_takeover_reaches_no_follower_and_
     assert!(versions.len() >= 2, "{seen:#?}");
     let reply = saved_reply(seen.last());
     assert!(reply.starts_with(&seen.text_of(*versions.last().unwrap())));
-    // The zombie's text was refused by the database, and so was its reply, if it got that
-    // far before it learned its lease was gone.
-    wait_until("the zombie's pieces are refused", LIMIT, || async {
-        app.metric_total(&zombie, "replyd_live_text_pieces_total{outcome=\"fenced\"}")
-            .await
+    // The zombie learned its attempt was over from the database, whichever way came first:
+    // a piece refused, a renewal refused, or its reply refused by the fence.
+    wait_until("the zombie's writes are refused", LIMIT, || async {
+        let refused = |metric: &'static str| app.metric_total(&zombie, metric);
+        refused("replyd_live_text_pieces_total{outcome=\"fenced\"}").await
+            + refused("replyd_lease_renewals_refused_total").await
+            + refused("replyd_completions_total{outcome=\"fenced_taken_over\"}").await
             > 0.0
-            || app
-                .metric_total(&zombie, "replyd_lease_renewals_refused_total")
-                .await
-                > 0.0
     })
     .await;
     assert_one_reply(&app).await;
