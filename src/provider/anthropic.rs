@@ -175,24 +175,15 @@ impl Provider for AnthropicMessagesProvider {
         if !response.status().is_success() {
             return Err(status_error_as(response, classify_anthropic_status_at).await);
         }
-        let signals = RateSignals::read(response.headers(), SystemTime::now());
-        if !stream::is_event_stream(&response) {
-            let status = response.status();
-            let bytes = response
-                .bytes()
-                .await
-                .map_err(|e| transport_error(e, self.request_timeout))?;
-            let mut generation = parse_message(status, &bytes, body.model)?;
-            generation.rate_signals = signals;
-            return Ok(generation);
-        }
-        let mut fold = MessageStream::new(body.model);
-        stream::read(response, &mut fold, sink, self.stream_idle)
-            .await
-            .map_err(|cut| cut.error)?;
-        let mut generation = fold.generation()?;
-        generation.rate_signals = signals;
-        Ok(generation)
+        stream::answer(
+            response,
+            MessageStream::new(body.model),
+            sink,
+            self.stream_idle,
+            self.request_timeout,
+            |status, bytes| parse_message(status, bytes, body.model),
+        )
+        .await
     }
 
     fn name(&self) -> &str {

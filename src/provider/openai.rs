@@ -157,24 +157,15 @@ impl Provider for OpenAiChatProvider {
         if !response.status().is_success() {
             return Err(status_error(response).await);
         }
-        let signals = RateSignals::read(response.headers(), SystemTime::now());
-        if !stream::is_event_stream(&response) {
-            let status = response.status();
-            let bytes = response
-                .bytes()
-                .await
-                .map_err(|e| transport_error(e, self.request_timeout))?;
-            let mut generation = parse_completion(status, &bytes, body.model)?;
-            generation.rate_signals = signals;
-            return Ok(generation);
-        }
-        let mut fold = ChatStream::new(body.model);
-        stream::read(response, &mut fold, sink, self.stream_idle)
-            .await
-            .map_err(|cut| cut.error)?;
-        let mut generation = fold.generation()?;
-        generation.rate_signals = signals;
-        Ok(generation)
+        stream::answer(
+            response,
+            ChatStream::new(body.model),
+            sink,
+            self.stream_idle,
+            self.request_timeout,
+            |status, bytes| parse_completion(status, bytes, body.model),
+        )
+        .await
     }
 
     fn name(&self) -> &str {

@@ -10,14 +10,15 @@
 //! after the first tokens is a failure after the provider started working,
 //! `MaybeExecuted`.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use eventsource_stream::Eventsource as _;
 use futures_util::StreamExt as _;
-use reqwest::Response;
+use reqwest::{Response, StatusCode};
 
 use super::adapter::TextSink;
-use replyd_core::provider::{Generation, ProviderError, Usage};
+use super::http::transport_error;
+use replyd_core::provider::{Generation, ProviderError, RateSignals, Usage};
 
 /// What a dialect makes of a streamed answer, one event at a time. Pure: the adapters' tests
 /// feed it the events the real APIs send.
@@ -34,6 +35,35 @@ pub(crate) trait StreamFold: Send {
     fn chars(&self) -> usize;
     /// The generation, once finished.
     fn generation(self) -> Result<Generation, ProviderError>;
+}
+
+/// A success answer to a request that asked for a stream, as a generation carrying the
+/// answer's rate signals: its events folded by `fold` (pieces to `sink`), or, from a server
+/// that answered the whole reply instead, its body read by `whole`.
+pub(crate) async fn answer<F: StreamFold>(
+    response: Response,
+    mut fold: F,
+    sink: &dyn TextSink,
+    idle: Duration,
+    request_timeout: Duration,
+    whole: impl FnOnce(StatusCode, &[u8]) -> Result<Generation, ProviderError>,
+) -> Result<Generation, ProviderError> {
+    let signals = RateSignals::read(response.headers(), SystemTime::now());
+    let mut generation = if is_event_stream(&response) {
+        read(response, &mut fold, sink, idle)
+            .await
+            .map_err(|cut| cut.error)?;
+        fold.generation()?
+    } else {
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| transport_error(e, request_timeout))?;
+        whole(status, &bytes)?
+    };
+    generation.rate_signals = signals;
+    Ok(generation)
 }
 
 /// How a read of a stream ended without a generation.

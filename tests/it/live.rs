@@ -317,7 +317,21 @@ async fn a_follower_that_reconnects_with_last_event_id_misses_nothing_and_repeat
     let before = cut.seen.clone();
     drop(cut);
     // Pieces are written while the follower is away.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    wait_until("three more pieces are written", LIMIT, || async {
+        let written: Option<i32> = app
+            .db
+            .raw_client()
+            .await
+            .query_one(
+                "SELECT max(seq) FROM reply_live_text WHERE task_id = $1",
+                &[&task.task_id.as_uuid()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        written.is_some_and(|n| n >= 7)
+    })
+    .await;
     let after = Follower::open(&front, &task, Some(&last_id))
         .await
         .read_to_end()
@@ -361,9 +375,9 @@ async fn holder(app: &TestApp, task: &Accepted) -> String {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_killed_mid_stream_has_its_text_withdrawn_then_the_next_attempt_streams_and_saves_one_reply()
- {
+/// Two workers with short leases, a reply of `chars` characters asked for, and a follower
+/// that has read its first `pieces` pieces.
+async fn two_workers_streaming(chars: usize, pieces: i64) -> (TestApp, Front, Accepted, Follower) {
     let config = WorkerConfig {
         lease_ms: 3_000,
         ..WorkerConfig::default()
@@ -374,13 +388,20 @@ async fn a_worker_killed_mid_stream_has_its_text_withdrawn_then_the_next_attempt
     app.spawn_worker("w1");
     app.spawn_worker("w2");
     app.wait_until_assigned(&["w1", "w2"]).await;
-    let task = front.send(&long_question(6_000)).await;
+    let task = front.send(&long_question(chars)).await;
     let mut follower = Follower::open(&front, &task, None).await;
     assert!(
         follower
-            .until(|e| e.kind == "delta" && e.data["seq"] == 3)
+            .until(|e| e.kind == "delta" && e.data["seq"] == pieces)
             .await
     );
+    (app, front, task, follower)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_stream_has_its_text_withdrawn_then_the_next_attempt_streams_and_saves_one_reply()
+ {
+    let (app, _front, task, follower) = two_workers_streaming(6_000, 3).await;
     let first = holder(&app, &task).await;
     app.kill(&first);
     let seen = follower.read_to_end().await;
@@ -434,23 +455,7 @@ async fn a_worker_killed_mid_stream_has_its_text_withdrawn_then_the_next_attempt
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zombie_whose_stream_resumes_after_a_takeover_reaches_no_follower_and_its_reply_is_refused()
  {
-    let config = WorkerConfig {
-        lease_ms: 3_000,
-        ..WorkerConfig::default()
-    };
-    let app = TestApp::start(2, streaming_mock(), config).await;
-    let front = front(&app).await;
-    app.spawn_relay("relay");
-    app.spawn_worker("w1");
-    app.spawn_worker("w2");
-    app.wait_until_assigned(&["w1", "w2"]).await;
-    let task = front.send(&long_question(9_000)).await;
-    let mut follower = Follower::open(&front, &task, None).await;
-    assert!(
-        follower
-            .until(|e| e.kind == "delta" && e.data["seq"] == 2)
-            .await
-    );
+    let (app, _front, task, mut follower) = two_workers_streaming(9_000, 2).await;
     let zombie = holder(&app, &task).await;
     app.stop(&zombie);
     // Past its lease, another worker takes the task over and streams its own text.
