@@ -15,6 +15,7 @@ use utoipa::ToSchema;
 use super::auth::{KeyCaller, Workspace};
 use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::state::ApiState;
+use crate::store::end_users::SigningKey;
 use replyd_core::end_user;
 
 /// A `422` naming `user_id` when it is not one the API takes.
@@ -100,12 +101,28 @@ pub async fn create_token(
         }
         let unavailable =
             |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
-        let (version, secret) = state
+        let (version, secret) = match state
             .store
             .current_signing_key(&workspace, sealing)
             .await
             .map_err(unavailable)?
-            .ok_or_else(|| Problem::not_found(format!("no workspace {workspace}")))?;
+        {
+            SigningKey::Current { version, secret } => (version, secret),
+            SigningKey::NoWorkspace => {
+                return Err(Problem::not_found(format!("no workspace {workspace}")));
+            }
+            // The deployment's configuration, not the request: said as it is, not as a 5xx.
+            SigningKey::Unopened { version } => {
+                return Err(Problem::new(
+                    StatusCode::FORBIDDEN,
+                    ProblemKind::Forbidden,
+                    "Forbidden",
+                    format!(
+                        "the workspace's signing secret {version} does not open under api.end_user_token_key (the key changed?); an operator runs `replyd end-user-tokens rotate --workspace {workspace}`"
+                    ),
+                ));
+            }
+        };
         let generation = state
             .store
             .token_standing(&workspace, &asked.user_id, &key_id)

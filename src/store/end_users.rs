@@ -41,20 +41,34 @@ pub struct Rotated {
     pub retiring: u64,
 }
 
+/// What a workspace signs its next token with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SigningKey {
+    /// The current version and its secret.
+    Current {
+        version: i32,
+        secret: Vec<u8>,
+    },
+    /// The current version does not open under the deployment's key (the key changed, or the
+    /// row was written by something else): nothing is signed until a rotation retires it.
+    Unopened {
+        version: i32,
+    },
+    NoWorkspace,
+}
+
 /// Tries at making a workspace's first (or next) signing secret when others make one at once.
 const SIGNING_TRIES: usize = 3;
 
 impl Store {
     /// The workspace's current signing secret (its version and the secret), made when it has
     /// none live that is not retiring (its first token, or the first after a rotation; two
-    /// first calls at once agree on one). `None` when the workspace does not exist. A sealed
-    /// secret that does not open under `key` is an error: the setting changed under the
-    /// table, and nothing should be signed until an operator looks.
+    /// first calls at once agree on one).
     pub async fn current_signing_key(
         &self,
         workspace: &str,
         key: &SealingKey,
-    ) -> Result<Option<(i32, Vec<u8>)>, StoreError> {
+    ) -> Result<SigningKey, StoreError> {
         let client = self.client().await?;
         for _ in 0..SIGNING_TRIES {
             let current = client
@@ -68,14 +82,12 @@ impl Store {
             if let Some(row) = current {
                 let version: i32 = row.get(0);
                 let sealed: Vec<u8> = row.get(1);
-                let secret = key
-                    .open(&sealed, &signing_key_row(workspace, version))
-                    .map_err(|e| {
-                        StoreError::Config(format!(
-                            "workspace {workspace}'s signing secret {version}: {e} (api.end_user_token_key)"
-                        ))
-                    })?;
-                return Ok(Some((version, secret)));
+                return Ok(
+                    match key.open(&sealed, &signing_key_row(workspace, version)) {
+                        Ok(secret) => SigningKey::Current { version, secret },
+                        Err(_) => SigningKey::Unopened { version },
+                    },
+                );
             }
             let next: Option<i32> = client
                 .query_opt(
@@ -87,7 +99,7 @@ impl Store {
                 .await?
                 .map(|row| row.get(0));
             let Some(version) = next else {
-                return Ok(None);
+                return Ok(SigningKey::NoWorkspace);
             };
             let mut secret = [0u8; SECRET_BYTES];
             rand::rng().fill_bytes(&mut secret);
