@@ -166,6 +166,12 @@ $$;
 
 -- '' for the workspace's key; the end user's id for their token.
 alter table idempotency_keys add column end_user_id text not null default '';
+-- The keys end users used before: theirs, as their reservations say, so a retry of a press
+-- made before this release is still its replay (I6). Keys live `api.idempotency_retention_ms`
+-- (a day by default): this touches a day's presses at most.
+update idempotency_keys k set end_user_id = r.end_user_id
+  from quota_reservations r
+ where r.task_id = k.task_id and r.end_user_id is not null;
 alter table idempotency_keys drop constraint idempotency_keys_pkey;
 alter table idempotency_keys
     add primary key (workspace_id, end_user_id, operation, idempotency_key);
