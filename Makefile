@@ -28,7 +28,7 @@ lint:
 
 ## client-test: the TypeScript client (clients/typescript): its packages, its committed build
 ## output against its sources and docs/openapi.json, its unit tests, and the browser tests'
-## build (tests/browser.rs runs them).
+## build (tests/it/browser.rs runs them).
 client-test:
 	cd clients/typescript && npm ci --no-audit --no-fund --prefer-offline && npm run check && npm test
 
