@@ -9,7 +9,7 @@
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::{Caller, Workspace};
+use super::path::PathParam;
 use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::replies::ReplyView;
 use super::state::ApiState;
@@ -116,7 +117,7 @@ fn invalid_query(detail: String) -> Problem {
 pub async fn list(
     State(state): State<ApiState>,
     caller: Caller,
-    Path(conversation_id): Path<String>,
+    PathParam(conversation_id): PathParam,
     query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
     let listed = async {
@@ -232,7 +233,7 @@ pub struct ErasedConversation {
 pub async fn erase(
     State(state): State<ApiState>,
     Workspace(workspace): Workspace,
-    Path(conversation_id): Path<String>,
+    PathParam(conversation_id): PathParam,
 ) -> Response {
     let erased = async {
         let unavailable =

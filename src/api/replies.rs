@@ -8,7 +8,7 @@
 
 use axum::Json;
 use axum::body::{Body, to_bytes};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Caller;
+use super::path::PathParam;
 use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::state::ApiState;
 use crate::store::cancels::CancelOutcome;
@@ -679,7 +680,7 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
 pub async fn regenerate(
     State(state): State<ApiState>,
     caller: Caller,
-    Path(task_id): Path<String>,
+    PathParam(task_id): PathParam,
     headers: HeaderMap,
 ) -> Response {
     let result = async {
@@ -742,7 +743,7 @@ pub async fn regenerate(
 pub async fn cancel(
     State(state): State<ApiState>,
     caller: Caller,
-    Path(task_id): Path<String>,
+    PathParam(task_id): PathParam,
 ) -> Response {
     let cancelled = async {
         let unavailable =
@@ -915,7 +916,7 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
 pub async fn show(
     State(state): State<ApiState>,
     caller: Caller,
-    Path(task_id): Path<String>,
+    PathParam(task_id): PathParam,
 ) -> Response {
     let shown = async {
         let task = task_of(&state, &caller, &task_id).await?;

@@ -29,6 +29,7 @@ mod provider_http;
 mod provider_streams;
 mod quota;
 mod reconcile;
+mod refusals;
 mod secrets;
 mod sqs;
 mod store_fencing;
