@@ -15,6 +15,7 @@ pub mod auth;
 mod changes;
 pub mod conversations;
 pub mod demo;
+pub mod echo;
 pub mod end_users;
 pub mod events;
 pub mod headers;

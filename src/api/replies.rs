@@ -314,14 +314,15 @@ pub(super) async fn parse_json<T: serde::de::DeserializeOwned>(
         .map_err(|_| body_too_large(limit))?;
     let JsonObject(parsed) = serde_json::from_slice::<JsonObject<T>>(&bytes).map_err(|e| {
         use serde_json::error::Category;
+        let said = super::echo::message(&e.to_string());
         match e.classify() {
             Category::Syntax | Category::Eof | Category::Io => Problem::bad_request(
                 ProblemKind::MalformedJson,
-                format!("the body is not JSON: {e}"),
+                format!("the body is not JSON: {said}"),
             ),
-            Category::Data => {
-                Problem::invalid_body(format!("the body does not match the request schema: {e}"))
-            }
+            Category::Data => Problem::invalid_body(format!(
+                "the body does not match the request schema: {said}"
+            )),
         }
     })?;
     Ok(parsed)
@@ -831,8 +832,8 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
         }
         Submitted::NotTheirs => {
             return Err(Problem::not_found(format!(
-                "no conversation {:?} of this end user",
-                submission.inputs.conversation_id
+                "no conversation {} of this end user",
+                super::echo::quoted(&submission.inputs.conversation_id)
             )));
         }
         Submitted::BadKeptReplies(bad) => {
@@ -946,7 +947,7 @@ pub(super) async fn task_of(
     let task_id = TaskId::parse(raw_id).map_err(|_| {
         Problem::bad_request(
             ProblemKind::InvalidTaskId,
-            format!("{raw_id:?} is not a task id (a UUID)"),
+            format!("{} is not a task id (a UUID)", super::echo::quoted(raw_id)),
         )
     })?;
     let unavailable =

@@ -1,4 +1,5 @@
-//! Refusals over real HTTP: every one is problem+json (RFC 9457) and none is a 5xx.
+//! Refusals over real HTTP: every one is problem+json (RFC 9457), none is a 5xx, and none
+//! echoes caller input without bound.
 //!
 //! A path parameter that cannot be an id (not UTF-8 once percent-decoded, or holding a NUL)
 //! is refused by every route that has one, for every kind of caller, in one order: who asks
@@ -175,5 +176,80 @@ async fn a_bad_path_parameter_is_a_problem_on_every_route_for_every_caller() {
         counts.get::<_, i64>(0),
         0,
         "a refused request writes nothing"
+    );
+}
+
+/// The most a problem's body may take when the request echoed back is 10 KB: the detail
+/// names at most the start of what was sent, and its length.
+const BOUNDED_BODY: usize = 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detail_echoes_at_most_the_start_of_what_the_caller_sent_and_its_length() {
+    let api = start().await;
+    let long = "x".repeat(10 * 1024);
+    let get = |path: String| {
+        api.client
+            .get(format!("{}{path}", api.base))
+            .bearer_auth(&api.key)
+    };
+    let post = |body: Value| {
+        api.client
+            .post(format!("{}/v1/replies", api.base))
+            .bearer_auth(&api.key)
+            .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+            .json(&body)
+    };
+    let cases = [
+        (
+            "a cursor",
+            get(format!("/v1/conversations/conv-1/messages?after={long}")),
+        ),
+        ("a task id", get(format!("/v1/replies/{long}"))),
+        (
+            "a conversation",
+            get(format!("/v1/conversations/{long}/messages")),
+        ),
+        (
+            "an erased conversation",
+            api.client
+                .delete(format!("{}/v1/conversations/{long}", api.base))
+                .bearer_auth(&api.key),
+        ),
+        (
+            "a value of the wrong type",
+            post(json!({"conversation_id": "c", "message": "m", "max_output_tokens": long})),
+        ),
+        (
+            "an unknown field",
+            post(json!({"conversation_id": "c", "message": "m", long.clone(): 1})),
+        ),
+    ];
+    let mut wrong_answers = Vec::new();
+    for (what, request) in cases {
+        let (status, kind, detail, length) = match problem_of(request.send().await.unwrap()).await {
+            Ok(problem) => problem,
+            Err(wrong) => {
+                wrong_answers.push(format!("{what}: {wrong}"));
+                continue;
+            }
+        };
+        if !status.is_client_error() {
+            wrong_answers.push(format!("{what}: {status} {kind}"));
+        } else if length > BOUNDED_BODY {
+            wrong_answers.push(format!(
+                "{what}: a body of {length} bytes ({kind}): {}",
+                start_of(&detail)
+            ));
+        } else if !(detail.contains("xxxx…") && detail.contains("10240 bytes")) {
+            wrong_answers.push(format!(
+                "{what}: not the start of what was sent and its length: {detail}"
+            ));
+        }
+    }
+    assert!(
+        wrong_answers.is_empty(),
+        "{} wrong answers:\n{}",
+        wrong_answers.len(),
+        wrong_answers.join("\n")
     );
 }
