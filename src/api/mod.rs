@@ -23,6 +23,7 @@ pub mod openapi;
 pub mod parse_errors;
 pub mod path;
 pub mod problem;
+pub mod prompt_policy;
 pub mod quota;
 pub mod rate_limit;
 pub mod replies;

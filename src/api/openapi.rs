@@ -52,6 +52,7 @@ use super::{conversations, end_users, events, quota};
         quota::PolicyView,
         quota::TokenQuotaView,
         quota::WorkspacePolicyView,
+        super::prompt_policy::EndUserContextView,
         conversations::MessagePage,
         conversations::MessageView,
         conversations::ErasedConversation,

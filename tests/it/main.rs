@@ -22,6 +22,7 @@ mod kafka_tls;
 mod live;
 mod operations;
 mod postgres_tls;
+mod prompt_policy;
 mod provider_anthropic;
 mod provider_background;
 mod provider_failures;

@@ -263,7 +263,10 @@ export interface components {
          *     carries all of them, must also fit `kafka.max_record_bytes`.
          */
         CreateReply: {
-            /** @description A system prompt for this reply. */
+            /**
+             * @description A system prompt for this reply, sent before the workspace's own. With an end user's
+             *     token only where the workspace allows it (`end_user_context`).
+             */
             context?: string | null;
             /**
              * @description The conversation the message belongs to (not blank; at most 256 bytes: it is also the
@@ -321,6 +324,12 @@ export interface components {
             /** @description The text to append. */
             text: string;
         };
+        /**
+         * @description Whether the workspace's end users' tokens may send `context` (`replyd workspace policy
+         *     --end-user-context`).
+         * @enum {string}
+         */
+        EndUserContextView: "deny" | "allow";
         /** @description A token for one end user. */
         EndUserToken: {
             /**
@@ -620,12 +629,19 @@ export interface components {
         WorkspacePolicyView: {
             /** @description The models a request may name (an absent `model` is judged as the default); absent: any. */
             allowed_models?: string[] | null;
+            /** @description Whether end users' tokens may send `context`. */
+            end_user_context: components["schemas"]["EndUserContextView"];
             /**
              * Format: int32
              * @description The most output tokens a request may ask for, and what one that names none asks for;
              *     absent: no cap.
              */
             max_output_tokens?: number | null;
+            /**
+             * @description The system prompt every new task of the workspace is asked with, fixed when the task is
+             *     made (after the request's `context`, before the conversation's history); absent: none.
+             */
+            system_prompt?: string | null;
         };
     };
     responses: never;
@@ -1377,7 +1393,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, or a request whose token ceiling is over its whole token quota (`outside_workspace_policy`; `fields` names them, `detail` the setting) */
+            /** @description The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, a request whose token ceiling is over its whole token quota, `context` from an end user's token where the workspace's `end_user_context` is `deny`, or `message` and `context` over `worker.max_prompt_bytes` with the workspace's system prompt (`outside_workspace_policy`; `fields` names them, `detail` the setting) */
             422: {
                 headers: {
                     [name: string]: unknown;
