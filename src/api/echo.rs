@@ -2,7 +2,7 @@
 //! [`ECHOED_CHARS`] characters, then `…` and its length, so an answer never grows with its
 //! request (a 10 KB cursor once came back as a 10 KB body) and a caller can still tell which
 //! of its values was refused. Every detail that names a caller's text goes through
-//! [`quoted`]; the messages of the parsers the API uses (serde_json's, the query string's),
+//! [`quoted`] ([`quoted_bytes`] for a request head's bytes); the messages of the parsers the API uses (serde_json's, the query string's),
 //! which quote the values they refuse, go through [`message`].
 
 /// The characters of a caller's text a detail repeats.
@@ -17,6 +17,18 @@ pub fn quoted(text: &str) -> String {
     match text.char_indices().nth(ECHOED_CHARS) {
         None => format!("{text:?}"),
         Some((cut, _)) => format!("{:?} ({} bytes)", format!("{}…", &text[..cut]), text.len()),
+    }
+}
+
+/// Bytes a client sent that need not be UTF-8 (a request head's), quoted as a detail shows
+/// them (ASCII-escaped): whole up to [`ECHOED_CHARS`] bytes, else their start, `…`, and their
+/// length.
+pub fn quoted_bytes(bytes: &[u8]) -> String {
+    match bytes.get(..ECHOED_CHARS) {
+        Some(cut) if cut.len() < bytes.len() => {
+            format!("\"{}…\" ({} bytes)", cut.escape_ascii(), bytes.len())
+        }
+        _ => format!("\"{}\"", bytes.escape_ascii()),
     }
 }
 
@@ -84,6 +96,16 @@ mod tests {
         assert_eq!(
             shown,
             format!("\"{}…\" (20000 bytes)", "é".repeat(ECHOED_CHARS))
+        );
+    }
+
+    #[test]
+    fn bytes_are_quoted_escaped_and_cut_as_text_is() {
+        assert_eq!(quoted_bytes(b"x-key\x01"), r#""x-key\x01""#);
+        let long = [b'a'; 100];
+        assert_eq!(
+            quoted_bytes(&long),
+            format!("\"{}…\" (100 bytes)", "a".repeat(ECHOED_CHARS))
         );
     }
 
