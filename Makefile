@@ -10,10 +10,17 @@ build:
 
 ## test: start the local infrastructure, install the tools only the tests use, check format
 ## and lints, run every test (the workspace's: the tools' own test makes cargo build
-## replyd-lab, which some tests run).
-test: infra-up test-tools lint client-test
-	$(CARGO) test --workspace --all-targets
-	$(CARGO) test --workspace --doc
+## replyd-lab, which some tests run). Each stage is timed into $$REPLYD_STAGES when it is set
+## (`.ci/run` prints them).
+STAGE = bash .ci/stage
+test:
+	$(STAGE) infra-up $(MAKE) --no-print-directory infra-up
+	$(STAGE) test-tools $(MAKE) --no-print-directory test-tools
+	$(STAGE) lint $(MAKE) --no-print-directory lint
+	$(STAGE) client-test $(MAKE) --no-print-directory client-test
+	$(STAGE) build $(CARGO) test --workspace --all-targets --no-run
+	$(STAGE) tests $(CARGO) test --workspace --all-targets
+	$(STAGE) doc-tests $(CARGO) test --workspace --doc
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -21,7 +28,7 @@ lint:
 
 ## client-test: the TypeScript client (clients/typescript): its packages, its committed build
 ## output against its sources and docs/openapi.json, its unit tests, and the browser tests'
-## build (tests/browser.rs runs them).
+## build (tests/it/browser.rs runs them).
 client-test:
 	cd clients/typescript && npm ci --no-audit --no-fund --prefer-offline && npm run check && npm test
 

@@ -68,8 +68,11 @@ fi
 # One settings file per process (only the worker id differs): the same configuration runs
 # every part. One key presses for every simulated browser here: the per-key limit is not what
 # this runs.
+# The key the API seals its end users' token signing secrets with (api.end_user_token_key).
+token_key=$(head -c 32 /dev/urandom | base64)
 for name in api w1 w2; do
   write_settings "$dir/$name.toml" "worker.worker_id=\"$name\"" "${transport[@]}" \
+    "api.end_user_token_key=\"$token_key\"" \
     kafka.session_timeout_ms=10000 worker.partition_window=32 worker.global_window=128 \
     worker.lease_ms=15000 worker.renew_interval_ms=5000 worker.drain_timeout_ms=5000 \
     worker.commit_interval_ms=500 provider.request_timeout_ms=30000 \

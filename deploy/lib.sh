@@ -28,12 +28,13 @@ prepare() {
     [ -x "$lab" ] || { echo "no replyd-lab at $lab (set REPLYD_LAB_BIN)" >&2; exit 1; }
     return
   fi
-  if [ ! -x target/release/replyd ]; then
+  local out="${CARGO_TARGET_DIR:-$PWD/target}/release"
+  if [ ! -x "$out/replyd" ]; then
     echo "building replyd (release); the first build takes about 9 minutes on 2 cores" >&2
   fi
   cargo build --release -p replyd -p replyd-lab
-  bin="$PWD/target/release/replyd"
-  lab="$PWD/target/release/replyd-lab"
+  bin="$out/replyd"
+  lab="$out/replyd-lab"
 }
 
 # Processes this script started; all get SIGTERM (their drain path) and are waited for on exit.

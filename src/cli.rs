@@ -114,6 +114,9 @@ pub enum Command {
     /// Manage API keys.
     #[command(subcommand, name = "api-key")]
     ApiKey(ApiKeyCommand),
+    /// End users' tokens of a workspace.
+    #[command(subcommand)]
+    EndUserTokens(EndUserTokensCommand),
     /// Set or show a workspace's generation quota.
     #[command(subcommand)]
     Quota(QuotaCommand),
@@ -295,6 +298,24 @@ pub enum ApiKeyCommand {
     /// Revoke a key by its id (the part after `rpd_`, before the second `_`).
     #[command(after_help = "Exit codes: 0 revoked (or already); 4 no such key.")]
     Revoke { key_id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EndUserTokensCommand {
+    /// Revoke every end-user token of a workspace at once: its signing secret is rotated, the
+    /// tokens signed so far verify until the overlap ends, and tokens asked for from now on
+    /// are signed with a new secret. (One user's tokens: `POST /v1/end-users/{id}/revoke`;
+    /// the tokens of one key: `replyd api-key revoke`.) API processes see the rotation
+    /// within 10 s.
+    #[command(after_help = "Exit codes: 0 rotated; 4 no such workspace.")]
+    Rotate {
+        #[arg(long)]
+        workspace: String,
+        /// How long the tokens signed so far keep working (0: they stop now, within the API
+        /// processes' 10 s). Default 0.
+        #[arg(long, default_value_t = 0)]
+        overlap_seconds: u64,
+    },
 }
 
 #[derive(Debug, Subcommand)]

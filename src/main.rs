@@ -213,6 +213,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             return replyd::tenants::workspace(&settings()?, &command).await;
         }
         Command::ApiKey(command) => return replyd::tenants::api_key(&settings()?, &command).await,
+        Command::EndUserTokens(command) => {
+            return replyd::tenants::end_user_tokens(&settings()?, &command).await;
+        }
         Command::Quota(command) => return replyd::tenants::quota(&settings()?, &command).await,
     }
     Ok(ExitCode::SUCCESS)

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::cli::{ApiKeyCommand, QuotaCommand, WorkspaceCommand};
+use crate::cli::{ApiKeyCommand, EndUserTokensCommand, QuotaCommand, WorkspaceCommand};
 use crate::config::Settings;
 use crate::store::Store;
 use crate::store::workspaces::{PolicyChange, Revoked, WorkspaceCreated, valid_workspace_id};
@@ -116,6 +116,34 @@ pub async fn api_key(settings: &Settings, command: &ApiKeyCommand) -> anyhow::Re
                 return Ok(ExitCode::from(NOT_FOUND));
             }
         },
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn end_user_tokens(
+    settings: &Settings,
+    command: &EndUserTokensCommand,
+) -> anyhow::Result<ExitCode> {
+    let store = Store::connect(&settings.database)?;
+    match command {
+        EndUserTokensCommand::Rotate {
+            workspace,
+            overlap_seconds,
+        } => {
+            let overlap = std::time::Duration::from_secs(*overlap_seconds);
+            let Some(rotated) = store
+                .rotate_signing_key(workspace, overlap)
+                .await
+                .context("rotating the signing secret")?
+            else {
+                eprintln!("replyd: no workspace {workspace:?}");
+                return Ok(ExitCode::from(NOT_FOUND));
+            };
+            println!(
+                "workspace {workspace}: {} signing secret(s) retire in {overlap_seconds} s; the next token is signed with a new one",
+                rotated.retiring
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

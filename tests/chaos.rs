@@ -749,12 +749,12 @@ where
     // No reservation was freed whose work the provider did (the mock counts generations by
     // the task id each request carried as its key).
     let generated = app.mock.stats().per_key;
-    // A cancelled task's is released whatever its call did: the user stopped it and was shown
-    // no reply (the design's rule for Stop), so those are not counted here.
+    // A stopped task's too: a Stop whose call may have run is charged (V27), the user may
+    // have been shown its text.
     let freed_with_work: Vec<String> = client
         .query(
             "SELECT r.task_id::text FROM quota_reservations r JOIN reply_tasks t USING (task_id) \
-             WHERE r.state IN ('released', 'expired') AND t.status <> 'cancelled'",
+             WHERE r.state IN ('released', 'expired')",
             &[],
         )
         .await

@@ -40,6 +40,9 @@ pub struct Caller {
     pub workspace: String,
     /// The end user whose token this is; `None` for the workspace's key.
     pub end_user: Option<EndUser>,
+    /// The id of the API key the request was made with, or that asked for the end user's
+    /// token.
+    pub key_id: String,
 }
 
 /// An end user, as their token says.
@@ -50,6 +53,8 @@ pub struct EndUser {
     pub generation: i64,
     /// When the token ends, seconds since the epoch.
     pub expires_at: i64,
+    /// The version of the workspace's signing secret that signed it: a rotation retires it.
+    pub version: i32,
 }
 
 impl Caller {
@@ -64,13 +69,23 @@ impl Caller {
     }
 }
 
-impl FromRequestParts<ApiState> for Workspace {
+/// The caller of a route that takes the workspace's key: its workspace and the key's id.
+#[derive(Debug, Clone)]
+pub struct KeyCaller {
+    pub workspace: String,
+    pub key_id: String,
+}
+
+impl FromRequestParts<ApiState> for KeyCaller {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Problem> {
         let caller = Caller::from_request_parts(parts, state).await?;
         match caller.end_user {
-            None => Ok(Workspace(caller.workspace)),
+            None => Ok(KeyCaller {
+                workspace: caller.workspace,
+                key_id: caller.key_id,
+            }),
             Some(_) => Err(Problem::new(
                 StatusCode::FORBIDDEN,
                 ProblemKind::Forbidden,
@@ -78,6 +93,16 @@ impl FromRequestParts<ApiState> for Workspace {
                 "an end user's token may create, read, follow and stop replies in its user's conversations; this route takes the workspace's API key",
             )),
         }
+    }
+}
+
+impl FromRequestParts<ApiState> for Workspace {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Problem> {
+        KeyCaller::from_request_parts(parts, state)
+            .await
+            .map(|caller| Workspace(caller.workspace))
     }
 }
 
@@ -103,6 +128,7 @@ impl FromRequestParts<ApiState> for Caller {
                 Ok(Caller {
                     workspace,
                     end_user: None,
+                    key_id: presented.key_id,
                 })
             }
             Ok(None) => Err(unauthorized(AuthError::Unknown)),
@@ -123,7 +149,11 @@ fn bearer_token(header: Option<&[u8]>) -> Option<&str> {
         .then_some(credential)
 }
 
-/// The end user of a token: signed by its workspace's secret, not expired, not revoked.
+/// The end user of a token. In order, so that a bearer that is not a live token costs no
+/// database read and an end user's requests are limited before theirs do: it names a live
+/// signing secret of its workspace (the process's copy, [`super::signing`]), its signature
+/// verifies under it, its times hold (`api.end_user_token_max_ttl_seconds`); then its user's
+/// rate limit; then one read: the user's generation and the key that asked for it.
 async fn end_user(state: &ApiState, token: &str) -> Result<Caller, Problem> {
     let refused = |e: TokenError| {
         Problem::new(
@@ -133,33 +163,49 @@ async fn end_user(state: &ApiState, token: &str) -> Result<Caller, Problem> {
             e.to_string(),
         )
     };
-    let (workspace, user) = end_user::named(token).map_err(refused)?;
-    let check = state
-        .store
-        .token_check(&workspace, &user)
+    let unavailable = |e: crate::store::StoreError| {
+        Problem::unavailable(format!(
+            "cannot check the end-user token now: {}",
+            crate::telemetry::chain(&e)
+        ))
+    };
+    if state.signing.sealing().is_none() {
+        return Err(refused(TokenError::Disabled));
+    }
+    let named = end_user::named(token).map_err(refused)?;
+    let secret = state
+        .signing
+        .secret(&state.store, &named.workspace, named.version)
         .await
-        .map_err(|e| {
-            Problem::unavailable(format!(
-                "cannot check the end-user token now: {}",
-                crate::telemetry::chain(&e)
-            ))
-        })?
-        // A workspace that never signed a token (or was erased) signed none of this one.
+        .map_err(unavailable)?
+        // No live secret of that version: never made, retired by a rotation, or the workspace
+        // was erased; none of them signed this token.
         .ok_or(TokenError::BadSignature)
         .map_err(refused)?;
     let now = chrono::Utc::now().timestamp();
-    let claims = end_user::verify(token, &check.key(), now, check.generation).map_err(refused)?;
+    let max_lifetime = i64::from(state.settings.end_user_token_max_ttl_seconds);
+    let claims = end_user::verify(token, &secret, now, max_lifetime).map_err(refused)?;
     rate_limited(
         state,
         &format!("user:{}:{}", claims.ws, claims.sub),
         "this end user",
     )?;
+    let standing = state
+        .store
+        .token_standing(&claims.ws, &claims.sub, &claims.key)
+        .await
+        .map_err(unavailable)?;
+    claims
+        .standing(standing.generation, standing.key_live)
+        .map_err(refused)?;
     Ok(Caller {
         workspace: claims.ws,
+        key_id: claims.key,
         end_user: Some(EndUser {
             id: claims.sub,
             generation: claims.generation,
             expires_at: claims.exp,
+            version: named.version,
         }),
     })
 }

@@ -12,10 +12,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::auth::Workspace;
+use super::auth::{KeyCaller, Workspace};
 use super::path::PathParam;
-use super::problem::{Problem, ProblemDetails};
+use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::state::ApiState;
+use crate::store::end_users::SigningKey;
 use replyd_core::end_user;
 
 /// A `422` naming `user_id` when it is not one the API takes.
@@ -66,7 +67,7 @@ pub struct EndUserToken {
         (status = 201, description = "The token: hand it to the user's browser, never the API key", body = EndUserToken),
         (status = 400, description = "The body is not JSON (`malformed_json`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 401, description = "No API key, or an unknown or revoked one (`unauthorized`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 403, description = "An end user's token: only the workspace's key makes tokens (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 403, description = "An end user's token: only the workspace's key makes tokens; or end-user tokens are off on this deployment (`api.end_user_token_key` unset) (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not sent as JSON (`unsupported_media_type`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "A bad `user_id`, or `ttl_seconds` outside 1 to `api.end_user_token_max_ttl_seconds` (`invalid_body`; `fields` names it)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
@@ -75,13 +76,22 @@ pub struct EndUserToken {
 )]
 pub async fn create_token(
     State(state): State<ApiState>,
-    Workspace(workspace): Workspace,
+    caller: KeyCaller,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let KeyCaller { workspace, key_id } = caller;
     let made = async {
         let asked: CreateToken = super::replies::parse_json(&state, &headers, body).await?;
         checked_user_id(&asked.user_id)?;
+        let Some(sealing) = state.signing.sealing() else {
+            return Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                ProblemKind::Forbidden,
+                "Forbidden",
+                end_user::TokenError::Disabled.to_string(),
+            ));
+        };
         let max = state.settings.end_user_token_max_ttl_seconds;
         let ttl = asked.ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS.min(max));
         if !(1..=max).contains(&ttl) {
@@ -90,21 +100,50 @@ pub async fn create_token(
             ))
             .with_fields(vec!["ttl_seconds"]));
         }
-        let signing = state
+        let unavailable =
+            |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
+        let (version, secret) = match state
             .store
-            .token_signing(&workspace, &asked.user_id)
+            .current_signing_key(&workspace, sealing)
             .await
-            .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?
-            .ok_or_else(|| Problem::not_found(format!("no workspace {workspace}")))?;
+            .map_err(unavailable)?
+        {
+            SigningKey::Current { version, secret } => (version, secret),
+            SigningKey::NoWorkspace => {
+                return Err(Problem::not_found(format!("no workspace {workspace}")));
+            }
+            // The deployment's configuration, not the request: said as it is, not as a 5xx.
+            SigningKey::Unopened { version } => {
+                return Err(Problem::new(
+                    StatusCode::FORBIDDEN,
+                    ProblemKind::Forbidden,
+                    "Forbidden",
+                    format!(
+                        "the workspace's signing secret {version} does not open under api.end_user_token_key (the key changed?); an operator runs `replyd end-user-tokens rotate --workspace {workspace}`"
+                    ),
+                ));
+            }
+        };
+        let generation = state
+            .store
+            .token_standing(&workspace, &asked.user_id, &key_id)
+            .await
+            .map_err(unavailable)?
+            .generation;
         let now = Utc::now();
         let token = end_user::mint(
-            &signing.key(),
-            &workspace,
+            &secret,
+            version,
+            end_user::Issuer {
+                workspace: &workspace,
+                key_id: &key_id,
+            },
             &asked.user_id,
-            signing.generation,
+            generation,
             now.timestamp(),
             i64::from(ttl),
         );
+        state.signing.remember(&workspace, version, secret).await;
         crate::telemetry::end_user_token();
         Ok::<_, Problem>(EndUserToken {
             token,

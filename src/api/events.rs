@@ -155,15 +155,23 @@ struct Shown {
 enum Credential {
     /// An API key, by its id.
     Key(String),
-    /// An end user's token: it ends at its expiry or when the user's tokens are revoked.
-    Token { workspace: String, user: EndUser },
+    /// An end user's token: it ends at its expiry, when the user's tokens are revoked, when
+    /// the key that asked for it is, or when a rotation retires its signing secret.
+    Token {
+        workspace: String,
+        key_id: String,
+        user: EndUser,
+        signing: std::sync::Arc<super::signing::SigningKeys>,
+    },
 }
 
 impl std::fmt::Display for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Credential::Key(key_id) => write!(f, "API key {key_id}"),
-            Credential::Token { workspace, user } => {
+            Credential::Token {
+                workspace, user, ..
+            } => {
                 write!(f, "end user {:?} of {workspace}", user.id)
             }
         }
@@ -329,12 +337,25 @@ impl Follow {
     async fn read(&self) -> Result<(Option<StoredTask>, bool), crate::store::StoreError> {
         match &self.credential {
             Credential::Key(key_id) => self.store.read_followed(self.task_id, key_id).await,
-            Credential::Token { workspace, user } => {
+            Credential::Token {
+                workspace,
+                key_id,
+                user,
+                signing,
+            } => {
                 if chrono::Utc::now().timestamp() >= user.expires_at {
                     return Ok((None, false));
                 }
-                let check = self.store.token_check(workspace, &user.id).await?;
-                let live = check.is_some_and(|c| c.generation == user.generation);
+                let standing = self
+                    .store
+                    .token_standing(workspace, &user.id, key_id)
+                    .await?;
+                let live = standing.key_live
+                    && standing.generation == user.generation
+                    && signing
+                        .secret(&self.store, workspace, user.version)
+                        .await?
+                        .is_some();
                 Ok((self.store.read(self.task_id).await?, live))
             }
         }
@@ -430,7 +451,9 @@ pub async fn stream(
     let credential = match &caller.end_user {
         Some(user) => Credential::Token {
             workspace: caller.workspace.clone(),
+            key_id: caller.key_id.clone(),
             user: user.clone(),
+            signing: state.signing.clone(),
         },
         // The extractor above authenticated this very header.
         None => Credential::Key(

@@ -3,9 +3,10 @@
 //! hands the task to Kafka (I6); the caller follows the task by its id.
 //!
 //! One file per route group: [`replies`], [`events`], [`quota`]; [`demo`] is the demo chat
-//! page, served only when `api.demo_page` is on. [`auth`] turns the bearer key into the
-//! workspace; [`path`] reads every route's path parameter; [`problem`] renders every error as
-//! problem+json. Unknown routes and methods are
+//! page, served only when `api.demo_page` is on. [`auth`] turns the bearer key (or an end
+//! user's token, checked against [`signing`]'s secrets) into the caller; [`path`] reads every
+//! route's path parameter; [`problem`] renders every error as problem+json. Unknown routes and
+//! methods are
 //! problems too, and so are the answers of the HTTP server itself ([`server`], with
 //! [`parse_errors`] for the heads its parser refuses), so no refusal of this server is
 //! anything but problem+json. [`ApiState`] is what every handler reads; the router is in
@@ -30,6 +31,7 @@ pub mod replies;
 mod routes;
 pub mod server;
 pub mod settings;
+pub mod signing;
 mod state;
 
 use tokio_util::sync::CancellationToken;

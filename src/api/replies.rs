@@ -547,6 +547,7 @@ async fn create_inner(
     let Caller {
         workspace,
         end_user,
+        ..
     } = caller;
     let policy = policy_of(state, &workspace).await?;
     // The workspace's prompt goes first in the history: fixed with it when the task is made.
@@ -949,11 +950,17 @@ pub(super) async fn task_of(
         _ => return Err(not_found()),
     };
     if caller.end_user.is_some() {
-        // An end user sees the tasks of their own conversations only; another's is answered
-        // as a task of another workspace is.
+        // An end user sees the tasks of their own conversations only, and of those only the
+        // ones of messages written through the API (a producer's record in a conversation of
+        // the same id is the workspace's); another's is answered as a task of another
+        // workspace is.
         let owner = state
             .store
-            .conversation_owner(&caller.workspace, &task.spec.conversation_id)
+            .task_owner(
+                &caller.workspace,
+                &task.spec.conversation_id,
+                &task.spec.message_id,
+            )
             .await
             .map_err(unavailable)?;
         if !caller.sees(owner.as_ref()) {

@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use replyd_core::sealed::SealingKey;
+use replyd_core::secret::Secret;
+
 /// The HTTP API (`replyd api`).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -55,6 +58,14 @@ pub struct ApiSettings {
     /// 900 s or this, the shorter). A token cannot be recalled one by one, only all of a
     /// user's at once: a short life bounds what a leaked one can do.
     pub end_user_token_max_ttl_seconds: u32,
+    /// The key that seals each workspace's end-user token signing secrets in the database
+    /// (AES-256-GCM): 32 bytes in base64, as `openssl rand -base64 32` prints them. Every API
+    /// process of a deployment takes the same one; it is never shown, logged or written to
+    /// the database, so reading the database is not enough to sign a token. Unset, end-user
+    /// tokens are off: `POST /v1/end-user-tokens` answers `403` and no token is taken. A
+    /// secret sealed under another key does not open: tokens it signed are refused and no new
+    /// one is signed until `replyd end-user-tokens rotate` retires it. Default: unset.
+    pub end_user_token_key: Option<Secret>,
 }
 
 impl Default for ApiSettings {
@@ -73,6 +84,7 @@ impl Default for ApiSettings {
             cors_max_age_ms: 10 * 60 * 1000,
             history_max_tokens: 16_000,
             end_user_token_max_ttl_seconds: 3_600,
+            end_user_token_key: None,
         }
     }
 }
@@ -118,12 +130,23 @@ impl ApiSettings {
                 ),
             );
         }
+        if let Some(Err(why)) = self.sealing_key() {
+            refuse("api.end_user_token_key", why);
+        }
         for origin in &self.cors_allowed_origins {
             if let Err(why) = check_origin(origin) {
                 refuse("api.cors_allowed_origins", format!("{origin:?}: {why}"));
             }
         }
         out
+    }
+
+    /// The key end-user token secrets are sealed with, if one is set; why it cannot be used,
+    /// if it cannot (never its value).
+    pub fn sealing_key(&self) -> Option<Result<SealingKey, String>> {
+        self.end_user_token_key
+            .as_ref()
+            .map(|key| SealingKey::parse(key.expose()))
     }
 
     pub fn cors_max_age(&self) -> Duration {

@@ -11,6 +11,7 @@ use replyd_core::quota::QuotaPolicy;
 
 use super::changes::TaskChanges;
 use super::rate_limit::KeyLimiter;
+use super::signing::SigningKeys;
 
 /// What bounds the work the API admits, from the worker's and Kafka's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,12 +60,19 @@ pub struct ApiState {
     pub quota: QuotaPolicy,
     /// The request rate per API key (`api.rate_limit_*`).
     pub limiter: std::sync::Arc<KeyLimiter>,
+    /// The end users' token signing secrets (`api.end_user_token_key`).
+    pub signing: std::sync::Arc<SigningKeys>,
 }
 
 impl ApiState {
+    /// The state of `settings`, whose `validate()` already refused a sealing key that cannot
+    /// be used (one that cannot is taken here as none: end-user tokens off).
     pub fn new(store: Store, settings: ApiSettings, limits: IntakeLimits) -> Self {
         Self {
             limiter: std::sync::Arc::new(KeyLimiter::new(&settings)),
+            signing: std::sync::Arc::new(SigningKeys::new(
+                settings.sealing_key().and_then(Result::ok),
+            )),
             store,
             settings,
             limits,

@@ -274,8 +274,9 @@ pub struct QuotaFacts {
     /// Open reservations of failed tasks whose provider may have done the work.
     pub unresolved: i64,
     pub completed_without_charge: i64,
-    /// Settled reservations of cancelled tasks that were not released.
-    pub cancelled_not_released: i64,
+    /// Reservations of cancelled tasks not settled by the Stop's rule: charged when a call
+    /// may have run, released only when none can have started.
+    pub cancelled_misettled: i64,
     pub charges_without_reply: i64,
     pub counter_mismatches: i64,
     pub token_charge_mismatches: i64,
@@ -413,18 +414,24 @@ pub async fn read_facts(
                count(*) FILTER (WHERE t.status = 'completed' AND r.state <> 'charged'), \
                count(*) FILTER (WHERE r.state = 'charged' AND NOT (t.status = 'completed' \
                                 OR (t.status = 'failed' \
-                                    AND (r.charge_on_failure OR t.provider_may_have_run)))), \
+                                    AND (r.charge_on_failure OR t.provider_may_have_run)) \
+                                OR (t.status = 'cancelled' AND t.provider_may_have_run))), \
                (SELECT count(*) FROM quota_counters q WHERE (q.reserved, q.tokens_reserved) <> \
                   (SELECT count(*), coalesce(sum(o.token_ceiling), 0) FROM quota_reservations o \
                     WHERE o.workspace_id = q.workspace_id AND o.state = 'reserved')), \
-               count(*) FILTER (WHERE r.state <> 'reserved' AND r.tokens_charged IS DISTINCT FROM \
+               count(*) FILTER (WHERE r.state <> 'reserved' AND NOT (t.status = 'cancelled' \
+                                AND r.state = 'charged' AND r.tokens_charged <= greatest(r.token_ceiling, \
+                                    (SELECT coalesce(sum(a.prompt_tokens + a.completion_tokens), 0) \
+                                       FROM reply_attempts a WHERE a.task_id = t.task_id))) \
+                 AND r.tokens_charged IS DISTINCT FROM \
                  CASE WHEN r.state <> 'charged' THEN 0 \
                       ELSE coalesce((SELECT a.prompt_tokens + a.completion_tokens \
                                        FROM reply_attempts a \
                                       WHERE a.task_id = t.task_id \
                                         AND a.assignment_version = t.assignment_version \
                                         AND t.status = 'completed'), r.token_ceiling) END), \
-               count(*) FILTER (WHERE t.status = 'cancelled' AND r.state <> 'released') \
+               count(*) FILTER (WHERE t.status = 'cancelled' AND r.state <> \
+                                CASE WHEN t.provider_may_have_run THEN 'charged' ELSE 'released' END) \
              FROM quota_reservations r JOIN reply_tasks t USING (task_id)",
             &[],
         )
@@ -440,7 +447,7 @@ pub async fn read_facts(
         charges_without_reply: row.get(7),
         counter_mismatches: row.get(8),
         token_charge_mismatches: row.get(9),
-        cancelled_not_released: row.get(10),
+        cancelled_misettled: row.get(10),
     };
     // Nearest rank: percentile_disc(p) is the value at rank ceil(p × n).
     let attempts = client

@@ -61,8 +61,9 @@ pub struct Report {
     pub reservations_unresolved: i64,
     /// Completed tasks whose reservation is not charged (must be 0).
     pub completed_without_charge: i64,
-    /// Cancelled tasks whose reservation was settled otherwise than released (must be 0).
-    pub cancelled_not_released: i64,
+    /// Cancelled tasks whose reservation was not charged though a call may have run, or not
+    /// released though none can have started (must be 0).
+    pub cancelled_misettled: i64,
     /// Charged reservations whose task neither completed nor failed under a policy that
     /// charges failures, nor failed while the provider may have done its work (must be 0).
     pub charges_without_reply: i64,
@@ -239,8 +240,8 @@ impl Report {
             "I8: must be 0",
         );
         row(
-            "cancelled, not released",
-            self.cancelled_not_released.to_string(),
+            "cancelled, settled against the Stop's rule",
+            self.cancelled_misettled.to_string(),
             "I8: must be 0",
         );
         row(

@@ -53,7 +53,7 @@ pub fn verdict(facts: Facts) -> Report {
         reservations_unsettled: facts.quota.unsettled,
         reservations_unresolved: facts.quota.unresolved,
         completed_without_charge: facts.quota.completed_without_charge,
-        cancelled_not_released: facts.quota.cancelled_not_released,
+        cancelled_misettled: facts.quota.cancelled_misettled,
         charges_without_reply: facts.quota.charges_without_reply,
         quota_counter_mismatches: facts.quota.counter_mismatches,
         token_charge_mismatches: facts.quota.token_charge_mismatches,
@@ -88,13 +88,13 @@ pub fn verdict(facts: Facts) -> Report {
     }
     if report.reservations_unsettled > 0
         || report.completed_without_charge > 0
-        || report.cancelled_not_released > 0
+        || report.cancelled_misettled > 0
         || report.charges_without_reply > 0
         || report.quota_counter_mismatches > 0
         || report.token_charge_mismatches > 0
     {
         report.violations.push(
-            "I8 quota once: a reservation past its TTL unsettled, a completed task without its charge, a cancelled task's reservation not released, a charge without its reply, a counter that disagrees with its reservations, or a token charge other than the reply's reported usage (else its ceiling)"
+            "I8 quota once: a reservation past its TTL unsettled, a completed task without its charge, a cancelled task's reservation settled against the Stop's rule (charged when its call may have run, else released), a charge without its reply, a counter that disagrees with its reservations, or a token charge other than the reply's reported usage (else its ceiling)"
                 .into(),
         );
     }
@@ -183,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cancelled_task_whose_reservation_was_not_released_breaks_i8() {
+    fn a_cancelled_task_whose_reservation_was_settled_against_the_stops_rule_breaks_i8() {
         let report = verdict(Facts {
             statuses: StatusCounts {
                 tasks: 1,
@@ -192,7 +192,7 @@ mod tests {
             },
             quota: QuotaFacts {
                 charged: 1,
-                cancelled_not_released: 1,
+                cancelled_misettled: 1,
                 ..QuotaFacts::default()
             },
             ..Facts::default()
@@ -200,7 +200,11 @@ mod tests {
         let named: Vec<&str> = report.violations.iter().map(|v| &v[..2]).collect();
         assert_eq!(named, ["I8"]);
         assert!(report.summary_line().contains("cancelled=1"));
-        assert!(report.render_table().contains("cancelled, not released"));
+        assert!(
+            report
+                .render_table()
+                .contains("cancelled, settled against the Stop's rule")
+        );
     }
 
     #[test]

@@ -1,77 +1,202 @@
-//! End users (V24): each workspace's token signing secret, each user's token generation, and
-//! which end user a conversation belongs to. The tokens themselves are `replyd_core::end_user`.
+//! End users (V24, V27): each workspace's token signing secrets, sealed and versioned, each
+//! user's token generation, and which end user a conversation belongs to. The tokens
+//! themselves are `replyd_core::end_user`; the sealing, `replyd_core::sealed`.
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use rand::RngCore as _;
+use uuid::Uuid;
 
 use replyd_core::end_user::SECRET_BYTES;
-use replyd_core::secret::Secret;
+use replyd_core::sealed::{SealingKey, signing_key_row};
 
 use super::Store;
 use super::error::StoreError;
 
-/// What a token of a user is verified against.
-pub struct TokenCheck {
-    /// The workspace's signing secret (base64url), never shown.
-    pub secret: Secret,
-    /// The user's generation now: a token of another is revoked.
-    pub generation: i64,
+/// A live signing secret of one workspace, still sealed.
+#[derive(Debug, Clone)]
+pub struct SealedSigningKey {
+    pub workspace_id: String,
+    pub version: i32,
+    pub sealed: Vec<u8>,
+    /// When a rotation retires it (tokens it signed stop verifying); none while current.
+    pub retire_at: Option<DateTime<Utc>>,
 }
 
-impl TokenCheck {
-    /// The secret's bytes.
-    pub fn key(&self) -> Vec<u8> {
-        URL_SAFE_NO_PAD
-            .decode(self.secret.expose())
-            .unwrap_or_default()
-    }
+/// Where a verified token's user and key stand now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenStanding {
+    /// The user's generation: a token of another is revoked.
+    pub generation: i64,
+    /// Whether the API key that asked for the token is live.
+    pub key_live: bool,
 }
+
+/// What a rotation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotated {
+    /// Versions that will stop verifying at the overlap's end (already retiring sooner ones
+    /// keep their earlier end).
+    pub retiring: u64,
+}
+
+/// What a workspace signs its next token with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SigningKey {
+    /// The current version and its secret.
+    Current {
+        version: i32,
+        secret: Vec<u8>,
+    },
+    /// The current version does not open under the deployment's key (the key changed, or the
+    /// row was written by something else): nothing is signed until a rotation retires it.
+    Unopened {
+        version: i32,
+    },
+    NoWorkspace,
+}
+
+/// Tries at making a workspace's first (or next) signing secret when others make one at once.
+const SIGNING_TRIES: usize = 3;
 
 impl Store {
-    /// The workspace's signing secret and the user's generation, for a new token; the secret
-    /// is made on the first call (two first calls at once agree on one). `None` when the
-    /// workspace does not exist.
-    pub async fn token_signing(
+    /// The workspace's current signing secret (its version and the secret), made when it has
+    /// none live that is not retiring (its first token, or the first after a rotation; two
+    /// first calls at once agree on one).
+    pub async fn current_signing_key(
         &self,
         workspace: &str,
-        user: &str,
-    ) -> Result<Option<TokenCheck>, StoreError> {
-        let mut fresh = [0u8; SECRET_BYTES];
-        rand::rng().fill_bytes(&mut fresh);
-        let fresh = URL_SAFE_NO_PAD.encode(fresh);
+        key: &SealingKey,
+    ) -> Result<SigningKey, StoreError> {
         let client = self.client().await?;
-        client
-            .execute(
-                "INSERT INTO end_user_token_secrets (workspace_id, secret) \
-                 SELECT workspace_id, $2 FROM workspaces WHERE workspace_id = $1 \
-                 ON CONFLICT DO NOTHING",
-                &[&workspace, &fresh],
-            )
-            .await?;
-        self.token_check(workspace, user).await
+        for _ in 0..SIGNING_TRIES {
+            let current = client
+                .query_opt(
+                    "SELECT version, sealed FROM end_user_signing_keys \
+                     WHERE workspace_id = $1 AND retire_at IS NULL \
+                     ORDER BY version DESC LIMIT 1",
+                    &[&workspace],
+                )
+                .await?;
+            if let Some(row) = current {
+                let version: i32 = row.get(0);
+                let sealed: Vec<u8> = row.get(1);
+                return Ok(
+                    match key.open(&sealed, &signing_key_row(workspace, version)) {
+                        Ok(secret) => SigningKey::Current { version, secret },
+                        Err(_) => SigningKey::Unopened { version },
+                    },
+                );
+            }
+            let next: Option<i32> = client
+                .query_opt(
+                    "SELECT coalesce((SELECT max(version) FROM end_user_signing_keys \
+                                      WHERE workspace_id = $1), 0) + 1 \
+                     FROM workspaces WHERE workspace_id = $1",
+                    &[&workspace],
+                )
+                .await?
+                .map(|row| row.get(0));
+            let Some(version) = next else {
+                return Ok(SigningKey::NoWorkspace);
+            };
+            let mut secret = [0u8; SECRET_BYTES];
+            rand::rng().fill_bytes(&mut secret);
+            let mut nonce = [0u8; 12];
+            rand::rng().fill_bytes(&mut nonce);
+            let sealed = key.seal(&secret, &signing_key_row(workspace, version), nonce);
+            // The version's primary key decides between two first calls: the loser inserts
+            // nothing and reads the winner's on the next round.
+            client
+                .execute(
+                    "INSERT INTO end_user_signing_keys (workspace_id, version, sealed) \
+                     VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                    &[&workspace, &version, &sealed],
+                )
+                .await?;
+        }
+        Err(StoreError::Config(format!(
+            "workspace {workspace}'s signing secret kept changing while it was made"
+        )))
     }
 
-    /// What a token of `user` in `workspace` is verified against: `None` when the workspace
-    /// never signed one (or was erased).
-    pub async fn token_check(
+    /// Every workspace's signing secrets that still verify tokens, sealed: what an API process
+    /// keeps in memory, so a token's signature is checked before anything of it is read.
+    pub async fn live_signing_keys(&self) -> Result<Vec<SealedSigningKey>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT workspace_id, version, sealed, retire_at FROM end_user_signing_keys \
+                 WHERE retire_at IS NULL OR retire_at > clock_timestamp()",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| SealedSigningKey {
+                workspace_id: row.get(0),
+                version: row.get(1),
+                sealed: row.get(2),
+                retire_at: row.get(3),
+            })
+            .collect())
+    }
+
+    /// Where a verified token of `user`, asked for by the key `key_id`, stands now.
+    pub async fn token_standing(
         &self,
         workspace: &str,
         user: &str,
-    ) -> Result<Option<TokenCheck>, StoreError> {
+        key_id: &str,
+    ) -> Result<TokenStanding, StoreError> {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(
-                "SELECT s.secret, coalesce(u.generation, 0) FROM end_user_token_secrets s \
-                 LEFT JOIN end_users u ON u.workspace_id = s.workspace_id AND u.user_id = $2 \
-                 WHERE s.workspace_id = $1",
+                "SELECT coalesce((SELECT generation FROM end_users \
+                                  WHERE workspace_id = $1 AND user_id = $2), 0), \
+                        EXISTS (SELECT 1 FROM api_keys WHERE key_id = $3 \
+                                AND workspace_id = $1 AND revoked_at IS NULL)",
             )
             .await?;
-        let row = client.query_opt(&statement, &[&workspace, &user]).await?;
-        Ok(row.map(|row| TokenCheck {
-            secret: Secret::new(row.get::<_, String>(0)),
-            generation: row.get(1),
-        }))
+        let row = client
+            .query_one(&statement, &[&workspace, &user, &key_id])
+            .await?;
+        Ok(TokenStanding {
+            generation: row.get(0),
+            key_live: row.get(1),
+        })
+    }
+
+    /// Rotates `workspace`'s signing secret: every version now live stops verifying tokens
+    /// `overlap` from now (one retiring sooner keeps its end), and the next token is signed
+    /// with a new version. `None` when the workspace does not exist.
+    pub async fn rotate_signing_key(
+        &self,
+        workspace: &str,
+        overlap: Duration,
+    ) -> Result<Option<Rotated>, StoreError> {
+        let client = self.client().await?;
+        let exists = client
+            .query_opt(
+                "SELECT 1 FROM workspaces WHERE workspace_id = $1",
+                &[&workspace],
+            )
+            .await?
+            .is_some();
+        if !exists {
+            return Ok(None);
+        }
+        let retiring = client
+            .execute(
+                "UPDATE end_user_signing_keys \
+                 SET retire_at = clock_timestamp() + make_interval(secs => $2) \
+                 WHERE workspace_id = $1 AND (retire_at IS NULL \
+                       OR retire_at > clock_timestamp() + make_interval(secs => $2))",
+                &[&workspace, &overlap.as_secs_f64()],
+            )
+            .await?;
+        Ok(Some(Rotated { retiring }))
     }
 
     /// Revokes every token of `user` issued so far; the user's new generation. Tokens asked
@@ -107,6 +232,35 @@ impl Store {
             .await?;
         let row = client
             .query_opt(&statement, &[&workspace, &conversation])
+            .await?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
+    /// Whose a task is, for an end user's request: its conversation's owner as
+    /// [`Store::conversation_owner`] says, but only for a task whose message was written
+    /// through the API in that conversation. A task a producer published as a record, or one
+    /// whose message is not the conversation's, is the workspace's alone (`None`), whatever
+    /// conversation row its id shares.
+    pub async fn task_owner(
+        &self,
+        workspace: &str,
+        conversation: &str,
+        message_id: &str,
+    ) -> Result<Option<Option<String>>, StoreError> {
+        let Ok(message) = Uuid::parse_str(message_id) else {
+            return Ok(None);
+        };
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT c.end_user_id FROM conversations c \
+                 WHERE c.workspace_id = $1 AND c.conversation_id = $2 \
+                   AND EXISTS (SELECT 1 FROM messages m WHERE m.message_id = $3 \
+                               AND m.workspace_id = $1 AND m.conversation_id = $2)",
+            )
+            .await?;
+        let row = client
+            .query_opt(&statement, &[&workspace, &conversation, &message])
             .await?;
         Ok(row.map(|row| row.get(0)))
     }

@@ -328,17 +328,24 @@ impl Store {
                 &[&scope.workspace_id],
             )
             .await?;
-            // Its end users' generations and its signing secret: no token of it verifies.
+            // Its end users' generations, its signing secrets (no token of it verifies) and the
+            // charges its end users' forgotten tasks kept.
             tx.execute(
                 "DELETE FROM end_users WHERE workspace_id = $1",
                 &[&scope.workspace_id],
             )
             .await?;
-            tx.execute(
-                "DELETE FROM end_user_token_secrets WHERE workspace_id = $1",
-                &[&scope.workspace_id],
-            )
-            .await?;
+            for table in [
+                "end_user_token_secrets",
+                "end_user_signing_keys",
+                "end_user_charges_kept",
+            ] {
+                tx.execute(
+                    &format!("DELETE FROM {table} WHERE workspace_id = $1"),
+                    &[&scope.workspace_id],
+                )
+                .await?;
+            }
             erased.workspace = tx
                 .execute(
                     "DELETE FROM workspaces WHERE workspace_id = $1",

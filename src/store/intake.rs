@@ -132,20 +132,33 @@ pub fn task_spec(s: &Submission, task_id: TaskId, new_message_id: Uuid) -> TaskS
 /// Whether the submission's scope was erased, under the workspace's shared erasure lock
 /// (`replyd_scope_erased`, V21): an erasure that writes the scope waits for this transaction.
 const SCOPE_ERASED: &str = "SELECT replyd_scope_erased($1, $2)";
+/// A key is the caller's (V27): the workspace's key and each of its end users (`$4`, '' for
+/// the key) have keys of their own, so no caller's key is judged against another's request.
 const EXPIRE_KEY: &str = "DELETE FROM idempotency_keys WHERE workspace_id = $1 AND operation = $2 \
-     AND idempotency_key = $3 AND expires_at <= clock_timestamp()";
+     AND idempotency_key = $3 AND end_user_id = $4 AND expires_at <= clock_timestamp()";
 const INSERT_TASK: &str = "INSERT INTO reply_tasks (task_id, workspace_id, conversation_id, message_id, \
      document_version, request, max_attempts) VALUES ($1, $2, $3, $4, $5, $6, $7)";
 const INSERT_KEY: &str = "INSERT INTO idempotency_keys (workspace_id, operation, idempotency_key, \
-     request_hash, request, task_id, expires_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + make_interval(secs => $7)) \
+     request_hash, request, task_id, expires_at, end_user_id) \
+     VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + make_interval(secs => $7), $8) \
      ON CONFLICT DO NOTHING RETURNING task_id";
 /// The message; the insert numbers it next in its conversation (V22's trigger), and the
 /// conversation's row stays locked until the commit, so numbers are given in commit order.
 const INSERT_MESSAGE: &str = "INSERT INTO messages (message_id, workspace_id, conversation_id, content) \
      VALUES ($1, $2, $3, $4)";
+/// A conversation belongs to whoever began it, from any source: one the workspace already
+/// has tasks in (a producer's records make no conversation row) is the workspace's, so an end
+/// user's first request in it makes its row the workspace's and is refused. (A record whose
+/// task comes after the user began the conversation stays the workspace's too:
+/// [`Store::task_owner`] shows an end user only tasks of messages written through the API.)
 const CLAIM_CONVERSATION: &str = "INSERT INTO conversations (workspace_id, conversation_id, end_user_id, last_seq) \
-     VALUES ($1, $2, $3, 0) ON CONFLICT DO NOTHING";
+     SELECT $1, $2, CASE WHEN EXISTS (SELECT 1 FROM reply_tasks WHERE status IN ('pending', 'running') \
+                                      AND workspace_id = $1 AND conversation_id = $2) \
+                           OR EXISTS (SELECT 1 FROM reply_tasks \
+                                      WHERE status IN ('completed', 'failed', 'cancelled') \
+                                      AND workspace_id = $1 AND conversation_id = $2) \
+                         THEN NULL ELSE $3 END, 0 \
+     ON CONFLICT DO NOTHING";
 /// A statement of its own after the claim: it sees the row a concurrent claim committed.
 const CONVERSATION_OWNER: &str = "SELECT end_user_id FROM conversations \
      WHERE workspace_id = $1 AND conversation_id = $2 FOR UPDATE";
@@ -181,6 +194,7 @@ impl Store {
             .map_err(|_| StoreError::Config("max_attempts over i32".into()))?;
         let retention_s = s.retention.as_seconds_f64();
         let payload = spec.to_proto().encode_to_vec();
+        let caller_scope = s.end_user.as_deref().unwrap_or_default();
         if let Some(user) = &s.end_user {
             // Claimed first, so the conversation's row is locked for the rest: a new one is
             // made this user's (number 0: its first message is 1); two first requests of two
@@ -240,7 +254,10 @@ impl Store {
                     .map(|row| row.get::<_, bool>(0))
             },
             // A remembered key past its retention is new work: take its row out first.
-            async { tx.execute(&expire, &[&s.workspace_id, &op, &key]).await },
+            async {
+                tx.execute(&expire, &[&s.workspace_id, &op, &key, &caller_scope])
+                    .await
+            },
             // The task exists before the key refers to it.
             async {
                 tx.execute(
@@ -270,6 +287,7 @@ impl Store {
                         &request,
                         &task_uuid,
                         &retention_s,
+                        &caller_scope,
                     ],
                 )
                 .await
@@ -352,8 +370,9 @@ impl Store {
             .query_opt(
                 "SELECT request_hash, request, task_id, expires_at, clock_timestamp() AS now \
                  FROM idempotency_keys \
-                 WHERE workspace_id = $1 AND operation = $2 AND idempotency_key = $3",
-                &[&s.workspace_id, &op, &s.key.as_str()],
+                 WHERE workspace_id = $1 AND operation = $2 AND idempotency_key = $3 \
+                   AND end_user_id = $4",
+                &[&s.workspace_id, &op, &s.key.as_str(), &caller_scope],
             )
             .await?
         else {

@@ -101,8 +101,9 @@ impl Store {
         let client = self.client().await?;
         Ok(client
             .execute(
-                "DELETE FROM idempotency_keys WHERE (workspace_id, operation, idempotency_key) IN \
-                 (SELECT workspace_id, operation, idempotency_key FROM idempotency_keys \
+                "DELETE FROM idempotency_keys \
+                 WHERE (workspace_id, end_user_id, operation, idempotency_key) IN \
+                 (SELECT workspace_id, end_user_id, operation, idempotency_key FROM idempotency_keys \
                   WHERE expires_at < clock_timestamp() ORDER BY expires_at LIMIT $1)",
                 &[&limit],
             )

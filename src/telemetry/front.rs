@@ -60,6 +60,16 @@ pub fn end_user_token() {
     counter!(END_USER_TOKENS).increment(1);
 }
 
+/// A workspace's signing secret that does not open under `api.end_user_token_key` (the key
+/// changed, or the row was tampered with): its tokens are refused until a rotation replaces it.
+pub fn signing_key_unopened(workspace: &str, error: &dyn std::error::Error) {
+    tracing::warn!(
+        workspace,
+        error = %error,
+        "an end-user token signing secret does not open under api.end_user_token_key; run `replyd end-user-tokens rotate` for the workspace"
+    );
+}
+
 pub fn outbox_published(rows: usize) {
     if rows > 0 {
         tracing::debug!(rows, "outbox rows published");

@@ -35,6 +35,8 @@ struct Saved {
     completed_with_reply: usize,
     failed_without_reply: usize,
     cancelled_without_reply: usize,
+    /// Of those, the ones stopped once a call may have run (charged, I8).
+    cancelled_after_a_call: usize,
     released: i64,
     messages: i64,
     keys: i64,
@@ -77,6 +79,11 @@ async fn saved(app: &TestApp, conversation: &str) -> Saved {
         cancelled_without_reply: one(
             "SELECT count(*) FROM reply_tasks WHERE conversation_id = $1 \
              AND status = 'cancelled' AND saved_response IS NULL",
+        )
+        .await as usize,
+        cancelled_after_a_call: one(
+            "SELECT count(*) FROM reply_tasks WHERE conversation_id = $1 \
+             AND status = 'cancelled' AND provider_may_have_run",
         )
         .await as usize,
         released: one(
@@ -270,10 +277,15 @@ async fn the_demo_page_keeps_one_task_per_press_through_double_clicks_lost_answe
         assert_eq!(saved.failed_without_reply, failed, "{}", s.scenario);
         assert_eq!(saved.cancelled_without_reply, stopped, "{}", s.scenario);
         assert_eq!(s.replies_shown as usize, completed, "{}", s.scenario);
+        let ran = saved.cancelled_after_a_call;
         assert_eq!(
             (saved.reservations, saved.charged, saved.released),
-            (presses as i64, completed as i64, (failed + stopped) as i64),
-            "{}: each task reserved once, charged once if it completed, released if it failed or was stopped",
+            (
+                presses as i64,
+                (completed + ran) as i64,
+                (failed + stopped - ran) as i64
+            ),
+            "{}: each task reserved once, charged once if it completed or was stopped once its call may have run, released if it failed or was stopped before any call",
             s.scenario
         );
     }
@@ -408,16 +420,21 @@ async fn the_demo_page_on_a_products_origin_signs_in_with_a_token_refreshes_it_s
         .unwrap()
         .get(0);
     assert_eq!(owner.as_deref(), Some("alice"));
-    let released: i64 = db
+    // Stopped while its call ran: the provider may have done the work (and the page may have
+    // shown its text), so it is charged, as any call that may have run is (I8).
+    let charged: i64 = db
         .query_one(
             "SELECT count(*) FROM quota_reservations r JOIN reply_tasks t USING (task_id) \
-             WHERE t.conversation_id = $1 AND r.state = 'released'",
+             WHERE t.conversation_id = $1 AND t.status = 'cancelled' AND r.state = 'charged'",
             &[&conversation],
         )
         .await
         .unwrap()
         .get(0);
-    assert_eq!(released, 1, "the stopped task is not charged");
+    assert_eq!(
+        charged, 1,
+        "the stopped task, whose call had started, is charged"
+    );
 
     server.kill().await.unwrap();
     app.terminate("serve").await;

@@ -1,5 +1,6 @@
-//! Stop: `POST /v1/replies/{id}/cancel` before the claim (no call is ever made), during the
-//! call (the provider sees the call cut short, nothing is saved, nothing is charged), after the
+//! Stop: `POST /v1/replies/{id}/cancel` before the claim (no call is ever made, nothing is
+//! charged), during the call (the provider sees the call cut short, nothing is saved, and the
+//! call that may have run is charged: a generation, and its prompt's tokens), after the
 //! reply was saved (nothing changes, and the answer says so), and again (the same answer).
 //! Real worker and relay processes, the real broker and PostgreSQL, the mock provider over
 //! HTTP; `replyd check` holds after each.
@@ -119,7 +120,7 @@ async fn a_task_cancelled_before_its_claim_makes_no_call_and_its_record_is_done(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_cancelled_during_its_call_cuts_the_call_short_saves_nothing_and_charges_nothing() {
+async fn a_task_cancelled_during_its_call_cuts_the_call_short_saves_nothing_and_is_charged() {
     // Renewals far apart: the call (8 s) would end before the first one (20 s), so a call the
     // provider sees cut short was cut by the cancel's notification, not by a renewal.
     let config = WorkerConfig {
@@ -151,12 +152,35 @@ async fn a_task_cancelled_during_its_call_cuts_the_call_short_saves_nothing_and_
     let view = front.view("acme", &running).await;
     assert_eq!(view.status, ReplyStatus::Cancelled);
     assert_eq!(view.reply, None);
+    // The provider had the request: a call that may have run is charged (I8), in tokens its
+    // prompt's bound, no text having been shown (the reply is not saved, so nothing else).
     assert_eq!(
         ledger(&app, &running).await,
         (
-            "released".to_owned(),
+            "charged".to_owned(),
             BTreeMap::from([("cancelled".to_owned(), 1)])
         )
+    );
+    let tokens = app
+        .db
+        .raw_client()
+        .await
+        .query_one(
+            "SELECT tokens_charged, token_ceiling FROM quota_reservations WHERE task_id = $1",
+            &[&running.task_id.as_uuid()],
+        )
+        .await
+        .unwrap();
+    let (charged, ceiling): (i64, i64) = (tokens.get(0), tokens.get(1));
+    assert_eq!(
+        charged,
+        replyd_core::quota::stop_tokens(
+            ceiling,
+            replyd_core::workspace_policy::DEFAULT_OUTPUT_CEILING,
+            0,
+            0
+        ),
+        "the prompt's bound"
     );
     let quota: Value = front
         .client
@@ -170,7 +194,7 @@ async fn a_task_cancelled_during_its_call_cuts_the_call_short_saves_nothing_and_
         .unwrap();
     assert_eq!(
         (&quota["used"], &quota["reserved"]),
-        (&0.into(), &0.into()),
+        (&1.into(), &0.into()),
         "{quota}"
     );
     // Its streamed answer is recorded as cancelled, its usage as not reported (never 0).

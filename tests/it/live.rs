@@ -542,3 +542,83 @@ async fn a_provider_cut_mid_stream_is_an_ambiguous_call_whose_text_is_withdrawn_
     assert!(usage.unreported_attempts >= 1);
     assert_one_reply(&app).await;
 }
+
+/// A reply stopped after its followers were shown text is work the provider bills: its
+/// reservation is charged, a generation and, in tokens, the prompt's bound and at least the
+/// text shown. With a quota of 2 a day, two stopped replies use it up, where before four long
+/// replies, each followed to 2,400 characters and then stopped, were all admitted and all
+/// released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_stopped_after_its_text_was_shown_is_charged_and_counts_against_the_quota() {
+    let app = TestApp::start(2, streaming_mock(), WorkerConfig::default()).await;
+    let front = front(&app).await;
+    assert!(
+        app.db
+            .store
+            .set_quota("acme", Some(2), 86_400)
+            .await
+            .unwrap()
+    );
+    app.spawn_relay("relay");
+    app.spawn_worker("w1");
+    for _ in 0..2 {
+        let task = front.send(&long_question(20_000)).await;
+        let mut follower = Follower::open(&front, &task, None).await;
+        let mut shown = 0;
+        assert!(
+            follower
+                .until(|e| {
+                    if e.kind == "delta" {
+                        shown += e.data["text"].as_str().unwrap().len();
+                    }
+                    shown >= 600
+                })
+                .await,
+            "the follower is shown text"
+        );
+        let stop = front
+            .client
+            .post(format!("{}/v1/replies/{}/cancel", front.base, task.task_id))
+            .bearer_auth(&front.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stop.status(), 200);
+        let row = app
+            .db
+            .raw_client()
+            .await
+            .query_one(
+                "SELECT state, tokens_charged, token_ceiling FROM quota_reservations \
+                 WHERE task_id = $1",
+                &[&task.task_id.as_uuid()],
+            )
+            .await
+            .unwrap();
+        let (state, charged, ceiling): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        let prompt = ceiling - replyd_core::workspace_policy::DEFAULT_OUTPUT_CEILING;
+        assert_eq!(state, "charged");
+        assert!(
+            charged >= prompt + shown as i64 && charged <= ceiling,
+            "charged {charged} for a prompt of {prompt} and {shown} bytes shown (ceiling {ceiling})"
+        );
+    }
+    let refused = api::press(
+        &front.client,
+        &front.base,
+        &front.key,
+        "the third press",
+        &long_question(20_000),
+    )
+    .await;
+    assert_eq!(refused.status(), 429);
+    let problem: Value = refused.json().await.unwrap();
+    assert!(
+        problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("quota_exceeded"),
+        "{problem}"
+    );
+    assert_one_reply(&app).await;
+}

@@ -12,6 +12,7 @@ mod browser;
 mod cancel;
 mod checker;
 mod deploy;
+mod end_user_boundary;
 mod end_users;
 mod forgetting;
 mod front_half;

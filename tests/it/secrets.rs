@@ -118,19 +118,36 @@ async fn no_secret_shows_in_any_output_of_a_run() {
         .text()
         .await
         .unwrap();
-    let signing_secret: String = client
+    // The signing secret, as only the API can open it, in the forms a leak would take.
+    let sealed: Vec<u8> = client
         .query_one(
-            "SELECT secret FROM end_user_token_secrets WHERE workspace_id = 'acme'",
+            "SELECT sealed FROM end_user_signing_keys WHERE workspace_id = 'acme'",
             &[],
         )
         .await
         .unwrap()
         .get(0);
+    let signing_secret = replyd_core::sealed::SealingKey::parse(crate::helpers::api::TOKEN_KEY)
+        .unwrap()
+        .open(&sealed, &replyd_core::sealed::signing_key_row("acme", 1))
+        .unwrap();
+    use base64::Engine as _;
     let secrets = [
         secrets.as_slice(),
         &[
             ("end user's token", token.clone()),
-            ("token signing secret", signing_secret),
+            (
+                "token signing secret",
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&signing_secret),
+            ),
+            (
+                "token signing secret",
+                base64::engine::general_purpose::STANDARD.encode(&signing_secret),
+            ),
+            (
+                "token sealing key (api.end_user_token_key)",
+                crate::helpers::api::TOKEN_KEY.to_owned(),
+            ),
         ],
     ]
     .concat();

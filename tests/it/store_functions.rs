@@ -1,5 +1,5 @@
 //! The claim's decision is made by a server-side function (`replyd_claim`, migration V9);
-//! `fencing::decide_claim` is its specification, the one the lease model checks. This test
+//! `lease::decide_claim` is its specification, the one the lease model checks. This test
 //! writes generated rows into a real PostgreSQL, claims each, and checks that the function
 //! decided what the specification decides and wrote what that decision means (I2, I7).
 

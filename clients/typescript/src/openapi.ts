@@ -903,7 +903,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description An end user's token: only the workspace's key makes tokens (`forbidden`) */
+            /** @description An end user's token: only the workspace's key makes tokens; or end-user tokens are off on this deployment (`api.end_user_token_key` unset) (`forbidden`) */
             403: {
                 headers: {
                     [name: string]: unknown;

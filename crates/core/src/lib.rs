@@ -18,6 +18,7 @@ pub mod proto;
 pub mod provider;
 pub mod quota;
 pub mod retry;
+pub mod sealed;
 pub mod secret;
 pub mod windows;
 pub mod workspace_policy;

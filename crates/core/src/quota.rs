@@ -203,6 +203,17 @@ pub fn tokens_to_charge(settle: Settle, reported: Option<i64>, ceiling: i64) -> 
     }
 }
 
+/// Tokens a Stop charges for a call that may have run (`replyd_stop_tokens` of V27 is its
+/// twin): what the task's attempts reported, or at least its prompt's bound (the `ceiling`
+/// less `output_bound`, the request's `max_output_tokens` or
+/// [`crate::workspace_policy::DEFAULT_OUTPUT_CEILING`]) and the `shown_bytes` of text its
+/// followers were shown, a token being at least one byte; never past the ceiling for text
+/// alone. A stopped reply is work the provider bills, as far as anyone can tell it was done.
+pub fn stop_tokens(ceiling: i64, output_bound: i64, shown_bytes: i64, reported: i64) -> i64 {
+    let prompt = (ceiling - output_bound).max(0);
+    reported.max(ceiling.min(prompt + shown_bytes.max(0)))
+}
+
 /// The longest period an operator may set: 3650 days. PostgreSQL does the window arithmetic
 /// (a window's end is its start plus the period) and its timestamps end in 294276 AD, so a
 /// period near `i64::MAX` seconds made every admission and read of the workspace fail with
@@ -507,6 +518,32 @@ impl QuotaSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stop_charges_the_prompt_and_the_text_shown_or_what_was_reported() {
+        // A ceiling of 1,000 prompt bytes and 4,096 output tokens.
+        assert_eq!(
+            stop_tokens(5_096, 4_096, 0, 0),
+            1_000,
+            "nothing shown: the prompt"
+        );
+        assert_eq!(stop_tokens(5_096, 4_096, 2_400, 0), 3_400);
+        assert_eq!(
+            stop_tokens(5_096, 4_096, 9_000, 0),
+            5_096,
+            "never past the ceiling"
+        );
+        assert_eq!(
+            stop_tokens(5_096, 4_096, 2_400, 6_000),
+            6_000,
+            "what was reported"
+        );
+        assert_eq!(
+            stop_tokens(100, 4_096, 50, 0),
+            50,
+            "a ceiling under the output bound"
+        );
+    }
 
     const POLICY: QuotaPolicy = QuotaPolicy {
         charge_failed: false,

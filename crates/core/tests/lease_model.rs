@@ -25,9 +25,12 @@
 //! `replyd_cancel` is: it must lose to a saved reply (I1: a finished task is left alone), and
 //! when it wins it must fence the in-flight assignment, so that the worker's late completion is
 //! refused (`Refusal::Cancelled`), its next claim answers `AlreadyCancelled` and its record is
-//! done (I3: cancelled is terminal). Its reservation is released even when the provider may
-//! have done the work: the design's rule for a Stop, and the one release the I8 property
-//! excuses, by name, so that no other release hides behind it.
+//! done (I3: cancelled is terminal). Its reservation is settled by the Stop itself (V27):
+//! charged when a call may have run (the task was running, under a live lease or a lapsed
+//! one, or an earlier call may have done work), since its user may have been shown the text
+//! the provider bills; released only when no call can have started. So the I8 property that
+//! no reservation is released while the provider may have done the work holds for a Stop as
+//! for every other settler, with no exception.
 //!
 //! While its call runs, a worker may write pieces of the call's text for the task's followers
 //! (`Action::LivePiece`, migration V26). The piece's insert is guarded by the assignment and
@@ -61,6 +64,8 @@ const ATTEMPT_AFTER_FORGETTING: &str = "no attempt starts after the task is forg
 const SAVED_REPLY_CANCELLED: &str =
     "I1: a task with a saved reply stays completed (no Stop cancels it)";
 const SETTLED_TWICE: &str = "I8: a reservation is settled at most once";
+const RELEASED_AFTER_WORK: &str =
+    "I8: a reservation is never released while the provider may have done the work";
 
 /// A reading of the database clock, in ticks since the start of the run.
 type Tick = u8;
@@ -103,6 +108,10 @@ enum CancelCheck {
     /// task_id = $1` and a release of the task's reservation by its id, neither reading what it
     /// overwrites.
     OverwritesAnyStatus,
+    /// The Stop of V23: locks and checks as replyd's does, but releases the reservation
+    /// whatever the provider may have done (the user "was shown no reply", which live text
+    /// made untrue).
+    ReleasesWhateverRan,
 }
 
 /// The bounds and the protocol variant of one check.
@@ -221,6 +230,9 @@ enum Tokens {
     /// The usage the reply of this worker's claim at this version reported.
     ReportedBy(SavedReply),
     Ceiling,
+    /// A Stop's charge: the prompt's bound and the text its followers were shown
+    /// (`replyd_stop_tokens`, V27).
+    Stopped,
 }
 
 /// Whether a reply carries usage: worker 0's provider answers report it, worker 1's do not,
@@ -238,8 +250,7 @@ fn tokens_of(saved: Option<SavedReply>) -> Tokens {
     }
 }
 
-/// Who settled the task's reservation: the I8 properties allow a Stop a release they forbid
-/// everyone else.
+/// Who settled the task's reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Settler {
     /// `replyd_settle_reservation` (V13), in the transaction that completes or fails the task.
@@ -837,7 +848,7 @@ impl LeaseProtocol {
         // replyd's Stop reads the status under the lock: `IF status IN ('completed', 'failed',
         // 'cancelled') THEN RETURN 'already_' || status` (a Stop that loses the race to a saved
         // reply, or a second press, changes nothing). The broken one reads nothing.
-        if self.cancel == CancelCheck::LocksThenChecksStatus
+        if self.cancel != CancelCheck::OverwritesAnyStatus
             && matches!(found, StopFound::Finished(_))
         {
             return;
@@ -850,20 +861,32 @@ impl LeaseProtocol {
         // call. (`UPDATE reply_attempts SET outcome = 'cancelled'` on the current assignment's
         // open attempt follows; the model keeps no attempt rows.)
         let row = &mut state.row;
-        row.may_have_run |= found == StopFound::LapsedLease;
+        // `provider_may_have_run OR status = 'running'`: a running task's call may be under
+        // way whether its lease is live or lapsed.
+        row.may_have_run |= matches!(found, StopFound::LiveLease | StopFound::LapsedLease);
+        let may_have_run = row.may_have_run;
         row.status = TaskStatus::Cancelled;
         row.assignment_version += 1;
         row.lease_owner = None;
         row.lease_until = None;
         row.next_attempt_at = None;
         state.history.cancelled = true;
-        // `replyd_settle_to(task, 'released')`, guarded on the reservation being open, whatever
-        // `provider_may_have_run` says: the design releases a Stop's reservation, unlike a
-        // failure's. The broken Stop's release is guarded by nothing.
-        if self.cancel == CancelCheck::OverwritesAnyStatus
-            || state.reservation == Reservation::Reserved
-        {
+        // `replyd_settle_to(task, CASE WHEN may_have_run THEN 'charged' ELSE 'released' END,
+        // ..., shown)` before the status changes, guarded on the reservation being open. The
+        // broken Stop's release is guarded by nothing and reads nothing.
+        if self.cancel == CancelCheck::OverwritesAnyStatus {
             settle(state, Reservation::Released, Settler::Cancel);
+        } else if self.cancel == CancelCheck::ReleasesWhateverRan {
+            if state.reservation == Reservation::Reserved {
+                settle(state, Reservation::Released, Settler::Cancel);
+            }
+        } else if state.reservation == Reservation::Reserved {
+            let to = if may_have_run {
+                Reservation::Charged(Tokens::Stopped)
+            } else {
+                Reservation::Released
+            };
+            settle(state, to, Settler::Cancel);
         }
     }
 }
@@ -934,7 +957,7 @@ impl Model for LeaseProtocol {
         // write, with a version that grows without bound.
         if state.presence.row_exists()
             && self.cancel_with_budget == Some(state.row.max_attempts)
-            && (self.cancel == CancelCheck::LocksThenChecksStatus || !state.history.cancelled)
+            && (self.cancel != CancelCheck::OverwritesAnyStatus || !state.history.cancelled)
         {
             actions.push(Action::Cancel);
         }
@@ -1195,17 +1218,10 @@ impl Model for LeaseProtocol {
                 "I7: calls that may have cost money never exceed the budget",
                 |_, s: &State| s.history.paid_calls <= s.row.max_attempts,
             ),
-            // The one exception is the user's Stop, which the design releases whatever the
-            // provider did; it is named here, and only a cancelled task's own Stop qualifies.
-            Property::always(
-                "I8: a reservation is never released while the provider may have done the work, unless the user stopped the task",
-                |_, s: &State| {
-                    s.reservation != Reservation::Released
-                        || !s.history.work_done
-                        || (s.history.settled_by == Some(Settler::Cancel)
-                            && s.row.status == TaskStatus::Cancelled)
-                },
-            ),
+            // A Stop included: its user may have been shown the text the provider bills.
+            Property::always(RELEASED_AFTER_WORK, |_, s: &State| {
+                s.reservation != Reservation::Released || !s.history.work_done
+            }),
             Property::always(SETTLED_TWICE, |_, s: &State| !s.history.settled_again),
             Property::always(
                 "I8: a finished task's reservation is settled, unless a failed task's work may exist (the reconciler's)",
@@ -1232,6 +1248,9 @@ impl Model for LeaseProtocol {
                     }
                     Reservation::Charged(Tokens::Ceiling) => {
                         s.row.saved.is_none_or(|reply| !reports_usage(reply))
+                    }
+                    Reservation::Charged(Tokens::Stopped) => {
+                        s.history.settled_by == Some(Settler::Cancel) && s.row.saved.is_none()
                     }
                     _ => true,
                 },
@@ -1360,18 +1379,23 @@ impl Model for LeaseProtocol {
                     !s.history.cancelled || s.row.status == TaskStatus::Cancelled
                 }),
                 Property::always(
-                    "I8: a Stop settles a reservation only as released",
+                    "I8: a Stop charges when a call may have run, and releases only when none can have started",
                     |_, s: &State| {
                         s.history.settled_by != Some(Settler::Cancel)
-                            || s.reservation == Reservation::Released
+                            || s.presence != Presence::Present
+                            || s.reservation
+                                == if s.row.may_have_run {
+                                    Reservation::Charged(Tokens::Stopped)
+                                } else {
+                                    Reservation::Released
+                                }
                     },
                 ),
                 Property::always(
-                    "I8: a cancelled task's reservation was released by its Stop",
+                    "I8: a cancelled task's reservation was settled by its Stop",
                     |_, s: &State| {
                         s.row.status != TaskStatus::Cancelled
-                            || (s.history.settled_by == Some(Settler::Cancel)
-                                && s.reservation == Reservation::Released)
+                            || s.history.settled_by == Some(Settler::Cancel)
                     },
                 ),
                 Property::sometimes(
@@ -1407,9 +1431,18 @@ impl Model for LeaseProtocol {
                     |_, s: &State| s.stop_answer == Some(StopFound::LapsedLease),
                 ),
                 Property::sometimes(
-                    "a Stop releases a reservation although the provider may have done the work",
+                    "a Stop lands while the provider does the work, and charges it",
                     |_, s: &State| {
-                        s.history.settled_by == Some(Settler::Cancel) && s.history.work_done
+                        s.history.settled_by == Some(Settler::Cancel)
+                            && s.history.work_done
+                            && s.reservation == Reservation::Charged(Tokens::Stopped)
+                    },
+                ),
+                Property::sometimes(
+                    "a Stop before any call releases the reservation",
+                    |_, s: &State| {
+                        s.history.settled_by == Some(Settler::Cancel)
+                            && s.reservation == Reservation::Released
                     },
                 ),
             ]);
@@ -1620,5 +1653,27 @@ fn a_stop_that_does_not_check_the_status_cancels_a_saved_reply() {
     assert!(
         checker.discovery(SETTLED_TWICE).is_some(),
         "the checker finds a reservation the Stop settles a second time"
+    );
+}
+
+#[test]
+fn a_stop_that_releases_whatever_ran_gives_back_work_the_provider_did() {
+    let broken = LeaseProtocol {
+        cancel: CancelCheck::ReleasesWhateverRan,
+        ..replyd_protocol()
+    };
+    let checker = check(broken, HasDiscoveries::AnyOf([RELEASED_AFTER_WORK].into()));
+    let released = checker
+        .discovery(RELEASED_AFTER_WORK)
+        .expect("the checker finds a Stop that releases work the provider did");
+    println!("counterexample:\n{released}");
+    let states = released.into_states();
+    let last = states.last().expect("a path has states");
+    assert!(
+        last.row.status == TaskStatus::Cancelled
+            && last.reservation == Reservation::Released
+            && last.history.work_done
+            && last.history.settled_by == Some(Settler::Cancel),
+        "the Stop released a reservation whose call did work: {last:?}"
     );
 }

@@ -16,6 +16,19 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::TestDb;
 
+/// The key end users' token secrets are sealed with in these tests (`api.end_user_token_key`).
+pub const TOKEN_KEY: &str = "dGhlIHRlc3RzJyBzZWFsaW5nIGtleSwgMzIgYnl0ZXM=";
+
+/// `settings` with the tests' sealing key, unless they name one (or, `Some("")`, none).
+pub fn with_token_key(mut settings: ApiSettings) -> ApiSettings {
+    match &settings.end_user_token_key {
+        None => settings.end_user_token_key = Some(replyd_core::secret::Secret::new(TOKEN_KEY)),
+        Some(key) if key.expose().is_empty() => settings.end_user_token_key = None,
+        Some(_) => {}
+    }
+    settings
+}
+
 /// The API over its own test schema, with a workspace `acme` and a key of it. The intake tests
 /// and the quota tests add the requests and the database reads each needs.
 pub struct Api {
@@ -25,6 +38,8 @@ pub struct Api {
     pub key: String,
     /// Keeps up to 256 idle connections, for the tests that send hundreds of requests at once.
     pub client: reqwest::Client,
+    /// The served API's copy of the signing secrets, to count its reads.
+    pub signing: std::sync::Arc<replyd::api::signing::SigningKeys>,
     _stop: DropGuard,
 }
 
@@ -33,13 +48,15 @@ impl Api {
     pub async fn start(settings: ApiSettings, limits: IntakeLimits, policy: QuotaPolicy) -> Self {
         let db = TestDb::new().await;
         let key = workspace_with_key(&db.store, "acme").await;
-        let mut state = ApiState::new(db.store.clone(), settings, limits);
+        let mut state = ApiState::new(db.store.clone(), with_token_key(settings), limits);
         state.quota = policy;
+        let signing = state.signing.clone();
         let (base, stop) = serve_on_loopback(state, CancellationToken::new()).await;
         Self {
             db,
             base,
             key: key.token,
+            signing,
             client: reqwest::Client::builder()
                 .pool_max_idle_per_host(256)
                 .build()
@@ -175,7 +192,7 @@ impl Front {
         keys: BTreeMap<&'static str, String>,
         settings: ApiSettings,
     ) -> Self {
-        let state = ApiState::new(store.clone(), settings, limits(64 * 1024));
+        let state = ApiState::new(store.clone(), with_token_key(settings), limits(64 * 1024));
         let (base, stop) = serve_on_loopback(state, CancellationToken::new()).await;
         Self {
             base,

@@ -309,6 +309,7 @@ listen = "127.0.0.1:0"
 
 [api]
 listen = "127.0.0.1:0"
+end_user_token_key = "{token_key}"
 {sink}
 {sqs}
 {extra}
@@ -325,6 +326,7 @@ listen = "127.0.0.1:0"
             },
             sqs = self.sqs_toml(),
             stream = c.stream,
+            token_key = super::api::TOKEN_KEY,
             url = self.worker_database_url(),
             commit = c.commit_interval_ms,
             kafka_toml = routes.kafka_toml.as_deref().unwrap_or_default(),

@@ -182,8 +182,6 @@ pub fn key_honouring_mock(latency_ms: u64) -> replyd_lab::mock_provider::MockSet
     }
 }
 
-/// Polls `condition` until it holds or `limit` passes; panics naming `what` on timeout.
-/// Tests wait on conditions, never on bare sleeps.
 /// Waits (10 s at most) until `sql`, one row of one boolean read by the database's clock, is
 /// true; NULL counts as false.
 pub async fn wait_until_sql(
@@ -203,6 +201,8 @@ pub async fn wait_until_sql(
     .await;
 }
 
+/// Polls `condition` until it holds or `limit` passes; panics naming `what` on timeout.
+/// Tests wait on conditions, never on bare sleeps.
 pub async fn wait_until<F, Fut>(what: &str, limit: Duration, mut condition: F)
 where
     F: FnMut() -> Fut,

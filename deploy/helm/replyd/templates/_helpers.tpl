@@ -164,6 +164,13 @@ scaleDown:
       name: {{ .Values.secrets.providerApiKey.name }}
       key: {{ .Values.secrets.providerApiKey.key }}
 {{- end }}
+{{- if .Values.secrets.endUserTokenKey.name }}
+- name: REPLYD_API__END_USER_TOKEN_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.secrets.endUserTokenKey.name }}
+      key: {{ .Values.secrets.endUserTokenKey.key }}
+{{- end }}
 {{- if .Values.secrets.kafkaSaslPassword.name }}
 - name: REPLYD_KAFKA__SECURITY__SASL_PASSWORD
   valueFrom:
