@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-capacity bench-sqs bench-live chaos fuzz
+.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -95,6 +95,11 @@ bench-api:
 ## faults: admitted, 429s, charged, released, reconciled, unsettled, double charges.
 bench-quota:
 	bash deploy/bench-quota.sh 1000 800
+
+## bench-users: 100,000 distinct end users' tokens against one API: its resident set as they
+## come, and after the rate limit's buckets are swept.
+bench-users:
+	bash deploy/bench-users.sh 100000 8
 
 ## bench-check: replyd check's peak memory and time over 10k, 100k and 1M tasks and records.
 bench-check:

@@ -252,8 +252,12 @@ pub enum WorkspaceCommand {
     Create { name: String },
     /// Set what a workspace's requests may ask for: the models (`--models a,b` or `any`) and
     /// the most output tokens (`--max-output-tokens N` or `none`). A request outside them is a
-    /// `422` naming the field; one that names no `max_output_tokens` asks for the cap. What
-    /// is not given stays as it is; with neither, the policy is shown.
+    /// `422` naming the field; one that names no `max_output_tokens` asks for the cap. And its
+    /// system turn: its own system prompt (`--system-prompt TEXT`, `--system-prompt-file
+    /// PATH`, or `none`), which every new task of the workspace is asked with, and whether its
+    /// end users' tokens may send `context` (`--end-user-context allow|deny`; deny unless
+    /// set: such a request is a `422`). What is not given stays as it is; with nothing given,
+    /// the policy is shown.
     #[command(after_help = "Exit codes: 0 set or shown; 2 a bad value; 4 no such workspace.")]
     Policy {
         workspace: String,
@@ -261,6 +265,15 @@ pub enum WorkspaceCommand {
         models: Option<String>,
         #[arg(long)]
         max_output_tokens: Option<String>,
+        /// The system prompt (at most 32 KiB, and under `worker.max_prompt_bytes`), or `none`.
+        #[arg(long, conflicts_with = "system_prompt_file")]
+        system_prompt: Option<String>,
+        /// The system prompt, read from a UTF-8 file.
+        #[arg(long)]
+        system_prompt_file: Option<std::path::PathBuf>,
+        /// `allow` or `deny`: whether end users' tokens may send `context`.
+        #[arg(long)]
+        end_user_context: Option<String>,
     },
     /// Set how long a workspace's finished tasks are kept (their replies, attempts, messages,
     /// reservations and idempotency records): `--tasks 30d` (d, h, m or s), or `none` for the

@@ -1,6 +1,7 @@
 //! The operator's commands for tenants: `replyd workspace create`, `replyd api-key create`,
-//! `replyd api-key revoke`, `replyd quota set`, `replyd quota show`, `replyd workspace policy`. A new key is printed once, to standard output, and never again:
-//! only its hash is stored.
+//! `replyd api-key revoke`, `replyd quota set`, `replyd quota show`, `replyd workspace policy`
+//! (models, output cap, system prompt, end users' `context`). A new key is printed once, to
+//! standard output, and never again: only its hash is stored.
 
 use std::process::ExitCode;
 
@@ -23,11 +24,7 @@ pub async fn workspace(
 ) -> anyhow::Result<ExitCode> {
     let name = match command {
         WorkspaceCommand::Create { name } => name,
-        WorkspaceCommand::Policy {
-            workspace,
-            models,
-            max_output_tokens,
-        } => return workspace_policy(settings, workspace, models, max_output_tokens).await,
+        WorkspaceCommand::Policy { .. } => return workspace_policy(settings, command).await,
         WorkspaceCommand::Retention { workspace, tasks } => {
             return workspace_retention(settings, workspace, tasks).await;
         }
@@ -153,10 +150,19 @@ pub async fn end_user_tokens(
 
 async fn workspace_policy(
     settings: &Settings,
-    workspace: &str,
-    models: &Option<String>,
-    max_output_tokens: &Option<String>,
+    command: &WorkspaceCommand,
 ) -> anyhow::Result<ExitCode> {
+    let WorkspaceCommand::Policy {
+        workspace,
+        models,
+        max_output_tokens,
+        system_prompt,
+        system_prompt_file,
+        end_user_context,
+    } = command
+    else {
+        unreachable!("called for `workspace policy` only");
+    };
     let parsed = (|| {
         let models = models
             .as_deref()
@@ -180,9 +186,33 @@ async fn workspace_policy(
                 },
             )
             .transpose()?;
+        let prompt_text = match (system_prompt, system_prompt_file) {
+            (Some(text), _) => Some(text.clone()),
+            (None, Some(path)) => Some(std::fs::read_to_string(path).map_err(|e| {
+                format!("--system-prompt-file: cannot read {}: {e}", path.display())
+            })?),
+            (None, None) => None,
+        };
+        let prompt = prompt_text
+            .as_deref()
+            .map(|text| {
+                replyd_core::prompt_policy::parse_system_prompt(
+                    text,
+                    settings.worker.max_prompt_bytes,
+                )
+            })
+            .transpose()
+            .map_err(|e| format!("--system-prompt: {e}"))?;
+        let end_users = end_user_context
+            .as_deref()
+            .map(replyd_core::prompt_policy::EndUserContext::parse)
+            .transpose()
+            .map_err(|e| format!("--end-user-context: {e}"))?;
         Ok::<_, String>(PolicyChange {
             allowed_models: models,
             max_output_tokens: cap,
+            system_prompt: prompt,
+            end_user_context: end_users,
         })
     })();
     let change = match parsed {
@@ -214,16 +244,23 @@ async fn workspace_policy(
     Ok(ExitCode::SUCCESS)
 }
 
+/// A workspace's policy on one line; a long system prompt by its start and length (`quota
+/// show --json` shows it whole).
 fn describe_policy(policy: &replyd_core::workspace_policy::WorkspacePolicy) -> String {
     format!(
-        "models {}, max_output_tokens {}",
+        "models {}, max_output_tokens {}, end_user_context {}, system_prompt {}",
         policy
             .allowed_models
             .as_ref()
             .map_or_else(|| "any".to_owned(), |m| m.join(",")),
         policy
             .max_output_tokens
-            .map_or_else(|| "none".to_owned(), |n| n.to_string())
+            .map_or_else(|| "none".to_owned(), |n| n.to_string()),
+        policy.end_user_context.as_str(),
+        policy
+            .system_prompt
+            .as_deref()
+            .map_or_else(|| "none".to_owned(), crate::api::echo::quoted)
     )
 }
 

@@ -9,7 +9,7 @@
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::{Caller, Workspace};
+use super::echo;
+use super::path::PathParam;
 use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::replies::ReplyView;
 use super::state::ApiState;
@@ -116,11 +118,11 @@ fn invalid_query(detail: String) -> Problem {
 pub async fn list(
     State(state): State<ApiState>,
     caller: Caller,
-    Path(conversation_id): Path<String>,
+    PathParam(conversation_id): PathParam,
     query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
     let listed = async {
-        let Query(query) = query.map_err(|e| invalid_query(e.body_text()))?;
+        let Query(query) = query.map_err(|e| invalid_query(echo::message(&e.body_text())))?;
         let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
         if !(1..=MAX_LIMIT).contains(&limit) {
             return Err(invalid_query(format!(
@@ -131,11 +133,17 @@ pub async fn list(
             None => 0,
             Some(cursor) => seq_of(cursor).ok_or_else(|| {
                 invalid_query(format!(
-                    "after {cursor:?} is not a cursor this API gave (a page's next_cursor)"
+                    "after {} is not a cursor this API gave (a page's next_cursor)",
+                    echo::quoted(cursor)
                 ))
             })?,
         };
-        let not_found = || Problem::not_found(format!("no conversation {conversation_id:?}"));
+        let not_found = || {
+            Problem::not_found(format!(
+                "no conversation {}",
+                echo::quoted(&conversation_id)
+            ))
+        };
         if conversation_id.len() > 256 {
             return Err(not_found());
         }
@@ -232,7 +240,7 @@ pub struct ErasedConversation {
 pub async fn erase(
     State(state): State<ApiState>,
     Workspace(workspace): Workspace,
-    Path(conversation_id): Path<String>,
+    PathParam(conversation_id): PathParam,
 ) -> Response {
     let erased = async {
         let unavailable =
@@ -245,7 +253,8 @@ pub async fn erase(
                 .map_err(unavailable)?
         {
             return Err(Problem::not_found(format!(
-                "no conversation {conversation_id:?}"
+                "no conversation {}",
+                echo::quoted(&conversation_id)
             )));
         }
         let scope = crate::store::forgetting::ErasureScope {

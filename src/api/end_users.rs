@@ -5,7 +5,7 @@
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::{KeyCaller, Workspace};
+use super::path::PathParam;
 use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::state::ApiState;
 use crate::store::end_users::SigningKey;
@@ -188,7 +189,7 @@ pub(super) struct UserIdPath {
 pub async fn revoke(
     State(state): State<ApiState>,
     Workspace(workspace): Workspace,
-    Path(user_id): Path<String>,
+    PathParam(user_id): PathParam,
 ) -> Response {
     let revoked = async {
         checked_user_id(&user_id)?;
@@ -241,7 +242,7 @@ pub struct ErasedEndUser {
 pub async fn erase(
     State(state): State<ApiState>,
     Workspace(workspace): Workspace,
-    Path(user_id): Path<String>,
+    PathParam(user_id): PathParam,
 ) -> Response {
     let erased = async {
         checked_user_id(&user_id)?;

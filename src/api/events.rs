@@ -28,7 +28,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -37,6 +37,7 @@ use tokio::sync::broadcast;
 
 use super::auth::{Caller, EndUser};
 use super::changes::{LiveFollow, LiveHint};
+use super::path::PathParam;
 use super::problem::ProblemDetails;
 use super::replies::ReplyView;
 use super::state::ApiState;
@@ -442,7 +443,7 @@ pub struct StatusEvent {
 pub async fn stream(
     State(state): State<ApiState>,
     caller: Caller,
-    Path(task_id): Path<String>,
+    PathParam(task_id): PathParam,
     headers: HeaderMap,
 ) -> Response {
     // Subscribed before the first read, so a change between the read and the wait wakes it.

@@ -4,7 +4,9 @@
 //!
 //! One file per route group: [`replies`], [`events`], [`quota`]; [`demo`] is the demo chat
 //! page, served only when `api.demo_page` is on. [`auth`] turns the bearer key (or an end
-//! user's token, checked against [`signing`]'s secrets) into the caller; [`problem`] renders every error as problem+json. Unknown routes and methods are
+//! user's token, checked against [`signing`]'s secrets) into the caller; [`path`] reads every
+//! route's path parameter; [`problem`] renders every error as problem+json. Unknown routes and
+//! methods are
 //! problems too, and so are the answers of the HTTP server itself ([`server`], with
 //! [`parse_errors`] for the heads its parser refuses), so no refusal of this server is
 //! anything but problem+json. [`ApiState`] is what every handler reads; the router is in
@@ -14,12 +16,15 @@ pub mod auth;
 mod changes;
 pub mod conversations;
 pub mod demo;
+pub mod echo;
 pub mod end_users;
 pub mod events;
 pub mod headers;
 pub mod openapi;
 pub mod parse_errors;
+pub mod path;
 pub mod problem;
+pub mod prompt_policy;
 pub mod quota;
 pub mod rate_limit;
 pub mod replies;

@@ -2,7 +2,8 @@
 //! cannot drift from the code. Served at `/openapi.json`, printed by `replyd openapi`, and
 //! checked in as `docs/openapi.json` (a test fails when the two differ). The refusals any
 //! route may answer before its handler runs are added to every operation by one modifier
-//! ([`EveryRouteRefusals`]), so no route's list can leave one out.
+//! ([`EveryRouteRefusals`]), so no route's list can leave one out; so is the `400` of a bad
+//! path segment, to every operation of a route with a path parameter.
 
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::schema::{Object, Type};
@@ -51,6 +52,7 @@ use super::{conversations, end_users, events, quota};
         quota::PolicyView,
         quota::TokenQuotaView,
         quota::WorkspacePolicyView,
+        super::prompt_policy::EndUserContextView,
         conversations::MessagePage,
         conversations::MessageView,
         conversations::ErasedConversation,
@@ -106,6 +108,9 @@ struct EveryRouteRefusals;
 /// The `400` of any route, appended to a route's own `400` when it has one.
 const ANY_ROUTE_BAD_REQUEST: &str = "a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`)";
 
+/// The `400` of a route with a path parameter ([`super::path`]), appended to its own.
+const PATH_PARAMETER_BAD_REQUEST: &str = "a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`)";
+
 /// Every route's answers that do not depend on the route: `(status, description, whether it
 /// replaces the route's own)`. Every route takes an API key, so its `401`, its request rate's
 /// `429` and the database's `503` are said here once too (a route with a `429` or `503` of its
@@ -154,7 +159,12 @@ impl Modify for EveryRouteRefusals {
                     .build(),
             )
         };
-        for item in openapi.paths.paths.values_mut() {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let bad_request = if path.contains('{') {
+                format!("{ANY_ROUTE_BAD_REQUEST}; {PATH_PARAMETER_BAD_REQUEST}")
+            } else {
+                ANY_ROUTE_BAD_REQUEST.to_owned()
+            };
             let operations = [
                 &mut item.get,
                 &mut item.put,
@@ -167,10 +177,10 @@ impl Modify for EveryRouteRefusals {
                 match responses.get_mut("400") {
                     Some(RefOr::T(own)) => {
                         own.description =
-                            format!("{}; on any route, {ANY_ROUTE_BAD_REQUEST}", own.description);
+                            format!("{}; on any route, {bad_request}", own.description);
                     }
                     _ => {
-                        let own = format!("A{}", &ANY_ROUTE_BAD_REQUEST[1..]);
+                        let own = format!("A{}", &bad_request[1..]);
                         responses.insert("400".into(), problem(&own));
                     }
                 }
@@ -278,6 +288,11 @@ mod tests {
                 }
                 let bad_request = responses["400"]["description"].as_str().unwrap();
                 assert!(bad_request.contains("malformed_request"), "{method} {path}");
+                assert_eq!(
+                    bad_request.contains("invalid_path"),
+                    path.contains('{'),
+                    "{method} {path}: a bad segment is a 400 of every route with one"
+                );
                 assert!(
                     responses["431"]["description"]
                         .as_str()

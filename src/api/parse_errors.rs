@@ -301,19 +301,22 @@ fn malformed_head(head: &[u8]) -> String {
     if !is_request_line(request_line) {
         return format!(
             "the request line {} is not `METHOD target HTTP/1.1`",
-            shown(request_line)
+            super::echo::quoted_bytes(request_line)
         );
     }
     let mut lengths = Vec::new();
     for line in lines.take_while(|line| !line.is_empty()) {
         let Some(colon) = line.iter().position(|b| *b == b':') else {
-            return format!("the header line {} has no colon", shown(line));
+            return format!(
+                "the header line {} has no colon",
+                super::echo::quoted_bytes(line)
+            );
         };
         let (name, value) = (&line[..colon], trim_start(&line[colon + 1..]));
         if name.is_empty() || !name.iter().copied().all(is_token_byte) {
             return format!(
                 "the header name {} has a character HTTP does not allow in a name",
-                shown(name)
+                super::echo::quoted_bytes(name)
             );
         }
         // Checked above: the name is ASCII.
@@ -367,13 +370,6 @@ fn trim_start(mut bytes: &[u8]) -> &[u8] {
         bytes = rest;
     }
     bytes
-}
-
-/// A client's bytes quoted for a message: escaped, and cut at 64.
-fn shown(bytes: &[u8]) -> String {
-    let cut = &bytes[..bytes.len().min(64)];
-    let more = if cut.len() < bytes.len() { "…" } else { "" };
-    format!("\"{}{more}\"", cut.escape_ascii())
 }
 
 /// The answer written in place of hyper's `bare` head: `problem` as problem+json, keeping

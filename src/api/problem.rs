@@ -31,6 +31,8 @@ pub enum ProblemKind {
     InvalidBody,
     /// An `Idempotency-Key` that breaks its rules, or more than one (400).
     InvalidIdempotencyKey,
+    /// A path segment that is not UTF-8 once percent-decoded, or holds a NUL (400).
+    InvalidPath,
     /// A query parameter out of its bounds, or a cursor this API did not give (400).
     InvalidQuery,
     /// A task id in the path that is not a UUID (400).
@@ -65,7 +67,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in the order of the enum.
-    pub const ALL: [ProblemKind; 23] = [
+    pub const ALL: [ProblemKind; 24] = [
         ProblemKind::BodyTooLarge,
         ProblemKind::HeadersTooLarge,
         ProblemKind::ConversationErased,
@@ -74,6 +76,7 @@ impl ProblemKind {
         ProblemKind::InvalidAuthorization,
         ProblemKind::InvalidBody,
         ProblemKind::InvalidIdempotencyKey,
+        ProblemKind::InvalidPath,
         ProblemKind::InvalidQuery,
         ProblemKind::InvalidTaskId,
         ProblemKind::MalformedJson,
@@ -102,6 +105,7 @@ impl ProblemKind {
             ProblemKind::InvalidAuthorization => "invalid_authorization",
             ProblemKind::InvalidBody => "invalid_body",
             ProblemKind::InvalidIdempotencyKey => "invalid_idempotency_key",
+            ProblemKind::InvalidPath => "invalid_path",
             ProblemKind::InvalidQuery => "invalid_query",
             ProblemKind::InvalidTaskId => "invalid_task_id",
             ProblemKind::MalformedJson => "malformed_json",
@@ -133,21 +137,22 @@ const _: () = {
             ProblemKind::InvalidAuthorization => 5,
             ProblemKind::InvalidBody => 6,
             ProblemKind::InvalidIdempotencyKey => 7,
-            ProblemKind::InvalidQuery => 8,
-            ProblemKind::InvalidTaskId => 9,
-            ProblemKind::MalformedJson => 10,
-            ProblemKind::MalformedRequest => 11,
-            ProblemKind::MethodNotAllowed => 12,
-            ProblemKind::NotFound => 13,
-            ProblemKind::OutsideWorkspacePolicy => 14,
-            ProblemKind::QuotaExceeded => 15,
-            ProblemKind::RateLimited => 16,
-            ProblemKind::RecordTooLarge => 17,
-            ProblemKind::TaskFinished => 18,
-            ProblemKind::Unauthorized => 19,
-            ProblemKind::Unavailable => 20,
-            ProblemKind::UnsupportedMediaType => 21,
-            ProblemKind::UriTooLong => 22,
+            ProblemKind::InvalidPath => 8,
+            ProblemKind::InvalidQuery => 9,
+            ProblemKind::InvalidTaskId => 10,
+            ProblemKind::MalformedJson => 11,
+            ProblemKind::MalformedRequest => 12,
+            ProblemKind::MethodNotAllowed => 13,
+            ProblemKind::NotFound => 14,
+            ProblemKind::OutsideWorkspacePolicy => 15,
+            ProblemKind::QuotaExceeded => 16,
+            ProblemKind::RateLimited => 17,
+            ProblemKind::RecordTooLarge => 18,
+            ProblemKind::TaskFinished => 19,
+            ProblemKind::Unauthorized => 20,
+            ProblemKind::Unavailable => 21,
+            ProblemKind::UnsupportedMediaType => 22,
+            ProblemKind::UriTooLong => 23,
         }
     }
     let mut i = 0;

@@ -81,6 +81,11 @@ pub struct WorkspacePolicyView {
     /// The most output tokens a request may ask for, and what one that names none asks for;
     /// absent: no cap.
     pub max_output_tokens: Option<u32>,
+    /// The system prompt every new task of the workspace is asked with, fixed when the task is
+    /// made (after the request's `context`, before the conversation's history); absent: none.
+    pub system_prompt: Option<String>,
+    /// Whether end users' tokens may send `context`.
+    pub end_user_context: super::prompt_policy::EndUserContextView,
 }
 
 fn policy_view(policy: QuotaPolicy) -> PolicyView {
@@ -124,6 +129,8 @@ pub fn view(quota: &QuotaState, policy: QuotaPolicy, workspace: &WorkspacePolicy
         workspace_policy: WorkspacePolicyView {
             allowed_models: workspace.allowed_models.clone(),
             max_output_tokens: workspace.max_output_tokens,
+            system_prompt: workspace.system_prompt.clone(),
+            end_user_context: workspace.end_user_context.into(),
         },
         end_user_share_percent: quota.end_user_share_percent,
     }

@@ -1,33 +1,59 @@
-//! A token bucket per API key (governor's GCRA): `api.rate_limit_per_second` requests a second
-//! on average, bursts of `api.rate_limit_burst`. Checked once the key is authenticated, so
-//! only real keys get a bucket and the store stays as small as the set of keys in use. Each
+//! A token bucket per caller (governor's GCRA): `api.rate_limit_per_second` requests a second
+//! on average, bursts of `api.rate_limit_burst`, one bucket per API key and one per end user.
+//! Checked once the caller is authenticated, so only real keys and tokens get a bucket. Each
 //! API process keeps its own buckets.
+//!
+//! The buckets are swept ([`KeyLimiter::sweep`], every [`SWEEP_INTERVAL`] by
+//! [`sweep_until`], which the API's server runs beside its accept loop): a bucket that has
+//! filled up again is indistinguishable from a new one, so dropping it changes no answer,
+//! and the map holds only the callers of the last interval, not every end user ever seen.
+//! A map bounded by count (an LRU) was the other choice; under load it would evict the
+//! buckets of callers still over their rate and so let them through, where the sweep never
+//! forgets a bucket that still limits anyone.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DashMapStateStore;
+use governor::{Quota, RateLimiter};
+use tokio_util::sync::CancellationToken;
 
 use super::settings::ApiSettings;
 
-/// The buckets, or none when the limit is off.
-pub struct KeyLimiter {
-    limiter: Option<DefaultKeyedRateLimiter<String>>,
-    clock: DefaultClock,
+/// How often the buckets are swept. Memory is bounded by the distinct callers of one
+/// interval (about 100 bytes each); a sweep of 100,000 buckets takes a few milliseconds,
+/// each shard of the map locked in turn.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// governor's keyed limiter over `clock`: one bucket per caller, in a sharded map.
+type Buckets<C> =
+    RateLimiter<String, DashMapStateStore<String>, C, NoOpMiddleware<<C as Clock>::Instant>>;
+
+/// The buckets, or none when the limit is off. Generic over the clock so tests can move time.
+pub struct KeyLimiter<C: Clock = DefaultClock> {
+    limiter: Option<Buckets<C>>,
+    clock: C,
 }
 
 impl KeyLimiter {
     pub fn new(settings: &ApiSettings) -> Self {
+        Self::with_clock(settings, DefaultClock::default())
+    }
+}
+
+impl<C: Clock + Clone> KeyLimiter<C> {
+    pub fn with_clock(settings: &ApiSettings, clock: C) -> Self {
         let limiter = NonZeroU32::new(settings.rate_limit_per_second).map(|rate| {
             // Validated: a burst of at least 1 while the limit is on.
             let burst = NonZeroU32::new(settings.rate_limit_burst).unwrap_or(NonZeroU32::MIN);
-            RateLimiter::keyed(Quota::per_second(rate).allow_burst(burst))
+            RateLimiter::dashmap_with_clock(
+                Quota::per_second(rate).allow_burst(burst),
+                clock.clone(),
+            )
         });
-        Self {
-            limiter,
-            clock: DefaultClock::default(),
-        }
+        Self { limiter, clock }
     }
 
     /// Takes a token of `key_id`'s bucket; when it is empty, how long until one is back.
@@ -39,18 +65,60 @@ impl KeyLimiter {
             .check_key(&key_id.to_owned())
             .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
+
+    /// Buckets held now.
+    pub fn len(&self) -> usize {
+        self.limiter.as_ref().map_or(0, RateLimiter::len)
+    }
+
+    /// Whether no bucket is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every bucket that has filled up again (its caller may send a whole burst, as a
+    /// caller never seen may) and gives the map's spare room back; the buckets left.
+    pub fn sweep(&self) -> usize {
+        let Some(limiter) = &self.limiter else {
+            return 0;
+        };
+        limiter.retain_recent();
+        limiter.shrink_to_fit();
+        limiter.len()
+    }
+}
+
+/// Sweeps `limiter` every [`SWEEP_INTERVAL`] until `shutdown`.
+pub async fn sweep_until(limiter: std::sync::Arc<KeyLimiter>, shutdown: CancellationToken) {
+    let mut ticks = tokio::time::interval(SWEEP_INTERVAL);
+    // A sweep that falls behind (a stalled runtime) is not made up in a burst.
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = ticks.tick() => {
+                let left = limiter.sweep();
+                tracing::debug!(buckets = left, "rate-limit buckets swept");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use governor::clock::FakeRelativeClock;
 
-    fn limiter(rate: u32, burst: u32) -> KeyLimiter {
-        KeyLimiter::new(&ApiSettings {
+    fn settings(rate: u32, burst: u32) -> ApiSettings {
+        ApiSettings {
             rate_limit_per_second: rate,
             rate_limit_burst: burst,
             ..ApiSettings::default()
-        })
+        }
+    }
+
+    fn limiter(rate: u32, burst: u32) -> KeyLimiter {
+        KeyLimiter::new(&settings(rate, burst))
     }
 
     #[test]
@@ -72,6 +140,56 @@ mod tests {
         let limiter = limiter(0, 0);
         for _ in 0..10_000 {
             assert_eq!(limiter.check("a"), Ok(()));
+        }
+        assert_eq!((limiter.len(), limiter.sweep()), (0, 0));
+    }
+
+    /// 100,000 end users, 10,000 a sweep interval (the clock moved on by the interval after
+    /// each wave): the buckets never outnumber one wave's users.
+    #[test]
+    fn the_buckets_of_a_hundred_thousand_users_are_swept_down_to_those_of_the_last_interval() {
+        let clock = FakeRelativeClock::default();
+        let limiter = KeyLimiter::with_clock(&settings(200, 400), clock.clone());
+        let mut most = 0;
+        for wave in 0..10 {
+            for user in 0..10_000 {
+                assert_eq!(limiter.check(&format!("user:acme:{wave}-{user}")), Ok(()));
+            }
+            most = most.max(limiter.len());
+            clock.advance(SWEEP_INTERVAL);
+            assert_eq!(
+                limiter.sweep(),
+                0,
+                "wave {wave}: every bucket filled up again"
+            );
+        }
+        assert_eq!(most, 10_000);
+        assert!(limiter.is_empty());
+    }
+
+    #[test]
+    fn a_sweep_keeps_the_bucket_of_a_caller_still_limited() {
+        let clock = FakeRelativeClock::default();
+        // One token a second, bursts of 3.
+        let limiter = KeyLimiter::with_clock(&settings(1, 3), clock.clone());
+        for _ in 0..3 {
+            assert_eq!(limiter.check("busy"), Ok(()));
+        }
+        assert!(limiter.check("busy").is_err());
+        assert_eq!(limiter.check("quiet"), Ok(()));
+        // 2.5 s on: the quiet caller's bucket is full again, the busy one's is not.
+        clock.advance(Duration::from_millis(2_500));
+        assert_eq!(limiter.sweep(), 1, "only the busy caller's bucket stays");
+        // It was kept, not made anew: 2 tokens came back, not a whole burst of 3.
+        assert_eq!(limiter.check("busy"), Ok(()));
+        assert_eq!(limiter.check("busy"), Ok(()));
+        assert!(limiter.check("busy").is_err());
+        for _ in 0..3 {
+            assert_eq!(
+                limiter.check("quiet"),
+                Ok(()),
+                "a full burst, as for a new caller"
+            );
         }
     }
 }

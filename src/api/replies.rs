@@ -8,7 +8,7 @@
 
 use axum::Json;
 use axum::body::{Body, to_bytes};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Caller;
+use super::path::PathParam;
 use super::problem::{Problem, ProblemDetails, ProblemKind};
 use super::state::ApiState;
 use crate::store::cancels::CancelOutcome;
@@ -26,8 +27,9 @@ use replyd_core::domain::limits::{
 use replyd_core::domain::{
     AttemptRecord, ChatMessage, Role, StoredTask, TaskId, TaskStatus, TokenUsage,
 };
-use replyd_core::history::{self, Budget, KeptError};
+use replyd_core::history::{self, Budget, KeptError, drop_oldest_turn, regenerate_parts};
 use replyd_core::idempotency::{BoundInputs, IdempotencyKey, Operation};
+use replyd_core::prompt_policy::{prompt_bytes, system_turns};
 use replyd_core::workspace_policy::{Admitted, PolicyRefusal, WorkspacePolicy};
 
 /// The body of `POST /v1/replies`: a JSON object. Every field is bound to the
@@ -52,7 +54,8 @@ pub struct CreateReply {
     /// The model to ask; the provider's default when absent (at most 256 bytes).
     #[schema(max_length = 256)]
     pub model: Option<String>,
-    /// A system prompt for this reply.
+    /// A system prompt for this reply, sent before the workspace's own. With an end user's
+    /// token only where the workspace allows it (`end_user_context`).
     pub context: Option<String>,
     /// The most tokens the reply may have.
     #[schema(minimum = 1, maximum = 1_000_000)]
@@ -313,14 +316,15 @@ pub(super) async fn parse_json<T: serde::de::DeserializeOwned>(
         .map_err(|_| body_too_large(limit))?;
     let JsonObject(parsed) = serde_json::from_slice::<JsonObject<T>>(&bytes).map_err(|e| {
         use serde_json::error::Category;
+        let said = super::echo::message(&e.to_string());
         match e.classify() {
             Category::Syntax | Category::Eof | Category::Io => Problem::bad_request(
                 ProblemKind::MalformedJson,
-                format!("the body is not JSON: {e}"),
+                format!("the body is not JSON: {said}"),
             ),
-            Category::Data => {
-                Problem::invalid_body(format!("the body does not match the request schema: {e}"))
-            }
+            Category::Data => Problem::invalid_body(format!(
+                "the body does not match the request schema: {said}"
+            )),
         }
     })?;
     Ok(parsed)
@@ -499,7 +503,7 @@ fn urls(task_id: TaskId) -> (String, String) {
         (status = 410, description = "The conversation (or its workspace) was erased: it takes no new messages (`conversation_erased`); nothing was written", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 413, description = "The body is over `api.max_body_bytes` (`body_too_large`); a declared `Content-Length` over it is refused before the body is read (no `100 Continue`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, or a request whose token ceiling is over its whole token quota (`outside_workspace_policy`; `fields` names them, `detail` the setting)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, a request whose token ceiling is over its whole token quota, `context` from an end user's token where the workspace's `end_user_context` is `deny`, or `message` and `context` over `worker.max_prompt_bytes` with the workspace's system prompt (`outside_workspace_policy`; `fields` names them, `detail` the setting)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "New work over the workspace's quota of generations or of tokens, or, with an end user's token, over the user's share of it (`end_user_share_percent`; `Retry-After` the window's end) (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))),
         (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
@@ -546,11 +550,16 @@ async fn create_inner(
         ..
     } = caller;
     let policy = policy_of(state, &workspace).await?;
-    let alone = judge(state, &policy, &inputs, &[]);
+    // The workspace's prompt goes first in the history: fixed with it when the task is made.
+    let system = system_turns(&policy);
+    let turn = super::prompt_policy::judge_turn(state, &policy, end_user.is_some(), &inputs);
+    let alone = turn.and_then(|()| judge(state, &policy, &inputs, &system));
     let history = match &alone {
         // Refused whatever its history (unless it is a replay, which needs none).
         Err(_) => Ok(Vec::new()),
-        Ok(admitted) => history_of(state, &workspace, &inputs, &kept, &policy, admitted).await?,
+        Ok(admitted) => history_of(state, &workspace, &inputs, &kept, &policy, admitted)
+            .await?
+            .map(|turns| [system, turns].concat()),
     };
     let mut submission = Submission {
         workspace_id: workspace,
@@ -571,7 +580,7 @@ async fn create_inner(
     // turns go first, as the budget drops them.
     while check_record_size(&submission, state.limits.max_record_bytes).is_err()
         && let Ok(turns) = &mut submission.history
-        && !turns.is_empty()
+        && turns.iter().any(|turn| turn.role != Role::System)
     {
         drop_oldest_turn(turns);
     }
@@ -604,7 +613,7 @@ async fn history_of(
         .earlier_messages(workspace, &inputs.conversation_id)
         .await
         .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?;
-    let prompt = inputs.message.len() + inputs.context.as_ref().map_or(0, String::len);
+    let prompt = prompt_bytes(policy, &inputs.message, inputs.context.as_deref());
     let budget = Budget {
         tokens: i64::from(max_tokens).min(
             policy
@@ -620,37 +629,22 @@ async fn history_of(
     Ok(composed.map(|h| h.turns))
 }
 
-/// Drops the oldest turn: a user message and the reply after it, if any.
-fn drop_oldest_turn(turns: &mut Vec<ChatMessage>) {
-    let len = if turns.get(1).is_some_and(|m| m.role == Role::Assistant) {
-        2
-    } else {
-        1
-    };
-    turns.drain(..len.min(turns.len()));
-}
-
-/// The inputs of a regenerate: the source task's question, bound to the source task.
-fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
+/// The inputs of a regenerate (the source task's question, bound to the source task) and the
+/// turns before it: the source's, as it was asked (its system turns and history).
+fn regenerate_inputs(source: &StoredTask) -> (BoundInputs, Vec<ChatMessage>) {
     let request = &source.spec.request;
-    let text_of = |role: Role| {
-        request
-            .messages
-            .iter()
-            .rev()
-            .find(|m| m.role == role)
-            .map(|m| m.content.clone())
-    };
-    BoundInputs {
+    let (context, turns, message) = regenerate_parts(&request.messages);
+    let inputs = BoundInputs {
         conversation_id: source.spec.conversation_id.clone(),
-        message: text_of(Role::User).unwrap_or_default(),
+        message,
         document_version: source.spec.document_version.clone(),
         model: request.model.clone(),
-        context: text_of(Role::System),
+        context,
         max_output_tokens: request.max_output_tokens,
         source_task: Some(source.spec.task_id.to_string()),
         kept_replies: None,
-    }
+    };
+    (inputs, turns)
 }
 
 /// Ask for another answer to the same message: a new task with its own key; the old reply
@@ -680,15 +674,14 @@ fn regenerate_inputs(source: &StoredTask) -> BoundInputs {
 pub async fn regenerate(
     State(state): State<ApiState>,
     caller: Caller,
-    Path(task_id): Path<String>,
+    PathParam(task_id): PathParam,
     headers: HeaderMap,
 ) -> Response {
     let result = async {
         let key = key_of(&headers)?;
         let source = task_of(&state, &caller, &task_id).await?;
-        let inputs = regenerate_inputs(&source);
-        // The source's history, as it was asked: the new answer is to the same conversation.
-        let turns = history::of_source(&source.spec.request.messages);
+        // Asked as the source was: the new answer is to the same conversation.
+        let (inputs, turns) = regenerate_inputs(&source);
         let policy = policy_of(&state, &caller.workspace).await?;
         let verdict = judge(&state, &policy, &inputs, &turns);
         let submission = Submission {
@@ -743,7 +736,7 @@ pub async fn regenerate(
 pub async fn cancel(
     State(state): State<ApiState>,
     caller: Caller,
-    Path(task_id): Path<String>,
+    PathParam(task_id): PathParam,
 ) -> Response {
     let cancelled = async {
         let unavailable =
@@ -831,8 +824,8 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
         }
         Submitted::NotTheirs => {
             return Err(Problem::not_found(format!(
-                "no conversation {:?} of this end user",
-                submission.inputs.conversation_id
+                "no conversation {} of this end user",
+                super::echo::quoted(&submission.inputs.conversation_id)
             )));
         }
         Submitted::BadKeptReplies(bad) => {
@@ -916,7 +909,7 @@ async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Pr
 pub async fn show(
     State(state): State<ApiState>,
     caller: Caller,
-    Path(task_id): Path<String>,
+    PathParam(task_id): PathParam,
 ) -> Response {
     let shown = async {
         let task = task_of(&state, &caller, &task_id).await?;
@@ -946,7 +939,7 @@ pub(super) async fn task_of(
     let task_id = TaskId::parse(raw_id).map_err(|_| {
         Problem::bad_request(
             ProblemKind::InvalidTaskId,
-            format!("{raw_id:?} is not a task id (a UUID)"),
+            format!("{} is not a task id (a UUID)", super::echo::quoted(raw_id)),
         )
     })?;
     let unavailable =
@@ -991,27 +984,6 @@ mod tests {
             max_output_tokens: Some(256),
             kept_replies: None,
         }
-    }
-
-    #[test]
-    fn the_oldest_turn_goes_whole() {
-        let message = |role, content: &str| ChatMessage {
-            role,
-            content: content.into(),
-        };
-        let mut turns = vec![
-            message(Role::User, "one?"),
-            message(Role::Assistant, "first"),
-            message(Role::User, "unanswered?"),
-            message(Role::User, "three?"),
-            message(Role::Assistant, "third"),
-        ];
-        drop_oldest_turn(&mut turns);
-        assert_eq!(turns[0].content, "unanswered?");
-        drop_oldest_turn(&mut turns);
-        assert_eq!(turns[0].content, "three?");
-        drop_oldest_turn(&mut turns);
-        assert!(turns.is_empty());
     }
 
     #[test]

@@ -66,7 +66,8 @@ pub fn head_caps(settings: &ApiSettings) -> HeadCaps {
 }
 
 /// Binds `listen` (port 0 picks one) and serves until `shutdown`; returns the bound address
-/// and the task that ends once every open request has been answered.
+/// and the task that ends once every open request has been answered. The rate limit's
+/// buckets are swept beside it until `shutdown`.
 pub async fn serve(
     listen: SocketAddr,
     state: ApiState,
@@ -80,6 +81,12 @@ pub async fn serve(
         .header_read_timeout(state.settings.header_read_timeout())
         .max_headers(caps.parser_max_headers)
         .max_buf_size(caps.parser_max_head_bytes);
+    // The rate limit's buckets are swept while the server runs, so they are as many as the
+    // callers of the last interval, not every caller ever seen.
+    tokio::spawn(super::rate_limit::sweep_until(
+        state.limiter.clone(),
+        shutdown.clone(),
+    ));
     let service = TowerToHyperService::new(router(state));
     let handle = tokio::spawn(accept(listener, http, service, caps, shutdown));
     Ok((addr, handle))

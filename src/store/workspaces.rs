@@ -1,7 +1,9 @@
 //! Workspaces and their API keys: made and revoked by operators, looked up on every API
-//! request. Only a key's hash is stored (see `api_key`).
+//! request. Only a key's hash is stored (see `api_key`). A workspace's policy (its models,
+//! output cap, system prompt and end users' `context`) is read on every new request.
 
 use replyd_core::api_key::{IssuedKey, PresentedKey, matches};
+use replyd_core::prompt_policy::EndUserContext;
 use replyd_core::workspace_policy::WorkspacePolicy;
 
 use super::{Store, StoreError};
@@ -149,6 +151,8 @@ mod tests {
 pub struct PolicyChange {
     pub allowed_models: Option<Option<Vec<String>>>,
     pub max_output_tokens: Option<Option<u32>>,
+    pub system_prompt: Option<Option<String>>,
+    pub end_user_context: Option<EndUserContext>,
 }
 
 impl Store {
@@ -161,7 +165,8 @@ impl Store {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(
-                "SELECT w.allowed_models, w.max_output_tokens, q.token_limit \
+                "SELECT w.allowed_models, w.max_output_tokens, q.token_limit, \
+                 w.system_prompt, w.end_user_context_allowed \
                  FROM workspaces w LEFT JOIN quota_counters q USING (workspace_id) \
                  WHERE w.workspace_id = $1",
             )
@@ -173,6 +178,12 @@ impl Store {
                 .get::<_, Option<i32>>("max_output_tokens")
                 .and_then(|n| u32::try_from(n).ok()),
             token_limit: row.get("token_limit"),
+            system_prompt: row.get("system_prompt"),
+            end_user_context: if row.get("end_user_context_allowed") {
+                EndUserContext::Allow
+            } else {
+                EndUserContext::Deny
+            },
         }))
     }
 
@@ -190,7 +201,9 @@ impl Store {
             .execute(
                 "UPDATE workspaces SET \
                  allowed_models = CASE WHEN $2 THEN $3 ELSE allowed_models END, \
-                 max_output_tokens = CASE WHEN $4 THEN $5 ELSE max_output_tokens END \
+                 max_output_tokens = CASE WHEN $4 THEN $5 ELSE max_output_tokens END, \
+                 system_prompt = CASE WHEN $6 THEN $7 ELSE system_prompt END, \
+                 end_user_context_allowed = coalesce($8, end_user_context_allowed) \
                  WHERE workspace_id = $1",
                 &[
                     &workspace_id,
@@ -198,6 +211,11 @@ impl Store {
                     &change.allowed_models.clone().flatten(),
                     &cap.is_some(),
                     &cap.flatten(),
+                    &change.system_prompt.is_some(),
+                    &change.system_prompt.clone().flatten(),
+                    &change
+                        .end_user_context
+                        .map(|allowed| allowed == EndUserContext::Allow),
                 ],
             )
             .await?;

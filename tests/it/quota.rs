@@ -385,7 +385,7 @@ async fn the_operator_sets_and_shows_a_quota() {
     ]);
     assert_eq!(
         String::from_utf8_lossy(&policy.stdout).trim(),
-        "workspace acme: models small,large, max_output_tokens 700",
+        "workspace acme: models small,large, max_output_tokens 700, end_user_context deny, system_prompt none",
         "{}",
         String::from_utf8_lossy(&policy.stderr)
     );
@@ -408,7 +408,8 @@ async fn the_operator_sets_and_shows_a_quota() {
             &json!(25),
             &json!("12h"),
             &json!(5000),
-            &json!({"allowed_models": ["small", "large"], "max_output_tokens": 700})
+            &json!({"allowed_models": ["small", "large"], "max_output_tokens": 700,
+                    "system_prompt": null, "end_user_context": "deny"})
         )
     );
 
@@ -969,6 +970,7 @@ async fn a_model_outside_the_workspace_list_or_output_over_its_cap_is_422_and_wr
     let rules = replyd::store::workspaces::PolicyChange {
         allowed_models: Some(Some(vec!["gpt-4o-mini".into(), "small".into()])),
         max_output_tokens: Some(Some(500)),
+        ..Default::default()
     };
     assert!(
         api.db

@@ -1,6 +1,7 @@
 //! Workspaces and API keys through the operator commands of the real binary, against the real
 //! PostgreSQL: a key is shown once, only its hash is stored, it authenticates its workspace
-//! until revoked, and every refusal names its reason.
+//! until revoked, a workspace's prompt policy is set, shown and removed, and every refusal
+//! names its reason.
 
 use std::process::{Command, Output};
 
@@ -106,4 +107,139 @@ async fn operator_mistakes_are_refused_with_their_reason_and_change_nothing() {
         .unwrap()
         .get(0);
     assert_eq!(rows, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_sets_shows_and_removes_a_workspaces_prompt_policy() {
+    let db = TestDb::new().await;
+    assert!(
+        replyd(&db, &["workspace", "create", "acme"])
+            .status
+            .success()
+    );
+    let shown = replyd(&db, &["workspace", "policy", "acme"]);
+    assert_eq!(
+        text(&shown.stdout).trim(),
+        "workspace acme: models any, max_output_tokens none, end_user_context deny, system_prompt none",
+        "the defaults: end users may not send context"
+    );
+
+    let set = replyd(
+        &db,
+        &[
+            "workspace",
+            "policy",
+            "acme",
+            "--system-prompt",
+            "You are Acme's help desk.",
+            "--end-user-context",
+            "allow",
+        ],
+    );
+    assert_eq!(
+        text(&set.stdout).trim(),
+        "workspace acme: models any, max_output_tokens none, end_user_context allow, system_prompt \"You are Acme's help desk.\"",
+        "{}",
+        text(&set.stderr)
+    );
+    // From a file; a long one shown by its start and length. What is not given stays.
+    let file = std::env::temp_dir().join(unique("prompt"));
+    let long = format!(
+        "{}\nAnswer from the document only.",
+        "Be precise. ".repeat(20)
+    );
+    std::fs::write(&file, &long).unwrap();
+    let from_file = replyd(
+        &db,
+        &[
+            "workspace",
+            "policy",
+            "acme",
+            "--system-prompt-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    let line = text(&from_file.stdout);
+    assert!(
+        line.contains("end_user_context allow")
+            && line.contains("system_prompt \"Be precise. Be precise. ")
+            && line.contains(&format!("…\" ({} bytes)", long.len())),
+        "{line}"
+    );
+    let client = db.raw_client().await;
+    let stored: Option<String> = client
+        .query_one(
+            "SELECT system_prompt FROM workspaces WHERE workspace_id = 'acme'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored.as_deref(), Some(long.as_str()));
+
+    // Refused with the reason, changing nothing.
+    let over = std::env::temp_dir().join(unique("prompt"));
+    std::fs::write(&over, "x".repeat(32 * 1024 + 1)).unwrap();
+    for (args, reason) in [
+        (
+            vec!["--end-user-context", "sometimes"],
+            "is not `allow` or `deny`",
+        ),
+        (vec!["--system-prompt", "  "], "blank"),
+        (
+            vec!["--system-prompt-file", over.to_str().unwrap()],
+            "over the limit of 32768 bytes",
+        ),
+        (
+            vec!["--system-prompt-file", "/nonexistent/prompt.txt"],
+            "cannot read /nonexistent/prompt.txt",
+        ),
+    ] {
+        let refused = replyd(&db, &[&["workspace", "policy", "acme"][..], &args].concat());
+        assert_eq!(refused.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&refused.stderr).contains(reason),
+            "{args:?}: {}",
+            text(&refused.stderr)
+        );
+    }
+    let nobody = replyd(
+        &db,
+        &[
+            "workspace",
+            "policy",
+            "nobody",
+            "--end-user-context",
+            "deny",
+        ],
+    );
+    assert_eq!(nobody.status.code(), Some(4));
+
+    // `quota show --json` shows it whole; `none` removes it.
+    let json = replyd(&db, &["quota", "show", "acme", "--json"]);
+    let view: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(
+        (
+            &view["workspace_policy"]["system_prompt"],
+            &view["workspace_policy"]["end_user_context"]
+        ),
+        (&serde_json::json!(long), &serde_json::json!("allow"))
+    );
+    let removed = replyd(
+        &db,
+        &[
+            "workspace",
+            "policy",
+            "acme",
+            "--system-prompt",
+            "none",
+            "--end-user-context",
+            "deny",
+        ],
+    );
+    assert!(
+        text(&removed.stdout).ends_with("end_user_context deny, system_prompt none\n"),
+        "{}",
+        text(&removed.stdout)
+    );
 }

@@ -262,7 +262,10 @@ export interface components {
          *     carries all of them, must also fit `kafka.max_record_bytes`.
          */
         CreateReply: {
-            /** @description A system prompt for this reply. */
+            /**
+             * @description A system prompt for this reply, sent before the workspace's own. With an end user's
+             *     token only where the workspace allows it (`end_user_context`).
+             */
             context?: string | null;
             /**
              * @description The conversation the message belongs to (not blank; at most 256 bytes: it is also the
@@ -320,6 +323,12 @@ export interface components {
             /** @description The text to append. */
             text: string;
         };
+        /**
+         * @description Whether the workspace's end users' tokens may send `context` (`replyd workspace policy
+         *     --end-user-context`).
+         * @enum {string}
+         */
+        EndUserContextView: "deny" | "allow";
         /** @description A token for one end user. */
         EndUserToken: {
             /**
@@ -453,7 +462,7 @@ export interface components {
          *     OpenAPI document's `ProblemKind`, from which the TypeScript client's type is generated.
          * @enum {string}
          */
-        ProblemKind: "body_too_large" | "headers_too_large" | "conversation_erased" | "idempotency_key_reused" | "forbidden" | "invalid_authorization" | "invalid_body" | "invalid_idempotency_key" | "invalid_query" | "invalid_task_id" | "malformed_json" | "malformed_request" | "method_not_allowed" | "not_found" | "outside_workspace_policy" | "quota_exceeded" | "rate_limited" | "record_too_large" | "task_finished" | "unauthorized" | "unavailable" | "unsupported_media_type" | "uri_too_long";
+        ProblemKind: "body_too_large" | "headers_too_large" | "conversation_erased" | "idempotency_key_reused" | "forbidden" | "invalid_authorization" | "invalid_body" | "invalid_idempotency_key" | "invalid_path" | "invalid_query" | "invalid_task_id" | "malformed_json" | "malformed_request" | "method_not_allowed" | "not_found" | "outside_workspace_policy" | "quota_exceeded" | "rate_limited" | "record_too_large" | "task_finished" | "unauthorized" | "unavailable" | "unsupported_media_type" | "uri_too_long";
         /** @description A workspace's quota now. */
         QuotaView: {
             /**
@@ -619,12 +628,19 @@ export interface components {
         WorkspacePolicyView: {
             /** @description The models a request may name (an absent `model` is judged as the default); absent: any. */
             allowed_models?: string[] | null;
+            /** @description Whether end users' tokens may send `context`. */
+            end_user_context: components["schemas"]["EndUserContextView"];
             /**
              * Format: int32
              * @description The most output tokens a request may ask for, and what one that names none asks for;
              *     absent: no cap.
              */
             max_output_tokens?: number | null;
+            /**
+             * @description The system prompt every new task of the workspace is asked with, fixed when the task is
+             *     made (after the request's `context`, before the conversation's history); absent: none.
+             */
+            system_prompt?: string | null;
         };
     };
     responses: never;
@@ -656,7 +672,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErasedConversation"];
                 };
             };
-            /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -770,7 +786,7 @@ export interface operations {
                     "application/json": components["schemas"]["MessagePage"];
                 };
             };
-            /** @description `after` is not a cursor this API gave, `limit` is not 1 to 100, or the query cannot be read (`invalid_query`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            /** @description `after` is not a cursor this API gave, `limit` is not 1 to 100, or the query cannot be read (`invalid_query`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -983,7 +999,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErasedEndUser"];
                 };
             };
-            /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1096,7 +1112,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1376,7 +1392,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, or a request whose token ceiling is over its whole token quota (`outside_workspace_policy`; `fields` names them, `detail` the setting) */
+            /** @description The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, a request whose token ceiling is over its whole token quota, `context` from an end user's token where the workspace's `end_user_context` is `deny`, or `message` and `context` over `worker.max_prompt_bytes` with the workspace's system prompt (`outside_workspace_policy`; `fields` names them, `detail` the setting) */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -1437,7 +1453,7 @@ export interface operations {
                     "application/json": components["schemas"]["ReplyView"];
                 };
             };
-            /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1534,7 +1550,7 @@ export interface operations {
                     "application/json": components["schemas"]["ReplyView"];
                 };
             };
-            /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1643,7 +1659,7 @@ export interface operations {
                     "text/event-stream": components["schemas"]["StatusEvent"];
                 };
             };
-            /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1747,7 +1763,7 @@ export interface operations {
                     "application/json": components["schemas"]["Accepted"];
                 };
             };
-            /** @description A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
+            /** @description A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
                     [name: string]: unknown;

@@ -156,17 +156,35 @@ fn choose<'a>(
     Ok(chosen)
 }
 
-/// The history a regenerate answers with: its source task's, as the source was asked (every
-/// message before the source's question, system text aside), so the new answer is to the
-/// same conversation as the old one.
-pub fn of_source(messages: &[ChatMessage]) -> Vec<ChatMessage> {
-    let last_user = messages.iter().rposition(|m| m.role == Role::User);
-    messages
-        .iter()
-        .take(last_user.unwrap_or(0))
-        .filter(|m| m.role != Role::System)
-        .cloned()
-        .collect()
+/// What a Regenerate asks again, from its source task's messages: the source's first system
+/// turn as its `context`, the turns after it up to the source's question (the workspace's
+/// system prompt as it was, then the history) and the question. Put back together (context
+/// first, then the turns, then the question, as the intake builds a request) they are the
+/// source's messages as they were sent, so the new answer is asked exactly as the old one was,
+/// in the same conversation.
+pub fn regenerate_parts(messages: &[ChatMessage]) -> (Option<String>, Vec<ChatMessage>, String) {
+    let question = messages.iter().rposition(|m| m.role == Role::User);
+    let before = &messages[..question.unwrap_or(messages.len())];
+    let (context, turns) = match before.first() {
+        Some(first) if first.role == Role::System => (Some(first.content.clone()), &before[1..]),
+        _ => (None, before),
+    };
+    let question = question
+        .map(|at| messages[at].content.clone())
+        .unwrap_or_default();
+    (context, turns.to_vec(), question)
+}
+
+/// Drops the oldest turn of a history: a user message and the reply after it, if any. The
+/// system turns before it (the workspace's prompt) stay.
+pub fn drop_oldest_turn(turns: &mut Vec<ChatMessage>) {
+    let at = turns.iter().take_while(|m| m.role == Role::System).count();
+    let len = if turns.get(at + 1).is_some_and(|m| m.role == Role::Assistant) {
+        2
+    } else {
+        1
+    };
+    turns.drain(at..(at + len).min(turns.len()));
 }
 
 #[cfg(test)]
@@ -309,28 +327,84 @@ mod tests {
         );
     }
 
+    fn turn(role: Role, content: &str) -> ChatMessage {
+        ChatMessage {
+            role,
+            content: content.into(),
+        }
+    }
+
     #[test]
-    fn a_regenerate_keeps_its_sources_history_without_its_question_or_system_text() {
-        let asked = [
-            ChatMessage {
-                role: Role::System,
-                content: "Be brief.".into(),
-            },
-            ChatMessage {
-                role: Role::User,
-                content: "one?".into(),
-            },
-            ChatMessage {
-                role: Role::Assistant,
-                content: "first".into(),
-            },
-            ChatMessage {
-                role: Role::User,
-                content: "two?".into(),
-            },
+    fn a_regenerate_put_back_together_is_its_source_as_sent() {
+        let rebuilt = |messages: &[ChatMessage]| {
+            let (context, turns, question) = regenerate_parts(messages);
+            let mut again: Vec<ChatMessage> =
+                context.iter().map(|c| turn(Role::System, c)).collect();
+            again.extend(turns);
+            again.push(turn(Role::User, &question));
+            again
+        };
+        let sources = [
+            vec![turn(Role::User, "q")],
+            vec![turn(Role::System, "Be brief."), turn(Role::User, "q")],
+            vec![
+                turn(Role::System, "Be brief."),
+                turn(Role::System, "the workspace's prompt"),
+                turn(Role::User, "one?"),
+                turn(Role::Assistant, "first"),
+                turn(Role::User, "q"),
+            ],
+            vec![
+                turn(Role::System, "the workspace's prompt"),
+                turn(Role::User, "one?"),
+                turn(Role::User, "q"),
+            ],
+            // From a producer: a system turn anywhere stays where it was.
+            vec![
+                turn(Role::User, "one?"),
+                turn(Role::System, "midway"),
+                turn(Role::User, "q"),
+            ],
         ];
-        let history = of_source(&asked);
-        assert_eq!(history, asked[1..3].to_vec());
-        assert_eq!(of_source(&asked[..2]), vec![]);
+        for source in sources {
+            assert_eq!(rebuilt(&source), source);
+        }
+        let (context, turns, question) = regenerate_parts(&[
+            turn(Role::System, "Be brief."),
+            turn(Role::System, "the workspace's prompt"),
+            turn(Role::User, "one?"),
+            turn(Role::Assistant, "first"),
+            turn(Role::User, "two?"),
+        ]);
+        assert_eq!(context.as_deref(), Some("Be brief."));
+        assert_eq!(
+            turns,
+            [
+                turn(Role::System, "the workspace's prompt"),
+                turn(Role::User, "one?"),
+                turn(Role::Assistant, "first")
+            ]
+        );
+        assert_eq!(question, "two?");
+    }
+
+    #[test]
+    fn the_oldest_turn_goes_whole_and_the_system_turns_stay() {
+        let mut turns = vec![
+            turn(Role::System, "the workspace's prompt"),
+            turn(Role::User, "one?"),
+            turn(Role::Assistant, "first"),
+            turn(Role::User, "unanswered?"),
+            turn(Role::User, "three?"),
+            turn(Role::Assistant, "third"),
+        ];
+        drop_oldest_turn(&mut turns);
+        assert_eq!(turns[1].content, "unanswered?");
+        drop_oldest_turn(&mut turns);
+        assert_eq!(turns[1].content, "three?");
+        drop_oldest_turn(&mut turns);
+        assert_eq!(turns, [turn(Role::System, "the workspace's prompt")]);
+        drop_oldest_turn(&mut turns);
+        assert_eq!(turns.len(), 1, "nothing but system turns: nothing to drop");
     }
 }

@@ -13,6 +13,7 @@ pub mod idempotency;
 pub mod lease;
 pub mod offsets;
 pub mod pacing;
+pub mod prompt_policy;
 pub mod proto;
 pub mod provider;
 pub mod quota;

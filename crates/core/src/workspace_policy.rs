@@ -1,6 +1,7 @@
 //! What a workspace may ask for, the pure rules: the models it may name and the most output
 //! tokens a request may ask for (both set by an operator, `replyd workspace policy`), and the
-//! token ceiling its quota reservation holds.
+//! token ceiling its quota reservation holds. Its rules for the system turn (its own prompt,
+//! its end users' `context`) are in [`crate::prompt_policy`].
 //!
 //! A request is judged before it is written: a model outside the list, or `max_output_tokens`
 //! over the cap, is a `422` naming the field and the workspace's setting. A request that names
@@ -8,6 +9,8 @@
 //! the reservation assumes, so the ceiling is one the provider keeps to.
 
 use serde::{Deserialize, Serialize};
+
+use crate::prompt_policy::EndUserContext;
 
 /// An operator's rules for one workspace's requests.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,6 +21,11 @@ pub struct WorkspacePolicy {
     pub max_output_tokens: Option<u32>,
     /// The workspace's quota in tokens per period; None: no limit.
     pub token_limit: Option<i64>,
+    /// The system prompt every task of the workspace is asked with
+    /// ([`crate::prompt_policy`]); None: none.
+    pub system_prompt: Option<String>,
+    /// Whether its end users' tokens may send `context`.
+    pub end_user_context: EndUserContext,
 }
 
 /// A request the policy admits: what it asks the provider for, and what its reservation holds.
@@ -148,6 +156,7 @@ mod tests {
             allowed_models: models.map(|m| m.iter().map(|s| s.to_string()).collect()),
             max_output_tokens: cap,
             token_limit: tokens,
+            ..WorkspacePolicy::default()
         }
     }
 

@@ -102,6 +102,22 @@ impl Api {
         }
     }
 
+    /// A token of `acme`'s end user `user`, asked for with the key as a product's backend
+    /// asks for one.
+    pub async fn end_user_token(&self, user: &str) -> String {
+        let response = self
+            .client
+            .post(format!("{}/v1/end-user-tokens", self.base))
+            .bearer_auth(&self.key)
+            .json(&json!({"user_id": user}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201, "a token for {user}");
+        let made: serde_json::Value = response.json().await.unwrap();
+        made["token"].as_str().unwrap().to_owned()
+    }
+
     /// A press with `acme`'s key ([`press`]).
     pub async fn press(&self, key: &str, message: &str) -> reqwest::Response {
         press(&self.client, &self.base, &self.key, key, message).await
