@@ -55,6 +55,15 @@ pub struct FaultSettings {
     /// How many deltas a streamed answer sends before its stream fault strikes (all of them
     /// when it has fewer). Default 3.
     pub stream_fault_after_chunks: usize,
+    /// Chat completion and Messages streams end without their final event: no `data: [DONE]`
+    /// after the `finish_reason` chunk (and the usage chunk), no `message_stop` after
+    /// `message_delta`; the body simply ends, cleanly, as some OpenAI-compatible servers end
+    /// it (not a rate: every stream, while set).
+    pub stream_without_final_event: bool,
+    /// Every streamed event's data goes over two `data:` lines, split after its first comma,
+    /// as the SSE spec allows a value to be written (its reader joins the lines with a
+    /// newline, and a JSON text stays JSON) (not a rate: every stream, while set).
+    pub stream_split_data: bool,
 }
 
 impl Default for FaultSettings {
@@ -72,6 +81,8 @@ impl Default for FaultSettings {
             stream_stall_rate: 0.0,
             stream_error_rate: 0.0,
             stream_fault_after_chunks: 3,
+            stream_without_final_event: false,
+            stream_split_data: false,
         }
     }
 }
@@ -432,6 +443,8 @@ impl From<MockProviderArgs> for MockSettings {
                 stream_stall_rate: args.stream_stall_rate,
                 stream_error_rate: args.stream_error_rate,
                 stream_fault_after_chunks: args.stream_fault_after_chunks,
+                stream_without_final_event: false,
+                stream_split_data: false,
             },
             limits: LimitSettings {
                 requests_per_minute: args.limit_rpm,
