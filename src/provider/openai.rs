@@ -175,8 +175,9 @@ impl Provider for OpenAiChatProvider {
 
 /// A chat completion's stream: `data:` chunks whose first choice's `delta.content` is the next
 /// piece of text, a chunk with `finish_reason`, the usage chunk (`choices: []`, asked for with
-/// `stream_options.include_usage`), then `data: [DONE]`. An `error` object instead of a chunk
-/// is OpenAI's error after the first tokens. Pure.
+/// `stream_options.include_usage`), then `data: [DONE]`, which some servers leave out (the
+/// body ends after the finish reason). An `error` object instead of a chunk is OpenAI's error
+/// after the first tokens. Pure.
 pub(crate) struct ChatStream {
     asked_model: String,
     text: String,
@@ -254,6 +255,13 @@ impl StreamFold for ChatStream {
 
     fn finished(&self) -> bool {
         self.done
+    }
+
+    /// The OpenAI SDKs end a stream at the end of its body and require a `finish_reason` of
+    /// every choice: a body that ends cleanly after it is the whole answer (its usage, sent
+    /// after the finish reason, may then be missing), one that ends before it is not.
+    fn whole_at_clean_end(&self) -> bool {
+        self.finish_reason.is_some()
     }
 
     fn usage(&self) -> Option<Usage> {
@@ -657,7 +665,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_without_its_usage_chunk_reports_none_and_one_without_done_is_unfinished() {
+    fn a_stream_without_usage_reports_none_and_one_without_done_is_whole_after_its_finish_reason() {
         let a = chunk("Hi");
         let (_, stream, _) = fold(&[FIRST, &a, FINISH, "[DONE]"]);
         assert_eq!(stream.generation().unwrap().usage, None);
@@ -665,6 +673,15 @@ mod tests {
         assert!(!stream.finished());
         assert_eq!(stream.chars(), 2);
         assert_eq!(stream.usage().map(|u| u.completion_tokens), Some(4));
+        // Read on after the finish reason (the usage chunk follows it); a body that ends
+        // there is the whole answer, one that ends before it is not.
+        assert!(stream.whole_at_clean_end());
+        assert_eq!(stream.generation().unwrap().text, "Hi");
+        let (_, stream, _) = fold(&[FIRST, &a, FINISH]);
+        assert!(stream.whole_at_clean_end());
+        assert_eq!(stream.generation().unwrap().usage, None, "not reported");
+        let (_, stream, _) = fold(&[FIRST, &a]);
+        assert!(!stream.whole_at_clean_end());
     }
 
     #[test]

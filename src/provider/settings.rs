@@ -87,8 +87,10 @@ pub struct OpenAiSettings {
     /// Ask for a streamed answer (chat completions and Messages `stream: true`, background
     /// responses streamed from their first event), so the worker can forward the text to the
     /// task's followers as it is written. The saved reply is the same either way: the whole
-    /// text, once the provider's final event says it is whole; a stream that ends without it
-    /// is an ambiguous call. Default true.
+    /// text, once the provider's final event says it is whole (`[DONE]`, `message_stop`), or,
+    /// as the SDKs take it, once the body ends cleanly after a finish reason (`finish_reason`,
+    /// `stop_reason`); a stream cut, stalled or ended before that is an ambiguous call.
+    /// Default true.
     pub stream: bool,
     /// A streamed answer that sends nothing for this long is cut and treated as a call whose
     /// answer was lost (`Ambiguous`), well before `request_timeout_ms` when a provider stalls
