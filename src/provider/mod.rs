@@ -35,6 +35,7 @@ mod http;
 pub mod openai;
 pub mod responses;
 pub mod settings;
+mod sse;
 mod stream;
 
 use std::sync::Arc;

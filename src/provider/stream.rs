@@ -1,6 +1,6 @@
 //! Streamed answers, shared by the adapters: the Server-Sent Events of a success answer read
-//! one at a time, each handed to the dialect's [`StreamFold`] (pure), its text to the caller's
-//! [`TextSink`] as it arrives.
+//! one at a time (parsed as the spec reads them, [`super::sse`]), each handed to the
+//! dialect's [`StreamFold`] (pure), its text to the caller's [`TextSink`] as it arrives.
 //!
 //! The saved reply does not change with streaming: it is the fold's whole text, and only once
 //! the provider says it is whole: its final event (`[DONE]`, `message_stop`,
@@ -15,7 +15,6 @@
 
 use std::time::{Duration, SystemTime};
 
-use eventsource_stream::Eventsource as _;
 use futures_util::StreamExt as _;
 use reqwest::{Response, StatusCode};
 
@@ -91,7 +90,7 @@ pub(crate) async fn read<F: StreamFold>(
     sink: &dyn TextSink,
     idle: Duration,
 ) -> Result<(), Cut> {
-    let mut events = response.bytes_stream().eventsource();
+    let mut events = std::pin::pin!(super::sse::events(response.bytes_stream()));
     let mut reported = fold.usage();
     loop {
         let next = match tokio::time::timeout(idle, events.next()).await {

@@ -194,6 +194,24 @@ async fn a_stream_that_ends_cleanly_after_its_finish_reason_is_the_whole_reply()
     }
 }
 
+/// The SSE spec joins an event's `data:` lines with a newline, and a JSON chunk written over
+/// two lines is the same JSON: each API's stream read with every event split so is the reply.
+#[tokio::test]
+async fn events_whose_data_is_split_over_two_lines_are_read_as_the_spec_joins_them() {
+    for api in APIS {
+        let mock = start_mock(mock_for(api)).await;
+        set_faults(&mock, json!({"stream_split_data": true})).await;
+        let provider = build_provider(&settings(&mock.base_url(), api)).unwrap();
+        let sink = Collected::default();
+        let generation = streamed(provider.as_ref(), "task-1", &sink)
+            .await
+            .unwrap_or_else(|e| panic!("{api:?}: {e}"));
+        assert_eq!(generation.text.chars().count(), 300, "{api:?}");
+        assert_eq!(sink.text(), generation.text, "{api:?}");
+        assert!(generation.usage.is_some(), "{api:?}");
+    }
+}
+
 #[tokio::test]
 async fn an_error_event_after_the_first_tokens_may_have_executed() {
     for (api, status) in [
