@@ -1,5 +1,6 @@
-//! [`AnthropicMessagesProvider`]: one `POST {base_url}/v1/messages` per call to Anthropic's
-//! Messages API, with `x-api-key` and `anthropic-version`.
+//! [`AnthropicMessagesProvider`]: one `POST …/v1/messages` per call to Anthropic's Messages
+//! API (`provider.base_url` `https://api.anthropic.com` or `…/v1`, [`super::base_url`]), with
+//! `x-api-key` and `anthropic-version`.
 //!
 //! What this API offers the caller after an ambiguous call is nothing: Anthropic documents no
 //! idempotency key and no way to look a message up, and its own SDKs send none. So
@@ -57,7 +58,7 @@ impl AnthropicMessagesProvider {
     /// Builds the adapter; fails on settings the settings' check refuses (a base URL, an extra
     /// header, an `anthropic_version` that cannot be a header).
     pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
-        let endpoint = endpoint(settings, "/v1/messages")?;
+        let endpoint = endpoint(settings, "/messages")?;
         let version = HeaderValue::from_str(settings.anthropic_version.trim())
             .ok()
             .filter(|v| !v.is_empty())

@@ -31,6 +31,7 @@
 pub mod access;
 mod adapter;
 pub mod anthropic;
+pub mod base_url;
 mod http;
 pub mod openai;
 pub mod responses;

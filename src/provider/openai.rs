@@ -1,5 +1,6 @@
-//! [`OpenAiChatProvider`]: one `POST {base_url}/v1/chat/completions` per call to an
-//! OpenAI-compatible server, with the task id as `Idempotency-Key` (I6).
+//! [`OpenAiChatProvider`]: one `POST …/chat/completions` per call to an OpenAI-compatible
+//! server (`https://api.openai.com/v1/chat/completions`: `provider.base_url`'s rule is
+//! [`super::base_url`]), with the task id as `Idempotency-Key` (I6).
 //!
 //! The client is built so that one `generate` is exactly one request: reqwest's own retry policy
 //! is switched off and redirects are not followed, because re-sending is the caller's decision
@@ -43,7 +44,7 @@ pub struct OpenAiChatProvider {
 impl OpenAiChatProvider {
     /// Builds the adapter; fails on a base URL or an extra header the settings' check refuses.
     pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
-        let endpoint = endpoint(settings, "/v1/chat/completions")?;
+        let endpoint = endpoint(settings, "/chat/completions")?;
         Ok(Self {
             client: build_client(settings)?,
             endpoint,
@@ -558,16 +559,7 @@ mod tests {
     }
 
     #[test]
-    fn a_base_url_ending_in_v1_or_a_reserved_extra_header_is_refused_at_build() {
-        let error = OpenAiChatProvider::new(&OpenAiSettings {
-            base_url: "https://llm.example.com/v1".into(),
-            ..OpenAiSettings::default()
-        })
-        .unwrap_err();
-        assert!(
-            error.to_string().contains("remove the trailing /v1"),
-            "{error}"
-        );
+    fn a_reserved_extra_header_is_refused_at_build() {
         let mut settings = OpenAiSettings::default();
         settings
             .extra_headers
@@ -583,7 +575,11 @@ mod tests {
 
     #[test]
     fn the_endpoint_is_the_base_url_plus_the_chat_path() {
-        for base in ["http://127.0.0.1:9/", "http://127.0.0.1:9"] {
+        for base in [
+            "http://127.0.0.1:9/",
+            "http://127.0.0.1:9",
+            "http://127.0.0.1:9/v1",
+        ] {
             let provider = OpenAiChatProvider::new(&OpenAiSettings {
                 base_url: base.into(),
                 ..OpenAiSettings::default()

@@ -24,6 +24,7 @@ mod operations;
 mod postgres_tls;
 mod provider_anthropic;
 mod provider_background;
+mod provider_base_urls;
 mod provider_failures;
 mod provider_http;
 mod provider_streams;
