@@ -59,7 +59,8 @@ use tokio::task::JoinHandle;
 
 pub use server::{KeyStats, RefusalCounts, SecondTally, StatsSnapshot};
 pub use settings::{
-    FaultSettings, InvalidSettings, LimitSettings, MockProfile, MockProviderArgs, MockSettings,
+    FaultSettings, InvalidSettings, LimitHeaders, LimitSettings, MockProfile, MockProviderArgs,
+    MockSettings,
 };
 
 use server::MockState;
