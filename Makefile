@@ -108,7 +108,8 @@ bench-check:
 ## bench-capacity: 2,000 tasks at once, two workers, against a mock limited like a hosted API
 ## (3,000 RPM, 64 at once): completed, failed, replies/s against the limit, refusals.
 ## VARIANT=tpm adds a token limit and prompts of mixed sizes; VARIANT=adaptive ignores
-## WORKER_TOML (worker settings under test, or WORKER_TOML_FILE).
+## WORKER_TOML (worker settings under test, or WORKER_TOML_FILE); VARIANT=retry-after is
+## adaptive against a provider that reports no limit, only a refusal's Retry-After (Azure).
 VARIANT ?= plain
 bench-capacity:
 	bash deploy/bench-capacity.sh $(VARIANT) 2000

@@ -21,6 +21,10 @@
 #   adaptive  the limits above with nothing about them configured in replyd: the workers have
 #             only the provider's own signals (429, retry-after, the headers) to go by.
 #             WORKER_TOML is not applied.
+#   retry-after  as adaptive, against a provider that reports no limit, as Azure OpenAI
+#             deployments and gateways answer (`--limit-headers retry-after-only`): no
+#             rate-limit headers, and a refusal's `retry-after` and `retry-after-ms` are all
+#             the workers learn the limit from.
 #
 # WORKER_TOML (TOML text) or WORKER_TOML_FILE (a file) becomes each worker's settings file, so
 # the same script measures the worker's capacity settings: e.g. the provider's limits declared
@@ -44,12 +48,13 @@ mock_limits=(--limit-rpm "$rpm" --limit-concurrent "$at_once")
 produce_sizes=()
 case "$variant" in
   plain | adaptive) ;;
+  retry-after) mock_limits+=(--limit-headers retry-after-only) ;;
   tpm)
     mock_limits+=(--limit-tpm "$tpm")
     produce_sizes=(--prompt-words "$prompt_words")
     ;;
   *)
-    echo "bench-capacity: unknown variant '$variant' (plain, tpm or adaptive)" >&2
+    echo "bench-capacity: unknown variant '$variant' (plain, tpm, adaptive or retry-after)" >&2
     exit 2
     ;;
 esac
@@ -63,7 +68,7 @@ dir="$root/target/bench/$id"
 mkdir -p "$dir"
 settings=defaults
 : >"$dir/worker.toml"
-if [ "$variant" != adaptive ]; then
+if [ "$variant" != adaptive ] && [ "$variant" != retry-after ]; then
   if [ -n "${WORKER_TOML_FILE:-}" ]; then
     cp "$WORKER_TOML_FILE" "$dir/worker.toml"
     settings=$(basename "$WORKER_TOML_FILE")

@@ -5,9 +5,16 @@
 # exports DATABASE_URL and KAFKA_BOOTSTRAP (and SQS_ENDPOINT), builds replyd and replyd-lab
 # (release) and sets $bin (the service) and $lab (the mock provider, the simulated browsers,
 # the producer). Installs psql when missing (the scripts read progress with it).
+# REPLYD_INFRA_ENV names the env file of infrastructure already running (another checkout's
+# target/infra/env): its addresses are used as they are and nothing is started or checked.
 prepare() {
-  # shellcheck disable=SC2086 # a list of parts
-  bash deploy/infra.sh up ${infra_parts:-postgres kafka} >/dev/null
+  local env_file=target/infra/env
+  if [ -n "${REPLYD_INFRA_ENV:-}" ]; then
+    env_file=$REPLYD_INFRA_ENV
+  else
+    # shellcheck disable=SC2086 # a list of parts
+    bash deploy/infra.sh up ${infra_parts:-postgres kafka} >/dev/null
+  fi
   if ! command -v psql >/dev/null; then
     echo "installing postgresql-client (psql)" >&2
     local sudo_=""
@@ -15,8 +22,8 @@ prepare() {
     $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client >/dev/null
   fi
   set -a
-  # shellcheck disable=SC1091
-  . target/infra/env
+  # shellcheck disable=SC1090 # the infrastructure's own file
+  . "$env_file"
   set +a
   # Progress shown: a first build compiles librdkafka and about 300 crates (about 9 minutes
   # on 2 cores); later builds take seconds.

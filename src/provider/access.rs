@@ -1,4 +1,5 @@
-//! Whether the provider can be reached with these settings: `GET {base_url}/v1/models` with
+//! Whether the provider can be reached with these settings: `GET …/models` on the API's root
+//! (`https://api.openai.com/v1/models`, [`super::base_url`]) with
 //! the key and headers every call carries, the one request OpenAI's and Anthropic's APIs both
 //! answer without generating (nothing is paid). What `replyd config check --connect` asks:
 //! a wrong base URL (a 404), a refused key (401/403) or an unreachable host is named before
@@ -31,7 +32,7 @@ pub enum AccessError {
         body: String,
     },
     #[error(
-        "{url} answered 404: no API at provider.base_url ({base_url}); it should be the API's root, without /v1"
+        "{url} answered 404: no API at provider.base_url ({base_url}); it should be the API's root with its version (`https://api.openai.com/v1`) or the server's root (`https://api.openai.com`)"
     )]
     NotFound { url: String, base_url: String },
     #[error("{url} answered {status}: {body}")]
@@ -58,7 +59,7 @@ const SHOWN_BODY: usize = 300;
 
 /// Asks the provider for its model list, as a call of this adapter would be sent.
 pub async fn check(settings: &OpenAiSettings) -> Result<Access, AccessError> {
-    let url = endpoint(settings, "/v1/models").map_err(|e| AccessError::Settings(e.to_string()))?;
+    let url = endpoint(settings, "/models").map_err(|e| AccessError::Settings(e.to_string()))?;
     let client = build_client(settings).map_err(|e| AccessError::Settings(e.to_string()))?;
     let extra = extra_headers(settings).map_err(|e| AccessError::Settings(e.to_string()))?;
     let mut request = with_extra_headers(client.get(url.clone()), &extra);

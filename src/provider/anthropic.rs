@@ -1,5 +1,6 @@
-//! [`AnthropicMessagesProvider`]: one `POST {base_url}/v1/messages` per call to Anthropic's
-//! Messages API, with `x-api-key` and `anthropic-version`.
+//! [`AnthropicMessagesProvider`]: one `POST …/v1/messages` per call to Anthropic's Messages
+//! API (`provider.base_url` `https://api.anthropic.com` or `…/v1`, [`super::base_url`]), with
+//! `x-api-key` and `anthropic-version`.
 //!
 //! What this API offers the caller after an ambiguous call is nothing: Anthropic documents no
 //! idempotency key and no way to look a message up, and its own SDKs send none. So
@@ -57,7 +58,7 @@ impl AnthropicMessagesProvider {
     /// Builds the adapter; fails on settings the settings' check refuses (a base URL, an extra
     /// header, an `anthropic_version` that cannot be a header).
     pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
-        let endpoint = endpoint(settings, "/v1/messages")?;
+        let endpoint = endpoint(settings, "/messages")?;
         let version = HeaderValue::from_str(settings.anthropic_version.trim())
             .ok()
             .filter(|v| !v.is_empty())
@@ -269,7 +270,8 @@ pub(crate) fn parse_message(
 
 /// A message's event stream: `message_start` (its id, model and the prompt's usage),
 /// `content_block_delta`s whose `text_delta` is the next piece of text, `message_delta` (the
-/// stop reason and the output's usage), `message_stop`; `ping`s between. An `error` event
+/// stop reason and the output's usage), `message_stop` (which a body that ends cleanly after
+/// the stop reason may leave out); `ping`s between. An `error` event
 /// (`overloaded_error`, `api_error`) is Anthropic's error after the first tokens. Pure.
 pub(crate) struct MessageStream {
     asked_model: String,
@@ -365,6 +367,15 @@ impl StreamFold for MessageStream {
 
     fn finished(&self) -> bool {
         self.done
+    }
+
+    /// `message_stop` is the final event, but `message_delta` already carries what ends the
+    /// message: its `stop_reason` and the output's final usage. Anthropic's SDKs build the
+    /// message from the events they got and return it when the body ends, `message_stop` or
+    /// not; so a body that ends cleanly after a `stop_reason` is the whole message, and one
+    /// that ends before it is not.
+    fn whole_at_clean_end(&self) -> bool {
+        self.stop_reason.is_some()
     }
 
     fn usage(&self) -> Option<Usage> {
@@ -712,9 +723,22 @@ mod tests {
     }
 
     #[test]
+    fn a_message_stream_that_ends_after_its_stop_reason_is_whole_without_message_stop() {
+        let (_, stream, _) = fold(&[START, BLOCK, DELTA_A, DELTA_B, STOP_BLOCK, MESSAGE_DELTA]);
+        assert!(!stream.finished());
+        assert!(stream.whole_at_clean_end());
+        let generation = stream.generation().unwrap();
+        assert_eq!(generation.text, "Hello!");
+        assert_eq!(generation.usage.map(|u| u.completion_tokens), Some(15));
+        let (_, stream, _) = fold(&[START, BLOCK, DELTA_A, DELTA_B, STOP_BLOCK]);
+        assert!(!stream.whole_at_clean_end(), "no stop_reason yet");
+    }
+
+    #[test]
     fn a_cut_message_stream_is_unfinished_with_the_usage_reported_at_its_start() {
         let (_, stream, _) = fold(&[START, BLOCK, DELTA_A]);
         assert!(!stream.finished());
+        assert!(!stream.whole_at_clean_end());
         assert_eq!(stream.chars(), 5);
         assert_eq!(
             stream.usage(),

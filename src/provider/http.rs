@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use reqwest::{Client, RequestBuilder, Response, StatusCode, Url};
 
+use super::base_url::BaseUrl;
 use super::settings::OpenAiSettings;
 use replyd_core::provider::ProviderError;
 use replyd_core::provider::classify::classify_status_at;
@@ -45,18 +46,15 @@ pub(crate) fn build_client(settings: &OpenAiSettings) -> Result<Client, reqwest:
         .build()
 }
 
-/// `{base_url}{path}`, refusing a base URL the settings' check refuses (not `http(s)`, a
-/// query, a trailing `/v1`). `path` starts with `/v1/`.
+/// The URL of the API's `path` (`/chat/completions`, `/responses`, `/messages`, `/models`) on
+/// `provider.base_url` ([`BaseUrl`]), refusing a base URL the settings' check refuses.
 pub(crate) fn endpoint(settings: &OpenAiSettings, path: &str) -> Result<Url, OpenAiBuildError> {
-    let bad = |reason: String| OpenAiBuildError::BadBaseUrl {
-        base_url: settings.base_url.clone(),
-        reason,
-    };
-    if let Some(problem) = settings.base_url_problem() {
-        return Err(bad(problem));
-    }
-    let base = settings.base_url.trim_end_matches('/');
-    Url::parse(&format!("{base}{path}")).map_err(|e| bad(e.to_string()))
+    BaseUrl::parse(&settings.base_url)
+        .map(|base| base.api_url(path))
+        .map_err(|reason| OpenAiBuildError::BadBaseUrl {
+            base_url: settings.base_url.clone(),
+            reason,
+        })
 }
 
 /// `provider.extra_headers` ready to send, refused as the settings' check refuses them.

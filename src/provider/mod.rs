@@ -31,10 +31,12 @@
 pub mod access;
 mod adapter;
 pub mod anthropic;
+pub mod base_url;
 mod http;
 pub mod openai;
 pub mod responses;
 pub mod settings;
+mod sse;
 mod stream;
 
 use std::sync::Arc;

@@ -1,5 +1,6 @@
-//! [`OpenAiChatProvider`]: one `POST {base_url}/v1/chat/completions` per call to an
-//! OpenAI-compatible server, with the task id as `Idempotency-Key` (I6).
+//! [`OpenAiChatProvider`]: one `POST …/chat/completions` per call to an OpenAI-compatible
+//! server (`https://api.openai.com/v1/chat/completions`: `provider.base_url`'s rule is
+//! [`super::base_url`]), with the task id as `Idempotency-Key` (I6).
 //!
 //! The client is built so that one `generate` is exactly one request: reqwest's own retry policy
 //! is switched off and redirects are not followed, because re-sending is the caller's decision
@@ -43,7 +44,7 @@ pub struct OpenAiChatProvider {
 impl OpenAiChatProvider {
     /// Builds the adapter; fails on a base URL or an extra header the settings' check refuses.
     pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
-        let endpoint = endpoint(settings, "/v1/chat/completions")?;
+        let endpoint = endpoint(settings, "/chat/completions")?;
         Ok(Self {
             client: build_client(settings)?,
             endpoint,
@@ -175,8 +176,9 @@ impl Provider for OpenAiChatProvider {
 
 /// A chat completion's stream: `data:` chunks whose first choice's `delta.content` is the next
 /// piece of text, a chunk with `finish_reason`, the usage chunk (`choices: []`, asked for with
-/// `stream_options.include_usage`), then `data: [DONE]`. An `error` object instead of a chunk
-/// is OpenAI's error after the first tokens. Pure.
+/// `stream_options.include_usage`), then `data: [DONE]`, which some servers leave out (the
+/// body ends after the finish reason). An `error` object instead of a chunk is OpenAI's error
+/// after the first tokens. Pure.
 pub(crate) struct ChatStream {
     asked_model: String,
     text: String,
@@ -254,6 +256,13 @@ impl StreamFold for ChatStream {
 
     fn finished(&self) -> bool {
         self.done
+    }
+
+    /// The OpenAI SDKs end a stream at the end of its body and require a `finish_reason` of
+    /// every choice: a body that ends cleanly after it is the whole answer (its usage, sent
+    /// after the finish reason, may then be missing), one that ends before it is not.
+    fn whole_at_clean_end(&self) -> bool {
+        self.finish_reason.is_some()
     }
 
     fn usage(&self) -> Option<Usage> {
@@ -550,16 +559,7 @@ mod tests {
     }
 
     #[test]
-    fn a_base_url_ending_in_v1_or_a_reserved_extra_header_is_refused_at_build() {
-        let error = OpenAiChatProvider::new(&OpenAiSettings {
-            base_url: "https://llm.example.com/v1".into(),
-            ..OpenAiSettings::default()
-        })
-        .unwrap_err();
-        assert!(
-            error.to_string().contains("remove the trailing /v1"),
-            "{error}"
-        );
+    fn a_reserved_extra_header_is_refused_at_build() {
         let mut settings = OpenAiSettings::default();
         settings
             .extra_headers
@@ -575,7 +575,11 @@ mod tests {
 
     #[test]
     fn the_endpoint_is_the_base_url_plus_the_chat_path() {
-        for base in ["http://127.0.0.1:9/", "http://127.0.0.1:9"] {
+        for base in [
+            "http://127.0.0.1:9/",
+            "http://127.0.0.1:9",
+            "http://127.0.0.1:9/v1",
+        ] {
             let provider = OpenAiChatProvider::new(&OpenAiSettings {
                 base_url: base.into(),
                 ..OpenAiSettings::default()
@@ -657,7 +661,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_without_its_usage_chunk_reports_none_and_one_without_done_is_unfinished() {
+    fn a_stream_without_usage_reports_none_and_one_without_done_is_whole_after_its_finish_reason() {
         let a = chunk("Hi");
         let (_, stream, _) = fold(&[FIRST, &a, FINISH, "[DONE]"]);
         assert_eq!(stream.generation().unwrap().usage, None);
@@ -665,6 +669,15 @@ mod tests {
         assert!(!stream.finished());
         assert_eq!(stream.chars(), 2);
         assert_eq!(stream.usage().map(|u| u.completion_tokens), Some(4));
+        // Read on after the finish reason (the usage chunk follows it); a body that ends
+        // there is the whole answer, one that ends before it is not.
+        assert!(stream.whole_at_clean_end());
+        assert_eq!(stream.generation().unwrap().text, "Hi");
+        let (_, stream, _) = fold(&[FIRST, &a, FINISH]);
+        assert!(stream.whole_at_clean_end());
+        assert_eq!(stream.generation().unwrap().usage, None, "not reported");
+        let (_, stream, _) = fold(&[FIRST, &a]);
+        assert!(!stream.whole_at_clean_end());
     }
 
     #[test]

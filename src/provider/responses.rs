@@ -1,7 +1,8 @@
 //! [`OpenAiResponsesProvider`]: OpenAI's Responses API in background mode. `start` posts
-//! `{base_url}/v1/responses` with `"background": true` and the task id as `Idempotency-Key`, and
-//! returns the response id at once; `wait` polls `GET {base_url}/v1/responses/{id}` until the
-//! response is done. The id is what makes an ambiguous call recoverable (I6): the caller stores
+//! `…/responses` (`https://api.openai.com/v1/responses`, [`super::base_url`]) with
+//! `"background": true` and the task id as `Idempotency-Key`, and returns the response id at
+//! once; `wait` polls `GET …/responses/{id}` (with the base URL's query) until the response is
+//! done. The id is what makes an ambiguous call recoverable (I6): the caller stores
 //! it, and any later attempt waits on it instead of generating again.
 //!
 //! Like the chat adapter, every request is sent once (no retries, no redirects, the shared
@@ -57,7 +58,7 @@ const STREAM_RESUMES: u32 = 3;
 impl OpenAiResponsesProvider {
     /// Builds the adapter; fails on a base URL or an extra header the settings' check refuses.
     pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
-        let endpoint = endpoint(settings, "/v1/responses")?;
+        let endpoint = endpoint(settings, "/responses")?;
         Ok(Self {
             client: build_client(settings)?,
             endpoint,

@@ -6,10 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
+use super::base_url::BaseUrl;
 use replyd_core::secret::Secret;
 
 /// Headers replyd sets itself, with who sets them: an extra header by one of these names would
@@ -51,17 +51,28 @@ pub enum ProviderApi {
     AnthropicMessages,
 }
 
-/// How replyd reaches the LLM provider: an OpenAI-compatible server (OpenAI, Azure OpenAI's v1
-/// API, vLLM, a gateway) or Anthropic's Messages API. For Azure OpenAI, set `base_url` to
-/// `https://<resource>.openai.azure.com/openai`, the key as `extra_headers.api-key` (not
+/// How replyd reaches the LLM provider: an OpenAI-compatible server (OpenAI, Azure OpenAI,
+/// Gemini's OpenAI compatibility, vLLM, a gateway) or Anthropic's Messages API. For Azure
+/// OpenAI, set `base_url` to `https://<resource>.openai.azure.com/openai/v1` (or a classic
+/// deployment's URL with its `?api-version=`), the key as `extra_headers.api-key` (not
 /// `api_key`), and `default_model` (and each task's model) to the deployment's name.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OpenAiSettings {
-    /// Scheme, host and port (and any path prefix) of the server, without `/v1`: every adapter
-    /// appends the API's own path, `{base_url}/v1/chat/completions` (`/v1/responses`,
-    /// `/v1/messages`), so a base URL ending in `/v1` is refused, as is one with a query.
-    /// Default `https://api.openai.com`; Anthropic's is `https://api.anthropic.com`.
+    /// Where the provider's API is, in either of two forms. As the providers' SDKs document
+    /// it, the API's root with its version: a path that names a version (a segment such as
+    /// `v1`, `v1beta`, `v2alpha1`) or an Azure deployment gets the API's own path appended,
+    /// `{base_url}/chat/completions` (`/responses`, `/messages`): OpenAI
+    /// `https://api.openai.com/v1`, Gemini
+    /// `https://generativelanguage.googleapis.com/v1beta/openai`, Azure's v1 API
+    /// `https://<resource>.openai.azure.com/openai/v1`, Azure's classic
+    /// `https://<resource>.openai.azure.com/openai/deployments/<deployment>?api-version=2024-10-21`,
+    /// Anthropic `https://api.anthropic.com/v1`. Or, as before, the server's root (and any
+    /// path prefix) without a version: `/v1` is put before the API's path,
+    /// `{base_url}/v1/chat/completions`: `https://api.openai.com`,
+    /// `https://api.anthropic.com`. A query is sent with every request (Azure's
+    /// `api-version`, which an Azure deployment requires); a fragment is refused. Default
+    /// `https://api.openai.com`.
     pub base_url: String,
     /// Sent as `Authorization: Bearer <key>` when set (as `x-api-key: <key>` with
     /// `anthropic_messages`); never logged. Servers without authentication (the mock provider,
@@ -87,8 +98,10 @@ pub struct OpenAiSettings {
     /// Ask for a streamed answer (chat completions and Messages `stream: true`, background
     /// responses streamed from their first event), so the worker can forward the text to the
     /// task's followers as it is written. The saved reply is the same either way: the whole
-    /// text, once the provider's final event says it is whole; a stream that ends without it
-    /// is an ambiguous call. Default true.
+    /// text, once the provider's final event says it is whole (`[DONE]`, `message_stop`), or,
+    /// as the SDKs take it, once the body ends cleanly after a finish reason (`finish_reason`,
+    /// `stop_reason`); a stream cut, stalled or ended before that is an ambiguous call.
+    /// Default true.
     pub stream: bool,
     /// A streamed answer that sends nothing for this long is cut and treated as a call whose
     /// answer was lost (`Ambiguous`), well before `request_timeout_ms` when a provider stalls
@@ -192,35 +205,9 @@ impl OpenAiSettings {
         out
     }
 
-    /// Why `base_url` cannot be used, if it cannot: not an http(s) URL, a query or fragment
-    /// (the API's path would land after it), or a path ending in `/v1`, which every adapter
-    /// appends itself: `https://host/v1` would send every call to `/v1/v1/...` and fail.
+    /// Why `base_url` cannot be used, if it cannot (see [`BaseUrl::parse`]).
     pub fn base_url_problem(&self) -> Option<String> {
-        let url = match Url::parse(&self.base_url) {
-            Ok(url) => url,
-            Err(e) => return Some(format!("{:?} is not a URL: {e}", self.base_url)),
-        };
-        if !matches!(url.scheme(), "http" | "https") {
-            return Some(format!("scheme `{}` is not http or https", url.scheme()));
-        }
-        if url.query().is_some() || url.fragment().is_some() {
-            return Some(format!(
-                "{:?} has a query or fragment; the API's path (/v1/...) is appended to the base URL, so it takes neither",
-                self.base_url
-            ));
-        }
-        let path = url.path().trim_end_matches('/');
-        let last = path.rsplit('/').next().unwrap_or_default();
-        if last.eq_ignore_ascii_case("v1") {
-            let mut fixed = url.clone();
-            fixed.set_path(&path[..path.len() - last.len()]);
-            let fixed = fixed.as_str().trim_end_matches('/').to_owned();
-            return Some(format!(
-                "remove the trailing /v1: base_url = {fixed:?}; replyd appends /v1/chat/completions (/v1/responses, /v1/messages) itself, so {:?} would send every call to {path}/v1/...",
-                self.base_url
-            ));
-        }
-        None
+        BaseUrl::parse(&self.base_url).err()
     }
 
     /// Why each extra header cannot be sent, naming it (never its value).
@@ -305,37 +292,17 @@ mod tests {
     }
 
     #[test]
-    fn a_base_url_ending_in_v1_is_refused_with_the_fix() {
-        for (given, fixed) in [
-            ("https://llm.example.com/v1", "https://llm.example.com"),
-            ("https://llm.example.com/v1/", "https://llm.example.com"),
-            ("https://llm.example.com/V1", "https://llm.example.com"),
-            (
-                "https://r.openai.azure.com/openai/v1/",
-                "https://r.openai.azure.com/openai",
-            ),
-            ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
-        ] {
-            let problem = with_base_url(given)
-                .base_url_problem()
-                .unwrap_or_else(|| panic!("{given} is refused"));
-            assert!(
-                problem.starts_with(&format!("remove the trailing /v1: base_url = {fixed:?}")),
-                "{given}: {problem}"
-            );
-            assert_eq!(with_base_url(fixed).base_url_problem(), None, "{fixed}");
-        }
-    }
-
-    #[test]
-    fn only_http_base_urls_without_a_query_are_taken() {
+    fn the_sdks_base_urls_and_the_server_roots_are_taken_and_a_fragment_is_not() {
         for ok in [
             "https://api.openai.com",
+            "https://api.openai.com/v1",
             "https://api.anthropic.com/",
+            "https://api.anthropic.com/v1",
             "http://127.0.0.1:9",
             "https://gateway.example.com/llm",
-            "https://gateway.example.com/v1beta",
-            "https://gateway.example.com/v10",
+            "https://generativelanguage.googleapis.com/v1beta/openai",
+            "https://r.openai.azure.com/openai/v1",
+            "https://r.openai.azure.com/openai/deployments/d?api-version=2024-10-21",
         ] {
             assert_eq!(with_base_url(ok).base_url_problem(), None, "{ok}");
         }
@@ -343,7 +310,11 @@ mod tests {
             ("ftp://example.com", "not http or https"),
             ("llm.example.com", "not a URL"),
             ("", "not a URL"),
-            ("https://r.openai.azure.com/openai?api-version=1", "query"),
+            ("https://api.openai.com/v1#top", "fragment"),
+            (
+                "https://r.openai.azure.com/openai/deployments/d",
+                "api-version",
+            ),
         ] {
             let problem = with_base_url(bad).base_url_problem().unwrap_or_default();
             assert!(problem.contains(why), "{bad}: {problem:?}");

@@ -1,18 +1,20 @@
 //! Streamed answers, shared by the adapters: the Server-Sent Events of a success answer read
-//! one at a time, each handed to the dialect's [`StreamFold`] (pure), its text to the caller's
-//! [`TextSink`] as it arrives.
+//! one at a time (parsed as the spec reads them, [`super::sse`]), each handed to the
+//! dialect's [`StreamFold`] (pure), its text to the caller's [`TextSink`] as it arrives.
 //!
 //! The saved reply does not change with streaming: it is the fold's whole text, and only once
-//! the provider's final event (`[DONE]`, `message_stop`, `response.completed`) says it is
-//! whole. Everything before that is a hint for the task's followers. A stream that ends
-//! without its final event (a cut connection, a stall past `provider.stream_idle_timeout_ms`)
-//! is a call whose answer was lost, `Ambiguous` as a broken body always was; an error event
-//! after the first tokens is a failure after the provider started working,
-//! `MaybeExecuted`.
+//! the provider says it is whole: its final event (`[DONE]`, `message_stop`,
+//! `response.completed`), or, as the providers' SDKs take it, a finish reason (`finish_reason`,
+//! `stop_reason`) followed by the clean end of the body, which is how some OpenAI-compatible
+//! servers end a stream. Everything read is read until one of those, so a usage chunk sent
+//! after the finish reason is kept. Everything before that is a hint for the task's
+//! followers. A stream that ends otherwise (a cut connection, a clean end before any finish
+//! reason, a stall past `provider.stream_idle_timeout_ms`) is a call whose answer was lost,
+//! `Ambiguous` as a broken body always was; an error event after the first tokens is a
+//! failure after the provider started working, `MaybeExecuted`.
 
 use std::time::{Duration, SystemTime};
 
-use eventsource_stream::Eventsource as _;
 use futures_util::StreamExt as _;
 use reqwest::{Response, StatusCode};
 
@@ -28,6 +30,12 @@ pub(crate) trait StreamFold: Send {
     fn event(&mut self, event: &str, data: &str) -> Result<Option<String>, ProviderError>;
     /// Whether the provider's final event has arrived: nothing more is read after it.
     fn finished(&self) -> bool;
+    /// Whether the answer is whole should the body end cleanly here, before the final event.
+    /// The SDKs' reading: a finish reason has arrived and the body ended, with no error and
+    /// no stall, so nothing was lost but what would have come after it. False by default.
+    fn whole_at_clean_end(&self) -> bool {
+        false
+    }
     /// The usage the provider has reported so far (Anthropic reports the prompt's at the
     /// start and the output's at the end; OpenAI only at the end).
     fn usage(&self) -> Option<Usage>;
@@ -82,7 +90,7 @@ pub(crate) async fn read<F: StreamFold>(
     sink: &dyn TextSink,
     idle: Duration,
 ) -> Result<(), Cut> {
-    let mut events = response.bytes_stream().eventsource();
+    let mut events = std::pin::pin!(super::sse::events(response.bytes_stream()));
     let mut reported = fold.usage();
     loop {
         let next = match tokio::time::timeout(idle, events.next()).await {
@@ -98,6 +106,9 @@ pub(crate) async fn read<F: StreamFold>(
             Ok(next) => next,
         };
         let event = match next {
+            // Some servers end the body after the finish reason (and the usage) without their
+            // final event; a cut connection is an error, not this clean end.
+            None if fold.whole_at_clean_end() => return Ok(()),
             None => return Err(lost(fold, "the stream ended without its final event")),
             Some(Err(e)) => return Err(lost(fold, &format!("the stream broke: {e}"))),
             Some(Ok(event)) => event,

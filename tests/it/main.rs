@@ -26,6 +26,7 @@ mod postgres_tls;
 mod prompt_policy;
 mod provider_anthropic;
 mod provider_background;
+mod provider_base_urls;
 mod provider_failures;
 mod provider_http;
 mod provider_streams;

@@ -157,6 +157,61 @@ async fn a_cut_or_stalled_stream_is_ambiguous_with_the_text_it_had() {
     }
 }
 
+/// Some OpenAI-compatible servers end a chat completion's stream after the chunk with its
+/// `finish_reason` (and the usage chunk) without `data: [DONE]`, and the SDKs take the finish
+/// reason and the body's clean end as the end of the answer; likewise Anthropic's SDKs build
+/// the message from a stream whose body ends after `message_delta` (its `stop_reason`) without
+/// `message_stop`. A stream cut before the finish reason is still a lost answer.
+#[tokio::test]
+async fn a_stream_that_ends_cleanly_after_its_finish_reason_is_the_whole_reply() {
+    for api in [ProviderApi::ChatCompletions, ProviderApi::AnthropicMessages] {
+        let mock = start_mock(mock_for(api)).await;
+        set_faults(&mock, json!({"stream_without_final_event": true})).await;
+        let provider = build_provider(&settings(&mock.base_url(), api)).unwrap();
+        let sink = Collected::default();
+        let generation = streamed(provider.as_ref(), "task-1", &sink)
+            .await
+            .unwrap_or_else(|e| panic!("{api:?}: {e}"));
+        assert_eq!(generation.text.chars().count(), 300, "{api:?}");
+        assert_eq!(sink.text(), generation.text, "{api:?}");
+        // The usage chunk comes after the finish reason, and before where [DONE] would be.
+        assert!(generation.usage.is_some(), "{api:?}: the usage reported");
+        assert_eq!(stats(&mock).await.generations, 1, "{api:?}");
+
+        set_faults(
+            &mock,
+            json!({"stream_without_final_event": true, "stream_cut_rate": 1.0,
+                   "stream_fault_after_chunks": 4}),
+        )
+        .await;
+        let error = streamed(provider.as_ref(), "task-2", &Collected::default())
+            .await
+            .expect_err("cut before its finish reason");
+        assert!(
+            matches!(&error, ProviderError::Ambiguous { message } if message.contains("after 40 characters")),
+            "{api:?}: {error:?}"
+        );
+    }
+}
+
+/// The SSE spec joins an event's `data:` lines with a newline, and a JSON chunk written over
+/// two lines is the same JSON: each API's stream read with every event split so is the reply.
+#[tokio::test]
+async fn events_whose_data_is_split_over_two_lines_are_read_as_the_spec_joins_them() {
+    for api in APIS {
+        let mock = start_mock(mock_for(api)).await;
+        set_faults(&mock, json!({"stream_split_data": true})).await;
+        let provider = build_provider(&settings(&mock.base_url(), api)).unwrap();
+        let sink = Collected::default();
+        let generation = streamed(provider.as_ref(), "task-1", &sink)
+            .await
+            .unwrap_or_else(|e| panic!("{api:?}: {e}"));
+        assert_eq!(generation.text.chars().count(), 300, "{api:?}");
+        assert_eq!(sink.text(), generation.text, "{api:?}");
+        assert!(generation.usage.is_some(), "{api:?}");
+    }
+}
+
 #[tokio::test]
 async fn an_error_event_after_the_first_tokens_may_have_executed() {
     for (api, status) in [

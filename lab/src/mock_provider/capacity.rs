@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{Value, json};
 
-use super::settings::{LimitSettings, RefusalDialect};
+use super::settings::{LimitHeaders, LimitSettings, RefusalDialect};
 
 /// The window every per-minute limit is enforced over.
 pub const QUANTUM: Duration = Duration::from_secs(1);
@@ -308,10 +308,13 @@ pub fn rfc3339_after(now: SystemTime, wait: Duration) -> String {
         .to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
-/// The rate-limit headers of an answer in `dialect`: those of each configured limit, and on a
-/// refusal `retry-after`. `now` is the wall clock (Anthropic's resets are times).
+/// The rate-limit headers of an answer in `dialect`: those of each configured limit (unless
+/// `report` is [`LimitHeaders::RetryAfterOnly`]), and on a refusal `retry-after` (with
+/// `retry-after-ms` then, as Azure sends it). `now` is the wall clock (Anthropic's resets are
+/// times).
 pub fn limit_headers(
     dialect: RefusalDialect,
+    report: LimitHeaders,
     standing: &Standing,
     retry_after: Option<Duration>,
     now: SystemTime,
@@ -344,9 +347,11 @@ pub fn limit_headers(
         ],
     };
     let mut headers = Vec::new();
-    for ([limit, remaining, reset], headroom) in
-        names.into_iter().zip([standing.requests, standing.tokens])
-    {
+    let reported = match report {
+        LimitHeaders::Reported => [standing.requests, standing.tokens],
+        LimitHeaders::RetryAfterOnly => [None, None],
+    };
+    for ([limit, remaining, reset], headroom) in names.into_iter().zip(reported) {
         let Some(h) = headroom else { continue };
         let reset_value = match dialect {
             RefusalDialect::OpenAi => reset_text(h.reset),
@@ -358,6 +363,10 @@ pub fn limit_headers(
     }
     if let Some(wait) = retry_after {
         headers.push(("retry-after", retry_after_seconds(wait).to_string()));
+        if report == LimitHeaders::RetryAfterOnly {
+            let ms = wait.as_nanos().div_ceil(1_000_000).max(1);
+            headers.push(("retry-after-ms", ms.to_string()));
+        }
     }
     headers
 }
@@ -427,6 +436,7 @@ fn refusal_message(dialect: RefusalDialect, r: &Refusal) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::time::UNIX_EPOCH;
 
     fn limits(rpm: Option<u64>, tpm: Option<u64>, at_once: Option<u64>) -> Capacity {
         Capacity::new(&LimitSettings {
@@ -575,6 +585,7 @@ mod tests {
         }
         let headers = limit_headers(
             RefusalDialect::OpenAi,
+            LimitHeaders::Reported,
             &Standing::default(),
             None,
             SystemTime::UNIX_EPOCH,
@@ -620,9 +631,10 @@ mod tests {
         let refusal = refused(capacity.admit(ms(980), 10));
         let headers = limit_headers(
             RefusalDialect::OpenAi,
+            LimitHeaders::Reported,
             &refusal.standing,
             Some(refusal.retry_after),
-            SystemTime::UNIX_EPOCH,
+            UNIX_EPOCH,
         );
         let expected = [
             ("x-ratelimit-limit-requests", "3000"),
@@ -635,6 +647,14 @@ mod tests {
         ];
         let got: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
         assert_eq!(got, expected);
+        // As Azure answers: no limit reported, the wait to the millisecond.
+        let (openai, azure) = (RefusalDialect::OpenAi, LimitHeaders::RetryAfterOnly);
+        let azure = |wait| limit_headers(openai, azure, &refusal.standing, wait, UNIX_EPOCH);
+        assert_eq!(
+            azure(Some(refusal.retry_after)),
+            [("retry-after", "1".into()), ("retry-after-ms", "20".into())]
+        );
+        assert!(azure(None).is_empty(), "an admitted answer says nothing");
         let body = refusal_body(RefusalDialect::OpenAi, &refusal);
         assert_eq!(body["error"]["type"], "requests");
         assert_eq!(body["error"]["code"], "rate_limit_exceeded");
@@ -657,6 +677,7 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH + Duration::from_millis(1_735_689_600_250);
         let headers = limit_headers(
             RefusalDialect::Anthropic,
+            LimitHeaders::Reported,
             &refusal.standing,
             Some(refusal.retry_after),
             now,

@@ -12,9 +12,11 @@
 //! retention); `POST /v1/messages` (Anthropic's Messages API: `x-api-key` and
 //! `anthropic-version` required, Anthropic's bodies and error types, never deduplicated, as
 //! Anthropic documents no idempotency key); `GET /v1/models` (the model list, in the
-//! profile's shape, generating nothing); `GET /stats`, `GET /stats/{key}`, `GET|PUT /faults`, `GET /healthz`. With
-//! limits set, a generating request over one is answered 429 at once without any work, and
-//! every answer carries the rate-limit headers.
+//! profile's shape, generating nothing); `GET /stats`, `GET /stats/{key}`, `GET|PUT /faults`,
+//! `GET /healthz`. The OpenAI-compatible routes are served under Gemini's and Azure's roots
+//! too, and Azure's classic deployment route with its `api-version` (`routes`). With limits
+//! set, a generating request over one is answered 429 at once without any work, and every
+//! answer carries the rate-limit headers.
 //!
 //! Each generating route streams as its real API does when asked (`"stream": true`): chat
 //! completion chunks ending with `[DONE]`, Anthropic's message events, a background response's
@@ -28,7 +30,8 @@
 //! [`capacity`], the background responses' state machine and event log in [`background`], the
 //! streams' events and breaks in [`stream`], all pure; the shared state and the mock's own
 //! routes in `server`, the generating routes in `chat`, `responses` and `messages`, the
-//! sending of streams in `sse`; this file starts and stops the server and wires the routes.
+//! sending of streams in `sse`, where each is served in `routes`; this file starts and stops
+//! the server.
 
 pub mod background;
 pub mod behaviour;
@@ -39,6 +42,7 @@ mod http_tests;
 mod messages;
 mod models;
 mod responses;
+mod routes;
 mod server;
 pub mod settings;
 mod sse;
@@ -55,7 +59,8 @@ use tokio::task::JoinHandle;
 
 pub use server::{KeyStats, RefusalCounts, SecondTally, StatsSnapshot};
 pub use settings::{
-    FaultSettings, InvalidSettings, LimitSettings, MockProfile, MockProviderArgs, MockSettings,
+    FaultSettings, InvalidSettings, LimitHeaders, LimitSettings, MockProfile, MockProviderArgs,
+    MockSettings,
 };
 
 use server::MockState;
@@ -113,23 +118,7 @@ pub async fn spawn(settings: MockSettings, listen: SocketAddr) -> std::io::Resul
     let (stop, stopped) = watch::channel(false);
     let state = Arc::new(MockState::new(settings, stopped.clone()));
     let app = server::routes()
-        .route(
-            "/v1/chat/completions",
-            axum::routing::post(chat::chat_completions),
-        )
-        .route(
-            "/v1/responses",
-            axum::routing::post(responses::create_response),
-        )
-        .route(
-            "/v1/responses/{id}",
-            axum::routing::get(responses::get_response),
-        )
-        .route(
-            "/v1/messages",
-            axum::routing::post(messages::create_message),
-        )
-        .route("/v1/models", axum::routing::get(models::list_models))
+        .merge(routes::api_routes())
         .with_state(Arc::clone(&state));
     let mut signal = stopped;
     let task = tokio::spawn(async move {

@@ -298,6 +298,7 @@ impl MockState {
     pub(crate) fn admit(self: &Arc<Self>, tokens: u64) -> Result<Admitted, Box<Response>> {
         let now = self.now();
         let dialect = self.settings.profile.refusal_dialect();
+        let report = self.settings.limit_headers;
         let mut capacity = lock(&self.capacity);
         match capacity.admit(now, tokens) {
             Admission::Admitted(standing) => {
@@ -312,7 +313,7 @@ impl MockState {
                 self.tally(now, tokens);
                 Ok(Admitted {
                     state: Arc::clone(self),
-                    headers: limit_headers(dialect, &standing, None, SystemTime::now()),
+                    headers: limit_headers(dialect, report, &standing, None, SystemTime::now()),
                 })
             }
             Admission::Refused(refusal) => {
@@ -320,6 +321,7 @@ impl MockState {
                 lock(&self.stats).refused.count(refusal.limit);
                 let headers = limit_headers(
                     dialect,
+                    report,
                     &refusal.standing,
                     Some(refusal.retry_after),
                     SystemTime::now(),

@@ -55,6 +55,15 @@ pub struct FaultSettings {
     /// How many deltas a streamed answer sends before its stream fault strikes (all of them
     /// when it has fewer). Default 3.
     pub stream_fault_after_chunks: usize,
+    /// Chat completion and Messages streams end without their final event: no `data: [DONE]`
+    /// after the `finish_reason` chunk (and the usage chunk), no `message_stop` after
+    /// `message_delta`; the body simply ends, cleanly, as some OpenAI-compatible servers end
+    /// it (not a rate: every stream, while set).
+    pub stream_without_final_event: bool,
+    /// Every streamed event's data goes over two `data:` lines, split after its first comma,
+    /// as the SSE spec allows a value to be written (its reader joins the lines with a
+    /// newline, and a JSON text stays JSON) (not a rate: every stream, while set).
+    pub stream_split_data: bool,
 }
 
 impl Default for FaultSettings {
@@ -72,6 +81,8 @@ impl Default for FaultSettings {
             stream_stall_rate: 0.0,
             stream_error_rate: 0.0,
             stream_fault_after_chunks: 3,
+            stream_without_final_event: false,
+            stream_split_data: false,
         }
     }
 }
@@ -177,6 +188,24 @@ impl MockProfile {
     }
 }
 
+/// What the mock's answers say of its limits, whatever its profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+pub enum LimitHeaders {
+    /// The profile's rate-limit headers on every answer (`x-ratelimit-*` or
+    /// `anthropic-ratelimit-*`, each limit and what is left of it), and `retry-after` on a
+    /// refusal: what OpenAI and Anthropic send.
+    #[default]
+    #[serde(rename = "reported")]
+    #[value(name = "reported")]
+    Reported,
+    /// No rate-limit headers: a refusal carries only `retry-after` (whole seconds, rounded up)
+    /// and `retry-after-ms` (the wait to the millisecond), as Azure OpenAI deployments and many
+    /// gateways answer. A client learns the limit from the refusals alone.
+    #[serde(rename = "retry-after-only")]
+    #[value(name = "retry-after-only")]
+    RetryAfterOnly,
+}
+
 /// The shape of a refusal over a limit (see [`crate::mock_provider::capacity`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RefusalDialect {
@@ -257,6 +286,9 @@ pub struct MockSettings {
     pub faults: FaultSettings,
     /// Capacity limits (requests and tokens per minute, requests at once); none by default.
     pub limits: LimitSettings,
+    /// What the answers say of the limits: the profile's rate-limit headers (`reported`, the
+    /// default) or only a refusal's `retry-after` and `retry-after-ms` (`retry-after-only`).
+    pub limit_headers: LimitHeaders,
     /// Whether a repeated `Idempotency-Key` gets the first request's reply instead of a new
     /// generation. Default false, as no real chat API documents such a key (OpenAI chat
     /// completions, Anthropic Messages): a resent request is paid for again. True plays a
@@ -289,6 +321,7 @@ impl Default for MockSettings {
             stream_chunk_interval_ms: DEFAULT_STREAM_CHUNK_INTERVAL_MS,
             faults: FaultSettings::default(),
             limits: LimitSettings::default(),
+            limit_headers: LimitHeaders::Reported,
             honour_idempotency_key: false,
             background_responses: true,
             cancel_on_disconnect: false,
@@ -344,6 +377,10 @@ pub struct MockProviderArgs {
     /// Generating requests in progress at once; none when absent.
     #[arg(long)]
     pub limit_concurrent: Option<u64>,
+    /// What the answers say of the limits: `reported` (the profile's rate-limit headers) or
+    /// `retry-after-only` (a refusal's `retry-after` and `retry-after-ms`, as Azure answers).
+    #[arg(long, value_enum, default_value_t = LimitHeaders::Reported)]
+    pub limit_headers: LimitHeaders,
     /// Mean time a generation takes, in milliseconds (a stream's time to its first delta).
     #[arg(long, default_value_t = 0)]
     pub latency_ms: u64,
@@ -432,12 +469,15 @@ impl From<MockProviderArgs> for MockSettings {
                 stream_stall_rate: args.stream_stall_rate,
                 stream_error_rate: args.stream_error_rate,
                 stream_fault_after_chunks: args.stream_fault_after_chunks,
+                stream_without_final_event: false,
+                stream_split_data: false,
             },
             limits: LimitSettings {
                 requests_per_minute: args.limit_rpm,
                 tokens_per_minute: args.limit_tpm,
                 concurrent_requests: args.limit_concurrent,
             },
+            limit_headers: args.limit_headers,
             honour_idempotency_key: args.honour_idempotency_key,
             background_responses: args.background_responses,
             cancel_on_disconnect: args.cancel_on_disconnect,
@@ -490,6 +530,7 @@ mod tests {
             "--limit-rpm=3000",
             "--limit-tpm=90000",
             "--limit-concurrent=64",
+            "--limit-headers=retry-after-only",
             "--response-retention-ms=5000",
             "--stream-chunk-chars=5",
             "--stream-chunk-interval-ms=7",
@@ -515,6 +556,7 @@ mod tests {
                 concurrent_requests: Some(64),
             }
         );
+        assert_eq!(settings.limit_headers, LimitHeaders::RetryAfterOnly);
         assert_eq!(settings.response_retention_ms(), Some(5000));
         assert_eq!(
             (

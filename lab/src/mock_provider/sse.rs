@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use super::background::Replay;
 use super::behaviour::Fault;
-use super::server::{Admitted, InFlight, MockState, ShuttingDown, finish_unless_asked};
+use super::server::{Admitted, InFlight, MockState, ShuttingDown, finish_unless_asked, lock};
 use super::stream::{Course, Event, Part, StreamEnd, stream_break};
 
 /// Events buffered between a stream's task and hyper.
@@ -38,6 +38,8 @@ pub(super) struct Left;
 struct Pipe {
     state: Arc<MockState>,
     tx: mpsc::Sender<Piece>,
+    /// `stream_split_data` as the stream began.
+    split_data: bool,
 }
 
 impl Pipe {
@@ -48,6 +50,7 @@ impl Pipe {
         let pipe = Self {
             state: Arc::clone(state),
             tx,
+            split_data: lock(&state.faults).stream_split_data,
         };
         (pipe, event_stream(rx))
     }
@@ -58,8 +61,13 @@ impl Pipe {
     }
 
     async fn send(&self, event: &Event) -> Result<(), Left> {
+        let sse = if self.split_data {
+            event.split_in_two_lines().to_sse()
+        } else {
+            event.to_sse()
+        };
         self.tx
-            .send(Piece::Frame(Bytes::from(event.to_sse())))
+            .send(Piece::Frame(Bytes::from(sse)))
             .await
             .map_err(|_| Left)
     }
@@ -136,7 +144,8 @@ fn event_stream(rx: mpsc::Receiver<Piece>) -> Response {
 }
 
 /// Answers 200 with an event stream at once (with `admitted`'s rate-limit headers), then sends
-/// the course of what `work` produced once it has, at `interval`. The request stays in flight
+/// the course of what `work` produced once it has, at `interval` (without its final event
+/// under `stream_without_final_event`). The request stays in flight
 /// and in progress until its stream ends. A client that leaves stops receiving (counted as
 /// cancelled); its work goes on to its end unless `cancel_on_disconnect`, as for an answer
 /// sent whole. A shutdown before the work is done cuts the stream.
@@ -157,7 +166,9 @@ pub(super) fn stream_answer<T: Send + 'static>(
             produced = finish_unless_asked(&state, work) => produced,
             () = pipe.left() => return,
         };
+        let without_final_event = lock(&state.faults).stream_without_final_event;
         let course = match produced {
+            Ok(produced) if without_final_event => course_of(produced).without_final_event(),
             Ok(produced) => course_of(produced),
             Err(ShuttingDown) => Course {
                 events: Vec::new(),

@@ -60,12 +60,40 @@ impl Event {
         }
     }
 
-    /// The event as it goes on the wire.
+    /// The event as it goes on the wire: a `data:` line for each line of its data, as the SSE
+    /// spec writes a value that holds newlines (its reader joins them again with one).
     pub fn to_sse(&self) -> String {
-        match &self.name {
-            Some(name) => format!("event: {name}\ndata: {}\n\n", self.data),
-            None => format!("data: {}\n\n", self.data),
+        let mut sse = match &self.name {
+            Some(name) => format!("event: {name}\n"),
+            None => String::new(),
+        };
+        for line in self.data.split('\n') {
+            sse.push_str("data: ");
+            sse.push_str(line);
+            sse.push('\n');
         }
+        sse.push('\n');
+        sse
+    }
+
+    /// The event with its data broken into two lines after its first comma
+    /// (`stream_split_data`): on the wire, two `data:` lines. A JSON text stays the same JSON,
+    /// a newline between two of its tokens being whitespace; data without a comma is kept.
+    pub fn split_in_two_lines(&self) -> Self {
+        let data = match self.data.split_once(',') {
+            Some((first, rest)) => format!("{first},\n{rest}"),
+            None => self.data.clone(),
+        };
+        Self {
+            data,
+            ..self.clone()
+        }
+    }
+
+    /// Whether this is its API's final event, after which nothing is sent: chat completions'
+    /// `[DONE]`, Messages' `message_stop`.
+    pub fn is_final(&self) -> bool {
+        self.data == "[DONE]" || self.name.as_deref() == Some("message_stop")
     }
 }
 
@@ -155,6 +183,15 @@ pub fn stream_break(fault: Fault) -> Option<Break> {
 pub struct Course {
     pub events: Vec<Event>,
     pub end: StreamEnd,
+}
+
+impl Course {
+    /// The course without its API's final event (`stream_without_final_event`): a stream that
+    /// ran to its end then ends cleanly after the last event before it.
+    pub fn without_final_event(mut self) -> Self {
+        self.events.retain(|event| !event.is_final());
+        self
+    }
 }
 
 /// The course of a stream of `events` under `fault`: all of them, or those before its strike,
@@ -594,6 +631,47 @@ mod tests {
             hang.end,
             StreamEnd::Completed,
             "a hang is over before a stream starts"
+        );
+    }
+
+    #[test]
+    fn a_stream_may_end_without_its_final_event_and_split_its_data_in_two_lines() {
+        let chat = chat_events(&completion("hi", Some(USAGE)), true, 12);
+        let ended = course(chat.clone(), Fault::None, |_| chat_error_event()).without_final_event();
+        assert_eq!(ended.events, chat[..chat.len() - 1], "all but [DONE]");
+        assert_eq!(ended.end, StreamEnd::Completed);
+        let message = Message {
+            id: "msg_1",
+            model: "claude-x",
+            text: "hi",
+            usage: USAGE,
+        };
+        let anthropic = anthropic_events(message, 5);
+        let ended =
+            course(anthropic.clone(), Fault::None, |_| chat_error_event()).without_final_event();
+        assert_eq!(ended.events, anthropic[..anthropic.len() - 1]);
+        assert_eq!(
+            ended.events.last().unwrap().name.as_deref(),
+            Some("message_delta")
+        );
+
+        // Two `data:` lines, whose joining is the same JSON.
+        let split = chat[3].split_in_two_lines();
+        let sse = split.to_sse();
+        assert_eq!(sse.matches("data: ").count(), 2, "{sse}");
+        assert!(sse.ends_with("\n\n") && !sse.ends_with("\n\n\n"), "{sse:?}");
+        assert_eq!(json_of(&split), json_of(&chat[3]));
+        let named = anthropic[anthropic.len() - 2].split_in_two_lines().to_sse();
+        assert!(
+            named.starts_with("event: message_delta\ndata: {"),
+            "{named}"
+        );
+        assert_eq!(named.matches("\ndata: ").count(), 2, "{named}");
+        assert_eq!(
+            Event::data("[DONE]", Part::Tail)
+                .split_in_two_lines()
+                .to_sse(),
+            "data: [DONE]\n\n"
         );
     }
 }
