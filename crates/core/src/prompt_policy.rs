@@ -16,7 +16,6 @@
 //! stripped: a client whose text would be dropped should know. The workspace's key, held by
 //! the product's own server, may always send it.
 
-use serde::{Deserialize, Serialize};
 
 use crate::domain::{ChatMessage, Role};
 use crate::workspace_policy::{PolicyRefusal, WorkspacePolicy};
@@ -25,35 +24,9 @@ use crate::workspace_policy::{PolicyRefusal, WorkspacePolicy};
 /// deployment would set, short enough that a pasted file by mistake is refused.
 pub const MAX_SYSTEM_PROMPT_BYTES: usize = 32 * 1024;
 
-/// Whether a workspace's end users may send `context` with their tokens.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EndUserContext {
-    /// A token's `context` is refused: the system turn is the workspace's alone.
-    #[default]
-    Deny,
-    /// A token may send `context`, after the workspace's prompt.
-    Allow,
-}
-
-impl EndUserContext {
-    /// As the operator writes it and the read-outs show it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EndUserContext::Deny => "deny",
-            EndUserContext::Allow => "allow",
-        }
-    }
-
-    /// The operator's `allow` or `deny`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        match text.trim() {
-            "allow" => Ok(EndUserContext::Allow),
-            "deny" => Ok(EndUserContext::Deny),
-            other => Err(format!("`{other}` is not `allow` or `deny`")),
-        }
-    }
-}
+/// Whether a workspace's end users may send `context` (one of the workspace's rules, kept
+/// with the others in [`crate::workspace_policy`]).
+pub use crate::workspace_policy::EndUserContext;
 
 /// Who sends a request: the side of the product that holds its key, or one of its end users.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

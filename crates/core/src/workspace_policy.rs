@@ -10,7 +10,35 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::prompt_policy::EndUserContext;
+/// Whether a workspace's end users may send `context` with their tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EndUserContext {
+    /// A token's `context` is refused: the system turn is the workspace's alone.
+    #[default]
+    Deny,
+    /// A token may send `context`, after the workspace's prompt.
+    Allow,
+}
+
+impl EndUserContext {
+    /// As the operator writes it and the read-outs show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndUserContext::Deny => "deny",
+            EndUserContext::Allow => "allow",
+        }
+    }
+
+    /// The operator's `allow` or `deny`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "allow" => Ok(EndUserContext::Allow),
+            "deny" => Ok(EndUserContext::Deny),
+            other => Err(format!("`{other}` is not `allow` or `deny`")),
+        }
+    }
+}
 
 /// An operator's rules for one workspace's requests.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
