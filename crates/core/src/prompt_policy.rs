@@ -16,7 +16,6 @@
 //! stripped: a client whose text would be dropped should know. The workspace's key, held by
 //! the product's own server, may always send it.
 
-
 use crate::domain::{ChatMessage, Role};
 use crate::workspace_policy::{PolicyRefusal, WorkspacePolicy};
 
