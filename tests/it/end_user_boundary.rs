@@ -17,7 +17,7 @@ use replyd_core::sealed::{SealingKey, signing_key_row};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::api::{self, Api, TOKEN_KEY};
+use crate::helpers::api::{self, Api, TOKEN_KEY, problem};
 use crate::helpers::wait_until;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -86,18 +86,6 @@ async fn press(
 async fn post_as(api: &Api, token: &str) -> reqwest::Response {
     let new = || uuid::Uuid::new_v4().to_string();
     press(api, token, &new(), &new(), "hi").await
-}
-
-/// A problem's status, `type`'s last segment and detail.
-async fn problem(response: reqwest::Response) -> (u16, String, String) {
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.unwrap();
-    let kind = body["type"].as_str().unwrap().rsplit('/').next().unwrap();
-    (
-        status,
-        kind.to_owned(),
-        body["detail"].as_str().unwrap_or_default().to_owned(),
-    )
 }
 
 /// A producer's task, as a record's first claim inserts it: no message row, no conversation

@@ -12,7 +12,7 @@ use replyd_core::quota::QuotaSettings;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::api::{self, Api};
+use crate::helpers::api::{self, Api, problem};
 use crate::helpers::wait_until;
 
 async fn start() -> Api {
@@ -77,18 +77,6 @@ async fn post_with_key(
         .send()
         .await
         .unwrap()
-}
-
-/// A problem's status and `type`'s last segment, and its detail.
-async fn problem(response: reqwest::Response) -> (u16, String, String) {
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.unwrap();
-    let kind = body["type"].as_str().unwrap().rsplit('/').next().unwrap();
-    (
-        status,
-        kind.to_owned(),
-        body["detail"].as_str().unwrap().to_owned(),
-    )
 }
 
 async fn counts(api: &Api) -> (i64, i64) {

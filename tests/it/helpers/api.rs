@@ -143,6 +143,18 @@ pub async fn press(
         .unwrap()
 }
 
+/// A problem+json answer's status, `type`'s last segment and `detail`.
+pub async fn problem(response: reqwest::Response) -> (u16, String, String) {
+    let status = response.status().as_u16();
+    let body: serde_json::Value = response.json().await.unwrap();
+    let kind = body["type"].as_str().unwrap().rsplit('/').next().unwrap();
+    (
+        status,
+        kind.to_owned(),
+        body["detail"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
 /// A new workspace `workspace` with one API key; the key (`token`, `key_id`).
 pub async fn workspace_with_key(store: &Store, workspace: &str) -> IssuedKey {
     store.create_workspace(workspace).await.unwrap();
