@@ -3,9 +3,10 @@
 //! - status changes (`replyd_task_status`, sent by the task table's trigger on every status
 //!   change), fanned out to every open stream. A notification is only a hint: a stream
 //!   re-reads its row on every hint and on a timer.
-//! - live text (`replyd_live`, sent with each piece a worker writes, the piece in its
-//!   payload), handed only to the streams that follow that task, so a piece costs nothing for
-//!   the streams of other tasks and no read for the streams of its own.
+//! - live text (`replyd_live_pieces`, sent with each round of pieces a worker writes, the
+//!   pieces in its payload; and `replyd_live`, one piece a notification, from workers of the
+//!   previous release), each piece handed only to the streams that follow its task, so a piece
+//!   costs nothing for the streams of other tasks and no read for the streams of its own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::DatabaseSettings;
 use crate::store::listen::{Listener, TASK_STATUS_CHANNEL, listen, parse_status_payload};
-use crate::store::live::{LIVE_TEXT_CHANNEL, LivePiece, parse_live_payload};
+use crate::store::live::{
+    LIVE_PIECES_CHANNEL, LIVE_TEXT_CHANNEL, LivePiece, parse_live_payload, parse_live_pieces,
+};
 use replyd_core::domain::TaskId;
 
 /// The fan-out of task status notifications and live text to the open streams of this process.
@@ -49,8 +52,10 @@ impl Listener for Fanout {
     }
 
     fn notified(&mut self, channel: &str, payload: &str) {
-        if channel == LIVE_TEXT_CHANNEL {
-            self.live.piece(payload);
+        if channel == LIVE_PIECES_CHANNEL {
+            self.live.pieces(parse_live_pieces(payload));
+        } else if channel == LIVE_TEXT_CHANNEL {
+            self.live.pieces(parse_live_payload(payload));
         } else if let Some((task, _)) = parse_status_payload(payload) {
             // No receiver (no open stream) is not an error.
             let _ = self.status.send(Some(task));
@@ -90,12 +95,12 @@ impl LiveFanout {
         }
     }
 
-    fn piece(&self, payload: &str) {
-        let Some(piece) = parse_live_payload(payload) else {
-            return;
-        };
-        if let Some(sender) = self.lock().get(&piece.task_id) {
-            let _ = sender.send(LiveHint::Piece(Arc::new(piece)));
+    fn pieces(&self, pieces: impl IntoIterator<Item = LivePiece>) {
+        let followed = self.lock();
+        for piece in pieces {
+            if let Some(sender) = followed.get(&piece.task_id) {
+                let _ = sender.send(LiveHint::Piece(Arc::new(piece)));
+            }
         }
     }
 }
@@ -126,7 +131,7 @@ impl TaskChanges {
         tokio::spawn(listen(
             database,
             format!("replyd-api-listener {}", std::process::id()),
-            &[TASK_STATUS_CHANNEL, LIVE_TEXT_CHANNEL],
+            &[TASK_STATUS_CHANNEL, LIVE_PIECES_CHANNEL, LIVE_TEXT_CHANNEL],
             Fanout {
                 status: self.sender.clone(),
                 live: self.live.clone(),

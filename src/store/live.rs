@@ -1,15 +1,19 @@
-//! Live text (V26): the pieces of a running attempt's text, written by its worker and read by
-//! the followers that (re)connect mid-answer, and how an attempt's stream ended when it did
-//! not end in a reply. A hint for followers, never state: no claim, completion or check reads
-//! it.
+//! Live text (V26, V30): the pieces of a running attempt's text, written by its worker (a
+//! round of pieces of all its streaming attempts in one statement) and read by the followers
+//! that (re)connect mid-answer, and how an attempt's stream ended when it did not end in a
+//! reply. A hint for followers, never state: no claim, completion or check reads it.
 
 use replyd_core::domain::{StreamEnd, TaskId};
 use replyd_core::provider::Usage;
 
 use super::{Store, StoreError};
 
-/// The channel a written piece is announced on.
+/// The channel a piece written by a worker of the previous release is announced on, one
+/// piece a notification (V26); listened to while such workers may still run.
 pub const LIVE_TEXT_CHANNEL: &str = "replyd_live";
+
+/// The channel a round's written pieces are announced on, packed (V30).
+pub const LIVE_PIECES_CHANNEL: &str = "replyd_live_pieces";
 
 /// Most bytes of text in one piece: its notification carries it, under NOTIFY's 8,000-byte
 /// payload with room for the task id, version and number.
@@ -40,24 +44,82 @@ pub fn parse_live_payload(payload: &str) -> Option<LivePiece> {
     })
 }
 
+/// Parses a notification of [`LIVE_PIECES_CHANNEL`]: pieces, each a header line
+/// `<task_id> <assignment_version> <seq> <bytes>` and then exactly `<bytes>` bytes of text.
+/// What follows a malformed piece is not trusted (its length is unknown): the pieces before it
+/// are kept, and the stream's next read fills the gap.
+pub fn parse_live_pieces(payload: &str) -> Vec<LivePiece> {
+    let mut pieces = Vec::new();
+    let mut rest = payload;
+    while !rest.is_empty() {
+        let Some((piece, after)) = next_piece(rest) else {
+            break;
+        };
+        pieces.push(piece);
+        rest = after;
+    }
+    pieces
+}
+
+fn next_piece(payload: &str) -> Option<(LivePiece, &str)> {
+    let (header, body) = payload.split_once('\n')?;
+    let mut parts = header.split(' ');
+    let task_id = TaskId::parse(parts.next()?).ok()?;
+    let assignment_version = parts.next()?.parse().ok()?;
+    let seq = parts.next()?.parse().ok()?;
+    let bytes: usize = parts.next()?.parse().ok()?;
+    if parts.next().is_some() || !body.is_char_boundary(bytes.min(body.len())) {
+        return None;
+    }
+    let text = body.get(..bytes)?;
+    Some((
+        LivePiece {
+            task_id,
+            assignment_version,
+            seq,
+            text: text.to_owned(),
+        },
+        &body[bytes..],
+    ))
+}
+
+/// One piece of a round, as a worker sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PieceToWrite<'a> {
+    pub task_id: TaskId,
+    pub assignment_version: i64,
+    pub seq: i32,
+    pub text: &'a str,
+}
+
 impl Store {
-    /// Writes and announces piece `seq` of `task_id`'s attempt `version` (one statement);
-    /// false when that attempt is no longer the task's running one.
-    pub async fn append_live_text(
+    /// Writes and announces a round of pieces (one statement): for each, in order, whether it
+    /// is written (now, or by an earlier sending of the same round), false when its attempt is
+    /// no longer the task's running one.
+    pub async fn append_live_pieces(
         &self,
-        task_id: TaskId,
-        version: i64,
-        seq: i32,
-        text: &str,
-    ) -> Result<bool, StoreError> {
+        pieces: &[PieceToWrite<'_>],
+    ) -> Result<Vec<bool>, StoreError> {
         let client = self.client().await?;
         let statement = client
-            .prepare_cached("SELECT replyd_live_append($1, $2, $3, $4)")
+            .prepare_cached("SELECT replyd_live_append_batch($1, $2, $3, $4)")
             .await?;
+        let ids: Vec<uuid::Uuid> = pieces.iter().map(|p| p.task_id.as_uuid()).collect();
+        let versions: Vec<i64> = pieces.iter().map(|p| p.assignment_version).collect();
+        let seqs: Vec<i32> = pieces.iter().map(|p| p.seq).collect();
+        let texts: Vec<&str> = pieces.iter().map(|p| p.text).collect();
         let row = client
-            .query_one(&statement, &[&task_id.as_uuid(), &version, &seq, &text])
+            .query_one(&statement, &[&ids, &versions, &seqs, &texts])
             .await?;
-        Ok(row.get(0))
+        let written: Vec<bool> = row.get(0);
+        if written.len() != pieces.len() {
+            return Err(StoreError::Batch(format!(
+                "replyd_live_append_batch answered {} of {} pieces",
+                written.len(),
+                pieces.len()
+            )));
+        }
+        Ok(written)
     }
 
     /// The pieces of `task_id`'s attempt `version` after piece `after`, in order.
@@ -143,5 +205,37 @@ mod tests {
         assert_eq!(parse_live_payload(&format!("{id} 7 4")).unwrap().text, "");
         assert!(parse_live_payload("not-a-task 7 4 x").is_none());
         assert!(parse_live_payload(&format!("{id} seven 4 x")).is_none());
+    }
+
+    #[test]
+    fn a_packed_notification_carries_each_piece_whole_whatever_its_text_holds() {
+        let a = TaskId::parse("6f1c2d3e-4b5a-4c7d-8e9f-0a1b2c3d4e5f").unwrap();
+        let b = TaskId::parse("7f1c2d3e-4b5a-4c7d-8e9f-0a1b2c3d4e5f").unwrap();
+        let tricky = format!("é\n{b} 9 9 3\nxyz");
+        let payload = format!(
+            "{a} 7 3 {}\n{tricky}{b} 2 1 0\n{a} 7 4 5\nhello",
+            tricky.len()
+        );
+        let pieces = parse_live_pieces(&payload);
+        assert_eq!(pieces.len(), 3, "{pieces:#?}");
+        assert_eq!((pieces[0].task_id, pieces[0].seq), (a, 3));
+        assert_eq!(pieces[0].text, tricky);
+        assert_eq!((pieces[1].task_id, pieces[1].assignment_version), (b, 2));
+        assert_eq!(pieces[1].text, "");
+        assert_eq!(pieces[2].text, "hello");
+    }
+
+    #[test]
+    fn a_malformed_piece_keeps_those_before_it_and_trusts_nothing_after() {
+        let a = TaskId::parse("6f1c2d3e-4b5a-4c7d-8e9f-0a1b2c3d4e5f").unwrap();
+        // A length past the end, one inside a character, a header without a length.
+        for bad in ["{a} 7 4 99\nshort", "{a} 7 4 1\né", "{a} 7 4\nx"] {
+            let bad = bad.replace("{a}", &a.to_string());
+            let pieces = parse_live_pieces(&format!("{a} 7 3 2\nok{bad}{a} 7 5 1\nz"));
+            assert_eq!(pieces.len(), 1, "{bad}: {pieces:#?}");
+            assert_eq!(pieces[0].text, "ok");
+        }
+        assert!(parse_live_pieces("").is_empty());
+        assert!(parse_live_pieces("garbage").is_empty());
     }
 }

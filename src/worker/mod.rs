@@ -37,6 +37,7 @@ use crate::sqs::{Sqs, SqsError};
 use crate::store::Store;
 
 use consumer::{ConsumerStatus, run_consumer};
+use live::LiveWriter;
 use parking::{ParkedTasks, relay_task_notifications};
 use pipeline::{Pipeline, PipelineSettings};
 use replyd_core::provider::Recovery;
@@ -132,6 +133,15 @@ pub async fn run_worker(
         provider,
         parked,
         capacity,
+        // Text is forwarded only from streamed answers.
+        LiveWriter::new(
+            store.clone(),
+            settings
+                .worker
+                .live_text_interval()
+                .filter(|_| settings.provider.stream),
+            shutdown.clone(),
+        ),
         RunnerSettings {
             worker_id: worker_id.clone(),
             lease: settings.worker.lease(),
@@ -143,7 +153,6 @@ pub async fn run_worker(
             retry: settings.retry.clone(),
             recoverable,
             stream: settings.provider.stream,
-            live_text: settings.worker.live_text_interval(),
         },
     );
     let pipeline_settings = PipelineSettings {

@@ -17,7 +17,7 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, Span};
 
-use super::live::{LiveText, Received};
+use super::live::{LiveText, LiveWriter, Received};
 use super::parking::{ParkedTasks, TaskWatch, WakeSource};
 use super::store_retry::{pause, with_retry};
 use crate::capacity::{self, Capacity};
@@ -91,9 +91,6 @@ pub struct RunnerSettings {
     pub recoverable: bool,
     /// Whether calls ask for a streamed answer (`provider.stream`).
     pub stream: bool,
-    /// How long a streamed answer's text gathers before it is written for the followers
-    /// (`worker.live_text_interval_ms`); None forwards nothing.
-    pub live_text: Option<Duration>,
 }
 
 /// Drives tasks to a terminal state through their leases.
@@ -104,6 +101,8 @@ pub struct TaskRunner {
     /// The provider's capacity, shared by the deployment (I9): a claimed task waits for a
     /// permit before its call.
     capacity: Capacity,
+    /// The forwarding of this process's streaming attempts' text.
+    live: LiveWriter,
     settings: RunnerSettings,
 }
 
@@ -144,6 +143,7 @@ impl TaskRunner {
         provider: Arc<dyn Provider>,
         parked: ParkedTasks,
         capacity: Capacity,
+        live: LiveWriter,
         settings: RunnerSettings,
     ) -> Self {
         Self {
@@ -151,6 +151,7 @@ impl TaskRunner {
             provider,
             parked,
             capacity,
+            live,
             settings,
         }
     }
@@ -371,12 +372,7 @@ impl TaskRunner {
         // The provider's HTTP requests carry this span's context (`traceparent`).
         let call_span = trace::provider_call(trace, &request.model, lease.attempt);
         // The text of this attempt, for the task's followers, as the provider writes it.
-        let live = LiveText::start(
-            self.store.clone(),
-            stored.spec.task_id,
-            lease.version,
-            self.settings.live_text.filter(|_| self.settings.stream),
-        );
+        let live = self.live.start(stored.spec.task_id, lease.version);
         let called = match self.provider.as_background() {
             Some(background) => {
                 self.call_background(background, stored, &request, lease, cancel, &live)
@@ -681,7 +677,7 @@ impl TaskRunner {
             Guarded::Cancelled => {
                 telemetry::provider_call(id, lease.version, CallEnd::Cancelled, started.elapsed());
                 // Give the lease back so the partition's next owner need not wait it out.
-                if let Ok(ReleaseOutcome::Released) = self
+                match self
                     .store
                     .release(
                         lease,
@@ -692,7 +688,19 @@ impl TaskRunner {
                     )
                     .await
                 {
-                    self.lease_ended(lease);
+                    Ok(ReleaseOutcome::Released) => self.lease_ended(lease),
+                    // A zombie whose partition was revoked while it stalled learns here that
+                    // its attempt was over: said and counted as any refused fenced write.
+                    Ok(ReleaseOutcome::Refused(refusal)) => {
+                        telemetry::write_refused(
+                            id,
+                            "release",
+                            lease.version,
+                            refusal.label(),
+                            None,
+                        );
+                    }
+                    Err(e) => telemetry::store_error("release", &e),
                 }
                 AttemptEnd::Cancelled
             }

@@ -473,13 +473,22 @@ async fn a_zombie_whose_stream_resumes_after_a_takeover_reaches_no_follower_and_
     let reply = saved_reply(seen.last());
     assert!(reply.starts_with(&seen.text_of(*versions.last().unwrap())));
     // The zombie learned its attempt was over from the database, whichever way came first:
-    // a piece refused, a renewal refused, or its reply refused by the fence.
+    // a piece refused, a renewal refused, its release refused (its partition revoked as it
+    // woke), or its reply refused by the fence (taken over, or already saved by the taker).
     wait_until("the zombie's writes are refused", LIMIT, || async {
         let refused = |metric: &'static str| app.metric_total(&zombie, metric);
-        refused("replyd_live_text_pieces_total{outcome=\"fenced\"}").await
-            + refused("replyd_lease_renewals_refused_total").await
-            + refused("replyd_completions_total{outcome=\"fenced_taken_over\"}").await
-            > 0.0
+        let mut total = refused("replyd_live_text_pieces_total{outcome=\"fenced\"}").await
+            + refused("replyd_lease_renewals_refused_total").await;
+        for outcome in [
+            "fenced_taken_over",
+            "fenced_lease_expired",
+            "already_saved",
+            "not_found",
+        ] {
+            let metric = format!("replyd_completions_total{{outcome=\"{outcome}\"}}");
+            total += app.metric_total(&zombie, &metric).await;
+        }
+        total > 0.0
     })
     .await;
     assert_one_reply(&app).await;
