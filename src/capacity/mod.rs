@@ -15,10 +15,14 @@
 //! worker uses it and lapses when the worker vanishes.
 //!
 //! Where nothing is configured for a model and `capacity.adaptive` is on, the budget is the
-//! provider's own: a refusal ([`Capacity::refused`]) pauses every worker for its
-//! `Retry-After` and cuts a learned rate ([`pacing::Learned`](replyd_core::pacing::Learned)), which regrows slowly. While
-//! nothing is learned and nothing paused, a worker lets its calls go freely and asks the
-//! database only once a second.
+//! provider's own: a limit it reports (its rate-limit headers) is the rate; a refusal
+//! ([`Capacity::refused`]) pauses every worker for its `Retry-After` (unless a limit was
+//! reported) and cuts a learned rate ([`pacing::Learned`](replyd_core::pacing::Learned)) to
+//! what got through in the last second, at most once a second; each second without a refusal
+//! takes it back there, then probes higher. While nothing is learned and nothing paused, a
+//! worker lets its calls go freely and asks the database only once a second; it counts the
+//! calls it let go and tells them with its next grant or refusal, so that the first refusal
+//! cuts from what was sent.
 
 use replyd_core::pacing;
 pub mod settings;
@@ -100,6 +104,10 @@ struct BucketState {
     refilling: bool,
     /// The request limit (a minute's) the provider last reported, as recorded in the budget.
     reported: Option<u64>,
+    /// Calls let go freely since the budget last heard from this worker: told with the next
+    /// grant or refusal (and kept for the one after if that fails), so the learned rate counts
+    /// every call that went.
+    sent_freely: u64,
 }
 
 impl Capacity {
@@ -158,6 +166,7 @@ impl Capacity {
                     None
                 };
                 if let Some(release) = release {
+                    state.sent_freely += 1;
                     // No wait: counted too, so the wait's quantiles are over every call.
                     telemetry::capacity_waited(&bucket.name, Duration::ZERO);
                     return Some(Permit {
@@ -208,14 +217,16 @@ impl Capacity {
             return;
         }
         let adaptive = governor.settings.adaptive;
-        {
+        let sent_freely = {
             let mut state = bucket.state.lock().unwrap_or_else(|p| p.into_inner());
             // Ask the budget again before letting calls go freely.
             state.free_until = None;
-        }
+            // Taken, not read: a grant told at the same time must not count them again.
+            std::mem::take(&mut state.sent_freely)
+        };
         match governor
             .store
-            .capacity_refused(&bucket.name, retry_after, adaptive)
+            .capacity_refused(&bucket.name, retry_after, adaptive, sent_freely)
             .await
         {
             Ok(learned) => {
@@ -223,7 +234,10 @@ impl Capacity {
                     telemetry::capacity_limit(&bucket.name, rate);
                 }
             }
-            Err(e) => telemetry::store_error("capacity_refused", &e),
+            Err(e) => {
+                bucket.untold(sent_freely);
+                telemetry::store_error("capacity_refused", &e);
+            }
         }
     }
 }
@@ -287,6 +301,13 @@ impl Bucket {
         self.limits.max_concurrent.is_some()
     }
 
+    /// Calls let go freely that a failed grant or refusal did not tell the budget: told with
+    /// the next one.
+    fn untold(&self, sent_freely: u64) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.sent_freely += sent_freely;
+    }
+
     /// A permit's end: its slot back to this worker's share, and the refill loop told.
     fn release(&self) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -297,7 +318,9 @@ impl Bucket {
 
     /// Hands the first `delays.len()` waiters their send times, in arrival order. A waiter
     /// that gave up meanwhile gets nothing (its send time is spent: the budget counted it).
-    fn serve(self: &Arc<Self>, state: &mut BucketState, now: Instant, delays: &[Duration]) {
+    /// Returns how many permits were taken.
+    fn serve(self: &Arc<Self>, state: &mut BucketState, now: Instant, delays: &[Duration]) -> u64 {
+        let mut taken = 0;
         for delay in delays {
             let Some(waiter) = state.waiting.pop_front() else {
                 break;
@@ -310,15 +333,19 @@ impl Bucket {
                 ready_at: now + *delay,
                 release: slotted.then(|| Arc::clone(self)),
             };
-            if let Err(mut permit) = waiter.send.send(permit) {
-                // Gave up: its slot back here, under the lock this function already holds
-                // (the permit's own release would take it again).
-                if permit.release.take().is_some() {
-                    state.in_use = state.in_use.saturating_sub(1);
+            match waiter.send.send(permit) {
+                Ok(()) => taken += 1,
+                Err(mut permit) => {
+                    // Gave up: its slot back here, under the lock this function already holds
+                    // (the permit's own release would take it again).
+                    if permit.release.take().is_some() {
+                        state.in_use = state.in_use.saturating_sub(1);
+                    }
                 }
             }
         }
         telemetry::capacity_waiting(&self.name, state.waiting.len());
+        taken
     }
 }
 
@@ -349,7 +376,8 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
                     state.waiting.len()
                 };
                 let now_delays = vec![Duration::ZERO; room.min(state.waiting.len())];
-                bucket.serve(&mut state, now, &now_delays);
+                let went = bucket.serve(&mut state, now, &now_delays);
+                state.sent_freely += went;
             }
             let waiting = state.waiting.len();
             if waiting == 0 && state.in_use == 0 && state.slots == 0 {
@@ -370,12 +398,14 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
                     .collect();
                 let want_slots =
                     (state.in_use + waiting as u32).min(limits.max_concurrent.unwrap_or(u32::MAX));
-                Some((waiters, want_slots, state.in_use))
+                // Taken, not read: a refusal told at the same time must not count them again.
+                let sent_freely = std::mem::take(&mut state.sent_freely);
+                Some((waiters, want_slots, state.in_use, sent_freely))
             }
         };
         let sleep = match ask {
             None => slot_ttl / 3,
-            Some((waiters, want_slots, in_use)) => {
+            Some((waiters, want_slots, in_use, sent_freely)) => {
                 if let Some(since) = last_grant.map(|at| at.elapsed())
                     && since < MIN_GRANT_INTERVAL
                 {
@@ -400,6 +430,7 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
                         slot_ttl,
                         adaptive: governor.settings.adaptive,
                         horizon: Duration::from_secs_f64(pacing::HORIZON_SECONDS),
+                        sent_freely,
                     })
                     .await;
                 match granted {
@@ -434,6 +465,7 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
                         }
                     }
                     Err(e) => {
+                        bucket.untold(sent_freely);
                         telemetry::store_error("capacity_grant", &e);
                         Duration::from_millis(500)
                     }

@@ -51,9 +51,12 @@ pub struct CapacitySettings {
     /// Per-model limits where they differ from the default: model name → limits, e.g.
     /// `[capacity.models."gpt-4o"]` with `requests_per_minute = 500`.
     pub models: BTreeMap<String, CapacityLimits>,
-    /// Where no request limit is configured, follow the provider's own signals: a `429`'s
-    /// `Retry-After` pauses every worker of the deployment, and a rate is learned (cut by 30 %
-    /// on a refusal, regrown by 5 % a second). Default true.
+    /// Where no request limit is configured, follow the provider's own signals: a limit it
+    /// reports (`x-ratelimit-limit-requests`) is the rate, cut by 10 % on a refusal; without
+    /// one, a `429`'s `Retry-After` pauses every worker of the deployment, and a rate is learned
+    /// (a refusal cuts it to 95 % of what got through in the last second, at most once a
+    /// second; each second without a refusal takes it back there, then 10 % higher). Default
+    /// true.
     pub adaptive: bool,
     /// Output tokens counted against `tokens_per_minute` for a task that names no
     /// `max_output_tokens`. Default 1024.

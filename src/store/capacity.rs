@@ -1,7 +1,8 @@
 //! The capacity budget's SQL (I9): one grant for a worker (requests, tokens, its share of the
 //! concurrency limit) and the report of a provider's refusal, each one call of a server-side
-//! function of `migrations/V16` that locks the model's bucket row, so every worker of the
-//! deployment draws from the same budget. The arithmetic is `capacity::pacing`'s.
+//! function (`migrations/V16`, the learned rate's as `V31` has them) that locks the model's
+//! bucket row, so every worker of the deployment draws from the same budget. The arithmetic is
+//! `replyd_core::pacing`'s.
 
 use std::time::Duration;
 
@@ -27,6 +28,9 @@ pub struct GrantAsk<'a> {
     pub adaptive: bool,
     /// How far ahead calls are scheduled.
     pub horizon: Duration,
+    /// Calls the worker let go freely (nothing configured, learned or paused) since it last
+    /// told the budget: they count towards the learned rate as calls that went.
+    pub sent_freely: u64,
 }
 
 /// What one grant gave.
@@ -55,7 +59,7 @@ impl Store {
         let statement = client
             .prepare_cached(
                 "SELECT delays, slots, wait, requests_per_second, blocked_for \
-                 FROM replyd_capacity_grant($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                 FROM replyd_capacity_grant($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
             )
             .await?;
         let waiters: Vec<i64> = ask
@@ -68,6 +72,7 @@ impl Store {
         let slot_limit = ask
             .slot_limit
             .map(|limit| i32::try_from(limit).unwrap_or(i32::MAX));
+        let sent_freely = i64::try_from(ask.sent_freely).unwrap_or(i64::MAX);
         let row = client
             .query_one(
                 &statement,
@@ -83,6 +88,7 @@ impl Store {
                     &ask.slot_ttl.as_secs_f64(),
                     &ask.adaptive,
                     &ask.horizon.as_secs_f64(),
+                    &sent_freely,
                 ],
             )
             .await?;
@@ -114,19 +120,27 @@ impl Store {
     }
 
     /// Reports that the provider refused a call of `bucket` for capacity: every worker pauses
-    /// for `pause` (its Retry-After) and, with `adaptive`, the learned rate is cut. Returns the
-    /// learned rate now, if any.
+    /// for `pause` (its Retry-After) and, with `adaptive`, the refusal and the `sent_freely`
+    /// calls this worker let go since it last told the budget are counted, and the learned
+    /// rate is cut. Returns the learned rate now, if any.
     pub async fn capacity_refused(
         &self,
         bucket: &str,
         pause: Option<Duration>,
         adaptive: bool,
+        sent_freely: u64,
     ) -> Result<Option<f64>, StoreError> {
         let client = self.client().await?;
+        let sent_freely = i64::try_from(sent_freely).unwrap_or(i64::MAX);
         let row = client
             .query_one(
-                "SELECT requests_per_second FROM replyd_capacity_refused($1, $2, $3)",
-                &[&bucket, &pause.map(|p| p.as_secs_f64()), &adaptive],
+                "SELECT requests_per_second FROM replyd_capacity_refused($1, $2, $3, $4)",
+                &[
+                    &bucket,
+                    &pause.map(|p| p.as_secs_f64()),
+                    &adaptive,
+                    &sent_freely,
+                ],
             )
             .await?;
         Ok(row.get(0))
