@@ -16,7 +16,13 @@
 #        pgbench's clients; REPLYD_BIN another binary (e.g. an older build, for its cost) and
 #        BENCH_LABEL its name in the JSON lines; BENCH_BATCH=true|false sets
 #        database.batch_completions and database.batch_claims (BENCH_BATCH_CLAIMS sets the
-#        latter apart; unset: the binary's defaults).
+#        latter apart; unset: the binary's defaults). BENCH_WORKER: extra settings for the
+#        worker, as `section.key=value` pairs separated by spaces or newlines (e.g.
+#        BENCH_WORKER=worker.live_text_interval_ms=0). BENCH_LISTENERS=N keeps N idle sessions
+#        listening on channels nobody notifies for the whole run (every listening session of a
+#        database slows every notifying commit); BENCH_NOTIFICATIONS=true adds one session that
+#        listens on replyd's channels and counts what it hears (notifications per task; it is
+#        a listener too, so compare runs that both have it).
 # Writes the table to stdout and one JSON line per run to target/bench/ceiling.jsonl.
 set -euo pipefail
 
@@ -28,6 +34,9 @@ partitions=${3:-6}
 runs=${4:-3}
 seconds=${5:-20}
 pool=${BENCH_POOL_SIZE:-8}
+# BENCH_WORKER's pairs, added to every run's settings.
+read -r -d '' -a extra <<<"${BENCH_WORKER:-}" || true
+listeners=${BENCH_LISTENERS:-0}
 
 # shellcheck source=deploy/lib.sh
 . deploy/lib.sh
@@ -44,6 +53,17 @@ psql -qtA "$DATABASE_URL" -c "create extension if not exists pg_stat_statements"
   echo "pg_stat_statements is not loaded (deploy/infra.sh preloads it; restart the cluster: make infra-down infra-up)" >&2
   exit 1
 }
+
+# Idle listeners: sessions that LISTEN on a channel of their own and wait, as other processes'
+# listening sessions do: each psql reads a fifo this script holds open, and ends with it (or
+# by its pid, with the rest).
+for i in $(seq 1 "$listeners"); do
+  mkfifo "$dir/idle-$i"
+  psql -qtA "$DATABASE_URL" <"$dir/idle-$i" >/dev/null 2>&1 &
+  pids+=("$!")
+  exec {idle}>"$dir/idle-$i"
+  echo "LISTEN bench_idle_$i;" >&"$idle"
+done
 
 # Transactions committed in the database so far (flushed counters only).
 xacts() {
@@ -63,7 +83,7 @@ for run in $(seq 1 "$runs"); do
     "database.batch_claims=${BENCH_BATCH:+${BENCH_BATCH_CLAIMS:-$BENCH_BATCH}}" \
     kafka.session_timeout_ms=10000 "worker.worker_id=\"$id\"" "worker.partition_window=$pw" \
     "worker.global_window=$window" worker.drain_timeout_ms=5000 \
-    provider.request_timeout_ms=10000
+    provider.request_timeout_ms=10000 "${extra[@]}"
   "$lab" produce --config "$dir/$id.toml" --create-partitions "$partitions" \
     --count "$tasks" --conversations "$(( partitions * 8 ))" >/dev/null
 
@@ -73,6 +93,16 @@ for run in $(seq 1 "$runs"); do
   psql -qtA "$DATABASE_URL" -c "/* bench */ select pg_stat_statements_reset()" >/dev/null
   before=$(xacts)
   own=1
+  heard=""
+  if [ "${BENCH_NOTIFICATIONS:-}" = true ]; then
+    # psql prints what it heard after each command: one empty command every 0.2 s (the loop
+    # ends on its next write once psql is stopped).
+    { echo "LISTEN replyd_task_status; LISTEN replyd_live_pieces; LISTEN replyd_live;"
+      while sleep 0.2; do echo ";"; done; } | psql -qtA "$db_url" >"$dir/$id.heard" 2>&1 &
+    heard=$!
+    pids+=("$heard")
+    own=$(( own + 1 ))
+  fi
   "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &
   worker=$!
   pids+=("$worker")
@@ -86,6 +116,13 @@ for run in $(seq 1 "$runs"); do
   cpu=$(awk -v t="$clk_tck" '{ print ($14 + $15) / t }' "/proc/$worker/stat")
   kill -TERM "$worker"; wait "$worker" || true
   kill -TERM "$mock_pid"; wait "$mock_pid" || true
+  notifications=-1
+  if [ -n "$heard" ]; then
+    sleep 0.5
+    kill -TERM "$heard" 2>/dev/null || true
+    wait "$heard" 2>/dev/null || true
+    notifications=$(grep -c '^Asynchronous notification' "$dir/$id.heard" || true)
+  fi
   # Exited sessions have flushed their counters; the server publishes them within a second.
   sleep 1.5
   after=$(xacts)
@@ -124,14 +161,19 @@ SQL
 
   awk -v n="$tasks" -v sn="$steady_n" -v ss="$steady_s" -v c="$ceiling" -v st="$statements" \
       -v x0="$before" -v x1="$after" -v own="$own" -v cpu="$cpu" -v w="$window" -v p="$partitions" \
-      -v run="$run" -v pool="$pool" -v bin="$version" -v batched="${BENCH_BATCH:-default}" 'BEGIN {
+      -v run="$run" -v pool="$pool" -v bin="$version" -v batched="${BENCH_BATCH:-default}" \
+      -v heard="$notifications" -v listeners="$listeners" -v extra="${BENCH_WORKER:-}" 'BEGIN {
     rate = sn / ss
     ratio = c > 0 ? rate / c : 0
     # Each psql of the bench is two transactions: its connection start-up and its query.
     tx = (x1 - x0 - 2 * own) / n
-    printf "%f %f %f %f %f %f\n", rate, c, ratio, st / n, tx, cpu / n * 1e6 > "/dev/stderr"
-    printf "{\"bench\":\"ceiling\",\"binary\":\"%s\",\"batched\":\"%s\",\"window\":%d,\"partitions\":%d,\"pool\":%d,\"run\":%d,\"tasks\":%d,\"replies_per_s\":%.1f,\"pgbench_lifecycles_per_s\":%.1f,\"ratio\":%.3f,\"statements_per_task\":%.2f,\"transactions_per_task\":%.2f,\"worker_cpu_us_per_record\":%.0f}\n",
-      bin, batched, w, p, pool, run, n, rate, c, ratio, st / n, tx, cpu / n * 1e6
+    notified = (heard < 0 ? -1 : heard / n)
+    printf "%f %f %f %f %f %f %f\n", rate, c, ratio, st / n, tx, cpu / n * 1e6, notified > "/dev/stderr"
+    gsub(/["\\]/, "", extra)
+    gsub(/[ \n]+/, " ", extra)
+    printf "{\"bench\":\"ceiling\",\"binary\":\"%s\",\"batched\":\"%s\",\"worker\":\"%s\",\"idle_listeners\":%d,\"notifications_per_task\":%.2f,", bin, batched, extra, listeners, notified
+    printf "\"window\":%d,\"partitions\":%d,\"pool\":%d,\"run\":%d,\"tasks\":%d,\"replies_per_s\":%.1f,\"pgbench_lifecycles_per_s\":%.1f,\"ratio\":%.3f,\"statements_per_task\":%.2f,\"transactions_per_task\":%.2f,\"worker_cpu_us_per_record\":%.0f}\n",
+      w, p, pool, run, n, rate, c, ratio, st / n, tx, cpu / n * 1e6
   }' 2>>"$dir/runs" >>"$jsonl"
   echo "bench: run $run: $(tail -n 1 "$dir/runs")" >&2
   sed 's/^/    /' "$dir/$id.statements" >&2
@@ -143,11 +185,12 @@ read -r ratio_m ratio_lo ratio_hi < <(cut -d' ' -f3 "$dir/runs" | stats)
 read -r st_m _ _ < <(cut -d' ' -f4 "$dir/runs" | stats)
 read -r tx_m _ _ < <(cut -d' ' -f5 "$dir/runs" | stats)
 read -r cpu_m _ _ < <(cut -d' ' -f6 "$dir/runs" | stats)
-echo "| window | partitions | tasks | worker replies/s (median, min–max) | pgbench lifecycles/s (median, min–max) | ratio (median, min–max) | statements/task | transactions/task | worker CPU µs/record |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+read -r heard_m _ _ < <(cut -d' ' -f7 "$dir/runs" | stats)
+echo "| window | partitions | tasks | worker replies/s (median, min–max) | pgbench lifecycles/s (median, min–max) | ratio (median, min–max) | statements/task | transactions/task | worker CPU µs/record | notifications/task |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 awk -v w="$window" -v p="$partitions" -v n="$tasks" -v rm="$rate_m" -v rl="$rate_lo" -v rh="$rate_hi" \
     -v cm="$ceil_m" -v cl="$ceil_lo" -v ch="$ceil_hi" -v qm="$ratio_m" -v ql="$ratio_lo" -v qh="$ratio_hi" \
-    -v st="$st_m" -v tx="$tx_m" -v cpu="$cpu_m" 'BEGIN {
-  printf "| %d | %d | %d | %.0f (%.0f–%.0f) | %.0f (%.0f–%.0f) | **%.2f** (%.2f–%.2f) | %.2f | %.2f | %.0f |\n",
-    w, p, n, rm, rl, rh, cm, cl, ch, qm, ql, qh, st, tx, cpu
+    -v st="$st_m" -v tx="$tx_m" -v cpu="$cpu_m" -v heard="$heard_m" 'BEGIN {
+  printf "| %d | %d | %d | %.0f (%.0f–%.0f) | %.0f (%.0f–%.0f) | **%.2f** (%.2f–%.2f) | %.2f | %.2f | %.0f | %s |\n",
+    w, p, n, rm, rl, rh, cm, cl, ch, qm, ql, qh, st, tx, cpu, (heard < 0 ? "not counted" : sprintf("%.2f", heard))
 }'
