@@ -471,8 +471,9 @@ enum Action {
     },
     /// `replyd_cancel` (V23): the user presses Stop.
     Cancel,
-    /// `replyd_live_append` (V26): the worker writes a piece of its call's text for the task's
-    /// followers, accepted only while its assignment is the row's and running. It changes
+    /// `replyd_live_append_batch` (V30; V26's `replyd_live_append` before it): the worker
+    /// writes a piece of its call's text for the task's followers, in a round with its other
+    /// attempts' pieces, each accepted only while its assignment is the row's and running. It changes
     /// nothing a claim or a write reads: only what the followers are shown.
     LivePiece(WorkerId),
 }
