@@ -22,7 +22,10 @@
 #        listening on channels nobody notifies for the whole run (every listening session of a
 #        database slows every notifying commit); BENCH_NOTIFICATIONS=true adds one session that
 #        listens on replyd's channels and counts what it hears (notifications per task; it is
-#        a listener too, so compare runs that both have it).
+#        a listener too, so compare runs that both have it). BENCH_APIS=N runs N `replyd api`
+#        processes on the run's schema beside the worker, nobody following a reply through
+#        them (API replicas between users' streams); listening_sessions in the JSON lines is how
+#        many sessions of the database were listening halfway through the run.
 # Writes the table to stdout and one JSON line per run to target/bench/ceiling.jsonl.
 set -euo pipefail
 
@@ -37,6 +40,7 @@ pool=${BENCH_POOL_SIZE:-8}
 # BENCH_WORKER's pairs, added to every run's settings.
 read -r -d '' -a extra <<<"${BENCH_WORKER:-}" || true
 listeners=${BENCH_LISTENERS:-0}
+apis=${BENCH_APIS:-0}
 
 # shellcheck source=deploy/lib.sh
 . deploy/lib.sh
@@ -103,18 +107,34 @@ for run in $(seq 1 "$runs"); do
     pids+=("$heard")
     own=$(( own + 1 ))
   fi
+  api_pids=()
+  for i in $(seq 1 "$apis"); do
+    "$bin" api --config "$dir/$id.toml" 2>"$dir/$id.api-$i.log" &
+    api_pids+=("$!")
+    pids+=("$!")
+  done
   "$bin" worker --config "$dir/$id.toml" 2>"$dir/$id.log" &
   worker=$!
   pids+=("$worker")
   deadline=$(( $(date +%s) + 900 ))
-  until [ "$(psql -qtA "$db_url" -c "/* bench */ select count(*) from reply_tasks where status = 'completed'" 2>/dev/null || echo 0)" -ge "$tasks" ]; do
+  listening=-1
+  while :; do
+    done_n=$(psql -qtA "$db_url" -c "/* bench */ select count(*) from reply_tasks where status = 'completed'" 2>/dev/null || echo 0)
     own=$(( own + 1 ))
+    [ "$done_n" -ge "$tasks" ] && break
+    if [ "$listening" -lt 0 ] && [ "$done_n" -ge $(( tasks / 2 )) ]; then
+      # A session's last statement stays in pg_stat_activity while it idles: the listeners'.
+      listening=$(psql -qtA "$DATABASE_URL" -c "/* bench */ select count(*) from pg_stat_activity
+        where datname = current_database() and state = 'idle' and query ilike 'listen %'")
+      own=$(( own + 1 ))
+    fi
     [ "$(date +%s)" -lt "$deadline" ] || { echo "bench: the backlog did not drain" >&2; exit 1; }
     sleep 0.5
   done
   own=$(( own + 1 ))
   cpu=$(awk -v t="$clk_tck" '{ print ($14 + $15) / t }' "/proc/$worker/stat")
   kill -TERM "$worker"; wait "$worker" || true
+  for api_pid in "${api_pids[@]}"; do kill -TERM "$api_pid"; wait "$api_pid" || true; done
   kill -TERM "$mock_pid"; wait "$mock_pid" || true
   notifications=-1
   if [ -n "$heard" ]; then
@@ -162,7 +182,8 @@ SQL
   awk -v n="$tasks" -v sn="$steady_n" -v ss="$steady_s" -v c="$ceiling" -v st="$statements" \
       -v x0="$before" -v x1="$after" -v own="$own" -v cpu="$cpu" -v w="$window" -v p="$partitions" \
       -v run="$run" -v pool="$pool" -v bin="$version" -v batched="${BENCH_BATCH:-default}" \
-      -v heard="$notifications" -v listeners="$listeners" -v extra="${BENCH_WORKER:-}" 'BEGIN {
+      -v heard="$notifications" -v listeners="$listeners" -v extra="${BENCH_WORKER:-}" \
+      -v apis="$apis" -v listening="$listening" 'BEGIN {
     rate = sn / ss
     ratio = c > 0 ? rate / c : 0
     # Each psql of the bench is two transactions: its connection start-up and its query.
@@ -171,7 +192,7 @@ SQL
     printf "%f %f %f %f %f %f %f\n", rate, c, ratio, st / n, tx, cpu / n * 1e6, notified > "/dev/stderr"
     gsub(/["\\]/, "", extra)
     gsub(/[ \n]+/, " ", extra)
-    printf "{\"bench\":\"ceiling\",\"binary\":\"%s\",\"batched\":\"%s\",\"worker\":\"%s\",\"idle_listeners\":%d,\"notifications_per_task\":%.2f,", bin, batched, extra, listeners, notified
+    printf "{\"bench\":\"ceiling\",\"binary\":\"%s\",\"batched\":\"%s\",\"worker\":\"%s\",\"idle_listeners\":%d,\"apis\":%d,\"listening_sessions\":%d,\"notifications_per_task\":%.2f,", bin, batched, extra, listeners, apis, listening, notified
     printf "\"window\":%d,\"partitions\":%d,\"pool\":%d,\"run\":%d,\"tasks\":%d,\"replies_per_s\":%.1f,\"pgbench_lifecycles_per_s\":%.1f,\"ratio\":%.3f,\"statements_per_task\":%.2f,\"transactions_per_task\":%.2f,\"worker_cpu_us_per_record\":%.0f}\n",
       w, p, pool, run, n, rate, c, ratio, st / n, tx, cpu / n * 1e6
   }' 2>>"$dir/runs" >>"$jsonl"

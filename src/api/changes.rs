@@ -7,6 +7,10 @@
 //!   pieces in its payload; and `replyd_live`, one piece a notification, from workers of the
 //!   previous release), each piece handed only to the streams that follow its task, so a piece
 //!   costs nothing for the streams of other tasks and no read for the streams of its own.
+//!
+//! The session listens only while a stream is open (each holds the [`Demand`]), and for
+//! `database.listen_idle_ms` after the last one closed: an API process nobody follows through
+//! does not slow the database's notifying commits.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,7 +19,9 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::DatabaseSettings;
-use crate::store::listen::{Listener, TASK_STATUS_CHANNEL, listen, parse_status_payload};
+use crate::store::listen::{
+    Demand, DemandHold, Listener, TASK_STATUS_CHANNEL, listen, parse_status_payloads,
+};
 use crate::store::live::{
     LIVE_PIECES_CHANNEL, LIVE_TEXT_CHANNEL, LivePiece, parse_live_payload, parse_live_pieces,
 };
@@ -26,6 +32,8 @@ use replyd_core::domain::TaskId;
 pub struct TaskChanges {
     sender: broadcast::Sender<Option<TaskId>>,
     live: LiveFanout,
+    /// Held by every open stream: the session listens while one is.
+    demand: Demand,
 }
 
 impl Default for TaskChanges {
@@ -34,6 +42,7 @@ impl Default for TaskChanges {
         Self {
             sender: broadcast::channel(1024).0,
             live: LiveFanout::default(),
+            demand: Demand::default(),
         }
     }
 }
@@ -56,9 +65,15 @@ impl Listener for Fanout {
             self.live.pieces(parse_live_pieces(payload));
         } else if channel == LIVE_TEXT_CHANNEL {
             self.live.pieces(parse_live_payload(payload));
-        } else if let Some((task, _)) = parse_status_payload(payload) {
-            // No receiver (no open stream) is not an error.
-            let _ = self.status.send(Some(task));
+        } else {
+            // One line per task a statement changed (V32).
+            for change in parse_status_payloads(payload) {
+                match change {
+                    // No receiver (no open stream) is not an error.
+                    Ok((task, _)) => drop(self.status.send(Some(task))),
+                    Err(line) => crate::telemetry::bad_notification(line),
+                }
+            }
         }
     }
 }
@@ -105,6 +120,12 @@ impl LiveFanout {
     }
 }
 
+/// One stream's hold on the status changes: the session listens while one exists.
+pub(super) struct StatusFollow {
+    pub receiver: broadcast::Receiver<Option<TaskId>>,
+    _need: DemandHold,
+}
+
 /// One stream's hold on its task's live text; the task is let go with its last follower.
 pub(super) struct LiveFollow {
     pub receiver: broadcast::Receiver<LiveHint>,
@@ -136,12 +157,18 @@ impl TaskChanges {
                 status: self.sender.clone(),
                 live: self.live.clone(),
             },
+            self.demand.clone(),
             shutdown,
         ));
     }
 
-    pub(super) fn subscribe(&self) -> broadcast::Receiver<Option<TaskId>> {
-        self.sender.subscribe()
+    /// Hears every status change from now on, and keeps the session listening until dropped.
+    pub(super) fn subscribe(&self) -> StatusFollow {
+        StatusFollow {
+            // Held before subscribing: a session started for it resyncs to this receiver.
+            _need: self.demand.hold(),
+            receiver: self.sender.subscribe(),
+        }
     }
 
     /// Follows `task`'s live text from now on.

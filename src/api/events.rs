@@ -36,7 +36,7 @@ use futures_util::stream::{self, Stream};
 use tokio::sync::broadcast;
 
 use super::auth::{Caller, EndUser};
-use super::changes::{LiveFollow, LiveHint};
+use super::changes::{LiveFollow, LiveHint, StatusFollow};
 use super::path::PathParam;
 use super::problem::ProblemDetails;
 use super::replies::ReplyView;
@@ -183,7 +183,7 @@ struct Follow {
     task_id: TaskId,
     /// What the stream was opened with: it ends once that is revoked (or, a token, expired).
     credential: Credential,
-    changes: broadcast::Receiver<Option<TaskId>>,
+    changes: StatusFollow,
     /// The task's live text, when the stream carries it.
     live: Option<LiveFollow>,
     last_sent: Option<String>,
@@ -381,7 +381,7 @@ impl Follow {
                     }
                     Err(broadcast::error::RecvError::Closed) => self.live = None,
                 },
-                hint = self.changes.recv() => match hint {
+                hint = self.changes.receiver.recv() => match hint {
                     Ok(Some(task)) if task == self.task_id => return Wake::Read,
                     Ok(Some(_)) => {}
                     // A resync, or this stream fell behind the fan-out: read now.

@@ -37,7 +37,7 @@ use crate::sqs::publish::SqsPublisher;
 use crate::sqs::settings::Transport;
 use crate::sqs::{Sqs, SqsError};
 use crate::store::Store;
-use crate::store::listen::{Listener, listen};
+use crate::store::listen::{Demand, Listener, listen};
 use crate::store::outbox::{OutboxRow, Published};
 use crate::telemetry::{self, trace};
 
@@ -170,6 +170,8 @@ pub async fn run(
         format!("replyd-relay {}", std::process::id()),
         &[OUTBOX_CHANNEL],
         WakeRelay(Arc::clone(&wake)),
+        // A relay's work is to hear new rows at once: it always listens.
+        Demand::always(),
         shutdown.clone(),
     ));
     probes.add(

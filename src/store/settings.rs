@@ -29,6 +29,11 @@ pub struct DatabaseSettings {
     /// leased elsewhere wakes as soon as that task is done. Turn off where LISTEN cannot work
     /// (behind a transaction-pooling PgBouncer): parked records then wait out the lease.
     pub listen: bool,
+    /// How long a listening session stays once nothing of its process needs it (no open event
+    /// stream, no running call, no parked record). Every session that listens slows every
+    /// notifying commit of the database, so an idle process stops listening; the next need
+    /// starts a session again and re-reads what it may have missed.
+    pub listen_idle_ms: u64,
     /// How long start-up keeps retrying to reach PostgreSQL before giving up.
     pub startup_retry_ms: u64,
     /// Apply pending migrations when a process starts (`worker`, `api`, `relay`, `serve`),
@@ -62,6 +67,7 @@ impl Default for DatabaseSettings {
             idle_in_transaction_session_timeout_ms: 10_000,
             statement_timeout_ms: 30_000,
             listen: true,
+            listen_idle_ms: 30_000,
             startup_retry_ms: 60_000,
             migrate_on_start: true,
             batch_completions: true,

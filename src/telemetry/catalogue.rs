@@ -40,6 +40,7 @@ pub mod names {
     pub const WAKE_UPS: &str = "replyd_parked_wake_ups_total";
     pub const LISTENER_CONNECTS: &str = "replyd_listener_connects_total";
     pub const LISTENER_LOSSES: &str = "replyd_listener_losses_total";
+    pub const LISTENER_IDLE_ENDS: &str = "replyd_listener_idle_ends_total";
     pub const TASKS_FAILED_AT_CLAIM: &str = "replyd_tasks_failed_at_claim_total";
     pub const LIBRDKAFKA_LOGS: &str = "replyd_librdkafka_logs_total";
     pub const API_REFUSALS: &str = "replyd_api_refusals_total";
@@ -145,6 +146,7 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
     (WAKE_UPS, Kind::Counter),
     (LISTENER_CONNECTS, Kind::Counter),
     (LISTENER_LOSSES, Kind::Counter),
+    (LISTENER_IDLE_ENDS, Kind::Counter),
     (TASKS_FAILED_AT_CLAIM, Kind::Counter),
     (LIBRDKAFKA_LOGS, Kind::Counter),
     (LIVE_PIECES, Kind::Counter),

@@ -74,6 +74,12 @@ pub fn listener_connected() {
     counter!(LISTENER_CONNECTS).increment(1);
 }
 
+/// The listening session ended because nothing of the process needed it any more.
+pub fn listener_idle() {
+    tracing::debug!("no longer listening: nothing waits for notifications");
+    counter!(LISTENER_IDLE_ENDS).increment(1);
+}
+
 pub fn listener_lost() {
     counter!(LISTENER_LOSSES).increment(1);
 }

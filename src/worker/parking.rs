@@ -9,6 +9,11 @@
 //! [`crate::store::listen`]). A wake-up is
 //! only a hint to read the row again; the lease end stays the fallback, so a lost notification
 //! costs time, never correctness.
+//!
+//! Every watch (a parked record, a running call waiting for its cancellation) holds the
+//! listening session's [`Demand`]: a worker with nothing running and nothing parked stops
+//! listening after `database.listen_idle_ms`, and the next watch starts it again (its first
+//! act is to wake every watch, so a change made before it listened is not missed).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,7 +22,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::DatabaseSettings;
-use crate::store::listen::{Listener, TASK_STATUS_CHANNEL, listen, parse_status_payload};
+use crate::store::listen::{
+    Demand, DemandHold, Listener, TASK_STATUS_CHANNEL, listen, parse_status_payloads,
+};
 use crate::telemetry;
 use replyd_core::domain::{TaskId, TaskStatus};
 
@@ -51,6 +58,8 @@ struct Entry {
 #[derive(Default, Clone)]
 pub struct ParkedTasks {
     entries: Arc<Mutex<HashMap<TaskId, Entry>>>,
+    /// Held by every watch: the listening session runs while one exists.
+    demand: Demand,
 }
 
 /// A record's interest in one task. Taken *before* the record reads the task, so a change that
@@ -60,6 +69,7 @@ pub struct TaskWatch {
     task: TaskId,
     receiver: watch::Receiver<u64>,
     parked: ParkedTasks,
+    _need: DemandHold,
 }
 
 impl ParkedTasks {
@@ -71,6 +81,8 @@ impl ParkedTasks {
 
     /// Starts watching `task`.
     pub fn watch(&self, task: TaskId) -> TaskWatch {
+        // Held before the entry exists: a session it starts wakes this watch once it listens.
+        let need = self.demand.hold();
         let mut entries = self.lock();
         let entry = entries.entry(task).or_insert_with(|| Entry {
             wake: watch::channel(0).0,
@@ -83,6 +95,7 @@ impl ParkedTasks {
             task,
             receiver,
             parked: self.clone(),
+            _need: need,
         }
     }
 
@@ -144,30 +157,36 @@ impl Listener for WakeParked {
     }
 
     fn notified(&mut self, _channel: &str, payload: &str) {
-        match parse_status_payload(payload) {
-            // A claim (to running) ends nobody's wait.
-            Some((_, TaskStatus::Running)) => {}
-            Some((task, _)) => {
-                self.0.wake(task, WakeSource::Notification);
+        // One line per task a statement changed (V32).
+        for change in parse_status_payloads(payload) {
+            match change {
+                // A claim (to running) ends nobody's wait.
+                Ok((_, TaskStatus::Running)) => {}
+                Ok((task, _)) => {
+                    self.0.wake(task, WakeSource::Notification);
+                }
+                Err(line) => telemetry::bad_notification(line),
             }
-            None => telemetry::bad_notification(payload),
         }
     }
 }
 
-/// Relays `replyd_task_status` to `parked` until `shutdown`. `name` becomes the session's
-/// `application_name`, so an operator can tell the listener from the pool.
+/// Relays `replyd_task_status` to `parked` while something watches, until `shutdown`. `name`
+/// becomes the session's `application_name`, so an operator can tell the listener from the
+/// pool.
 pub async fn relay_task_notifications(
     settings: DatabaseSettings,
     name: String,
     parked: ParkedTasks,
     shutdown: CancellationToken,
 ) {
+    let demand = parked.demand.clone();
     listen(
         settings,
         name,
         &[TASK_STATUS_CHANNEL],
         WakeParked(parked),
+        demand,
         shutdown,
     )
     .await;

@@ -493,6 +493,85 @@ async fn a_stream_whose_notifications_are_lost_still_ends() {
     assert_eq!(views.last().map(|v| v.status), Some(ReplyStatus::Completed));
 }
 
+/// Every listening session slows every notifying commit of the database, so a process listens
+/// only while something of it waits for a notification: the API while a stream is open, the
+/// worker while a call runs or a record is parked; the relay always. Once nothing has needed it
+/// for `database.listen_idle_ms` the session ends, and the next need starts it again without
+/// losing an event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_listens_only_while_something_waits_for_notifications() {
+    let config = WorkerConfig {
+        listen_idle_ms: 300,
+        ..WorkerConfig::default()
+    };
+    let app = TestApp::start(2, mock(), config).await;
+    app.db.store.create_workspace("acme").await.unwrap();
+    let key = issue(&mut rand::rng());
+    app.db.store.create_api_key("acme", &key).await.unwrap();
+    app.spawn_process("serve", "serve");
+    let addr = app.wait_for_api_addr("serve", LIMIT).await;
+    let front = Front {
+        base: format!("http://{addr}"),
+        key: key.token,
+        key_id: key.key_id,
+        client: reqwest::Client::new(),
+        _stop: CancellationToken::new().drop_guard(),
+    };
+    let client = app.db.raw_client().await;
+    let pid = app.pid("serve").to_string();
+    let sessions = || {
+        let (client, pid) = (&client, &pid);
+        async move {
+            let rows = client
+                .query(
+                    "SELECT application_name FROM pg_stat_activity \
+                     WHERE application_name LIKE 'replyd-%' AND application_name LIKE '% ' || $1",
+                    &[pid],
+                )
+                .await
+                .unwrap();
+            let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            let has = |prefix: &str| names.iter().any(|n| n.starts_with(prefix));
+            (
+                has("replyd-api-listener "),
+                has("replyd-listener "),
+                has("replyd-relay "),
+            )
+        }
+    };
+    wait_until("the relay listens", LIMIT, || async { sessions().await.2 }).await;
+    assert_eq!(
+        sessions().await,
+        (false, false, true),
+        "with no stream open and no work, only the relay listens"
+    );
+
+    for press in ["press-1", "press-2"] {
+        // A call that lasts, so both needs overlap while the stream is read.
+        let accepted = front.send(press, "[mock:latency_ms=1500] q").await;
+        let stream = front.events(&accepted, None).await;
+        wait_until("the API and the worker listen", LIMIT, || async {
+            let (api, worker, _) = sessions().await;
+            api && worker
+        })
+        .await;
+        let views = read_events(stream).await;
+        assert_eq!(
+            views.last().map(|v| v.status),
+            Some(ReplyStatus::Completed),
+            "{press}: the stream heard the end (the second press starts a new session)"
+        );
+        wait_until("the API and the worker stop listening", LIMIT, || async {
+            sessions().await == (false, false, true)
+        })
+        .await;
+    }
+    assert!(
+        app.log_lines_with("serve", &["listening for task status notifications"]) >= 4,
+        "each of the two presses started the API's and the worker's sessions"
+    );
+}
+
 /// The whole chain as `replyd serve` (two partitions, the mock) and a key of workspace `acme`;
 /// returns the app, the key and the API's address.
 async fn serve_with_a_key() -> (TestApp, replyd_core::api_key::IssuedKey, String) {

@@ -1277,6 +1277,7 @@ async fn a_round_of_live_pieces_writes_only_running_attempts_and_announces_them_
         "live-pieces-test".into(),
         &[LIVE_PIECES_CHANNEL],
         Collect(tx, listening_tx),
+        replyd::store::listen::Demand::always(),
         stop,
     ));
     listening.recv().await.unwrap();

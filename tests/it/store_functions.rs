@@ -822,3 +822,130 @@ async fn the_claim_function_answers_with_the_claim_kinds() {
         assert_eq!(ClaimKind::parse(kind.as_str()), Some(kind));
     }
 }
+
+/// One statement's status changes go out together (V32): one notification of
+/// `<task_id> <status>` lines, split under NOTIFY's 8,000 bytes, and none for a statement that
+/// changes no status. A batch of claims or completions is one statement, so it wakes every
+/// listening session once, not once per task.
+#[tokio::test]
+async fn a_statement_notifies_its_status_changes_together() {
+    use futures_util::StreamExt;
+    use replyd::store::listen::{TASK_STATUS_CHANNEL, parse_status_payloads};
+    use tokio_postgres::AsyncMessage;
+
+    let db = TestDb::new().await;
+    let mut tasks = Vec::new();
+    for _ in 0..310 {
+        let spec = task_spec(3);
+        db.store
+            .claim_task(
+                spec.task_id,
+                "w-1",
+                Duration::from_secs(30),
+                Some(&spec),
+                None,
+            )
+            .await
+            .unwrap();
+        tasks.push(spec.task_id.as_uuid());
+    }
+    let sentinel = task_spec(3);
+    db.store
+        .claim_task(
+            sentinel.task_id,
+            "w-1",
+            Duration::from_secs(30),
+            Some(&sentinel),
+            None,
+        )
+        .await
+        .unwrap();
+
+    // A session that listens, its notifications in a channel (other tests' schemas notify on
+    // the same channel: only this test's tasks count).
+    let config = replyd::store::session_config(&db.settings).unwrap();
+    let (listener, mut connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let AsyncMessage::Notification(n) = message {
+                let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+            }
+        }
+    });
+    listener
+        .batch_execute(&format!("LISTEN {TASK_STATUS_CHANNEL}"))
+        .await
+        .unwrap();
+
+    let client = db.raw_client().await;
+    client
+        .execute(
+            "UPDATE reply_tasks SET status = 'failed', failure = 'test', lease_owner = NULL, \
+             lease_until = NULL WHERE task_id = ANY($1)",
+            &[&tasks],
+        )
+        .await
+        .unwrap();
+    // No status changes: no notification.
+    client
+        .execute(
+            "UPDATE reply_tasks SET updated_at = clock_timestamp() WHERE task_id = ANY($1)",
+            &[&tasks],
+        )
+        .await
+        .unwrap();
+    // The last word, to know that all before it has been heard (one session's notifications
+    // arrive in commit order).
+    client
+        .execute(
+            "UPDATE reply_tasks SET status = 'failed', failure = 'test', lease_owner = NULL, \
+             lease_until = NULL WHERE task_id = $1",
+            &[&sentinel.task_id.as_uuid()],
+        )
+        .await
+        .unwrap();
+
+    let ours: std::collections::HashSet<uuid::Uuid> = tasks.iter().copied().collect();
+    let mut payloads = Vec::new();
+    loop {
+        let (channel, payload) = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("the sentinel's notification")
+            .expect("the listening session ended");
+        assert_eq!(channel, TASK_STATUS_CHANNEL);
+        let lines: Vec<_> = parse_status_payloads(&payload)
+            .map(|line| line.expect("every line understood"))
+            .collect();
+        if lines.iter().any(|(task, _)| *task == sentinel.task_id) {
+            assert_eq!(lines, vec![(sentinel.task_id, TaskStatus::Failed)]);
+            break;
+        }
+        if lines.iter().any(|(task, _)| ours.contains(&task.as_uuid())) {
+            payloads.push((payload.len(), lines));
+        }
+    }
+    assert_eq!(
+        payloads.len(),
+        3,
+        "310 changes in one statement, 150 a notification: {:?}",
+        payloads
+            .iter()
+            .map(|(len, l)| (len, l.len()))
+            .collect::<Vec<_>>()
+    );
+    let mut heard = std::collections::HashSet::new();
+    for (len, lines) in &payloads {
+        assert!(*len < 8_000, "a payload of {len} bytes");
+        for (task, status) in lines {
+            assert_eq!(*status, TaskStatus::Failed);
+            assert!(
+                ours.contains(&task.as_uuid()),
+                "another test's task in ours"
+            );
+            assert!(heard.insert(*task), "{task} heard twice");
+        }
+    }
+    assert_eq!(heard.len(), tasks.len(), "every change heard");
+}

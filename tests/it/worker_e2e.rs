@@ -1113,7 +1113,8 @@ async fn with_the_listening_session_killed_parked_records_still_finish() {
         app.pid("w1"),
         app.pid("w2")
     );
-    // The listeners must exist before they can be killed.
+    app.produce_to_partitions(&all, &[0, 1]).await;
+    // The listeners must exist before they can be killed: a worker listens once it has work.
     wait_until("both listeners are connected", LIMIT, || {
         let (client, sql) = (
             &client,
@@ -1122,7 +1123,6 @@ async fn with_the_listening_session_killed_parked_records_still_finish() {
         async move { client.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0) == 2 }
     })
     .await;
-    app.produce_to_partitions(&all, &[0, 1]).await;
 
     // Kill the listening sessions again and again while the work runs (bounded: until every
     // task is terminal, at most LIMIT): notifications are lost while they are down.

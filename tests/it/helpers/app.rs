@@ -46,6 +46,8 @@ pub struct WorkerConfig {
     pub provider_api: &'static str,
     /// `database.listen`: wake parked records on task status notifications.
     pub listen: bool,
+    /// `database.listen_idle_ms`: how long a session listens once nothing needs it.
+    pub listen_idle_ms: u64,
     /// `worker.max_prompt_bytes`.
     pub max_prompt_bytes: usize,
     /// `worker.commit_interval_ms`.
@@ -81,6 +83,7 @@ impl Default for WorkerConfig {
             refusal_budget_ms: 600_000,
             provider_api: "chat_completions",
             listen: true,
+            listen_idle_ms: 30_000,
             max_prompt_bytes: 256 * 1024,
             commit_interval_ms: 200,
             extra_toml: String::new(),
@@ -263,6 +266,7 @@ visibility_timeout_seconds = {visibility}
 url = "{url}"
 pool_size = 16
 listen = {listen}
+listen_idle_ms = {listen_idle}
 
 [kafka]
 bootstrap_servers = "{bootstrap}"
@@ -371,6 +375,7 @@ end_user_token_key = "{token_key}"
             refusal_budget = c.refusal_budget_ms,
             api = c.provider_api,
             listen = c.listen,
+            listen_idle = c.listen_idle_ms,
             max_prompt = c.max_prompt_bytes,
             extra = c.extra_toml,
         )
