@@ -22,7 +22,10 @@
 #        listening on channels nobody notifies for the whole run (every listening session of a
 #        database slows every notifying commit); BENCH_NOTIFICATIONS=true adds one session that
 #        listens on replyd's channels and counts what it hears (notifications per task; it is
-#        a listener too, so compare runs that both have it).
+#        a listener too, so compare runs that both have it). BENCH_MOCK: extra mock-provider
+#        flags, e.g. BENCH_MOCK='--stream-chunk-interval-ms 20': the mock streams a
+#        zero-latency answer at once, so the worker writes no live text unless its deltas are
+#        paced apart (the live-text rows of docs/BENCHMARKS.md were measured at 20 ms a delta).
 # Writes the table to stdout and one JSON line per run to target/bench/ceiling.jsonl.
 set -euo pipefail
 
@@ -34,8 +37,9 @@ partitions=${3:-6}
 runs=${4:-3}
 seconds=${5:-20}
 pool=${BENCH_POOL_SIZE:-8}
-# BENCH_WORKER's pairs, added to every run's settings.
+# BENCH_WORKER's pairs, added to every run's settings; BENCH_MOCK's flags, to every mock's.
 read -r -d '' -a extra <<<"${BENCH_WORKER:-}" || true
+read -r -d '' -a mock_extra <<<"${BENCH_MOCK:-}" || true
 listeners=${BENCH_LISTENERS:-0}
 
 # shellcheck source=deploy/lib.sh
@@ -73,7 +77,7 @@ xacts() {
 : >"$dir/runs"
 for run in $(seq 1 "$runs"); do
   id="c${window}p${partitions}r${run}-$$"
-  start_mock "$dir/mock-$id" --latency-ms 0
+  start_mock "$dir/mock-$id" --latency-ms 0 "${mock_extra[@]}"
   db_url=$(schema_url "bench_$id")
   schema=$(echo "bench_$id" | tr -c 'a-zA-Z0-9\n' '_')
   topic="bench-$id"
@@ -162,7 +166,8 @@ SQL
   awk -v n="$tasks" -v sn="$steady_n" -v ss="$steady_s" -v c="$ceiling" -v st="$statements" \
       -v x0="$before" -v x1="$after" -v own="$own" -v cpu="$cpu" -v w="$window" -v p="$partitions" \
       -v run="$run" -v pool="$pool" -v bin="$version" -v batched="${BENCH_BATCH:-default}" \
-      -v heard="$notifications" -v listeners="$listeners" -v extra="${BENCH_WORKER:-}" 'BEGIN {
+      -v heard="$notifications" -v listeners="$listeners" -v extra="${BENCH_WORKER:-}" \
+      -v mock="${BENCH_MOCK:-}" 'BEGIN {
     rate = sn / ss
     ratio = c > 0 ? rate / c : 0
     # Each psql of the bench is two transactions: its connection start-up and its query.
@@ -171,7 +176,9 @@ SQL
     printf "%f %f %f %f %f %f %f\n", rate, c, ratio, st / n, tx, cpu / n * 1e6, notified > "/dev/stderr"
     gsub(/["\\]/, "", extra)
     gsub(/[ \n]+/, " ", extra)
-    printf "{\"bench\":\"ceiling\",\"binary\":\"%s\",\"batched\":\"%s\",\"worker\":\"%s\",\"idle_listeners\":%d,\"notifications_per_task\":%.2f,", bin, batched, extra, listeners, notified
+    gsub(/["\\]/, "", mock)
+    gsub(/[ \n]+/, " ", mock)
+    printf "{\"bench\":\"ceiling\",\"binary\":\"%s\",\"batched\":\"%s\",\"worker\":\"%s\",\"mock\":\"%s\",\"idle_listeners\":%d,\"notifications_per_task\":%.2f,", bin, batched, extra, mock, listeners, notified
     printf "\"window\":%d,\"partitions\":%d,\"pool\":%d,\"run\":%d,\"tasks\":%d,\"replies_per_s\":%.1f,\"pgbench_lifecycles_per_s\":%.1f,\"ratio\":%.3f,\"statements_per_task\":%.2f,\"transactions_per_task\":%.2f,\"worker_cpu_us_per_record\":%.0f}\n",
       w, p, pool, run, n, rate, c, ratio, st / n, tx, cpu / n * 1e6
   }' 2>>"$dir/runs" >>"$jsonl"
