@@ -25,7 +25,11 @@
 #        a listener too, so compare runs that both have it). BENCH_APIS=N runs N `replyd api`
 #        processes on the run's schema beside the worker, nobody following a reply through
 #        them (API replicas between users' streams); listening_sessions in the JSON lines is how
-#        many sessions of the database were listening halfway through the run.
+#        many sessions of the database were listening halfway through the run. BENCH_MOCK:
+#        extra mock-provider flags, e.g. BENCH_MOCK='--stream-chunk-interval-ms 20': the mock
+#        streams a zero-latency answer at once, so the worker writes no live text unless its
+#        deltas are paced apart (the live-text rows of docs/BENCHMARKS.md were measured at
+#        20 ms a delta).
 # Writes the table to stdout and one JSON line per run to target/bench/ceiling.jsonl.
 set -euo pipefail
 
@@ -37,8 +41,9 @@ partitions=${3:-6}
 runs=${4:-3}
 seconds=${5:-20}
 pool=${BENCH_POOL_SIZE:-8}
-# BENCH_WORKER's pairs, added to every run's settings.
+# BENCH_WORKER's pairs, added to every run's settings; BENCH_MOCK's flags, to every mock's.
 read -r -d '' -a extra <<<"${BENCH_WORKER:-}" || true
+read -r -d '' -a mock_extra <<<"${BENCH_MOCK:-}" || true
 listeners=${BENCH_LISTENERS:-0}
 apis=${BENCH_APIS:-0}
 
@@ -77,7 +82,7 @@ xacts() {
 : >"$dir/runs"
 for run in $(seq 1 "$runs"); do
   id="c${window}p${partitions}r${run}-$$"
-  start_mock "$dir/mock-$id" --latency-ms 0
+  start_mock "$dir/mock-$id" --latency-ms 0 "${mock_extra[@]}"
   db_url=$(schema_url "bench_$id")
   schema=$(echo "bench_$id" | tr -c 'a-zA-Z0-9\n' '_')
   topic="bench-$id"
@@ -183,7 +188,7 @@ SQL
       -v x0="$before" -v x1="$after" -v own="$own" -v cpu="$cpu" -v w="$window" -v p="$partitions" \
       -v run="$run" -v pool="$pool" -v bin="$version" -v batched="${BENCH_BATCH:-default}" \
       -v heard="$notifications" -v listeners="$listeners" -v extra="${BENCH_WORKER:-}" \
-      -v apis="$apis" -v listening="$listening" 'BEGIN {
+      -v apis="$apis" -v listening="$listening" -v mock="${BENCH_MOCK:-}" 'BEGIN {
     rate = sn / ss
     ratio = c > 0 ? rate / c : 0
     # Each psql of the bench is two transactions: its connection start-up and its query.
@@ -192,7 +197,9 @@ SQL
     printf "%f %f %f %f %f %f %f\n", rate, c, ratio, st / n, tx, cpu / n * 1e6, notified > "/dev/stderr"
     gsub(/["\\]/, "", extra)
     gsub(/[ \n]+/, " ", extra)
-    printf "{\"bench\":\"ceiling\",\"binary\":\"%s\",\"batched\":\"%s\",\"worker\":\"%s\",\"idle_listeners\":%d,\"apis\":%d,\"listening_sessions\":%d,\"notifications_per_task\":%.2f,", bin, batched, extra, listeners, apis, listening, notified
+    gsub(/["\\]/, "", mock)
+    gsub(/[ \n]+/, " ", mock)
+    printf "{\"bench\":\"ceiling\",\"binary\":\"%s\",\"batched\":\"%s\",\"worker\":\"%s\",\"mock\":\"%s\",\"idle_listeners\":%d,\"apis\":%d,\"listening_sessions\":%d,\"notifications_per_task\":%.2f,", bin, batched, extra, mock, listeners, apis, listening, notified
     printf "\"window\":%d,\"partitions\":%d,\"pool\":%d,\"run\":%d,\"tasks\":%d,\"replies_per_s\":%.1f,\"pgbench_lifecycles_per_s\":%.1f,\"ratio\":%.3f,\"statements_per_task\":%.2f,\"transactions_per_task\":%.2f,\"worker_cpu_us_per_record\":%.0f}\n",
       w, p, pool, run, n, rate, c, ratio, st / n, tx, cpu / n * 1e6
   }' 2>>"$dir/runs" >>"$jsonl"

@@ -145,11 +145,14 @@ fn profile() -> Profile {
 
 /// A provider that honours `Idempotency-Key`, which no real chat API documents: an opt-in that
 /// keeps the harness's generation counts comparable with its earlier runs (a call resent after
-/// a kill, a stall or a lost answer finds the first generation).
+/// a kill, a stall or a lost answer finds the first generation). Its streams go at a fixed
+/// 20 ms a delta after the latency, so a press's 300 characters take about half a second to
+/// stream, in time for the kills and stalls to strike mid-answer.
 fn mock() -> MockSettings {
     MockSettings {
         latency_ms: 80,
         latency_jitter_ms: 60,
+        stream_chunk_interval_ms: Some(20),
         honour_idempotency_key: profile() == Profile::KeyHonouring,
         profile: match profile() {
             Profile::OpenAiResponses => replyd_lab::mock_provider::MockProfile::OpenAiResponses,

@@ -451,12 +451,12 @@ async fn the_demo_page_on_a_products_origin_signs_in_with_a_token_refreshes_it_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_page_shows_the_answer_growing_survives_a_reload_and_ends_with_the_saved_reply() {
     let script = built_script("live.js");
-    // 3000 characters in deltas of 12, one every 40 ms: 10 s of writing, forwarded to the
-    // followers every 75 ms, long enough for a reload in the middle.
+    // 3000 characters in deltas of 12, one every 40 ms after 300 ms to the first: 10 s of
+    // writing, forwarded to the followers every 75 ms, long enough for a reload in the middle.
     let (app, key) = app_with_acme_on(MockSettings {
         latency_ms: 300,
         stream_chunk_chars: 12,
-        stream_chunk_interval_ms: 40,
+        stream_chunk_interval_ms: Some(40),
         ..MockSettings::default()
     })
     .await;

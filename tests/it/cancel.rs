@@ -18,8 +18,9 @@ use crate::helpers::{provider, wait_until};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
-/// A slow reply: the mock holds this prompt's call for 8 s.
-const SLOW: &str = "[mock:latency_ms=8000] take your time";
+/// A slow reply: the mock holds this prompt's call for 16 s, and its first token (when the
+/// mock counts the generation) comes 4 s in, well after a cancel has cut the call short.
+const SLOW: &str = "[mock:latency_ms=16000] take your time";
 
 fn mock() -> MockSettings {
     MockSettings {
@@ -121,7 +122,7 @@ async fn a_task_cancelled_before_its_claim_makes_no_call_and_its_record_is_done(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_cancelled_during_its_call_cuts_the_call_short_saves_nothing_and_is_charged() {
-    // Renewals far apart: the call (8 s) would end before the first one (20 s), so a call the
+    // Renewals far apart: the call (16 s) would end before the first one (20 s), so a call the
     // provider sees cut short was cut by the cancel's notification, not by a renewal.
     let config = WorkerConfig {
         lease_ms: 60_000,

@@ -217,12 +217,13 @@ impl Front {
 }
 
 /// A provider streaming a reply of `chars` characters in pieces of 12, one every 20 ms (about
-/// `chars / 600` seconds of text), after 50 ms to its first token.
+/// `chars / 600` seconds of text), after 50 ms to its first token: a fixed interval, so the
+/// text lasts as long as the reply is long.
 fn streaming_mock() -> MockSettings {
     MockSettings {
         latency_ms: 50,
         stream_chunk_chars: 12,
-        stream_chunk_interval_ms: 20,
+        stream_chunk_interval_ms: Some(20),
         ..MockSettings::default()
     }
 }

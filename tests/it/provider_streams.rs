@@ -64,7 +64,7 @@ fn mock_for(api: ProviderApi) -> MockSettings {
         background_responses: api == ProviderApi::BackgroundResponses,
         latency_ms: 20,
         stream_chunk_chars: 10,
-        stream_chunk_interval_ms: 5,
+        stream_chunk_interval_ms: Some(5),
         ..MockSettings::default()
     }
 }

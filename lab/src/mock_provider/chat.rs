@@ -70,23 +70,36 @@ pub(super) async fn chat_completions(
     }
 
     let streamed = request.streamed().then(|| request.include_usage());
+    // A stream's text exists at its first token, its deltas then take the rest of the latency.
+    let until_text = if streamed.is_some() {
+        state.stream_pacing().first_token(latency)
+    } else {
+        latency
+    };
     let work = {
         let state = Arc::clone(&state);
         async move {
             match key {
                 Some(key) if state.settings.honour_idempotency_key => {
-                    reply_once(&state, key, &request, latency).await
+                    reply_once(&state, key, &request, until_text).await
                 }
-                key => generate(&state, key.as_deref(), &request, latency).await,
+                key => generate(&state, key.as_deref(), &request, until_text).await,
             }
         }
     };
     if let Some(include_usage) = streamed {
         let chunk_chars = state.stream_chunk_chars();
-        return stream_answer(&state, admitted, in_flight, work, move |reply: Reply| {
-            let events = chat_events(&reply.completion, include_usage, chunk_chars);
-            course(events, fault, |_| chat_error_event())
-        });
+        return stream_answer(
+            &state,
+            admitted,
+            in_flight,
+            latency,
+            work,
+            move |reply: Reply| {
+                let events = chat_events(&reply.completion, include_usage, chunk_chars);
+                course(events, fault, |_| chat_error_event())
+            },
+        );
     }
     let Ok(reply) = finish_unless_asked(&state, work).await else {
         return in_flight.answered(admitted.decorate(shutting_down()));
@@ -100,7 +113,7 @@ async fn reply_once(
     state: &MockState,
     key: String,
     request: &ChatRequest,
-    latency: Duration,
+    until_text: Duration,
 ) -> Result<Reply, ShuttingDown> {
     // Bounded by the number of leaders that are cancelled before finishing; each pass either
     // returns, waits for a leader, or becomes the leader.
@@ -130,7 +143,7 @@ async fn reply_once(
         key: &key,
         leader: Some(leader),
     };
-    let reply = generate(state, Some(&key), request, latency).await?;
+    let reply = generate(state, Some(&key), request, until_text).await?;
     guard.complete(reply.clone());
     Ok(reply)
 }
@@ -166,7 +179,7 @@ async fn generate(
     state: &MockState,
     key: Option<&str>,
     request: &ChatRequest,
-    latency: Duration,
+    until_text: Duration,
 ) -> Result<Reply, ShuttingDown> {
     let Produced {
         generation,
@@ -174,7 +187,7 @@ async fn generate(
         model,
         prompt_tokens,
         completion_tokens,
-    } = produce(state, key, request, latency).await?;
+    } = produce(state, key, request, until_text).await?;
     let created = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

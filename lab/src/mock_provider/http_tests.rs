@@ -1,6 +1,9 @@
 //! Streamed answers over real HTTP: each dialect's events read by a client to their end, a
-//! cut or stalled stream, the in-stream errors, and a background response's stream resumed
-//! after its last event. Beside the server rather than inside `sse`, which the server uses.
+//! cut or stalled stream, the in-stream errors, a background response's stream resumed after
+//! its last event, and when a stream's parts arrive. Beside the server rather than inside
+//! `sse`, which the server uses.
+
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -10,15 +13,9 @@ use crate::mock_provider::{FaultSettings, LimitSettings, MockHandle, MockSetting
 const LONG: &str = "[mock:reply_chars=100] tell me";
 
 async fn mock(settings: MockSettings) -> MockHandle {
-    spawn(
-        MockSettings {
-            stream_chunk_interval_ms: 1,
-            ..settings
-        },
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await
-    .expect("the mock starts")
+    spawn(settings, "127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("the mock starts")
 }
 
 async fn set_faults(mock: &MockHandle, faults: &FaultSettings) {
@@ -56,29 +53,91 @@ async fn read_stream(mut answer: reqwest::Response) -> (Vec<Sse>, bool) {
         }
     };
     let text = String::from_utf8(body).expect("UTF-8");
-    let mut events = Vec::new();
-    for block in text.split("\n\n").filter(|block| !block.is_empty()) {
-        let mut name = None;
-        let mut data = None;
-        for line in block.lines() {
-            if let Some(value) = line.strip_prefix("event: ") {
-                name = Some(value.to_owned());
-            } else if let Some(value) = line.strip_prefix("data: ") {
-                data = Some(value.to_owned());
-            } else {
-                panic!("not an SSE line: {line:?}");
-            }
-        }
-        events.push(Sse {
-            name,
-            data: data.expect("every event has data"),
-        });
-    }
+    let events = text
+        .split("\n\n")
+        .filter(|block| !block.is_empty())
+        .map(parse_event)
+        .collect();
     assert!(
         text.is_empty() || text.ends_with("\n\n") || !clean,
         "{text:?}"
     );
     (events, clean)
+}
+
+/// One event's block (its lines, without the blank line that ends it).
+fn parse_event(block: &str) -> Sse {
+    let mut name = None;
+    let mut data = None;
+    for line in block.lines() {
+        if let Some(value) = line.strip_prefix("event: ") {
+            name = Some(value.to_owned());
+        } else if let Some(value) = line.strip_prefix("data: ") {
+            data = Some(value.to_owned());
+        } else {
+            panic!("not an SSE line: {line:?}");
+        }
+    }
+    Sse {
+        name,
+        data: data.expect("every event has data"),
+    }
+}
+
+/// A stream read as it arrives: each event with when it arrived after `started`, and when the
+/// body ended cleanly.
+async fn read_timed(
+    mut answer: reqwest::Response,
+    started: Instant,
+) -> (Vec<(Duration, Sse)>, Duration) {
+    let mut events = Vec::new();
+    let mut pending = String::new();
+    while let Some(chunk) = answer.chunk().await.expect("the stream runs to its end") {
+        let arrived = started.elapsed();
+        pending.push_str(std::str::from_utf8(&chunk).expect("UTF-8 chunks"));
+        while let Some(end) = pending.find("\n\n") {
+            events.push((arrived, parse_event(&pending[..end])));
+            pending.drain(..end + 2);
+        }
+    }
+    assert!(pending.is_empty(), "an unfinished event: {pending:?}");
+    (events, started.elapsed())
+}
+
+/// When a stream's first and last text deltas arrived (`is_delta` tells them), and when it
+/// ended, against the `latency` it was asked to take in all: the first well before the end,
+/// the last in its second half, the end at about the latency. Bounds on order and share only:
+/// the machine may be slow, never early.
+fn assert_paced_over(
+    what: &str,
+    latency: Duration,
+    events: &[(Duration, Sse)],
+    end: Duration,
+    is_delta: impl Fn(&Sse) -> bool,
+) {
+    let deltas: Vec<Duration> = events
+        .iter()
+        .filter(|(_, event)| is_delta(event))
+        .map(|(arrived, _)| *arrived)
+        .collect();
+    assert!(deltas.len() >= 5, "{what}: {} deltas", deltas.len());
+    let (first, last) = (deltas[0], deltas[deltas.len() - 1]);
+    assert!(
+        first < latency.mul_f64(0.6),
+        "{what}: the first delta came at {first:?} of {latency:?}"
+    );
+    assert!(
+        last >= latency / 2,
+        "{what}: the deltas were not spread, the last came at {last:?} of {latency:?}"
+    );
+    assert!(
+        end >= latency.mul_f64(0.9),
+        "{what}: the stream ended at {end:?}, before its latency {latency:?}"
+    );
+    assert!(
+        first < last && last <= end,
+        "{what}: {first:?} {last:?} {end:?}"
+    );
 }
 
 async fn chat(mock: &MockHandle, key: Option<&str>, body: Value) -> reqwest::Response {
@@ -333,8 +392,9 @@ fn response_text(events: &[Sse]) -> String {
 
 #[tokio::test]
 async fn a_cut_background_stream_is_resumed_after_its_last_event_and_loses_nothing() {
+    // At a fixed interval, so the response is still generating when the resume comes.
     let mock = mock(MockSettings {
-        stream_chunk_interval_ms: 5,
+        stream_chunk_interval_ms: Some(5),
         ..MockSettings::default()
     })
     .await;
@@ -430,11 +490,71 @@ async fn a_stream_error_fails_the_response_and_a_plain_one_cannot_be_streamed() 
     );
 }
 
+/// A stream takes its generation's latency in all, as an answer sent whole does: its first
+/// delta a quarter in, its deltas spread over the rest, its close at the latency. In each
+/// dialect, the latency from the settings or from the prompt's directive.
 #[tokio::test]
-async fn headers_go_at_once_the_first_delta_after_the_latency_and_a_client_that_leaves_still_costs_a_generation()
+async fn a_stream_takes_its_latency_in_all_and_its_first_delta_comes_well_before_its_end() {
+    let latency = Duration::from_millis(400);
+    let mock = mock(MockSettings {
+        latency_ms: 400,
+        ..MockSettings::default()
+    })
+    .await;
+
+    let started = Instant::now();
+    let (events, end) = read_timed(chat(&mock, None, chat_body(true, true)).await, started).await;
+    assert_eq!(events.last().unwrap().1.data, "[DONE]");
+    assert_paced_over("chat", latency, &events, end, |e| {
+        e.data != "[DONE]"
+            && e.json()["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|text| !text.is_empty())
+    });
+
+    let started = Instant::now();
+    let (events, end) = read_timed(message(&mock, true).await, started).await;
+    assert_eq!(
+        events.last().unwrap().1.name.as_deref(),
+        Some("message_stop")
+    );
+    assert_paced_over("messages", latency, &events, end, |e| {
+        e.name.as_deref() == Some("content_block_delta")
+    });
+
+    // The directive's latency, longer than the settings', is the whole stream's too.
+    let longer = Duration::from_millis(700);
+    let started = Instant::now();
+    let created = reqwest::Client::new()
+        .post(format!("{}/v1/responses", mock.base_url()))
+        .json(&json!({
+            "model": "m",
+            "background": true,
+            "stream": true,
+            "input": [{"role": "user", "content": format!("[mock:latency_ms=700] {LONG}")}],
+        }))
+        .send()
+        .await
+        .unwrap();
+    let (events, end) = read_timed(created, started).await;
+    assert_eq!(
+        events.last().unwrap().1.name.as_deref(),
+        Some("response.completed")
+    );
+    assert_paced_over("background response", longer, &events, end, |e| {
+        e.name.as_deref() == Some("response.output_text.delta")
+    });
+
+    let stats = mock.stats();
+    assert_eq!(stats.generations, 3);
+    assert_eq!((stats.streams_started, stats.streams_completed), (3, 3));
+}
+
+#[tokio::test]
+async fn at_a_fixed_interval_headers_go_at_once_the_first_delta_after_the_latency_and_a_client_that_leaves_still_costs_a_generation()
  {
     let mock = mock(MockSettings {
-        stream_chunk_interval_ms: 20,
+        stream_chunk_interval_ms: Some(20),
         ..MockSettings::default()
     })
     .await;

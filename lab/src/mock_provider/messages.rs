@@ -11,8 +11,9 @@
 //! is only what the generations are counted under.
 //!
 //! With `"stream": true` the message is answered as Anthropic streams it (the events in
-//! `super::stream`): the latency before the first event, the text in paced deltas, and a
-//! stream fault's cut, stall or `error` event mid-stream.
+//! `super::stream`): the first event at its time to first token, the text in deltas paced to
+//! close at the latency (`super::pace`), and a stream fault's cut, stall or `error` event
+//! mid-stream.
 
 use std::sync::Arc;
 
@@ -163,9 +164,15 @@ pub(super) async fn create_message(
         return in_flight.answered(admitted.decorate(in_anthropic_shape(response).await));
     }
     let streamed = request.streamed();
+    // A stream's text exists at its first token, its deltas then take the rest of the latency.
+    let until_text = if streamed {
+        state.stream_pacing().first_token(latency)
+    } else {
+        latency
+    };
     let work = {
         let state = Arc::clone(&state);
-        async move { produce(&state, key.as_deref(), &request, latency).await }
+        async move { produce(&state, key.as_deref(), &request, until_text).await }
     };
     if streamed {
         let chunk_chars = state.stream_chunk_chars();
@@ -173,6 +180,7 @@ pub(super) async fn create_message(
             &state,
             admitted,
             in_flight,
+            latency,
             work,
             move |produced: Produced| {
                 let message = Message {

@@ -20,15 +20,16 @@
 //!
 //! Each generating route streams as its real API does when asked (`"stream": true`): chat
 //! completion chunks ending with `[DONE]`, Anthropic's message events, a background response's
-//! numbered events, which `GET /v1/responses/{id}?stream=true&starting_after=N` resumes. The
-//! latency is then the time to the first delta, the deltas are paced
-//! (`stream_chunk_chars`, `stream_chunk_interval_ms`), and the stream faults cut, stall or
-//! break a stream with the API's error event mid-way, so a client is tried against the
-//! streams it will meet, not kinder ones.
+//! numbered events, which `GET /v1/responses/{id}?stream=true&starting_after=N` resumes. A
+//! stream takes its generation's latency in all, as an answer sent whole does: its first delta
+//! comes after a quarter of it and its deltas (`stream_chunk_chars`) evenly over the rest
+//! ([`pace`]; `stream_chunk_interval_ms` paces them at a fixed interval after the latency
+//! instead). The stream faults cut, stall or break a stream with the API's error event
+//! mid-way, so a client is tried against the streams it will meet, not kinder ones.
 //!
 //! The decisions (fault, latency, reply text) live in [`behaviour`], the limits in
 //! [`capacity`], the background responses' state machine and event log in [`background`], the
-//! streams' events and breaks in [`stream`], all pure; the shared state and the mock's own
+//! streams' events and breaks in [`stream`] and their timing in [`pace`], all pure; the shared state and the mock's own
 //! routes in `server`, the generating routes in `chat`, `responses` and `messages`, the
 //! sending of streams in `sse`, where each is served in `routes`; this file starts and stops
 //! the server.
@@ -41,6 +42,7 @@ mod chat;
 mod http_tests;
 mod messages;
 mod models;
+pub mod pace;
 mod responses;
 mod routes;
 mod server;

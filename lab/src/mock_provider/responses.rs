@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -20,6 +20,7 @@ use super::background::{
     parse_create, parse_resume, response_object,
 };
 use super::behaviour::latency_directive;
+use super::pace::StreamPacing;
 use super::server::{
     Admitted, ChatRequest, ChatRequestMessage, MockState, Produced, ShuttingDown, answer,
     apply_fault_before_work, idempotency_key, lock, openai_error, produce, token_cost,
@@ -129,9 +130,9 @@ pub(super) async fn create_response(
             stream: None,
             stream_options: None,
         };
-        let pace = streamed.then(|| Pace {
+        let text_stream = streamed.then(|| TextStream {
             chunk_chars: state.stream_chunk_chars(),
-            interval: state.stream_chunk_interval(),
+            pacing: state.stream_pacing(),
             fails_after: generation_failure(fault),
         });
         tokio::spawn(run_background(
@@ -141,24 +142,25 @@ pub(super) async fn create_response(
             chat,
             latency,
             admitted,
-            pace,
+            text_stream,
         ));
     }
     response
 }
 
-/// How a streamed response's generation records its text: in deltas of `chunk_chars` with
-/// `interval` between them, failing after `fails_after` deltas when a stream error struck.
-struct Pace {
+/// How a streamed response's generation records its text: in deltas of `chunk_chars` at the
+/// pace `pacing` gives, failing after `fails_after` deltas when a stream error struck.
+struct TextStream {
     chunk_chars: usize,
-    interval: Duration,
+    pacing: StreamPacing,
     fails_after: Option<usize>,
 }
 
 /// The generation of one background response: `in_progress`, the latency, then `completed`
 /// (counted like a chat generation, under the key), or `failed` if the mock shuts down first.
-/// A streamed one records its text in deltas at its `pace` in between. The create's admission
-/// is held until the generation ends: it is in progress till then.
+/// A streamed one records its text in deltas in between, from its first token on, so it ends
+/// at the latency as one generated whole does. The create's admission is held until the
+/// generation ends: it is in progress till then.
 async fn run_background(
     state: Arc<MockState>,
     id: String,
@@ -166,12 +168,16 @@ async fn run_background(
     request: ChatRequest,
     latency: Duration,
     admitted: Admitted,
-    pace: Option<Pace>,
+    text_stream: Option<TextStream>,
 ) {
     state.record(&id, |book| book.begin(&id));
-    let end = match produce(&state, key.as_deref(), &request, latency).await {
-        Ok(produced) => match &pace {
-            Some(pace) => record_text(&state, &id, produced, pace).await,
+    let until_text = match &text_stream {
+        Some(text_stream) => text_stream.pacing.first_token(latency),
+        None => latency,
+    };
+    let end = match produce(&state, key.as_deref(), &request, until_text).await {
+        Ok(produced) => match &text_stream {
+            Some(text_stream) => record_text(&state, &id, produced, text_stream, latency).await,
             None => ResponseState::Completed(output(produced)),
         },
         Err(ShuttingDown) => shut_down_before_done(),
@@ -181,25 +187,40 @@ async fn run_background(
     drop(admitted);
 }
 
-/// Records a streamed response's text at its pace; how its generation ends.
+/// Records a streamed response's text, its first token being now, each delta and then its end
+/// at its offset in the pace of a generation of `latency`; how its generation ends.
 async fn record_text(
     state: &MockState,
     id: &str,
     produced: Produced,
-    pace: &Pace,
+    text_stream: &TextStream,
+    latency: Duration,
 ) -> ResponseState {
+    let first_token = Instant::now();
     state.record(id, |book| book.open_text(id));
-    let pieces = chunk_text(&produced.text, pace.chunk_chars);
-    let sent = pace
+    let pieces = chunk_text(&produced.text, text_stream.chunk_chars);
+    let pace = text_stream.pacing.pace(latency, pieces.len());
+    let sent = text_stream
         .fails_after
         .map_or(pieces.len(), |after| after.min(pieces.len()));
     for (n, piece) in pieces[..sent].iter().enumerate() {
-        if n > 0 && state.pause(pace.interval).await.is_err() {
+        if state
+            .pause_until(first_token, pace.delta_offset(n))
+            .await
+            .is_err()
+        {
             return shut_down_before_done();
         }
         state.record(id, |book| book.delta(id, piece));
     }
-    if pace.fails_after.is_some() {
+    if state
+        .pause_until(first_token, pace.tail_offset(sent))
+        .await
+        .is_err()
+    {
+        return shut_down_before_done();
+    }
+    if text_stream.fails_after.is_some() {
         return ResponseState::Failed {
             message: OPENAI_STREAM_ERROR.into(),
         };

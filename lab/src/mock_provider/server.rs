@@ -31,6 +31,7 @@ use super::behaviour::{
     Fault, FaultRng, choose_fault, count_tokens, reply_chars_directive, reply_text, sample_latency,
 };
 use super::capacity::{Admission, Capacity, Limit, limit_headers, refusal_body};
+use super::pace::StreamPacing;
 use super::settings::{DEFAULT_MAX_OUTPUT_TOKENS, FaultSettings, MockSettings};
 use super::stream::{ChatCompletion, StreamEnd};
 
@@ -226,9 +227,9 @@ impl MockState {
         self.settings.stream_chunk_chars
     }
 
-    /// The pause between two deltas of a stream.
-    pub(super) fn stream_chunk_interval(&self) -> Duration {
-        Duration::from_millis(self.settings.stream_chunk_interval_ms)
+    /// How a stream's deltas are spread in time.
+    pub(super) fn stream_pacing(&self) -> StreamPacing {
+        StreamPacing::from_interval_ms(self.settings.stream_chunk_interval_ms)
     }
 
     pub(super) fn stream_started(&self) {
@@ -384,9 +385,39 @@ impl MockState {
     /// Sleeps, unless the server is shutting down first (then `Err`), so a hanging request
     /// cannot hold up a graceful shutdown.
     pub(super) async fn pause(&self, duration: Duration) -> Result<(), ShuttingDown> {
+        self.sleep_unless_shutting_down(tokio::time::sleep(duration))
+            .await
+    }
+
+    /// Sleeps until `offset` after `origin` (at once if that has passed), unless the server is
+    /// shutting down first. A stream's parts sleep to offsets from its first token rather than
+    /// for intervals, so the timer's rounding does not add up over its deltas.
+    pub(super) async fn pause_until(
+        &self,
+        origin: Instant,
+        offset: Duration,
+    ) -> Result<(), ShuttingDown> {
+        if offset.is_zero() {
+            // What needs no wait goes at once, shutdown or not, as a stream's first delta and
+            // every event at no latency always have.
+            return Ok(());
+        }
+        let sleep = match origin.checked_add(offset) {
+            Some(deadline) => tokio::time::sleep_until(deadline.into()),
+            // A directive's latency past what the clock can name: as good as never, which
+            // tokio's sleep makes of it.
+            None => tokio::time::sleep(offset),
+        };
+        self.sleep_unless_shutting_down(sleep).await
+    }
+
+    async fn sleep_unless_shutting_down(
+        &self,
+        sleep: tokio::time::Sleep,
+    ) -> Result<(), ShuttingDown> {
         let mut shutdown = self.shutdown.clone();
         tokio::select! {
-            _ = tokio::time::sleep(duration) => Ok(()),
+            () = sleep => Ok(()),
             _ = shutdown.wait_for(|&down| down) => Err(ShuttingDown),
         }
     }
@@ -663,14 +694,16 @@ pub(super) struct Produced {
     pub(super) completion_tokens: u32,
 }
 
-/// The work: wait the latency, then count a generation (under the key) and build its text.
+/// The work: wait `until_text` (an answer sent whole: its latency; a stream: its time to first
+/// token, its deltas taking the rest), then count a generation (under the key) and build its
+/// text.
 pub(super) async fn produce(
     state: &MockState,
     key: Option<&str>,
     request: &ChatRequest,
-    latency: Duration,
+    until_text: Duration,
 ) -> Result<Produced, ShuttingDown> {
-    state.pause(latency).await?;
+    state.pause(until_text).await?;
     let generation = {
         let mut stats = lock(&state.stats);
         stats.generations += 1;

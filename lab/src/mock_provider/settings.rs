@@ -1,6 +1,7 @@
-//! Settings of the mock provider: the real API it imitates (its profile), latency, the pace of
-//! its streams, fault rates, capacity limits, idempotency, the background-responses capability
-//! and their retention, seed; and the command-line flags that carry them.
+//! Settings of the mock provider: the real API it imitates (its profile), latency (a whole
+//! generation's, streamed or not), the pace of its streams, fault rates, capacity limits,
+//! idempotency, the background-responses capability and their retention, seed; and the
+//! command-line flags that carry them.
 //!
 //! What the provider *is* (its profile, its limits, whether it honours keys, whether it has
 //! background responses) is fixed at start in [`MockSettings`]; what goes wrong with it
@@ -272,16 +273,26 @@ pub struct MockSettings {
     /// The real API the mock imitates where they differ (refusals, retention). Default
     /// `openai-chat`.
     pub profile: MockProfile,
-    /// Mean time a generation takes, in milliseconds. A streamed one takes it before its first
-    /// delta (its time to first token), then its deltas are paced.
+    /// Mean time a generation takes, in milliseconds, answered whole or streamed. A whole
+    /// answer is sent after it; a streamed one sends its first delta after a quarter of it
+    /// (its time to first token, [`FIRST_TOKEN_SHARE`]) and its deltas evenly over the rest,
+    /// so it closes at the latency too: streaming brings the first token earlier, not the end
+    /// later, as with the hosted models. Under `stream_chunk_interval_ms` it is a stream's
+    /// time to its first delta instead. The `[mock:latency_ms=N]` directive sets it per
+    /// request, jitter aside.
+    ///
+    /// [`FIRST_TOKEN_SHARE`]: crate::mock_provider::pace::FIRST_TOKEN_SHARE
     pub latency_ms: u64,
     /// Uniform spread around `latency_ms`: each generation takes `latency_ms ± latency_jitter_ms`
     /// (never less than zero).
     pub latency_jitter_ms: u64,
     /// Characters of the reply per delta of a stream. Default 12, about three tokens.
     pub stream_chunk_chars: usize,
-    /// Pause between two deltas of a stream, in milliseconds. Default 20.
-    pub stream_chunk_interval_ms: u64,
+    /// A fixed pause between two deltas of a stream, in milliseconds, for a stream that grows
+    /// with its reply (a writer of a fixed speed): the latency is then the time to the first
+    /// delta, and the stream lasts the latency plus an interval per later delta. Unset (the
+    /// default): the stream takes the latency in all (see `latency_ms`).
+    pub stream_chunk_interval_ms: Option<u64>,
     /// Injected faults; `PUT /faults` replaces them while the mock runs.
     pub faults: FaultSettings,
     /// Capacity limits (requests and tokens per minute, requests at once); none by default.
@@ -318,7 +329,7 @@ impl Default for MockSettings {
             latency_ms: 0,
             latency_jitter_ms: 0,
             stream_chunk_chars: DEFAULT_STREAM_CHUNK_CHARS,
-            stream_chunk_interval_ms: DEFAULT_STREAM_CHUNK_INTERVAL_MS,
+            stream_chunk_interval_ms: None,
             faults: FaultSettings::default(),
             limits: LimitSettings::default(),
             limit_headers: LimitHeaders::Reported,
@@ -333,9 +344,6 @@ impl Default for MockSettings {
 
 /// Characters per delta of a stream unless told: about three tokens.
 pub const DEFAULT_STREAM_CHUNK_CHARS: usize = 12;
-
-/// Pause between deltas of a stream unless told, in milliseconds.
-pub const DEFAULT_STREAM_CHUNK_INTERVAL_MS: u64 = 20;
 
 impl MockSettings {
     /// Refuses faults and limits that contradict themselves or could admit nothing, and
@@ -381,7 +389,9 @@ pub struct MockProviderArgs {
     /// `retry-after-only` (a refusal's `retry-after` and `retry-after-ms`, as Azure answers).
     #[arg(long, value_enum, default_value_t = LimitHeaders::Reported)]
     pub limit_headers: LimitHeaders,
-    /// Mean time a generation takes, in milliseconds (a stream's time to its first delta).
+    /// Mean time a generation takes, in milliseconds, whole or streamed (a stream's first
+    /// delta after a quarter of it; with --stream-chunk-interval-ms, its time to the first
+    /// delta).
     #[arg(long, default_value_t = 0)]
     pub latency_ms: u64,
     /// Uniform spread around --latency-ms, in milliseconds.
@@ -390,9 +400,10 @@ pub struct MockProviderArgs {
     /// Characters of the reply per delta of a stream.
     #[arg(long, default_value_t = DEFAULT_STREAM_CHUNK_CHARS)]
     pub stream_chunk_chars: usize,
-    /// Pause between two deltas of a stream, in milliseconds.
-    #[arg(long, default_value_t = DEFAULT_STREAM_CHUNK_INTERVAL_MS)]
-    pub stream_chunk_interval_ms: u64,
+    /// A fixed pause between two deltas of a stream, in milliseconds, the stream then
+    /// growing with its reply after --latency-ms; absent, a stream takes --latency-ms in all.
+    #[arg(long)]
+    pub stream_chunk_interval_ms: Option<u64>,
     /// Share of requests answered --error-status at once.
     #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
     pub error_rate: f64,
@@ -563,7 +574,7 @@ mod tests {
                 settings.stream_chunk_chars,
                 settings.stream_chunk_interval_ms
             ),
-            (5, 7)
+            (5, Some(7))
         );
         assert_eq!(
             (

@@ -1,6 +1,7 @@
 //! The sending of the mock's streamed answers: a 200 `text/event-stream` answered at once, then
-//! the events of a [`Course`] (chat completions, messages) or of a background response's log as
-//! it grows, paced, and the end the course says: closed, cut, or stalled then cut.
+//! the events of a [`Course`] (chat completions, messages) at the offsets its [`Pace`] gives
+//! them, or of a background response's log as it grows, and the end the course says: closed,
+//! cut, or stalled then cut.
 //!
 //! Each stream is sent by a spawned task through a small channel whose other end is the body
 //! hyper writes, so the task learns that its client left when the channel closes, and a cut is
@@ -9,7 +10,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, header};
@@ -18,6 +19,7 @@ use tokio::sync::mpsc;
 
 use super::background::Replay;
 use super::behaviour::Fault;
+use super::pace::Pace;
 use super::server::{Admitted, InFlight, MockState, ShuttingDown, finish_unless_asked, lock};
 use super::stream::{Course, Event, Part, StreamEnd, stream_break};
 
@@ -72,17 +74,26 @@ impl Pipe {
             .map_err(|_| Left)
     }
 
-    /// Sends `course`'s events, pausing `interval` before each delta but the first, then ends
-    /// it as it says. A shutdown cuts it.
-    async fn play(self, course: Course, interval: Duration) -> Result<(), Left> {
+    /// Sends `course`'s events, its first token being now: the head at once, each delta and
+    /// then the close at its offset in `pace`; then ends it as it says. A shutdown cuts it; a
+    /// client that leaves while it waits is seen at once, not at the next event.
+    async fn play(self, course: Course, pace: Pace) -> Result<(), Left> {
+        let first_token = Instant::now();
         let mut deltas = 0;
         for event in &course.events {
-            if event.part == Part::Delta {
-                if deltas > 0 && self.state.pause(interval).await.is_err() {
-                    return self.end(StreamEnd::Cut).await;
-                }
-                deltas += 1;
+            let offset = match event.part {
+                Part::Head => Duration::ZERO,
+                Part::Delta => pace.delta_offset(deltas),
+                Part::Tail => pace.tail_offset(deltas),
+            };
+            let paused = tokio::select! {
+                paused = self.state.pause_until(first_token, offset) => paused,
+                () = self.left() => return Err(Left),
+            };
+            if paused.is_err() {
+                return self.end(StreamEnd::Cut).await;
             }
+            deltas += usize::from(event.part == Part::Delta);
             self.send(event).await?;
         }
         self.end(course.end).await
@@ -144,22 +155,27 @@ fn event_stream(rx: mpsc::Receiver<Piece>) -> Response {
 }
 
 /// Answers 200 with an event stream at once (with `admitted`'s rate-limit headers), then sends
-/// the course of what `work` produced once it has, at `interval` (without its final event
-/// under `stream_without_final_event`). The request stays in flight
-/// and in progress until its stream ends. A client that leaves stops receiving (counted as
+/// the course of what `work` produced once it has (without its final event under
+/// `stream_without_final_event`), paced as a generation of `latency` is. `work` waits only
+/// the time to first token ([`StreamPacing::first_token`]), so the stream closes at about
+/// `latency` after it began, as a whole answer is sent. The request stays in flight and in
+/// progress until its stream ends. A client that leaves stops receiving (counted as
 /// cancelled); its work goes on to its end unless `cancel_on_disconnect`, as for an answer
 /// sent whole. A shutdown before the work is done cuts the stream.
+///
+/// [`StreamPacing::first_token`]: super::pace::StreamPacing::first_token
 pub(super) fn stream_answer<T: Send + 'static>(
     state: &Arc<MockState>,
     admitted: Admitted,
     in_flight: InFlight,
+    latency: Duration,
     work: impl Future<Output = Result<T, ShuttingDown>> + Send + 'static,
     course_of: impl FnOnce(T) -> Course + Send + 'static,
 ) -> Response {
     let (pipe, response) = Pipe::open(state);
     let response = admitted.decorate(response);
     let state = Arc::clone(state);
-    let interval = state.stream_chunk_interval();
+    let pacing = state.stream_pacing();
     tokio::spawn(async move {
         let _in_progress = admitted;
         let produced = tokio::select! {
@@ -173,9 +189,11 @@ pub(super) fn stream_answer<T: Send + 'static>(
             Err(ShuttingDown) => Course {
                 events: Vec::new(),
                 end: StreamEnd::Cut,
+                text_deltas: 0,
             },
         };
-        if pipe.play(course, interval).await.is_ok() {
+        let pace = pacing.pace(latency, course.text_deltas);
+        if pipe.play(course, pace).await.is_ok() {
             in_flight.done();
         }
     });

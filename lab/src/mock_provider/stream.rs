@@ -2,7 +2,7 @@
 //! the events OpenAI chat completions and Anthropic Messages send for it, in their order and
 //! shapes (the background responses' events are kept by the response, in `background`), and
 //! where a stream fault breaks a stream and how the stream then ends. The server sends the
-//! events, pausing `stream_chunk_interval_ms` before each delta but the first.
+//! events at the offsets `super::pace` gives them.
 //!
 //! The service parses these streams with a standard SSE parser, so they are the real APIs'
 //! streams to the byte where it matters: a `[DONE]` only at the end, a usage chunk only when
@@ -183,6 +183,9 @@ pub fn stream_break(fault: Fault) -> Option<Break> {
 pub struct Course {
     pub events: Vec<Event>,
     pub end: StreamEnd,
+    /// The deltas of the whole text, sent or not: the generation's pace is set by its text,
+    /// not by where a fault breaks its answer.
+    pub text_deltas: usize,
 }
 
 impl Course {
@@ -197,10 +200,12 @@ impl Course {
 /// The course of a stream of `events` under `fault`: all of them, or those before its strike,
 /// then `error_event` of the fault's status when it is a stream error.
 pub fn course(events: Vec<Event>, fault: Fault, error_event: impl FnOnce(u16) -> Event) -> Course {
+    let text_deltas = events.iter().filter(|e| e.part == Part::Delta).count();
     let Some(broken) = stream_break(fault) else {
         return Course {
             events,
             end: StreamEnd::Completed,
+            text_deltas,
         };
     };
     let mut deltas = 0;
@@ -218,6 +223,7 @@ pub fn course(events: Vec<Event>, fault: Fault, error_event: impl FnOnce(u16) ->
     Course {
         events: sent,
         end: broken.end,
+        text_deltas,
     }
 }
 
@@ -591,6 +597,11 @@ mod tests {
         });
         assert_eq!(cut.end, StreamEnd::Cut);
         assert_eq!(cut.events, events[..4]);
+        assert_eq!(
+            (whole.text_deltas, cut.text_deltas),
+            (5, 5),
+            "a cut stream keeps the pace of its whole text"
+        );
 
         let stalled = course(
             events.clone(),
