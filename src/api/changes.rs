@@ -66,7 +66,7 @@ impl Listener for Fanout {
         } else if channel == LIVE_TEXT_CHANNEL {
             self.live.pieces(parse_live_payload(payload));
         } else {
-            // One line per task a statement changed (V32).
+            // One line per task a transaction changed (V32).
             for change in parse_status_payloads(payload) {
                 match change {
                     // No receiver (no open stream) is not an error.

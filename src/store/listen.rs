@@ -37,7 +37,7 @@ pub fn parse_status_payload(payload: &str) -> Option<(TaskId, TaskStatus)> {
     Some((TaskId::parse(id).ok()?, TaskStatus::parse(status)?))
 }
 
-/// Parses a notification payload: one line per task whose status one statement changed
+/// Parses a notification payload: one line per task whose status one transaction changed
 /// (`migrations/V32`; a single line from the previous release's row trigger). `Err` carries a
 /// line that is not understood.
 pub fn parse_status_payloads(

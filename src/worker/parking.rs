@@ -157,7 +157,7 @@ impl Listener for WakeParked {
     }
 
     fn notified(&mut self, _channel: &str, payload: &str) {
-        // One line per task a statement changed (V32).
+        // One line per task a transaction changed (V32).
         for change in parse_status_payloads(payload) {
             match change {
                 // A claim (to running) ends nobody's wait.

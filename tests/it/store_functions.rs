@@ -823,12 +823,12 @@ async fn the_claim_function_answers_with_the_claim_kinds() {
     }
 }
 
-/// One statement's status changes go out together (V32): one notification of
-/// `<task_id> <status>` lines, split under NOTIFY's 8,000 bytes, and none for a statement that
-/// changes no status. A batch of claims or completions is one statement, so it wakes every
-/// listening session once, not once per task.
+/// A transaction's status changes go out together at its commit (V32): notifications of
+/// `<task_id> <status>` lines, each under NOTIFY's 8,000 bytes, and none for a statement that
+/// changes no status. A batch of claims (one statement per task) or of completions is one
+/// transaction, so it wakes every listening session once, not once per task.
 #[tokio::test]
-async fn a_statement_notifies_its_status_changes_together() {
+async fn a_transaction_notifies_its_status_changes_together() {
     use futures_util::StreamExt;
     use replyd::store::listen::{TASK_STATUS_CHANNEL, parse_status_payloads};
     use tokio_postgres::AsyncMessage;
@@ -879,15 +879,38 @@ async fn a_statement_notifies_its_status_changes_together() {
         .await
         .unwrap();
 
-    let client = db.raw_client().await;
+    let mut client = db.raw_client().await;
+    // 300 in one statement; 10 in a transaction of one statement each.
+    let (many, few) = tasks.split_at(300);
     client
         .execute(
             "UPDATE reply_tasks SET status = 'failed', failure = 'test', lease_owner = NULL, \
              lease_until = NULL WHERE task_id = ANY($1)",
-            &[&tasks],
+            &[&many],
         )
         .await
         .unwrap();
+    let tx = client.transaction().await.unwrap();
+    for task in few {
+        tx.execute(
+            "UPDATE reply_tasks SET status = 'failed', failure = 'test', lease_owner = NULL, \
+             lease_until = NULL WHERE task_id = $1",
+            &[task],
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    // Rolled back: nothing heard of it.
+    let tx = client.transaction().await.unwrap();
+    tx.execute(
+        "UPDATE reply_tasks SET status = 'completed', saved_response = 'x', failure = NULL \
+         WHERE task_id = $1",
+        &[&few[0]],
+    )
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
     // No status changes: no notification.
     client
         .execute(
