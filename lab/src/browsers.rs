@@ -24,9 +24,11 @@ use replyd_core::domain::TaskId;
 
 #[derive(Debug, Clone, Args)]
 pub struct BrowsersArgs {
-    /// The API's base URL, e.g. http://127.0.0.1:8080.
-    #[arg(long)]
-    pub api: String,
+    /// The API's base URL, e.g. http://127.0.0.1:8080; several, separated by commas, spread
+    /// the presses over them (press n goes to the n-th modulo their count, and is followed
+    /// there, as a user behind a load balancer is).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub api: Vec<String>,
     /// The workspace's API key.
     #[arg(long, env = "REPLYD_API_KEY", hide_env_values = true)]
     pub key: String,
@@ -576,17 +578,25 @@ pub async fn run(args: &BrowsersArgs) -> anyhow::Result<BrowsersReport> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency.max(1))
         .build()?;
-    let browser = Arc::new(Browser {
-        client,
-        api: args.api.trim_end_matches('/').to_owned(),
-        key: args.key.clone(),
-        lose_timeout: Duration::from_millis(args.lose_timeout_ms.max(1)),
-        deadline: Instant::now() + Duration::from_secs(args.press_limit_s),
-        directive: args
-            .reply_chars
-            .map(|chars| format!(" [mock:reply_chars={chars}]"))
-            .unwrap_or_default(),
-    });
+    let deadline = Instant::now() + Duration::from_secs(args.press_limit_s);
+    let browsers: Vec<Arc<Browser>> = args
+        .api
+        .iter()
+        .map(|api| {
+            Arc::new(Browser {
+                client: client.clone(),
+                api: api.trim_end_matches('/').to_owned(),
+                key: args.key.clone(),
+                lose_timeout: Duration::from_millis(args.lose_timeout_ms.max(1)),
+                deadline,
+                directive: args
+                    .reply_chars
+                    .map(|chars| format!(" [mock:reply_chars={chars}]"))
+                    .unwrap_or_default(),
+            })
+        })
+        .collect();
+    anyhow::ensure!(!browsers.is_empty(), "--api names no API");
     let mut rng = fastrand::Rng::with_seed(args.seed);
     let choices: Vec<Choice> = (0..args.presses)
         .map(|n| Choice {
@@ -598,7 +608,7 @@ pub async fn run(args: &BrowsersArgs) -> anyhow::Result<BrowsersReport> {
         .collect();
     let outcomes: Vec<PressOutcome> = stream::iter(choices)
         .map(|choice| {
-            let browser = Arc::clone(&browser);
+            let browser = Arc::clone(&browsers[choice.n % browsers.len()]);
             async move { one_press(&browser, choice).await }
         })
         .buffer_unordered(args.concurrency.max(1))
