@@ -110,6 +110,11 @@ impl Delivery for SqsMessage {
         true
     }
 
+    /// Every worker receives from the queue: a live lease of another worker is its own.
+    fn partition_held_alone(&self) -> bool {
+        false
+    }
+
     fn written_at(&self) -> Option<DateTime<Utc>> {
         self.sent_at
     }

@@ -168,10 +168,15 @@ async fn write_rows(
         .iter()
         .map(|&i| batch[i].source.map(|s| s.offset))
         .collect();
+    let held: Vec<bool> = sent
+        .iter()
+        .map(|&i| batch[i].source.is_some_and(|s| s.held_alone))
+        .collect();
     let client = store.client().await?;
     let statement = client
         .prepare_cached(
-            "SELECT * FROM replyd_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            "SELECT * FROM replyd_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+             $13)",
         )
         .await?;
     let rows = client
@@ -190,6 +195,7 @@ async fn write_rows(
                 &deadlines,
                 &partitions,
                 &offsets,
+                &held,
             ],
         )
         .await?;

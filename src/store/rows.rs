@@ -151,6 +151,9 @@ pub(super) fn snapshot_from(task_id: Uuid, row: &Row) -> Result<LeaseSnapshot, S
         deadline: row.get("deadline"),
         next_attempt_at: row.get("next_attempt_at"),
         has_response: row.get("has_response"),
+        // Read by claims only (`decide_claim`, in SQL); the refusals classified from these rows
+        // do not look at it, and the completion functions' rows (V9, V10) do not carry it.
+        lease_partition: row.try_get("lease_partition").unwrap_or(None),
         now: row.get("now"),
     })
 }
@@ -235,14 +238,16 @@ fn claim_from(task_id: Uuid, label: &str, row: &Row) -> Result<ClaimOutcome, Sto
     let Some(kind) = ClaimKind::parse(label) else {
         return Err(invalid(task_id, format!("unknown claim outcome {label:?}")));
     };
+    let lease = || Lease {
+        task_id,
+        version: row.get("assignment_version"),
+        owner: row.get("lease_owner"),
+        until: row.get("lease_until"),
+        attempt: row.get("attempt_count"),
+    };
     Ok(match kind {
-        ClaimKind::Claimed => ClaimOutcome::Claimed(Lease {
-            task_id,
-            version: row.get("assignment_version"),
-            owner: row.get("lease_owner"),
-            until: row.get("lease_until"),
-            attempt: row.get("attempt_count"),
-        }),
+        ClaimKind::Claimed => ClaimOutcome::Claimed(lease()),
+        ClaimKind::TookOver => ClaimOutcome::TookOver(lease()),
         ClaimKind::AlreadyCompleted => ClaimOutcome::AlreadyCompleted,
         ClaimKind::AlreadyFailed => ClaimOutcome::AlreadyFailed,
         ClaimKind::AlreadyCancelled => ClaimOutcome::AlreadyCancelled,

@@ -151,7 +151,7 @@ impl Store {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(
-                "SELECT * FROM replyd_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                "SELECT * FROM replyd_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             )
             .await?;
         let row = client
@@ -170,6 +170,7 @@ impl Store {
                     &insert.and_then(|s| s.deadline),
                     &source.map(|s| s.partition),
                     &source.map(|s| s.offset),
+                    &source.is_some_and(|s| s.held_alone),
                 ],
             )
             .await?;
@@ -499,7 +500,11 @@ impl Store {
                         _ => None,
                     },
                     source: match (r.get(10), r.get(11)) {
-                        (Some(partition), Some(offset)) => Some(RecordSource { partition, offset }),
+                        (Some(partition), Some(offset)) => Some(RecordSource {
+                            partition,
+                            offset,
+                            held_alone: false,
+                        }),
                         _ => None,
                     },
                     stream_end: r

@@ -820,6 +820,12 @@ impl Delivery for OwnedMessage {
         false
     }
 
+    /// The group gives a partition to one member at a time, and this consumer drains or
+    /// cancels a revoked partition's work before it lets the partition go (`Revoked`).
+    fn partition_held_alone(&self) -> bool {
+        true
+    }
+
     fn written_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
         self.timestamp()
             .to_millis()

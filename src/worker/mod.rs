@@ -143,7 +143,7 @@ pub async fn run_worker(
             shutdown.clone(),
         ),
         RunnerSettings {
-            worker_id: worker_id.clone(),
+            lease_owner: settings.worker.lease_owner(&worker_id),
             lease: settings.worker.lease(),
             renew_interval: settings.worker.renew_interval(),
             io_retry: settings.worker.io_retry(),

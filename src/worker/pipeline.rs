@@ -103,6 +103,7 @@ impl<L> Pipeline<L> {
             }
         };
         let record_can_hand_back = record.can_hand_back();
+        let record_held_alone = record.partition_held_alone();
         let task_id = spec.task_id;
         let id = task_id.to_string();
         tracing::Span::current().record("task_id", id.as_str());
@@ -112,6 +113,7 @@ impl<L> Pipeline<L> {
             source: RecordSource {
                 partition: key.partition,
                 offset,
+                held_alone: record_held_alone,
             },
         };
         let held = if record_can_hand_back {

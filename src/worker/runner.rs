@@ -73,7 +73,10 @@ const CREATE_RESENDS: u32 = 2;
 /// Settings of the lease state machine.
 #[derive(Debug, Clone)]
 pub struct RunnerSettings {
-    pub worker_id: String,
+    /// The lease owner of this process: `<worker_id>#<incarnation>`
+    /// ([`super::settings::WorkerSettings::lease_owner`]), written by its claims and compared
+    /// by them: a live lease of this owner is never taken over by this process.
+    pub lease_owner: String,
     pub lease: Duration,
     pub renew_interval: Duration,
     /// Wait before retrying a failed database write, and the shortest wait before claiming
@@ -213,7 +216,7 @@ impl TaskRunner {
                 .with_retry("claim", cancel, || {
                     self.store.claim_task(
                         task_id,
-                        &self.settings.worker_id,
+                        &self.settings.lease_owner,
                         self.settings.lease,
                         insert,
                         source,
@@ -247,7 +250,7 @@ impl TaskRunner {
                 continue;
             };
             let wait = match claim {
-                ClaimOutcome::Claimed(lease) => {
+                ClaimOutcome::Claimed(lease) | ClaimOutcome::TookOver(lease) => {
                     tracing::Span::current().record("assignment_version", lease.version);
                     match self.attempt(&stored, &lease, cancel, trace).await {
                         AttemptEnd::Terminal(how) => return Some(RunEnd::Terminal(how)),
@@ -263,7 +266,7 @@ impl TaskRunner {
                         .to_std()
                         .unwrap_or_default()
                         .clamp(self.settings.io_retry / 4, self.settings.lease);
-                    if held == WhenHeld::HandBack && owner != self.settings.worker_id {
+                    if held == WhenHeld::HandBack && owner != self.settings.lease_owner {
                         return Some(RunEnd::HandBack { after: wait });
                     }
                     if !self.park(cancel, wait, &mut watch).await {

@@ -15,7 +15,10 @@ pub struct WorkerSettings {
     /// Where the worker takes records from: `kafka` (the consumer group of `[kafka]`) or
     /// `sqs` (the queue of `[sqs]`).
     pub source: Transport,
-    /// Name of this worker in leases and attempt rows. Empty means `<hostname>-<pid>`.
+    /// Name of this worker (a pod's name with static membership). Empty means
+    /// `<hostname>-<pid>`. Its leases and attempt rows name it with the process's incarnation,
+    /// `<worker_id>#<token>`, so that a worker restarted under the same id takes over at once
+    /// the live leases its previous incarnation left on its partitions.
     pub worker_id: String,
     /// Records of one partition processed at once; the partition is paused when full.
     pub partition_window: usize,
@@ -29,8 +32,10 @@ pub struct WorkerSettings {
     /// finishes records, or the window runs dry (at 200 ms a call, window 64 kept 0.81 of its
     /// calls open with a read-ahead of one window and 0.97 with two; docs/BENCHMARKS.md).
     pub read_ahead: Option<usize>,
-    /// Length of a task lease. A worker that stalls longer loses the task to another, and a
-    /// killed worker's tasks wait this long (at most) before another worker takes them. Raise
+    /// Length of a task lease. A worker that stalls longer loses the task to another. A killed
+    /// worker's tasks are taken over as soon as its partitions are given to another member (or
+    /// back to it, restarted under the same id with static membership); only tasks claimed for
+    /// no partition held alone (SQS) wait this long (at most) before another worker takes them. Raise
     /// it if the database can be away longer (a slow failover): a lease that runs out while
     /// the database is away costs a second generation of each call in flight.
     pub lease_ms: u64,
@@ -174,6 +179,15 @@ impl WorkerSettings {
         Duration::from_millis(self.io_retry_ms)
     }
 
+    /// The lease owner of a worker run: `worker_id`, `#`, and a new token (its incarnation);
+    /// called once per run, which uses it for all its claims, renewals and writes. A claim for a record of a partition this consumer holds takes over a
+    /// live lease of the same partition whose owner differs (a dead or zombie holder, also an
+    /// earlier incarnation of this worker id); a lease of this very owner is respected, so a
+    /// duplicate record in the same process parks (`lease::Claimer::may_take_over`).
+    pub fn lease_owner(&self, worker_id: &str) -> String {
+        format!("{worker_id}#{}", incarnation())
+    }
+
     /// The configured id, or `<hostname>-<pid>`.
     pub fn resolved_worker_id(&self) -> String {
         if !self.worker_id.is_empty() {
@@ -184,4 +198,11 @@ impl WorkerSettings {
             .unwrap_or_else(|_| "replyd".into());
         format!("{host}-{}", std::process::id())
     }
+}
+
+/// A new incarnation token: eight hex digits of a random id, drawn once per worker run.
+/// Random rather than the start time, so that two processes started in the same instant under
+/// one id (a misconfiguration) still tell their leases apart.
+fn incarnation() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }

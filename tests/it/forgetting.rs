@@ -598,6 +598,7 @@ async fn an_erasure_racing_new_records_of_its_conversation_leaves_none_of_them_b
                 let source = RecordSource {
                     partition: 0,
                     offset: i as i64,
+                    held_alone: true,
                 };
                 let taken = store
                     .claim_task(

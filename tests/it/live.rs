@@ -353,7 +353,7 @@ async fn a_follower_that_reconnects_with_last_event_id_misses_nothing_and_repeat
     assert_one_reply(&app).await;
 }
 
-/// The lease owner of a running task.
+/// The worker id of a running task's lease owner.
 async fn holder(app: &TestApp, task: &Accepted) -> String {
     let deadline = tokio::time::Instant::now() + LIMIT;
     loop {
@@ -369,7 +369,8 @@ async fn holder(app: &TestApp, task: &Accepted) -> String {
             .unwrap()
             .and_then(|row| row.get(0));
         if let Some(owner) = owner {
-            return owner;
+            // `<worker_id>#<incarnation>`: the process is named by its worker id.
+            return owner.split('#').next().unwrap_or_default().to_owned();
         }
         assert!(tokio::time::Instant::now() < deadline, "the task never ran");
         tokio::time::sleep(Duration::from_millis(20)).await;

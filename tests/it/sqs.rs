@@ -245,7 +245,7 @@ async fn a_worker_killed_mid_call_has_its_messages_finished_elsewhere_with_one_g
     assert_eq!(report.mock_generations, Some(30), "{report:#?}");
     let took_over: i64 = client
         .query_one(
-            "SELECT count(*) FROM reply_attempts WHERE worker = 'w2' AND outcome = 'accepted'",
+            "SELECT count(*) FROM reply_attempts WHERE worker LIKE 'w2#%' AND outcome = 'accepted'",
             &[],
         )
         .await
@@ -277,7 +277,7 @@ async fn a_zombie_stopped_past_its_lease_and_visibility_is_fenced_and_loses_no_m
         async move {
             client
                 .query_one(
-                    "SELECT count(*) FROM reply_tasks WHERE status = 'running' AND lease_owner = 'w1'",
+                    "SELECT count(*) FROM reply_tasks WHERE status = 'running' AND lease_owner LIKE 'w1#%'",
                     &[],
                 )
                 .await
@@ -296,8 +296,8 @@ async fn a_zombie_stopped_past_its_lease_and_visibility_is_fenced_and_loses_no_m
         async move {
             client
                 .query_one(
-                    "SELECT count(*) FROM reply_tasks t WHERE status = 'running' AND lease_owner = 'w2' \
-                     AND EXISTS (SELECT 1 FROM reply_attempts a WHERE a.task_id = t.task_id AND a.worker = 'w1')",
+                    "SELECT count(*) FROM reply_tasks t WHERE status = 'running' AND lease_owner LIKE 'w2#%' \
+                     AND EXISTS (SELECT 1 FROM reply_attempts a WHERE a.task_id = t.task_id AND a.worker LIKE 'w1#%')",
                     &[],
                 )
                 .await

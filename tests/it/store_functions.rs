@@ -9,8 +9,8 @@ use crate::helpers::{TestDb, task_spec};
 use chrono::Utc;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use replyd_core::domain::TaskStatus;
-use replyd_core::lease::{ClaimDecision, LeaseSnapshot, decide_claim};
+use replyd_core::domain::{RecordSource, TaskStatus};
+use replyd_core::lease::{ClaimDecision, Claimer, LeaseSnapshot, Takeover, decide_claim};
 
 /// One generated row. Times are offsets from the database clock in minutes, far enough from
 /// zero that the moments between reading the clock here and in the function cannot matter.
@@ -22,6 +22,12 @@ struct Row {
     max_attempts: i32,
     deadline_minutes: Option<i64>,
     next_attempt_minutes: Option<i64>,
+    /// Whether the lease was taken by the claimer's own owner string (`w-after`).
+    own_lease: bool,
+    /// `lease_partition` (V33): the partition the lease was taken for, held alone.
+    lease_partition: Option<i32>,
+    /// The claim's record: its partition, and whether the claimer holds it alone (Kafka).
+    claim_source: Option<(i32, bool)>,
 }
 
 fn offset() -> impl Strategy<Value = i64> {
@@ -41,20 +47,30 @@ fn row() -> impl Strategy<Value = Row> {
         0i32..=4,
         proptest::option::of(offset()),
         proptest::option::of(offset()),
+        (
+            any::<bool>(),
+            proptest::option::of(0i32..=1),
+            proptest::option::of((0i32..=1, any::<bool>())),
+        ),
     )
         .prop_map(
-            |(status, lease, max_attempts, attempts, deadline, next)| Row {
-                // A running row always has a lease (the table's check says so).
-                lease_minutes: if status == TaskStatus::Running {
-                    Some(lease.unwrap_or(5))
-                } else {
-                    lease
-                },
-                status,
-                attempt_count: attempts.min(max_attempts),
-                max_attempts,
-                deadline_minutes: deadline,
-                next_attempt_minutes: next,
+            |(status, lease, max_attempts, attempts, deadline, next, (own, partition, source))| {
+                Row {
+                    own_lease: own,
+                    lease_partition: partition,
+                    claim_source: source,
+                    // A running row always has a lease (the table's check says so).
+                    lease_minutes: if status == TaskStatus::Running {
+                        Some(lease.unwrap_or(5))
+                    } else {
+                        lease
+                    },
+                    status,
+                    attempt_count: attempts.min(max_attempts),
+                    max_attempts,
+                    deadline_minutes: deadline,
+                    next_attempt_minutes: next,
+                }
             },
         )
 }
@@ -65,7 +81,7 @@ fn the_claim_function_decides_what_decide_claim_decides() {
     let db = runtime.block_on(TestDb::new());
     let client = runtime.block_on(db.raw_client());
     let mut runner = TestRunner::new(Config {
-        cases: 300,
+        cases: 500,
         ..Config::default()
     });
     let seen = std::cell::RefCell::new(std::collections::BTreeSet::new());
@@ -79,7 +95,9 @@ fn the_claim_function_decides_what_decide_claim_decides() {
                 client
                     .execute(
                         "UPDATE reply_tasks SET status = $2, \
-                         lease_owner = CASE WHEN $3::float8 IS NULL THEN NULL ELSE 'w-before' END, \
+                         lease_owner = CASE WHEN $3::float8 IS NULL THEN NULL \
+                                            WHEN $7 THEN 'w-after' ELSE 'w-before' END, \
+                         lease_partition = $8, provider_may_have_run = false, \
                          lease_until = clock_timestamp() + make_interval(secs => $3), \
                          attempt_count = $4::int4, assignment_version = $4::int4, \
                          deadline = clock_timestamp() + make_interval(secs => $5), \
@@ -94,11 +112,21 @@ fn the_claim_function_decides_what_decide_claim_decides() {
                             &row.attempt_count,
                             &minutes(row.deadline_minutes),
                             &minutes(row.next_attempt_minutes),
+                            &row.own_lease,
+                            &row.lease_partition,
                         ],
                     )
                     .await
                     .unwrap();
                 let before = db.store.read(spec.task_id).await.unwrap().unwrap();
+                let lease_partition: Option<i32> = client
+                    .query_one(
+                        "SELECT lease_partition FROM reply_tasks WHERE task_id = $1",
+                        &[&id],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
                 let snapshot = LeaseSnapshot {
                     status: before.status,
                     assignment_version: before.assignment_version,
@@ -109,20 +137,61 @@ fn the_claim_function_decides_what_decide_claim_decides() {
                     deadline: before.spec.deadline,
                     next_attempt_at: before.next_attempt_at,
                     has_response: before.saved_response.is_some(),
+                    lease_partition,
                     now: Utc::now(),
                 };
-                let expected = decide_claim(&snapshot);
+                let source = row
+                    .claim_source
+                    .map(|(partition, held_alone)| RecordSource {
+                        partition,
+                        offset: 7,
+                        held_alone,
+                    });
+                let claimer = Claimer {
+                    owner: "w-after",
+                    partition: source.and_then(|s| s.partition_held()),
+                };
+                let expected = decide_claim(&snapshot, &claimer);
                 let taken = db
                     .store
-                    .claim_task(spec.task_id, "w-after", Duration::from_secs(30), None, None)
+                    .claim_task(
+                        spec.task_id,
+                        "w-after",
+                        Duration::from_secs(30),
+                        None,
+                        source,
+                    )
                     .await
                     .unwrap();
+                let (after_partition, may_have_run): (Option<i32>, bool) = {
+                    let r = client
+                        .query_one(
+                            "SELECT lease_partition, provider_may_have_run FROM reply_tasks \
+                             WHERE task_id = $1",
+                            &[&id],
+                        )
+                        .await
+                        .unwrap();
+                    (r.get(0), r.get(1))
+                };
                 let after = taken.task.expect("the row exists");
                 let label = taken.claim.label();
                 seen.borrow_mut().insert(label);
                 match expected {
-                    ClaimDecision::Claim { .. } => {
-                        prop_assert_eq!(label, "claimed", "{:?}", row);
+                    ClaimDecision::Claim { takes_over } => {
+                        let took_over = takes_over == Some(Takeover::FromLostHolder);
+                        let expected_label = if took_over {
+                            "took_over_from_previous_holder"
+                        } else {
+                            "claimed"
+                        };
+                        prop_assert_eq!(label, expected_label, "{:?}", row);
+                        // Only a claimer holding its partition alone marks its lease so.
+                        prop_assert_eq!(after_partition, claimer.partition);
+                        // A takeover's holder may have sent its call (I8).
+                        if takes_over.is_some() {
+                            prop_assert!(may_have_run, "{:?}", row);
+                        }
                         prop_assert_eq!(after.status, TaskStatus::Running);
                         prop_assert_eq!(after.assignment_version, before.assignment_version + 1);
                         prop_assert_eq!(after.attempt_count, before.attempt_count + 1);
@@ -137,6 +206,9 @@ fn the_claim_function_decides_what_decide_claim_decides() {
                         prop_assert_eq!(label, outcome.label(), "{:?}", row);
                         prop_assert_eq!(after.status, TaskStatus::Failed);
                         prop_assert_eq!(after.attempt_count, before.attempt_count);
+                        if before.status == TaskStatus::Running {
+                            prop_assert!(may_have_run, "{:?}", row);
+                        }
                         let failure = after.failure.clone().unwrap_or_default();
                         // The same reason up to the deadline's formatting.
                         let head = |s: &str| s.split(':').next().unwrap_or_default().to_owned();
@@ -153,6 +225,7 @@ fn the_claim_function_decides_what_decide_claim_decides() {
     // The generator reaches every decision, so the agreement is not vacuous.
     for label in [
         "claimed",
+        "took_over_from_previous_holder",
         "already_completed",
         "already_failed",
         "leased_by_other",

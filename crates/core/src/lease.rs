@@ -4,6 +4,15 @@
 //!
 //! Keeps I2 (a write is accepted only from the current assignment with a live lease) and I7
 //! (a claim never exceeds the attempt budget or the deadline).
+//!
+//! A live lease is respected, with one exception: a claim made for a Kafka record of partition
+//! `p` takes over at once a live lease that was taken for a record of the same partition by
+//! another holder ([`Claimer::may_take_over`]). The group gives a partition to one member at a
+//! time, and a member that loses one cancels its work for it before it is handed on, so such a
+//! lease belongs to a holder that is dead (a killed worker, restarted under the same id as a new
+//! incarnation) or a zombie (stalled past its session): waiting out its lease would only delay
+//! the record. The takeover adds one to the assignment version like any claim, so what the old
+//! holder writes afterwards is refused by the fence (I2), and at most one reply is saved (I1).
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -23,6 +32,10 @@ pub struct LeaseSnapshot {
     /// No claim before this instant (a backoff chosen by the previous attempt).
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub has_response: bool,
+    /// `lease_partition` (V33): the partition of the record the current lease was claimed for,
+    /// when its claimer held that partition alone (a Kafka consumer); `None` otherwise (an SQS
+    /// message, a claim with no record, a claim of the previous release).
+    pub lease_partition: Option<i32>,
     /// `clock_timestamp()` when the snapshot was read, under the row lock.
     pub now: DateTime<Utc>,
 }
@@ -45,6 +58,39 @@ pub fn lease_live(
     status == TaskStatus::Running && lease_until.is_some_and(|until| until > now)
 }
 
+/// Who claims: the lease owner string and, for a claim made for a record of a partition the
+/// claimer holds alone in its consumer group (Kafka), that partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimer<'a> {
+    /// The lease owner this process writes: `<worker_id>#<incarnation>`, so that a worker
+    /// restarted under the same id is another holder than the one it replaced.
+    pub owner: &'a str,
+    /// The record's partition when the source gives it to one consumer at a time; `None` for a
+    /// shared source (SQS: every worker reads the queue's one "partition") and for claims made
+    /// for no record (reconciler, API, tests), which keep respecting every live lease.
+    pub partition: Option<i32>,
+}
+
+impl<'a> Claimer<'a> {
+    /// A claimer that holds no partition: respects every live lease.
+    pub fn without_partition(owner: &'a str) -> Self {
+        Self {
+            owner,
+            partition: None,
+        }
+    }
+
+    /// Whether this claimer may take over the live lease of `row` at once: it claims for a
+    /// record of a partition it holds alone, the lease was taken for a record of the same
+    /// partition, and by another holder. Never from itself: a duplicate record of the task in
+    /// the same process (same owner string) parks until its own lease ends, as before.
+    pub fn may_take_over(&self, row: &LeaseSnapshot) -> bool {
+        self.partition.is_some()
+            && row.lease_partition == self.partition
+            && row.lease_owner.as_deref() != Some(self.owner)
+    }
+}
+
 /// The right to work on a task: valid while `version` is the task's current
 /// `assignment_version` and the lease has not run out by the database clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +108,9 @@ pub struct Lease {
 pub enum ClaimOutcome {
     /// This caller holds the task now.
     Claimed(Lease),
+    /// This caller holds the task now, taken over from a live lease of another holder of the
+    /// record's partition (a dead or zombie holder, [`Claimer::may_take_over`]).
+    TookOver(Lease),
     /// Nothing to do: the task already has its reply (I5: no provider call).
     AlreadyCompleted,
     /// Nothing to do: the task failed for good.
@@ -92,6 +141,7 @@ pub enum ClaimOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClaimKind {
     Claimed,
+    TookOver,
     AlreadyCompleted,
     AlreadyFailed,
     AlreadyCancelled,
@@ -105,8 +155,9 @@ pub enum ClaimKind {
 
 impl ClaimKind {
     /// Every kind, in the order of the enum.
-    pub const ALL: [ClaimKind; 10] = [
+    pub const ALL: [ClaimKind; 11] = [
         ClaimKind::Claimed,
+        ClaimKind::TookOver,
         ClaimKind::AlreadyCompleted,
         ClaimKind::AlreadyFailed,
         ClaimKind::AlreadyCancelled,
@@ -122,6 +173,7 @@ impl ClaimKind {
     pub fn as_str(self) -> &'static str {
         match self {
             ClaimKind::Claimed => "claimed",
+            ClaimKind::TookOver => "took_over_from_previous_holder",
             ClaimKind::AlreadyCompleted => "already_completed",
             ClaimKind::AlreadyFailed => "already_failed",
             ClaimKind::AlreadyCancelled => "already_cancelled",
@@ -145,6 +197,7 @@ impl ClaimOutcome {
     pub fn kind(&self) -> ClaimKind {
         match self {
             ClaimOutcome::Claimed(_) => ClaimKind::Claimed,
+            ClaimOutcome::TookOver(_) => ClaimKind::TookOver,
             ClaimOutcome::AlreadyCompleted => ClaimKind::AlreadyCompleted,
             ClaimOutcome::AlreadyFailed => ClaimKind::AlreadyFailed,
             ClaimOutcome::AlreadyCancelled => ClaimKind::AlreadyCancelled,
@@ -162,22 +215,40 @@ impl ClaimOutcome {
         self.kind().as_str()
     }
 
+    /// The lease this caller holds now, however it got it.
+    pub fn lease(&self) -> Option<&Lease> {
+        match self {
+            ClaimOutcome::Claimed(lease) | ClaimOutcome::TookOver(lease) => Some(lease),
+            _ => None,
+        }
+    }
+
     /// The assignment version the outcome names: ours when claimed, the holder's when leased.
     pub fn version(&self) -> Option<i64> {
         match self {
-            ClaimOutcome::Claimed(lease) => Some(lease.version),
+            ClaimOutcome::Claimed(lease) | ClaimOutcome::TookOver(lease) => Some(lease.version),
             ClaimOutcome::LeasedByOther { version, .. } => Some(*version),
             _ => None,
         }
     }
 }
 
+/// Whose assignment a claim ends, when the task was running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Takeover {
+    /// The previous assignment's lease ran out without an outcome.
+    LeaseLapsed,
+    /// The previous assignment's lease is live, but was taken for a record of the claimer's
+    /// partition by another holder, who has lost the partition since ([`Claimer::may_take_over`]).
+    FromLostHolder,
+}
+
 /// What a claim should do, decided from the locked row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimDecision {
-    /// Take the task: `version + 1`, a new lease, one more attempt. `takes_over` when a
-    /// previous assignment's lease ran out without an outcome.
-    Claim { takes_over: bool },
+    /// Take the task: `version + 1`, a new lease, one more attempt. `takes_over` says whose
+    /// assignment ends when the task was running (its call may have run: `provider_may_have_run`).
+    Claim { takes_over: Option<Takeover> },
     /// Report without writing.
     Refuse(ClaimOutcome),
     /// Mark the task failed with `reason`, then report.
@@ -187,14 +258,20 @@ pub enum ClaimDecision {
     },
 }
 
-/// Decides a claim: pending (or running with an expired lease), under budget and before the
-/// deadline → claim. A live lease of anyone, including an earlier assignment of the same
-/// worker, is respected: the lease is the only right to work.
-pub fn decide_claim(row: &LeaseSnapshot) -> ClaimDecision {
+/// Decides a claim by `claimer`: pending (or running with an expired lease), under budget and
+/// before the deadline → claim. A live lease is respected (the lease is the only right to
+/// work), including one of this very process, unless the claimer may take it over as the
+/// new holder of the partition it was taken for ([`Claimer::may_take_over`]); the budget and
+/// the deadline are then checked as for any claim.
+pub fn decide_claim(row: &LeaseSnapshot, claimer: &Claimer<'_>) -> ClaimDecision {
+    let mut takes_over = (row.status == TaskStatus::Running).then_some(Takeover::LeaseLapsed);
     match row.status {
         TaskStatus::Completed => return ClaimDecision::Refuse(ClaimOutcome::AlreadyCompleted),
         TaskStatus::Failed => return ClaimDecision::Refuse(ClaimOutcome::AlreadyFailed),
         TaskStatus::Cancelled => return ClaimDecision::Refuse(ClaimOutcome::AlreadyCancelled),
+        TaskStatus::Running if row.lease_live() && claimer.may_take_over(row) => {
+            takes_over = Some(Takeover::FromLostHolder);
+        }
         TaskStatus::Running if row.lease_live() => {
             return ClaimDecision::Refuse(ClaimOutcome::LeasedByOther {
                 owner: row.lease_owner.clone().unwrap_or_default(),
@@ -230,9 +307,7 @@ pub fn decide_claim(row: &LeaseSnapshot) -> ClaimDecision {
             },
         };
     }
-    ClaimDecision::Claim {
-        takes_over: row.status == TaskStatus::Running,
-    }
+    ClaimDecision::Claim { takes_over }
 }
 
 /// Why a fenced write (completion, renewal, failure) was refused. Read from the row after the
@@ -311,6 +386,7 @@ pub fn classify_refusal(row: &LeaseSnapshot, my_version: i64) -> Refusal {
 mod tests {
     use super::*;
     use chrono::Duration;
+    use proptest::prelude::*;
 
     fn running(version: i64, lease_left_ms: i64) -> LeaseSnapshot {
         let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
@@ -324,20 +400,29 @@ mod tests {
             deadline: None,
             next_attempt_at: None,
             has_response: false,
+            lease_partition: Some(3),
             now,
         }
     }
 
+    /// A claim made for no record, or for a record of a shared source (SQS).
+    const NO_PARTITION: Claimer<'static> = Claimer {
+        owner: "w2#b",
+        partition: None,
+    };
+
     #[test]
     fn live_lease_is_respected_and_expired_lease_is_taken_over() {
         assert!(matches!(
-            decide_claim(&running(1, 1)),
+            decide_claim(&running(1, 1), &NO_PARTITION),
             ClaimDecision::Refuse(ClaimOutcome::LeasedByOther { version: 1, .. })
         ));
         // Expiry is exclusive: a lease that ends exactly now is no longer live.
         assert_eq!(
-            decide_claim(&running(1, 0)),
-            ClaimDecision::Claim { takes_over: true }
+            decide_claim(&running(1, 0), &NO_PARTITION),
+            ClaimDecision::Claim {
+                takes_over: Some(Takeover::LeaseLapsed)
+            }
         );
     }
 
@@ -346,7 +431,7 @@ mod tests {
         let mut row = running(3, -1);
         row.attempt_count = 3;
         assert!(matches!(
-            decide_claim(&row),
+            decide_claim(&row, &NO_PARTITION),
             ClaimDecision::Fail {
                 outcome: ClaimOutcome::BudgetExhausted { attempts: 3 },
                 ..
@@ -355,7 +440,7 @@ mod tests {
         let mut row = running(1, -1);
         row.deadline = Some(row.now);
         assert!(matches!(
-            decide_claim(&row),
+            decide_claim(&row, &NO_PARTITION),
             ClaimDecision::Fail {
                 outcome: ClaimOutcome::DeadlinePassed { .. },
                 ..
@@ -369,18 +454,18 @@ mod tests {
         row.status = TaskStatus::Pending;
         row.next_attempt_at = Some(row.now + Duration::milliseconds(500));
         assert!(matches!(
-            decide_claim(&row),
+            decide_claim(&row, &NO_PARTITION),
             ClaimDecision::Refuse(ClaimOutcome::NotBefore { .. })
         ));
         row.next_attempt_at = Some(row.now);
         assert_eq!(
-            decide_claim(&row),
-            ClaimDecision::Claim { takes_over: false }
+            decide_claim(&row, &NO_PARTITION),
+            ClaimDecision::Claim { takes_over: None }
         );
         row.next_attempt_at = Some(row.now + Duration::milliseconds(500));
         row.deadline = Some(row.now);
         assert!(matches!(
-            decide_claim(&row),
+            decide_claim(&row, &NO_PARTITION),
             ClaimDecision::Fail {
                 outcome: ClaimOutcome::DeadlinePassed { .. },
                 ..
@@ -394,13 +479,13 @@ mod tests {
         row.status = TaskStatus::Completed;
         row.has_response = true;
         assert_eq!(
-            decide_claim(&row),
+            decide_claim(&row, &NO_PARTITION),
             ClaimDecision::Refuse(ClaimOutcome::AlreadyCompleted)
         );
         row.status = TaskStatus::Failed;
         row.has_response = false;
         assert_eq!(
-            decide_claim(&row),
+            decide_claim(&row, &NO_PARTITION),
             ClaimDecision::Refuse(ClaimOutcome::AlreadyFailed)
         );
     }
@@ -430,5 +515,163 @@ mod tests {
         let mut failed = running(2, 1000);
         failed.status = TaskStatus::Failed;
         assert_eq!(classify_refusal(&failed, 1), Refusal::Failed);
+    }
+
+    /// Worker w1's first incarnation took the lease for a record of partition 3 (`running`).
+    fn kafka(owner: &'static str, partition: i32) -> Claimer<'static> {
+        Claimer {
+            owner,
+            partition: Some(partition),
+        }
+    }
+
+    #[test]
+    fn a_claim_for_the_same_partition_takes_over_a_live_lease_of_another_holder() {
+        let row = LeaseSnapshot {
+            lease_owner: Some("w1#a".into()),
+            ..running(1, 60_000)
+        };
+        // The same worker id restarted (a new incarnation), or a survivor given the partition.
+        for claimer in [kafka("w1#b", 3), kafka("w2#c", 3)] {
+            assert_eq!(
+                decide_claim(&row, &claimer),
+                ClaimDecision::Claim {
+                    takes_over: Some(Takeover::FromLostHolder)
+                },
+                "{claimer:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_live_lease_is_respected_by_its_own_holder_another_partition_and_a_shared_source() {
+        let row = LeaseSnapshot {
+            lease_owner: Some("w1#a".into()),
+            ..running(1, 60_000)
+        };
+        // A duplicate record consumed by the same process parks: never a takeover from itself.
+        // A record of another partition, or a claim that holds no partition, keeps the old rule.
+        for claimer in [
+            kafka("w1#a", 3),
+            kafka("w2#c", 4),
+            Claimer::without_partition("w2#c"),
+        ] {
+            assert!(
+                matches!(
+                    decide_claim(&row, &claimer),
+                    ClaimDecision::Refuse(ClaimOutcome::LeasedByOther { version: 1, .. })
+                ),
+                "{claimer:?}"
+            );
+        }
+        // A lease taken by a claimer that held no partition alone (SQS, the previous release).
+        let shared = LeaseSnapshot {
+            lease_partition: None,
+            ..row
+        };
+        assert!(matches!(
+            decide_claim(&shared, &kafka("w2#c", 3)),
+            ClaimDecision::Refuse(ClaimOutcome::LeasedByOther { .. })
+        ));
+    }
+
+    #[test]
+    fn a_takeover_of_a_live_lease_still_keeps_the_budget_and_the_deadline() {
+        let mut row = running(3, 60_000);
+        row.attempt_count = 3;
+        assert!(matches!(
+            decide_claim(&row, &kafka("w2#c", 3)),
+            ClaimDecision::Fail {
+                outcome: ClaimOutcome::BudgetExhausted { attempts: 3 },
+                ..
+            }
+        ));
+        let mut row = running(1, 60_000);
+        row.deadline = Some(row.now);
+        assert!(matches!(
+            decide_claim(&row, &kafka("w2#c", 3)),
+            ClaimDecision::Fail {
+                outcome: ClaimOutcome::DeadlinePassed { .. },
+                ..
+            }
+        ));
+    }
+
+    fn snapshot() -> impl Strategy<Value = LeaseSnapshot> {
+        (
+            prop_oneof![
+                Just(TaskStatus::Pending),
+                Just(TaskStatus::Running),
+                Just(TaskStatus::Completed),
+                Just(TaskStatus::Failed),
+                Just(TaskStatus::Cancelled),
+            ],
+            -3i64..=3,
+            proptest::option::of(prop_oneof![Just("w1#a"), Just("w1#b"), Just("w2#c")]),
+            proptest::option::of(0i32..=2),
+            0i32..=3,
+            1i32..=3,
+            proptest::option::of(-3i64..=3),
+        )
+            .prop_map(
+                |(status, lease, owner, partition, attempts, max, deadline)| {
+                    let mut row = running(1, lease * 1000);
+                    row.status = status;
+                    row.lease_owner = owner.map(str::to_owned);
+                    row.lease_partition = partition;
+                    row.attempt_count = attempts.min(max);
+                    row.max_attempts = max;
+                    row.deadline = deadline.map(|d| row.now + Duration::seconds(d));
+                    row
+                },
+            )
+    }
+
+    fn claimer() -> impl Strategy<Value = Claimer<'static>> {
+        (
+            prop_oneof![Just("w1#a"), Just("w1#b"), Just("w2#c")],
+            proptest::option::of(0i32..=2),
+        )
+            .prop_map(|(owner, partition)| Claimer { owner, partition })
+    }
+
+    proptest! {
+        /// The takeover rule changes one answer only: a live lease that the claimer may take
+        /// over is claimed as the lapsed lease would be; every other decision is the claim of
+        /// a claimer with no partition (the rule before it).
+        #[test]
+        fn a_live_lease_is_taken_over_only_by_another_holder_of_its_partition(
+            row in snapshot(),
+            claimer in claimer(),
+        ) {
+            let decided = decide_claim(&row, &claimer);
+            let before = decide_claim(&row, &Claimer::without_partition(claimer.owner));
+            let live = row.lease_live();
+            let may = claimer.partition.is_some()
+                && row.lease_partition == claimer.partition
+                && row.lease_owner.as_deref() != Some(claimer.owner);
+            if live && may {
+                // As if the lease had just lapsed.
+                let lapsed = LeaseSnapshot { lease_until: Some(row.now), ..row.clone() };
+                let expected = match decide_claim(&lapsed, &claimer) {
+                    ClaimDecision::Claim { .. } => ClaimDecision::Claim {
+                        takes_over: Some(Takeover::FromLostHolder),
+                    },
+                    other => other,
+                };
+                prop_assert_eq!(&decided, &expected);
+            } else {
+                prop_assert_eq!(&decided, &before);
+                if live && row.status == TaskStatus::Running {
+                    let refused = matches!(decided, ClaimDecision::Refuse(ClaimOutcome::LeasedByOther { .. }));
+                    prop_assert!(refused);
+                }
+            }
+            // Never from itself.
+            if row.lease_owner.as_deref() == Some(claimer.owner) && live {
+                let refused = matches!(decided, ClaimDecision::Refuse(ClaimOutcome::LeasedByOther { .. }));
+                prop_assert!(refused);
+            }
+        }
     }
 }

@@ -38,6 +38,19 @@
 //! the current attempt's, text from an assignment a claim or a Stop has superseded, or after
 //! the task ended or was forgotten. An accepted piece changes no state the protocol reads.
 //!
+//! A claim made for a Kafka record may take over at once a live lease that was taken for a
+//! record of the same partition by another holder (`Claimer::may_take_over`, migration V33):
+//! the group gives a partition to one member at a time, so such a holder is dead or a zombie.
+//! With `PartitionTakeover::ByPartition` every worker is a member that was given the record's
+//! partition at some moment, and claims as its holder; the model does not keep the group's
+//! assignment, so any worker may take over another's live lease at any time, which is more
+//! than Kafka allows and so the worst case for the protocol. A worker's lease owner is its id
+//! and its incarnation (`<worker_id>#<token>`), which a restart changes: a restarted worker
+//! takes over the live lease of its previous incarnation. The checker must find that the
+//! fence still refuses the old holder's writes (I1, I2), that the attempt budget still bounds
+//! the calls (I7), and that the takeover notes that the old holder's call may have run (I8);
+//! the fifth check leaves that note out and must find the release of work the provider did.
+//!
 //! The clock and the number of crashes and stalls are bounded, so the state space is finite and
 //! the breadth-first search visits all of it.
 //!
@@ -55,7 +68,8 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 use replyd_core::domain::TaskStatus;
 use replyd_core::lease::{
-    ClaimDecision, ClaimOutcome, LeaseSnapshot, Refusal, classify_refusal, decide_claim, lease_live,
+    ClaimDecision, ClaimOutcome, Claimer, LeaseSnapshot, Refusal, classify_refusal, decide_claim,
+    lease_live,
 };
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
@@ -97,6 +111,23 @@ enum TaskInsert {
     /// is there).
     IgnoresForgotten,
 }
+
+/// Whether claims hold the record's partition alone (Kafka) and so may take over a live lease
+/// of another holder of it (V33).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PartitionTakeover {
+    /// Claims hold no partition (SQS, claims for no record): every live lease is respected.
+    Off,
+    /// replyd's (V33): claims name partition 0, held alone; a live lease of that partition of
+    /// another owner is taken over, and the takeover notes that its call may have run.
+    ByPartition,
+    /// The broken takeover: as replyd's, but it leaves `provider_may_have_run` to V13's
+    /// trigger, which notes only a lapsed lease's call.
+    ByPartitionNotingNothing,
+}
+
+/// The one partition of the model's record.
+const PARTITION: u8 = 0;
 
 /// What the user's Stop (`replyd_cancel`) reads before it writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +183,7 @@ struct LeaseProtocol {
     lease_check: LeaseCheck,
     insert: TaskInsert,
     cancel: CancelCheck,
+    takeover: PartitionTakeover,
 }
 
 /// The columns of the task row that fencing reads or writes.
@@ -159,7 +191,10 @@ struct LeaseProtocol {
 struct TaskRow {
     status: TaskStatus,
     assignment_version: u8,
-    lease_owner: Option<WorkerId>,
+    /// The worker and its incarnation (`<worker_id>#<token>`).
+    lease_owner: Option<(WorkerId, u8)>,
+    /// `lease_partition` (V33): written by a claim that holds its record's partition alone.
+    lease_partition: Option<u8>,
     lease_until: Option<Tick>,
     attempt_count: u8,
     max_attempts: u8,
@@ -180,6 +215,7 @@ impl TaskRow {
             status: TaskStatus::Pending,
             assignment_version: 0,
             lease_owner: None,
+            lease_partition: None,
             lease_until: None,
             attempt_count: 0,
             max_attempts,
@@ -314,6 +350,8 @@ enum Phase {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Worker {
     phase: Phase,
+    /// How often this worker id was restarted: its lease owner's incarnation.
+    incarnation: u8,
     /// Takes no action while time passes (SIGSTOP, a long GC pause); a zombie if its lease
     /// lapses meanwhile.
     stalled: bool,
@@ -366,6 +404,10 @@ struct History {
     misclassified: Option<String>,
     zombie_refused: bool,
     taken_over: bool,
+    /// A claim took over (or failed on its budget or deadline) a live lease of another holder
+    /// of the partition, and one of a previous incarnation of the claimer's own id.
+    took_over_live: bool,
+    took_over_own_id: bool,
     own_write_recognised: bool,
     /// The provider did (or may have done) the task's work at least once: a call that
     /// answered, a failed call that may have run, a call whose worker crashed.
@@ -484,8 +526,8 @@ fn instant(tick: Tick) -> DateTime<Utc> {
     DateTime::from_timestamp(1_800_000_000 + i64::from(tick), 0).expect("in range")
 }
 
-fn owner_name(worker: WorkerId) -> String {
-    format!("w{worker}")
+fn owner_name((worker, incarnation): (WorkerId, u8)) -> String {
+    format!("w{worker}#{incarnation}")
 }
 
 /// The row as `tasks::SNAPSHOT` reads it under the row lock, with `clock_timestamp()`.
@@ -494,6 +536,7 @@ fn snapshot(row: &TaskRow, now: Tick) -> LeaseSnapshot {
         status: row.status,
         assignment_version: i64::from(row.assignment_version),
         lease_owner: row.lease_owner.map(owner_name),
+        lease_partition: row.lease_partition.map(i32::from),
         lease_until: row.lease_until.map(instant),
         attempt_count: i32::from(row.attempt_count),
         max_attempts: i32::from(row.max_attempts),
@@ -580,8 +623,14 @@ impl LeaseProtocol {
             state.row = TaskRow::inserted(state.row.max_attempts, state.row.deadline);
             state.presence = Presence::Recreated;
         }
+        let owner = (worker, state.workers[usize::from(worker)].incarnation);
+        let owner_string = owner_name(owner);
+        let claimer = Claimer {
+            owner: &owner_string,
+            partition: (self.takeover != PartitionTakeover::Off).then_some(i32::from(PARTITION)),
+        };
         let decision = if state.presence.row_exists() {
-            decide_claim(&snapshot(&state.row, now))
+            decide_claim(&snapshot(&state.row, now), &claimer)
         } else {
             // `replyd_claim` (V21): `SELECT ... FOR UPDATE` finds no row and `forgotten_tasks`
             // holds the id: 'forgotten'. (No row without a forgetting: the model's row exists
@@ -597,8 +646,25 @@ impl LeaseProtocol {
                 .get_or_insert_with(|| format!("w{worker} claimed at {now}: {:?}", state.row));
         }
         // `replyd_note_lapsed_call` (V13): a running row whose lease ran out, taken over or
-        // failed by a claim, lost an assignment that may have sent its call.
-        let lapsed_running = state.row.status == TaskStatus::Running;
+        // failed by a claim, lost an assignment that may have sent its call. A live lease
+        // taken over (V33) notes it in the claim's own UPDATE, but not in the broken takeover.
+        let live = lease_live(
+            state.row.status,
+            state.row.lease_until.map(instant),
+            instant(now),
+        );
+        let lapsed_running = state.row.status == TaskStatus::Running
+            && !(live && self.takeover == PartitionTakeover::ByPartitionNotingNothing);
+        if live
+            && matches!(
+                decision,
+                ClaimDecision::Claim { .. } | ClaimDecision::Fail { .. }
+            )
+        {
+            state.history.took_over_live = true;
+            state.history.took_over_own_id |=
+                state.row.lease_owner.is_some_and(|(w, _)| w == worker);
+        }
         let phase = match decision {
             ClaimDecision::Claim { takes_over } => {
                 // UPDATE ... SET status = 'running', assignment_version = assignment_version + 1,
@@ -607,11 +673,13 @@ impl LeaseProtocol {
                 let row = &mut state.row;
                 row.status = TaskStatus::Running;
                 row.assignment_version += 1;
-                row.lease_owner = Some(worker);
+                row.lease_owner = Some(owner);
+                // `lease_partition = CASE WHEN $held THEN $partition END`
+                row.lease_partition = claimer.partition.map(|_| PARTITION);
                 row.lease_until = Some(now + self.lease_ticks);
                 row.attempt_count += 1;
                 row.may_have_run |= lapsed_running;
-                state.history.taken_over |= takes_over;
+                state.history.taken_over |= takes_over.is_some();
                 state.history.claimed_after_release |= state.history.released;
                 state.history.attempt_after_forgetting |= state.presence.ever_forgotten();
                 state.history.attempt_after_cancel |= state.history.cancelled;
@@ -917,6 +985,7 @@ impl Model for LeaseProtocol {
                 workers: vec![
                     Worker {
                         phase: Phase::Idle,
+                        incarnation: 0,
                         stalled: false,
                     };
                     usize::from(self.workers)
@@ -1103,7 +1172,12 @@ impl Model for LeaseProtocol {
                 worker.phase = Phase::Crashed;
                 state.crashes += 1;
             }
-            Action::Restart(id) => state.workers[usize::from(id)].phase = Phase::Redelivered,
+            Action::Restart(id) => {
+                // A new process under the same worker id: a new incarnation of its owner.
+                let worker = &mut state.workers[usize::from(id)];
+                worker.phase = Phase::Redelivered;
+                worker.incarnation += 1;
+            }
             Action::Stall(id) => {
                 state.workers[usize::from(id)].stalled = true;
                 state.stalls += 1;
@@ -1456,6 +1530,18 @@ impl Model for LeaseProtocol {
                 },
             ));
         }
+        if self.takeover != PartitionTakeover::Off {
+            properties.extend([
+                Property::sometimes(
+                    "a live lease of another holder of the partition is taken over",
+                    |_, s: &State| s.history.took_over_live,
+                ),
+                Property::sometimes(
+                    "a restarted worker takes over its previous incarnation's live lease",
+                    |_, s: &State| s.history.took_over_own_id,
+                ),
+            ]);
+        }
         if self.call_failures {
             properties.push(Property::sometimes(
                 "a released task is claimed again after its backoff",
@@ -1497,10 +1583,11 @@ fn check(model: LeaseProtocol, finish_when: HasDiscoveries) -> impl Checker<Leas
         .spawn_bfs()
         .join();
     println!(
-        "{:?}, {:?}, {:?}: {} unique states ({} generated), depth {}, {:.2?}",
+        "{:?}, {:?}, {:?}, {:?}: {} unique states ({} generated), depth {}, {:.2?}",
         checker.model().lease_check,
         checker.model().insert,
         checker.model().cancel,
+        checker.model().takeover,
         checker.unique_state_count(),
         checker.state_count(),
         checker.max_depth(),
@@ -1526,6 +1613,7 @@ fn replyd_protocol() -> LeaseProtocol {
         lease_check: LeaseCheck::AfterRowLock,
         insert: TaskInsert::RefusesForgotten,
         cancel: CancelCheck::LocksThenChecksStatus,
+        takeover: PartitionTakeover::Off,
     }
 }
 
@@ -1676,5 +1764,59 @@ fn a_stop_that_releases_whatever_ran_gives_back_work_the_provider_did() {
             && last.history.work_done
             && last.history.settled_by == Some(Settler::Cancel),
         "the Stop released a reservation whose call did work: {last:?}"
+    );
+}
+
+/// Claims made for Kafka records (V33): each worker claims as the holder of the record's
+/// partition, so a live lease of another owner is taken over at once, by a survivor or by the
+/// same worker id restarted. Two workers, to keep the search small: the takeover needs two
+/// owners, which a crash and restart of one worker already gives.
+fn replyd_protocol_with_partition_takeover() -> LeaseProtocol {
+    LeaseProtocol {
+        workers: 2,
+        takeover: PartitionTakeover::ByPartition,
+        ..replyd_protocol()
+    }
+}
+
+#[test]
+fn taking_over_a_lost_holder_s_live_lease_keeps_one_reply_fenced_and_within_budget() {
+    let checker = check(
+        replyd_protocol_with_partition_takeover(),
+        HasDiscoveries::All,
+    );
+    assert!(checker.is_done());
+    checker.assert_properties();
+}
+
+#[test]
+fn taking_over_a_lost_holder_s_live_lease_with_failed_calls_and_deadlines() {
+    let checker = check(
+        LeaseProtocol {
+            takeover: PartitionTakeover::ByPartition,
+            ..replyd_protocol_with_failures()
+        },
+        HasDiscoveries::All,
+    );
+    assert!(checker.is_done());
+    checker.assert_properties();
+}
+
+#[test]
+fn a_takeover_that_does_not_note_the_holder_s_call_releases_work_the_provider_did() {
+    let broken = LeaseProtocol {
+        takeover: PartitionTakeover::ByPartitionNotingNothing,
+        call_failures: true,
+        ..replyd_protocol_with_partition_takeover()
+    };
+    let checker = check(broken, HasDiscoveries::AnyOf([RELEASED_AFTER_WORK].into()));
+    let released = checker
+        .discovery(RELEASED_AFTER_WORK)
+        .expect("the checker finds a takeover that lets the work of the old holder be released");
+    println!("counterexample:\n{released}");
+    let states = released.into_states();
+    assert!(
+        states.iter().any(|s| s.history.took_over_live),
+        "the counterexample takes over a live lease: {states:?}"
     );
 }

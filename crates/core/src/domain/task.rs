@@ -216,6 +216,19 @@ impl RecordEnd {
 pub struct RecordSource {
     pub partition: i32,
     pub offset: i64,
+    /// Whether the source gives the partition to one consumer at a time (a Kafka partition in
+    /// a consumer group; not an SQS queue, whose one "partition" every worker reads). A claim
+    /// for such a record may take over a live lease taken for the same partition by another
+    /// holder (`lease::Claimer::may_take_over`). Not stored: an attempt read back says false.
+    #[serde(skip)]
+    pub held_alone: bool,
+}
+
+impl RecordSource {
+    /// The partition this claimer holds alone, if it does.
+    pub fn partition_held(&self) -> Option<i32> {
+        self.held_alone.then_some(self.partition)
+    }
 }
 
 /// A task row as stored, for `read` and operators.
