@@ -574,7 +574,9 @@ async fn rebalance_one_two_one(protocol: &'static str) {
         async move {
             client
                 .query_one(
-                    "SELECT count(*) FROM reply_attempts WHERE worker = $1 AND outcome = 'accepted'",
+                    // The lease owner is the worker id and its run's incarnation.
+                    "SELECT count(*) FROM reply_attempts WHERE worker LIKE $1 || '#%' \
+                     AND outcome = 'accepted'",
                     &[&worker],
                 )
                 .await

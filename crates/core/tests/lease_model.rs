@@ -1791,9 +1791,15 @@ fn taking_over_a_lost_holder_s_live_lease_keeps_one_reply_fenced_and_within_budg
 
 #[test]
 fn taking_over_a_lost_holder_s_live_lease_with_failed_calls_and_deadlines() {
+    // One attempt budget, and no forgetting or Stop (both checked with takeovers above): the
+    // failures and deadlines multiply the states, and this check is about their meeting with
+    // a takeover.
     let checker = check(
         LeaseProtocol {
             takeover: PartitionTakeover::ByPartition,
+            max_attempts: &[2],
+            forget_with_budget: None,
+            cancel_with_budget: None,
             ..replyd_protocol_with_failures()
         },
         HasDiscoveries::All,
