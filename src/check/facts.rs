@@ -470,7 +470,9 @@ pub async fn read_facts(
     };
     let replies_by_worker = client
         .query(
-            "SELECT worker, count(*) FROM reply_attempts WHERE outcome = $1 GROUP BY worker",
+            // By worker id: a lease owner is the id and its run's incarnation (`w1#3f0c…`).
+            "SELECT split_part(worker, '#', 1), count(*) FROM reply_attempts \
+             WHERE outcome = $1 GROUP BY 1",
             &[&AttemptOutcome::Accepted.as_str()],
         )
         .await?
