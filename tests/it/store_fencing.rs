@@ -1247,40 +1247,10 @@ async fn claim_batches_inserting_the_same_new_tasks_in_opposite_orders_neither_d
     }
 }
 
-/// Collects the payloads of one channel.
-struct Collect(
-    tokio::sync::mpsc::UnboundedSender<String>,
-    tokio::sync::mpsc::UnboundedSender<()>,
-);
-
-impl replyd::store::listen::Listener for Collect {
-    fn listening(&mut self) {
-        let _ = self.1.send(());
-    }
-
-    fn notified(&mut self, channel: &str, payload: &str) {
-        if channel == LIVE_PIECES_CHANNEL {
-            let _ = self.0.send(payload.to_owned());
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_round_of_live_pieces_writes_only_running_attempts_and_announces_them_packed() {
     let db = TestDb::new().await;
-    let (tx, mut payloads) = tokio::sync::mpsc::unbounded_channel();
-    let (listening_tx, mut listening) = tokio::sync::mpsc::unbounded_channel();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let _stop = stop.clone().drop_guard();
-    tokio::spawn(replyd::store::listen::listen(
-        db.settings.clone(),
-        "live-pieces-test".into(),
-        &[LIVE_PIECES_CHANNEL],
-        Collect(tx, listening_tx),
-        replyd::store::listen::Demand::always(),
-        stop,
-    ));
-    listening.recv().await.unwrap();
+    let (mut payloads, _listening) = crate::helpers::hear(&db.settings, LIVE_PIECES_CHANNEL).await;
 
     let (a, b, done) = (
         new_task(&db, 3).await,

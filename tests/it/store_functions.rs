@@ -908,9 +908,7 @@ async fn the_claim_function_answers_with_the_claim_kinds() {
 /// transaction, so it wakes every listening session once, not once per task.
 #[tokio::test]
 async fn a_transaction_notifies_its_status_changes_together() {
-    use futures_util::StreamExt;
     use replyd::store::listen::{TASK_STATUS_CHANNEL, parse_status_payloads};
-    use tokio_postgres::AsyncMessage;
 
     let db = TestDb::new().await;
     let mut tasks = Vec::new();
@@ -940,23 +938,8 @@ async fn a_transaction_notifies_its_status_changes_together() {
         .await
         .unwrap();
 
-    // A session that listens, its notifications in a channel (other tests' schemas notify on
-    // the same channel: only this test's tasks count).
-    let config = replyd::store::session_config(&db.settings).unwrap();
-    let (listener, mut connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(Ok(message)) = messages.next().await {
-            if let AsyncMessage::Notification(n) = message {
-                let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
-            }
-        }
-    });
-    listener
-        .batch_execute(&format!("LISTEN {TASK_STATUS_CHANNEL}"))
-        .await
-        .unwrap();
+    // Other tests' schemas notify on the same channel: only this test's tasks count.
+    let (mut rx, _listening) = crate::helpers::hear(&db.settings, TASK_STATUS_CHANNEL).await;
 
     let mut client = db.raw_client().await;
     // 300 in one statement; 10 in a transaction of one statement each.
@@ -1012,11 +995,10 @@ async fn a_transaction_notifies_its_status_changes_together() {
     let ours: std::collections::HashSet<uuid::Uuid> = tasks.iter().copied().collect();
     let mut payloads = Vec::new();
     loop {
-        let (channel, payload) = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        let payload = tokio::time::timeout(Duration::from_secs(30), rx.recv())
             .await
             .expect("the sentinel's notification")
             .expect("the listening session ended");
-        assert_eq!(channel, TASK_STATUS_CHANNEL);
         let lines: Vec<_> = parse_status_payloads(&payload)
             .map(|line| line.expect("every line understood"))
             .collect();

@@ -1259,6 +1259,16 @@ async fn leases_held_by(
         .get(0)
 }
 
+/// The claims of `worker` that took over a live lease of its partition's previous holder.
+async fn took_over_by(app: &TestApp, worker: &str) -> f64 {
+    app.metric(
+        worker,
+        "replyd_claims_total{outcome=\"took_over_from_previous_holder\"}",
+    )
+    .await
+    .unwrap_or(0.0)
+}
+
 /// Whether the database clock is still before `until`.
 async fn before_by_the_database_clock(app: &TestApp, until: chrono::DateTime<chrono::Utc>) -> bool {
     app.db
@@ -1296,13 +1306,7 @@ async fn a_worker_killed_mid_call_and_restarted_under_its_id_takes_its_tasks_ove
     app.wait_until_committed_to_end(LIMIT).await;
     let report = assert_invariants(&app, 8).await;
     assert_eq!(report.duplicate_replies, 0);
-    let took_over = app
-        .metric(
-            "w1",
-            "replyd_claims_total{outcome=\"took_over_from_previous_holder\"}",
-        )
-        .await
-        .unwrap_or(0.0);
+    let took_over = took_over_by(&app, "w1").await;
     assert!(took_over >= 1.0, "{took_over}");
 }
 
@@ -1330,13 +1334,7 @@ async fn a_survivor_given_a_killed_worker_s_partition_takes_its_tasks_over_befor
     );
     app.wait_until_committed_to_end(LIMIT).await;
     assert_invariants(&app, 16).await;
-    let took_over = app
-        .metric(
-            "w2",
-            "replyd_claims_total{outcome=\"took_over_from_previous_holder\"}",
-        )
-        .await
-        .unwrap_or(0.0);
+    let took_over = took_over_by(&app, "w2").await;
     assert!(took_over >= 1.0, "{took_over}");
 }
 
@@ -1356,12 +1354,6 @@ async fn a_duplicate_record_in_the_same_process_parks_and_never_takes_over_its_o
     app.wait_until_committed_to_end(LIMIT).await;
     let report = assert_invariants(&app, 4).await;
     assert_eq!(report.attempts, 4, "one attempt per task: {report:#?}");
-    let took_over = app
-        .metric(
-            "w1",
-            "replyd_claims_total{outcome=\"took_over_from_previous_holder\"}",
-        )
-        .await
-        .unwrap_or(0.0);
+    let took_over = took_over_by(&app, "w1").await;
     assert_eq!(took_over, 0.0);
 }

@@ -122,6 +122,53 @@ impl TestDb {
     }
 }
 
+/// The payloads notified on `channel` from now on (every schema of the database notifies on
+/// it: pick out your own), heard through the service's own listening session; it listens
+/// until the guard is dropped.
+pub async fn hear(
+    settings: &DatabaseSettings,
+    channel: &'static str,
+) -> (
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+    tokio_util::sync::DropGuard,
+) {
+    struct Collect {
+        channel: &'static str,
+        payloads: tokio::sync::mpsc::UnboundedSender<String>,
+        listening: Option<tokio::sync::oneshot::Sender<()>>,
+    }
+    impl replyd::store::listen::Listener for Collect {
+        fn listening(&mut self) {
+            if let Some(listening) = self.listening.take() {
+                let _ = listening.send(());
+            }
+        }
+        fn notified(&mut self, channel: &str, payload: &str) {
+            if channel == self.channel {
+                let _ = self.payloads.send(payload.to_owned());
+            }
+        }
+    }
+    let (payloads, heard) = tokio::sync::mpsc::unbounded_channel();
+    let (listening, listens) = tokio::sync::oneshot::channel();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let channels: &'static [&'static str] = Box::leak(Box::new([channel]));
+    tokio::spawn(replyd::store::listen::listen(
+        settings.clone(),
+        format!("test-listener {channel}"),
+        channels,
+        Collect {
+            channel,
+            payloads,
+            listening: Some(listening),
+        },
+        replyd::store::listen::Demand::always(),
+        stop.clone(),
+    ));
+    listens.await.expect("the session listens");
+    (heard, stop.drop_guard())
+}
+
 /// Moves every open quota reservation's TTL into the past, as if it had passed (the tab closed
 /// an hour ago, or the reconciler's turn came).
 pub async fn age_open_reservations(db: &TestDb) {
