@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live chaos fuzz
+.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live bench-kills chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -118,6 +118,11 @@ bench-capacity:
 ## window (64) and mock (100 ms a call): replies/s of each and SQS ÷ Kafka, three runs.
 bench-sqs:
 	bash deploy/bench-sqs.sh 3000 64 100 3
+
+## bench-kills: recovery after kills: 1,000 tasks of 500 ms, 64 at once, a worker SIGKILLed
+## and started again three times; the last reply against its ideal, and generations per task.
+bench-kills:
+	bash deploy/bench-kills.sh 1000 3 3
 
 ## bench-live: P8, live replies: 200 presses of 1,200-character replies (300 ms to the first
 ## token, then about 2 s of text), 8 at once, live text on (every 75 ms) and off, three runs:

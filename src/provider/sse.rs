@@ -1,56 +1,30 @@
-//! Server-Sent Events read as the spec reads them: `eventsource-stream` parses the fields and
-//! joins an event's `data:` lines with a newline, after [`LineEnds`] has ended every line
-//! with LF.
+//! Server-Sent Events read as the spec reads them, by `sseer`: it ends a line at CRLF, CR or
+//! LF (a CR at the end of a chunk held until the next byte says whether an LF completes it,
+//! and taken as a line end when the body ends), and joins an event's `data:` lines with a
+//! newline.
 //!
-//! Why the line ends are rewritten first: the spec ends a line with CRLF, CR or LF, and
-//! eventsource-stream 0.2 reads a line only once its end is in its buffer. A buffer that
-//! ends in CR may be half of a CRLF, so the parser waits for the next byte: a server that
-//! ends its lines with CR alone has each event held until more bytes come, and its last event
-//! (the final `[DONE]`) never read at the end of the body. Rewriting each CR, and each CRLF,
-//! as LF as the bytes arrive (a CR at the end of one chunk remembered, so that an LF opening
-//! the next is taken as its pair) gives the parser only lines it can end at once. The rewrite
-//! changes nothing else: no field's value can hold a CR or an LF.
+//! Why this parser: it scans for line ends with `memchr` over the body's own `Bytes` and hands
+//! each field out as a slice of them, so a chunk holding a whole stream (as a fast server
+//! sends it) is read in one pass; a parser that copies the rest of its buffer at each line
+//! costs time in the square of the lines a chunk holds (P3 in `docs/BENCHMARKS.md`).
 
-use eventsource_stream::{Event, EventStreamError, Eventsource as _};
-use futures_util::{Stream, StreamExt as _};
+use futures_util::Stream;
+pub(crate) use sseer::{errors::EventStreamError, event::Event};
 
 /// The events of an SSE body.
 pub(crate) fn events<B, E>(
     body: impl Stream<Item = Result<B, E>>,
 ) -> impl Stream<Item = Result<Event, EventStreamError<E>>>
 where
-    B: AsRef<[u8]>,
+    B: Into<bytes::Bytes>,
 {
-    let mut line_ends = LineEnds::default();
-    body.map(move |chunk| chunk.map(|bytes| line_ends.rewrite(bytes.as_ref())))
-        .eventsource()
-}
-
-/// Rewrites a byte stream's line ends (CRLF, CR, LF) as LF, chunk by chunk. Pure.
-#[derive(Debug, Default)]
-struct LineEnds {
-    /// The last chunk ended in CR: an LF at the start of this one completes its CRLF.
-    after_cr: bool,
-}
-
-impl LineEnds {
-    fn rewrite(&mut self, bytes: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(bytes.len());
-        for &byte in bytes {
-            match byte {
-                b'\r' => out.push(b'\n'),
-                b'\n' if self.after_cr => {}
-                other => out.push(other),
-            }
-            self.after_cr = byte == b'\r';
-        }
-        out
-    }
+    sseer::event_stream::EventStream::new(body)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::StreamExt;
     use proptest::prelude::*;
 
     /// The events (name, data) of `body` arriving in pieces cut at `cuts` (byte offsets).
@@ -67,7 +41,7 @@ mod tests {
         let mut events = std::pin::pin!(events(futures_util::stream::iter(pieces)));
         while let Some(event) = events.next().await {
             let event = event.expect("a well-formed stream");
-            out.push((event.event, event.data));
+            out.push((event.event.to_string(), event.data.to_string()));
         }
         out
     }
@@ -116,37 +90,45 @@ mod tests {
     }
 
     proptest! {
-        /// Rewritten chunk by chunk, a body's line ends are what rewriting it whole gives: the
-        /// CRLF cut between two chunks is still one line end.
+        /// However a body's lines end (each line by CRLF, CR or LF, mixed) and however it is
+        /// cut into chunks, it gives the events the same body ended by LF gives whole: a CRLF
+        /// cut between two chunks is one line end, and a CR that ends the body ends its line.
         #[test]
-        fn line_ends_are_rewritten_the_same_however_the_bytes_are_cut(
-            body in proptest::collection::vec(prop_oneof![Just(b'\r'), Just(b'\n'), Just(b'a')], 0..40),
-            cuts in proptest::collection::vec(0usize..40, 0..6),
+        fn events_are_the_same_whatever_the_line_ends_and_the_cuts(
+            events in proptest::collection::vec(
+                (prop_oneof![Just(""), Just("delta"), Just("done")], "[a-z {}\":]{0,12}", 1usize..3),
+                0..5,
+            ),
+            ends in proptest::collection::vec(prop_oneof![Just("\n"), Just("\r\n"), Just("\r")], 16),
+            cuts in proptest::collection::vec(0usize..200, 0..6),
         ) {
-            let whole = LineEnds::default().rewrite(&body);
-            prop_assert!(!whole.contains(&b'\r'));
-            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(body.len())).collect();
-            cuts.sort_unstable();
-            let mut ends = LineEnds::default();
-            let mut pieces = Vec::new();
-            let mut from = 0;
-            for cut in cuts.into_iter().chain([body.len()]) {
-                pieces.extend(ends.rewrite(&body[from..cut]));
-                from = cut;
+            let mut lines = Vec::new();
+            for (name, data, copies) in &events {
+                if !name.is_empty() {
+                    lines.push(format!("event: {name}"));
+                }
+                for _ in 0..*copies {
+                    lines.push(format!("data: {data}"));
+                }
+                lines.push(String::new());
             }
-            prop_assert_eq!(pieces, whole);
+            let plain: String = lines.iter().map(|line| format!("{line}\n")).collect();
+            let mut mixed = String::new();
+            let mut before = "";
+            for (line, &eol) in lines.iter().zip(ends.iter().cycle()) {
+                // A CR, an empty line and an LF read as one CRLF: that empty line ends its
+                // event, so it is written ended by CRLF instead.
+                let eol = if before == "\r" && line.is_empty() && eol == "\n" { "\r\n" } else { eol };
+                mixed.push_str(line);
+                mixed.push_str(eol);
+                before = eol;
+            }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(mixed.len())).collect();
+            cuts.sort_unstable();
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let whole = runtime.block_on(events_of(&plain, &[]));
+            prop_assert_eq!(whole.len(), events.len());
+            prop_assert_eq!(runtime.block_on(events_of(&mixed, &cuts)), whole);
         }
-    }
-
-    #[test]
-    fn each_line_end_becomes_one_lf() {
-        let mut ends = LineEnds::default();
-        assert_eq!(ends.rewrite(b"a\r\nb\rc\nd\r\r\n"), b"a\nb\nc\nd\n\n");
-        assert_eq!(ends.rewrite(b"e\r"), b"e\n");
-        assert_eq!(
-            ends.rewrite(b"\nf"),
-            b"f",
-            "the LF completing a CRLF cut in two"
-        );
     }
 }
