@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live bench-kills chaos fuzz
+.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live bench-kills bench-triggers chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -123,6 +123,11 @@ bench-sqs:
 ## and started again three times; the last reply against its ideal, and generations per task.
 bench-kills:
 	bash deploy/bench-kills.sh 1000 3 3
+
+## bench-triggers: what each trigger of the schema costs the worker's two calls (pgbench with
+## PostgreSQL timing every PL/pgSQL function), three rounds of 8 s.
+bench-triggers:
+	bash deploy/bench-triggers.sh 8 3
 
 ## bench-live: P8, live replies: 200 presses of 1,200-character replies (300 ms to the first
 ## token, then about 2 s of text), 8 at once, live text on (every 75 ms) and off, three runs:
