@@ -79,17 +79,20 @@ rate() {  # rate LABEL URL: empties the tables, runs pgbench, prints "lifecycles
 : >"$dir/functions.tsv"
 for round in $(seq 1 "$rounds"); do
   sql "select pg_stat_reset_single_function_counters(oid) from ($functions) f" >/dev/null
-  if [ $((round % 2)) -eq 1 ]; then
-    read -r on latency < <(rate "r$round-on" "$timed_url")
-    switch disable
-    read -r off _ < <(rate "r$round-off" "$db_url")
-    switch enable
-  else
-    switch disable
-    read -r off _ < <(rate "r$round-off" "$db_url")
-    switch enable
-    read -r on latency < <(rate "r$round-on" "$timed_url")
-  fi
+  order=(on off)
+  [ $((round % 2)) -eq 1 ] || order=(off on)
+  for variant in "${order[@]}"; do
+    # An assignment, so that a failed pgbench stops the script (set -e).
+    if [ "$variant" = on ]; then
+      result=$(rate "r$round-on" "$timed_url")
+      read -r on latency <<<"$result"
+    else
+      switch disable
+      result=$(rate "r$round-off" "$db_url")
+      switch enable
+      read -r off _ <<<"$result"
+    fi
+  done
   sleep 1  # the sessions' statistics reach the cumulative views as they exit
   lifecycles=$(awk -v tps="$on" -v s="$seconds" 'BEGIN { printf "%d", tps * s }')
   # round, function, calls, total ms, self ms; and the lifecycles and rates of the round
