@@ -113,12 +113,22 @@ impl Store {
     }
 
     /// This store, with the leases of running calls renewed together: every `every`, one call
-    /// extends each by `extend` (see [`renewals`]). Starts the renewer on the current runtime.
-    pub fn batching_renewals(mut self, every: Duration, extend: Duration) -> Self {
+    /// extends each by `extend`, and every `check` (when set) one read finds the leases that
+    /// ended meanwhile (see [`renewals`]). Starts the renewer on the current runtime.
+    pub fn batching_renewals(
+        mut self,
+        every: Duration,
+        extend: Duration,
+        check: Option<Duration>,
+    ) -> Self {
         let writer = self.writer();
         self.renewer = Some(std::sync::Arc::new(renewals::LeaseRenewer::start(
             writer,
-            renewals::RenewalTimes { every, extend },
+            renewals::RenewalTimes {
+                every,
+                extend,
+                check,
+            },
         )));
         self
     }

@@ -35,6 +35,8 @@ struct Held {
     lost: Option<oneshot::Sender<Refusal>>,
     /// A lone renewal of this row is out: leave it out of the batch until it answers.
     alone: bool,
+    /// When the call began, so that a check between renewals skips calls younger than it.
+    since: tokio::time::Instant,
 }
 
 impl HeldLeases {
@@ -53,17 +55,20 @@ impl HeldLeases {
     }
 }
 
-/// How the batched renewer runs: every `every`, each lease extended by `extend` from now.
+/// How the batched renewer runs: every `every`, each lease extended by `extend` from now;
+/// every `check` in between (when set), one read of which leases ended.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RenewalTimes {
     pub every: Duration,
     pub extend: Duration,
+    pub check: Option<Duration>,
 }
 
 /// The running renewer of a store, and the leases it renews.
 #[derive(Debug)]
 pub(crate) struct LeaseRenewer {
     leases: Arc<HeldLeases>,
+    checked: bool,
 }
 
 impl LeaseRenewer {
@@ -71,7 +76,10 @@ impl LeaseRenewer {
     pub(crate) fn start(store: Sessions, times: RenewalTimes) -> Self {
         let leases = Arc::new(HeldLeases::default());
         tokio::spawn(renew_batches(store, Arc::downgrade(&leases), times));
-        Self { leases }
+        Self {
+            leases,
+            checked: times.check.is_some(),
+        }
     }
 }
 
@@ -86,6 +94,7 @@ enum Renewing {
         leases: Arc<HeldLeases>,
         key: (Uuid, i64),
         lost: oneshot::Receiver<Refusal>,
+        checked: bool,
     },
     /// On its own: one renewal per interval, by this hold.
     Alone {
@@ -105,6 +114,7 @@ impl LeaseHold {
                 lease: lease.clone(),
                 lost: Some(sender),
                 alone: false,
+                since: tokio::time::Instant::now(),
             },
         );
         Self {
@@ -112,6 +122,7 @@ impl LeaseHold {
                 leases: Arc::clone(&renewer.leases),
                 key,
                 lost,
+                checked: renewer.checked,
             },
         }
     }
@@ -121,9 +132,19 @@ impl LeaseHold {
             how: Renewing::Alone {
                 store,
                 lease: lease.clone(),
-                times: RenewalTimes { every, extend },
+                times: RenewalTimes {
+                    every,
+                    extend,
+                    check: None,
+                },
             },
         }
+    }
+
+    /// Whether the end of this lease by someone else (a user's Stop, a takeover) is heard
+    /// between renewals without listening: the batch's checks read it (`worker.lease_check_ms`).
+    pub fn checked(&self) -> bool {
+        matches!(&self.how, Renewing::Batched { checked: true, .. })
     }
 
     /// Waits until a renewal is refused, and says why. A renewal that fails on I/O is tried
@@ -165,38 +186,86 @@ impl Drop for LeaseHold {
     }
 }
 
-/// Renews every held lease once per interval until the renewer is dropped.
+/// Renews every held lease once per interval, and checks between renewals which of them ended,
+/// until the renewer is dropped.
 async fn renew_batches(store: Sessions, leases: Weak<HeldLeases>, times: RenewalTimes) {
     let mut ticks = tokio::time::interval(times.every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
+    // Without checks between renewals (none asked, or no more often than the renewals, which
+    // are checks themselves) this interval never fires: its period is beyond any run.
+    let check_every = times
+        .check
+        .filter(|check| *check < times.every)
+        .unwrap_or(Duration::from_secs(86_400 * 365));
+    let mut checks = tokio::time::interval(check_every);
+    checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    checks.tick().await;
     loop {
-        ticks.tick().await;
+        let renewing = tokio::select! {
+            _ = ticks.tick() => true,
+            _ = checks.tick() => false,
+        };
         let Some(leases) = leases.upgrade() else {
             return;
         };
-        let batch: Vec<Lease> = leases
-            .lock()
-            .values()
-            .filter(|h| !h.alone)
-            .map(|h| h.lease.clone())
-            .collect();
-        if batch.is_empty() {
-            continue;
+        if renewing {
+            renew_round(&store, &leases, times.extend).await;
+        } else {
+            check_round(&store, &leases, check_every, times.extend).await;
         }
-        metrics::histogram!(crate::telemetry::names::RENEWAL_BATCH_ROWS).record(batch.len() as f64);
-        match renew_rows(&store, &batch, times.extend).await {
-            Ok(answers) => {
-                for (lease, answer) in batch.into_iter().zip(answers) {
-                    if answer != Answer::Renewed {
-                        renew_alone(&store, &leases, lease, times.extend);
-                    }
+    }
+}
+
+async fn renew_round(store: &Sessions, leases: &Arc<HeldLeases>, extend: Duration) {
+    let batch: Vec<Lease> = leases
+        .lock()
+        .values()
+        .filter(|h| !h.alone)
+        .map(|h| h.lease.clone())
+        .collect();
+    if batch.is_empty() {
+        return;
+    }
+    metrics::histogram!(crate::telemetry::names::RENEWAL_BATCH_ROWS).record(batch.len() as f64);
+    match renew_rows(store, &batch, extend).await {
+        Ok(answers) => {
+            for (lease, answer) in batch.into_iter().zip(answers) {
+                if answer != Answer::Renewed {
+                    renew_alone(store, leases, lease, extend);
                 }
             }
-            // Not renewed this time; the lease outlasts more than one interval (validated), and
-            // the next tick tries them all again.
-            Err(e) => crate::telemetry::store_error("renew", &e),
         }
+        // Not renewed this time; the lease outlasts more than one interval (validated), and
+        // the next tick tries them all again.
+        Err(e) => crate::telemetry::store_error("renew", &e),
+    }
+}
+
+/// One read of which leases, held for at least `age`, no longer hold: a user's Stop or a
+/// takeover ended them. Each is renewed alone, which is refused and says why, and that ends
+/// its call. A call younger than `age` is left to the next check, so calls that end sooner
+/// cost no statement at all. An error leaves it to the next check or renewal: the check is a
+/// hint that cuts a call short, the fenced writes decide.
+async fn check_round(store: &Sessions, leases: &Arc<HeldLeases>, age: Duration, extend: Duration) {
+    let batch: Vec<Lease> = leases
+        .lock()
+        .values()
+        .filter(|h| !h.alone && h.since.elapsed() >= age)
+        .map(|h| h.lease.clone())
+        .collect();
+    if batch.is_empty() {
+        return;
+    }
+    match ended_rows(store, &batch).await {
+        Ok(ended) => {
+            for lease in batch {
+                if ended.contains(&(lease.task_id, lease.version)) {
+                    renew_alone(store, leases, lease, extend);
+                }
+            }
+        }
+        Err(e) => crate::telemetry::store_error("lease_check", &e),
     }
 }
 
@@ -237,6 +306,29 @@ async fn renew_rows(
                 Answer::Again
             }
         })
+        .collect())
+}
+
+/// The leases of `batch` that no longer hold, by the fence's own test (`replyd_lease_holds`);
+/// one read, no lock, no write.
+async fn ended_rows(
+    store: &Sessions,
+    batch: &[Lease],
+) -> Result<std::collections::HashSet<(Uuid, i64)>, StoreError> {
+    let tasks: Vec<Uuid> = batch.iter().map(|l| l.task_id).collect();
+    let versions: Vec<i64> = batch.iter().map(|l| l.version).collect();
+    let client = store.client().await?;
+    let statement = client
+        .prepare_cached(
+            "SELECT i.task_id, i.version FROM unnest($1::uuid[], $2::bigint[]) AS i(task_id, version) \
+             WHERE NOT EXISTS (SELECT 1 FROM reply_tasks r \
+                               WHERE r.task_id = i.task_id AND replyd_lease_holds(r, i.version))",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&tasks, &versions]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| (row.get("task_id"), row.get("version")))
         .collect())
 }
 

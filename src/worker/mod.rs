@@ -103,7 +103,11 @@ pub async fn run_worker(
         store = store.batching_claims(settings.database.batch_max_rows);
     }
     if settings.database.batch_renewals {
-        store = store.batching_renewals(settings.worker.renew_interval(), settings.worker.lease());
+        store = store.batching_renewals(
+            settings.worker.renew_interval(),
+            settings.worker.lease(),
+            settings.worker.lease_check(),
+        );
     }
     let provider = build_provider(&settings.provider).context("provider settings")?;
     // Whether an ambiguous call can be recovered without a second generation.

@@ -10,10 +10,12 @@
 //! only a hint to read the row again; the lease end stays the fallback, so a lost notification
 //! costs time, never correctness.
 //!
-//! Every watch (a parked record, a running call waiting for its cancellation) holds the
-//! listening session's [`Demand`]: a worker with nothing running and nothing parked stops
-//! listening after `database.listen_idle_ms`, and the next watch starts it again (its first
-//! act is to wake every watch, so a change made before it listened is not missed).
+//! A watch that must hear other workers (a parked record; a running call waiting for its
+//! cancellation when `worker.lease_check_ms` is 0) holds the listening session's [`Demand`]:
+//! a worker with nothing parked stops listening after `database.listen_idle_ms`, and the next
+//! such watch starts it again (its first act is to wake every watch, so a change made before
+//! it listened is not missed). A record watches its task from before its first claim, but
+//! listens only once it parks: the fault-free path never makes the worker listen.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -69,7 +71,8 @@ pub struct TaskWatch {
     task: TaskId,
     receiver: watch::Receiver<u64>,
     parked: ParkedTasks,
-    _need: DemandHold,
+    /// Held once the watch listens, until it is dropped.
+    need: Option<DemandHold>,
 }
 
 impl ParkedTasks {
@@ -79,10 +82,9 @@ impl ParkedTasks {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts watching `task`.
+    /// Starts watching `task`: the watch hears this process's own wake-ups at once, and other
+    /// workers' once [`TaskWatch::listen`] asks for the listening session.
     pub fn watch(&self, task: TaskId) -> TaskWatch {
-        // Held before the entry exists: a session it starts wakes this watch once it listens.
-        let need = self.demand.hold();
         let mut entries = self.lock();
         let entry = entries.entry(task).or_insert_with(|| Entry {
             wake: watch::channel(0).0,
@@ -95,7 +97,7 @@ impl ParkedTasks {
             task,
             receiver,
             parked: self.clone(),
-            _need: need,
+            need: None,
         }
     }
 
@@ -132,6 +134,17 @@ impl ParkedTasks {
 }
 
 impl TaskWatch {
+    /// Hears other workers' changes of the task too: holds the listening session from now on.
+    /// Anything that changed since the watch was taken still wakes it: either the session
+    /// listened all along and relayed it, or it (re)starts now and its first act wakes every
+    /// watch. So a record need not listen before it parks, and a worker whose records are
+    /// not parked does not listen at all.
+    pub fn listen(&mut self) {
+        if self.need.is_none() {
+            self.need = Some(self.parked.demand.hold());
+        }
+    }
+
     /// Returns once the task was woken since this watch was taken or last returned. Pending
     /// for ever if nobody wakes it: always race it against the lease end.
     pub async fn changed(&mut self) {

@@ -202,7 +202,7 @@ impl TaskRunner {
     ) -> Option<RunEnd> {
         let id = task_id.to_string();
         // Watched from before the first claim, so a lease that ends between a claim and the
-        // park below still wakes this run.
+        // park below still wakes this run (the park listens; see `TaskWatch::listen`).
         let mut watch = self.parked.watch(task_id);
         let source = record.as_ref().map(|r| r.source);
         let mut record = record;
@@ -635,9 +635,15 @@ impl TaskRunner {
             .store
             .hold(lease, self.settings.renew_interval, self.settings.lease);
         // A change of the task's status while this assignment holds it is someone else's end
-        // of it, a user's Stop most often: look at once instead of at the next renewal, so
-        // the call is cut short while the user still waits for it to stop.
-        let mut changed = self.parked.watch(TaskId::from(lease.task_id));
+        // of it, a user's Stop most often: it must cut the call short while the user still
+        // waits for it to stop, not at the next renewal. The batch's lease checks read it
+        // (`worker.lease_check_ms`) without a listening session; without them, the call
+        // listens for its task's changes and looks at once.
+        let mut changed = (!hold.checked()).then(|| {
+            let mut watch = self.parked.watch(TaskId::from(lease.task_id));
+            watch.listen();
+            watch
+        });
         tokio::pin!(call);
         loop {
             let refusal = tokio::select! {
@@ -645,7 +651,7 @@ impl TaskRunner {
                 biased;
                 _ = cancel.cancelled() => return Guarded::Cancelled,
                 refusal = hold.lost() => refusal,
-                () = changed.changed() => {
+                () = changed_or_never(&mut changed) => {
                     // A renewal is the fenced look: refused when the task is no longer this
                     // assignment's. An error leaves it to the next regular renewal.
                     match self.store.renew(lease, self.settings.lease).await {
@@ -858,11 +864,20 @@ impl TaskRunner {
         wait: Duration,
         watch: &mut TaskWatch,
     ) -> bool {
+        watch.listen();
         tokio::select! {
             biased;
             _ = cancel.cancelled() => false,
             _ = watch.changed() => true,
             _ = tokio::time::sleep(wait) => true,
         }
+    }
+}
+
+/// The next change of a watched task, or never when nothing is watched.
+async fn changed_or_never(watch: &mut Option<TaskWatch>) {
+    match watch {
+        Some(watch) => watch.changed().await,
+        None => std::future::pending().await,
     }
 }

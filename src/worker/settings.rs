@@ -41,6 +41,14 @@ pub struct WorkerSettings {
     pub lease_ms: u64,
     /// How often a running call renews its lease; well under `lease_ms`.
     pub renew_interval_ms: u64,
+    /// How often, between renewals, the worker reads whether the leases of its calls running
+    /// longer than this still hold (one statement for all of them), so that a user's Stop or a
+    /// takeover cuts a call short within about this. 0: each running call listens for its
+    /// task's changes instead (heard at once, but the worker's session then listens whenever a
+    /// call runs, and every notifying commit of the database wakes it). Needs
+    /// `database.batch_renewals`; without it, calls listen. At least 50 when set; at or above
+    /// `renew_interval_ms` the renewals themselves are the checks. Default 250.
+    pub lease_check_ms: u64,
     /// How long a revoked partition's in-flight records may run before their offsets are
     /// committed and the partition let go; what is left is cancelled (and fenced, I2).
     pub drain_timeout_ms: u64,
@@ -73,6 +81,7 @@ impl Default for WorkerSettings {
             read_ahead: None,
             lease_ms: 10_000,
             renew_interval_ms: 2_000,
+            lease_check_ms: 250,
             drain_timeout_ms: 10_000,
             commit_interval_ms: 1_000,
             max_prompt_bytes: rules.max_prompt_bytes,
@@ -113,6 +122,15 @@ impl WorkerSettings {
                 format!(
                     "{} must be positive and at most half of worker.lease_ms ({}), so one lost renewal does not lose the lease",
                     self.renew_interval_ms, self.lease_ms
+                ),
+            );
+        }
+        if self.lease_check_ms != 0 && self.lease_check_ms < 50 {
+            refuse(
+                "worker.lease_check_ms",
+                format!(
+                    "{} must be 0 (listen instead) or at least 50: more often, the checks cost the database more than a listening session",
+                    self.lease_check_ms
                 ),
             );
         }
@@ -165,6 +183,11 @@ impl WorkerSettings {
 
     pub fn renew_interval(&self) -> Duration {
         Duration::from_millis(self.renew_interval_ms)
+    }
+
+    /// How often the leases of running calls are checked between renewals; None: calls listen.
+    pub fn lease_check(&self) -> Option<Duration> {
+        (self.lease_check_ms > 0).then(|| Duration::from_millis(self.lease_check_ms))
     }
 
     pub fn drain_timeout(&self) -> Duration {

@@ -916,7 +916,7 @@ async fn batched_renewals_keep_each_lease_and_end_only_the_call_whose_lease_is_g
     let renewing = db
         .store
         .clone()
-        .batching_renewals(RENEW_EVERY, Duration::from_secs(1));
+        .batching_renewals(RENEW_EVERY, Duration::from_secs(1), None);
     let mut leases = Vec::new();
     for _ in 0..3 {
         let task = new_task(&db, 3).await;
@@ -978,6 +978,51 @@ async fn batched_renewals_keep_each_lease_and_end_only_the_call_whose_lease_is_g
 }
 
 #[tokio::test]
+async fn a_lease_check_between_renewals_ends_only_the_call_whose_task_was_stopped() {
+    // The Stop heard without listening: renewals an hour apart, leases of an hour, checks every
+    // 50 ms. Only a check can tell the call of the stopped task that its lease is gone; the
+    // neighbour's call hears nothing, and the check writes nothing (its lease is unchanged).
+    let db = TestDb::new().await;
+    let hour = Duration::from_secs(3_600);
+    let renewing = db
+        .store
+        .clone()
+        .batching_renewals(hour, hour, Some(Duration::from_millis(50)));
+    let stopped = new_task(&db, 3).await;
+    let neighbour = new_task(&db, 3).await;
+    let a = claim_ok(&db.store, stopped, "worker-a", hour).await;
+    let n = claim_ok(&db.store, neighbour, "worker-a", hour).await;
+    let mut hold_a = renewing.hold(&a, hour, hour);
+    let mut hold_n = renewing.hold(&n, hour, hour);
+    assert!(
+        hold_a.checked(),
+        "a batched hold with checks does not need to listen"
+    );
+    let neighbour_until = stored_lease_until(&db, neighbour).await;
+
+    assert_eq!(
+        db.store.cancel(stopped).await.unwrap(),
+        replyd::store::cancels::CancelOutcome::Cancelled
+    );
+    let refusal = tokio::time::timeout(MUST_END, hold_a.lost())
+        .await
+        .expect("the stopped task's call is told by a check");
+    assert_eq!(refusal, Refusal::Cancelled);
+    // Several checks later, the neighbour is still untouched.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(told_lost(&mut hold_n), None, "the neighbour's lease holds");
+    assert_eq!(
+        stored_lease_until(&db, neighbour).await,
+        neighbour_until,
+        "a check reads; it renews nothing"
+    );
+
+    let without = db.store.clone().batching_renewals(hour, hour, None);
+    let hold = without.hold(&n, hour, hour);
+    assert!(!hold.checked(), "without checks a call listens");
+}
+
+#[tokio::test]
 async fn a_renewal_batch_skips_a_locked_row_and_its_lone_renewal_is_refused_if_the_lease_runs_out_during_the_wait()
  {
     // I2, the lock-wait case through the renewer: the batch does not wait on A's locked row, so
@@ -987,7 +1032,7 @@ async fn a_renewal_batch_skips_a_locked_row_and_its_lone_renewal_is_refused_if_t
     let renewing = db
         .store
         .clone()
-        .batching_renewals(RENEW_EVERY, Duration::from_secs(1));
+        .batching_renewals(RENEW_EVERY, Duration::from_secs(1), None);
     let task = new_task(&db, 3).await;
     let a = claim_ok(&db.store, task, "worker-a", Duration::from_secs(1)).await;
     let neighbour_task = new_task(&db, 3).await;

@@ -1116,7 +1116,8 @@ async fn with_the_listening_session_killed_parked_records_still_finish() {
         app.pid("w2")
     );
     app.produce_to_partitions(&all, &[0, 1]).await;
-    // The listeners must exist before they can be killed: a worker listens once it has work.
+    // The listeners must exist before they can be killed: a worker listens once a record parks
+    // (each task is on both partitions, so every task's second record parks).
     wait_until("both listeners are connected", LIMIT, || {
         let (client, sql) = (
             &client,
