@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live bench-kills bench-triggers chaos fuzz
+.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live bench-kills bench-triggers bench-fairness chaos fuzz
 
 build:
 	$(CARGO) build --release
@@ -123,6 +123,14 @@ bench-sqs:
 ## and started again three times; the last reply against its ideal, and generations per task.
 bench-kills:
 	bash deploy/bench-kills.sh 1000 3 3
+
+## bench-fairness: a small workspace behind a big one's burst (I10): workspace A publishes
+## 2,000 tasks, B 20 three seconds later, against a mock limited to 50 requests/s and 64 at
+## once (declared): each workspace's publish → completed, throughput against the limit; then
+## 10 workspaces with skewed backlogs: Jain's index while all are backlogged.
+bench-fairness:
+	bash deploy/bench-fairness.sh burst
+	bash deploy/bench-fairness.sh skewed
 
 ## bench-triggers: what each trigger of the schema costs the worker's two calls (pgbench with
 ## PostgreSQL timing every PL/pgSQL function), three rounds of 8 s.

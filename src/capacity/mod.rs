@@ -11,7 +11,9 @@
 //! The budget is kept in PostgreSQL ([`crate::store::capacity`]): one refill loop per model in
 //! each worker asks, in one call, for the send times of the calls waiting in that worker (a
 //! quarter of a second ahead at most) and for its share of the slots, and hands them out in
-//! arrival order, so a call costs no round trip of its own. The share is renewed while the
+//! weighted fair order by workspace (I10, [`replyd_core::fair`]): a workspace whose calls
+//! arrive behind another's backlog gets the next permits in turn with it, not after it. A
+//! call costs no round trip of its own. The share is renewed while the
 //! worker uses it and lapses when the worker vanishes.
 //!
 //! Where nothing is configured for a model and `capacity.adaptive` is on, the budget is the
@@ -27,7 +29,7 @@
 use replyd_core::pacing;
 pub mod settings;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,6 +41,7 @@ pub use settings::{CapacityLimits, CapacitySettings};
 use crate::store::Store;
 use crate::store::capacity::GrantAsk;
 use crate::telemetry;
+use replyd_core::fair::FairQueue;
 
 /// How long a worker lets calls go freely, without asking the database, while a model has
 /// nothing configured, learned or paused.
@@ -98,7 +101,9 @@ struct BucketState {
     /// The concurrency share this worker holds, and how much of it is in use.
     slots: u32,
     in_use: u32,
-    waiting: VecDeque<Waiter>,
+    /// Waiting calls by workspace, in fair order.
+    /// Waiting calls by workspace and lane (the record's partition), in fair order.
+    waiting: FairQueue<String, i32, Waiter>,
     /// Letting calls go freely until then (nothing configured, learned or paused).
     free_until: Option<Instant>,
     refilling: bool,
@@ -137,11 +142,14 @@ impl Capacity {
         }
     }
 
-    /// Waits for the right to call `model` with a request of about `tokens` tokens; None when
-    /// `cancel` fires first.
+    /// Waits for the right to call `model` with a request of about `tokens` tokens, for a task
+    /// of `workspace` whose record came from partition `lane` (any number where there is
+    /// none): a workspace's calls go its partitions in turn, so each partition's window frees
+    /// evenly. None when `cancel` fires first.
     pub async fn acquire(
         &self,
         model: &str,
+        (workspace, lane): (&str, i32),
         tokens: u64,
         cancel: &CancellationToken,
     ) -> Option<Permit> {
@@ -176,7 +184,9 @@ impl Capacity {
                 }
             }
             let (send, receive) = oneshot::channel();
-            state.waiting.push_back(Waiter { tokens, send });
+            state
+                .waiting
+                .push(workspace.to_owned(), lane, 1, Waiter { tokens, send });
             telemetry::capacity_waiting(&bucket.name, state.waiting.len());
             if !state.refilling {
                 state.refilling = true;
@@ -316,13 +326,13 @@ impl Bucket {
         self.wake.notify_one();
     }
 
-    /// Hands the first `delays.len()` waiters their send times, in arrival order. A waiter
+    /// Hands the next `delays.len()` waiters their send times, in fair order. A waiter
     /// that gave up meanwhile gets nothing (its send time is spent: the budget counted it).
     /// Returns how many permits were taken.
     fn serve(self: &Arc<Self>, state: &mut BucketState, now: Instant, delays: &[Duration]) -> u64 {
         let mut taken = 0;
         for delay in delays {
-            let Some(waiter) = state.waiting.pop_front() else {
+            let Some((_, _, waiter)) = state.waiting.pop(|_| true) else {
                 break;
             };
             let slotted = self.slotted();
@@ -392,8 +402,7 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
             } else {
                 let waiters: Vec<u64> = state
                     .waiting
-                    .iter()
-                    .take(MAX_SCHEDULED)
+                    .in_order(MAX_SCHEDULED)
                     .map(|w| w.tokens)
                     .collect();
                 let want_slots =

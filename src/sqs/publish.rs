@@ -1,5 +1,6 @@
 //! The relay's SQS sink (`relay.sink = "sqs"`): the same outbox rows, sent as messages whose
-//! body is the record in base64 and whose `traceparent` attribute carries the trace, in
+//! body is the record in base64, whose `traceparent` attribute carries the trace and whose
+//! `MessageGroupId` is the task's workspace (SQS fair queues, I10), in
 //! `SendMessageBatch` calls of at most ten messages and at most the queue's
 //! `MaximumMessageSize` together. A row SQS acknowledges is published; a row whose message is
 //! larger than the queue takes can never be sent and is refused for good (its task fails with
@@ -72,6 +73,12 @@ impl SqsPublisher {
             let mut entry = SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
                 .message_body(body);
+            // The workspace as the message group: on a standard queue SQS's fair queues keep
+            // one workspace's backlog from delaying the others' messages (I10).
+            let owner = replyd_core::proto::record_owner(Some(&row.payload));
+            if !owner.is_empty() {
+                entry = entry.message_group_id(owner);
+            }
             if let Some(value) = traceparent {
                 bytes += TRACEPARENT.len() + "String".len() + value.len();
                 entry = entry.message_attributes(

@@ -224,13 +224,15 @@ impl Shared {
         }
     }
 
-    /// Takes one record: starts it if its partition's window and the global window have room,
-    /// else queues it in the partition's backlog. Skips records of partitions not (or no
+    /// Takes one record: queues it by its workspace, then starts what the windows have room
+    /// for, in fair order (it may be this record, or others). Skips records of partitions not (or no
     /// longer) ours, and everything once stopping.
     fn dispatch(self: &Arc<Self>, message: OwnedMessage) {
         let key = PartitionKey::new(message.topic(), message.partition());
         let offset = message.offset();
-        let start = {
+        // Whose it is, for the fair order between workspaces; read outside the lock.
+        let owner = replyd_core::proto::record_owner(rdkafka::Message::payload(&message));
+        let ready = {
             let mut state = self.lock();
             if state.stopping {
                 // Not begun, so never committed past: the next owner reads it.
@@ -248,15 +250,19 @@ impl Shared {
                 tracing::warn!(partition = key.partition, offset, error = %e, "record out of order; skipped");
                 return;
             }
-            match state.windows.offer(&key, message) {
-                Offer::Start(start) => Some(Start::of(start)),
-                Offer::Queued => None,
+            match state.windows.offer(&key, owner, 1, message) {
+                Offer::Queued => state
+                    .windows
+                    .take_ready()
+                    .into_iter()
+                    .map(Start::of)
+                    .collect::<Vec<_>>(),
                 // Checked above: the partition is assigned.
                 Offer::NotAssigned(_) => return,
             }
         };
         telemetry::record_received(&key);
-        if let Some(start) = start {
+        for start in ready {
             self.spawn(start);
         }
     }

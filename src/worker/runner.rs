@@ -252,7 +252,8 @@ impl TaskRunner {
             let wait = match claim {
                 ClaimOutcome::Claimed(lease) | ClaimOutcome::TookOver(lease) => {
                     tracing::Span::current().record("assignment_version", lease.version);
-                    match self.attempt(&stored, &lease, cancel, trace).await {
+                    let lane = source.map_or(-1, |s| s.partition);
+                    match self.attempt(&stored, &lease, lane, cancel, trace).await {
                         AttemptEnd::Terminal(how) => return Some(RunEnd::Terminal(how)),
                         AttemptEnd::Cancelled => return None,
                         AttemptEnd::Again { wait } => wait,
@@ -329,11 +330,13 @@ impl TaskRunner {
     }
 
     /// One claimed attempt: the provider call raced against cancellation and the lease
-    /// renewer, then the fenced write of its result.
+    /// renewer, then the fenced write of its result. `lane` is the record's partition (-1
+    /// without one), the capacity queue's lane.
     async fn attempt(
         &self,
         stored: &StoredTask,
         lease: &Lease,
+        lane: i32,
         cancel: &CancellationToken,
         trace: &Span,
     ) -> AttemptEnd {
@@ -356,7 +359,12 @@ impl TaskRunner {
             .guarded(
                 lease,
                 cancel,
-                self.capacity.acquire(&request.model, tokens, cancel),
+                self.capacity.acquire(
+                    &request.model,
+                    (&stored.spec.workspace_id, lane),
+                    tokens,
+                    cancel,
+                ),
             )
             .await
         {

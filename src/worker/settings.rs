@@ -26,11 +26,14 @@ pub struct WorkerSettings {
     pub global_window: usize,
     /// Records of one partition received and waiting for a window slot. When this many wait,
     /// the partition is paused; it resumes when half have started. Memory stays bounded by
-    /// window + read-ahead records per partition. Unset: twice the partition window, at least
-    /// 64. Pausing drops what the Kafka client had fetched for the partition, so each resume
-    /// fetches again: half a read-ahead must cover that refetch at the rate the window
-    /// finishes records, or the window runs dry (at 200 ms a call, window 64 kept 0.81 of its
-    /// calls open with a read-ahead of one window and 0.97 with two; docs/BENCHMARKS.md).
+    /// window + read-ahead records per partition. Unset: eight partition windows, at least
+    /// 512. It is what lets the worker see one workspace's records behind another's backlog
+    /// and start them in their fair turn (I10): a backlog deeper than the read-ahead holds
+    /// the records behind it back until it drains to half. Pausing also drops what the Kafka
+    /// client had fetched for the partition, so each resume fetches again: half a read-ahead
+    /// must cover that refetch at the rate the window finishes records, or the window runs
+    /// dry (at 200 ms a call, window 64 kept 0.81 of its calls open with a read-ahead of one
+    /// window and 0.97 with two; docs/BENCHMARKS.md).
     pub read_ahead: Option<usize>,
     /// Length of a task lease. A worker that stalls longer loses the task to another. A killed
     /// worker's tasks are taken over as soon as its partitions are given to another member (or
@@ -93,8 +96,9 @@ impl Default for WorkerSettings {
     }
 }
 
-/// The smallest default read-ahead: enough to hide a refetch at small windows.
-pub const MIN_READ_AHEAD: usize = 64;
+/// The smallest default read-ahead: enough to hide a refetch at small windows, and to see a
+/// few hundred records past another workspace's backlog.
+pub const MIN_READ_AHEAD: usize = 512;
 
 impl WorkerSettings {
     /// What is wrong with `[worker]` on its own: windows, the renewal against the lease, the attempt budget, the commit interval. Each problem names its setting.
@@ -175,10 +179,10 @@ impl WorkerSettings {
         Duration::from_millis(self.lease_ms)
     }
 
-    /// `read_ahead`, or its default: twice the partition window, at least [`MIN_READ_AHEAD`].
+    /// `read_ahead`, or its default: eight partition windows, at least [`MIN_READ_AHEAD`].
     pub fn read_ahead(&self) -> usize {
         self.read_ahead
-            .unwrap_or(self.partition_window.saturating_mul(2).max(MIN_READ_AHEAD))
+            .unwrap_or(self.partition_window.saturating_mul(8).max(MIN_READ_AHEAD))
     }
 
     pub fn renew_interval(&self) -> Duration {

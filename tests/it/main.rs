@@ -14,6 +14,7 @@ mod checker;
 mod deploy;
 mod end_user_boundary;
 mod end_users;
+mod fairness;
 mod forgetting;
 mod front_half;
 mod history;

@@ -1,24 +1,31 @@
-//! Which records run now, pure: each partition's window, the global window, and the bounded
-//! read-ahead behind them. The consumer tells it what arrives, what ends and what is assigned
-//! or taken away, and does what it answers: start a record, queue it, pause or resume a
-//! partition. Keeping these rules here lets a property test hold them over any sequence of
-//! events, and lets every source of records run by the same rules.
+//! Which records run now, pure: each partition's window, the global window, the bounded
+//! read-ahead behind them, and the fair order between workspaces (I10). The consumer tells it
+//! what arrives (and whose it is), what ends and what is assigned or taken away, and does
+//! what it answers: start records, pause or resume a partition. Keeping these rules here lets
+//! a property test hold them over any sequence of events, and lets every source of records
+//! run by the same rules.
 //!
 //! The rules:
 //! - at most `partition` records of one partition run at once, and at most `global` in all;
-//! - a record starts at once only when its partition's window and the global one have room
-//!   and nothing of its partition waits before it: a partition's records start in the order
-//!   they arrived;
-//! - a freed slot goes to the waiting records, partitions taken in turn (by key), so one busy
-//!   partition cannot starve the others of the global window;
+//! - a record that arrives waits; [`Windows::take_ready`] starts waiting records while the
+//!   windows have room, in weighted fair order by workspace ([`crate::fair`]): a workspace
+//!   whose records arrive behind another's backlog starts its next record at the next free
+//!   slot that record fits, not behind the backlog;
+//! - records of one partition and one workspace start in the order they arrived; a partition
+//!   whose window is full holds back only its own records;
 //! - a partition whose waiting records reach `read_ahead` is paused, and resumed once they have
-//!   drained to half: memory stays bounded by window + read-ahead records a partition;
+//!   drained to half: memory stays bounded by window + read-ahead records a partition. The
+//!   read-ahead is what lets a newcomer's records be seen past another workspace's backlog, so
+//!   it is several windows deep;
 //! - every assignment of a partition is a new epoch: a record of an earlier assignment that
 //!   ends late frees nothing in the new one;
 //! - a partition taken away (or everything, at shutdown) drops its waiting records: never
 //!   started, so never committed past, they are read again by the partition's next owner.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
+use std::hash::Hash;
+
+use crate::fair::FairQueue;
 
 /// The windows' sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,13 +40,12 @@ pub struct WindowLimits {
 
 /// One assignment of one partition.
 #[derive(Debug)]
-struct Lane<S, T> {
+struct Lane<S> {
     epoch: u64,
     /// What the caller keeps with the assignment (its cancellation scope), handed back with
     /// every record started in it.
     scope: S,
     running: usize,
-    backlog: VecDeque<T>,
     paused: bool,
 }
 
@@ -54,10 +60,8 @@ pub struct Start<K, S, T> {
 
 /// What became of an offered record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Offer<K, S, T> {
-    /// Start it now.
-    Start(Start<K, S, T>),
-    /// It waits for a slot.
+pub enum Offer<T> {
+    /// It waits for [`Windows::take_ready`] (which may start it at once).
     Queued,
     /// Its partition is not assigned (any more): it is not taken.
     NotAssigned(T),
@@ -82,19 +86,25 @@ pub struct PauseChanges<K> {
 }
 
 /// The windows of one consumer: `K` a partition's key, `S` what the caller keeps with each
-/// assignment, `T` a record.
-#[derive(Debug)]
-pub struct Windows<K, S, T> {
+/// assignment, `T` a record, `C` whose a record is (a workspace).
+pub struct Windows<K, S, T, C = String> {
     limits: WindowLimits,
-    lanes: BTreeMap<K, Lane<S, T>>,
+    lanes: BTreeMap<K, Lane<S>>,
+    waiting: FairQueue<C, K, T>,
     next_epoch: u64,
 }
 
-impl<K: Ord + Clone, S: Clone, T> Windows<K, S, T> {
+impl<K, S, T, C> Windows<K, S, T, C>
+where
+    K: Ord + Hash + Clone,
+    S: Clone,
+    C: Ord + Hash + Clone,
+{
     pub fn new(limits: WindowLimits) -> Self {
         Self {
             limits,
             lanes: BTreeMap::new(),
+            waiting: FairQueue::new(),
             next_epoch: 0,
         }
     }
@@ -108,50 +118,36 @@ impl<K: Ord + Clone, S: Clone, T> Windows<K, S, T> {
             epoch: self.next_epoch,
             scope,
             running: 0,
-            backlog: VecDeque::new(),
             paused: false,
         };
+        self.waiting.drop_lane(&key);
         self.lanes.insert(key, lane).map(released)
     }
 
     /// Partition `key` is taken away: its lane is forgotten, waiting records dropped.
     pub fn release(&mut self, key: &K) -> Option<Released<S>> {
+        self.waiting.drop_lane(key);
         self.lanes.remove(key).map(released)
     }
 
     /// Drops the waiting records of `key` (never started); its running ones go on.
     pub fn drop_waiting(&mut self, key: &K) {
-        if let Some(lane) = self.lanes.get_mut(key) {
-            lane.backlog.clear();
-        }
+        self.waiting.drop_lane(key);
     }
 
     /// Drops every partition's waiting records: nothing new starts (shutdown).
     pub fn drop_all_waiting(&mut self) {
-        for lane in self.lanes.values_mut() {
-            lane.backlog.clear();
-        }
+        self.waiting.clear();
     }
 
-    /// Takes a record of `key`: starts it if the windows have room and nothing of its
-    /// partition waits before it, else queues it.
-    pub fn offer(&mut self, key: &K, item: T) -> Offer<K, S, T> {
-        let room = self.running() < self.limits.global;
-        let Some(lane) = self.lanes.get_mut(key) else {
+    /// Takes a record of `key`, owned by `class` of `weight`: it waits for
+    /// [`Windows::take_ready`], which the caller calls next.
+    pub fn offer(&mut self, key: &K, class: C, weight: u32, item: T) -> Offer<T> {
+        if !self.lanes.contains_key(key) {
             return Offer::NotAssigned(item);
-        };
-        if room && lane.running < self.limits.partition && lane.backlog.is_empty() {
-            lane.running += 1;
-            Offer::Start(Start {
-                key: key.clone(),
-                epoch: lane.epoch,
-                scope: lane.scope.clone(),
-                item,
-            })
-        } else {
-            lane.backlog.push_back(item);
-            Offer::Queued
         }
+        self.waiting.push(class, key.clone(), weight, item);
+        Offer::Queued
     }
 
     /// A record of assignment `epoch` of `key` stopped running. Whether it counted: one of an
@@ -166,39 +162,31 @@ impl<K: Ord + Clone, S: Clone, T> Windows<K, S, T> {
         }
     }
 
-    /// The waiting records that fit the free slots now, partitions taken in turn.
+    /// The waiting records that fit the free slots now, in fair order.
     pub fn take_ready(&mut self) -> Vec<Start<K, S, T>> {
         let mut ready = Vec::new();
-        let mut keys: Vec<K> = self
-            .lanes
-            .iter()
-            .filter(|(_, lane)| !lane.backlog.is_empty())
-            .map(|(key, _)| key.clone())
-            .collect();
         let mut running = self.running();
-        while running < self.limits.global && !keys.is_empty() {
-            keys.retain(|key| {
-                if running >= self.limits.global {
-                    return false;
-                }
-                let Some(lane) = self.lanes.get_mut(key) else {
-                    return false;
-                };
-                if lane.running >= self.limits.partition {
-                    return false;
-                }
-                let Some(item) = lane.backlog.pop_front() else {
-                    return false;
-                };
-                lane.running += 1;
-                running += 1;
-                ready.push(Start {
-                    key: key.clone(),
-                    epoch: lane.epoch,
-                    scope: lane.scope.clone(),
-                    item,
-                });
-                !lane.backlog.is_empty()
+        let partition = self.limits.partition;
+        while running < self.limits.global {
+            let lanes = &self.lanes;
+            let Some((_, key, item)) = self
+                .waiting
+                .pop(|key| lanes.get(key).is_some_and(|lane| lane.running < partition))
+            else {
+                break;
+            };
+            let Some(lane) = self.lanes.get_mut(&key) else {
+                // Unreachable: a lane's records are dropped with it, and `pop` took an open
+                // lane.
+                continue;
+            };
+            lane.running += 1;
+            running += 1;
+            ready.push(Start {
+                key,
+                epoch: lane.epoch,
+                scope: lane.scope.clone(),
+                item,
             });
         }
         ready
@@ -213,7 +201,7 @@ impl<K: Ord + Clone, S: Clone, T> Windows<K, S, T> {
             paused: 0,
         };
         for (key, lane) in self.lanes.iter_mut() {
-            let waiting = lane.backlog.len();
+            let waiting = self.waiting.len_of(key);
             if !lane.paused && waiting >= self.limits.read_ahead {
                 lane.paused = true;
                 changes.pause.push(key.clone());
@@ -244,7 +232,12 @@ impl<K: Ord + Clone, S: Clone, T> Windows<K, S, T> {
 
     /// Records of `key` waiting for a slot.
     pub fn waiting(&self, key: &K) -> usize {
-        self.lanes.get(key).map_or(0, |lane| lane.backlog.len())
+        self.waiting.len_of(key)
+    }
+
+    /// Records waiting for a slot, by class.
+    pub fn waiting_by_class(&self) -> BTreeMap<C, usize> {
+        self.waiting.waiting_by_class()
     }
 
     pub fn is_assigned(&self, key: &K) -> bool {
@@ -257,7 +250,7 @@ impl<K: Ord + Clone, S: Clone, T> Windows<K, S, T> {
     }
 }
 
-fn released<S, T>(lane: Lane<S, T>) -> Released<S> {
+fn released<S>(lane: Lane<S>) -> Released<S> {
     Released {
         scope: lane.scope,
         running: lane.running,
@@ -279,60 +272,86 @@ mod tests {
         read_ahead: 4,
     };
 
-    /// A record: its partition and its place in what that partition delivered.
-    type Record = (u8, u32);
+    /// A record: its partition, its workspace, and its place in what that partition delivered.
+    type Record = (u8, u8, u32);
+
+    /// Offers a record and starts what fits: what the consumer does with each arrival.
+    fn arrive(w: &mut Windows<u8, (), Record, u8>, record: Record) -> Vec<Record> {
+        assert_eq!(w.offer(&record.0, record.1, 1, record), Offer::Queued);
+        w.take_ready().into_iter().map(|s| s.item).collect()
+    }
 
     #[test]
     fn a_record_starts_at_once_only_when_both_windows_have_room() {
-        let mut w: Windows<u8, (), Record> = Windows::new(LIMITS);
+        let mut w: Windows<u8, (), Record, u8> = Windows::new(LIMITS);
         w.assign(0, ());
         w.assign(1, ());
-        assert!(matches!(w.offer(&0, (0, 0)), Offer::Start(_)));
-        assert!(matches!(w.offer(&0, (0, 1)), Offer::Start(_)));
+        assert_eq!(arrive(&mut w, (0, 0, 0)), vec![(0, 0, 0)]);
+        assert_eq!(arrive(&mut w, (0, 0, 1)), vec![(0, 0, 1)]);
         // The partition's window is full.
-        assert_eq!(w.offer(&0, (0, 2)), Offer::Queued);
-        assert!(matches!(w.offer(&1, (1, 0)), Offer::Start(_)));
+        assert_eq!(arrive(&mut w, (0, 0, 2)), vec![]);
+        assert_eq!(arrive(&mut w, (1, 0, 0)), vec![(1, 0, 0)]);
         // The global window is full.
-        assert_eq!(w.offer(&1, (1, 1)), Offer::Queued);
-        assert_eq!(w.offer(&2, (2, 0)), Offer::NotAssigned((2, 0)));
+        assert_eq!(arrive(&mut w, (1, 0, 1)), vec![]);
+        assert_eq!(w.offer(&2, 0, 1, (2, 0, 0)), Offer::NotAssigned((2, 0, 0)));
         assert_eq!(w.running(), 3);
     }
 
     #[test]
-    fn a_freed_slot_goes_to_the_partitions_in_turn() {
-        let mut w: Windows<u8, (), Record> = Windows::new(WindowLimits {
+    fn a_workspace_behind_another_ones_backlog_takes_the_next_free_slots_in_turn() {
+        let mut w: Windows<u8, (), Record, u8> = Windows::new(WindowLimits {
             partition: 4,
             global: 2,
             read_ahead: 100,
         });
         w.assign(0, ());
         w.assign(1, ());
-        let epoch = match w.offer(&0, (0, 0)) {
-            Offer::Start(start) => start.epoch,
-            other => panic!("{other:?}"),
-        };
-        assert!(matches!(w.offer(&0, (0, 1)), Offer::Start(_)));
-        for n in 2..5 {
-            w.offer(&0, (0, n));
+        let epoch = w.lanes[&0].epoch;
+        // Workspace 0's burst fills the window and waits behind it, on both partitions.
+        for n in 0..6 {
+            arrive(&mut w, (n as u8 % 2, 0, n));
         }
-        w.offer(&1, (1, 0));
+        assert_eq!(w.running(), 2);
+        // Workspace 1 arrives behind it, on partition 0.
+        assert_eq!(arrive(&mut w, (0, 1, 0)), vec![]);
+        assert_eq!(arrive(&mut w, (0, 1, 1)), vec![]);
         assert!(w.finish(&0, epoch));
+        assert_eq!(
+            w.take_ready()
+                .into_iter()
+                .map(|s| s.item)
+                .collect::<Vec<_>>(),
+            vec![(0, 1, 0)]
+        );
+        // The next slot goes back to workspace 0 (its turn), the one after to workspace 1.
         assert!(w.finish(&0, epoch));
-        let started: Vec<Record> = w.take_ready().into_iter().map(|s| s.item).collect();
-        assert_eq!(started, vec![(0, 2), (1, 0)]);
+        assert_eq!(
+            w.take_ready()
+                .into_iter()
+                .map(|s| s.item)
+                .collect::<Vec<_>>(),
+            vec![(0, 0, 2)]
+        );
+        assert!(w.finish(&0, epoch));
+        assert_eq!(
+            w.take_ready()
+                .into_iter()
+                .map(|s| s.item)
+                .collect::<Vec<_>>(),
+            vec![(0, 1, 1)]
+        );
+        assert_eq!(w.waiting_by_class(), BTreeMap::from([(0, 3)]));
     }
 
     #[test]
     fn a_late_record_of_an_earlier_assignment_frees_nothing() {
-        let mut w: Windows<u8, (), Record> = Windows::new(LIMITS);
+        let mut w: Windows<u8, (), Record, u8> = Windows::new(LIMITS);
         w.assign(0, ());
-        let old = match w.offer(&0, (0, 0)) {
-            Offer::Start(start) => start.epoch,
-            other => panic!("{other:?}"),
-        };
+        assert_eq!(arrive(&mut w, (0, 0, 0)), vec![(0, 0, 0)]);
+        let old = w.lanes[&0].epoch;
         let replaced = w.assign(0, ()).expect("the first assignment is replaced");
         assert_eq!(replaced.running, 1);
-        assert!(matches!(w.offer(&0, (0, 1)), Offer::Start(_)));
+        assert_eq!(arrive(&mut w, (0, 0, 1)), vec![(0, 0, 1)]);
         assert!(!w.finish(&0, old));
         assert_eq!(w.running(), 1);
     }
@@ -343,8 +362,8 @@ mod tests {
         Release(u8),
         DropWaiting(u8),
         DropAllWaiting,
-        /// A record of the partition arrives.
-        Offer(u8),
+        /// A record of the partition, of the workspace, arrives.
+        Offer(u8, u8),
         /// The `n`-th counted running record (modulo how many) ends.
         Finish(usize),
         /// The `n`-th record of an assignment that has ended (modulo how many) ends late.
@@ -357,7 +376,7 @@ mod tests {
             1 => (0u8..4).prop_map(Event::Release),
             1 => (0u8..4).prop_map(Event::DropWaiting),
             1 => Just(Event::DropAllWaiting),
-            8 => (0u8..4).prop_map(Event::Offer),
+            8 => (0u8..4, 0u8..3).prop_map(|(p, c)| Event::Offer(p, c)),
             6 => any::<usize>().prop_map(Event::Finish),
             2 => any::<usize>().prop_map(Event::FinishStale),
         ]
@@ -383,7 +402,8 @@ mod tests {
         paused: BTreeSet<u8>,
         delivered: BTreeMap<u8, u32>,
         started: BTreeSet<Record>,
-        last_started: BTreeMap<(u8, u64), u32>,
+        /// The last record started of each partition's assignment and workspace.
+        last_started: BTreeMap<(u8, u64, u8), u32>,
         /// Records that ended: finished, dropped unstarted, or refused.
         ended: BTreeSet<Record>,
     }
@@ -392,13 +412,20 @@ mod tests {
         fn start(&mut self, s: Start<u8, u8, Record>) -> Result<(), TestCaseError> {
             prop_assert_eq!(s.scope, s.key, "a record carries its assignment's scope");
             prop_assert!(self.started.insert(s.item), "{:?} started twice", s.item);
-            if let Some(&last) = self.last_started.get(&(s.key, s.epoch)) {
-                prop_assert!(s.item.1 > last, "{:?} started after {}", s.item, last);
+            let class = s.item.1;
+            if let Some(&last) = self.last_started.get(&(s.key, s.epoch, class)) {
+                prop_assert!(s.item.2 > last, "{:?} started after {}", s.item, last);
             }
-            self.last_started.insert((s.key, s.epoch), s.item.1);
+            self.last_started.insert((s.key, s.epoch, class), s.item.2);
             let queue = self.waiting.entry(s.key).or_default();
-            if let Some(pos) = queue.iter().position(|r| *r == s.item) {
-                prop_assert_eq!(pos, 0, "{:?} jumped its partition's queue", s.item);
+            let pos = queue.iter().position(|r| *r == s.item);
+            prop_assert!(pos.is_some(), "{:?} started without having waited", s.item);
+            if let Some(pos) = pos {
+                prop_assert!(
+                    queue[..pos].iter().all(|r| r.1 != class),
+                    "{:?} jumped its partition's queue of its workspace",
+                    s.item
+                );
                 queue.remove(pos);
             }
             self.running.push((s.key, s.epoch, s.item));
@@ -418,18 +445,20 @@ mod tests {
 
     proptest! {
         /// Over any sequence of arrivals, ends, assignments and revocations, driven as the
-        /// consumer drives it (freed slots filled when a record ends): the windows are never
-        /// exceeded; a partition's records start in the order they arrived; no record is
+        /// consumer drives it (free slots filled when a record arrives or ends): the windows are
+        /// never exceeded; a partition's records of one workspace start in the order they
+        /// arrived; no record is
         /// started twice or lost (each one runs, waits, or ended: finished, dropped unstarted
         /// or refused); a slot freed by an end is given to a record that fits it; records
         /// never wait with nothing running that could free a slot; and a partition is paused
         /// at `read_ahead` waiting records and resumed at half.
         #[test]
         fn the_windows_hold_over_any_sequence(limits in limits(), events in prop::collection::vec(event(), 1..200)) {
-            let mut w: Windows<u8, u8, Record> = Windows::new(limits);
+            let mut w: Windows<u8, u8, Record, u8> = Windows::new(limits);
             let mut m = Model::default();
             for event in events {
                 let mut ended_a_record = false;
+                let mut freed_or_arrived = false;
                 match event {
                     Event::Assign(p) => {
                         let replaced = w.assign(p, p);
@@ -456,21 +485,19 @@ mod tests {
                             m.ended.extend(queue);
                         }
                     }
-                    Event::Offer(p) => {
+                    Event::Offer(p, class) => {
                         let n = m.delivered.entry(p).or_default();
-                        let record = (p, *n);
+                        let record = (p, class, *n);
                         *n += 1;
-                        match w.offer(&p, record) {
-                            Offer::Start(s) => {
-                                prop_assert!(
-                                    m.waiting.get(&p).is_none_or(Vec::is_empty),
-                                    "{:?} started before its partition's waiting records", record
-                                );
-                                m.start(s)?;
-                            }
+                        match w.offer(&p, class, 1 + u32::from(class), record) {
                             Offer::Queued => {
                                 prop_assert!(m.assigned.contains(&p));
                                 m.waiting.entry(p).or_default().push(record);
+                                // The consumer starts what fits after each arrival.
+                                for s in w.take_ready() {
+                                    m.start(s)?;
+                                }
+                                freed_or_arrived = true;
                             }
                             Offer::NotAssigned(r) => {
                                 prop_assert_eq!(r, record);
@@ -501,6 +528,7 @@ mod tests {
                     for s in w.take_ready() {
                         m.start(s)?;
                     }
+                    freed_or_arrived = true;
                 }
                 let changes = w.back_pressure();
                 for p in &changes.pause {
@@ -521,10 +549,10 @@ mod tests {
                     let queued = m.waiting.get(&p).map_or(0, Vec::len);
                     prop_assert_eq!(w.waiting(&p), queued);
                     waiting_in_all += queued;
-                    if ended_a_record && queued > 0 {
+                    if freed_or_arrived && queued > 0 {
                         prop_assert!(
                             m.running.len() == limits.global || of_p == limits.partition,
-                            "partition {} has {} waiting beside a slot an end freed", p, queued
+                            "partition {} has {} waiting beside a free slot", p, queued
                         );
                     }
                     if queued >= limits.read_ahead {

@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# make bench-fairness: is a small workspace stuck behind a big one's burst (I10)? Two workers
+# with their defaults and the provider's limits declared (`[capacity]`: 3,000 requests a minute,
+# 64 at once) work a 6-partition topic against the mock at 200 ms enforcing the same limits
+# (anything over them is answered 429 at once, no work done).
+#
+#   deploy/bench-fairness.sh [SHAPE]
+#
+# SHAPE:
+#   burst   (default) workspace A publishes 2,000 tasks at once; 3 s later workspace B
+#           publishes 20. B's 20 calls need 0.4 s of the provider's capacity.
+#   skewed  10 workspaces publish at once, with skewed backlogs: workspace k publishes
+#           400 / (k + 1) tasks (400, 200, 133, ... 40).
+#
+# When every task is terminal (or after BENCH_LIMIT_S, 600 s) it prints, per workspace, the
+# tasks, failed, and the time from its publish to completed (p50, p99, max); then the run's
+# replies per second against the limit (50/s), the requests the mock refused, and Jain's
+# fairness index of the workspaces' completions while every one of them still had work
+# waiting (from the first publish to the first workspace's last completion; 1 is a perfect
+# split by weight, 1/n one workspace taking everything). One JSON line per run goes to
+# target/bench/fairness.jsonl. REPLYD_BIN runs an already built binary (see deploy/lib.sh);
+# WORKER_TOML adds settings to the workers' file; BENCH_LABEL names the binary in the JSON line.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+shape=${1:-burst}
+limit_s=${BENCH_LIMIT_S:-600}
+rpm=3000
+at_once=64
+case "$shape" in
+  burst | skewed) ;;
+  *)
+    echo "bench-fairness: unknown shape '$shape' (burst or skewed)" >&2
+    exit 2
+    ;;
+esac
+
+# shellcheck source=deploy/lib.sh
+. deploy/lib.sh
+prepare
+
+id="fair-$shape-$(date +%Y%m%d%H%M%S)-$$"
+dir="$root/target/bench/$id"
+mkdir -p "$dir"
+{
+  printf '[capacity]\nrequests_per_minute = %s\nmax_concurrent = %s\n' "$rpm" "$at_once"
+  printf '%s\n' "${WORKER_TOML:-}"
+} >"$dir/worker.toml"
+
+start_mock "$dir/mock" --latency-ms 200 --limit-rpm "$rpm" --limit-concurrent "$at_once" --seed 7
+mock=$mock_pid
+db_url=$(schema_url "bench_$id")
+export REPLYD_DATABASE__URL="$db_url"
+export REPLYD_KAFKA__BOOTSTRAP_SERVERS="$KAFKA_BOOTSTRAP"
+export REPLYD_KAFKA__TOPIC="bench-$id"
+export REPLYD_KAFKA__GROUP_ID="bench-$id"
+export REPLYD_PROVIDER__BASE_URL="$mock_url"
+export REPLYD_OBSERVABILITY__LISTEN="127.0.0.1:0"
+"$bin" config check --config "$dir/worker.toml" >/dev/null
+
+"$lab" produce --config "$dir/worker.toml" --create-partitions 6 --count 0 >/dev/null
+workers=()
+for w in w1 w2; do
+  REPLYD_WORKER__WORKER_ID=$w "$bin" worker --config "$dir/worker.toml" 2>"$dir/$w.log" &
+  workers+=($!)
+  pids+=($!)
+done
+wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log"
+
+# publish WORKSPACE COUNT: publishes COUNT tasks of WORKSPACE (100 conversations, spread over
+# the partitions) and records when it began.
+: >"$dir/published"
+publish() {
+  echo "$1 $(date +%s.%N)" >>"$dir/published"
+  "$lab" produce --config "$dir/worker.toml" --workspace "$1" --count "$2" --conversations 100 >/dev/null
+}
+tasks=0
+case "$shape" in
+  burst)
+    publish ws-a 2000 &
+    publishers=($!)
+    sleep 3
+    publish ws-b 20
+    tasks=2020
+    ;;
+  skewed)
+    publishers=()
+    for k in $(seq 0 9); do
+      n=$(( 400 / (k + 1) ))
+      publish "ws-$k" "$n" &
+      publishers+=($!)
+      tasks=$(( tasks + n ))
+    done
+    ;;
+esac
+
+# Only the publishers: the workers run on in the background.
+for pid in "${publishers[@]}"; do wait "$pid"; done
+deadline=$(( $(date +%s) + limit_s ))
+until [ "$(terminal_count "$db_url")" -ge "$tasks" ]; do
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    echo "bench-fairness: not every task was terminal within ${limit_s}s" >&2
+    break
+  fi
+  sleep 0.5
+done
+
+psql -qtA -F ' ' "$db_url" -c \
+  "select workspace_id, status, extract(epoch from finished_at) from reply_tasks" >"$dir/tasks"
+mock_addr=${mock_url#http://}
+stats=$(exec 3<>"/dev/tcp/${mock_addr%:*}/${mock_addr##*:}" && printf 'GET /stats HTTP/1.0\r\n\r\n' >&3 && cat <&3)
+for pid in "${workers[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+for pid in "${workers[@]}"; do wait "$pid" 2>/dev/null || true; done
+kill -TERM "$mock" 2>/dev/null || true
+wait "$mock" 2>/dev/null || true
+echo "$stats" | tr -d '\r' | sed -n '/^{/p' >"$dir/mock-stats.json"
+
+version=${BENCH_LABEL:-$(git rev-parse --short HEAD 2>/dev/null || echo replyd)}
+python3 - "$dir" "$shape" "$tasks" "$rpm" "$version" <<'PY'
+import json, sys
+from collections import defaultdict
+d, shape, tasks, rpm, version = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+published = {}
+for line in open(f"{d}/published"):
+    ws, at = line.split()
+    published[ws] = float(at)
+ends = defaultdict(list)
+failed = defaultdict(int)
+for line in open(f"{d}/tasks"):
+    parts = line.split()
+    if len(parts) < 3:
+        continue
+    ws, status, end = parts[0], parts[1], float(parts[2])
+    if status == "completed":
+        ends[ws].append(end)
+    elif status == "failed":
+        failed[ws] += 1
+
+def q(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p * (len(xs) - 1))))] if xs else None
+
+first = min(published.values())
+# Every workspace backlogged: up to the first workspace's last completion.
+until = min(max(e) for e in ends.values()) if ends else first
+shares = [sum(1 for e in es if e <= until) for es in ends.values()]
+n, s, s2 = len(shares), sum(shares), sum(x * x for x in shares)
+jain = (s * s) / (n * s2) if s2 else 1.0
+stats = json.load(open(f"{d}/mock-stats.json"))
+refused = stats["refused"]
+refusals = refused["requests"] + refused["tokens"] + refused["concurrent"]
+completed = sum(len(e) for e in ends.values())
+last = max((max(e) for e in ends.values()), default=first)
+wall = max(last - first, 0.001)
+per = {}
+for ws in sorted(published):
+    lat = [e - published[ws] for e in ends[ws]]
+    per[ws] = {
+        "tasks": len(lat) + failed[ws],
+        "failed": failed[ws],
+        "p50_s": round(q(lat, 0.5), 2) if lat else None,
+        "p99_s": round(q(lat, 0.99), 2) if lat else None,
+        "max_s": round(max(lat), 2) if lat else None,
+    }
+line = {
+    "bench": "fairness",
+    "shape": shape,
+    "version": version,
+    "tasks": tasks,
+    "completed": completed,
+    "replies_per_s": round(completed / wall, 1),
+    "ratio_to_limit": round(completed / wall / (rpm / 60), 3),
+    "refused": refusals,
+    "jain_while_all_backlogged": round(jain, 3),
+    "backlogged_s": round(until - first, 1),
+    "workspaces": per,
+}
+with open("target/bench/fairness.jsonl", "a") as out:
+    out.write(json.dumps(line) + "\n")
+print(f"bench-fairness: shape={shape} version={version}")
+print("| workspace | tasks | failed | publish to completed, p50 | p99 | max |")
+print("|---|---:|---:|---:|---:|---:|")
+for ws, r in per.items():
+    print(f"| {ws} | {r['tasks']} | {r['failed']} | {r['p50_s']} s | {r['p99_s']} s | {r['max_s']} s |")
+print(
+    f"replies_per_s={line['replies_per_s']} ratio_to_limit={line['ratio_to_limit']} (limit {rpm // 60}/s) "
+    f"refused={refusals}"
+    + (
+        f" jain_while_all_backlogged={line['jain_while_all_backlogged']} (over the first {line['backlogged_s']} s)"
+        if shape == "skewed"
+        else ""
+    )
+)
+PY
