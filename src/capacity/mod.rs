@@ -109,6 +109,9 @@ struct BucketState {
     refilling: bool,
     /// The request limit (a minute's) the provider last reported, as recorded in the budget.
     reported: Option<u64>,
+    /// The budget paced this bucket's calls at its last grant (a rate applies, or a pause):
+    /// a call that waits then waits for its turn, not for a round trip.
+    paced: bool,
     /// Calls let go freely since the budget last heard from this worker: told with the next
     /// grant or refusal (and kept for the one after if that fails), so the learned rate counts
     /// every call that went.
@@ -145,13 +148,17 @@ impl Capacity {
     /// Waits for the right to call `model` with a request of about `tokens` tokens, for a task
     /// of `workspace` whose record came from partition `lane` (any number where there is
     /// none): a workspace's calls go its partitions in turn, so each partition's window frees
-    /// evenly. None when `cancel` fires first.
+    /// evenly. `waits` is called once if the call must wait for its turn under a limit (not
+    /// when it may go at once, nor for the round trip that asks an unlimited budget): the
+    /// caller gives back what it need not hold meanwhile (its window slot).
+    /// None when `cancel` fires first.
     pub async fn acquire(
         &self,
         model: &str,
         (workspace, lane): (&str, i32),
         tokens: u64,
         cancel: &CancellationToken,
+        waits: impl FnOnce(),
     ) -> Option<Permit> {
         let Some(governor) = &self.inner else {
             return Some(Permit {
@@ -161,7 +168,7 @@ impl Capacity {
         };
         let bucket = governor.bucket(model);
         let since = Instant::now();
-        let receive = {
+        let (receive, turn) = {
             // A poisoned lock only means a panic elsewhere; the counts stay usable.
             let mut state = bucket.state.lock().unwrap_or_else(|p| p.into_inner());
             if state.waiting.is_empty() && state.free_until.is_some_and(|until| until > since) {
@@ -183,6 +190,13 @@ impl Capacity {
                     });
                 }
             }
+            // A wait for a turn: a limit is configured (or the budget paced the last grant),
+            // or every slot of this worker's share is in use. Otherwise the wait is only the
+            // round trip that asks the budget, and the caller keeps what it holds.
+            let turn = bucket.limits.requests_per_minute.is_some()
+                || bucket.limits.tokens_per_minute.is_some()
+                || state.paced
+                || (bucket.slotted() && state.in_use >= state.slots);
             let (send, receive) = oneshot::channel();
             state
                 .waiting
@@ -192,9 +206,12 @@ impl Capacity {
                 state.refilling = true;
                 tokio::spawn(refill(Arc::clone(governor), Arc::clone(&bucket)));
             }
-            receive
+            (receive, turn)
         };
         bucket.wake.notify_one();
+        if turn {
+            waits();
+        }
         let permit = tokio::select! {
             biased;
             _ = cancel.cancelled() => return None,
@@ -456,6 +473,7 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
                             && limits.tokens_per_minute.is_none()
                             && granted.blocked_for.is_zero();
                         state.free_until = unpaced.then(|| now + FREE_LEASE);
+                        state.paced = !unpaced;
                         state.slots = granted.slots.max(state.in_use);
                         bucket.serve(&mut state, now, &granted.delays);
                         if state.waiting.is_empty() {

@@ -36,7 +36,7 @@ use super::settings::{MAX_VISIBILITY_TIMEOUT_SECONDS, SQS_BATCH_LIMIT, SqsSettin
 use super::{Sqs, SqsError};
 use crate::probes::Heartbeat;
 use crate::telemetry::{self, RepeatedFailure};
-use crate::worker::source::{RecordHandler, RecordOutcome};
+use crate::worker::source::{RecordHandler, RecordOutcome, WindowSlot};
 
 /// Live facts about the source, for `/readyz` and tests.
 #[derive(Debug, Default)]
@@ -244,9 +244,11 @@ pub async fn run_source<H: RecordHandler<SqsMessage>>(
                 async move {
                     let id = message.message_id.clone();
                     let outcome = loop {
-                        let run = AssertUnwindSafe(
-                            Arc::clone(&handler).handle(message.clone(), cancel.clone()),
-                        )
+                        let run = AssertUnwindSafe(Arc::clone(&handler).handle(
+                            message.clone(),
+                            cancel.clone(),
+                            WindowSlot::none(),
+                        ))
                         .catch_unwind()
                         .await;
                         match run {

@@ -39,7 +39,7 @@ use crate::telemetry;
 use replyd_core::offsets::{InFlightOffsets, PartitionKey};
 use replyd_core::windows::{self, Offer, WindowLimits, Windows};
 
-use super::source::{DeadLetter, Delivery, RecordHandler, RecordOutcome};
+use super::source::{DeadLetter, Delivery, RecordHandler, RecordOutcome, WindowSlot};
 use crate::kafka::dead_letter::DeadLetters;
 
 /// Live facts about the consumer, for `/readyz` and tests.
@@ -79,8 +79,11 @@ impl State {
 }
 
 /// Starts the handler on one record; type-erased so the shared state needs no type parameter.
-type Starter =
-    Arc<dyn Fn(OwnedMessage, CancellationToken) -> BoxFuture<'static, RecordOutcome> + Send + Sync>;
+type Starter = Arc<
+    dyn Fn(OwnedMessage, CancellationToken, WindowSlot) -> BoxFuture<'static, RecordOutcome>
+        + Send
+        + Sync,
+>;
 
 /// A record ready to start, taken out of the state under its lock and spawned after it.
 struct Start {
@@ -123,8 +126,9 @@ impl Shared {
         handler: Arc<H>,
         runtime: Handle,
     ) -> Arc<Self> {
-        let starter: Starter =
-            Arc::new(move |message, cancel| Arc::clone(&handler).handle(message, cancel).boxed());
+        let starter: Starter = Arc::new(move |message, cancel, slot| {
+            Arc::clone(&handler).handle(message, cancel, slot).boxed()
+        });
         Arc::new(Self {
             state: Mutex::new(State::new(WindowLimits {
                 partition: worker.partition_window,
@@ -287,13 +291,29 @@ impl Shared {
             assignment_version = tracing::field::Empty,
         );
         let shared = Arc::clone(self);
+        // Given back at most once, while the record waits for capacity; its end then frees
+        // nothing more.
+        let parked = Arc::new(AtomicBool::new(false));
+        let slot = {
+            let (shared, key, parked) = (Arc::downgrade(self), key.clone(), Arc::clone(&parked));
+            WindowSlot::new(move || {
+                if !parked.swap(true, Ordering::SeqCst)
+                    && let Some(shared) = shared.upgrade()
+                {
+                    shared.park(&key, epoch);
+                }
+            })
+        };
         self.tasks.spawn_on(
             async move {
                 let outcome = loop {
-                    let attempt =
-                        AssertUnwindSafe((shared.starter)(message.clone(), cancel.clone()))
-                            .catch_unwind()
-                            .await;
+                    let attempt = AssertUnwindSafe((shared.starter)(
+                        message.clone(),
+                        cancel.clone(),
+                        slot.clone(),
+                    ))
+                    .catch_unwind()
+                    .await;
                     match attempt {
                         // A Kafka record cannot be handed back (`can_hand_back`); were one
                         // asked to wait anyway, it waits here and runs again.
@@ -315,7 +335,7 @@ impl Shared {
                         }
                     }
                 };
-                shared.finish(&key, epoch, offset, outcome);
+                shared.finish(&key, epoch, offset, outcome, parked.load(Ordering::SeqCst));
             }
             .instrument(span),
             &self.runtime,
@@ -330,14 +350,18 @@ impl Shared {
         epoch: u64,
         offset: i64,
         outcome: RecordOutcome,
+        parked: bool,
     ) {
         let ready = {
             let mut state = self.lock();
             // Only a record of the current assignment counts, and only a done one moves the
-            // commit point.
-            if state.windows.finish(key, epoch)
-                && let RecordOutcome::Done(how) = outcome
-            {
+            // commit point. A record that gave its slot back while it waited frees none now.
+            let counts = if parked {
+                state.windows.holds(key, epoch)
+            } else {
+                state.windows.finish(key, epoch)
+            };
+            if counts && let RecordOutcome::Done(how) = outcome {
                 if let Err(e) = state.offsets.done(key, offset) {
                     tracing::error!(partition = key.partition, offset, error = %e, "offset bookkeeping error");
                 }
@@ -352,6 +376,28 @@ impl Shared {
                 .map(Start::of)
                 .collect::<Vec<_>>()
         };
+        self.finished.notify_all();
+        for start in ready {
+            self.spawn(start);
+        }
+    }
+
+    /// A running record of `key`'s assignment `epoch` waits for capacity: its slot goes to the
+    /// next waiting record in fair order.
+    fn park(self: &Arc<Self>, key: &PartitionKey, epoch: u64) {
+        let ready = {
+            let mut state = self.lock();
+            if !state.windows.park(key, epoch) {
+                return;
+            }
+            state
+                .windows
+                .take_ready()
+                .into_iter()
+                .map(Start::of)
+                .collect::<Vec<_>>()
+        };
+        // A drain waits for running records: this one no longer counts.
         self.finished.notify_all();
         for start in ready {
             self.spawn(start);

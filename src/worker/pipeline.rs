@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::source::{DeadLetter, Delivery, RecordHandler, RecordOutcome};
+use super::source::{DeadLetter, Delivery, RecordHandler, RecordOutcome, WindowSlot};
 use crate::telemetry::{self, trace};
 use replyd_core::domain::{RecordEnd, RecordRules, RecordSource, TaskSpec};
 
@@ -34,8 +34,13 @@ pub struct Pipeline<L> {
 }
 
 impl<D: Delivery, L: DeadLetter<D>> RecordHandler<D> for Pipeline<L> {
-    async fn handle(self: Arc<Self>, record: D, cancel: CancellationToken) -> RecordOutcome {
-        self.process(record, cancel).await
+    async fn handle(
+        self: Arc<Self>,
+        record: D,
+        cancel: CancellationToken,
+        slot: WindowSlot,
+    ) -> RecordOutcome {
+        self.process(record, cancel, slot).await
     }
 }
 
@@ -48,7 +53,12 @@ impl<L> Pipeline<L> {
         }
     }
 
-    async fn process<D: Delivery>(&self, record: D, cancel: CancellationToken) -> RecordOutcome
+    async fn process<D: Delivery>(
+        &self,
+        record: D,
+        cancel: CancellationToken,
+        slot: WindowSlot,
+    ) -> RecordOutcome
     where
         L: DeadLetter<D>,
     {
@@ -62,7 +72,7 @@ impl<L> Pipeline<L> {
             offset,
             record.trace_carrier().as_deref(),
         );
-        let outcome = self.process_traced(record, cancel, &span).await;
+        let outcome = self.process_traced(record, cancel, slot, &span).await;
         span.record("replyd.outcome", outcome.label());
         outcome
     }
@@ -71,6 +81,7 @@ impl<L> Pipeline<L> {
         &self,
         record: D,
         cancel: CancellationToken,
+        slot: WindowSlot,
         span: &tracing::Span,
     ) -> RecordOutcome
     where
@@ -115,6 +126,7 @@ impl<L> Pipeline<L> {
                 offset,
                 held_alone: record_held_alone,
             },
+            slot: &slot,
         };
         let held = if record_can_hand_back {
             WhenHeld::HandBack

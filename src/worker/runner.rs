@@ -19,6 +19,7 @@ use tracing::{Instrument as _, Span};
 
 use super::live::{LiveText, LiveWriter, Received};
 use super::parking::{ParkedTasks, TaskWatch, WakeSource};
+use super::source::WindowSlot;
 use super::store_retry::{pause, with_retry};
 use crate::capacity::{self, Capacity};
 use crate::provider::{BackgroundProvider, Provider};
@@ -42,6 +43,16 @@ use replyd_core::retry::{self, Action, Attempt, RetrySettings, attempt_outcome};
 pub struct FromRecord<'a> {
     pub spec: &'a TaskSpec,
     pub source: RecordSource,
+    /// Given back while the record only waits for the provider's capacity.
+    pub slot: &'a WindowSlot,
+}
+
+/// Where a record's attempt waits for capacity: its lane (the record's partition, -1 without
+/// a record) and its window slot, given back if it must wait.
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    lane: i32,
+    slot: &'a WindowSlot,
 }
 
 /// What a run does when another worker holds the task's lease.
@@ -205,6 +216,9 @@ impl TaskRunner {
         // park below still wakes this run (the park listens; see `TaskWatch::listen`).
         let mut watch = self.parked.watch(task_id);
         let source = record.as_ref().map(|r| r.source);
+        let slot = record
+            .as_ref()
+            .map_or_else(WindowSlot::none, |r| r.slot.clone());
         let mut record = record;
 
         loop {
@@ -252,8 +266,11 @@ impl TaskRunner {
             let wait = match claim {
                 ClaimOutcome::Claimed(lease) | ClaimOutcome::TookOver(lease) => {
                     tracing::Span::current().record("assignment_version", lease.version);
-                    let lane = source.map_or(-1, |s| s.partition);
-                    match self.attempt(&stored, &lease, lane, cancel, trace).await {
+                    let place = Place {
+                        lane: source.map_or(-1, |s| s.partition),
+                        slot: &slot,
+                    };
+                    match self.attempt(&stored, &lease, place, cancel, trace).await {
                         AttemptEnd::Terminal(how) => return Some(RunEnd::Terminal(how)),
                         AttemptEnd::Cancelled => return None,
                         AttemptEnd::Again { wait } => wait,
@@ -330,13 +347,12 @@ impl TaskRunner {
     }
 
     /// One claimed attempt: the provider call raced against cancellation and the lease
-    /// renewer, then the fenced write of its result. `lane` is the record's partition (-1
-    /// without one), the capacity queue's lane.
+    /// renewer, then the fenced write of its result.
     async fn attempt(
         &self,
         stored: &StoredTask,
         lease: &Lease,
-        lane: i32,
+        place: Place<'_>,
         cancel: &CancellationToken,
         trace: &Span,
     ) -> AttemptEnd {
@@ -361,9 +377,10 @@ impl TaskRunner {
                 cancel,
                 self.capacity.acquire(
                     &request.model,
-                    (&stored.spec.workspace_id, lane),
+                    (&stored.spec.workspace_id, place.lane),
                     tokens,
                     cancel,
+                    || place.slot.give_back(),
                 ),
             )
             .await

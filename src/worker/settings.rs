@@ -22,7 +22,9 @@ pub struct WorkerSettings {
     pub worker_id: String,
     /// Records of one partition processed at once; the partition is paused when full.
     pub partition_window: usize,
-    /// Records processed at once over all partitions.
+    /// Records processed at once over all partitions. A record whose call waits for its turn
+    /// under a configured capacity limit gives its slot back while it waits (I10): the limit
+    /// then bounds the calls in progress, and the window the records being read and claimed.
     pub global_window: usize,
     /// Records of one partition received and waiting for a window slot. When this many wait,
     /// the partition is paused; it resumes when half have started. Memory stays bounded by

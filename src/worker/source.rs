@@ -52,6 +52,44 @@ pub trait DeadLetter<D: Delivery>: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Send;
 }
 
+/// A running record's slot in its source's window. A record that only waits (for the
+/// provider's capacity) gives it back, so that records of other workspaces start while it waits
+/// (I10); it ends as any record then, but frees no slot twice. A source without windows (SQS,
+/// whose receive asks for what is free) gives [`WindowSlot::none`].
+#[derive(Clone, Default)]
+pub struct WindowSlot {
+    give_back: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl WindowSlot {
+    /// No window to give a slot back to.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// A slot given back by `give_back`, which the source makes idempotent.
+    pub fn new(give_back: impl Fn() + Send + Sync + 'static) -> Self {
+        Self {
+            give_back: Some(Arc::new(give_back)),
+        }
+    }
+
+    /// The record only waits from now on: its slot goes to the next record.
+    pub fn give_back(&self) {
+        if let Some(give_back) = &self.give_back {
+            give_back();
+        }
+    }
+}
+
+impl std::fmt::Debug for WindowSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowSlot")
+            .field("windowed", &self.give_back.is_some())
+            .finish()
+    }
+}
+
 /// What a handler says about one record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordOutcome {
@@ -79,9 +117,11 @@ impl RecordOutcome {
 
 /// Processes one record. Called concurrently for many records, also of one partition.
 pub trait RecordHandler<D: Delivery>: Send + Sync + 'static {
+    /// `slot` is the record's place in its source's window, given back while it only waits.
     fn handle(
         self: Arc<Self>,
         record: D,
         cancel: CancellationToken,
+        slot: WindowSlot,
     ) -> impl Future<Output = RecordOutcome> + Send + 'static;
 }

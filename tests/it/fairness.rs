@@ -32,7 +32,7 @@ async fn a_workspace_behind_anothers_backlog_is_granted_capacity_in_turn_not_aft
         tokio::spawn(async move {
             let never = CancellationToken::new();
             let permit = capacity
-                .acquire("gpt-test", (workspace, 0), 100, &never)
+                .acquire("gpt-test", (workspace, 0), 100, &never, || {})
                 .await
                 .expect("granted");
             // The place of this permit among all the permits given.

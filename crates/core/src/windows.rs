@@ -17,6 +17,9 @@
 //!   drained to half: memory stays bounded by window + read-ahead records a partition. The
 //!   read-ahead is what lets a newcomer's records be seen past another workspace's backlog, so
 //!   it is several windows deep;
+//! - a running record that only waits (for the provider's capacity) gives its slot back
+//!   ([`Windows::park`]) and counts against no window until it ends: a workspace whose calls
+//!   wait cannot hold the windows from the others' records;
 //! - every assignment of a partition is a new epoch: a record of an earlier assignment that
 //!   ends late frees nothing in the new one;
 //! - a partition taken away (or everything, at shutdown) drops its waiting records: never
@@ -160,6 +163,21 @@ where
             }
             _ => false,
         }
+    }
+
+    /// A running record of assignment `epoch` of `key` only waits now (for the provider's
+    /// capacity): it gives its slot back, so that records of other workspaces can start while
+    /// it waits (I10), and counts against no window until it ends. Whether it counted: one of
+    /// an assignment that has since ended frees nothing. The caller then fills the slot
+    /// ([`Windows::take_ready`]) and, when the record ends, does not [`Windows::finish`] it.
+    pub fn park(&mut self, key: &K, epoch: u64) -> bool {
+        self.finish(key, epoch)
+    }
+
+    /// Whether `epoch` is the current assignment of `key`: a parked record's end moves the
+    /// commit point only then.
+    pub fn holds(&self, key: &K, epoch: u64) -> bool {
+        self.lanes.get(key).is_some_and(|lane| lane.epoch == epoch)
     }
 
     /// The waiting records that fit the free slots now, in fair order.
@@ -368,6 +386,10 @@ mod tests {
         Finish(usize),
         /// The `n`-th record of an assignment that has ended (modulo how many) ends late.
         FinishStale(usize),
+        /// The `n`-th counted running record (modulo how many) starts waiting for capacity.
+        Park(usize),
+        /// The `n`-th parked record (modulo how many) ends.
+        FinishParked(usize),
     }
 
     fn event() -> impl Strategy<Value = Event> {
@@ -379,6 +401,8 @@ mod tests {
             8 => (0u8..4, 0u8..3).prop_map(|(p, c)| Event::Offer(p, c)),
             6 => any::<usize>().prop_map(Event::Finish),
             2 => any::<usize>().prop_map(Event::FinishStale),
+            3 => any::<usize>().prop_map(Event::Park),
+            3 => any::<usize>().prop_map(Event::FinishParked),
         ]
     }
 
@@ -397,6 +421,8 @@ mod tests {
         running: Vec<(u8, u64, Record)>,
         /// Records still running whose assignment ended: they count against no window.
         displaced: Vec<(u8, u64, Record)>,
+        /// Records that gave their slot back to wait: they count against no window.
+        parked: Vec<(u8, u64, Record)>,
         waiting: BTreeMap<u8, Vec<Record>>,
         assigned: BTreeSet<u8>,
         paused: BTreeSet<u8>,
@@ -406,6 +432,10 @@ mod tests {
         last_started: BTreeMap<(u8, u64, u8), u32>,
         /// Records that ended: finished, dropped unstarted, or refused.
         ended: BTreeSet<Record>,
+        /// Assignments that ended (replaced or released).
+        ended_epochs: BTreeSet<(u8, u64)>,
+        /// The current epoch of each assigned partition, as the model saw it start records.
+        epochs: BTreeMap<u8, u64>,
     }
 
     impl Model {
@@ -428,6 +458,7 @@ mod tests {
                 );
                 queue.remove(pos);
             }
+            self.epochs.insert(s.key, s.epoch);
             self.running.push((s.key, s.epoch, s.item));
             Ok(())
         }
@@ -435,6 +466,15 @@ mod tests {
         /// Partition `p`'s assignment ended: its running records go on, counted by no window,
         /// and its waiting ones are dropped.
         fn end_assignment(&mut self, p: u8) {
+            if let Some(epoch) = self.epochs.remove(&p) {
+                self.ended_epochs.insert((p, epoch));
+            }
+            // Parked ones of any ended epoch: marked through ended_epochs.
+            for (q, epoch, _) in &self.parked {
+                if *q == p {
+                    self.ended_epochs.insert((p, *epoch));
+                }
+            }
             self.displaced
                 .extend(self.running.extract_if(.., |r| r.0 == p));
             let dropped = self.waiting.remove(&p).unwrap_or_default();
@@ -514,6 +554,25 @@ mod tests {
                             ended_a_record = true;
                         }
                     }
+                    Event::Park(n) => {
+                        if !m.running.is_empty() {
+                            let (p, epoch, record) = m.running.remove(n % m.running.len());
+                            prop_assert!(w.park(&p, epoch), "a counted record's park frees its slot");
+                            m.parked.push((p, epoch, record));
+                            ended_a_record = true;
+                        }
+                    }
+                    Event::FinishParked(n) => {
+                        if !m.parked.is_empty() {
+                            let (p, epoch, record) = m.parked.remove(n % m.parked.len());
+                            prop_assert_eq!(
+                                w.holds(&p, epoch),
+                                m.assigned.contains(&p) && !m.ended_epochs.contains(&(p, epoch)),
+                                "a parked record's end counts only in its assignment"
+                            );
+                            m.ended.insert(record);
+                        }
+                    }
                     Event::FinishStale(n) => {
                         if !m.displaced.is_empty() {
                             let (p, epoch, record) = m.displaced.remove(n % m.displaced.len());
@@ -569,7 +628,7 @@ mod tests {
             }
             // Every record delivered is accounted for exactly once.
             let mut all = m.ended.clone();
-            for (_, _, r) in m.running.iter().chain(&m.displaced) {
+            for (_, _, r) in m.running.iter().chain(&m.displaced).chain(&m.parked) {
                 prop_assert!(all.insert(*r), "{:?} both running and ended", r);
             }
             for r in m.waiting.values().flatten() {
