@@ -54,6 +54,20 @@ enum On {
     Sqs,
 }
 
+/// The provider's limits a scenario runs under: none (every scenario but one), or a request
+/// limit declared to the workers and enforced by the mock. Under a limit calls wait for their
+/// turn at the shared budget and give their window slots back meanwhile (I10), which is the
+/// path the `kill_limited` scenario puts under kills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Budget {
+    Open,
+    Limited,
+}
+
+/// The request limit of [`Budget::Limited`]: below the producer's 40 presses a second, so
+/// calls queue at the budget for the whole fault window.
+const LIMITED_RPM: u64 = 1_500;
+
 /// Receives before the SQS server moves a message to the dead-letter queue: far above what a
 /// scenario's redeliveries and hand-backs reach, so a move would show as a lost task.
 const SQS_MAX_RECEIVES: u32 = 100;
@@ -579,7 +593,7 @@ where
     Fut: std::future::Future<Output = Faults>,
 {
     run_scenario_with(
-        On::Kafka,
+        (On::Kafka, Budget::Open),
         name,
         protocol,
         poison,
@@ -604,7 +618,15 @@ where
         On::Kafka => name.to_owned(),
         On::Sqs => format!("{name}_sqs"),
     };
-    run_scenario_with(on, &name, "classic", poison, |_app| async { None }, inject).await
+    run_scenario_with(
+        (on, Budget::Open),
+        &name,
+        "classic",
+        poison,
+        |_app| async { None },
+        inject,
+    )
+    .await
 }
 
 /// Something a scenario keeps alive until its check is done (a proxy process).
@@ -612,7 +634,7 @@ type Keep = Option<Box<dyn std::any::Any + Send>>;
 
 /// [`run_scenario`] with a `setup` that runs after the app starts and before its workers do.
 async fn run_scenario_with<S, SFut, F, Fut>(
-    on: On,
+    (on, budget): (On, Budget),
     name: &str,
     protocol: &'static str,
     poison: f64,
@@ -631,9 +653,14 @@ where
     let _serial = SERIAL.lock().await;
     let seed = seed();
     eprintln!("chaos {name}: seed {seed}");
+    let (mut mock, mut config) = (mock(), config(protocol));
+    if budget == Budget::Limited {
+        mock.limits.requests_per_minute = Some(LIMITED_RPM);
+        config.extra_toml = format!("[capacity]\nrequests_per_minute = {LIMITED_RPM}\n");
+    }
     let app = Arc::new(match on {
-        On::Kafka => TestApp::start(PARTITIONS, mock(), config(protocol)).await,
-        On::Sqs => TestApp::start_on_sqs(mock(), config(protocol), SQS_MAX_RECEIVES).await,
+        On::Kafka => TestApp::start(PARTITIONS, mock, config).await,
+        On::Sqs => TestApp::start_on_sqs(mock, config, SQS_MAX_RECEIVES).await,
     });
     let store = &app.db.store;
     store.create_workspace(WORKSPACE).await.unwrap();
@@ -915,45 +942,70 @@ async fn kill_front(app: &TestApp, rng: &mut fastrand::Rng, faults: &mut Faults)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kill() {
     if selected("kill") {
-        kill(On::Kafka).await;
+        kill((On::Kafka, Budget::Open)).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kill_sqs() {
     if selected("kill_sqs") {
-        kill(On::Sqs).await;
+        kill((On::Sqs, Budget::Open)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_kill_limited() {
+    if selected("kill_limited") {
+        kill((On::Kafka, Budget::Limited)).await;
     }
 }
 
 /// SIGKILL of a worker, then a restart, and of the API or the relay. On Kafka the others must
 /// own every partition before the victim comes back (`reassign_s`); an SQS queue has none:
-/// the victim's messages reappear once their visibility runs out.
-async fn kill(on: On) {
-    run_scenario_on(on, "kill", 0.0, |app, until, mut rng| async move {
-        let mut faults = Faults::default();
-        while Instant::now() < until {
-            pause(&mut rng, 2_000, 4_000).await;
-            let victim = WORKERS[rng.usize(..WORKERS.len())];
-            app.kill(victim);
-            faults.fired("sigkill");
-            if app.sqs.is_none() {
-                let killed = Instant::now();
-                let others: Vec<&str> = WORKERS.iter().copied().filter(|w| *w != victim).collect();
-                wait_until(
-                    "the others own every partition",
-                    Duration::from_secs(60),
-                    || async { assigned_partitions(&app, &others).await == PARTITIONS as usize },
-                )
-                .await;
-                faults.reassign_s.push(killed.elapsed().as_secs_f64());
+/// the victim's messages reappear once their visibility runs out. Under a limited budget
+/// (`kill_limited`) the victims die with calls waiting for their turn, their slots given back.
+async fn kill((on, budget): (On, Budget)) {
+    let name = match (on, budget) {
+        (On::Kafka, Budget::Open) => "kill",
+        (On::Sqs, Budget::Open) => "kill_sqs",
+        (On::Kafka, Budget::Limited) => "kill_limited",
+        (On::Sqs, Budget::Limited) => "kill_limited_sqs",
+    };
+    let setup = |_app| async { None };
+    run_scenario_with(
+        (on, budget),
+        name,
+        "classic",
+        0.0,
+        setup,
+        |app, until, mut rng| async move {
+            let mut faults = Faults::default();
+            while Instant::now() < until {
+                pause(&mut rng, 2_000, 4_000).await;
+                let victim = WORKERS[rng.usize(..WORKERS.len())];
+                app.kill(victim);
+                faults.fired("sigkill");
+                if app.sqs.is_none() {
+                    let killed = Instant::now();
+                    let others: Vec<&str> =
+                        WORKERS.iter().copied().filter(|w| *w != victim).collect();
+                    wait_until(
+                        "the others own every partition",
+                        Duration::from_secs(60),
+                        || async {
+                            assigned_partitions(&app, &others).await == PARTITIONS as usize
+                        },
+                    )
+                    .await;
+                    faults.reassign_s.push(killed.elapsed().as_secs_f64());
+                }
+                pause(&mut rng, 500, 2_000).await;
+                app.spawn_worker(victim);
+                kill_front(&app, &mut rng, &mut faults).await;
             }
-            pause(&mut rng, 500, 2_000).await;
-            app.spawn_worker(victim);
-            kill_front(&app, &mut rng, &mut faults).await;
-        }
-        faults
-    })
+            faults
+        },
+    )
     .await;
 }
 
@@ -1403,7 +1455,7 @@ async fn chaos_network() {
     };
     let black_hole = (fault_window() / 4).clamp(Duration::from_secs(3), Duration::from_secs(20));
     run_scenario_with(
-        On::Kafka,
+        (On::Kafka, Budget::Open),
         "network",
         "classic",
         0.0,
