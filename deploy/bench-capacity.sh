@@ -80,24 +80,7 @@ fi
 
 start_mock "$dir/mock" --latency-ms "$latency_ms" "${mock_limits[@]}" --seed 7
 mock=$mock_pid
-db_url=$(schema_url "bench_$id")
-export REPLYD_DATABASE__URL="$db_url"
-export REPLYD_KAFKA__BOOTSTRAP_SERVERS="$KAFKA_BOOTSTRAP"
-export REPLYD_KAFKA__TOPIC="bench-$id"
-export REPLYD_KAFKA__GROUP_ID="bench-$id"
-export REPLYD_PROVIDER__BASE_URL="$mock_url"
-# Two workers on one machine: each its own metrics port (printed in its log).
-export REPLYD_OBSERVABILITY__LISTEN="127.0.0.1:0"
-"$bin" config check --config "$dir/worker.toml" >/dev/null
-
-"$lab" produce --config "$dir/worker.toml" --create-partitions 6 --count 0 >/dev/null
-workers=()
-for w in w1 w2; do
-  REPLYD_WORKER__WORKER_ID=$w "$bin" worker --config "$dir/worker.toml" 2>"$dir/$w.log" &
-  workers+=($!)
-  pids+=($!)
-done
-wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log"
+start_two_workers "$dir" "$id"
 
 started=$(date +%s.%N)
 "$lab" produce --config "$dir/worker.toml" --count "$tasks" \

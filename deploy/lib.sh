@@ -193,3 +193,28 @@ stats() {
     printf "%s %s %s\n", m, v[1], v[NR]
   }'
 }
+
+# start_two_workers DIR ID: two workers (w1, w2) with DIR/worker.toml on schema bench_ID and a
+# 6-partition topic bench-ID against the mock at $mock_url, their logs in DIR; returns once
+# both hold partitions. Sets db_url (the run's schema) and workers (their pids, also in pids).
+start_two_workers() {
+  local dir=$1 id=$2
+  db_url=$(schema_url "bench_$id")
+  export REPLYD_DATABASE__URL="$db_url"
+  export REPLYD_KAFKA__BOOTSTRAP_SERVERS="$KAFKA_BOOTSTRAP"
+  export REPLYD_KAFKA__TOPIC="bench-$id"
+  export REPLYD_KAFKA__GROUP_ID="bench-$id"
+  export REPLYD_PROVIDER__BASE_URL="$mock_url"
+  # Two workers on one machine: each its own metrics port (printed in its log).
+  export REPLYD_OBSERVABILITY__LISTEN="127.0.0.1:0"
+  "$bin" config check --config "$dir/worker.toml" >/dev/null
+  "$lab" produce --config "$dir/worker.toml" --create-partitions 6 --count 0 >/dev/null
+  workers=()
+  local w
+  for w in w1 w2; do
+    REPLYD_WORKER__WORKER_ID=$w "$bin" worker --config "$dir/worker.toml" 2>"$dir/$w.log" &
+    workers+=($!)
+    pids+=($!)
+  done
+  wait_until_assigned 60 "$dir/w1.log" "$dir/w2.log"
+}

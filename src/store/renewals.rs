@@ -192,28 +192,40 @@ async fn renew_batches(store: Sessions, leases: Weak<HeldLeases>, times: Renewal
     let mut ticks = tokio::time::interval(times.every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
-    // Without checks between renewals (none asked, or no more often than the renewals, which
-    // are checks themselves) this interval never fires: its period is beyond any run.
-    let check_every = times
+    // Checks only between renewals: none asked, or none more often than the renewals (which
+    // are checks themselves), leaves them out.
+    let mut checks = times
         .check
         .filter(|check| *check < times.every)
-        .unwrap_or(Duration::from_secs(86_400 * 365));
-    let mut checks = tokio::time::interval(check_every);
-    checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    checks.tick().await;
+        .map(|every| {
+            let mut checks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            checks
+        });
     loop {
-        let renewing = tokio::select! {
-            _ = ticks.tick() => true,
-            _ = checks.tick() => false,
+        // None: a renewal; Some(age): a check of the calls at least that old.
+        let check = tokio::select! {
+            _ = ticks.tick() => None,
+            age = next_check(&mut checks) => Some(age),
         };
         let Some(leases) = leases.upgrade() else {
             return;
         };
-        if renewing {
-            renew_round(&store, &leases, times.extend).await;
-        } else {
-            check_round(&store, &leases, check_every, times.extend).await;
+        match check {
+            None => renew_round(&store, &leases, times.extend).await,
+            Some(age) => check_round(&store, &leases, age, times.extend).await,
         }
+    }
+}
+
+/// The next tick of the checks, with their period; never without them.
+async fn next_check(checks: &mut Option<tokio::time::Interval>) -> Duration {
+    match checks {
+        Some(checks) => {
+            checks.tick().await;
+            checks.period()
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -73,6 +73,15 @@ impl State {
         }
     }
 
+    /// The waiting records the windows have room for now, in fair order.
+    fn ready(&mut self) -> Vec<Start> {
+        self.windows
+            .take_ready()
+            .into_iter()
+            .map(Start::of)
+            .collect()
+    }
+
     fn assigned(&self) -> usize {
         self.windows.assigned().count()
     }
@@ -255,12 +264,7 @@ impl Shared {
                 return;
             }
             match state.windows.offer(&key, owner, 1, message) {
-                Offer::Queued => state
-                    .windows
-                    .take_ready()
-                    .into_iter()
-                    .map(Start::of)
-                    .collect::<Vec<_>>(),
+                Offer::Queued => state.ready(),
                 // Checked above: the partition is assigned.
                 Offer::NotAssigned(_) => return,
             }
@@ -369,12 +373,7 @@ impl Shared {
             }
             // A late end of an earlier assignment frees no slot of its own, but a slot freed
             // meanwhile (a partition taken away) is given out here too.
-            state
-                .windows
-                .take_ready()
-                .into_iter()
-                .map(Start::of)
-                .collect::<Vec<_>>()
+            state.ready()
         };
         self.finished.notify_all();
         for start in ready {
@@ -390,12 +389,7 @@ impl Shared {
             if !state.windows.park(key, epoch) {
                 return;
             }
-            state
-                .windows
-                .take_ready()
-                .into_iter()
-                .map(Start::of)
-                .collect::<Vec<_>>()
+            state.ready()
         };
         // A drain waits for running records: this one no longer counts.
         self.finished.notify_all();

@@ -42,8 +42,11 @@ async fn a_workspace_behind_anothers_backlog_is_granted_capacity_in_turn_not_aft
         })
     };
     let burst: Vec<_> = (0..40).map(|_| acquire("ws-a")).collect();
-    // The burst waits; a few of its calls have gone.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The burst waits: once its first call has gone, all of it is queued at the budget.
+    crate::helpers::wait_until("the burst's first permit", MUST_END, || async {
+        granted.load(Ordering::SeqCst) > 0
+    })
+    .await;
     let before = granted.load(Ordering::SeqCst);
     assert!(
         before < 20,

@@ -47,6 +47,10 @@ struct Standing<L> {
     last_lane: Option<L>,
 }
 
+/// A queue that may go next: its index among the queues, its class and lane, and its head's
+/// arrival number.
+type Candidate<'q, C, L> = (usize, &'q C, &'q L, u64);
+
 /// One class's items in one lane, each with its arrival number.
 type Fifo<T> = VecDeque<(u64, T)>;
 
@@ -116,11 +120,11 @@ where
     /// the smallest tag (the oldest head among equals), and of its lanes the one after the
     /// lane it last went from, in turn, so that one class's items free every lane's slots
     /// evenly rather than one lane's after another's.
-    fn choose<'q>(
+    fn choose<'c, 'q>(
         classes: &HashMap<C, Standing<L>>,
         virtual_time: u64,
-        candidates: &[(usize, &'q C, &'q L, u64)],
-    ) -> Option<(usize, u64)> {
+        candidates: &'c [Candidate<'q, C, L>],
+    ) -> Option<(&'c Candidate<'q, C, L>, u64)> {
         let (_, class, _, _) = candidates
             .iter()
             .min_by_key(|(_, class, _, seq)| (Self::tag(classes, virtual_time, class), *seq))?;
@@ -132,7 +136,7 @@ where
             Some(last) => lanes.find(|(_, _, lane, _)| *lane > last).unwrap_or(first),
             None => first,
         };
-        Some((next.0, tag))
+        Some((next, tag))
     }
 
     /// A class's item went at `tag` from `lane`: the virtual time and its standing move on.
@@ -147,7 +151,7 @@ where
     /// Takes the next item in fair order among the lanes `open` lets go; None when nothing
     /// waits there.
     pub fn pop(&mut self, mut open: impl FnMut(&L) -> bool) -> Option<(C, L, T)> {
-        let candidates: Vec<(usize, &C, &L, u64)> = self
+        let candidates: Vec<Candidate<C, L>> = self
             .queues
             .iter()
             .enumerate()
@@ -156,8 +160,9 @@ where
                 queue.front().map(|(seq, _)| (i, class, lane, *seq))
             })
             .collect();
-        let (index, tag) = Self::choose(&self.classes, self.virtual_time, &candidates)?;
-        let key = self.queues.keys().nth(index)?.clone();
+        let (&(_, class, lane, _), tag) =
+            Self::choose(&self.classes, self.virtual_time, &candidates)?;
+        let key = (class.clone(), lane.clone());
         let queue = self.queues.get_mut(&key)?;
         let (_, item) = queue.pop_front()?;
         if queue.is_empty() {
@@ -247,14 +252,14 @@ where
         let mut cursor = vec![0usize; queues.len()];
         let mut out = Vec::with_capacity(n.min(self.len));
         while out.len() < n {
-            let candidates: Vec<(usize, &C, &L, u64)> = queues
+            let candidates: Vec<Candidate<C, L>> = queues
                 .iter()
                 .enumerate()
                 .filter_map(|(i, ((class, lane), queue))| {
                     queue.get(cursor[i]).map(|(seq, _)| (i, class, lane, *seq))
                 })
                 .collect();
-            let Some((i, tag)) = Self::choose(&classes, virtual_time, &candidates) else {
+            let Some((&(i, ..), tag)) = Self::choose(&classes, virtual_time, &candidates) else {
                 break;
             };
             let ((class, lane), queue) = queues[i];

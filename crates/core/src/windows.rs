@@ -333,31 +333,12 @@ mod tests {
         // Workspace 1 arrives behind it, on partition 0.
         assert_eq!(arrive(&mut w, (0, 1, 0)), vec![]);
         assert_eq!(arrive(&mut w, (0, 1, 1)), vec![]);
-        assert!(w.finish(&0, epoch));
-        assert_eq!(
-            w.take_ready()
-                .into_iter()
-                .map(|s| s.item)
-                .collect::<Vec<_>>(),
-            vec![(0, 1, 0)]
-        );
-        // The next slot goes back to workspace 0 (its turn), the one after to workspace 1.
-        assert!(w.finish(&0, epoch));
-        assert_eq!(
-            w.take_ready()
-                .into_iter()
-                .map(|s| s.item)
-                .collect::<Vec<_>>(),
-            vec![(0, 0, 2)]
-        );
-        assert!(w.finish(&0, epoch));
-        assert_eq!(
-            w.take_ready()
-                .into_iter()
-                .map(|s| s.item)
-                .collect::<Vec<_>>(),
-            vec![(0, 1, 1)]
-        );
+        // Each slot partition 0 frees goes to the next workspace in turn: 1, then 0, then 1.
+        for next in [(0, 1, 0), (0, 0, 2), (0, 1, 1)] {
+            assert!(w.finish(&0, epoch));
+            let started: Vec<Record> = w.take_ready().into_iter().map(|s| s.item).collect();
+            assert_eq!(started, vec![next]);
+        }
         assert_eq!(w.waiting_by_class(), BTreeMap::from([(0, 3)]));
     }
 
