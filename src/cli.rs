@@ -285,6 +285,16 @@ pub enum WorkspaceCommand {
         #[arg(long)]
         tasks: String,
     },
+    /// Set or show a workspace's weight (1 to 1,000; 1 unless set): its share of the provider's
+    /// capacity and of the workers' windows while other workspaces' work waits too (I10). A
+    /// workspace of weight 2 gets twice the calls of one of weight 1; alone, any workspace gets
+    /// all the capacity. Workers read weights every 10 seconds.
+    #[command(after_help = "Exit codes: 0 set or shown; 2 a bad value; 4 no such workspace.")]
+    Share {
+        workspace: String,
+        #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1000))]
+        weight: Option<i32>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -836,11 +836,11 @@ session_timeout_ms = 10000
     }
 
     #[test]
-    fn the_read_ahead_is_eight_partition_windows_unless_set() {
+    fn the_read_ahead_is_two_partition_windows_and_at_least_the_minimum_unless_set() {
         let mut worker = WorkerSettings::default();
-        assert_eq!(worker.read_ahead(), 8 * 64);
+        assert_eq!(worker.read_ahead(), MIN_READ_AHEAD);
         worker.partition_window = 1024;
-        assert_eq!(worker.read_ahead(), 8192);
+        assert_eq!(worker.read_ahead(), 2048);
         worker.partition_window = 8;
         assert_eq!(worker.read_ahead(), MIN_READ_AHEAD);
         worker.read_ahead = Some(2);

@@ -1,5 +1,6 @@
-//! `replyd inspect <task_id>`: a task's state, its attempts with outcomes and timings, and its
-//! saved reply, for operators.
+//! `replyd inspect <task_id>`: a task's state, its attempts with outcomes and timings (and, for
+//! a call that waited a second or more for the provider's capacity, what it waited behind), and
+//! its saved reply, for operators.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -8,7 +9,7 @@ use anyhow::Context;
 
 use crate::config::Settings;
 use crate::store::Store;
-use replyd_core::domain::{AttemptRecord, StoredTask, TaskId, TokenUsage};
+use replyd_core::domain::{AttemptRecord, CapacityWait, StoredTask, TaskId, TokenUsage};
 
 /// Exit code when the task does not exist.
 pub const NO_SUCH_TASK: u8 = 4;
@@ -51,6 +52,27 @@ pub fn render_json(task: &StoredTask, attempts: &[AttemptRecord]) -> serde_json:
         "usage": TokenUsage::total_of(attempts.iter().map(|a| a.usage)),
         "attempts": attempts,
     })
+}
+
+/// Why an attempt's call waited for the provider's capacity (I9, I10): how long, and behind
+/// what, as its worker saw it when the call joined the queue.
+fn waited(wait: CapacityWait) -> String {
+    let others = wait.calls_ahead - wait.own_ahead;
+    let behind = if wait.calls_ahead == 0 {
+        "with no call ahead of it: the capacity's pace".to_owned()
+    } else {
+        format!(
+            "behind {} calls ({} of its own workspace's, {others} of {} other workspaces', \
+             which took their turns with it)",
+            wait.calls_ahead,
+            wait.own_ahead,
+            (wait.workspaces - 1).max(0)
+        )
+    };
+    format!(
+        " — waited {:.1}s for the provider's capacity, {behind}",
+        f64::from(wait.waited_ms) / 1000.0
+    )
 }
 
 /// Renders a task and its history as text.
@@ -143,7 +165,7 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "{:<2} {:<8} {:<21} {:<13} {:<33} {:<9} {:<27} {}{}{}",
+            "{:<2} {:<8} {:<21} {:<13} {:<33} {:<9} {:<27} {}{}{}{}",
             a.attempt_no,
             a.assignment_version,
             a.worker,
@@ -166,7 +188,8 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
             a.detail
                 .as_deref()
                 .map(|d| format!(" — {d}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            a.capacity_wait.map(waited).unwrap_or_default()
         );
     }
     match &task.saved_response {
@@ -178,4 +201,31 @@ pub fn render(task: &StoredTask, attempts: &[AttemptRecord]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_says_how_long_and_behind_whose_calls() {
+        let wait = CapacityWait {
+            waited_ms: 4_150,
+            calls_ahead: 37,
+            own_ahead: 5,
+            workspaces: 3,
+        };
+        assert_eq!(
+            waited(wait),
+            " — waited 4.2s for the provider's capacity, behind 37 calls (5 of its own \
+             workspace's, 32 of 2 other workspaces', which took their turns with it)"
+        );
+        let paced = CapacityWait {
+            calls_ahead: 0,
+            own_ahead: 0,
+            workspaces: 1,
+            ..wait
+        };
+        assert!(waited(paced).ends_with("with no call ahead of it: the capacity's pace"));
+    }
 }

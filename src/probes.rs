@@ -121,6 +121,13 @@ fn prometheus() -> &'static PrometheusHandle {
             .expect("the bucket list is not empty")
             .set_buckets_for_metric(
                 metrics_exporter_prometheus::Matcher::Full(
+                    crate::telemetry::names::CAPACITY_WORKSPACE_WAIT_SECONDS.into(),
+                ),
+                crate::telemetry::CAPACITY_WAIT_BUCKETS,
+            )
+            .expect("the bucket list is not empty")
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(
                     crate::telemetry::names::COMPLETION_BATCH_ROWS.into(),
                 ),
                 crate::telemetry::COMPLETION_BATCH_ROWS_BUCKETS,

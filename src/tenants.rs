@@ -1,6 +1,7 @@
 //! The operator's commands for tenants: `replyd workspace create`, `replyd api-key create`,
 //! `replyd api-key revoke`, `replyd quota set`, `replyd quota show`, `replyd workspace policy`
-//! (models, output cap, system prompt, end users' `context`). A new key is printed once, to
+//! (models, output cap, system prompt, end users' `context`), `replyd workspace share` (its
+//! weight in the fair order, I10). A new key is printed once, to
 //! standard output, and never again: only its hash is stored.
 
 use std::process::ExitCode;
@@ -27,6 +28,9 @@ pub async fn workspace(
         WorkspaceCommand::Policy { .. } => return workspace_policy(settings, command).await,
         WorkspaceCommand::Retention { workspace, tasks } => {
             return workspace_retention(settings, workspace, tasks).await;
+        }
+        WorkspaceCommand::Share { workspace, weight } => {
+            return workspace_share(settings, workspace, *weight).await;
         }
     };
     if !valid_workspace_id(name) {
@@ -82,6 +86,32 @@ async fn workspace_retention(
             println!("workspace {workspace} keeps its finished tasks as retention.tasks_ms says")
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `replyd workspace share`: sets the weight when given, then shows it.
+async fn workspace_share(
+    settings: &Settings,
+    workspace: &str,
+    weight: Option<i32>,
+) -> anyhow::Result<ExitCode> {
+    let store = Store::connect(&settings.database)?;
+    let found = match weight {
+        Some(weight) => store
+            .set_workspace_weight(workspace, weight)
+            .await
+            .context("setting the weight")?
+            .then_some(weight),
+        None => store
+            .workspace_weight(workspace)
+            .await
+            .context("reading the weight")?,
+    };
+    let Some(weight) = found else {
+        eprintln!("replyd: no workspace {workspace:?}");
+        return Ok(ExitCode::from(NOT_FOUND));
+    };
+    println!("workspace {workspace} has weight {weight}");
     Ok(ExitCode::SUCCESS)
 }
 

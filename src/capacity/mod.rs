@@ -28,6 +28,7 @@
 
 use replyd_core::pacing;
 pub mod settings;
+pub mod weights;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -37,10 +38,12 @@ use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use settings::{CapacityLimits, CapacitySettings};
+pub use weights::Weights;
 
 use crate::store::Store;
 use crate::store::capacity::GrantAsk;
 use crate::telemetry;
+use replyd_core::domain::CapacityWait;
 use replyd_core::fair::FairQueue;
 
 /// How long a worker lets calls go freely, without asking the database, while a model has
@@ -54,10 +57,22 @@ const MAX_REFILL_SLEEP: Duration = Duration::from_millis(250);
 /// Calls scheduled by one grant at most (a quarter of a second of a very high limit).
 const MAX_SCHEDULED: usize = 512;
 
+/// Waits at least this long are recorded on the attempt (`replyd inspect` says why it waited).
+pub const RECORDED_WAIT: Duration = Duration::from_secs(1);
+
 /// The right to make one call, from `ready_at` on: its slot given back when dropped.
 pub struct Permit {
     ready_at: Instant,
     release: Option<Arc<Bucket>>,
+    /// Why the call waited, when it waited its turn for [`RECORDED_WAIT`] or longer.
+    waited: Option<CapacityWait>,
+}
+
+impl Permit {
+    /// Why the call waited, when it waited its turn for a second or more.
+    pub fn waited(&self) -> Option<CapacityWait> {
+        self.waited
+    }
 }
 
 impl Drop for Permit {
@@ -72,12 +87,17 @@ impl Drop for Permit {
 #[derive(Clone)]
 pub struct Capacity {
     inner: Option<Arc<Governor>>,
+    /// Each workspace's weight: the governor's fair order, and the windows' (which need them
+    /// whether or not the capacity is governed).
+    weights: Weights,
 }
 
 struct Governor {
     store: Store,
     settings: CapacitySettings,
     holder: String,
+    /// Each workspace's weight in the fair order of the waiting calls.
+    weights: Weights,
     buckets: Mutex<HashMap<String, Arc<Bucket>>>,
     shutdown: CancellationToken,
 }
@@ -101,7 +121,6 @@ struct BucketState {
     /// The concurrency share this worker holds, and how much of it is in use.
     slots: u32,
     in_use: u32,
-    /// Waiting calls by workspace, in fair order.
     /// Waiting calls by workspace and lane (the record's partition), in fair order.
     waiting: FairQueue<String, i32, Waiter>,
     /// Letting calls go freely until then (nothing configured, learned or paused).
@@ -121,27 +140,42 @@ struct BucketState {
 impl Capacity {
     /// Nothing governs: every permit is free.
     pub fn none() -> Self {
-        Self { inner: None }
+        Self {
+            inner: None,
+            weights: Weights::default(),
+        }
     }
 
-    /// The budget of `settings` for the worker named `holder`.
+    /// The workspaces' weights this budget orders its waiters by.
+    pub fn weights(&self) -> Weights {
+        self.weights.clone()
+    }
+
+    /// The budget of `settings` for the worker named `holder`, sharing it between workspaces
+    /// by `weights`.
     pub fn new(
         store: Store,
         settings: CapacitySettings,
         holder: String,
+        weights: Weights,
         shutdown: CancellationToken,
     ) -> Self {
         if !settings.governs() {
-            return Self::none();
+            return Self {
+                inner: None,
+                weights,
+            };
         }
         Self {
             inner: Some(Arc::new(Governor {
                 store,
                 settings,
                 holder,
+                weights: weights.clone(),
                 buckets: Mutex::new(HashMap::new()),
                 shutdown,
             })),
+            weights,
         }
     }
 
@@ -164,11 +198,12 @@ impl Capacity {
             return Some(Permit {
                 ready_at: Instant::now(),
                 release: None,
+                waited: None,
             });
         };
         let bucket = governor.bucket(model);
         let since = Instant::now();
-        let (receive, turn) = {
+        let (receive, behind) = {
             // A poisoned lock only means a panic elsewhere; the counts stay usable.
             let mut state = bucket.state.lock().unwrap_or_else(|p| p.into_inner());
             if state.waiting.is_empty() && state.free_until.is_some_and(|until| until > since) {
@@ -183,10 +218,11 @@ impl Capacity {
                 if let Some(release) = release {
                     state.sent_freely += 1;
                     // No wait: counted too, so the wait's quantiles are over every call.
-                    telemetry::capacity_waited(&bucket.name, Duration::ZERO);
+                    telemetry::capacity_waited(&bucket.name, workspace, Duration::ZERO);
                     return Some(Permit {
                         ready_at: since,
                         release,
+                        waited: None,
                     });
                 }
             }
@@ -197,22 +233,36 @@ impl Capacity {
                 || bucket.limits.tokens_per_minute.is_some()
                 || state.paced
                 || (bucket.slotted() && state.in_use >= state.slots);
+            // What it waits behind, for the attempt's record if the wait is long.
+            let behind = turn.then(|| {
+                let by_workspace = state.waiting.waiting_by_class();
+                let own = by_workspace.get(workspace).copied().unwrap_or(0);
+                CapacityWait {
+                    waited_ms: 0,
+                    calls_ahead: count(state.waiting.len()),
+                    own_ahead: count(own),
+                    workspaces: count(by_workspace.len() + usize::from(own == 0)),
+                }
+            });
             let (send, receive) = oneshot::channel();
-            state
-                .waiting
-                .push(workspace.to_owned(), lane, 1, Waiter { tokens, send });
+            state.waiting.push(
+                workspace.to_owned(),
+                lane,
+                governor.weights.of(workspace),
+                Waiter { tokens, send },
+            );
             telemetry::capacity_waiting(&bucket.name, state.waiting.len());
             if !state.refilling {
                 state.refilling = true;
                 tokio::spawn(refill(Arc::clone(governor), Arc::clone(&bucket)));
             }
-            (receive, turn)
+            (receive, behind)
         };
         bucket.wake.notify_one();
-        if turn {
+        if behind.is_some() {
             waits();
         }
-        let permit = tokio::select! {
+        let mut permit = tokio::select! {
             biased;
             _ = cancel.cancelled() => return None,
             permit = receive => permit.ok()?,
@@ -223,7 +273,14 @@ impl Capacity {
             _ = cancel.cancelled() => return None,
             _ = tokio::time::sleep_until(permit.ready_at.into()) => {}
         }
-        telemetry::capacity_waited(&bucket.name, since.elapsed());
+        let waited = since.elapsed();
+        telemetry::capacity_waited(&bucket.name, workspace, waited);
+        permit.waited = behind
+            .filter(|_| waited >= RECORDED_WAIT)
+            .map(|behind| CapacityWait {
+                waited_ms: count(waited.as_millis() as usize),
+                ..behind
+            });
         Some(permit)
     }
 
@@ -359,6 +416,7 @@ impl Bucket {
             let permit = Permit {
                 ready_at: now + *delay,
                 release: slotted.then(|| Arc::clone(self)),
+                waited: None,
             };
             match waiter.send.send(permit) {
                 Ok(()) => taken += 1,
@@ -426,12 +484,14 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
                     (state.in_use + waiting as u32).min(limits.max_concurrent.unwrap_or(u32::MAX));
                 // Taken, not read: a refusal told at the same time must not count them again.
                 let sent_freely = std::mem::take(&mut state.sent_freely);
-                Some((waiters, want_slots, state.in_use, sent_freely))
+                let demand: Vec<(String, usize)> =
+                    state.waiting.waiting_by_class().into_iter().collect();
+                Some((waiters, want_slots, state.in_use, sent_freely, demand))
             }
         };
         let sleep = match ask {
             None => slot_ttl / 3,
-            Some((waiters, want_slots, in_use, sent_freely)) => {
+            Some((waiters, want_slots, in_use, sent_freely, demand)) => {
                 if let Some(since) = last_grant.map(|at| at.elapsed())
                     && since < MIN_GRANT_INTERVAL
                 {
@@ -457,6 +517,7 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
                         adaptive: governor.settings.adaptive,
                         horizon: Duration::from_secs_f64(pacing::HORIZON_SECONDS),
                         sent_freely,
+                        demand: &demand,
                     })
                     .await;
                 match granted {
@@ -509,6 +570,11 @@ async fn refill(governor: Arc<Governor>, bucket: Arc<Bucket>) {
             _ = tokio::time::sleep(sleep) => {}
         }
     }
+}
+
+/// A count as the attempt's record stores it.
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 /// Tokens a request counts against a tokens-per-minute limit: its prompt, estimated from the

@@ -1,6 +1,7 @@
 //! The capacity budget's SQL (I9): one grant for a worker (requests, tokens, its share of the
 //! concurrency limit) and the report of a provider's refusal, each one call of a server-side
-//! function (`migrations/V16`, the learned rate's as `V31` has them) that locks the model's
+//! function (`migrations/V16`, the learned rate's as `V31` has them, the workers' fair parts as
+//! `V34`) that locks the model's
 //! bucket row, so every worker of the deployment draws from the same budget. The arithmetic is
 //! `replyd_core::pacing`'s.
 
@@ -31,6 +32,10 @@ pub struct GrantAsk<'a> {
     /// Calls the worker let go freely (nothing configured, learned or paused) since it last
     /// told the budget: they count towards the learned rate as calls that went.
     pub sent_freely: u64,
+    /// How many calls of each workspace wait in this worker (all of them, not only the
+    /// `waiters` asked for): where other workers' calls wait too, the budget holds this worker
+    /// to its fair part of the rate (I10, `migrations/V34`).
+    pub demand: &'a [(String, usize)],
 }
 
 /// What one grant gave.
@@ -59,7 +64,7 @@ impl Store {
         let statement = client
             .prepare_cached(
                 "SELECT delays, slots, wait, requests_per_second, blocked_for \
-                 FROM replyd_capacity_grant($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                 FROM replyd_capacity_grant($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
             )
             .await?;
         let waiters: Vec<i64> = ask
@@ -73,6 +78,12 @@ impl Store {
             .slot_limit
             .map(|limit| i32::try_from(limit).unwrap_or(i32::MAX));
         let sent_freely = i64::try_from(ask.sent_freely).unwrap_or(i64::MAX);
+        let demand_workspaces: Vec<&str> = ask.demand.iter().map(|(w, _)| w.as_str()).collect();
+        let demand_waiting: Vec<i32> = ask
+            .demand
+            .iter()
+            .map(|(_, n)| i32::try_from(*n).unwrap_or(i32::MAX))
+            .collect();
         let row = client
             .query_one(
                 &statement,
@@ -89,6 +100,8 @@ impl Store {
                     &ask.adaptive,
                     &ask.horizon.as_secs_f64(),
                     &sent_freely,
+                    &demand_workspaces,
+                    &demand_waiting,
                 ],
             )
             .await?;

@@ -12,8 +12,8 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use replyd_core::domain::{
-    AttemptOutcome, AttemptRecord, ProviderRan, RecordSource, StoredTask, StreamEnd, TaskId,
-    TaskSpec, TokenUsage,
+    AttemptOutcome, AttemptRecord, CapacityWait, ProviderRan, RecordSource, StoredTask, StreamEnd,
+    TaskId, TaskSpec, TokenUsage,
 };
 
 use replyd_core::lease::{ClaimOutcome, Lease, Refusal, classify_refusal};
@@ -462,6 +462,33 @@ impl Store {
         Ok((task, live))
     }
 
+    /// Records why attempt `version` of the task waited for the provider's capacity (V34):
+    /// informational, so unfenced; a row of another version is left alone.
+    pub async fn record_capacity_wait(
+        &self,
+        task_id: TaskId,
+        version: i64,
+        wait: CapacityWait,
+    ) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE reply_attempts SET capacity_wait_ms = $3, capacity_calls_ahead = $4, \
+                 capacity_own_ahead = $5, capacity_workspaces = $6 \
+                 WHERE task_id = $1 AND assignment_version = $2",
+                &[
+                    &task_id.as_uuid(),
+                    &version,
+                    &wait.waited_ms,
+                    &wait.calls_ahead,
+                    &wait.own_ahead,
+                    &wait.workspaces,
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
     /// A task's attempts, oldest first.
     pub async fn attempts(&self, task_id: TaskId) -> Result<Vec<AttemptRecord>, StoreError> {
         let client = self.client().await?;
@@ -469,7 +496,9 @@ impl Store {
             .query(
                 "SELECT attempt_no, assignment_version, worker, claimed_at, lease_until, \
                  finished_at, outcome, detail, prompt_tokens, completion_tokens, \
-                 source_partition, source_offset, stream_end, streamed_chars \
+                 source_partition, source_offset, stream_end, streamed_chars, \
+                 capacity_wait_ms, capacity_calls_ahead, capacity_own_ahead, \
+                 capacity_workspaces \
                  FROM reply_attempts WHERE task_id = $1 ORDER BY assignment_version",
                 &[&task_id.as_uuid()],
             )
@@ -511,6 +540,12 @@ impl Store {
                         .get::<_, Option<&str>>(12)
                         .and_then(StreamEnd::parse)
                         .map(|end| (end, r.get::<_, Option<i32>>(13).unwrap_or(0))),
+                    capacity_wait: r.get::<_, Option<i32>>(14).map(|waited_ms| CapacityWait {
+                        waited_ms,
+                        calls_ahead: r.get::<_, Option<i32>>(15).unwrap_or(0),
+                        own_ahead: r.get::<_, Option<i32>>(16).unwrap_or(0),
+                        workspaces: r.get::<_, Option<i32>>(17).unwrap_or(0),
+                    }),
                 })
             })
             .collect()

@@ -222,3 +222,44 @@ impl Store {
         Ok(updated == 1)
     }
 }
+
+impl Store {
+    /// Sets the workspace's weight (I10, 1 to 1,000; the table's check refuses others); whether
+    /// the workspace exists.
+    pub async fn set_workspace_weight(
+        &self,
+        workspace_id: &str,
+        weight: i32,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let updated = client
+            .execute(
+                "UPDATE workspaces SET weight = $2 WHERE workspace_id = $1",
+                &[&workspace_id, &weight],
+            )
+            .await?;
+        Ok(updated == 1)
+    }
+
+    /// The workspace's weight, if it exists.
+    pub async fn workspace_weight(&self, workspace_id: &str) -> Result<Option<i32>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT weight FROM workspaces WHERE workspace_id = $1",
+                &[&workspace_id],
+            )
+            .await?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
+    /// The weights that are not the default of 1: few, so a worker reads them all.
+    pub async fn workspace_weights(&self) -> Result<Vec<(String, i32)>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached("SELECT workspace_id, weight FROM workspaces WHERE weight <> 1")
+            .await?;
+        let rows = client.query(&statement, &[]).await?;
+        Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+    }
+}

@@ -14,6 +14,7 @@ pub mod names {
     pub const PROVIDER_CALLS: &str = "replyd_provider_calls_total";
     pub const PROVIDER_SECONDS: &str = "replyd_provider_call_seconds";
     pub const CAPACITY_WAIT_SECONDS: &str = "replyd_capacity_wait_seconds";
+    pub const CAPACITY_WORKSPACE_WAIT_SECONDS: &str = "replyd_capacity_workspace_wait_seconds";
     pub const CAPACITY_WAITING: &str = "replyd_capacity_waiting_records";
     pub const CAPACITY_REFUSALS: &str = "replyd_capacity_refusals_total";
     pub const CAPACITY_LIMIT: &str = "replyd_capacity_requests_per_second";
@@ -120,6 +121,7 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
     (PROVIDER_CALLS, Kind::Counter),
     (PROVIDER_SECONDS, Kind::Histogram),
     (CAPACITY_WAIT_SECONDS, Kind::Histogram),
+    (CAPACITY_WORKSPACE_WAIT_SECONDS, Kind::Histogram),
     (CAPACITY_WAITING, Kind::Gauge),
     (CAPACITY_REFUSALS, Kind::Counter),
     (CAPACITY_LIMIT, Kind::Gauge),

@@ -47,9 +47,41 @@ pub fn capacity_waiting(bucket: &str, records: usize) {
     gauge!(CAPACITY_WAITING, "model" => bucket.to_owned()).set(records as f64);
 }
 
-/// A record got its capacity permit after `waited`.
-pub fn capacity_waited(bucket: &str, waited: Duration) {
+/// A record of `workspace` got its capacity permit after `waited`: by model, and by model and
+/// workspace (bounded, [`workspace_label`]), so a workspace that waits far longer than the
+/// others is seen (I10).
+pub fn capacity_waited(bucket: &str, workspace: &str, waited: Duration) {
     histogram!(CAPACITY_WAIT_SECONDS, "model" => bucket.to_owned()).record(waited.as_secs_f64());
+    histogram!(
+        CAPACITY_WORKSPACE_WAIT_SECONDS,
+        "model" => bucket.to_owned(),
+        "workspace" => workspace_label(workspace),
+    )
+    .record(waited.as_secs_f64());
+}
+
+/// Workspaces a process labels by name; the rest are `other`.
+pub const WORKSPACE_LABELS: usize = 50;
+
+/// The label of `workspace` in a per-workspace series: its name if it is one of the first
+/// [`WORKSPACE_LABELS`] this process labelled, else `other`. A deployment with thousands of
+/// workspaces then exports at most that many series a model from each process, never one a
+/// workspace.
+pub fn workspace_label(workspace: &str) -> String {
+    static LABELLED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut labelled = LABELLED.lock().unwrap_or_else(|p| p.into_inner());
+    label_within(&mut labelled, workspace, WORKSPACE_LABELS)
+}
+
+fn label_within(labelled: &mut Vec<String>, workspace: &str, limit: usize) -> String {
+    if labelled.iter().any(|w| w == workspace) {
+        return workspace.to_owned();
+    }
+    if labelled.len() < limit && workspace != "other" {
+        labelled.push(workspace.to_owned());
+        return workspace.to_owned();
+    }
+    "other".to_owned()
 }
 
 /// The provider refused a call for capacity (a 429 or an overload): the deployment pauses.
@@ -99,4 +131,20 @@ pub fn live_text_piece(outcome: &'static str, bytes: usize) {
 /// A live event sent to a follower: `delta` or `withdrawn`.
 pub fn api_live_event(event: &'static str) {
     counter!(API_LIVE_EVENTS, "event" => event).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_workspaces_keep_their_names_and_the_rest_are_other() {
+        let mut labelled = Vec::new();
+        let labels: Vec<String> = ["a", "b", "a", "c", "b", "other"]
+            .iter()
+            .map(|w| label_within(&mut labelled, w, 2))
+            .collect();
+        assert_eq!(labels, ["a", "b", "a", "other", "b", "other"]);
+        assert_eq!(labelled, ["a", "b"]);
+    }
 }

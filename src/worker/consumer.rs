@@ -33,6 +33,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::settings::WorkerSettings;
+use crate::capacity::Weights;
 use crate::kafka::settings::{GroupProtocol, KafkaSettings};
 use crate::probes::Heartbeat;
 use crate::telemetry;
@@ -126,6 +127,8 @@ pub struct Shared {
     starter: Starter,
     runtime: Handle,
     retry_delay: Duration,
+    /// Each workspace's weight in the windows' fair order.
+    weights: Weights,
 }
 
 impl Shared {
@@ -134,6 +137,7 @@ impl Shared {
         status: Arc<ConsumerStatus>,
         handler: Arc<H>,
         runtime: Handle,
+        weights: Weights,
     ) -> Arc<Self> {
         let starter: Starter = Arc::new(move |message, cancel, slot| {
             Arc::clone(&handler).handle(message, cancel, slot).boxed()
@@ -151,6 +155,7 @@ impl Shared {
             starter,
             runtime,
             retry_delay: worker.io_retry(),
+            weights,
         })
     }
 
@@ -245,6 +250,7 @@ impl Shared {
         let offset = message.offset();
         // Whose it is, for the fair order between workspaces; read outside the lock.
         let owner = replyd_core::proto::record_owner(rdkafka::Message::payload(&message));
+        let weight = self.weights.of(&owner);
         let ready = {
             let mut state = self.lock();
             if state.stopping {
@@ -263,7 +269,7 @@ impl Shared {
                 tracing::warn!(partition = key.partition, offset, error = %e, "record out of order; skipped");
                 return;
             }
-            match state.windows.offer(&key, owner, 1, message) {
+            match state.windows.offer(&key, owner, weight, message) {
                 Offer::Queued => state.ready(),
                 // Checked above: the partition is assigned.
                 Offer::NotAssigned(_) => return,
@@ -767,8 +773,9 @@ pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
     runtime: Handle,
     shutdown: CancellationToken,
     status: Arc<ConsumerStatus>,
+    weights: Weights,
 ) -> Result<(), KafkaError> {
-    let shared = Shared::new(worker, status, handler, runtime.clone());
+    let shared = Shared::new(worker, status, handler, runtime.clone(), weights);
     let consumer: BaseConsumer<WorkerContext> =
         consumer_config(kafka).create_with_context(WorkerContext {
             shared: Arc::clone(&shared),

@@ -24,7 +24,7 @@ use anyhow::Context;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::capacity::Capacity;
+use crate::capacity::{Capacity, Weights};
 use crate::config::Settings;
 use crate::connect_retry::retry_connecting;
 use crate::kafka::dead_letter::{DeadLetterError, DeadLetters};
@@ -126,10 +126,14 @@ pub async fn run_worker(
             shutdown.clone(),
         ));
     }
+    // Each workspace's weight in the fair order (I10): the windows' and the capacity's.
+    let weights = Weights::default();
+    weights.keep_reading(store.clone(), shutdown.clone());
     let capacity = Capacity::new(
         store.clone(),
         settings.capacity.clone(),
         worker_id.clone(),
+        weights.clone(),
         shutdown.clone(),
     );
     let runner = TaskRunner::new(
@@ -229,6 +233,8 @@ async fn run_kafka(
     .context("checking the dead-letter topic")?;
     let dead_letters = Arc::into_inner(dead_letters)
         .ok_or_else(|| anyhow::anyhow!("the dead-letter check still holds the producer"))?;
+    // The windows order records by the same weights as the capacity.
+    let weights = runner.weights();
     let pipeline = Arc::new(Pipeline::new(dead_letters, runner, pipeline_settings));
     let status = Arc::new(ConsumerStatus::default());
     probes.watch("worker", Arc::clone(&status.heartbeat));
@@ -252,6 +258,7 @@ async fn run_kafka(
                 runtime,
                 shutdown,
                 status,
+                weights,
             )
         })
         .context("starting the poll thread")?;

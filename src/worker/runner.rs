@@ -170,6 +170,11 @@ impl TaskRunner {
         }
     }
 
+    /// The workspaces' weights the capacity orders its waiters by (I10).
+    pub fn weights(&self) -> crate::capacity::Weights {
+        self.capacity.weights()
+    }
+
     /// A store operation retried on I/O errors until it succeeds or `cancel` fires.
     async fn with_retry<T, F, Fut>(
         &self,
@@ -371,7 +376,7 @@ impl TaskRunner {
             self.settings.default_output_tokens,
             self.settings.chars_per_token,
         );
-        let _permit = match self
+        let permit = match self
             .guarded(
                 lease,
                 cancel,
@@ -396,6 +401,15 @@ impl TaskRunner {
                 };
             }
         };
+        if let Some(waited) = permit.waited() {
+            // Why it waited, for `replyd inspect`: off the call's path, and only for long waits.
+            let (store, task, version) = (self.store.clone(), stored.spec.task_id, lease.version);
+            tokio::spawn(async move {
+                if let Err(e) = store.record_capacity_wait(task, version, waited).await {
+                    telemetry::store_error("record_capacity_wait", &e);
+                }
+            });
+        }
         let started = Instant::now();
         // The provider's HTTP requests carry this span's context (`traceparent`).
         let call_span = trace::provider_call(trace, &request.model, lease.attempt);

@@ -28,7 +28,7 @@ pub struct WorkerSettings {
     pub global_window: usize,
     /// Records of one partition received and waiting for a window slot. When this many wait,
     /// the partition is paused; it resumes when half have started. Memory stays bounded by
-    /// window + read-ahead records per partition. Unset: eight partition windows, at least
+    /// window + read-ahead records per partition. Unset: two partition windows, at least
     /// 512. It is what lets the worker see one workspace's records behind another's backlog
     /// and start them in their fair turn (I10): a backlog deeper than the read-ahead holds
     /// the records behind it back until it drains to half. Pausing also drops what the Kafka
@@ -181,10 +181,12 @@ impl WorkerSettings {
         Duration::from_millis(self.lease_ms)
     }
 
-    /// `read_ahead`, or its default: eight partition windows, at least [`MIN_READ_AHEAD`].
+    /// `read_ahead`, or its default: two partition windows (what hides a refetch), at least
+    /// [`MIN_READ_AHEAD`] (what sees past a backlog at small windows). A large window gets no
+    /// deeper read-ahead than it needs: the window itself already reaches far past a backlog.
     pub fn read_ahead(&self) -> usize {
         self.read_ahead
-            .unwrap_or(self.partition_window.saturating_mul(8).max(MIN_READ_AHEAD))
+            .unwrap_or(self.partition_window.saturating_mul(2).max(MIN_READ_AHEAD))
     }
 
     pub fn renew_interval(&self) -> Duration {

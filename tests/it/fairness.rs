@@ -25,7 +25,13 @@ async fn a_workspace_behind_anothers_backlog_is_granted_capacity_in_turn_not_aft
         adaptive: false,
         ..CapacitySettings::default()
     };
-    let capacity = Capacity::new(db.store.clone(), settings, "w1".into(), shutdown.clone());
+    let capacity = Capacity::new(
+        db.store.clone(),
+        settings,
+        "w1".into(),
+        replyd::capacity::Weights::default(),
+        shutdown.clone(),
+    );
     let granted = Arc::new(AtomicUsize::new(0));
     let acquire = |workspace: &'static str| {
         let (capacity, granted) = (capacity.clone(), Arc::clone(&granted));
@@ -67,6 +73,63 @@ async fn a_workspace_behind_anothers_backlog_is_granted_capacity_in_turn_not_aft
         behind.iter().all(|b| *b < 15),
         "the newcomer's permits came {behind:?} grants after it arrived, with {} of the burst still waiting",
         40 - before
+    );
+    shutdown.cancel();
+}
+
+/// A workspace's weight, set in the database, reaches a worker's capacity waiters: while both
+/// wait, a workspace of weight 3 is granted three calls for each one of a workspace of weight 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_of_weight_three_is_granted_three_calls_for_each_of_weight_one() {
+    let db = TestDb::new().await;
+    let shutdown = CancellationToken::new();
+    db.store.create_workspace("ws-heavy").await.unwrap();
+    assert!(db.store.set_workspace_weight("ws-heavy", 3).await.unwrap());
+    let weights = replyd::capacity::Weights::default();
+    weights.keep_reading(db.store.clone(), shutdown.clone());
+    crate::helpers::wait_until("the weights read", MUST_END, || {
+        let weights = weights.clone();
+        async move { weights.of("ws-heavy") == 3 }
+    })
+    .await;
+    let settings = CapacitySettings {
+        // 40 a second: the 120 calls below take 3 s of the budget.
+        requests_per_minute: Some(2_400),
+        adaptive: false,
+        ..CapacitySettings::default()
+    };
+    let capacity = Capacity::new(
+        db.store.clone(),
+        settings,
+        "w1".into(),
+        weights,
+        shutdown.clone(),
+    );
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let acquire = |workspace: &'static str| {
+        let (capacity, order) = (capacity.clone(), Arc::clone(&order));
+        tokio::spawn(async move {
+            let never = CancellationToken::new();
+            let permit = capacity
+                .acquire("gpt-test", (workspace, 0), 100, &never, || {})
+                .await
+                .expect("granted");
+            order.lock().unwrap().push(workspace);
+            drop(permit);
+        })
+    };
+    let calls: Vec<_> = (0..60)
+        .flat_map(|_| [acquire("ws-light"), acquire("ws-heavy")])
+        .collect();
+    for call in calls {
+        tokio::time::timeout(MUST_END, call).await.unwrap().unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    // Grants 20 to 60: both still wait (the heavy one's 60 are not done by then).
+    let heavy = order[20..60].iter().filter(|w| **w == "ws-heavy").count();
+    assert!(
+        (26..=34).contains(&heavy),
+        "of grants 20-60, {heavy} went to the workspace of weight 3 (30 expected): {order:?}"
     );
     shutdown.cancel();
 }

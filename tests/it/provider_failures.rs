@@ -645,6 +645,35 @@ async fn a_burst_paced_by_the_shared_budget_never_meets_the_providers_limit() {
     assert!(stats.max_in_progress <= 8, "{stats:?}");
     assert!(stats.max_admitted_in_a_second <= 18, "{stats:?}");
     assert_eq!(report.attempts, 120, "one attempt a task: {report:#?}");
+    // The burst took about 7 s of the budget: its later calls waited their turns, and their
+    // attempts say so, for `replyd inspect`.
+    let row = app
+        .db
+        .raw_client()
+        .await
+        .query_one(
+            "SELECT count(*), min(capacity_wait_ms), \
+             (SELECT task_id FROM reply_attempts WHERE capacity_wait_ms IS NOT NULL \
+              ORDER BY capacity_wait_ms DESC LIMIT 1) \
+             FROM reply_attempts WHERE capacity_wait_ms IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (recorded, shortest): (i64, Option<i32>) = (row.get(0), row.get(1));
+    assert!(recorded > 0, "no wait recorded");
+    assert!(shortest.is_some_and(|ms| ms >= 1_000), "{shortest:?}");
+    let longest: uuid::Uuid = row.get(2);
+    let inspected = std::process::Command::new(env!("CARGO_BIN_EXE_replyd"))
+        .args(["inspect", &longest.to_string(), "--config"])
+        .arg(app.settings_file())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&inspected.stdout);
+    assert!(
+        text.contains("for the provider's capacity, behind "),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -408,6 +408,7 @@ async fn two_workers_share_one_budget_and_a_refusal_pauses_both() {
         adaptive: false,
         horizon: Duration::from_millis(250),
         sent_freely: 0,
+        demand: &[],
     };
     let a = db.store.capacity_grant(&ask("w-a", 8, 3, 0)).await.unwrap();
     let b = db.store.capacity_grant(&ask("w-b", 8, 3, 0)).await.unwrap();
@@ -440,6 +441,92 @@ async fn two_workers_share_one_budget_and_a_refusal_pauses_both() {
         .await
         .unwrap();
     assert_eq!(other.delays.len(), 2, "two slots, two calls: {other:?}");
+}
+
+/// I10 across workers: worker w1 holds only workspace A's backlog, w2 holds the other half of
+/// A's and all of B's. Each workspace is owed half the rate, so w2 is owed three quarters of
+/// it (half through B, a quarter through A). Without the parts, whoever asks first takes the
+/// whole horizon. With B of weight 3, B is owed three quarters and w2 seven eighths. A worker
+/// alone is held to nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_get_the_rate_in_parts_by_the_workspaces_that_wait_in_them() {
+    use replyd::store::capacity::GrantAsk;
+    let db = TestDb::new().await;
+    let waiters = [10u64; 120];
+    let only_a = [("a".to_owned(), 100usize)];
+    let a_and_b = [("a".to_owned(), 100usize), ("b".to_owned(), 10usize)];
+    let ask = |bucket: &'static str, holder: &'static str, n: usize, demand| GrantAsk {
+        bucket,
+        holder,
+        waiters: &waiters[..n],
+        want_slots: 0,
+        in_use: 0,
+        // 400 a second over a quarter-second horizon: 100 calls a grant at most.
+        requests_per_second: Some(400.0),
+        tokens_per_second: None,
+        slot_limit: None,
+        slot_ttl: Duration::from_secs(10),
+        adaptive: false,
+        horizon: Duration::from_millis(250),
+        sent_freely: 0,
+        demand,
+    };
+    for (bucket, b_weight, w2_part) in [("m-even", 1, 75), ("m-weighted", 3, 87)] {
+        for workspace in ["a", "b"] {
+            db.store.create_workspace(workspace).await.unwrap();
+        }
+        assert!(db.store.set_workspace_weight("b", b_weight).await.unwrap());
+        // w1 tells its demand first (a grant with none of its waiters asked for yet).
+        let w1 = db
+            .store
+            .capacity_grant(&ask(bucket, "w1", 0, &only_a))
+            .await
+            .unwrap();
+        assert!(w1.delays.is_empty(), "{w1:?}");
+        let w2 = db
+            .store
+            .capacity_grant(&ask(bucket, "w2", 110, &a_and_b))
+            .await
+            .unwrap();
+        assert_eq!(
+            w2.delays.len(),
+            w2_part,
+            "{bucket}: w2's part of 100: {w2:?}"
+        );
+        let w1 = db
+            .store
+            .capacity_grant(&ask(bucket, "w1", 100, &only_a))
+            .await
+            .unwrap();
+        assert_eq!(
+            w1.delays.len(),
+            100 - w2_part - usize::from(b_weight == 3),
+            "{bucket}: w1's part of 100 (12.5 rounds down), after w2's: {w1:?}"
+        );
+        // Asked again at once, w1 has spent its credit: nothing, and a wait till it has one.
+        let again = db
+            .store
+            .capacity_grant(&ask(bucket, "w1", 100, &only_a))
+            .await
+            .unwrap();
+        assert!(
+            again.delays.len() <= 1 && again.wait > Duration::ZERO,
+            "{again:?}"
+        );
+    }
+    // Alone (w2 gone, its demand with it): w1's part is the whole rate.
+    let w2_done = db
+        .store
+        .capacity_grant(&ask("m-alone", "w2", 0, &[]))
+        .await
+        .unwrap();
+    assert!(w2_done.delays.is_empty());
+    let alone = db
+        .store
+        .capacity_grant(&ask("m-alone", "w1", 120, &only_a))
+        .await
+        .unwrap();
+    assert_eq!(alone.delays.len(), 100, "{alone:?}");
 }
 
 /// A refusal that reaches the budget before the provider's first report of its limit (another

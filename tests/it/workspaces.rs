@@ -243,3 +243,37 @@ async fn the_operator_sets_shows_and_removes_a_workspaces_prompt_policy() {
         text(&removed.stdout)
     );
 }
+
+/// `replyd workspace share`: a weight is shown (1 unless set), set within 1..=1,000, and a
+/// weight outside them or a workspace that does not exist is refused by its own exit code,
+/// changing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_sets_and_shows_a_workspaces_weight() {
+    let db = TestDb::new().await;
+    assert!(
+        replyd(&db, &["workspace", "create", "acme"])
+            .status
+            .success()
+    );
+    let shown = replyd(&db, &["workspace", "share", "acme"]);
+    assert_eq!(text(&shown.stdout).trim(), "workspace acme has weight 1");
+    let set = replyd(&db, &["workspace", "share", "acme", "--weight", "5"]);
+    assert!(set.status.success(), "{}", text(&set.stderr));
+    assert_eq!(text(&set.stdout).trim(), "workspace acme has weight 5");
+    for bad in ["0", "1001", "two"] {
+        let refused = replyd(&db, &["workspace", "share", "acme", "--weight", bad]);
+        assert_eq!(refused.status.code(), Some(2), "{bad}");
+        assert!(
+            text(&refused.stderr).contains("--weight"),
+            "{}",
+            text(&refused.stderr)
+        );
+    }
+    let nobody = replyd(&db, &["workspace", "share", "nobody", "--weight", "2"]);
+    assert_eq!(nobody.status.code(), Some(4));
+    assert!(text(&nobody.stderr).contains("no workspace \"nobody\""));
+    assert_eq!(
+        db.store.workspace_weights().await.unwrap(),
+        vec![("acme".to_owned(), 5)]
+    );
+}

@@ -279,6 +279,22 @@ pub struct AttemptRecord {
     /// received (V26); None when it ended in a reply, was not streamed, or died with its
     /// worker.
     pub stream_end: Option<(StreamEnd, i32)>,
+    /// How long its call waited for the provider's capacity, and behind what (V34); recorded
+    /// for waits of a second or more, None for shorter ones and for rows before V34.
+    pub capacity_wait: Option<CapacityWait>,
+}
+
+/// An attempt's wait for the provider's capacity (I9, I10): how long, and what waited in the
+/// worker when its call joined the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CapacityWait {
+    pub waited_ms: i32,
+    /// Calls of this worker waiting for the same model before it.
+    pub calls_ahead: i32,
+    /// How many of them were of its own workspace: the rest were ahead only for their turn.
+    pub own_ahead: i32,
+    /// Workspaces with calls waiting then, its own included.
+    pub workspaces: i32,
 }
 
 /// How an attempt's streamed answer ended without a reply (`reply_attempts.stream_end`).
