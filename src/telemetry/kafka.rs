@@ -45,6 +45,16 @@ pub fn record_conflicts_with_task(task_id: &str, offset: i64, fields: &[&'static
     counter!(RECORD_CONFLICTS).increment(1);
 }
 
+/// Partitions paused or resumed for back-pressure: at debug, so that a partition that stays
+/// silent can be traced to its last pause or resume.
+pub fn back_pressure(paused: &[PartitionKey], resumed: &[PartitionKey]) {
+    if paused.is_empty() && resumed.is_empty() {
+        return;
+    }
+    let list = |keys: &[PartitionKey]| keys.iter().map(|k| k.partition).collect::<Vec<_>>();
+    tracing::debug!(paused = ?list(paused), resumed = ?list(resumed), "back-pressure");
+}
+
 pub fn in_flight(total: usize, paused: usize) {
     gauge!(IN_FLIGHT).set(total as f64);
     gauge!(PAUSED_PARTITIONS).set(paused as f64);

@@ -421,6 +421,7 @@ impl Shared {
                 to_resume.add_partition(&key.topic, key.partition);
             }
             telemetry::in_flight(state.windows.running(), changes.paused);
+            telemetry::back_pressure(&changes.pause, &changes.resume);
             (to_pause, to_resume)
         };
         if to_pause.count() > 0

@@ -718,24 +718,69 @@ end_user_token_key = "{token_key}"
             .expect("published");
     }
 
-    /// Waits until every task in `ids` is completed or failed.
+    /// Waits until every task in `ids` is completed or failed. On a timeout it says which
+    /// tasks are still open and shows the end of every worker's log: a stall seen once in a
+    /// loaded run must be explainable from the failure alone.
     pub async fn wait_until_terminal(&self, ids: &[TaskId], limit: Duration) {
         let client = self.db.raw_client().await;
         let uuids: Vec<uuid::Uuid> = ids.iter().map(|t| t.as_uuid()).collect();
-        wait_until(&format!("{} tasks are terminal", ids.len()), limit, || {
-            let (client, uuids) = (&client, &uuids);
-            async move {
-                let row = client
-                    .query_one(
-                        "SELECT count(*) FROM reply_tasks WHERE task_id = ANY($1) AND status IN ('completed', 'failed', 'cancelled')",
-                        &[uuids],
-                    )
-                    .await
-                    .unwrap();
-                row.get::<_, i64>(0) == uuids.len() as i64
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let open: Vec<(uuid::Uuid, String)> = client
+                .query(
+                    "SELECT t.id, coalesce(r.status, 'not saved') FROM unnest($1::uuid[]) AS t(id) \
+                     LEFT JOIN reply_tasks r ON r.task_id = t.id \
+                     WHERE r.status IS NULL OR r.status NOT IN ('completed', 'failed', 'cancelled') \
+                     ORDER BY t.id",
+                    &[&uuids],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| (row.get(0), row.get(1)))
+                .collect();
+            if open.is_empty() {
+                return;
             }
-        })
-        .await;
+            if tokio::time::Instant::now() >= deadline {
+                let shown: Vec<String> = open
+                    .iter()
+                    .take(10)
+                    .map(|(id, status)| format!("{id} ({status})"))
+                    .collect();
+                panic!(
+                    "timed out after {limit:?} waiting until {} tasks are terminal: {} are not, \
+                     among them {}\n{}",
+                    ids.len(),
+                    open.len(),
+                    shown.join(", "),
+                    self.log_tails(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The last `lines` lines of every worker's latest log, for a failure message.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let spawns = self
+            .spawns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut names: Vec<_> = spawns.into_iter().collect();
+        names.sort();
+        names
+            .into_iter()
+            .map(|(name, count)| {
+                let path = self.dir.join(format!("{name}.{count}.log"));
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let all: Vec<&str> = text.lines().collect();
+                let tail = all[all.len().saturating_sub(lines)..].join("\n");
+                format!("--- the end of {} ---\n{tail}", path.display())
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// The group's committed offsets, per partition.
