@@ -127,10 +127,12 @@ bench-kills:
 ## bench-fairness: a small workspace behind a big one's burst (I10): workspace A publishes
 ## 2,000 tasks, B 20 three seconds later, against a mock limited to 50 requests/s and 64 at
 ## once (declared): each workspace's publish → completed, throughput against the limit; then
-## 10 workspaces with skewed backlogs: Jain's index while all are backlogged.
+## 10 workspaces with skewed backlogs: Jain's index while all are backlogged; then 3
+## workspaces, one of weight 3: Jain's index of the calls each got for its weight.
 bench-fairness:
 	bash deploy/bench-fairness.sh burst
 	bash deploy/bench-fairness.sh skewed
+	bash deploy/bench-fairness.sh weighted
 
 ## bench-triggers: what each trigger of the schema costs the worker's two calls (pgbench with
 ## PostgreSQL timing every PL/pgSQL function), three rounds of 8 s.

@@ -11,15 +11,19 @@
 #           publishes 20. B's 20 calls need 0.4 s of the provider's capacity.
 #   skewed  10 workspaces publish at once, with skewed backlogs: workspace k publishes
 #           400 / (k + 1) tasks (400, 200, 133, ... 40).
+#   weighted  3 workspaces publish 900 tasks each at once; ws-heavy has weight 3 (`replyd
+#           workspace share`), ws-1 and ws-2 weight 1: while all are backlogged ws-heavy should
+#           get 3/5 of the calls and the others 1/5 each.
 #
-# When every task is terminal (or after BENCH_LIMIT_S, 600 s) it prints, per workspace, the
-# tasks, failed, and the time from its publish to completed (p50, p99, max); then the run's
-# replies per second against the limit (50/s), the requests the mock refused, and Jain's
-# fairness index of the workspaces' completions while every one of them still had work
-# waiting (from the first publish to the first workspace's last completion; 1 is a perfect
-# split by weight, 1/n one workspace taking everything). One JSON line per run goes to
-# target/bench/fairness.jsonl. REPLYD_BIN runs an already built binary (see deploy/lib.sh);
-# WORKER_TOML adds settings to the workers' file; BENCH_LABEL names the binary in the JSON line.
+# When every task is terminal (or after BENCH_LIMIT_S, 600 s) it prints, per workspace, its
+# weight, tasks, failed, the time from its publish to completed (p50, p99, max) and its share
+# of the completions while every workspace still had work waiting (from the first publish to
+# the first workspace's last completion); then the run's replies per second against the limit
+# (50/s), the requests the mock refused, and Jain's fairness index over that span of the
+# workspaces' completions, each divided by its weight (1 is a perfect split by weight, 1/n one
+# workspace taking everything). One JSON line per run goes to target/bench/fairness.jsonl.
+# REPLYD_BIN runs an already built binary (see deploy/lib.sh); WORKER_TOML adds settings to the
+# workers' file; BENCH_LABEL names the binary in the JSON line.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,9 +33,9 @@ limit_s=${BENCH_LIMIT_S:-600}
 rpm=3000
 at_once=64
 case "$shape" in
-  burst | skewed) ;;
+  burst | skewed | weighted) ;;
   *)
-    echo "bench-fairness: unknown shape '$shape' (burst or skewed)" >&2
+    echo "bench-fairness: unknown shape '$shape' (burst, skewed or weighted)" >&2
     exit 2
     ;;
 esac
@@ -51,6 +55,18 @@ mkdir -p "$dir"
 start_mock "$dir/mock" --latency-ms 200 --limit-rpm "$rpm" --limit-concurrent "$at_once" --seed 7
 mock=$mock_pid
 start_two_workers "$dir" "$id"
+
+# The workspaces' weights (the workers have migrated the schema by now). Workers read the
+# weights every 10 s: wait past one read before publishing.
+: >"$dir/weights"
+if [ "$shape" = weighted ]; then
+  for ws in ws-heavy ws-1 ws-2; do
+    "$bin" workspace create "$ws" --config "$dir/worker.toml" >/dev/null
+  done
+  "$bin" workspace share ws-heavy --weight 3 --config "$dir/worker.toml" >/dev/null
+  echo "ws-heavy 3" >"$dir/weights"
+  sleep 11
+fi
 
 # publish WORKSPACE COUNT: publishes COUNT tasks of WORKSPACE (100 conversations, spread over
 # the partitions) and records when it began.
@@ -76,6 +92,14 @@ case "$shape" in
       publishers+=($!)
       tasks=$(( tasks + n ))
     done
+    ;;
+  weighted)
+    publishers=()
+    for ws in ws-heavy ws-1 ws-2; do
+      publish "$ws" 900 &
+      publishers+=($!)
+    done
+    tasks=2700
     ;;
 esac
 
@@ -105,6 +129,10 @@ python3 - "$dir" "$shape" "$tasks" "$rpm" "$version" <<'PY'
 import json, sys
 from collections import defaultdict
 d, shape, tasks, rpm, version = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+weights = defaultdict(lambda: 1)
+for line in open(f"{d}/weights"):
+    ws, w = line.split()
+    weights[ws] = int(w)
 published = {}
 for line in open(f"{d}/published"):
     ws, at = line.split()
@@ -128,7 +156,8 @@ def q(xs, p):
 first = min(published.values())
 # Every workspace backlogged: up to the first workspace's last completion.
 until = min(max(e) for e in ends.values()) if ends else first
-shares = [sum(1 for e in es if e <= until) for es in ends.values()]
+done_by = {ws: sum(1 for e in es if e <= until) for ws, es in ends.items()}
+shares = [done_by[ws] / weights[ws] for ws in done_by]
 n, s, s2 = len(shares), sum(shares), sum(x * x for x in shares)
 jain = (s * s) / (n * s2) if s2 else 1.0
 stats = json.load(open(f"{d}/mock-stats.json"))
@@ -146,6 +175,7 @@ for ws in sorted(published):
         "p50_s": round(q(lat, 0.5), 2) if lat else None,
         "p99_s": round(q(lat, 0.99), 2) if lat else None,
         "max_s": round(max(lat), 2) if lat else None,
+        "share_while_all_backlogged": round(done_by.get(ws, 0) / max(sum(done_by.values()), 1), 3),
     }
 line = {
     "bench": "fairness",
@@ -159,20 +189,24 @@ line = {
     "jain_while_all_backlogged": round(jain, 3),
     "backlogged_s": round(until - first, 1),
     "workspaces": per,
+    "weights": {ws: weights[ws] for ws in sorted(published)},
 }
 with open("target/bench/fairness.jsonl", "a") as out:
     out.write(json.dumps(line) + "\n")
 print(f"bench-fairness: shape={shape} version={version}")
-print("| workspace | tasks | failed | publish to completed, p50 | p99 | max |")
-print("|---|---:|---:|---:|---:|---:|")
+print("| workspace | weight | tasks | failed | publish to completed, p50 | p99 | max | share while all backlogged |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for ws, r in per.items():
-    print(f"| {ws} | {r['tasks']} | {r['failed']} | {r['p50_s']} s | {r['p99_s']} s | {r['max_s']} s |")
+    print(
+        f"| {ws} | {weights[ws]} | {r['tasks']} | {r['failed']} | {r['p50_s']} s | {r['p99_s']} s | {r['max_s']} s "
+        f"| {r['share_while_all_backlogged']} |"
+    )
 print(
     f"replies_per_s={line['replies_per_s']} ratio_to_limit={line['ratio_to_limit']} (limit {rpm // 60}/s) "
     f"refused={refusals}"
     + (
         f" jain_while_all_backlogged={line['jain_while_all_backlogged']} (over the first {line['backlogged_s']} s)"
-        if shape == "skewed"
+        if shape != "burst"
         else ""
     )
 )
