@@ -11,6 +11,7 @@
 #      into the cache).
 #
 # Usage: deploy/bench-profile.sh [small] [large] [runs] [perf]   (default: 1000 5000 3 20000)
+# BENCH_CPU_ONLY=1 runs only 2 (minutes instead of a quarter of an hour: to compare builds).
 # Writes the table to stdout and one JSON line to target/bench/profile.jsonl.
 set -euo pipefail
 
@@ -80,13 +81,17 @@ drain() {
 ir_of() {
   sed -n 's/^summary: *\([0-9]*\).*/\1/p; s/^totals: *\([0-9]*\).*/\1/p' "$1" | head -n 1
 }
-echo "bench: callgrind, $small then $large records (each takes minutes)" >&2
-drain "cg-small" "$small" valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.small" >/dev/null
-drain "cg-large" "$large" valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.large" >/dev/null
-ir_small=$(ir_of "$dir/callgrind.small")
-ir_large=$(ir_of "$dir/callgrind.large")
-ir_per_record=$(awk -v a="$ir_small" -v b="$ir_large" -v s="$small" -v l="$large" 'BEGIN { printf "%.0f", (b - a) / (l - s) }')
-echo "bench: instructions: $ir_small over $small records, $ir_large over $large: $ir_per_record per record" >&2
+cpu_only=${BENCH_CPU_ONLY:-}
+ir_per_record=null
+if [ -z "$cpu_only" ]; then
+  echo "bench: callgrind, $small then $large records (each takes minutes)" >&2
+  drain "cg-small" "$small" valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.small" >/dev/null
+  drain "cg-large" "$large" valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.large" >/dev/null
+  ir_small=$(ir_of "$dir/callgrind.small")
+  ir_large=$(ir_of "$dir/callgrind.large")
+  ir_per_record=$(awk -v a="$ir_small" -v b="$ir_large" -v s="$small" -v l="$large" 'BEGIN { printf "%.0f", (b - a) / (l - s) }')
+  echo "bench: instructions: $ir_small over $small records, $ir_large over $large: $ir_per_record per record" >&2
+fi
 
 # 2. CPU time, the same difference, RUNS times.
 : >"$dir/cpu"
@@ -99,19 +104,21 @@ done
 read -r cpu_m cpu_lo cpu_hi < <(stats <"$dir/cpu")
 
 # 3. The flame graph.
-drain "perf" "$perf_records" perf record -q -F 499 --call-graph dwarf,16384 -o "$dir/perf.data" >/dev/null
-perf script -i "$dir/perf.data" 2>/dev/null | "$inferno/inferno-collapse-perf" >"$dir/stacks.folded"
-mkdir -p docs/bench
-"$inferno/inferno-flamegraph" --title "replyd worker, zero-latency provider, $perf_records records (perf, 499 Hz)" \
-  --minwidth 0.2 <"$dir/stacks.folded" >docs/bench/p3-flamegraph.svg
-# perf's cpu-clock samples weigh their period, in nanoseconds.
-sampled_s=$(awk '{ n += $NF } END { printf "%.1f", n / 1e9 }' "$dir/stacks.folded")
-echo "bench: wrote docs/bench/p3-flamegraph.svg ($sampled_s s of CPU sampled, $(wc -l <"$dir/stacks.folded") distinct stacks)" >&2
+if [ -z "$cpu_only" ]; then
+  drain "perf" "$perf_records" perf record -q -F 499 --call-graph dwarf,16384 -o "$dir/perf.data" >/dev/null
+  perf script -i "$dir/perf.data" 2>/dev/null | "$inferno/inferno-collapse-perf" >"$dir/stacks.folded"
+  mkdir -p docs/bench
+  "$inferno/inferno-flamegraph" --title "replyd worker, zero-latency provider, $perf_records records (perf, 499 Hz)" \
+    --minwidth 0.2 <"$dir/stacks.folded" >docs/bench/p3-flamegraph.svg
+  # perf's cpu-clock samples weigh their period, in nanoseconds.
+  sampled_s=$(awk '{ n += $NF } END { printf "%.1f", n / 1e9 }' "$dir/stacks.folded")
+  echo "bench: wrote docs/bench/p3-flamegraph.svg ($sampled_s s of CPU sampled, $(wc -l <"$dir/stacks.folded") distinct stacks)" >&2
+fi
 
 printf '{"bench":"profile","small":%d,"large":%d,"instructions_per_record":%s,"cpu_us_per_record":{"median":%s,"min":%s,"max":%s},"goal_us":50}\n' \
   "$small" "$large" "$ir_per_record" "$cpu_m" "$cpu_lo" "$cpu_hi" >>"$jsonl"
 echo "| records (small → large) | instructions per record | worker CPU per record, µs (median, min–max) | ÷ goal of 50 µs |"
 echo "|---|---:|---:|---:|"
 awk -v s="$small" -v l="$large" -v ir="$ir_per_record" -v m="$cpu_m" -v lo="$cpu_lo" -v hi="$cpu_hi" 'BEGIN {
-  printf "| %d → %d | %d | %.0f (%.0f–%.0f) | **%.1f** |\n", s, l, ir, m, lo, hi, m / 50
+  printf "| %d → %d | %s | %.0f (%.0f–%.0f) | **%.1f** |\n", s, l, (ir == "null" ? "not run" : ir), m, lo, hi, m / 50
 }'
