@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use replyd_core::schema::{self, Fit, Floor};
+
 use crate::store::DatabaseSettings;
 
 use super::{StoreError, connect_error, session_config, tls_connector};
@@ -39,16 +41,21 @@ async fn session(
     Ok((client, tokio::spawn(connection)))
 }
 
-/// Brings the schema up to date; returns the names of the migrations it applied.
+/// Brings the schema up to date; returns the names of the migrations it applied. A schema a
+/// later release migrated further is left as it is, if that release only expanded it; one it
+/// contracted past this binary is refused (`replyd_core::schema`).
 pub async fn run_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, StoreError> {
     let (mut client, connection) = session(settings).await?;
     // Workers start together and each migrates at start-up: without a lock, two runners race
     // on refinery's own history table (CREATE TABLE IF NOT EXISTS is not safe concurrently).
     // A session advisory lock serialises them; it is released when this connection closes.
     lock(&client).await?;
-    let report = embedded::migrations::runner()
-        .run_async(&mut client)
-        .await?;
+    let runner = embedded::migrations::runner();
+    let fit = fit(&mut client, &runner).await?;
+    // refinery refuses a history with migrations it has no file for (its `abort_missing`):
+    // right for a gap in this binary's own, wrong for a later release's expansions.
+    let runner = runner.set_abort_missing(matches!(fit, Fit::Known));
+    let report = runner.run_async(&mut client).await?;
     drop(client);
     // The connection task ends when the client is dropped; its result carries no information
     // beyond what the migration already returned.
@@ -61,28 +68,13 @@ pub async fn run_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, 
 }
 
 /// The migrations this build has that the schema lacks, by name (`V19__...`): what a process
-/// started with `database.migrate_on_start` off checks before it serves.
+/// started with `database.migrate_on_start` off checks before it serves. A schema contracted
+/// past this binary is refused here too.
 pub async fn pending_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, StoreError> {
     let (mut client, connection) = session(settings).await?;
     let runner = embedded::migrations::runner();
-    // refinery's history table is made by the first migration run; before it, all are pending.
-    let has_history: bool = client
-        .query_one(
-            "SELECT to_regclass('refinery_schema_history') IS NOT NULL",
-            &[],
-        )
-        .await?
-        .get(0);
-    let applied: Vec<i32> = if has_history {
-        runner
-            .get_applied_migrations_async(&mut client)
-            .await?
-            .iter()
-            .map(|m| m.version())
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let applied = applied_versions(&mut client, &runner).await?;
+    judge(&mut client, &runner, &applied).await?;
     drop(client);
     let _ = connection.await;
     Ok(runner
@@ -91,6 +83,78 @@ pub async fn pending_migrations(settings: &DatabaseSettings) -> Result<Vec<Strin
         .filter(|m| !applied.contains(&m.version()))
         .map(|m| m.to_string())
         .collect())
+}
+
+/// The versions of the migrations applied; none before refinery's history table exists (the
+/// first migration run makes it).
+async fn applied_versions(
+    client: &mut tokio_postgres::Client,
+    runner: &refinery::Runner,
+) -> Result<Vec<i32>, StoreError> {
+    let has_history: bool = client
+        .query_one(
+            "SELECT to_regclass('refinery_schema_history') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !has_history {
+        return Ok(Vec::new());
+    }
+    Ok(runner
+        .get_applied_migrations_async(client)
+        .await?
+        .iter()
+        .map(|m| m.version())
+        .collect())
+}
+
+/// How the schema stands to this binary.
+async fn fit(
+    client: &mut tokio_postgres::Client,
+    runner: &refinery::Runner,
+) -> Result<Fit, StoreError> {
+    let applied = applied_versions(client, runner).await?;
+    judge(client, runner, &applied).await
+}
+
+/// Judges the schema: its applied migrations against this binary's, and its floor (V35).
+async fn judge(
+    client: &mut tokio_postgres::Client,
+    runner: &refinery::Runner,
+    applied: &[i32],
+) -> Result<Fit, StoreError> {
+    let known: Vec<i32> = runner
+        .get_migrations()
+        .iter()
+        .map(|m| m.version())
+        .collect();
+    let floor = match client
+        .query_opt(
+            "SELECT oldest_version, oldest_release FROM schema_compatibility",
+            &[],
+        )
+        .await
+    {
+        Ok(row) => row.map(|r| Floor {
+            version: r.get(0),
+            release: r.get(1),
+        }),
+        // A schema from before V35 has no floor: nothing was contracted.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => None,
+        Err(e) => return Err(e.into()),
+    };
+    let fit = schema::judge(&known, applied, floor.as_ref())
+        .map_err(|too_new| StoreError::Config(too_new.to_string()))?;
+    if let Fit::Ahead { newer } = &fit {
+        tracing::info!(
+            ?newer,
+            this_release = env!("CARGO_PKG_VERSION"),
+            "the schema was migrated further by a later release, which only expanded it; \
+             running against it and leaving those migrations be"
+        );
+    }
+    Ok(fit)
 }
 
 /// Takes the migration lock, waiting for whoever holds it. Asked with `pg_try_advisory_lock`

@@ -19,6 +19,7 @@ pub mod proto;
 pub mod provider;
 pub mod quota;
 pub mod retry;
+pub mod schema;
 pub mod sealed;
 pub mod secret;
 pub mod windows;
