@@ -1,6 +1,6 @@
 //! `replyd config check --connect`: the settings are valid, and what they point at answers.
-//! PostgreSQL (a session, and a schema that has every migration this build needs), Kafka
-//! (the brokers, the task topic and the dead-letter topic, and that neither keeps records
+//! PostgreSQL (a session, and a schema that has every migration this build needs), Kafka when
+//! it is used (the brokers, the task topic and the dead-letter topic, and that neither keeps records
 //! longer than forgotten tasks are remembered), the provider (its model list, with
 //! the key every call carries), and the SQS queue and its dead-letter queue when they are used. Each is asked on its own, within a bound, so one that hangs
 //! does not hide the others; each failure names the address and the setting.
@@ -29,14 +29,23 @@ impl std::fmt::Display for Reached {
     }
 }
 
-/// Asks every part at once; one line each, in a fixed order. The SQS queue is asked when the
-/// worker receives from it or the relay sends to it.
+/// Asks every part at once; one line each, in a fixed order. Kafka is asked when the worker
+/// reads from it or the relay writes to it, the SQS queue when either uses SQS: on SQS alone,
+/// nothing of Kafka is required or checked.
 pub async fn check(settings: &Settings) -> Vec<Reached> {
     let uses_sqs =
         settings.worker.source == Transport::Sqs || settings.relay.sink == Transport::Sqs;
+    let uses_kafka =
+        settings.worker.source == Transport::Kafka || settings.relay.sink == Transport::Kafka;
     let (database, kafka, provider, sqs) = tokio::join!(
         bounded(database(settings)),
-        bounded(kafka(settings)),
+        async {
+            if uses_kafka {
+                Some(bounded(kafka(settings)).await)
+            } else {
+                None
+            }
+        },
         bounded(provider(settings)),
         async {
             if uses_sqs {
@@ -46,20 +55,20 @@ pub async fn check(settings: &Settings) -> Vec<Reached> {
             }
         },
     );
-    let mut reached = vec![
-        Reached {
-            part: "database",
-            answer: database,
-        },
-        Reached {
+    let mut reached = vec![Reached {
+        part: "database",
+        answer: database,
+    }];
+    if let Some(answer) = kafka {
+        reached.push(Reached {
             part: "kafka",
-            answer: kafka,
-        },
-        Reached {
-            part: "provider",
-            answer: provider,
-        },
-    ];
+            answer,
+        });
+    }
+    reached.push(Reached {
+        part: "provider",
+        answer: provider,
+    });
     if let Some(answer) = sqs {
         reached.push(Reached {
             part: "sqs",

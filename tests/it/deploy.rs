@@ -1227,3 +1227,158 @@ fn keda_reads_the_lag_from_the_brokers_the_group_and_the_topic_the_settings_name
         "kafka:9092"
     );
 }
+
+/// The `ENV` instructions of the Dockerfile's last stage (the image that runs), as name and
+/// value, continuation lines joined.
+fn image_env() -> Vec<(String, String)> {
+    let dockerfile = std::fs::read_to_string(root().join("deploy/Dockerfile")).unwrap();
+    let last_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
+    let joined = last_stage.replace("\\\n", " ");
+    joined
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("ENV "))
+        .flat_map(|pairs| pairs.split_whitespace())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').expect("ENV name=value");
+            (name.to_owned(), value.trim_matches('"').to_owned())
+        })
+        .collect()
+}
+
+/// A port on 127.0.0.1 nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The port of every `containerPort` named `name` in the manifests.
+fn container_ports(manifests: &str, name: &str) -> Vec<u16> {
+    let needle = format!("- name: {name}\n");
+    manifests
+        .match_indices(&needle)
+        .filter_map(|(at, _)| {
+            manifests[at + needle.len()..]
+                .lines()
+                .next()?
+                .trim()
+                .strip_prefix("containerPort: ")?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_changed_in_the_values_reaches_the_process_the_probes_ask() {
+    // What the kubelet does: the chart's values give the container's ports, and the probes ask
+    // them. The process must listen where they ask, whatever the image sets.
+    let (metrics, api) = (free_port(), free_port());
+    let out = render(
+        &[],
+        &[
+            "mode=serve",
+            &format!("settings.observability.listen=127.0.0.1:{metrics}"),
+            &format!("settings.api.listen=127.0.0.1:{api}"),
+        ],
+    );
+    assert!(out.status.success(), "helm template: {}", text(&out));
+    let manifests = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(container_ports(&manifests, "metrics"), vec![metrics]);
+    assert_eq!(container_ports(&manifests, "http"), vec![api]);
+    let file = scratch().join("replyd.toml");
+    std::fs::write(&file, config_of(&manifests)).unwrap();
+
+    // The process as the pod starts it: the image's environment, then the container's, where
+    // REPLYD_CONFIG names the mounted ConfigMap (here, the file it renders) and the secrets
+    // and this machine's broker come as variables.
+    let db = crate::helpers::TestDb::new().await;
+    let mut serve = tokio::process::Command::new(env!("CARGO_BIN_EXE_replyd"));
+    serve
+        .arg("serve")
+        .envs(image_env())
+        .env("REPLYD_CONFIG", &file)
+        .env("REPLYD_DATABASE__URL", db.settings.url.expose())
+        .env("REPLYD_KAFKA__BOOTSTRAP_SERVERS", infra("KAFKA_BOOTSTRAP"))
+        .env("REPLYD_KAFKA__TOPIC", unique("tasks"))
+        .env("REPLYD_KAFKA__GROUP_ID", unique("group"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = serve.spawn().unwrap();
+    let client = reqwest::Client::new();
+    let answered = |port: u16, path: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .get(format!("http://127.0.0.1:{port}{path}"))
+                .timeout(std::time::Duration::from_secs(2))
+                .send()
+                .await
+                .is_ok()
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !(answered(metrics, "/healthz").await && answered(api, "/v1/quota").await) {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut said = String::new();
+            use tokio::io::AsyncReadExt as _;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut said)
+                .await
+                .unwrap();
+            panic!("replyd serve exited ({status}) before answering on its ports: {said}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing answered on the ports the values gave ({metrics}, {api})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    child.kill().await.unwrap();
+}
+
+#[test]
+fn every_file_the_image_copies_from_the_build_context_is_in_it() {
+    // .dockerignore keeps deploy/ (and more) out of the build context; a COPY of a file under
+    // it fails the build, which no engine here would show.
+    let ignored: Vec<String> = std::fs::read_to_string(root().join(".dockerignore"))
+        .unwrap()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    let dockerfile = std::fs::read_to_string(root().join("deploy/Dockerfile")).unwrap();
+    let sources: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("COPY "))
+        .filter(|args| !args.starts_with("--from"))
+        .flat_map(|args| {
+            let words: Vec<&str> = args.split_whitespace().collect();
+            words[..words.len() - 1].to_vec()
+        })
+        .collect();
+    assert!(
+        sources.contains(&"deploy/image-defaults.toml"),
+        "{sources:?}"
+    );
+    for source in sources {
+        let excluded = ignored.iter().any(|rule| {
+            !rule.starts_with('!') && (source == rule || source.starts_with(&format!("{rule}/")))
+        });
+        let excepted = ignored
+            .iter()
+            .any(|rule| rule.strip_prefix('!') == Some(source));
+        assert!(
+            !excluded || excepted,
+            "the Dockerfile copies {source}, which .dockerignore keeps out of the context"
+        );
+        assert!(root().join(source).exists(), "{source} does not exist");
+    }
+}

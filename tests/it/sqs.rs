@@ -537,6 +537,14 @@ async fn config_check_connect_reaches_the_queue_and_its_dead_letter_queue() {
         )),
         "{out}"
     );
+    // On SQS alone nothing of Kafka is required or checked: brokers nobody answers at do not
+    // fail the check, and it says nothing of them.
+    let (code, out) = check(vec![(
+        "REPLYD_KAFKA__BOOTSTRAP_SERVERS",
+        "127.0.0.1:9".to_owned(),
+    )]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains("kafka"), "{out}");
     // A queue that does not exist is named with its setting.
     let missing = format!("{}/000000000000/no-such-queue", sqs.endpoint);
     let (code, out) = check(vec![("REPLYD_SQS__QUEUE_URL", missing.clone())]);
