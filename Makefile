@@ -3,10 +3,20 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live bench-kills bench-triggers bench-fairness chaos fuzz
+.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live bench-kills bench-triggers bench-fairness chaos fuzz image
 
 build:
 	$(CARGO) build --release
+
+## image: the container image, tagged with the crate's version and naming the commit it was
+## built from (`replyd --version`, the image's revision label). Needs a container engine
+## (docker, or podman with IMAGE_TOOL=podman); push it and pin it by digest (docs/DEPLOY.md).
+IMAGE_TOOL ?= docker
+IMAGE ?= replyd
+VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+image:
+	$(IMAGE_TOOL) build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) \
+		--build-arg REPLYD_COMMIT=$$(git rev-parse --short=12 HEAD) -t $(IMAGE):$(VERSION) .
 
 ## test: start the local infrastructure, install the tools only the tests use, check format
 ## and lints, run every test (the workspace's: the tools' own test makes cargo build

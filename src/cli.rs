@@ -8,10 +8,21 @@ use clap::{Parser, Subcommand};
 
 use crate::check::CheckArgs;
 
+/// `replyd --version`: the release and the commit it was built from. The commit comes from
+/// `REPLYD_COMMIT` at build time (`make image` passes it to the image's build); a build
+/// without it says so rather than guess.
+pub static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{} (commit {})",
+        env!("CARGO_PKG_VERSION"),
+        option_env!("REPLYD_COMMIT").unwrap_or("unknown: built without REPLYD_COMMIT")
+    )
+});
+
 #[derive(Debug, Parser)]
 #[command(
     name = "replyd",
-    version,
+    version = VERSION.as_str(),
     about = "At most one saved LLM reply per task, from Kafka to PostgreSQL"
 )]
 pub struct Cli {

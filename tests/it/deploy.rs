@@ -1382,3 +1382,30 @@ fn every_file_the_image_copies_from_the_build_context_is_in_it() {
         assert!(root().join(source).exists(), "{source} does not exist");
     }
 }
+
+#[test]
+fn the_chart_the_image_and_the_binary_name_the_crate_s_version() {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let version = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("the crate's version");
+    let chart = std::fs::read_to_string(chart().join("Chart.yaml")).unwrap();
+    assert!(
+        chart.contains(&format!("appVersion: \"{version}\"")),
+        "Chart.yaml's appVersion is the crate's {version}:\n{chart}"
+    );
+    let dockerfile = std::fs::read_to_string(root().join("deploy/Dockerfile")).unwrap();
+    assert!(
+        dockerfile.contains(&format!("ARG VERSION={version}\n")),
+        "the Dockerfile's default VERSION is the crate's {version}"
+    );
+    let out = run(env!("CARGO_BIN_EXE_replyd"), &["--version"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with(&format!("replyd {version} (commit ")),
+        "{said}"
+    );
+}
