@@ -114,7 +114,12 @@ fn scratch() -> PathBuf {
 
 /// The kinds of the operators the chart can render for (the Prometheus Operator's and KEDA's),
 /// which the Kubernetes schemas do not hold.
-const OPERATOR_KINDS: &[&str] = &["ServiceMonitor", "ScaledObject", "TriggerAuthentication"];
+const OPERATOR_KINDS: &[&str] = &[
+    "ServiceMonitor",
+    "PrometheusRule",
+    "ScaledObject",
+    "TriggerAuthentication",
+];
 
 #[test]
 fn the_chart_lints_and_renders_manifests_that_validate_against_the_kubernetes_schemas() {
@@ -308,6 +313,10 @@ fn the_chart_refuses_contradictions_by_the_value_s_name() {
              (/etc/replyd/tls/kafka-ca.pem) is a file in replyd's pods",
         ),
         (vec!["mode=both"], "mode: \"both\" is neither"),
+        (
+            vec!["prometheusRule.enabled=true"],
+            "prometheusRule.runbookBaseUrl: \"\" is not an http(s) URL",
+        ),
         (
             vec!["secrets.databaseUrl.name="],
             "secrets.databaseUrl.name: the Secret holding database.url is required",
@@ -1408,4 +1417,62 @@ fn the_chart_the_image_and_the_binary_name_the_crate_s_version() {
         said.starts_with(&format!("replyd {version} (commit ")),
         "{said}"
     );
+}
+
+#[test]
+fn the_prometheus_rule_carries_the_tested_rules_with_absolute_runbook_urls() {
+    let base = "https://docs.example.com/replyd/v0.1.0/OPERATIONS.md";
+    let docs = rendered(
+        &[],
+        &[
+            "prometheusRule.enabled=true",
+            &format!("prometheusRule.runbookBaseUrl={base}"),
+        ],
+    );
+    let rules = of_kind(&docs, "PrometheusRule");
+    assert_eq!(rules.len(), 1);
+    let spec = &rules[0]["spec"];
+    // The same rules as the file promtool tests, but for the runbooks' addresses.
+    let file: yaml_serde::Value = yaml_serde::from_str(
+        &std::fs::read_to_string(root().join("deploy/prometheus/replyd-alerts.yml")).unwrap(),
+    )
+    .unwrap();
+    let without_runbooks = |groups: &yaml_serde::Value| -> Vec<String> {
+        let mut alerts = Vec::new();
+        for group in groups["groups"].as_sequence().unwrap() {
+            for rule in group["rules"].as_sequence().unwrap() {
+                let mut rule = rule.clone();
+                let runbook = rule["annotations"]["runbook_url"]
+                    .as_str()
+                    .map(str::to_owned);
+                if let Some(annotations) =
+                    rule.get_mut("annotations").and_then(|a| a.as_mapping_mut())
+                {
+                    annotations.remove("runbook_url");
+                }
+                alerts.push(format!("{rule:?} {}", runbook.is_some()));
+            }
+        }
+        alerts
+    };
+    assert_eq!(without_runbooks(spec), without_runbooks(&file));
+    let mut urls = 0;
+    for group in spec["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            if let Some(url) = rule["annotations"]["runbook_url"].as_str() {
+                let alert = rule["alert"].as_str().unwrap();
+                assert_eq!(url, format!("{base}#{}", alert.to_lowercase()), "{alert}");
+                urls += 1;
+            }
+        }
+    }
+    assert!(urls > 10, "{urls} runbooks");
+    // What the Prometheus Operator hands Prometheus passes promtool.
+    let file = scratch().join("rules.yml");
+    std::fs::write(&file, yaml_serde::to_string(spec).unwrap()).unwrap();
+    let out = run(
+        &infra("PROMTOOL"),
+        &["check", "rules", file.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "promtool: {}", text(&out));
 }
