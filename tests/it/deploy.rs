@@ -314,6 +314,37 @@ fn the_chart_refuses_contradictions_by_the_value_s_name() {
         ),
         (vec!["mode=both"], "mode: \"both\" is neither"),
         (
+            vec![
+                "settings.worker.source=sqs",
+                "settings.sqs.queue_url=https://sqs.eu-west-1.amazonaws.com/1/q",
+                "worker.autoscaling.enabled=true",
+                "worker.autoscaling.source=prometheus-adapter",
+            ],
+            "worker.autoscaling.source: prometheus-adapter scales on the workers' Kafka lag; \
+             on SQS",
+        ),
+        (
+            vec!["settings.worker.source=sqs"],
+            "settings.sqs.queue_url: the workers receive from SQS",
+        ),
+        (
+            vec![
+                "settings.worker.source=sqs",
+                "settings.sqs.queue_url=http://elasticmq:9324/1/q",
+                "worker.autoscaling.enabled=true",
+            ],
+            "settings.sqs.region: KEDA's aws-sqs-queue scaler needs the queue's region",
+        ),
+        (
+            vec![
+                "settings.worker.source=sqs",
+                "settings.sqs.queue_url=https://sqs.eu-west-1.amazonaws.com/1/q",
+                "worker.autoscaling.enabled=true",
+                "worker.autoscaling.keda.sqs.roleArn=arn:aws:iam::1:role/keda",
+            ],
+            "worker.autoscaling.keda.sqs.roleArn: KEDA assumes this role itself",
+        ),
+        (
             vec!["prometheusRule.enabled=true"],
             "prometheusRule.runbookBaseUrl: \"\" is not an http(s) URL",
         ),
@@ -1475,4 +1506,79 @@ fn the_prometheus_rule_carries_the_tested_rules_with_absolute_runbook_urls() {
         &["check", "rules", file.to_str().unwrap()],
     );
     assert!(out.status.success(), "promtool: {}", text(&out));
+}
+
+#[test]
+fn on_sqs_nothing_of_kafka_is_rendered_and_keda_scales_the_workers_on_the_queue() {
+    let sqs = "deploy/helm/replyd/ci/sqs-values.yaml";
+    let path = root().join(sqs);
+    let sqs = path.to_str().unwrap();
+    // The topics are left alone whatever topics.manage says, and the workers are not bound by
+    // a partition count.
+    for manage in ["job", "strimzi"] {
+        let docs = rendered(
+            &[sqs],
+            &[
+                &format!("topics.manage={manage}"),
+                "topics.strimzi.cluster=kafka",
+                "worker.replicas=20",
+                "partitions=6",
+            ],
+        );
+        assert!(of_kind(&docs, "KafkaTopic").is_empty(), "{manage}");
+        let jobs: Vec<&str> = of_kind(&docs, "Job")
+            .iter()
+            .map(|j| str_of(&j["metadata"]["name"]))
+            .collect();
+        assert_eq!(jobs, vec!["replyd-migrate"], "{manage}");
+        let workers = object(&docs, "Deployment", "replyd-worker");
+        assert_eq!(
+            workers["spec"]["replicas"].as_u64(),
+            None,
+            "KEDA owns the replicas"
+        );
+    }
+    let docs = rendered(&[sqs], &[]);
+    let scaled = object(&docs, "ScaledObject", "replyd-worker");
+    assert_eq!(scaled["spec"]["maxReplicaCount"].as_u64(), Some(12));
+    let triggers = scaled["spec"]["triggers"].as_sequence().unwrap();
+    assert_eq!(triggers.len(), 1);
+    let trigger = &triggers[0];
+    assert_eq!(str_of(&trigger["type"]), "aws-sqs-queue");
+    assert_eq!(
+        str_of(&trigger["metadata"]["queueURL"]),
+        "https://sqs.eu-west-1.amazonaws.com/123456789012/reply-tasks"
+    );
+    assert_eq!(str_of(&trigger["metadata"]["queueLength"]), "200");
+    assert_eq!(str_of(&trigger["metadata"]["awsRegion"]), "eu-west-1");
+    let auth = object(
+        &docs,
+        "TriggerAuthentication",
+        str_of(&trigger["authenticationRef"]["name"]),
+    );
+    assert_eq!(str_of(&auth["spec"]["podIdentity"]["provider"]), "aws");
+    assert_eq!(
+        str_of(&auth["spec"]["podIdentity"]["identityOwner"]),
+        "workload"
+    );
+    // The region read from the queue's host when the settings name none; KEDA's own role.
+    let docs = rendered(
+        &[sqs],
+        &[
+            "settings.sqs.region=",
+            "worker.autoscaling.keda.sqs.identityOwner=keda",
+            "worker.autoscaling.keda.sqs.roleArn=arn:aws:iam::1:role/keda",
+        ],
+    );
+    let scaled = object(&docs, "ScaledObject", "replyd-worker");
+    assert_eq!(
+        str_of(&scaled["spec"]["triggers"][0]["metadata"]["awsRegion"]),
+        "eu-west-1"
+    );
+    let auth = object(&docs, "TriggerAuthentication", "replyd-worker-sqs");
+    assert_eq!(
+        str_of(&auth["spec"]["podIdentity"]["roleArn"]),
+        "arn:aws:iam::1:role/keda"
+    );
+    assert!(auth["spec"]["podIdentity"].get("identityOwner").is_none());
 }

@@ -79,13 +79,22 @@ to itself at start, where a pod would otherwise crash-loop.
 {{- fail (printf "%s.terminationGracePeriodSeconds: %d s must be above settings.worker.drain_timeout_ms (%d ms), or a rolling restart kills records mid-drain" $component $grace $drain) -}}
 {{- end -}}
 {{- end -}}
-{{- if gt (int .Values.worker.replicas) (int .Values.partitions) -}}
+{{- $onSqs := eq (include "replyd.source" .) "sqs" -}}
+{{- if $onSqs -}}
+{{- $sqs := .Values.settings.sqs | default dict -}}
+{{- if not $sqs.queue_url -}}
+{{- fail "settings.sqs.queue_url: the workers receive from SQS (settings.worker.source \"sqs\"), so the queue's URL is required" -}}
+{{- end -}}
+{{- else if gt (int .Values.worker.replicas) (int .Values.partitions) -}}
 {{- fail (printf "worker.replicas: %d is above partitions (%d): the extra workers would own no partition" (int .Values.worker.replicas) (int .Values.partitions)) -}}
 {{- end -}}
 {{- with .Values.worker.autoscaling -}}
 {{- if .enabled -}}
-{{- if gt (int .maxReplicas) (int $.Values.partitions) -}}
+{{- if and (not $onSqs) (gt (int .maxReplicas) (int $.Values.partitions)) -}}
 {{- fail (printf "worker.autoscaling.maxReplicas: %d is above partitions (%d)" (int .maxReplicas) (int $.Values.partitions)) -}}
+{{- end -}}
+{{- if and $onSqs (eq .source "prometheus-adapter") -}}
+{{- fail "worker.autoscaling.source: prometheus-adapter scales on the workers' Kafka lag; on SQS (settings.worker.source \"sqs\") use keda, whose aws-sqs-queue scaler reads the queue" -}}
 {{- end -}}
 {{- if not (has .source (list "keda" "prometheus-adapter")) -}}
 {{- fail (printf "worker.autoscaling.source: %q is neither \"keda\" nor \"prometheus-adapter\"" .source) -}}
@@ -93,7 +102,18 @@ to itself at start, where a pod would otherwise crash-loop.
 {{- if not (regexMatch "^[1-9][0-9]*$" (toString .targetLagPerReplica)) -}}
 {{- fail (printf "worker.autoscaling.targetLagPerReplica: %q is not a whole number of records above 0" (toString .targetLagPerReplica)) -}}
 {{- end -}}
-{{- if eq .source "keda" -}}
+{{- if and (eq .source "keda") $onSqs -}}
+{{- if not (has .keda.sqs.identityOwner (list "workload" "keda")) -}}
+{{- fail (printf "worker.autoscaling.keda.sqs.identityOwner: %q is neither \"workload\" (the workers' ServiceAccount's role) nor \"keda\" (KEDA's own, or keda.sqs.roleArn)" .keda.sqs.identityOwner) -}}
+{{- end -}}
+{{- $sqs := $.Values.settings.sqs | default dict -}}
+{{- if not ($sqs.region | default (regexFind "sqs\\.[a-z0-9-]+\\." ($sqs.queue_url | default ""))) -}}
+{{- fail "settings.sqs.region: KEDA's aws-sqs-queue scaler needs the queue's region, and settings.sqs.queue_url's host names none" -}}
+{{- end -}}
+{{- if and .keda.sqs.roleArn (eq .keda.sqs.identityOwner "workload") -}}
+{{- fail "worker.autoscaling.keda.sqs.roleArn: KEDA assumes this role itself; set identityOwner to \"keda\" with it (KEDA takes one or the other)" -}}
+{{- end -}}
+{{- else if eq .source "keda" -}}
 {{- $security := include "replyd.kafkaSecurity" $ | fromYaml -}}
 {{- if and $security.sasl (not $.Values.secrets.kafkaSaslPassword.name) -}}
 {{- fail "secrets.kafkaSaslPassword.name: settings.kafka.security uses SASL, and KEDA's Kafka scaler reads the password from this Secret" -}}
@@ -250,4 +270,15 @@ integers. Keys are quoted, so librdkafka properties (`"fetch.max.bytes"`) stay o
 {{- include "replyd.tomlTable" (dict "table" $value "path" $here) }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* Where the workers receive tasks from: "kafka" (the default) or "sqs" (settings.worker.source). */}}
+{{- define "replyd.source" -}}
+{{- (.Values.settings.worker | default dict).source | default "kafka" -}}
+{{- end -}}
+
+{{/* Whether any part uses Kafka: the workers' source or the relay's sink (settings.relay.sink). */}}
+{{- define "replyd.usesKafka" -}}
+{{- $sink := (.Values.settings.relay | default dict).sink | default "kafka" -}}
+{{- if or (eq (include "replyd.source" .) "kafka") (eq $sink "kafka") -}}true{{- end -}}
 {{- end -}}
