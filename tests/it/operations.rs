@@ -70,6 +70,37 @@ fn max_labelled(page: &str, metric: &str) -> Option<f64> {
 /// alerts and the dashboard read them to see a process that exports nothing at all.
 const PROMETHEUS_SERIES: &[&str] = &["up"];
 
+/// The families a worker on SQS exports from its start: the worker's own and SQS's, which a
+/// worker on Kafka does not have. An installation runs one or the other; the dashboard and
+/// the rules serve both.
+async fn sqs_worker_families() -> BTreeSet<String> {
+    let app = TestApp::start_on_sqs(MockSettings::default(), WorkerConfig::default(), 5).await;
+    app.spawn_worker("worker");
+    let page = std::cell::RefCell::new(String::new());
+    wait_until("a worker on SQS serves its families", LIMIT, || async {
+        let Some(addr) = app.observability_addr("worker") else {
+            return false;
+        };
+        let Ok(response) = reqwest::get(format!("http://{addr}/metrics")).await else {
+            return false;
+        };
+        let text = response.text().await.unwrap_or_default();
+        let served = families(&text);
+        let all = replyd::telemetry::SQS_METRICS
+            .iter()
+            .all(|(name, kind)| match kind {
+                replyd::telemetry::Kind::Histogram => served.contains(&format!("{name}_count")),
+                _ => served.contains(*name),
+            });
+        *page.borrow_mut() = text;
+        all
+    })
+    .await;
+    app.terminate("worker").await;
+    let families = families(&page.borrow());
+    families
+}
+
 /// The metric names a PromQL expression selects. Grafana's variables (`$job`,
 /// `${__rate_interval}`) are skipped; so are label matchers, ranges, strings, numbers and
 /// durations, functions (a name followed by `(`), the label lists of `by`, `without`, `on`,
@@ -337,9 +368,11 @@ async fn the_dashboard_and_the_alerts_name_only_metrics_a_live_process_exports()
         String::from_utf8_lossy(&alive.stderr)
     );
 
-    // From the first scrape, before any work: every family the files name.
+    // From the first scrape, before any work: every family the files name, on Kafka or on
+    // SQS.
     let page = metrics_page(&app, "serve").await;
-    let exported = families(&page);
+    let mut exported = families(&page);
+    exported.extend(sqs_worker_families().await);
     let dashboard = std::fs::read_to_string(deploy("grafana/replyd-dashboard.json")).unwrap();
     let rules = std::fs::read_to_string(deploy("prometheus/replyd-alerts.yml")).unwrap();
     let board: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
@@ -656,6 +689,9 @@ async fn in_split_mode_every_dashboard_panel_reads_a_part_its_job_variable_lists
             families: families(&page.borrow()),
         });
     }
+    // A worker of an installation on SQS is the same part, with SQS's families too.
+    let on_sqs = sqs_worker_families().await;
+    targets[0].families.extend(on_sqs);
 
     let board: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(deploy("grafana/replyd-dashboard.json")).unwrap(),
