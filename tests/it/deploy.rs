@@ -1582,3 +1582,70 @@ fn on_sqs_nothing_of_kafka_is_rendered_and_keda_scales_the_workers_on_the_queue(
     );
     assert!(auth["spec"]["podIdentity"].get("identityOwner").is_none());
 }
+
+/// The dotted paths of every key of `value` that is not under a free-form map of the schema.
+fn value_paths(value: &serde_json::Value, schema: &serde_json::Value, at: &str) -> Vec<String> {
+    let (Some(map), Some(properties)) = (value.as_object(), schema.get("properties")) else {
+        return Vec::new();
+    };
+    map.iter()
+        .flat_map(|(key, inner)| {
+            let path = format!("{at}{key}");
+            let mut paths = vec![path.clone()];
+            if let Some(sub) = properties.get(key) {
+                paths.extend(value_paths(inner, sub, &format!("{path}.")));
+            }
+            paths
+        })
+        .collect()
+}
+
+/// The dotted paths of every property `schema` names.
+fn schema_paths(schema: &serde_json::Value, at: &str) -> Vec<String> {
+    let Some(properties) = schema.get("properties").and_then(|p| p.as_object()) else {
+        return Vec::new();
+    };
+    properties
+        .iter()
+        .flat_map(|(key, sub)| {
+            let path = format!("{at}{key}");
+            let mut paths = vec![path.clone()];
+            paths.extend(schema_paths(sub, &format!("{path}.")));
+            paths
+        })
+        .collect()
+}
+
+#[test]
+fn a_typo_in_the_values_fails_the_install_naming_it_and_the_schema_is_the_values_own() {
+    for (set, said) in [
+        (
+            "workr.replicas=2",
+            "additional properties 'workr' not allowed",
+        ),
+        (
+            "worker.autoscaling.maxReplica=9",
+            "additional properties 'maxReplica' not allowed",
+        ),
+        ("partitions=six", "/partitions"),
+    ] {
+        let out = render(&[], &[set]);
+        assert!(!out.status.success(), "{set} rendered");
+        assert!(text(&out).contains(said), "{set}: {}", text(&out));
+    }
+    // Every key values.yaml has, the schema has, and no other (the free-form maps aside).
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(chart().join("values.schema.json")).unwrap())
+            .unwrap();
+    let values: serde_json::Value =
+        yaml_serde::from_str(&std::fs::read_to_string(chart().join("values.yaml")).unwrap())
+            .unwrap();
+    let mut in_values = value_paths(&values, &schema, "");
+    in_values.sort();
+    let mut in_schema: Vec<String> = schema_paths(&schema, "")
+        .into_iter()
+        .filter(|p| p != "global")
+        .collect();
+    in_schema.sort();
+    assert_eq!(in_values, in_schema);
+}
