@@ -117,6 +117,7 @@ fn scratch() -> PathBuf {
 const OPERATOR_KINDS: &[&str] = &[
     "ServiceMonitor",
     "PrometheusRule",
+    "HTTPRoute",
     "ScaledObject",
     "TriggerAuthentication",
 ];
@@ -343,6 +344,14 @@ fn the_chart_refuses_contradictions_by_the_value_s_name() {
                 "worker.autoscaling.keda.sqs.roleArn=arn:aws:iam::1:role/keda",
             ],
             "worker.autoscaling.keda.sqs.roleArn: KEDA assumes this role itself",
+        ),
+        (
+            vec!["api.ingress.enabled=true"],
+            "api.ingress.host: the name the API answers to is required",
+        ),
+        (
+            vec!["api.httpRoute.enabled=true"],
+            "api.httpRoute.parentRefs: the Gateway the route attaches to is required",
         ),
         (
             vec!["prometheusRule.enabled=true"],
@@ -1045,7 +1054,10 @@ fn the_service_monitor_attaches_every_label_the_dashboard_the_alerts_and_the_hpa
             }
         }
         // The worker's targets carry the instance the HPA selects, with the release's name.
-        for hpa in of_kind(&docs, "HorizontalPodAutoscaler") {
+        let on_lag = of_kind(&docs, "HorizontalPodAutoscaler")
+            .into_iter()
+            .filter(|hpa| str_of(&hpa["spec"]["metrics"][0]["type"]) == "External");
+        for hpa in on_lag {
             let selector = &hpa["spec"]["metrics"][0]["external"]["metric"]["selector"];
             for (label, value) in selector["matchLabels"].as_mapping().unwrap() {
                 let attached = target_labels(&docs, "worker")
@@ -1164,8 +1176,10 @@ fn keda_reads_the_lag_from_the_brokers_the_group_and_the_topic_the_settings_name
     let kafka = &values["settings"]["kafka"];
     let scaling = &values["worker"]["autoscaling"];
     assert!(
-        of_kind(&docs, "HorizontalPodAutoscaler").is_empty(),
-        "KEDA makes the HPA; a second one would fight it"
+        of_kind(&docs, "HorizontalPodAutoscaler")
+            .iter()
+            .all(|hpa| str_of(&hpa["spec"]["scaleTargetRef"]["name"]) != "replyd-worker"),
+        "KEDA makes the workers' HPA; a second one would fight it"
     );
     let [scaled] = of_kind(&docs, "ScaledObject")[..] else {
         panic!("one ScaledObject");
@@ -1648,4 +1662,88 @@ fn a_typo_in_the_values_fails_the_install_naming_it_and_the_schema_is_the_values
         .collect();
     in_schema.sort();
     assert_eq!(in_values, in_schema);
+}
+
+#[test]
+fn the_api_is_reached_from_outside_scaled_on_its_cpu_and_every_part_spread_over_nodes_and_zones() {
+    let docs = rendered(
+        &[],
+        &[
+            "api.autoscaling.enabled=true",
+            "api.autoscaling.maxReplicas=7",
+            "api.ingress.enabled=true",
+            "api.ingress.host=replyd.example.com",
+            "api.ingress.tlsSecret=replyd-tls",
+            "api.httpRoute.enabled=true",
+            "api.httpRoute.parentRefs[0].name=public",
+            "api.httpRoute.hostnames[0]=replyd.example.com",
+        ],
+    );
+    // The HPA owns the API's replicas.
+    let api = object(&docs, "Deployment", "replyd-api");
+    assert!(api["spec"].get("replicas").is_none(), "{api:?}");
+    let hpa = object(&docs, "HorizontalPodAutoscaler", "replyd-api");
+    assert_eq!(str_of(&hpa["spec"]["scaleTargetRef"]["name"]), "replyd-api");
+    assert_eq!(hpa["spec"]["maxReplicas"].as_u64(), Some(7));
+    assert_eq!(
+        str_of(&hpa["spec"]["metrics"][0]["resource"]["name"]),
+        "cpu"
+    );
+    // Both routes reach the API's Service on its http port.
+    let service = object(&docs, "Service", "replyd-api");
+    let http_port = service["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|p| str_of(&p["name"]) == "http")
+        .unwrap()["port"]
+        .as_u64();
+    let ingress = object(&docs, "Ingress", "replyd-api");
+    let rule = &ingress["spec"]["rules"][0];
+    assert_eq!(str_of(&rule["host"]), "replyd.example.com");
+    let backend = &rule["http"]["paths"][0]["backend"]["service"];
+    assert_eq!(str_of(&backend["name"]), "replyd-api");
+    assert_eq!(str_of(&backend["port"]["name"]), "http");
+    assert_eq!(
+        str_of(&ingress["spec"]["tls"][0]["secretName"]),
+        "replyd-tls"
+    );
+    let route = object(&docs, "HTTPRoute", "replyd-api");
+    assert_eq!(str_of(&route["spec"]["parentRefs"][0]["name"]), "public");
+    let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+    assert_eq!(str_of(&backend["name"]), "replyd-api");
+    assert_eq!(backend["port"].as_u64(), http_port);
+    // Every part's pods spread over zones and nodes, each constraint selecting its own part.
+    for part in ["worker", "api", "relay"] {
+        let deployment = object(&docs, "Deployment", &format!("replyd-{part}"));
+        let spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+            .as_sequence()
+            .unwrap();
+        let keys: Vec<&str> = spread.iter().map(|c| str_of(&c["topologyKey"])).collect();
+        assert_eq!(
+            keys,
+            ["topology.kubernetes.io/zone", "kubernetes.io/hostname"]
+        );
+        for constraint in spread {
+            assert_eq!(str_of(&constraint["whenUnsatisfiable"]), "ScheduleAnyway");
+            assert_eq!(
+                str_of(&constraint["labelSelector"]["matchLabels"]["app.kubernetes.io/component"]),
+                part
+            );
+        }
+    }
+    // In serve mode the routes reach the one process.
+    let docs = rendered(
+        &[],
+        &[
+            "mode=serve",
+            "api.ingress.enabled=true",
+            "api.ingress.host=replyd.example.com",
+        ],
+    );
+    let ingress = object(&docs, "Ingress", "replyd-serve");
+    assert_eq!(
+        str_of(&ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"]),
+        "replyd-serve"
+    );
 }
