@@ -97,8 +97,7 @@ async fn sqs_worker_families() -> BTreeSet<String> {
     })
     .await;
     app.terminate("worker").await;
-    let families = families(&page.borrow());
-    families
+    families(&page.into_inner())
 }
 
 /// The metric names a PromQL expression selects. Grafana's variables (`$job`,
