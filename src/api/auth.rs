@@ -15,6 +15,7 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 
 use super::problem::{Problem, ProblemKind};
+use super::rate_limit::{Note, Standing};
 use super::state::ApiState;
 use replyd_core::api_key::{AuthError, parse_bearer};
 use replyd_core::end_user::{self, TokenError};
@@ -118,13 +119,14 @@ impl FromRequestParts<ApiState> for Caller {
                 ),
             )
         })?;
+        let note = parts.extensions.get::<Note>().cloned();
         if let Some(token) = bearer_token(header.map(|v| v.as_bytes())) {
-            return end_user(state, token).await;
+            return end_user(state, token, note.as_ref()).await;
         }
         let presented = parse_bearer(header.map(|v| v.as_bytes())).map_err(unauthorized)?;
         match state.store.authenticate(&presented).await {
             Ok(Some(workspace)) => {
-                rate_limited(state, &presented.key_id, "this API key")?;
+                rate_limited(state, &presented.key_id, "this API key", note.as_ref())?;
                 Ok(Caller {
                     workspace,
                     end_user: None,
@@ -154,7 +156,7 @@ fn bearer_token(header: Option<&[u8]>) -> Option<&str> {
 /// signing secret of its workspace (the process's copy, [`super::signing`]), its signature
 /// verifies under it, its times hold (`api.end_user_token_max_ttl_seconds`); then its user's
 /// rate limit; then one read: the user's generation and the key that asked for it.
-async fn end_user(state: &ApiState, token: &str) -> Result<Caller, Problem> {
+async fn end_user(state: &ApiState, token: &str, note: Option<&Note>) -> Result<Caller, Problem> {
     let refused = |e: TokenError| {
         Problem::new(
             StatusCode::UNAUTHORIZED,
@@ -189,6 +191,7 @@ async fn end_user(state: &ApiState, token: &str) -> Result<Caller, Problem> {
         state,
         &format!("user:{}:{}", claims.ws, claims.sub),
         "this end user",
+        note,
     )?;
     let standing = state
         .store
@@ -210,10 +213,26 @@ async fn end_user(state: &ApiState, token: &str) -> Result<Caller, Problem> {
     })
 }
 
-/// A `429` when `who` (an API key, or an end user: each has its own bucket) is over its rate.
-fn rate_limited(state: &ApiState, bucket: &str, who: &str) -> Result<(), Problem> {
-    state.limiter.check(bucket).map_err(|wait| {
+/// A `429` when `who` (an API key, or an end user: each has its own bucket) is over its rate;
+/// where it stands either way goes in the request's `note`, for the response's headers.
+fn rate_limited(
+    state: &ApiState,
+    bucket: &str,
+    who: &str,
+    note: Option<&Note>,
+) -> Result<(), Problem> {
+    let checked = state.limiter.check(bucket);
+    if let (Some(note), Ok(Some(standing))) = (note, &checked) {
+        note.set(*standing);
+    }
+    checked.map(|_| ()).map_err(|wait| {
         let seconds = super::problem::retry_after_seconds(wait);
+        if let Some(note) = note {
+            note.set(Standing {
+                remaining: 0,
+                reset_seconds: seconds,
+            });
+        }
         Problem::new(
             StatusCode::TOO_MANY_REQUESTS,
             ProblemKind::RateLimited,

@@ -15,7 +15,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
-use governor::middleware::NoOpMiddleware;
+use governor::middleware::StateInformationMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 use tokio_util::sync::CancellationToken;
@@ -27,14 +27,42 @@ use super::settings::ApiSettings;
 /// each shard of the map locked in turn.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
-/// governor's keyed limiter over `clock`: one bucket per caller, in a sharded map.
-type Buckets<C> =
-    RateLimiter<String, DashMapStateStore<String>, C, NoOpMiddleware<<C as Clock>::Instant>>;
+/// governor's keyed limiter over `clock`: one bucket per caller, in a sharded map; a request
+/// let through learns what is left of its bucket.
+type Buckets<C> = RateLimiter<String, DashMapStateStore<String>, C, StateInformationMiddleware>;
+
+/// Where a caller stands with its bucket after a request, for the `RateLimit` and
+/// `RateLimit-Policy` headers (the IETF draft): `remaining` requests it may send at once now,
+/// and `reset` seconds until its bucket is full again (or, refused, until a request is let
+/// through).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    pub remaining: u32,
+    pub reset_seconds: u64,
+}
+
+/// Where the caller of one request stands with its bucket: written by the authentication
+/// (which knows the caller), read by the layer that writes the response's `RateLimit`
+/// headers ([`super::routes`]). A request that names no caller leaves it empty.
+#[derive(Debug, Clone, Default)]
+pub struct Note(std::sync::Arc<std::sync::Mutex<Option<Standing>>>);
+
+impl Note {
+    pub fn set(&self, standing: Standing) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(standing);
+    }
+
+    pub fn take(&self) -> Option<Standing> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
 
 /// The buckets, or none when the limit is off. Generic over the clock so tests can move time.
 pub struct KeyLimiter<C: Clock = DefaultClock> {
     limiter: Option<Buckets<C>>,
     clock: C,
+    rate: u32,
+    burst: u32,
 }
 
 impl KeyLimiter {
@@ -52,18 +80,42 @@ impl<C: Clock + Clone> KeyLimiter<C> {
                 Quota::per_second(rate).allow_burst(burst),
                 clock.clone(),
             )
+            .with_middleware::<StateInformationMiddleware>()
         });
-        Self { limiter, clock }
+        Self {
+            limiter,
+            clock,
+            rate: settings.rate_limit_per_second,
+            burst: settings.rate_limit_burst,
+        }
     }
 
-    /// Takes a token of `key_id`'s bucket; when it is empty, how long until one is back.
-    pub fn check(&self, key_id: &str) -> Result<(), Duration> {
+    /// The policy every caller's bucket follows, as `RateLimit-Policy` says it: `q` requests
+    /// in a window of `w` seconds (a full bucket, and how long an empty one takes to fill);
+    /// none when the limit is off.
+    pub fn policy(&self) -> Option<String> {
+        self.limiter.as_ref()?;
+        let window = u64::from(self.burst).div_ceil(u64::from(self.rate.max(1)));
+        Some(format!("\"caller\";q={};w={}", self.burst, window.max(1)))
+    }
+
+    /// Takes a token of `key_id`'s bucket: where the caller stands then, or, when it is
+    /// empty, how long until a token is back. None when the limit is off.
+    pub fn check(&self, key_id: &str) -> Result<Option<Standing>, Duration> {
         let Some(limiter) = &self.limiter else {
-            return Ok(());
+            return Ok(None);
         };
-        limiter
-            .check_key(&key_id.to_owned())
-            .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
+        match limiter.check_key(&key_id.to_owned()) {
+            Ok(snapshot) => {
+                let remaining = snapshot.remaining_burst_capacity();
+                let missing = u64::from(self.burst.saturating_sub(remaining));
+                Ok(Some(Standing {
+                    remaining,
+                    reset_seconds: missing.div_ceil(u64::from(self.rate.max(1))),
+                }))
+            }
+            Err(not_until) => Err(not_until.wait_time_from(self.clock.now())),
+        }
     }
 
     /// Buckets held now.
@@ -124,23 +176,34 @@ mod tests {
     #[test]
     fn a_key_gets_its_burst_then_waits_and_other_keys_are_not_touched() {
         let limiter = limiter(1, 3);
-        for _ in 0..3 {
-            assert_eq!(limiter.check("a"), Ok(()));
+        for left in [2, 1, 0] {
+            assert_eq!(
+                limiter.check("a"),
+                Ok(Some(Standing {
+                    remaining: left,
+                    reset_seconds: 3 - u64::from(left)
+                }))
+            );
         }
+        assert_eq!(limiter.policy().as_deref(), Some("\"caller\";q=3;w=3"));
         let wait = limiter.check("a").unwrap_err();
         assert!(
             wait > Duration::ZERO && wait <= Duration::from_secs(1),
             "{wait:?}"
         );
-        assert_eq!(limiter.check("b"), Ok(()), "another key has its own bucket");
+        assert!(
+            matches!(limiter.check("b"), Ok(Some(s)) if s.remaining == 2),
+            "another key has its own bucket"
+        );
     }
 
     #[test]
     fn a_rate_of_zero_turns_the_limit_off() {
         let limiter = limiter(0, 0);
         for _ in 0..10_000 {
-            assert_eq!(limiter.check("a"), Ok(()));
+            assert_eq!(limiter.check("a"), Ok(None));
         }
+        assert_eq!(limiter.policy(), None);
         assert_eq!((limiter.len(), limiter.sweep()), (0, 0));
     }
 
@@ -153,7 +216,7 @@ mod tests {
         let mut most = 0;
         for wave in 0..10 {
             for user in 0..10_000 {
-                assert_eq!(limiter.check(&format!("user:acme:{wave}-{user}")), Ok(()));
+                assert!(limiter.check(&format!("user:acme:{wave}-{user}")).is_ok());
             }
             most = most.max(limiter.len());
             clock.advance(SWEEP_INTERVAL);
@@ -173,21 +236,20 @@ mod tests {
         // One token a second, bursts of 3.
         let limiter = KeyLimiter::with_clock(&settings(1, 3), clock.clone());
         for _ in 0..3 {
-            assert_eq!(limiter.check("busy"), Ok(()));
+            assert!(limiter.check("busy").is_ok());
         }
         assert!(limiter.check("busy").is_err());
-        assert_eq!(limiter.check("quiet"), Ok(()));
+        assert!(limiter.check("quiet").is_ok());
         // 2.5 s on: the quiet caller's bucket is full again, the busy one's is not.
         clock.advance(Duration::from_millis(2_500));
         assert_eq!(limiter.sweep(), 1, "only the busy caller's bucket stays");
         // It was kept, not made anew: 2 tokens came back, not a whole burst of 3.
-        assert_eq!(limiter.check("busy"), Ok(()));
-        assert_eq!(limiter.check("busy"), Ok(()));
+        assert!(limiter.check("busy").is_ok());
+        assert!(limiter.check("busy").is_ok());
         assert!(limiter.check("busy").is_err());
         for _ in 0..3 {
-            assert_eq!(
-                limiter.check("quiet"),
-                Ok(()),
+            assert!(
+                limiter.check("quiet").is_ok(),
                 "a full burst, as for a new caller"
             );
         }

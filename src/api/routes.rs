@@ -70,6 +70,11 @@ pub fn router(state: ApiState) -> Router {
         // Each routed request is a server span of its trace (its caller's, when it sent a
         // `traceparent`); the intake stores the span's context with the outbox row.
         .route_layer(axum::middleware::from_fn(trace_request))
+        // Every answer to a caller its rate limit applies to says where it stands.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.limiter.policy(),
+            rate_limit_headers,
+        ))
         .merge(pages)
         .fallback(|| async { Problem::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
@@ -130,6 +135,8 @@ fn cors(settings: &ApiSettings) -> Option<tower_http::cors::CorsLayer> {
                 header::LOCATION,
                 header::RETRY_AFTER,
                 HeaderName::from_static("idempotent-replayed"),
+                HeaderName::from_static(RATE_LIMIT),
+                HeaderName::from_static(RATE_LIMIT_POLICY),
             ])
             .max_age(settings.cors_max_age()),
     )
@@ -137,6 +144,47 @@ fn cors(settings: &ApiSettings) -> Option<tower_http::cors::CorsLayer> {
 
 /// The `route` label of a request no route took (an unknown path).
 const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// The IETF draft's headers (draft-ietf-httpapi-ratelimit-headers): the policy of every
+/// caller's bucket, and where this caller stands.
+const RATE_LIMIT: &str = "ratelimit";
+const RATE_LIMIT_POLICY: &str = "ratelimit-policy";
+
+/// Writes `RateLimit-Policy` (`"caller";q=<burst>;w=<seconds to fill>`) and `RateLimit`
+/// (`"caller";r=<requests left now>;t=<seconds until the bucket is full, or until a refused
+/// caller may ask again>`) on the answer to a request whose caller was authenticated; nothing
+/// when the limit is off or no caller was named (a `401` tells nobody's standing).
+async fn rate_limit_headers(
+    axum::extract::State(policy): axum::extract::State<Option<String>>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let Some(policy) = policy else {
+        return next.run(request).await;
+    };
+    let note = super::rate_limit::Note::default();
+    request.extensions_mut().insert(note.clone());
+    let mut response = next.run(request).await;
+    if let Some(standing) = note.take() {
+        let headers = response.headers_mut();
+        let values = [
+            (RATE_LIMIT_POLICY, policy),
+            (
+                RATE_LIMIT,
+                format!(
+                    "\"caller\";r={};t={}",
+                    standing.remaining, standing.reset_seconds
+                ),
+            ),
+        ];
+        for (name, value) in values {
+            if let Ok(value) = axum::http::HeaderValue::from_str(&value) {
+                headers.insert(name, value);
+            }
+        }
+    }
+    response
+}
 
 /// Records how long the request took to answer, labelled with the template of the route that
 /// took it (axum's `MatchedPath`), never the path as sent: `/v1/replies/{task_id}` is one
