@@ -192,6 +192,17 @@ pub fn on() -> bool {
     tracing::enabled!(target: TARGET, tracing::Level::INFO)
 }
 
+/// The trace and span ids (hex, as in a `traceparent`) of the current span, when it belongs
+/// to a sampled trace: what a log line written now is joined to its trace by.
+pub fn current_ids() -> Option<(String, String)> {
+    use opentelemetry::trace::TraceContextExt as _;
+    let context = Span::current().context();
+    let span = context.span();
+    let ids = span.span_context();
+    (ids.is_valid() && ids.is_sampled())
+        .then(|| (ids.trace_id().to_string(), ids.span_id().to_string()))
+}
+
 /// The `traceparent` of `span`, `None` when traces are off or the span is not sampled.
 pub fn traceparent(span: &Span) -> Option<String> {
     let mut carrier = HashMap::new();

@@ -280,13 +280,20 @@ fn mock() -> MockSettings {
 
 /// A test app whose processes export their traces to `jaeger`.
 async fn traced_app(jaeger: &Jaeger) -> TestApp {
+    traced_app_with(jaeger, []).await
+}
+
+/// A test app whose processes export their traces to `jaeger`, with `env` besides.
+async fn traced_app_with<const N: usize>(jaeger: &Jaeger, env: [(&str, &str); N]) -> TestApp {
     let app = TestApp::start(1, mock(), WorkerConfig::default()).await;
+    let mut vars = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), jaeger.otlp.clone()),
+        // Spans go out every 200 ms instead of every 5 s, so the test waits less.
+        ("OTEL_BSP_SCHEDULE_DELAY".into(), "200".into()),
+    ];
+    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     app.route(Routes {
-        env: vec![
-            ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), jaeger.otlp.clone()),
-            // Spans go out every 200 ms instead of every 5 s, so the test waits less.
-            ("OTEL_BSP_SCHEDULE_DELAY".into(), "200".into()),
-        ],
+        env: vars,
         ..Routes::default()
     });
     app
@@ -526,7 +533,19 @@ async fn a_pressed_send_over_sqs_is_one_trace_from_the_request_to_the_completion
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_without_a_traceparent_starts_a_trace_of_its_own() {
     let jaeger = Jaeger::start().await;
-    let app = traced_app(&jaeger).await;
+    // JSON lines, with the HTTP client's connection lines (written inside the provider call's
+    // span), to see the log joined to the trace.
+    let app = traced_app_with(
+        &jaeger,
+        [
+            ("REPLYD_LOG_JSON", "true"),
+            (
+                "RUST_LOG",
+                "info,replyd=debug,hyper_util=debug,librdkafka=warn",
+            ),
+        ],
+    )
+    .await;
     app.spawn_worker("w1");
     let task = task_spec(3);
     let task_id = task.task_id.to_string();
@@ -566,6 +585,33 @@ async fn a_record_without_a_traceparent_starts_a_trace_of_its_own() {
         "{:?}",
         trace.names()
     );
+    // The log joins the trace: a line written inside one of its spans carries the trace's id
+    // and that span's; a line written outside every span (the start-up's) carries neither.
+    let lines: Vec<Value> = app
+        .log_of("w1")
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(lines.len() > 5, "JSON lines: {}", app.log_of("w1"));
+    let joined: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["trace_id"] == trace_id.as_str())
+        .collect();
+    assert!(
+        !joined.is_empty(),
+        "no line carries trace {trace_id}: {}",
+        app.log_of("w1")
+    );
+    let span_ids: Vec<&str> = trace.spans.iter().map(|s| s.id.as_str()).collect();
+    for line in &joined {
+        let span_id = line["span_id"].as_str().unwrap_or_default();
+        assert!(
+            span_ids.contains(&span_id),
+            "{line} is in no span of the trace"
+        );
+    }
+    let first = &lines[0];
+    assert!(first.get("trace_id").is_none(), "{first}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

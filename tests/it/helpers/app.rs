@@ -454,11 +454,12 @@ end_user_token_key = "{token_key}"
                     .map(|(k, v)| (k.to_string(), v.to_string())),
             );
         }
+        // The routes' environment last, so a test may set its own log levels.
         let child = Command::new(env!("CARGO_BIN_EXE_replyd"))
             .args([command, "--config"])
             .arg(&config)
-            .envs(env)
             .env("RUST_LOG", "info,replyd=debug,librdkafka=warn")
+            .envs(env)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
             .stderr(log_file)
