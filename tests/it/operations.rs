@@ -696,7 +696,26 @@ async fn in_split_mode_every_dashboard_panel_reads_a_part_its_job_variable_lists
         &std::fs::read_to_string(deploy("grafana/replyd-dashboard.json")).unwrap(),
     )
     .unwrap();
-    let query = variable_query(&board, "job");
+    // Two installations in two namespaces have jobs of the same names: $namespace picks one,
+    // and every selector that reads $job reads it too.
+    let namespaces = variable_query(&board, "namespace");
+    assert_eq!(
+        namespaces,
+        "label_values(up{app_kubernetes_io_name=\"replyd\"}, namespace)"
+    );
+    for (title, exprs) in panels(&board) {
+        for expr in exprs {
+            assert_eq!(
+                expr.matches("job=~\"$job\"").count(),
+                expr.matches("namespace=~\"$namespace\",job=~\"$job\"")
+                    .count(),
+                "{title}: {expr}"
+            );
+        }
+    }
+    // The targets here are one installation's: with its namespace picked (or All, `.*`), the
+    // namespace matcher lets every one of them through.
+    let query = variable_query(&board, "job").replace(",namespace=~\"$namespace\"", "");
     let listed = listed_jobs(&query, &targets);
     let jobs: Vec<&str> = listed.iter().map(|t| t.labels["job"].as_str()).collect();
     // Every panel's every series comes from a process the variable lists ("All" selects
