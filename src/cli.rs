@@ -315,6 +315,19 @@ pub enum ApiKeyCommand {
     Create {
         #[arg(long)]
         workspace: String,
+        /// The key stops authenticating this many days from now (and the end-user tokens it
+        /// asked for with it). Without it, the key lives until revoked.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=3650))]
+        expires_in_days: Option<u32>,
+    },
+    /// List keys (of one workspace, or all): id, workspace, made, expiry, last use (written
+    /// at most once a minute per API process), revoked. Never a key or its hash.
+    List {
+        #[arg(long)]
+        workspace: Option<String>,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Revoke a key by its id (the part after `rpd_`, before the second `_`).
     #[command(after_help = "Exit codes: 0 revoked (or already); 4 no such key.")]

@@ -11,7 +11,9 @@ use anyhow::Context;
 use crate::cli::{ApiKeyCommand, EndUserTokensCommand, QuotaCommand, WorkspaceCommand};
 use crate::config::Settings;
 use crate::store::Store;
-use crate::store::workspaces::{PolicyChange, Revoked, WorkspaceCreated, valid_workspace_id};
+use crate::store::workspaces::{
+    ApiKeyListed, PolicyChange, Revoked, WorkspaceCreated, valid_workspace_id,
+};
 use replyd_core::api_key::issue;
 
 /// Exit code when the named workspace or key does not exist.
@@ -118,10 +120,15 @@ async fn workspace_share(
 pub async fn api_key(settings: &Settings, command: &ApiKeyCommand) -> anyhow::Result<ExitCode> {
     let store = Store::connect(&settings.database)?;
     match command {
-        ApiKeyCommand::Create { workspace } => {
+        ApiKeyCommand::Create {
+            workspace,
+            expires_in_days,
+        } => {
             let key = issue(&mut rand::rng());
+            let expires_at = expires_in_days
+                .map(|days| chrono::Utc::now() + chrono::Duration::days(i64::from(days)));
             if !store
-                .create_api_key(workspace, &key)
+                .create_api_key_until(workspace, &key, expires_at)
                 .await
                 .context("storing the key")?
             {
@@ -131,10 +138,32 @@ pub async fn api_key(settings: &Settings, command: &ApiKeyCommand) -> anyhow::Re
                 return Ok(ExitCode::from(NOT_FOUND));
             }
             println!("{}", key.token);
+            let until = expires_at.map_or_else(
+                || "until revoked".to_owned(),
+                |at| {
+                    format!(
+                        "until {}",
+                        at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    )
+                },
+            );
             eprintln!(
-                "api key {} made for workspace {workspace}; it is shown only this once (only its hash is stored)",
+                "api key {} made for workspace {workspace}, {until}; it is shown only this once (only its hash is stored)",
                 key.key_id
             );
+        }
+        ApiKeyCommand::List { workspace, json } => {
+            let keys = store
+                .list_api_keys(workspace.as_deref())
+                .await
+                .context("reading the keys")?;
+            if *json {
+                for key in &keys {
+                    println!("{}", serde_json::to_string(key)?);
+                }
+            } else {
+                print!("{}", key_table(&keys, chrono::Utc::now()));
+            }
         }
         ApiKeyCommand::Revoke { key_id } => match store.revoke_api_key(key_id).await? {
             Revoked::Revoked { workspace_id } => {
@@ -457,6 +486,32 @@ pub async fn quota(settings: &Settings, command: &QuotaCommand) -> anyhow::Resul
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `replyd api-key list`'s table: a key a line, its standing in words.
+fn key_table(keys: &[ApiKeyListed], now: chrono::DateTime<chrono::Utc>) -> String {
+    let time = |at: &chrono::DateTime<chrono::Utc>| at.format("%Y-%m-%d %H:%M").to_string();
+    let mut out = format!(
+        "{:<17} {:<24} {:<17} {:<17} {:<17} {}\n",
+        "KEY", "WORKSPACE", "MADE", "EXPIRES", "LAST USED", "STATE"
+    );
+    for key in keys {
+        let state = match (&key.revoked_at, &key.expires_at) {
+            (Some(at), _) => format!("revoked {}", time(at)),
+            (None, Some(at)) if *at <= now => "expired".to_owned(),
+            _ => "live".to_owned(),
+        };
+        out.push_str(&format!(
+            "{:<17} {:<24} {:<17} {:<17} {:<17} {}\n",
+            key.key_id,
+            key.workspace_id,
+            time(&key.created_at),
+            key.expires_at.as_ref().map_or("never".to_owned(), time),
+            key.last_used_at.as_ref().map_or("never".to_owned(), time),
+            state
+        ));
+    }
+    out
 }
 
 #[cfg(test)]

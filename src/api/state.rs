@@ -62,6 +62,8 @@ pub struct ApiState {
     pub limiter: std::sync::Arc<KeyLimiter>,
     /// The end users' token signing secrets (`api.end_user_token_key`).
     pub signing: std::sync::Arc<SigningKeys>,
+    /// When this process last wrote each key's use (`replyd api-key list`).
+    pub key_uses: std::sync::Arc<super::auth::KeyUses>,
 }
 
 impl ApiState {
@@ -70,6 +72,7 @@ impl ApiState {
     pub fn new(store: Store, settings: ApiSettings, limits: IntakeLimits) -> Self {
         Self {
             limiter: std::sync::Arc::new(KeyLimiter::new(&settings)),
+            key_uses: std::sync::Arc::default(),
             signing: std::sync::Arc::new(SigningKeys::new(
                 settings.sealing_key().and_then(Result::ok),
             )),

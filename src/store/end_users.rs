@@ -156,7 +156,8 @@ impl Store {
                 "SELECT coalesce((SELECT generation FROM end_users \
                                   WHERE workspace_id = $1 AND user_id = $2), 0), \
                         EXISTS (SELECT 1 FROM api_keys WHERE key_id = $3 \
-                                AND workspace_id = $1 AND revoked_at IS NULL)",
+                                AND workspace_id = $1 AND revoked_at IS NULL \
+                                AND (expires_at IS NULL OR expires_at > now()))",
             )
             .await?;
         let row = client

@@ -445,7 +445,8 @@ impl Store {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(&format!(
-                "SELECT t.*, coalesce((SELECT k.revoked_at IS NULL FROM api_keys k \
+                "SELECT t.*, coalesce((SELECT k.revoked_at IS NULL \
+                 AND (k.expires_at IS NULL OR k.expires_at > now()) FROM api_keys k \
                  WHERE k.key_id = $2), false) AS key_live \
                  FROM (SELECT 1) one LEFT JOIN \
                  (SELECT {TASK_COLUMNS} FROM reply_tasks WHERE task_id = $1) t ON true"

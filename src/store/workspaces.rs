@@ -16,6 +16,28 @@ pub enum WorkspaceCreated {
     Exists,
 }
 
+/// What a presented API key is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyCheck {
+    /// Live: its workspace.
+    Live(String),
+    /// Its holder's key, past its expiry (when).
+    Expired(chrono::DateTime<chrono::Utc>),
+    /// No live key matches: unknown, revoked, or a wrong secret.
+    Unknown,
+}
+
+/// A key as `replyd api-key list` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ApiKeyListed {
+    pub key_id: String,
+    pub workspace_id: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub last_used_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
 /// What `revoke_api_key` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Revoked {
@@ -64,16 +86,69 @@ impl Store {
         workspace_id: &str,
         key: &IssuedKey,
     ) -> Result<bool, StoreError> {
+        self.create_api_key_until(workspace_id, key, None).await
+    }
+
+    /// Stores `key` for the workspace, authenticating until `expires_at` (for good without
+    /// one); false when there is no such workspace.
+    pub async fn create_api_key_until(
+        &self,
+        workspace_id: &str,
+        key: &IssuedKey,
+        expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<bool, StoreError> {
         let client = self.client().await?;
         // One statement: the key is written only if the workspace exists.
         let inserted = client
             .execute(
-                "INSERT INTO api_keys (key_id, workspace_id, key_hash) \
-                 SELECT $1, workspace_id, $3 FROM workspaces WHERE workspace_id = $2",
-                &[&key.key_id, &workspace_id, &key.hash],
+                "INSERT INTO api_keys (key_id, workspace_id, key_hash, expires_at) \
+                 SELECT $1, workspace_id, $3, $4 FROM workspaces WHERE workspace_id = $2",
+                &[&key.key_id, &workspace_id, &key.hash, &expires_at],
             )
             .await?;
         Ok(inserted == 1)
+    }
+
+    /// Every key (of `workspace_id`, or of all), oldest first: what an operator may see of
+    /// them, never a hash.
+    pub async fn list_api_keys(
+        &self,
+        workspace_id: Option<&str>,
+    ) -> Result<Vec<ApiKeyListed>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT key_id, workspace_id, created_at, expires_at, last_used_at, revoked_at \
+                 FROM api_keys WHERE $1::text IS NULL OR workspace_id = $1 \
+                 ORDER BY created_at, key_id",
+                &[&workspace_id],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| ApiKeyListed {
+                key_id: r.get(0),
+                workspace_id: r.get(1),
+                created_at: r.get(2),
+                expires_at: r.get(3),
+                last_used_at: r.get(4),
+                revoked_at: r.get(5),
+            })
+            .collect())
+    }
+
+    /// Notes that `key_id` was used now. Guarded, so that of the processes that note a key's
+    /// use at once, one writes a minute.
+    pub async fn note_api_key_use(&self, key_id: &str) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "UPDATE api_keys SET last_used_at = now() WHERE key_id = $1 \
+                 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')",
+            )
+            .await?;
+        client.execute(&statement, &[&key_id]).await?;
+        Ok(())
     }
 
     pub async fn revoke_api_key(&self, key_id: &str) -> Result<Revoked, StoreError> {
@@ -104,22 +179,31 @@ impl Store {
 
     /// The workspace of a live key that matches `presented`, or `None` (unknown, revoked or
     /// wrong secret: the caller answers all three alike).
-    pub async fn authenticate(
-        &self,
-        presented: &PresentedKey,
-    ) -> Result<Option<String>, StoreError> {
+    /// The workspace of a live key that matches `presented`; a key past its expiry is said to
+    /// be so only when the presented key matches it (so only its holder learns it).
+    pub async fn authenticate(&self, presented: &PresentedKey) -> Result<KeyCheck, StoreError> {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(
-                "SELECT workspace_id, key_hash FROM api_keys \
-                 WHERE key_id = $1 AND revoked_at IS NULL",
+                "SELECT workspace_id, key_hash, \
+                        CASE WHEN expires_at <= now() THEN expires_at END \
+                 FROM api_keys WHERE key_id = $1 AND revoked_at IS NULL",
             )
             .await?;
         let row = client.query_opt(&statement, &[&presented.key_id]).await?;
-        Ok(row.and_then(|row| {
-            let hash: String = row.get(1);
-            matches(&hash, presented).then(|| row.get(0))
-        }))
+        let Some(row) = row else {
+            return Ok(KeyCheck::Unknown);
+        };
+        let hash: String = row.get(1);
+        if !matches(&hash, presented) {
+            return Ok(KeyCheck::Unknown);
+        }
+        Ok(
+            match row.get::<_, Option<chrono::DateTime<chrono::Utc>>>(2) {
+                Some(at) => KeyCheck::Expired(at),
+                None => KeyCheck::Live(row.get(0)),
+            },
+        )
     }
 }
 

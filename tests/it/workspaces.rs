@@ -6,6 +6,7 @@
 use std::process::{Command, Output};
 
 use crate::helpers::{TestDb, unique};
+use replyd::store::workspaces::KeyCheck;
 use replyd_core::api_key::parse_bearer;
 
 fn replyd(db: &TestDb, args: &[&str]) -> Output {
@@ -56,23 +57,173 @@ async fn a_key_is_shown_once_stored_as_a_hash_and_authenticates_until_revoked() 
 
     let presented = parse_bearer(Some(format!("Bearer {token}").as_bytes())).unwrap();
     assert_eq!(
-        db.store.authenticate(&presented).await.unwrap().as_deref(),
-        Some("acme")
+        db.store.authenticate(&presented).await.unwrap(),
+        KeyCheck::Live("acme".into())
     );
     // The same id with another secret is not the key.
     let forged = parse_bearer(Some(
         format!("Bearer rpd_{}_{}", presented.key_id, "A".repeat(43)).as_bytes(),
     ))
     .unwrap();
-    assert_eq!(db.store.authenticate(&forged).await.unwrap(), None);
+    assert_eq!(
+        db.store.authenticate(&forged).await.unwrap(),
+        KeyCheck::Unknown
+    );
 
     let revoked = replyd(&db, &["api-key", "revoke", &presented.key_id]);
     assert!(revoked.status.success(), "{}", text(&revoked.stderr));
     assert!(text(&revoked.stdout).contains("of workspace acme revoked"));
-    assert_eq!(db.store.authenticate(&presented).await.unwrap(), None);
+    assert_eq!(
+        db.store.authenticate(&presented).await.unwrap(),
+        KeyCheck::Unknown
+    );
     let twice = replyd(&db, &["api-key", "revoke", &presented.key_id]);
     assert!(twice.status.success());
     assert!(text(&twice.stdout).contains("revoked already"));
+}
+
+/// A key made to expire authenticates until then; past it, its holder hears it expired (and
+/// anyone else, that it is unknown), as do the end-user tokens it asked for. `replyd api-key
+/// list` shows every key's standing and its last use, never a key or its hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_expires_when_it_was_made_to_and_the_list_shows_each_key_s_standing_and_last_use() {
+    let db = TestDb::new().await;
+    assert!(
+        replyd(&db, &["workspace", "create", "acme"])
+            .status
+            .success()
+    );
+    let make = |args: &[&str]| {
+        let made = replyd(&db, args);
+        assert!(made.status.success(), "{}", text(&made.stderr));
+        (text(&made.stdout).trim().to_owned(), text(&made.stderr))
+    };
+    let (lasting, _) = make(&["api-key", "create", "--workspace", "acme"]);
+    let (expiring, said) = make(&[
+        "api-key",
+        "create",
+        "--workspace",
+        "acme",
+        "--expires-in-days",
+        "30",
+    ]);
+    assert!(said.contains(", until 20"), "{said}");
+    let too_long = replyd(
+        &db,
+        &[
+            "api-key",
+            "create",
+            "--workspace",
+            "acme",
+            "--expires-in-days",
+            "0",
+        ],
+    );
+    assert!(!too_long.status.success());
+    let key = |token: &str| parse_bearer(Some(format!("Bearer {token}").as_bytes())).unwrap();
+    let (lasting_token, expiring_token) = (lasting.clone(), expiring.clone());
+    let (lasting, expiring) = (key(&lasting), key(&expiring));
+    assert_eq!(
+        db.store.authenticate(&expiring).await.unwrap(),
+        KeyCheck::Live("acme".into())
+    );
+
+    // The API notes a key's use off the request's path.
+    let api = crate::helpers::api::serve_on_loopback(
+        replyd::api::ApiState::new(
+            db.store.clone(),
+            replyd::api::settings::ApiSettings::default(),
+            crate::helpers::api::limits(100),
+        ),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await;
+    let quota = |token: String| {
+        let base = api.0.clone();
+        async move {
+            reqwest::Client::new()
+                .get(format!("{base}/v1/quota"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(quota(expiring_token.clone()).await.status(), 200);
+    crate::helpers::wait_until(
+        "the key's use is written",
+        std::time::Duration::from_secs(30),
+        || async {
+            db.store
+                .list_api_keys(Some("acme"))
+                .await
+                .unwrap()
+                .iter()
+                .any(|k| k.key_id == expiring.key_id && k.last_used_at.is_some())
+        },
+    )
+    .await;
+
+    // Its expiry comes (moved to the past, as the clock would).
+    db.raw_client()
+        .await
+        .execute(
+            "UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE key_id = $1",
+            &[&expiring.key_id],
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        db.store.authenticate(&expiring).await.unwrap(),
+        KeyCheck::Expired(_)
+    ));
+    let refused = quota(expiring_token.clone()).await;
+    assert_eq!(refused.status(), 401);
+    let problem: serde_json::Value = refused.json().await.unwrap();
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("the API key expired at 20"), "{detail}");
+    // Another secret under the same id learns nothing of the expiry.
+    let forged = format!("rpd_{}_{}", expiring.key_id, "A".repeat(43));
+    let problem: serde_json::Value = quota(forged).await.json().await.unwrap();
+    assert_eq!(problem["detail"], "the API key is unknown or revoked");
+    // The lasting key is untouched.
+    assert_eq!(quota(lasting_token.clone()).await.status(), 200);
+
+    // The list: both keys, their standing, never a secret or a hash.
+    let listed = replyd(&db, &["api-key", "list", "--workspace", "acme"]);
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    let table = text(&listed.stdout);
+    let line_of = |id: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(id))
+            .unwrap_or_else(|| panic!("{id} not in {table}"))
+            .to_owned()
+    };
+    assert!(line_of(&expiring.key_id).ends_with(" expired"), "{table}");
+    assert!(line_of(&lasting.key_id).ends_with(" live"), "{table}");
+    assert!(line_of(&lasting.key_id).contains(" never "), "{table}");
+    let json = replyd(&db, &["api-key", "list", "--json"]);
+    let rows: Vec<serde_json::Value> = text(&json.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    let hashes: Vec<String> = db
+        .raw_client()
+        .await
+        .query("SELECT key_hash FROM api_keys", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for output in [&table, &text(&json.stdout)] {
+        for secret in [&lasting_token, &expiring_token].into_iter().chain(&hashes) {
+            let tail = secret.rsplit('_').next().unwrap();
+            assert!(!output.contains(tail), "{output}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,6 +40,9 @@ pub enum AuthError {
     Malformed,
     #[error("the API key is unknown or revoked")]
     Unknown,
+    /// Said only to a caller that presented the key itself (its hash matched).
+    #[error("the API key expired at {0}; make a new one with `replyd api-key create`")]
+    Expired(String),
 }
 
 /// Makes a new key from 8 random bytes of id and 32 of secret.
