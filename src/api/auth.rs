@@ -25,29 +25,7 @@ use replyd_core::end_user::{self, TokenError};
 #[derive(Debug, Clone)]
 pub struct Workspace(pub String);
 
-/// How often one process writes a key's last use.
-const KEY_USE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// When this process last wrote each key's use. Only keys that authenticated get an entry,
-/// so it holds the workspace's keys, not what callers send.
-#[derive(Debug, Default)]
-pub struct KeyUses(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
-
-impl KeyUses {
-    /// Whether `key_id`'s use is due to be written at `now` (and, if so, that it is).
-    pub fn due(&self, key_id: &str, now: std::time::Instant) -> bool {
-        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        match last.get(key_id) {
-            Some(at) if now.duration_since(*at) < KEY_USE_INTERVAL => false,
-            _ => {
-                last.insert(key_id.to_owned(), now);
-                true
-            }
-        }
-    }
-}
-
-/// Writes `key_id`'s last use, at most once a [`KEY_USE_INTERVAL`] per process, on a task of
+/// Writes `key_id`'s last use, at most once a [`super::key_uses::INTERVAL`] per process, on a task of
 /// its own: the request waits for no statement, and a failed write costs only the time shown.
 fn note_use(state: &ApiState, key_id: &str) {
     if !state.key_uses.due(key_id, std::time::Instant::now()) {
@@ -285,19 +263,4 @@ fn rate_limited(
         )
         .with_retry_after(seconds)
     })
-}
-
-#[cfg(test)]
-mod key_use_tests {
-    use super::*;
-
-    #[test]
-    fn a_key_s_use_is_written_at_most_once_a_minute_per_process() {
-        let uses = KeyUses::default();
-        let start = std::time::Instant::now();
-        assert!(uses.due("a", start));
-        assert!(!uses.due("a", start + std::time::Duration::from_secs(59)));
-        assert!(uses.due("b", start), "each key on its own");
-        assert!(uses.due("a", start + KEY_USE_INTERVAL));
-    }
 }

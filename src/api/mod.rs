@@ -20,6 +20,7 @@ pub mod echo;
 pub mod end_users;
 pub mod events;
 pub mod headers;
+pub mod key_uses;
 pub mod openapi;
 pub mod parse_errors;
 pub mod path;

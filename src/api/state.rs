@@ -63,7 +63,7 @@ pub struct ApiState {
     /// The end users' token signing secrets (`api.end_user_token_key`).
     pub signing: std::sync::Arc<SigningKeys>,
     /// When this process last wrote each key's use (`replyd api-key list`).
-    pub key_uses: std::sync::Arc<super::auth::KeyUses>,
+    pub key_uses: std::sync::Arc<super::key_uses::KeyUses>,
 }
 
 impl ApiState {
