@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::helpers::{infra, unique};
+use crate::helpers::{free_port, infra, unique};
 
 const KUBERNETES_VERSION: &str = "1.31.0";
 
@@ -1297,15 +1297,6 @@ fn image_env() -> Vec<(String, String)> {
             (name.to_owned(), value.trim_matches('"').to_owned())
         })
         .collect()
-}
-
-/// A port on 127.0.0.1 nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The port of every `containerPort` named `name` in the manifests.

@@ -76,9 +76,21 @@ const PROMETHEUS_SERIES: &[&str] = &["up"];
 async fn sqs_worker_families() -> BTreeSet<String> {
     let app = TestApp::start_on_sqs(MockSettings::default(), WorkerConfig::default(), 5).await;
     app.spawn_worker("worker");
+    let families = served_families(&app, "worker", replyd::telemetry::SQS_METRICS).await;
+    app.terminate("worker").await;
+    families
+}
+
+/// The families process `name` of `app` serves, once every one of `registered` is among them
+/// (each process registers its part's families at start).
+async fn served_families(
+    app: &TestApp,
+    name: &str,
+    registered: &[(&str, replyd::telemetry::Kind)],
+) -> BTreeSet<String> {
     let page = std::cell::RefCell::new(String::new());
-    wait_until("a worker on SQS serves its families", LIMIT, || async {
-        let Some(addr) = app.observability_addr("worker") else {
+    wait_until(&format!("{name} serves its families"), LIMIT, || async {
+        let Some(addr) = app.observability_addr(name) else {
             return false;
         };
         let Ok(response) = reqwest::get(format!("http://{addr}/metrics")).await else {
@@ -86,17 +98,14 @@ async fn sqs_worker_families() -> BTreeSet<String> {
         };
         let text = response.text().await.unwrap_or_default();
         let served = families(&text);
-        let all = replyd::telemetry::SQS_METRICS
-            .iter()
-            .all(|(name, kind)| match kind {
-                replyd::telemetry::Kind::Histogram => served.contains(&format!("{name}_count")),
-                _ => served.contains(*name),
-            });
+        let all = registered.iter().all(|(name, kind)| match kind {
+            replyd::telemetry::Kind::Histogram => served.contains(&format!("{name}_count")),
+            _ => served.contains(*name),
+        });
         *page.borrow_mut() = text;
         all
     })
     .await;
-    app.terminate("worker").await;
     families(&page.into_inner())
 }
 
@@ -658,25 +667,7 @@ async fn in_split_mode_every_dashboard_panel_reads_a_part_its_job_variable_lists
     }
     let mut targets = Vec::new();
     for (part, registered) in parts {
-        // Each process registers its part's families at start.
-        let page = std::cell::RefCell::new(String::new());
-        wait_until(&format!("{part} serves its families"), LIMIT, || async {
-            let Some(addr) = app.observability_addr(part) else {
-                return false;
-            };
-            let Ok(response) = reqwest::get(format!("http://{addr}/metrics")).await else {
-                return false;
-            };
-            let text = response.text().await.unwrap_or_default();
-            let served = families(&text);
-            let all = registered.iter().all(|(name, kind)| match kind {
-                replyd::telemetry::Kind::Histogram => served.contains(&format!("{name}_count")),
-                _ => served.contains(*name),
-            });
-            *page.borrow_mut() = text;
-            all
-        })
-        .await;
+        let families = served_families(&app, part, registered).await;
         targets.push(Target {
             labels: BTreeMap::from([
                 ("job", format!("replyd-{part}")),
@@ -685,7 +676,7 @@ async fn in_split_mode_every_dashboard_panel_reads_a_part_its_job_variable_lists
                 ("app_kubernetes_io_instance", "replyd".to_owned()),
                 ("app_kubernetes_io_component", part.to_owned()),
             ]),
-            families: families(&page.borrow()),
+            families,
         });
     }
     // A worker of an installation on SQS is the same part, with SQS's families too.

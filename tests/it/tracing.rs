@@ -5,14 +5,14 @@
 //! `traceparent` starts a trace of its own.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::helpers::app::{Routes, TestApp, WorkerConfig};
 use crate::helpers::{
-    infra, press_until_completed, press_with_headers_until_completed, task_spec, unique, wait_until,
+    free_port, infra, press_until_completed, press_with_headers_until_completed, task_spec, unique,
+    wait_until,
 };
 use replyd_core::api_key::issue;
 use replyd_lab::mock_provider::{KeyStats, MockSettings};
@@ -28,15 +28,6 @@ struct Jaeger {
     /// `http://127.0.0.1:<port>`: the query API.
     query: String,
     log: PathBuf,
-}
-
-fn free_port() -> u16 {
-    // Bound and released: another process could take it in between, which the start-up wait
-    // below would report.
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 impl Jaeger {

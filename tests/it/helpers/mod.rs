@@ -58,6 +58,15 @@ pub fn lab_bin() -> std::path::PathBuf {
     lab
 }
 
+/// A port on 127.0.0.1 nobody listens on now. Bound and released: another process could take
+/// it in between, which the caller's start-up wait reports.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
