@@ -218,7 +218,7 @@ async fn end_user(state: &ApiState, token: &str, note: Option<&Note>) -> Result<
         .await
         .map_err(unavailable)?;
     claims
-        .standing(standing.generation, standing.key_live)
+        .standing(standing.generation, standing.key)
         .map_err(refused)?;
     Ok(Caller {
         workspace: claims.ws,

@@ -350,7 +350,7 @@ impl Follow {
                     .store
                     .token_standing(workspace, &user.id, key_id)
                     .await?;
-                let live = standing.key_live
+                let live = standing.key == replyd_core::end_user::AskingKey::Live
                     && standing.generation == user.generation
                     && signing
                         .secret(&self.store, workspace, user.version)

@@ -59,7 +59,7 @@ use super::{conversations, end_users, events, quota};
         ProblemDetails,
         ProblemKind
     )),
-    modifiers(&BearerKey, &EveryRouteRefusals),
+    modifiers(&BearerKey, &EveryRouteRefusals, &RateLimitHeaders),
     tags(
         (name = "replies", description = "Reply tasks: submit, read, follow, regenerate, cancel"),
         (name = "quota", description = "Generation quotas: every new task reserves one generation, charged once"),
@@ -208,6 +208,57 @@ impl Modify for EveryRouteRefusals {
     }
 }
 
+/// The rate limit's headers (draft-ietf-httpapi-ratelimit-headers), on every answer to a
+/// caller whose credential was accepted (`api::routes::rate_limit_headers`). Answers given
+/// before the credential is read (a head over its limits) or that refuse it (`401`) name no
+/// caller, so they carry none.
+struct RateLimitHeaders;
+
+/// Statuses answered before a caller is known.
+const NO_CALLER: [&str; 4] = ["401", "413", "414", "431"];
+
+impl Modify for RateLimitHeaders {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let header = |description: &str| {
+            RefOr::T(
+                HeaderBuilder::new()
+                    .schema(Some(Object::with_type(Type::String)))
+                    .description(Some(description))
+                    .build(),
+            )
+        };
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                for (status, answer) in operation.responses.responses.iter_mut() {
+                    let RefOr::T(answer) = answer else { continue };
+                    if NO_CALLER.contains(&status.as_str()) {
+                        continue;
+                    }
+                    answer.headers.insert(
+                        "RateLimit-Policy".into(),
+                        header(
+                            "The bucket every caller has, `\"caller\";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted",
+                        ),
+                    );
+                    answer.headers.insert(
+                        "RateLimit".into(),
+                        header(
+                            "Where this caller stands, `\"caller\";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy`",
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The document as pretty JSON with a final newline, byte for byte what `docs/openapi.json`
 /// holds.
 pub fn document() -> String {
@@ -270,6 +321,24 @@ mod tests {
                 kind.as_str(),
                 "{kind:?}"
             );
+        }
+    }
+
+    #[test]
+    fn answers_to_a_known_caller_say_their_rate_limit_headers() {
+        let doc: serde_json::Value = serde_json::from_str(&super::document()).unwrap();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                for (status, answer) in operation["responses"].as_object().unwrap() {
+                    let named = answer["headers"].get("RateLimit").is_some()
+                        && answer["headers"].get("RateLimit-Policy").is_some();
+                    assert_eq!(
+                        named,
+                        !super::NO_CALLER.contains(&status.as_str()),
+                        "{method} {path} {status}"
+                    );
+                }
+            }
         }
     }
 

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use rand::RngCore as _;
 use uuid::Uuid;
 
-use replyd_core::end_user::SECRET_BYTES;
+use replyd_core::end_user::{AskingKey, SECRET_BYTES};
 use replyd_core::sealed::{SealingKey, signing_key_row};
 
 use super::Store;
@@ -29,8 +29,8 @@ pub struct SealedSigningKey {
 pub struct TokenStanding {
     /// The user's generation: a token of another is revoked.
     pub generation: i64,
-    /// Whether the API key that asked for the token is live.
-    pub key_live: bool,
+    /// Where the API key that asked for the token stands.
+    pub key: AskingKey,
 }
 
 /// What a rotation did.
@@ -155,9 +155,10 @@ impl Store {
             .prepare_cached(
                 "SELECT coalesce((SELECT generation FROM end_users \
                                   WHERE workspace_id = $1 AND user_id = $2), 0), \
-                        EXISTS (SELECT 1 FROM api_keys WHERE key_id = $3 \
-                                AND workspace_id = $1 AND revoked_at IS NULL \
-                                AND (expires_at IS NULL OR expires_at > now()))",
+                        (SELECT CASE WHEN revoked_at IS NOT NULL THEN 'revoked' \
+                                     WHEN expires_at <= now() THEN 'expired' \
+                                     ELSE 'live' END \
+                         FROM api_keys WHERE key_id = $3 AND workspace_id = $1)",
             )
             .await?;
         let row = client
@@ -165,7 +166,13 @@ impl Store {
             .await?;
         Ok(TokenStanding {
             generation: row.get(0),
-            key_live: row.get(1),
+            // No such key of the workspace (a key is never deleted but with its workspace):
+            // nothing vouches for the token.
+            key: match row.get::<_, Option<&str>>(1) {
+                Some("live") => AskingKey::Live,
+                Some("expired") => AskingKey::Expired,
+                _ => AskingKey::Revoked,
+            },
         })
     }
 

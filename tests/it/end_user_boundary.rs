@@ -198,7 +198,7 @@ async fn an_idempotency_key_is_its_callers_own_and_tells_no_one_of_anothers_requ
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_dies_with_the_key_that_asked_for_it() {
+async fn a_token_dies_with_the_key_that_asked_for_it_revoked_or_expired() {
     let api = start().await;
     let k2 = issue(&mut rand::rng());
     assert!(api.db.store.create_api_key("acme", &k2).await.unwrap());
@@ -213,6 +213,28 @@ async fn a_token_dies_with_the_key_that_asked_for_it() {
     assert_eq!((status, kind.as_str()), (401, "unauthorized"));
     assert!(detail.contains("API key that asked for this"), "{detail}");
     // Another key's tokens are not touched.
+    assert_eq!(post_as(&api, &by_k1).await.status(), 202);
+
+    // A key that expires takes its tokens with it, and their holders hear it expired.
+    let k3 = issue(&mut rand::rng());
+    assert!(api.db.store.create_api_key("acme", &k3).await.unwrap());
+    let by_k3 = token_with(&api, &k3.token, "user-3").await;
+    assert_eq!(post_as(&api, &by_k3).await.status(), 202);
+    api.db
+        .raw_client()
+        .await
+        .execute(
+            "UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE key_id = $1",
+            &[&k3.key_id],
+        )
+        .await
+        .unwrap();
+    let (status, kind, detail) = problem(post_as(&api, &by_k3).await).await;
+    assert_eq!((status, kind.as_str()), (401, "unauthorized"));
+    assert!(
+        detail.contains("API key that asked for this end-user token has expired"),
+        "{detail}"
+    );
     assert_eq!(post_as(&api, &by_k1).await.status(), 202);
 }
 

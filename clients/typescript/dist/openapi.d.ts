@@ -666,6 +666,10 @@ export interface operations {
             /** @description The conversation is erased: its messages, tasks, replies, attempts and idempotency records are deleted, a task still running ends (its reply, when its call returns, is not saved), and a record of it that comes later is refused. Its quota charges stay. New messages to it get `410` (`conversation_erased`). Erasing it again answers `200` with nothing deleted */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -675,6 +679,10 @@ export interface operations {
             /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -693,6 +701,10 @@ export interface operations {
             /** @description An end user's token: a conversation is erased with the workspace's key (`forbidden`) */
             403: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -702,6 +714,10 @@ export interface operations {
             /** @description No such conversation in the caller's workspace */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -729,6 +745,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -749,6 +769,10 @@ export interface operations {
             /** @description The database cannot be reached; erasing again finishes the work */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -780,6 +804,10 @@ export interface operations {
             /** @description A page of the conversation's messages, oldest first, each with its replies */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -789,6 +817,10 @@ export interface operations {
             /** @description `after` is not a cursor this API gave, `limit` is not 1 to 100, or the query cannot be read (`invalid_query`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -807,6 +839,10 @@ export interface operations {
             /** @description No such conversation in the caller's workspace, or, for an end user's token, none of its user's (one is made by its first message sent through `POST /v1/replies`) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -834,6 +870,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -854,6 +894,10 @@ export interface operations {
             /** @description The database cannot be reached */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -878,6 +922,10 @@ export interface operations {
             /** @description The token: hand it to the user's browser, never the API key */
             201: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -887,6 +935,10 @@ export interface operations {
             /** @description The body is not JSON (`malformed_json`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -905,6 +957,10 @@ export interface operations {
             /** @description An end user's token: only the workspace's key makes tokens; or end-user tokens are off on this deployment (`api.end_user_token_key` unset) (`forbidden`) */
             403: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -932,6 +988,10 @@ export interface operations {
             /** @description The body is not sent as JSON (`unsupported_media_type`) */
             415: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -941,6 +1001,10 @@ export interface operations {
             /** @description A bad `user_id`, or `ttl_seconds` outside 1 to `api.end_user_token_max_ttl_seconds` (`invalid_body`; `fields` names it) */
             422: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -950,6 +1014,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -970,6 +1038,10 @@ export interface operations {
             /** @description The database cannot be reached */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -993,6 +1065,10 @@ export interface operations {
             /** @description Erased (again: nothing more to delete, all counts 0). The user's tokens issued so far are refused; a new token may be asked for and begins afresh */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1002,6 +1078,10 @@ export interface operations {
             /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1020,6 +1100,10 @@ export interface operations {
             /** @description An end user's token (`forbidden`) */
             403: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1029,6 +1113,10 @@ export interface operations {
             /** @description An empty `user_id` (no such route, `not_found`) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1056,6 +1144,10 @@ export interface operations {
             /** @description A bad `user_id` (`invalid_body`) */
             422: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1065,6 +1157,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1085,6 +1181,10 @@ export interface operations {
             /** @description The database cannot be reached; erasing again finishes the work */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1108,6 +1208,10 @@ export interface operations {
             /** @description Every token of the user issued before this is refused from now on (`401`) */
             204: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content?: never;
@@ -1115,6 +1219,10 @@ export interface operations {
             /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1133,6 +1241,10 @@ export interface operations {
             /** @description An end user's token (`forbidden`) */
             403: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1142,6 +1254,10 @@ export interface operations {
             /** @description An empty `user_id` (no such route, `not_found`) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1169,6 +1285,10 @@ export interface operations {
             /** @description A bad `user_id` (`invalid_body`) */
             422: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1178,6 +1298,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1198,6 +1322,10 @@ export interface operations {
             /** @description The database cannot be reached; revoking again is safe */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1218,6 +1346,10 @@ export interface operations {
             /** @description The caller's quota */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1227,6 +1359,10 @@ export interface operations {
             /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1245,6 +1381,10 @@ export interface operations {
             /** @description An end user's token: the quota is read with the workspace's key (`forbidden`) */
             403: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1272,6 +1412,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1292,6 +1436,10 @@ export interface operations {
             /** @description The database cannot be reached */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1323,6 +1471,10 @@ export interface operations {
                     "Idempotent-Replayed"?: string;
                     /** @description The task's status URL */
                     Location?: string;
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1332,6 +1484,10 @@ export interface operations {
             /** @description No `Idempotency-Key`, one that is empty, over 255 bytes or not printable ASCII, or several different ones (`invalid_idempotency_key`); or a body that is not JSON (`malformed_json`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1350,6 +1506,10 @@ export interface operations {
             /** @description An end user's token, in a conversation that is not its user's (another user's, or one begun with the workspace's key); nothing was written */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1359,6 +1519,10 @@ export interface operations {
             /** @description The conversation (or its workspace) was erased: it takes no new messages (`conversation_erased`); nothing was written */
             410: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1386,6 +1550,10 @@ export interface operations {
             /** @description The body is not `application/json` */
             415: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1395,6 +1563,10 @@ export interface operations {
             /** @description The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, a request whose token ceiling is over its whole token quota, `context` from an end user's token where the workspace's `end_user_context` is `deny`, or `message` and `context` over `worker.max_prompt_bytes` with the workspace's system prompt (`outside_workspace_policy`; `fields` names them, `detail` the setting) */
             422: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1404,6 +1576,10 @@ export interface operations {
             /** @description New work over the workspace's quota of generations or of tokens, or, with an end user's token, over the user's share of it (`end_user_share_percent`; `Retry-After` the window's end) (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1424,6 +1600,10 @@ export interface operations {
             /** @description The database cannot be reached; retry with the same key */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1447,6 +1627,10 @@ export interface operations {
             /** @description The task */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1456,6 +1640,10 @@ export interface operations {
             /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1474,6 +1662,10 @@ export interface operations {
             /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1501,6 +1693,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1521,6 +1717,10 @@ export interface operations {
             /** @description The database cannot be reached */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1544,6 +1744,10 @@ export interface operations {
             /** @description The task is cancelled (by this request or an earlier one): no reply will come, a running call is cut short (its answer, if one still comes, is refused), its reservation is released, and its event stream ends with this status */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1553,6 +1757,10 @@ export interface operations {
             /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1571,6 +1779,10 @@ export interface operations {
             /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1580,6 +1792,10 @@ export interface operations {
             /** @description The task had already ended: its reply was saved before the cancel arrived, or it had failed (`task_finished`); nothing changed. Read the task for its reply */
             409: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1607,6 +1823,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1627,6 +1847,10 @@ export interface operations {
             /** @description The database cannot be reached; cancelling again is safe */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1653,6 +1877,10 @@ export interface operations {
             /** @description The current state at once, then each change of status or attempt (not every write: a lease renewal is no event); while an attempt runs, its text as the provider writes it (`delta` events: append each `text` to the text of its `assignment_version`), and a `withdrawn` event when that attempt's text will not be saved (then the next attempt's text starts from empty). A completed state carries the saved reply: show it in place of the text. The stream ends after a terminal state, or within 2 s of its API key's revocation (a reconnect then gets 401). Keep-alive comments every 15 s. The schema is that of each event */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1662,6 +1890,10 @@ export interface operations {
             /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1680,6 +1912,10 @@ export interface operations {
             /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1707,6 +1943,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1727,6 +1967,10 @@ export interface operations {
             /** @description The database cannot be reached */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1757,6 +2001,10 @@ export interface operations {
                     "Idempotent-Replayed"?: string;
                     /** @description The new task's status URL */
                     Location?: string;
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1766,6 +2014,10 @@ export interface operations {
             /** @description A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1784,6 +2036,10 @@ export interface operations {
             /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1793,6 +2049,10 @@ export interface operations {
             /** @description The task's conversation (or its workspace) was erased while this was asked (`conversation_erased`); nothing was written */
             410: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1820,6 +2080,10 @@ export interface operations {
             /** @description The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest), or the source's model or output bound is outside the workspace's policy now (`outside_workspace_policy`) */
             422: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1829,6 +2093,10 @@ export interface operations {
             /** @description New work over the workspace's quota of generations or of tokens, or, with an end user's token, over the user's share of it (`end_user_share_percent`; `Retry-After` the window's end) (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1849,6 +2117,10 @@ export interface operations {
             /** @description The database cannot be reached; retry with the same key */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {

@@ -667,6 +667,10 @@ export interface operations {
             /** @description The conversation is erased: its messages, tasks, replies, attempts and idempotency records are deleted, a task still running ends (its reply, when its call returns, is not saved), and a record of it that comes later is refused. Its quota charges stay. New messages to it get `410` (`conversation_erased`). Erasing it again answers `200` with nothing deleted */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -676,6 +680,10 @@ export interface operations {
             /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -694,6 +702,10 @@ export interface operations {
             /** @description An end user's token: a conversation is erased with the workspace's key (`forbidden`) */
             403: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -703,6 +715,10 @@ export interface operations {
             /** @description No such conversation in the caller's workspace */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -730,6 +746,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -750,6 +770,10 @@ export interface operations {
             /** @description The database cannot be reached; erasing again finishes the work */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -781,6 +805,10 @@ export interface operations {
             /** @description A page of the conversation's messages, oldest first, each with its replies */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -790,6 +818,10 @@ export interface operations {
             /** @description `after` is not a cursor this API gave, `limit` is not 1 to 100, or the query cannot be read (`invalid_query`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -808,6 +840,10 @@ export interface operations {
             /** @description No such conversation in the caller's workspace, or, for an end user's token, none of its user's (one is made by its first message sent through `POST /v1/replies`) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -835,6 +871,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -855,6 +895,10 @@ export interface operations {
             /** @description The database cannot be reached */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -879,6 +923,10 @@ export interface operations {
             /** @description The token: hand it to the user's browser, never the API key */
             201: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -888,6 +936,10 @@ export interface operations {
             /** @description The body is not JSON (`malformed_json`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -906,6 +958,10 @@ export interface operations {
             /** @description An end user's token: only the workspace's key makes tokens; or end-user tokens are off on this deployment (`api.end_user_token_key` unset) (`forbidden`) */
             403: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -933,6 +989,10 @@ export interface operations {
             /** @description The body is not sent as JSON (`unsupported_media_type`) */
             415: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -942,6 +1002,10 @@ export interface operations {
             /** @description A bad `user_id`, or `ttl_seconds` outside 1 to `api.end_user_token_max_ttl_seconds` (`invalid_body`; `fields` names it) */
             422: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -951,6 +1015,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -971,6 +1039,10 @@ export interface operations {
             /** @description The database cannot be reached */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -994,6 +1066,10 @@ export interface operations {
             /** @description Erased (again: nothing more to delete, all counts 0). The user's tokens issued so far are refused; a new token may be asked for and begins afresh */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1003,6 +1079,10 @@ export interface operations {
             /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1021,6 +1101,10 @@ export interface operations {
             /** @description An end user's token (`forbidden`) */
             403: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1030,6 +1114,10 @@ export interface operations {
             /** @description An empty `user_id` (no such route, `not_found`) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1057,6 +1145,10 @@ export interface operations {
             /** @description A bad `user_id` (`invalid_body`) */
             422: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1066,6 +1158,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1086,6 +1182,10 @@ export interface operations {
             /** @description The database cannot be reached; erasing again finishes the work */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1109,6 +1209,10 @@ export interface operations {
             /** @description Every token of the user issued before this is refused from now on (`401`) */
             204: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content?: never;
@@ -1116,6 +1220,10 @@ export interface operations {
             /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1134,6 +1242,10 @@ export interface operations {
             /** @description An end user's token (`forbidden`) */
             403: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1143,6 +1255,10 @@ export interface operations {
             /** @description An empty `user_id` (no such route, `not_found`) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1170,6 +1286,10 @@ export interface operations {
             /** @description A bad `user_id` (`invalid_body`) */
             422: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1179,6 +1299,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1199,6 +1323,10 @@ export interface operations {
             /** @description The database cannot be reached; revoking again is safe */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1219,6 +1347,10 @@ export interface operations {
             /** @description The caller's quota */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1228,6 +1360,10 @@ export interface operations {
             /** @description A request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1246,6 +1382,10 @@ export interface operations {
             /** @description An end user's token: the quota is read with the workspace's key (`forbidden`) */
             403: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1273,6 +1413,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1293,6 +1437,10 @@ export interface operations {
             /** @description The database cannot be reached */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1324,6 +1472,10 @@ export interface operations {
                     "Idempotent-Replayed"?: string;
                     /** @description The task's status URL */
                     Location?: string;
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1333,6 +1485,10 @@ export interface operations {
             /** @description No `Idempotency-Key`, one that is empty, over 255 bytes or not printable ASCII, or several different ones (`invalid_idempotency_key`); or a body that is not JSON (`malformed_json`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1351,6 +1507,10 @@ export interface operations {
             /** @description An end user's token, in a conversation that is not its user's (another user's, or one begun with the workspace's key); nothing was written */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1360,6 +1520,10 @@ export interface operations {
             /** @description The conversation (or its workspace) was erased: it takes no new messages (`conversation_erased`); nothing was written */
             410: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1387,6 +1551,10 @@ export interface operations {
             /** @description The body is not `application/json` */
             415: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1396,6 +1564,10 @@ export interface operations {
             /** @description The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, a request whose token ceiling is over its whole token quota, `context` from an end user's token where the workspace's `end_user_context` is `deny`, or `message` and `context` over `worker.max_prompt_bytes` with the workspace's system prompt (`outside_workspace_policy`; `fields` names them, `detail` the setting) */
             422: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1405,6 +1577,10 @@ export interface operations {
             /** @description New work over the workspace's quota of generations or of tokens, or, with an end user's token, over the user's share of it (`end_user_share_percent`; `Retry-After` the window's end) (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1425,6 +1601,10 @@ export interface operations {
             /** @description The database cannot be reached; retry with the same key */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1448,6 +1628,10 @@ export interface operations {
             /** @description The task */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1457,6 +1641,10 @@ export interface operations {
             /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1475,6 +1663,10 @@ export interface operations {
             /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1502,6 +1694,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1522,6 +1718,10 @@ export interface operations {
             /** @description The database cannot be reached */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1545,6 +1745,10 @@ export interface operations {
             /** @description The task is cancelled (by this request or an earlier one): no reply will come, a running call is cut short (its answer, if one still comes, is refused), its reservation is released, and its event stream ends with this status */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1554,6 +1758,10 @@ export interface operations {
             /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1572,6 +1780,10 @@ export interface operations {
             /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1581,6 +1793,10 @@ export interface operations {
             /** @description The task had already ended: its reply was saved before the cancel arrived, or it had failed (`task_finished`); nothing changed. Read the task for its reply */
             409: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1608,6 +1824,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1628,6 +1848,10 @@ export interface operations {
             /** @description The database cannot be reached; cancelling again is safe */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1654,6 +1878,10 @@ export interface operations {
             /** @description The current state at once, then each change of status or attempt (not every write: a lease renewal is no event); while an attempt runs, its text as the provider writes it (`delta` events: append each `text` to the text of its `assignment_version`), and a `withdrawn` event when that attempt's text will not be saved (then the next attempt's text starts from empty). A completed state carries the saved reply: show it in place of the text. The stream ends after a terminal state, or within 2 s of its API key's revocation (a reconnect then gets 401). Keep-alive comments every 15 s. The schema is that of each event */
             200: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1663,6 +1891,10 @@ export interface operations {
             /** @description The task id is not a UUID; on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1681,6 +1913,10 @@ export interface operations {
             /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1708,6 +1944,10 @@ export interface operations {
             /** @description The API key is over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1728,6 +1968,10 @@ export interface operations {
             /** @description The database cannot be reached */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1758,6 +2002,10 @@ export interface operations {
                     "Idempotent-Replayed"?: string;
                     /** @description The new task's status URL */
                     Location?: string;
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1767,6 +2015,10 @@ export interface operations {
             /** @description A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`); on any route, a request head the server cannot parse (`malformed_request`: a bad request line, or a header with a byte HTTP does not allow, named in the detail), or `Authorization` sent with different values (`invalid_authorization`); a path segment that is not UTF-8 once percent-decoded, or holds a NUL (`invalid_path`, the segment named in the detail); the credential is checked first, so without a valid one the answer is `401` (an end user's token on a route of the key `403`) */
             400: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1785,6 +2037,10 @@ export interface operations {
             /** @description No such task in the caller's workspace (for an end user's token, in its user's conversations) */
             404: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1794,6 +2050,10 @@ export interface operations {
             /** @description The task's conversation (or its workspace) was erased while this was asked (`conversation_erased`); nothing was written */
             410: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1821,6 +2081,10 @@ export interface operations {
             /** @description The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest), or the source's model or output bound is outside the workspace's policy now (`outside_workspace_policy`) */
             422: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1830,6 +2094,10 @@ export interface operations {
             /** @description New work over the workspace's quota of generations or of tokens, or, with an end user's token, over the user's share of it (`end_user_share_percent`; `Retry-After` the window's end) (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`) */
             429: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     /** @description Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again */
                     "Retry-After"?: string;
                     [name: string]: unknown;
@@ -1850,6 +2118,10 @@ export interface operations {
             /** @description The database cannot be reached; retry with the same key */
             503: {
                 headers: {
+                    /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
+                    RateLimit?: string;
+                    /** @description The bucket every caller has, `"caller";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted */
+                    "RateLimit-Policy"?: string;
                     [name: string]: unknown;
                 };
                 content: {

@@ -62,6 +62,10 @@ pub enum TokenError {
     )]
     KeyRevoked,
     #[error(
+        "the API key that asked for this end-user token has expired; get a new one from the product's backend"
+    )]
+    KeyExpired,
+    #[error(
         "the end-user token lives {lifetime} s, longer than the {max} s a token may (api.end_user_token_max_ttl_seconds)"
     )]
     TooLong { lifetime: i64, max: i64 },
@@ -175,12 +179,24 @@ pub fn verify(
     Ok(claims)
 }
 
+/// Where the API key that asked for a token stands now: a token lives no longer than its key,
+/// and its holder hears which end came (a revoked key is someone's decision, an expired one
+/// the calendar's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskingKey {
+    Live,
+    Revoked,
+    Expired,
+}
+
 impl Claims {
     /// Whether a verified token still stands: the user's `generation` now is the token's, and
-    /// the key that asked for it is live (`key_live`).
-    pub fn standing(&self, generation: i64, key_live: bool) -> Result<(), TokenError> {
-        if !key_live {
-            return Err(TokenError::KeyRevoked);
+    /// the key that asked for it is live.
+    pub fn standing(&self, generation: i64, key: AskingKey) -> Result<(), TokenError> {
+        match key {
+            AskingKey::Live => {}
+            AskingKey::Revoked => return Err(TokenError::KeyRevoked),
+            AskingKey::Expired => return Err(TokenError::KeyExpired),
         }
         if self.generation != generation {
             return Err(TokenError::Revoked);
@@ -250,7 +266,7 @@ mod tests {
             (claims.ws.as_str(), claims.sub.as_str(), claims.key.as_str()),
             ("acme", "user-a", "k1")
         );
-        assert_eq!(claims.standing(0, true), Ok(()));
+        assert_eq!(claims.standing(0, AskingKey::Live), Ok(()));
         assert_eq!(
             verify(&token, SECRET, NOW + 900, MAX),
             Err(TokenError::Expired(0))
@@ -269,8 +285,18 @@ mod tests {
             Err(TokenError::BadSignature)
         );
         let claims = verify(&token, SECRET, NOW, MAX).unwrap();
-        assert_eq!(claims.standing(4, true), Err(TokenError::Revoked));
-        assert_eq!(claims.standing(3, false), Err(TokenError::KeyRevoked));
+        assert_eq!(
+            claims.standing(4, AskingKey::Live),
+            Err(TokenError::Revoked)
+        );
+        assert_eq!(
+            claims.standing(3, AskingKey::Revoked),
+            Err(TokenError::KeyRevoked)
+        );
+        assert_eq!(
+            claims.standing(3, AskingKey::Expired),
+            Err(TokenError::KeyExpired)
+        );
         // The user's id swapped in the payload: the signature no longer covers it.
         let [header, _, signature]: [&str; 3] =
             token.split('.').collect::<Vec<_>>().try_into().unwrap();
