@@ -35,6 +35,7 @@ pub mod names {
     pub const COMMITS: &str = "replyd_offset_commits_total";
     pub const COMMIT_ERRORS: &str = "replyd_offset_commit_errors_total";
     pub const REBALANCES: &str = "replyd_rebalances_total";
+    pub const FETCH_RESTARTS: &str = "replyd_fetch_restarts_total";
     pub const DRAIN_LEFTOVERS: &str = "replyd_drain_cancelled_records_total";
     pub const CONSUMER_ERRORS: &str = "replyd_consumer_errors_total";
     pub const WATCHED_TASKS: &str = "replyd_watched_tasks";
@@ -142,6 +143,7 @@ pub const WORKER_METRICS: &[(&str, Kind)] = &[
     (COMMITS, Kind::Counter),
     (COMMIT_ERRORS, Kind::Counter),
     (REBALANCES, Kind::Counter),
+    (FETCH_RESTARTS, Kind::Counter),
     (DRAIN_LEFTOVERS, Kind::Counter),
     (CONSUMER_ERRORS, Kind::Counter),
     (WATCHED_TASKS, Kind::Gauge),

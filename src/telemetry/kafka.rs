@@ -84,6 +84,23 @@ pub fn rebalance(kind: &'static str, partitions: &[PartitionKey]) {
 
 /// A partition let go while paused for back-pressure. librdkafka keeps a partition's pause
 /// across assignments, so it is resumed when it comes back (see `kafka::consumer`).
+/// A partition sat still with records in Kafka past the next offset to read, unpaused, for
+/// two statistics reports (`replyd_core::fetch_watch`): its fetcher is restarted there. What
+/// librdkafka said of it is logged, so the stall can be explained.
+pub fn fetch_restarted(partition: &PartitionKey, from: i64, client: &str) {
+    tracing::warn!(
+        partition = partition.partition,
+        from,
+        client,
+        "partition not fetched while records wait; fetching restarted at the next offset"
+    );
+    counter!(FETCH_RESTARTS).increment(1);
+}
+
+pub fn fetch_restart_failed(partition: &PartitionKey, error: &dyn std::error::Error) {
+    tracing::warn!(partition = partition.partition, error = %chain(error), "fetch restart failed; the next report tries again");
+}
+
 pub fn released_while_paused(partition: &PartitionKey) {
     tracing::info!(partition = partition.partition, "released while paused");
 }

@@ -37,6 +37,7 @@ use crate::capacity::Weights;
 use crate::kafka::settings::{GroupProtocol, KafkaSettings};
 use crate::probes::Heartbeat;
 use crate::telemetry;
+use replyd_core::fetch_watch::{FetchWatch, Sighting, Verdict};
 use replyd_core::offsets::{InFlightOffsets, PartitionKey};
 use replyd_core::windows::{self, Offer, WindowLimits, Windows};
 
@@ -62,6 +63,10 @@ struct State {
     last_committed: HashMap<PartitionKey, i64>,
     /// Set at shutdown: no new records are taken.
     stopping: bool,
+    /// Partitions not fetched while records wait in Kafka ([`FetchWatch`]), and the fetch
+    /// restarts it asked for, with what the client said of each, for the poll loop to make.
+    fetch_watch: FetchWatch<PartitionKey>,
+    restarts: Vec<(PartitionKey, i64, String)>,
 }
 
 impl State {
@@ -71,6 +76,8 @@ impl State {
             windows: Windows::new(limits),
             last_committed: HashMap::new(),
             stopping: false,
+            fetch_watch: FetchWatch::default(),
+            restarts: Vec::new(),
         }
     }
 
@@ -173,6 +180,7 @@ impl Shared {
         for key in keys {
             state.offsets.assign(key.clone());
             state.last_committed.remove(key);
+            state.fetch_watch.forget(key);
             if let Some(old) = state.windows.assign(key.clone(), CancellationToken::new()) {
                 old.scope.cancel();
             }
@@ -227,6 +235,7 @@ impl Shared {
                 points.push((key.clone(), point));
             }
             state.last_committed.remove(key);
+            state.fetch_watch.forget(key);
             // No longer ours: its owner reports it now.
             telemetry::oldest_in_flight(key.partition, 0.0);
         }
@@ -436,6 +445,73 @@ impl Shared {
         }
     }
 
+    /// Judges one statistics report of an assigned partition ([`FetchWatch`]): a stalled one is
+    /// queued for a fetch restart at the next offset to read.
+    fn watch_fetch(&self, key: PartitionKey, report: &rdkafka::statistics::Partition) {
+        let mut state = self.lock();
+        if state.stopping || !state.windows.is_assigned(&key) {
+            return;
+        }
+        let ours = state
+            .offsets
+            .partition(&key)
+            .and_then(|p| p.next_to_read())
+            .unwrap_or(report.committed_offset);
+        let sighting = Sighting {
+            readable_end: if report.ls_offset >= 0 {
+                report.ls_offset
+            } else {
+                report.hi_offset
+            },
+            next_to_read: ours.max(report.app_offset),
+            paused: state.windows.is_paused(&key),
+            waiting: state.windows.waiting(&key),
+        };
+        if let Verdict::Stalled { from } = state.fetch_watch.observe(&key, sighting) {
+            let client = format!(
+                "fetch_state={} next_offset={} app_offset={} committed_offset={} hi_offset={} ls_offset={} fetchq_cnt={}",
+                report.fetch_state,
+                report.next_offset,
+                report.app_offset,
+                report.committed_offset,
+                report.hi_offset,
+                report.ls_offset,
+                report.fetchq_cnt
+            );
+            state.restarts.push((key, from, client));
+        }
+    }
+
+    /// Makes the fetch restarts the watch asked for: a seek to the next offset to read, which
+    /// restarts the partition's fetcher there (nothing past it was taken, so nothing is
+    /// skipped or read twice). One paused or given up since is left alone.
+    fn restart_fetches<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
+        let restarts = {
+            let mut state = self.lock();
+            if state.restarts.is_empty() {
+                return;
+            }
+            let restarts = std::mem::take(&mut state.restarts);
+            restarts
+                .into_iter()
+                .filter(|(key, _, _)| {
+                    state.windows.is_assigned(key) && !state.windows.is_paused(key)
+                })
+                .collect::<Vec<_>>()
+        };
+        for (key, from, client) in restarts {
+            telemetry::fetch_restarted(&key, from, &client);
+            if let Err(e) = consumer.seek(
+                &key.topic,
+                key.partition,
+                Offset::Offset(from),
+                Duration::ZERO,
+            ) {
+                telemetry::fetch_restart_failed(&key, &e);
+            }
+        }
+    }
+
     /// Commits every partition's done prefix that moved since the last commit.
     fn commit_progress<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, mode: CommitMode) {
         let points: Vec<(PartitionKey, i64)> = {
@@ -612,13 +688,19 @@ impl ClientContext for WorkerContext {
     }
 
     /// librdkafka's statistics (every `statistics.interval.ms`): the consumer lag of each
-    /// partition this worker is assigned.
+    /// partition this worker is assigned, and whether each is still fetched.
     fn stats(&self, statistics: rdkafka::Statistics) {
         let Some(topic) = statistics.topics.get(&self.topic) else {
             return;
         };
         let mut reported = self.lag_reported.lock().unwrap_or_else(|p| p.into_inner());
         for partition in topic.partitions.values().filter(|p| p.partition >= 0) {
+            if partition.desired {
+                self.shared.watch_fetch(
+                    PartitionKey::new(self.topic.as_str(), partition.partition),
+                    partition,
+                );
+            }
             let lag = partition
                 .desired
                 .then(|| {
@@ -799,6 +881,7 @@ pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
             None => {}
         }
         shared.apply_back_pressure(&consumer);
+        shared.restart_fetches(&consumer);
         if Instant::now() >= next_commit {
             // Now and then every point is sent again, moved or not: a commit whose failure
             // went unreported must not leave an idle partition behind for good.

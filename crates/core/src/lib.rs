@@ -9,6 +9,7 @@ pub mod api_key;
 pub mod domain;
 pub mod end_user;
 pub mod fair;
+pub mod fetch_watch;
 pub mod history;
 pub mod idempotency;
 pub mod lease;

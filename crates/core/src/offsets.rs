@@ -81,6 +81,12 @@ impl PartitionOffsets {
         self.in_flight.len()
     }
 
+    /// One past the last offset begun in this assignment: where reading goes on. None before
+    /// the first record.
+    pub fn next_to_read(&self) -> Option<i64> {
+        self.highest_begun.map(|h| h + 1)
+    }
+
     /// When the oldest record still in flight was begun: the lowest offset's, since offsets
     /// are begun in increasing order. It holds the commit point back, so its age is how long
     /// the partition's progress has waited.

@@ -262,6 +262,11 @@ where
         self.lanes.contains_key(key)
     }
 
+    /// Whether `key` is assigned and paused by [`Self::back_pressure`].
+    pub fn is_paused(&self, key: &K) -> bool {
+        self.lanes.get(key).is_some_and(|lane| lane.paused)
+    }
+
     /// The assigned partitions, by key.
     pub fn assigned(&self) -> impl Iterator<Item = &K> {
         self.lanes.keys()
