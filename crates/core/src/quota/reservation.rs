@@ -1,0 +1,107 @@
+//! The states of a quota reservation and how one is settled: the vocabulary the store writes
+//! to `quota_reservations.state`, kept apart from the policy that chooses among them so the
+//! store and the reconciler can name a state without the rules that pick it.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a reservation is. `Reserved` is the only state that changes, and only once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReservationState {
+    Reserved,
+    /// The task completed: one generation charged.
+    Charged,
+    /// The task ended without a charge (failed, when failures are not charged).
+    Released,
+    /// The TTL passed and the reconciler found no work that will ever complete.
+    Expired,
+}
+
+impl ReservationState {
+    /// Every state, as `quota_reservations.state`'s `CHECK` list holds them (a test holds the
+    /// two together); the match below fails to compile until a new variant is listed here too.
+    pub const ALL: [ReservationState; 4] = {
+        const fn listed(s: ReservationState) {
+            match s {
+                ReservationState::Reserved
+                | ReservationState::Charged
+                | ReservationState::Released
+                | ReservationState::Expired => {}
+            }
+        }
+        listed(ReservationState::Reserved);
+        [
+            ReservationState::Reserved,
+            ReservationState::Charged,
+            ReservationState::Released,
+            ReservationState::Expired,
+        ]
+    };
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReservationState::Reserved => "reserved",
+            ReservationState::Charged => "charged",
+            ReservationState::Released => "released",
+            ReservationState::Expired => "expired",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "reserved" => ReservationState::Reserved,
+            "charged" => ReservationState::Charged,
+            "released" => ReservationState::Released,
+            "expired" => ReservationState::Expired,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for ReservationState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a reservation is settled: the state it goes to, and whether it uses a unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    Charge,
+    Release,
+    Expire,
+}
+
+impl Settle {
+    pub fn state(self) -> ReservationState {
+        match self {
+            Settle::Charge => ReservationState::Charged,
+            Settle::Release => ReservationState::Released,
+            Settle::Expire => ReservationState::Expired,
+        }
+    }
+
+    /// Units this settlement adds to the window's `used`.
+    pub fn charged_units(self) -> i64 {
+        i64::from(self == Settle::Charge)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip() {
+        for state in [
+            ReservationState::Reserved,
+            ReservationState::Charged,
+            ReservationState::Released,
+            ReservationState::Expired,
+        ] {
+            assert_eq!(ReservationState::parse(state.as_str()), Some(state));
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! `[quota]` in the settings: what an operator writes, and the policy it makes. Kept apart
+//! from the rules so the settings' schema and defaults read in one place.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::policy::QuotaPolicy;
+
+/// Generation quotas (I8): the policy every workspace's reservations follow. Limits are per
+/// workspace (`replyd quota set`); a workspace without one is not limited, and its generations
+/// are still reserved and charged once.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotaSettings {
+    /// Whether a task that ends failed is charged (no reply, no charge by default).
+    pub charge_failed: bool,
+    /// Whether pending work holds capacity: admission counts open reservations, so a burst
+    /// cannot be admitted past the limit while its work is still queued.
+    pub pending_reserves: bool,
+    /// How long a reservation stays open before the reconciler decides it from the task (and
+    /// the provider). Must be longer than an API task's retry horizon
+    /// (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms) +
+    /// retry.refusal_budget_ms) plus the time a
+    /// record can wait for redelivery after its worker vanished (the group's session timeout,
+    /// worker.lease_ms and worker.drain_timeout_ms), or one crash could fail work that is only
+    /// waiting for the group to hand it on.
+    pub reservation_ttl_ms: u64,
+    /// A task can fail while the provider may have done its work: every answer was lost after
+    /// the request was sent, or a background operation was still running at
+    /// `provider.operation_max_wait_ms`. Its reservation is then not released as if nothing
+    /// ran: it stays open (holding capacity) until its TTL, while the reconciler asks the
+    /// provider where it can (a stored operation id: done is charged, gone is not). When
+    /// nothing can tell, `true` charges it (the provider may have billed the work) and `false`
+    /// releases it. Only when `charge_failed` is false (otherwise every failure is charged).
+    pub charge_unresolved: bool,
+}
+
+impl Default for QuotaSettings {
+    fn default() -> Self {
+        Self {
+            charge_failed: false,
+            pending_reserves: true,
+            reservation_ttl_ms: 60 * 60 * 1000,
+            charge_unresolved: true,
+        }
+    }
+}
+
+impl QuotaSettings {
+    pub fn policy(&self) -> QuotaPolicy {
+        QuotaPolicy {
+            charge_failed: self.charge_failed,
+            pending_reserves: self.pending_reserves,
+            reservation_ttl: Duration::from_millis(self.reservation_ttl_ms),
+            charge_unresolved: self.charge_unresolved,
+        }
+    }
+}
