@@ -234,13 +234,14 @@ async fn workspace_policy(
                 |text| match parse_count(text, "--max-output-tokens", "output tokens")? {
                     None => Ok(None),
                     Some(n)
-                        if (1..=i64::from(crate::api::replies::MAX_OUTPUT_TOKENS)).contains(&n) =>
+                        if (1..=i64::from(crate::api::reply_input::MAX_OUTPUT_TOKENS))
+                            .contains(&n) =>
                     {
                         Ok(Some(n as u32))
                     }
                     Some(n) => Err(format!(
                         "--max-output-tokens {n} is not between 1 and {}",
-                        crate::api::replies::MAX_OUTPUT_TOKENS
+                        crate::api::reply_input::MAX_OUTPUT_TOKENS
                     )),
                 },
             )

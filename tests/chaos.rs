@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use helpers::app::{TestApp, WorkerConfig};
 use helpers::{unique, wait_until};
 use prost::Message as _;
-use replyd::api::replies::Accepted;
+use replyd::api::reply_view::Accepted;
 use replyd_core::api_key::issue;
 use replyd_lab::mock_provider::MockSettings;
 use replyd_lab::produce::{demo_task, malformed_record, producer, publish};

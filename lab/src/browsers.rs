@@ -19,7 +19,7 @@ use clap::Args;
 use futures_util::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
 
-use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
+use replyd::api::reply_view::{Accepted, ReplyStatus, ReplyView};
 use replyd_core::domain::TaskId;
 
 #[derive(Debug, Clone, Args)]

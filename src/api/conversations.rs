@@ -21,7 +21,7 @@ use super::auth::{Caller, Workspace};
 use super::echo;
 use super::path::PathParam;
 use super::problem::{Problem, ProblemDetails, ProblemKind};
-use super::replies::ReplyView;
+use super::reply_view::ReplyView;
 use super::state::ApiState;
 
 /// Messages a page holds when the client does not say.

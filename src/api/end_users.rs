@@ -82,7 +82,7 @@ pub async fn create_token(
 ) -> Response {
     let KeyCaller { workspace, key_id } = caller;
     let made = async {
-        let asked: CreateToken = super::replies::parse_json(&state, &headers, body).await?;
+        let asked: CreateToken = super::json_body::parse_json(&state, &headers, body).await?;
         checked_user_id(&asked.user_id)?;
         let Some(sealing) = state.signing.sealing() else {
             return Err(Problem::new(

@@ -39,7 +39,7 @@ use super::auth::{Caller, EndUser};
 use super::changes::{LiveFollow, LiveHint, StatusFollow};
 use super::path::PathParam;
 use super::problem::ProblemDetails;
-use super::replies::ReplyView;
+use super::reply_view::ReplyView;
 use super::state::ApiState;
 use crate::store::Store;
 use crate::store::live::LivePiece;

@@ -10,7 +10,7 @@ use super::settings::ApiSettings;
 
 use super::problem::{Problem, ProblemKind};
 use super::state::ApiState;
-use super::{conversations, demo, end_users, events, openapi, quota, replies};
+use super::{conversations, demo, end_users, events, json_body, openapi, quota, replies};
 
 /// The API's routes, each documented in [`super::openapi`] (a test holds the two together).
 pub const ROUTES: [&str; 11] = [
@@ -312,7 +312,7 @@ async fn limit_headers(
     if let Some(declared) = declared
         && declared > limits.max_body_bytes as u64
     {
-        return replies::body_too_large(limits.max_body_bytes).into_response();
+        return json_body::body_too_large(limits.max_body_bytes).into_response();
     }
     next.run(request).await
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::helpers::TestDb;
 use crate::helpers::api::{self, Api};
-use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
+use replyd::api::reply_view::{Accepted, ReplyStatus, ReplyView};
 use replyd::api::settings::ApiSettings;
 use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd_core::api_key::issue;

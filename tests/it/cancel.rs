@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
+use replyd::api::reply_view::{Accepted, ReplyStatus, ReplyView};
 use replyd_lab::mock_provider::MockSettings;
 use serde_json::Value;
 

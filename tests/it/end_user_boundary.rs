@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use replyd::api::replies::Accepted;
+use replyd::api::reply_view::Accepted;
 use replyd::api::settings::ApiSettings;
 use replyd_core::api_key::issue;
 use replyd_core::end_user::{self, Issuer};

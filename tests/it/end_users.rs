@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use replyd::api::replies::Accepted;
+use replyd::api::reply_view::Accepted;
 use replyd::api::settings::ApiSettings;
 use replyd_core::quota::QuotaSettings;
 use reqwest::{Method, StatusCode};

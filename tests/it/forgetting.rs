@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use replyd::api::replies::ReplyStatus;
+use replyd::api::reply_view::ReplyStatus;
 use replyd::store::forgetting::ErasureScope;
 use replyd_core::domain::{RecordSource, TaskId, TaskSpec};
 use replyd_core::lease::ClaimOutcome;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::helpers::app::{TestApp, WorkerConfig};
 use crate::helpers::{api, wait_until};
 use replyd::api::ApiState;
-use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
+use replyd::api::reply_view::{Accepted, ReplyStatus, ReplyView};
 use replyd::api::settings::ApiSettings;
 use replyd_core::api_key::issue;
 use replyd_lab::mock_provider::MockSettings;

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use replyd::api::replies::{Accepted, ReplyStatus};
+use replyd::api::reply_view::{Accepted, ReplyStatus};
 use replyd::api::settings::ApiSettings;
 use replyd_core::domain::Role;
 use replyd_lab::mock_provider::MockSettings;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::helpers::app::{TestApp, WorkerConfig};
 use crate::helpers::{api, wait_until};
 use replyd::api::ApiState;
-use replyd::api::replies::{Accepted, ReplyView};
+use replyd::api::reply_view::{Accepted, ReplyView};
 use replyd::api::settings::ApiSettings;
 use replyd_lab::mock_provider::MockSettings;
 use serde_json::{Value, json};

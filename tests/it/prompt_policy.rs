@@ -7,7 +7,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::api::{self, Api};
-use replyd::api::replies::Accepted;
+use replyd::api::reply_view::Accepted;
 use replyd::api::settings::ApiSettings;
 use replyd::store::workspaces::PolicyChange;
 use replyd_core::prompt_policy::EndUserContext;

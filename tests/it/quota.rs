@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::helpers::TestDb;
 use crate::helpers::api::{self, Api};
-use replyd::api::replies::Accepted;
+use replyd::api::reply_view::Accepted;
 use replyd::api::settings::ApiSettings;
 use replyd_core::domain::TaskId;
 use replyd_core::lease::ClaimOutcome;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::helpers::provider::{request, start_mock, stats};
 use crate::helpers::{TestDb, api};
 use replyd::api::ApiState;
-use replyd::api::replies::Accepted;
+use replyd::api::reply_view::Accepted;
 use replyd::api::settings::ApiSettings;
 use replyd::provider::{
     BackgroundProvider, OpenAiResponsesProvider, OpenAiSettings, Provider, ProviderApi,

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use replyd::api::replies::{Accepted, ReplyStatus, ReplyView};
+use replyd::api::reply_view::{Accepted, ReplyStatus, ReplyView};
 use replyd::api::settings::ApiSettings;
 use replyd::api::{ApiState, IntakeLimits, serve};
 use replyd::store::Store;
