@@ -1,122 +1,19 @@
-//! The mock's background responses, kept pure: the book of responses and their states
-//! (`queued` → `in_progress` → `completed` or `failed`), the `Idempotency-Key` → response id
-//! map that makes a re-sent create find the first response instead of generating again (I6),
-//! the validation of a create body, and the JSON of a response object. The server module does
-//! the I/O (the spawned generation, the routes, the counters) around it.
-//!
-//! A response can be retrieved only within its retention after it ended (OpenAI keeps one
-//! about ten minutes unless stored): after it, the book forgets the response and its key, so a
-//! lookup is 404 and a client that waited too long has no recovery left. Time is a monotonic
-//! offset supplied by the caller.
-//!
-//! A response created with `stream: true` keeps every event of its stream, numbered from 0 by
-//! its `sequence_number`, as each step of its life records it: `response.created`, then
-//! `response.in_progress`, the output item and its text part opened, the text's deltas, their
-//! close, and `response.completed` (or `response.failed` at any point). That log is what lets a
-//! client whose connection broke resume with `starting_after` and lose nothing, as OpenAI's
-//! background streams do; it is forgotten with the response.
+//! The book of background responses: every response created and not yet forgotten, the
+//! `Idempotency-Key` → response id map that makes a re-sent create find the first response
+//! (I6), the retention after which an ended response is forgotten with its key, and each
+//! streamed response's numbered event log, recorded as each step of its life happens.
+//! Apart from the response object it records, which a plain retrieve answers too.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::behaviour::Fault;
-use super::stream::{Event, Part, StreamEnd};
+use super::object::{item_id, message_item, output_text, response_object};
+use super::state::{ResponseEntry, ResponseState};
+use crate::mock_provider::stream::{Event, Part, StreamEnd};
 
-/// The part of a `POST /v1/responses` body the mock reads; other fields (`store`, ...) are
-/// accepted and ignored, as OpenAI-compatible servers do.
-#[derive(Debug, Clone, Deserialize)]
-pub struct CreateRequest {
-    pub model: Option<String>,
-    pub input: Vec<InputMessage>,
-    pub background: Option<bool>,
-    /// Whether the create is answered with the response's event stream.
-    pub stream: Option<bool>,
-    /// Counted against a token limit (the reply itself is not cut to it).
-    pub max_output_tokens: Option<u32>,
-}
-
-impl CreateRequest {
-    pub fn streamed(&self) -> bool {
-        self.stream == Some(true)
-    }
-}
-
-/// One message of `input`; only the plain-string `content` form is served.
-#[derive(Debug, Clone, Deserialize)]
-pub struct InputMessage {
-    pub role: String,
-    pub content: String,
-}
-
-/// Reads a create body, naming the problem when it is not one the mock serves.
-pub fn parse_create(body: &[u8]) -> Result<CreateRequest, String> {
-    let request: CreateRequest =
-        serde_json::from_slice(body).map_err(|e| format!("invalid request body: {e}"))?;
-    if request.input.is_empty() {
-        return Err("'input' must contain at least one message".into());
-    }
-    if request.background != Some(true) {
-        return Err("'background' must be true: the mock serves background responses only".into());
-    }
-    Ok(request)
-}
-
-/// What a finished generation produced, as the response object reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Output {
-    pub text: String,
-    pub model: String,
-    pub input_tokens: u32,
-    pub output_tokens: u32,
-}
-
-/// Where a response is in its life.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ResponseState {
-    /// Created; its generation has not begun.
-    Queued,
-    /// Generating.
-    InProgress,
-    /// Done with a reply.
-    Completed(Output),
-    /// Ended without a reply; `message` says why (a server-side failure, e.g. shutdown).
-    Failed { message: String },
-}
-
-impl ResponseState {
-    /// The status as the API spells it.
-    pub fn status(&self) -> &'static str {
-        match self {
-            ResponseState::Queued => "queued",
-            ResponseState::InProgress => "in_progress",
-            ResponseState::Completed(_) => "completed",
-            ResponseState::Failed { .. } => "failed",
-        }
-    }
-
-    fn is_terminal(&self) -> bool {
-        matches!(
-            self,
-            ResponseState::Completed(_) | ResponseState::Failed { .. }
-        )
-    }
-}
-
-/// One response: the model asked for, and its state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResponseEntry {
-    pub model: String,
-    pub state: ResponseState,
-    /// The idempotency key it was created under, when keys are honoured (forgotten with it).
-    pub key: Option<String>,
-    /// The events of a response created with `stream: true`, each at its `sequence_number`;
-    /// `None` for one created without, which cannot be streamed.
-    pub events: Option<Vec<Event>>,
-}
-
+// The log's recording lives with the book that writes it; the entry itself is a leaf's.
 impl ResponseEntry {
     /// Appends an event to a streamed response's log, numbered by its place in it.
     fn record(&mut self, mut data: Value, part: Part) {
@@ -403,128 +300,10 @@ fn close_text(entry: &mut ResponseEntry, id: &str, text: &str) {
     );
 }
 
-/// The id of a response's one output item.
-fn item_id(id: &str) -> String {
-    format!("msg_{id}")
-}
-
-/// The response's one output item: an assistant message.
-fn message_item(id: &str, status: &str, content: Value) -> Value {
-    json!({
-        "type": "message",
-        "id": item_id(id),
-        "status": status,
-        "role": "assistant",
-        "content": content,
-    })
-}
-
-/// A text part of the output item.
-fn output_text(text: &str) -> Value {
-    json!({ "type": "output_text", "text": text, "annotations": [] })
-}
-
-/// Where a resumed stream starts: the `stream` and `starting_after` query parameters of
-/// `GET /v1/responses/{id}`. `None` for a plain retrieve; else the first sequence number to
-/// send. A value that is not one the API takes is named.
-pub fn parse_resume(query: &HashMap<String, String>) -> Result<Option<u64>, String> {
-    let streamed = match query.get("stream").map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(format!(
-                "Invalid value for 'stream': expected a boolean, got '{other}'."
-            ));
-        }
-    };
-    if !streamed {
-        return Ok(None);
-    }
-    match query.get("starting_after") {
-        None => Ok(Some(0)),
-        Some(after) => after
-            .parse::<u64>()
-            .map(|after| Some(after.saturating_add(1)))
-            .map_err(|_| {
-                format!("Invalid value for 'starting_after': expected an integer, got '{after}'.")
-            }),
-    }
-}
-
-/// OpenAI's refusal to stream a response that was not created streaming.
-pub fn not_streamable_body() -> Value {
-    json!({
-        "error": {
-            "message": "This response cannot be streamed because it was not created with stream=true.",
-            "type": "invalid_request_error",
-            "param": "stream",
-            "code": "invalid_request_error",
-        }
-    })
-}
-
-/// After how many deltas a streamed response's generation fails under `fault`: a stream error
-/// fails the response itself (`response.failed`), as a server error mid-generation does.
-pub fn generation_failure(fault: Fault) -> Option<usize> {
-    match fault {
-        Fault::StreamError { after_chunks, .. } => Some(after_chunks),
-        _ => None,
-    }
-}
-
-/// The fault a streamed response's connection gets: a cut or a stall breaks the connection
-/// only (the response goes on in the background, to be resumed); a stream error is the
-/// response's (at its create, [`generation_failure`]; a resume only reads it), not the
-/// connection's.
-pub fn connection_fault(fault: Fault) -> Fault {
-    match fault {
-        Fault::StreamError { .. } => Fault::None,
-        fault => fault,
-    }
-}
-
-/// The response object the API answers for `entry`.
-pub fn response_object(id: &str, entry: &ResponseEntry) -> Value {
-    let (model, output, usage, error) = match &entry.state {
-        ResponseState::Completed(out) => (
-            out.model.as_str(),
-            json!([message_item(
-                id,
-                "completed",
-                json!([output_text(&out.text)])
-            )]),
-            json!({
-                "input_tokens": out.input_tokens,
-                "output_tokens": out.output_tokens,
-                "total_tokens": out.input_tokens + out.output_tokens,
-            }),
-            Value::Null,
-        ),
-        ResponseState::Failed { message } => (
-            entry.model.as_str(),
-            json!([]),
-            Value::Null,
-            json!({ "code": "server_error", "message": message }),
-        ),
-        ResponseState::Queued | ResponseState::InProgress => {
-            (entry.model.as_str(), json!([]), Value::Null, Value::Null)
-        }
-    };
-    json!({
-        "id": id,
-        "object": "response",
-        "status": entry.state.status(),
-        "background": true,
-        "model": model,
-        "output": output,
-        "usage": usage,
-        "error": error,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mock_provider::background::state::Output;
 
     fn output(text: &str) -> Output {
         Output {
@@ -626,66 +405,6 @@ mod tests {
             book.create(Some("k"), false, "m", false, t),
             Creation::New("resp_5".into())
         );
-    }
-
-    #[test]
-    fn the_response_object_shows_output_only_when_completed() {
-        let mut entry = ResponseEntry {
-            model: "asked".into(),
-            state: ResponseState::Queued,
-            key: None,
-            events: None,
-        };
-        let queued = response_object("resp_1", &entry);
-        assert_eq!(queued["status"], "queued");
-        assert_eq!(queued["output"], json!([]));
-        assert_eq!(queued["usage"], Value::Null);
-
-        entry.state = ResponseState::Completed(output("hello"));
-        let done = response_object("resp_1", &entry);
-        assert_eq!(done["status"], "completed");
-        assert_eq!(done["output"][0]["content"][0]["text"], "hello");
-        assert_eq!(done["usage"]["output_tokens"], 1);
-
-        entry.state = ResponseState::Failed {
-            message: "down".into(),
-        };
-        let failed = response_object("resp_1", &entry);
-        assert_eq!(failed["status"], "failed");
-        assert_eq!(failed["error"]["code"], "server_error");
-    }
-
-    #[test]
-    fn create_bodies_are_refused_with_the_problem_named() {
-        let cases = [
-            ("{not json", "invalid request body"),
-            (r#"{"background":true}"#, "missing field `input`"),
-            (r#"{"input":[],"background":true}"#, "'input' must contain"),
-            (
-                r#"{"input":"hi","background":true}"#,
-                "invalid type: string",
-            ),
-            (
-                r#"{"input":[{"role":"user","content":"hi"}]}"#,
-                "'background' must be true",
-            ),
-        ];
-        for (body, problem) in cases {
-            let error = parse_create(body.as_bytes()).unwrap_err();
-            assert!(error.contains(problem), "{body}: {error}");
-        }
-        let ok = parse_create(
-            br#"{"model":"m","input":[{"role":"user","content":"hi"}],"background":true,
-                "max_output_tokens":5}"#,
-        )
-        .unwrap();
-        assert_eq!(ok.input[0].content, "hi");
-        assert!(!ok.streamed());
-        let streamed = parse_create(
-            br#"{"input":[{"role":"user","content":"hi"}],"background":true,"stream":true}"#,
-        )
-        .unwrap();
-        assert!(streamed.streamed());
     }
 
     fn data(event: &Event) -> Value {
@@ -802,51 +521,5 @@ mod tests {
         assert_eq!(book.get(&plain, t).unwrap().events, None);
         assert_eq!(book.replay(&plain, 0, t), Replay::NotStreamed);
         assert_eq!(book.replay("resp_404", 0, t), Replay::Unknown);
-    }
-
-    #[test]
-    fn a_resume_is_asked_with_stream_and_starting_after() {
-        let query = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect()
-        };
-        assert_eq!(parse_resume(&query(&[])), Ok(None));
-        assert_eq!(parse_resume(&query(&[("stream", "false")])), Ok(None));
-        assert_eq!(parse_resume(&query(&[("stream", "true")])), Ok(Some(0)));
-        assert_eq!(
-            parse_resume(&query(&[("stream", "true"), ("starting_after", "7")])),
-            Ok(Some(8))
-        );
-        assert!(
-            parse_resume(&query(&[("stream", "true"), ("starting_after", "-1")]))
-                .unwrap_err()
-                .contains("starting_after")
-        );
-        assert!(
-            parse_resume(&query(&[("stream", "yes")]))
-                .unwrap_err()
-                .contains("'stream'")
-        );
-        assert_eq!(
-            not_streamable_body()["error"]["type"],
-            "invalid_request_error"
-        );
-    }
-
-    #[test]
-    fn a_stream_error_fails_the_response_while_a_cut_breaks_only_the_connection() {
-        let error = Fault::StreamError {
-            after_chunks: 2,
-            status: 500,
-        };
-        assert_eq!(generation_failure(error), Some(2));
-        assert_eq!(connection_fault(error), Fault::None);
-        let cut = Fault::StreamCut { after_chunks: 2 };
-        assert_eq!(generation_failure(cut), None);
-        assert_eq!(connection_fault(cut), cut);
-        assert_eq!(generation_failure(Fault::DropAfterWork), None);
-        assert_eq!(connection_fault(Fault::DropAfterWork), Fault::DropAfterWork);
     }
 }
