@@ -94,6 +94,26 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Make a database restored to a point in time safe to run on: make again every erasure
+    /// logged since that point (database.erasure_log_url), then move the group's committed
+    /// offsets back to the first record written at or after it, so the tasks the restore lost
+    /// are read again. Stop every worker first (Kafka moves a group's offsets only while it
+    /// has no member), start them after. See OPERATIONS "Backup and restore".
+    #[command(
+        after_help = "Exit codes: 0 done (or, with --dry-run, counted); 1 could not read or write (run it again: each step is safe to repeat)."
+    )]
+    AfterRestore {
+        /// The restore's target time (RFC 3339), or a little earlier: the database holds
+        /// nothing written after it.
+        #[arg(long)]
+        restored_to: chrono::DateTime<chrono::Utc>,
+        /// Say what would be done; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Apply the database migrations (database.url) and exit.
     Migrate,
     /// Ask this machine's replyd process whether it is alive (`/healthz` on

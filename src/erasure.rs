@@ -6,6 +6,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use crate::config::Settings;
+use crate::store::erasure_log::Erasure;
 use crate::store::forgetting::{Erased, ErasurePlan, ErasureScope};
 use crate::store::{Store, StoreError};
 
@@ -95,11 +96,32 @@ pub async fn run(
 }
 
 /// Erases `scope` and counts the tasks it forgot: the one erasure of the operator's command and
-/// of the API's `DELETE /v1/conversations/{id}`.
+/// of the API's `DELETE /v1/conversations/{id}`. Logged first (`database.erasure_log_url`), so
+/// a restore cannot undo it for good.
 pub async fn erase(store: &Store, scope: &ErasureScope) -> Result<Erased, StoreError> {
+    store.log_erasure(&Erasure::Scope(scope.clone())).await?;
+    carry_out(store, scope).await
+}
+
+/// Erases `scope`, already logged (or made again from the log).
+async fn carry_out(store: &Store, scope: &ErasureScope) -> Result<Erased, StoreError> {
     let erased = store.erase(scope).await?;
     crate::telemetry::tasks_forgotten("erasure", erased.forgotten.tasks);
     Ok(erased)
+}
+
+/// Makes a logged erasure again, as it was first made, without logging it twice: after a
+/// restore (`replyd after-restore`).
+pub async fn make_again(store: &Store, erasure: &Erasure) -> Result<Erased, StoreError> {
+    match erasure {
+        Erasure::Scope(scope) => carry_out(store, scope).await,
+        Erasure::EndUser {
+            workspace_id,
+            user_id,
+        } => Ok(erase_end_user_logged(store, workspace_id, user_id)
+            .await?
+            .erased),
+    }
 }
 
 /// Most rounds of an end user's erasure: each erases the conversations the user has, and a
@@ -124,6 +146,22 @@ pub async fn erase_end_user(
     workspace: &str,
     user: &str,
 ) -> Result<ErasedEndUser, StoreError> {
+    store
+        .log_erasure(&Erasure::EndUser {
+            workspace_id: workspace.to_owned(),
+            user_id: user.to_owned(),
+        })
+        .await?;
+    erase_end_user_logged(store, workspace, user).await
+}
+
+/// [`erase_end_user`] once its entry is in the log: each conversation is part of it, not an
+/// entry of its own.
+async fn erase_end_user_logged(
+    store: &Store,
+    workspace: &str,
+    user: &str,
+) -> Result<ErasedEndUser, StoreError> {
     store.revoke_end_user(workspace, user).await?;
     let mut done = ErasedEndUser::default();
     for _ in 0..END_USER_ROUNDS {
@@ -136,7 +174,7 @@ pub async fn erase_end_user(
                 workspace_id: workspace.to_owned(),
                 conversation_id: Some(conversation),
             };
-            done.erased.add(erase(store, &scope).await?);
+            done.erased.add(carry_out(store, &scope).await?);
             done.conversations += 1;
         }
     }

@@ -19,6 +19,7 @@ pub mod provider;
 pub mod reach;
 pub mod reconcile;
 pub mod relay;
+pub mod restore;
 pub mod retries;
 pub mod serve;
 pub mod sqs;

@@ -127,6 +127,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{report}");
             }
         }
+        Command::AfterRestore {
+            restored_to,
+            dry_run,
+            json,
+        } => {
+            let report = replyd::restore::run(&settings()?, restored_to, dry_run).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!("{report}");
+            }
+        }
         Command::Erase {
             workspace,
             conversation,

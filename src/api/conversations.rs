@@ -233,7 +233,7 @@ pub struct ErasedConversation {
         (status = 200, description = "The conversation is erased: its messages, tasks, replies, attempts and idempotency records are deleted, a task still running ends (its reply, when its call returns, is not saved), and a record of it that comes later is refused. Its quota charges stay. New messages to it get `410` (`conversation_erased`). Erasing it again answers `200` with nothing deleted", body = ErasedConversation),
         (status = 403, description = "An end user's token: a conversation is erased with the workspace's key (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "No such conversation in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot be reached; erasing again finishes the work", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
 )]

@@ -235,7 +235,7 @@ pub struct ErasedEndUser {
         (status = 403, description = "An end user's token (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "An empty `user_id` (no such route, `not_found`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "A bad `user_id` (`invalid_body`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot be reached; erasing again finishes the work", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
 )]

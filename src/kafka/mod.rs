@@ -1,8 +1,10 @@
 //! What every Kafka client of replyd shares: its settings ([`settings`]), the client context
-//! that routes librdkafka's logs ([`KafkaLogs`]), and the dead-letter producer. The group
-//! consumer is the worker's (`crate::worker::consumer`).
+//! that routes librdkafka's logs ([`KafkaLogs`]), the dead-letter producer, and the group's
+//! offsets moved back after a restore ([`rewind`]). The group consumer is the worker's
+//! (`crate::worker::consumer`).
 
 pub mod dead_letter;
+pub mod rewind;
 pub mod settings;
 
 /// The client context of replyd's producers: librdkafka's logs and errors go through

@@ -22,4 +22,8 @@ pub enum StoreError {
     Batch(String),
     #[error("migration failed: {0}")]
     Migration(#[from] refinery::Error),
+    /// The erasure log could not be written or read: the erasure is not made (or not made
+    /// again) until it can be.
+    #[error("the erasure log at {target} (database.erasure_log_url): {reason}")]
+    ErasureLog { target: String, reason: String },
 }

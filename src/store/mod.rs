@@ -22,6 +22,8 @@
 //! - [`forgetting`]: retention and erasure, and the forgotten tasks' ids (V21).
 //! - [`conversations`]: a conversation's messages in order, with their tasks (V22).
 //! - [`cancels`]: Stop, an open task ended `cancelled` (V23).
+//! - [`erasure_log`]: every erasure asked for, in a database apart, for after a restore
+//!   (its sessions are `log_sessions`').
 
 pub mod cancels;
 pub mod capacity;
@@ -29,7 +31,9 @@ mod claims;
 mod completions;
 pub mod conversations;
 pub mod end_users;
+pub mod erasure_log;
 mod error;
+mod log_sessions;
 mod fence;
 pub mod forgetting;
 mod gather;
@@ -73,6 +77,8 @@ pub struct Store {
     renewer: Option<std::sync::Arc<renewals::LeaseRenewer>>,
     /// Set by [`Store::batching_claims`].
     claimer: Option<std::sync::Arc<claims::ClaimBatcher>>,
+    /// The erasure log's sessions, when `database.erasure_log_url` is set.
+    erasure_log: Option<log_sessions::LogSessions>,
 }
 
 impl Store {
@@ -83,6 +89,7 @@ impl Store {
             batcher: None,
             renewer: None,
             claimer: None,
+            erasure_log: log_sessions::sessions(settings)?,
         })
     }
 

@@ -56,6 +56,12 @@ pub struct DatabaseSettings {
     /// instead of one transaction per call per interval: what makes a short `worker.lease_ms`
     /// cheap. Each row is guarded and answered on its own.
     pub batch_renewals: bool,
+    /// A PostgreSQL URL for the erasure log, in a cluster apart from `url`'s (empty: off).
+    /// Every erasure asked for is written there before it is carried out, so one made after
+    /// a backup's restore point can be made again after a restore (`replyd after-restore`):
+    /// a restored database would otherwise hold what was erased. See OPERATIONS "Backup and
+    /// restore".
+    pub erasure_log_url: Secret,
 }
 
 impl Default for DatabaseSettings {
@@ -74,6 +80,7 @@ impl Default for DatabaseSettings {
             batch_max_rows: 64,
             batch_claims: true,
             batch_renewals: true,
+            erasure_log_url: Secret::new(""),
         }
     }
 }

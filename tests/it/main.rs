@@ -34,6 +34,7 @@ mod provider_streams;
 mod quota;
 mod reconcile;
 mod refusals;
+mod restore;
 mod rollback;
 mod secrets;
 mod sqs;

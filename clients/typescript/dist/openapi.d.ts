@@ -766,7 +766,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The database cannot be reached; erasing again finishes the work */
+            /** @description The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work */
             503: {
                 headers: {
                     /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
@@ -1178,7 +1178,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ProblemDetails"];
                 };
             };
-            /** @description The database cannot be reached; erasing again finishes the work */
+            /** @description The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work */
             503: {
                 headers: {
                     /** @description Where this caller stands, `"caller";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy` */
