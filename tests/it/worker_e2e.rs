@@ -564,8 +564,11 @@ async fn rebalance_one_two_one(protocol: &'static str) {
         ..WorkerConfig::default()
     };
     let app = TestApp::start(4, key_honouring_mock(200), config).await;
+    // Half before w1 starts, half once w2 holds partitions: on a loaded machine w1 can read
+    // every partition to its end before w2 has joined, and w2 must find work of its own.
     let all = demo_tasks(120, 24);
-    app.produce_tasks(&all, 1).await;
+    let (first, second) = all.split_at(60);
+    app.produce_tasks(first, 1).await;
     app.spawn_worker("w1");
 
     let client = app.db.raw_client().await;
@@ -589,6 +592,8 @@ async fn rebalance_one_two_one(protocol: &'static str) {
     })
     .await;
     app.spawn_worker("w2");
+    app.wait_until_assigned(&["w1", "w2"]).await;
+    app.produce_tasks(second, 1).await;
     wait_until("w2 took partitions and completed tasks", LIMIT, || async {
         completed_by("w2").await >= 5
     })
