@@ -165,14 +165,7 @@ impl Modify for EveryRouteRefusals {
             } else {
                 ANY_ROUTE_BAD_REQUEST.to_owned()
             };
-            let operations = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-            ];
-            for operation in operations.into_iter().flatten() {
+            for operation in operations(item) {
                 let responses = &mut operation.responses.responses;
                 match responses.get_mut("400") {
                     Some(RefOr::T(own)) => {
@@ -228,14 +221,7 @@ impl Modify for RateLimitHeaders {
             )
         };
         for item in openapi.paths.paths.values_mut() {
-            let operations = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-            ];
-            for operation in operations.into_iter().flatten() {
+            for operation in operations(item) {
                 for (status, answer) in operation.responses.responses.iter_mut() {
                     let RefOr::T(answer) = answer else { continue };
                     if NO_CALLER.contains(&status.as_str()) {
@@ -257,6 +243,21 @@ impl Modify for RateLimitHeaders {
             }
         }
     }
+}
+
+/// The operations of a route, whichever methods it takes.
+fn operations(
+    item: &mut utoipa::openapi::PathItem,
+) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.patch,
+    ]
+    .into_iter()
+    .flatten()
 }
 
 /// The document as pretty JSON with a final newline, byte for byte what `docs/openapi.json`
