@@ -13,6 +13,28 @@ mod embedded {
     refinery::embed_migrations!("migrations");
 }
 
+#[cfg(test)]
+mod rules;
+
+/// An index built `CONCURRENTLY` after refinery's run, outside any transaction: how a migration
+/// gets an index on a table that already holds rows (docs/OPERATIONS.md, "Long migrations").
+/// refinery runs each migration in a transaction, where PostgreSQL refuses `CONCURRENTLY`, and
+/// a plain `CREATE INDEX` stops every writer of the table for the whole build.
+#[derive(Debug, Clone, Copy)]
+pub struct ConcurrentIndex {
+    /// The migration after which it is built: the one that made what it indexes.
+    pub after: i32,
+    pub name: &'static str,
+    pub unique: bool,
+    /// What follows the name: `ON table (columns) [WHERE ...]`.
+    pub on: &'static str,
+}
+
+/// The indexes built after the migrations, in order. A migration that needs one adds it here
+/// (and says so in its opening comment); code that relies on the index must do without it
+/// until it is valid (the build may still run, or have failed and wait for the next migrate).
+pub const CONCURRENT_INDEXES: &[ConcurrentIndex] = &[];
+
 /// Advisory lock key of migrations ("replyd" in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x7265_706c_7964;
 
@@ -56,6 +78,8 @@ pub async fn run_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, 
     // right for a gap in this binary's own, wrong for a later release's expansions.
     let runner = runner.set_abort_missing(matches!(fit, Fit::Known));
     let report = runner.run_async(&mut client).await?;
+    let applied = applied_versions(&mut client, &runner).await?;
+    build_indexes(&client, CONCURRENT_INDEXES, &applied).await?;
     drop(client);
     // The connection task ends when the client is dropped; its result carries no information
     // beyond what the migration already returned.
@@ -65,6 +89,83 @@ pub async fn run_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, 
         .iter()
         .map(|m| m.to_string())
         .collect())
+}
+
+/// Builds `indexes` as [`CONCURRENT_INDEXES`] are built after the migrations, under the
+/// migration lock; returns the names of those it built. For the tests of the build itself; the
+/// service builds its own list in [`run_migrations`].
+pub async fn build_concurrent_indexes(
+    settings: &DatabaseSettings,
+    indexes: &[ConcurrentIndex],
+) -> Result<Vec<&'static str>, StoreError> {
+    let (mut client, connection) = session(settings).await?;
+    lock(&client).await?;
+    let runner = embedded::migrations::runner();
+    let applied = applied_versions(&mut client, &runner).await?;
+    let built = build_indexes(&client, indexes, &applied).await;
+    drop(client);
+    let _ = connection.await;
+    built
+}
+
+/// Builds each index of `indexes` whose migration is applied and which is not there and valid
+/// yet: `CREATE INDEX CONCURRENTLY`, which lets writers go on, with no statement or lock timeout
+/// (a build on a large table takes minutes, and first waits for the transactions open on the
+/// table; the lock it waits for stops no writer). A build that failed before (a duplicate under
+/// a unique index, a cancel, a crash) left an INVALID index, which PostgreSQL keeps updating but
+/// never reads: it is dropped and built again. Idempotent: run at every migrate.
+async fn build_indexes(
+    client: &tokio_postgres::Client,
+    indexes: &[ConcurrentIndex],
+    applied: &[i32],
+) -> Result<Vec<&'static str>, StoreError> {
+    let mut built = Vec::new();
+    let mut unbounded = false;
+    for index in indexes.iter().filter(|i| applied.contains(&i.after)) {
+        let valid: Option<bool> = client
+            .query_one(
+                "SELECT (SELECT i.indisvalid FROM pg_index i \
+                          WHERE i.indexrelid = to_regclass($1::text))",
+                &[&index.name],
+            )
+            .await?
+            .get(0);
+        if valid == Some(true) {
+            continue;
+        }
+        if !unbounded {
+            client
+                .batch_execute("SET statement_timeout = 0; SET lock_timeout = 0")
+                .await?;
+            unbounded = true;
+        }
+        if valid == Some(false) {
+            tracing::warn!(
+                index = index.name,
+                "an earlier build of this index failed and left it invalid; building it again"
+            );
+            client
+                .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {}", index.name))
+                .await?;
+        }
+        tracing::info!(index = index.name, "building an index concurrently");
+        let started = Instant::now();
+        client
+            .batch_execute(&format!(
+                "CREATE {}INDEX CONCURRENTLY IF NOT EXISTS {} {}",
+                if index.unique { "UNIQUE " } else { "" },
+                index.name,
+                index.on
+            ))
+            .await?;
+        tracing::info!(
+            index = index.name,
+            seconds = started.elapsed().as_secs_f64(),
+            "index built"
+        );
+        built.push(index.name);
+    }
+    Ok(built)
 }
 
 /// The migrations this build has that the schema lacks, by name (`V19__...`): what a process
@@ -200,5 +301,59 @@ async fn lock(client: &tokio_postgres::Client) -> Result<(), StoreError> {
             told = true;
         }
         tokio::time::sleep(LOCK_POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The newest migration written before the rules of `rules` (long migrations). Those up to
+    /// it are applied in the field and refinery keeps their checksums, so they stay as they are
+    /// (V20's index and V22's backfill among them); every migration after it keeps the rules.
+    const WRITTEN_BEFORE_THE_RULES: i32 = 36;
+
+    #[test]
+    fn migrations_written_from_now_on_keep_to_the_rules_of_long_migrations() {
+        let migrations = embedded::migrations::runner().get_migrations().to_vec();
+        assert!(
+            migrations
+                .iter()
+                .any(|m| m.version() == WRITTEN_BEFORE_THE_RULES),
+            "the last migration exempt from the rules is one of the migrations"
+        );
+        let refused: Vec<String> = migrations
+            .iter()
+            .filter(|m| m.version() > WRITTEN_BEFORE_THE_RULES)
+            .flat_map(|m| {
+                rules::check(m.sql().unwrap_or_default())
+                    .into_iter()
+                    .map(move |r| format!("{m}: `{}`: {}", r.statement, r.why))
+            })
+            .collect();
+        assert!(refused.is_empty(), "{}", refused.join("\n"));
+    }
+
+    #[test]
+    fn every_index_built_concurrently_follows_a_migration_and_has_a_plain_name() {
+        let versions: Vec<i32> = embedded::migrations::runner()
+            .get_migrations()
+            .iter()
+            .map(|m| m.version())
+            .collect();
+        for index in CONCURRENT_INDEXES {
+            assert!(versions.contains(&index.after), "{index:?}");
+            assert!(
+                index
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{index:?}"
+            );
+            assert!(
+                index.on.trim_start().to_lowercase().starts_with("on "),
+                "{index:?}"
+            );
+        }
     }
 }

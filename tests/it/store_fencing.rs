@@ -1376,3 +1376,99 @@ async fn a_round_of_live_pieces_writes_only_running_attempts_and_announces_them_
         .unwrap();
     assert_eq!(stored.len(), 3);
 }
+
+#[tokio::test]
+async fn an_index_built_after_the_migrations_is_built_concurrently_and_a_failed_build_again() {
+    // An index on a table that holds rows is built CONCURRENTLY after refinery's run, outside
+    // any transaction and with no statement timeout: a build that takes longer than the
+    // session's timeout finishes. One that failed (a duplicate under a unique index) left an
+    // invalid index; the next migrate drops it and builds it again, and later ones find it
+    // there. An index whose migration is not applied is not built.
+    use replyd::store::migrate::{ConcurrentIndex, build_concurrent_indexes};
+    let db = TestDb::with(|s| s.statement_timeout_ms = 300).await;
+    let client = db.raw_client().await;
+    // Each row takes 50 ms to index: a build of 20 rows scans for a second, twice.
+    client
+        .batch_execute(
+            "SET statement_timeout = 0;
+             CREATE FUNCTION slow_key(k integer) RETURNS integer IMMUTABLE LANGUAGE sql
+                 AS 'SELECT k FROM pg_sleep(0.05)';
+             CREATE TABLE indexed (k integer NOT NULL);
+             INSERT INTO indexed SELECT g % 19 FROM generate_series(1, 20) g;
+             RESET statement_timeout;",
+        )
+        .await
+        .unwrap();
+    let plain = client
+        .batch_execute("CREATE INDEX indexed_plain ON indexed (slow_key(k))")
+        .await
+        .expect_err("a build longer than the statement timeout fails in the session");
+    assert!(
+        format!("{plain:?}").contains("statement timeout"),
+        "{plain:?}"
+    );
+    const INDEXES: &[ConcurrentIndex] = &[
+        ConcurrentIndex {
+            after: 1,
+            name: "indexed_by_slow_key",
+            unique: true,
+            on: "ON indexed (slow_key(k))",
+        },
+        ConcurrentIndex {
+            after: 100_000,
+            name: "indexed_not_yet",
+            unique: false,
+            on: "ON indexed (k)",
+        },
+    ];
+    let valid = async |name: &str| -> Option<bool> {
+        client
+            .query_one(
+                "SELECT (SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1))",
+                &[&name],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
+
+    let failed = build_concurrent_indexes(&db.settings, INDEXES)
+        .await
+        .expect_err("a duplicate fails the unique build");
+    assert!(format!("{failed:?}").contains("duplicate"), "{failed:?}");
+    assert_eq!(
+        valid("indexed_by_slow_key").await,
+        Some(false),
+        "left invalid"
+    );
+    // While it is invalid, writers go on.
+    client
+        .execute("INSERT INTO indexed VALUES (100)", &[])
+        .await
+        .unwrap();
+
+    client
+        .execute("DELETE FROM indexed WHERE k = 1", &[])
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let built = build_concurrent_indexes(&db.settings, INDEXES)
+        .await
+        .expect("the build after the failed one");
+    assert!(
+        started.elapsed() > Duration::from_millis(300),
+        "longer than the timeout"
+    );
+    assert_eq!(built, ["indexed_by_slow_key"]);
+    assert_eq!(valid("indexed_by_slow_key").await, Some(true));
+    assert_eq!(
+        valid("indexed_not_yet").await,
+        None,
+        "its migration is not applied"
+    );
+
+    let again = build_concurrent_indexes(&db.settings, INDEXES)
+        .await
+        .expect("a later migrate");
+    assert_eq!(again, Vec::<&str>::new(), "nothing to build");
+}
