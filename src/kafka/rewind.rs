@@ -36,14 +36,14 @@ pub enum RewindError {
         what: &'static str,
         topic: String,
         bootstrap: String,
-        error: rdkafka::error::KafkaError,
+        error: Box<rdkafka::error::KafkaError>,
     },
     #[error(
         "committing the offsets of group {group} (kafka.group_id): {error}; Kafka takes them only while the group has no member: stop every worker of the group first"
     )]
     Commit {
         group: String,
-        error: rdkafka::error::KafkaError,
+        error: Box<rdkafka::error::KafkaError>,
     },
 }
 
@@ -61,7 +61,7 @@ pub fn rewind(
             what,
             topic,
             bootstrap,
-            error,
+            error: Box::new(error),
         }
     };
     let consumer: BaseConsumer = kafka
@@ -123,7 +123,7 @@ pub fn rewind(
         .commit(&moves, CommitMode::Sync)
         .map_err(|error| RewindError::Commit {
             group: kafka.group_id.clone(),
-            error,
+            error: Box::new(error),
         })?;
     Ok(rewound)
 }
