@@ -7,8 +7,8 @@
 use std::process::Command;
 
 use super::render::{
-    KUBERNETES_VERSION, chart, config_of, example_values, object, render, rendered, renderings,
-    run, scratch, str_of, text,
+    KUBERNETES_VERSION, chart, config_of, example_values, object, of_kind, render, rendered,
+    renderings, run, scratch, str_of, text,
 };
 use crate::helpers::infra;
 
@@ -470,4 +470,41 @@ fn the_api_is_reached_from_outside_scaled_on_its_cpu_and_every_part_spread_over_
         str_of(&ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"]),
         "replyd-serve"
     );
+}
+
+/// The erasure log's URL is a secret every process reads when it is named, as the database's
+/// is; unnamed, no process is told of one.
+#[test]
+fn the_erasure_log_s_url_reaches_every_process_from_its_secret_when_named() {
+    let erasure_log_env = |docs: &[yaml_serde::Value]| -> Vec<Option<String>> {
+        of_kind(docs, "Deployment")
+            .into_iter()
+            .flat_map(|d| {
+                d["spec"]["template"]["spec"]["containers"]
+                    .as_sequence()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .map(|container| {
+                container["env"].as_sequence().and_then(|env| {
+                    env.iter()
+                        .find(|e| str_of(&e["name"]) == "REPLYD_DATABASE__ERASURE_LOG_URL")
+                        .map(|e| {
+                            let from = &e["valueFrom"]["secretKeyRef"];
+                            format!("{}/{}", str_of(&from["name"]), str_of(&from["key"]))
+                        })
+                })
+            })
+            .collect()
+    };
+    let named = rendered(&[], &["secrets.erasureLogUrl.name=replyd-erasure-log"]);
+    let told = erasure_log_env(&named);
+    assert!(!told.is_empty());
+    assert!(
+        told.iter()
+            .all(|e| e.as_deref() == Some("replyd-erasure-log/url")),
+        "{told:?}"
+    );
+    let unnamed = rendered(&[], &[]);
+    assert!(erasure_log_env(&unnamed).iter().all(Option::is_none));
 }

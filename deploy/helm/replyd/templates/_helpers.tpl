@@ -184,6 +184,13 @@ scaleDown:
       name: {{ .Values.secrets.providerApiKey.name }}
       key: {{ .Values.secrets.providerApiKey.key }}
 {{- end }}
+{{- if .Values.secrets.erasureLogUrl.name }}
+- name: REPLYD_DATABASE__ERASURE_LOG_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.secrets.erasureLogUrl.name }}
+      key: {{ .Values.secrets.erasureLogUrl.key }}
+{{- end }}
 {{- if .Values.secrets.endUserTokenKey.name }}
 - name: REPLYD_API__END_USER_TOKEN_KEY
   valueFrom:
