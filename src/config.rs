@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::settings::ApiSettings;
 use crate::kafka::settings::{GroupProtocol, KafkaSettings};
 use crate::probes::ObservabilitySettings;
-use crate::provider::OpenAiSettings;
+use crate::provider::ProviderSettings;
 use crate::relay::settings::RelaySettings;
 use crate::store::DatabaseSettings;
 use crate::worker::settings::WorkerSettings;
@@ -31,7 +31,7 @@ pub struct Settings {
     pub kafka: KafkaSettings,
     pub worker: WorkerSettings,
     pub observability: ObservabilitySettings,
-    pub provider: OpenAiSettings,
+    pub provider: ProviderSettings,
     pub retry: RetrySettings,
     pub api: ApiSettings,
     pub relay: RelaySettings,

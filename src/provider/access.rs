@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use super::http::{build_client, endpoint, extra_headers, with_api_key, with_extra_headers};
-use super::settings::{OpenAiSettings, ProviderApi};
+use super::settings::{ProviderApi, ProviderSettings};
 
 /// What the provider answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,7 @@ struct Model {
 const SHOWN_BODY: usize = 300;
 
 /// Asks the provider for its model list, as a call of this adapter would be sent.
-pub async fn check(settings: &OpenAiSettings) -> Result<Access, AccessError> {
+pub async fn check(settings: &ProviderSettings) -> Result<Access, AccessError> {
     let url = endpoint(settings, "/models").map_err(|e| AccessError::Settings(e.to_string()))?;
     let client = build_client(settings).map_err(|e| AccessError::Settings(e.to_string()))?;
     let extra = extra_headers(settings).map_err(|e| AccessError::Settings(e.to_string()))?;

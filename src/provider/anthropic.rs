@@ -22,12 +22,12 @@ use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
 use super::adapter::{Provider, TextSink};
-use super::http::OpenAiBuildError;
+use super::http::AdapterBuildError;
 use super::http::{
     build_client, endpoint, extra_headers, status_error_as, transport_error, with_extra_headers,
     with_idempotency_key, with_trace_context,
 };
-use super::settings::OpenAiSettings;
+use super::settings::ProviderSettings;
 use super::stream::{self, StreamFold};
 use replyd_core::domain::Role;
 use replyd_core::provider::classify::classify_anthropic_status_at;
@@ -57,12 +57,12 @@ pub struct AnthropicMessagesProvider {
 impl AnthropicMessagesProvider {
     /// Builds the adapter; fails on settings the settings' check refuses (a base URL, an extra
     /// header, an `anthropic_version` that cannot be a header).
-    pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
+    pub fn new(settings: &ProviderSettings) -> Result<Self, AdapterBuildError> {
         let endpoint = endpoint(settings, "/messages")?;
         let version = HeaderValue::from_str(settings.anthropic_version.trim())
             .ok()
             .filter(|v| !v.is_empty())
-            .ok_or_else(|| OpenAiBuildError::BadAnthropicVersion {
+            .ok_or_else(|| AdapterBuildError::BadAnthropicVersion {
                 version: settings.anthropic_version.clone(),
             })?;
         Ok(Self {
@@ -498,8 +498,8 @@ mod tests {
         }
     }
 
-    fn provider(settings: OpenAiSettings) -> AnthropicMessagesProvider {
-        AnthropicMessagesProvider::new(&OpenAiSettings {
+    fn provider(settings: ProviderSettings) -> AnthropicMessagesProvider {
+        AnthropicMessagesProvider::new(&ProviderSettings {
             base_url: "http://127.0.0.1:9".into(),
             ..settings
         })
@@ -569,9 +569,9 @@ mod tests {
 
     #[test]
     fn system_messages_become_the_top_level_system_prompt() {
-        let provider = provider(OpenAiSettings {
+        let provider = provider(ProviderSettings {
             default_model: "claude-default".into(),
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         });
         let request = GenerationRequest {
             idempotency_key: "k".into(),
@@ -602,9 +602,9 @@ mod tests {
 
     #[test]
     fn max_tokens_is_always_sent_from_the_task_or_the_setting() {
-        let provider = provider(OpenAiSettings {
+        let provider = provider(ProviderSettings {
             anthropic_max_tokens: 777,
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         });
         let mut request = GenerationRequest {
             idempotency_key: "k".into(),
@@ -628,7 +628,7 @@ mod tests {
 
     #[test]
     fn the_adapter_posts_to_v1_messages_and_offers_no_recovery() {
-        let provider = provider(OpenAiSettings::default());
+        let provider = provider(ProviderSettings::default());
         assert_eq!(
             provider.endpoint().as_str(),
             "http://127.0.0.1:9/v1/messages"
@@ -636,10 +636,10 @@ mod tests {
         assert_eq!(provider.recovery(), Recovery::None);
         assert!(provider.as_background().is_none());
         assert_eq!(provider.name(), "anthropic");
-        let error = AnthropicMessagesProvider::new(&OpenAiSettings {
+        let error = AnthropicMessagesProvider::new(&ProviderSettings {
             base_url: "https://api.anthropic.com".into(),
             anthropic_version: "bad\nversion".into(),
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         })
         .unwrap_err();
         assert!(error.to_string().contains("anthropic_version"), "{error}");
@@ -647,9 +647,9 @@ mod tests {
 
     #[test]
     fn the_key_is_never_shown() {
-        let provider = provider(OpenAiSettings {
+        let provider = provider(ProviderSettings {
             api_key: Some(Secret::new("sk-ant-hunter2")),
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         });
         assert!(!format!("{provider:?}").contains("hunter2"));
     }

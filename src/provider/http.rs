@@ -9,14 +9,14 @@ use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use reqwest::{Client, RequestBuilder, Response, StatusCode, Url};
 
 use super::base_url::BaseUrl;
-use super::settings::OpenAiSettings;
+use super::settings::ProviderSettings;
 use replyd_core::provider::ProviderError;
 use replyd_core::provider::classify::classify_status_at;
 use replyd_core::secret::Secret;
 
 /// Why an adapter could not be built from its settings.
 #[derive(Debug, thiserror::Error)]
-pub enum OpenAiBuildError {
+pub enum AdapterBuildError {
     #[error("provider base_url `{base_url}` cannot be used: {reason}")]
     BadBaseUrl { base_url: String, reason: String },
     /// Names the header and the rule, never its value.
@@ -37,7 +37,7 @@ const MAX_ERROR_BODY_BYTES: usize = 4 * 1024;
 
 /// A client that sends each request once: reqwest's retry policy is off and redirects are not
 /// followed, because re-sending is the caller's decision (I7).
-pub(crate) fn build_client(settings: &OpenAiSettings) -> Result<Client, reqwest::Error> {
+pub(crate) fn build_client(settings: &ProviderSettings) -> Result<Client, reqwest::Error> {
     Client::builder()
         .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
         .timeout(Duration::from_millis(settings.request_timeout_ms))
@@ -48,20 +48,20 @@ pub(crate) fn build_client(settings: &OpenAiSettings) -> Result<Client, reqwest:
 
 /// The URL of the API's `path` (`/chat/completions`, `/responses`, `/messages`, `/models`) on
 /// `provider.base_url` ([`BaseUrl`]), refusing a base URL the settings' check refuses.
-pub(crate) fn endpoint(settings: &OpenAiSettings, path: &str) -> Result<Url, OpenAiBuildError> {
+pub(crate) fn endpoint(settings: &ProviderSettings, path: &str) -> Result<Url, AdapterBuildError> {
     BaseUrl::parse(&settings.base_url)
         .map(|base| base.api_url(path))
-        .map_err(|reason| OpenAiBuildError::BadBaseUrl {
+        .map_err(|reason| AdapterBuildError::BadBaseUrl {
             base_url: settings.base_url.clone(),
             reason,
         })
 }
 
 /// `provider.extra_headers` ready to send, refused as the settings' check refuses them.
-pub(crate) fn extra_headers(settings: &OpenAiSettings) -> Result<HeaderMap, OpenAiBuildError> {
+pub(crate) fn extra_headers(settings: &ProviderSettings) -> Result<HeaderMap, AdapterBuildError> {
     settings
         .extra_header_map()
-        .map_err(OpenAiBuildError::BadExtraHeader)
+        .map_err(AdapterBuildError::BadExtraHeader)
 }
 
 /// Adds the extra headers. Replyd's own are refused as extra headers, so none is sent twice.

@@ -44,13 +44,13 @@ use std::sync::Arc;
 pub use adapter::{BackgroundProvider, Provider, TextSink};
 
 pub use anthropic::AnthropicMessagesProvider;
-pub use http::OpenAiBuildError;
+pub use http::AdapterBuildError;
 pub use openai::OpenAiChatProvider;
 pub use responses::OpenAiResponsesProvider;
-pub use settings::{OpenAiSettings, ProviderApi};
+pub use settings::{ProviderApi, ProviderSettings};
 
 /// The adapter `settings.api` names, behind the one trait the caller holds.
-pub fn build_provider(settings: &OpenAiSettings) -> Result<Arc<dyn Provider>, OpenAiBuildError> {
+pub fn build_provider(settings: &ProviderSettings) -> Result<Arc<dyn Provider>, AdapterBuildError> {
     Ok(match settings.api {
         ProviderApi::ChatCompletions => Arc::new(OpenAiChatProvider::new(settings)?),
         ProviderApi::BackgroundResponses => Arc::new(OpenAiResponsesProvider::new(settings)?),

@@ -15,10 +15,10 @@ use serde::{Deserialize, Serialize};
 
 use super::adapter::{Provider, TextSink};
 use super::http::{
-    OpenAiBuildError, build_client, endpoint, extra_headers, status_error, transport_error,
+    AdapterBuildError, build_client, endpoint, extra_headers, status_error, transport_error,
     with_api_key, with_extra_headers, with_idempotency_key, with_trace_context,
 };
-use super::settings::{OpenAiSettings, takes_max_completion_tokens};
+use super::settings::{ProviderSettings, takes_max_completion_tokens};
 use super::stream::{self, StreamFold};
 use replyd_core::domain::Role;
 use replyd_core::provider::{Generation, GenerationRequest, ProviderError, RateSignals, Usage};
@@ -43,7 +43,7 @@ pub struct OpenAiChatProvider {
 
 impl OpenAiChatProvider {
     /// Builds the adapter; fails on a base URL or an extra header the settings' check refuses.
-    pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
+    pub fn new(settings: &ProviderSettings) -> Result<Self, AdapterBuildError> {
         let endpoint = endpoint(settings, "/chat/completions")?;
         Ok(Self {
             client: build_client(settings)?,
@@ -477,10 +477,10 @@ mod tests {
 
     #[test]
     fn the_length_limit_is_max_completion_tokens_for_reasoning_models_only() {
-        let provider = OpenAiChatProvider::new(&OpenAiSettings {
+        let provider = OpenAiChatProvider::new(&ProviderSettings {
             base_url: "http://127.0.0.1:9".into(),
             default_model: "o4-mini".into(),
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         })
         .unwrap();
         let body = |model: &str, limit| {
@@ -514,10 +514,10 @@ mod tests {
         );
 
         // A deployment named by the operator (Azure) is listed by its own name.
-        let azure = OpenAiChatProvider::new(&OpenAiSettings {
+        let azure = OpenAiChatProvider::new(&ProviderSettings {
             base_url: "http://127.0.0.1:9".into(),
             max_completion_tokens_models: vec!["reasoning-prod".into()],
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         })
         .unwrap();
         let wire = serde_json::to_value(azure.wire_request(&asking("reasoning-prod-eu", Some(5))))
@@ -560,7 +560,7 @@ mod tests {
 
     #[test]
     fn a_reserved_extra_header_is_refused_at_build() {
-        let mut settings = OpenAiSettings::default();
+        let mut settings = ProviderSettings::default();
         settings
             .extra_headers
             .insert("Idempotency-Key".into(), Secret::new("hunter2"));
@@ -580,9 +580,9 @@ mod tests {
             "http://127.0.0.1:9",
             "http://127.0.0.1:9/v1",
         ] {
-            let provider = OpenAiChatProvider::new(&OpenAiSettings {
+            let provider = OpenAiChatProvider::new(&ProviderSettings {
                 base_url: base.into(),
-                ..OpenAiSettings::default()
+                ..ProviderSettings::default()
             })
             .unwrap();
             assert_eq!(
@@ -590,23 +590,24 @@ mod tests {
                 "http://127.0.0.1:9/v1/chat/completions"
             );
         }
-        let error = OpenAiChatProvider::new(&OpenAiSettings {
+        let error = OpenAiChatProvider::new(&ProviderSettings {
             base_url: "ftp://example".into(),
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         })
         .unwrap_err();
         assert!(
-            matches!(error, OpenAiBuildError::BadBaseUrl { .. }),
+            matches!(error, AdapterBuildError::BadBaseUrl { .. }),
             "{error}"
         );
     }
 
     #[test]
     fn settings_refuse_unknown_fields_and_hide_the_key() {
-        let parsed: Result<OpenAiSettings, _> =
+        let parsed: Result<ProviderSettings, _> =
             serde_json::from_str(r#"{"base_url":"http://x","api_kye":"k"}"#);
         assert!(parsed.is_err());
-        let settings: OpenAiSettings = serde_json::from_str(r#"{"api_key":"sk-hunter2"}"#).unwrap();
+        let settings: ProviderSettings =
+            serde_json::from_str(r#"{"api_key":"sk-hunter2"}"#).unwrap();
         assert_eq!(settings.request_timeout_ms, 60_000);
         let provider = OpenAiChatProvider::new(&settings).unwrap();
         assert!(!format!("{settings:?} {provider:?}").contains("hunter2"));

@@ -1,6 +1,6 @@
 //! The settings every adapter reads (`[provider]` in the settings file): where the server is,
 //! its key and any headers it needs, the time limits, which of its APIs to call, and what that
-//! API needs of a request. The checks of these settings live here too ([`OpenAiSettings::problems`]),
+//! API needs of a request. The checks of these settings live here too ([`ProviderSettings::problems`]),
 //! so `Settings::validate` and the adapters' constructors refuse the same things with the same
 //! words.
 
@@ -58,7 +58,7 @@ pub enum ProviderApi {
 /// `api_key`), and `default_model` (and each task's model) to the deployment's name.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
-pub struct OpenAiSettings {
+pub struct ProviderSettings {
     /// Where the provider's API is, in either of two forms. As the providers' SDKs document
     /// it, the API's root with its version: a path that names a version (a segment such as
     /// `v1`, `v1beta`, `v2alpha1`) or an Azure deployment gets the API's own path appended,
@@ -138,7 +138,7 @@ pub struct OpenAiSettings {
     pub operation_max_wait_ms: u64,
 }
 
-impl Default for OpenAiSettings {
+impl Default for ProviderSettings {
     fn default() -> Self {
         Self {
             base_url: "https://api.openai.com".into(),
@@ -162,7 +162,7 @@ impl Default for OpenAiSettings {
     }
 }
 
-impl OpenAiSettings {
+impl ProviderSettings {
     /// What is wrong with these settings, as `(setting, why)`: a base URL the adapters cannot
     /// use, extra headers that cannot be sent, Anthropic's settings out of range. Empty when
     /// nothing is.
@@ -284,10 +284,10 @@ fn extra_header(name: &str, value: &Secret) -> Result<(HeaderName, HeaderValue),
 mod tests {
     use super::*;
 
-    fn with_base_url(base_url: &str) -> OpenAiSettings {
-        OpenAiSettings {
+    fn with_base_url(base_url: &str) -> ProviderSettings {
+        ProviderSettings {
             base_url: base_url.into(),
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         }
     }
 
@@ -323,7 +323,7 @@ mod tests {
 
     #[test]
     fn extra_headers_replyd_sets_or_http_refuses_are_named_without_their_value() {
-        let mut settings = OpenAiSettings::default();
+        let mut settings = ProviderSettings::default();
         for (name, value) in [
             ("api-key", "azure-secret-1"),
             ("OpenAI-Project", "proj_123"),
@@ -371,7 +371,7 @@ mod tests {
 
     #[test]
     fn an_extra_header_given_twice_in_different_case_is_refused() {
-        let mut settings = OpenAiSettings::default();
+        let mut settings = ProviderSettings::default();
         settings
             .extra_headers
             .insert("API-Key".into(), Secret::new("first-hunter2"));
@@ -389,7 +389,7 @@ mod tests {
 
     #[test]
     fn reasoning_models_take_max_completion_tokens_by_name_prefix() {
-        let settings = OpenAiSettings::default();
+        let settings = ProviderSettings::default();
         for model in [
             "o1",
             "o1-mini",
@@ -405,27 +405,27 @@ mod tests {
         for model in ["gpt-4o-mini", "gpt-4.1", "llama-3-70b", "", "é", "my-o3"] {
             assert!(!settings.takes_max_completion_tokens(model), "{model}");
         }
-        let every = OpenAiSettings {
+        let every = ProviderSettings {
             max_completion_tokens_models: vec![String::new()],
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         };
         assert!(every.takes_max_completion_tokens("llama-3-70b"));
-        let none = OpenAiSettings {
+        let none = ProviderSettings {
             max_completion_tokens_models: vec![],
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         };
         assert!(!none.takes_max_completion_tokens("o3"));
     }
 
     #[test]
     fn anthropic_settings_are_checked_only_for_anthropic() {
-        let broken = OpenAiSettings {
+        let broken = ProviderSettings {
             anthropic_max_tokens: 0,
             anthropic_version: "".into(),
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         };
         assert_eq!(broken.problems(), vec![]);
-        let anthropic = OpenAiSettings {
+        let anthropic = ProviderSettings {
             api: ProviderApi::AnthropicMessages,
             ..broken
         };

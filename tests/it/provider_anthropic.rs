@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::helpers::provider::{one_shot_server, request, set_faults, start_mock, stats};
 use replyd::config::Secret;
 use replyd::provider::{
-    AnthropicMessagesProvider, OpenAiSettings, Provider, ProviderApi, build_provider,
+    AnthropicMessagesProvider, Provider, ProviderApi, ProviderSettings, build_provider,
 };
 use replyd_core::provider::{ProviderError, Recovery};
 use replyd_lab::mock_provider::{FaultSettings, MockSettings};
@@ -18,15 +18,15 @@ use replyd_lab::mock_provider::{FaultSettings, MockSettings};
 /// Client timeout for tests that expect an answer: generous, since no test waits on it.
 const PATIENT_MS: u64 = 30_000;
 
-fn settings_for(base_url: &str, request_timeout_ms: u64) -> OpenAiSettings {
-    OpenAiSettings {
+fn settings_for(base_url: &str, request_timeout_ms: u64) -> ProviderSettings {
+    ProviderSettings {
         base_url: base_url.to_owned(),
         api_key: Some(Secret::new("sk-ant-test")),
         request_timeout_ms,
         connect_timeout_ms: 2_000,
         default_model: "claude-mock".into(),
         api: ProviderApi::AnthropicMessages,
-        ..OpenAiSettings::default()
+        ..ProviderSettings::default()
     }
 }
 
@@ -171,12 +171,12 @@ async fn client_errors_are_fatal_with_anthropics_error_type() {
 #[tokio::test]
 async fn a_request_without_a_key_or_a_known_version_is_refused_by_the_mock() {
     let mock = start_mock(MockSettings::default()).await;
-    let keyless = AnthropicMessagesProvider::new(&OpenAiSettings {
+    let keyless = AnthropicMessagesProvider::new(&ProviderSettings {
         api_key: None,
         ..settings_for(&mock.base_url(), PATIENT_MS)
     })
     .unwrap();
-    let from_the_future = AnthropicMessagesProvider::new(&OpenAiSettings {
+    let from_the_future = AnthropicMessagesProvider::new(&ProviderSettings {
         anthropic_version: "2099-01-01".into(),
         ..settings_for(&mock.base_url(), PATIENT_MS)
     })

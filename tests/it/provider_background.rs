@@ -12,7 +12,7 @@ use crate::helpers::provider::{
 };
 use crate::helpers::wait_until;
 use replyd::provider::{
-    BackgroundProvider, OpenAiResponsesProvider, OpenAiSettings, ProviderApi, build_provider,
+    BackgroundProvider, OpenAiResponsesProvider, ProviderApi, ProviderSettings, build_provider,
 };
 use replyd_core::provider::{OperationId, ProviderError, Recovery};
 use replyd_lab::mock_provider::{FaultSettings, MockProfile, MockSettings};
@@ -26,8 +26,8 @@ const CONDITION_LIMIT: Duration = Duration::from_secs(10);
 
 /// Settings whose request timeout (each request) and longest wait (all of one `wait`'s polls)
 /// are both `limit_ms`.
-fn settings_for(base_url: &str, limit_ms: u64) -> OpenAiSettings {
-    OpenAiSettings {
+fn settings_for(base_url: &str, limit_ms: u64) -> ProviderSettings {
+    ProviderSettings {
         base_url: base_url.to_owned(),
         api_key: Some(replyd::config::Secret::new("sk-test")),
         request_timeout_ms: limit_ms,
@@ -36,7 +36,7 @@ fn settings_for(base_url: &str, limit_ms: u64) -> OpenAiSettings {
         api: ProviderApi::BackgroundResponses,
         poll_interval_ms: 10,
         operation_max_wait_ms: limit_ms,
-        ..OpenAiSettings::default()
+        ..ProviderSettings::default()
     }
 }
 
@@ -180,7 +180,7 @@ async fn a_generation_longer_than_the_request_timeout_is_waited_for_in_one_wait(
         ..MockSettings::default()
     })
     .await;
-    let provider = OpenAiResponsesProvider::new(&OpenAiSettings {
+    let provider = OpenAiResponsesProvider::new(&ProviderSettings {
         request_timeout_ms: 300,
         ..settings_for(&mock.base_url(), PATIENT_MS)
     })
@@ -290,7 +290,7 @@ async fn generate_on_the_responses_adapter_works_end_to_end_and_once_per_key() {
 
 #[tokio::test]
 async fn build_provider_chooses_the_chat_adapter_by_default() {
-    let settings = OpenAiSettings {
+    let settings = ProviderSettings {
         api: ProviderApi::default(),
         ..settings_for("http://127.0.0.1:9", PATIENT_MS)
     };

@@ -8,13 +8,13 @@
 use crate::helpers::provider::{request, start_mock, stats};
 use replyd::config::Secret;
 use replyd::provider::{
-    AnthropicMessagesProvider, OpenAiChatProvider, OpenAiResponsesProvider, OpenAiSettings,
-    Provider, ProviderApi,
+    AnthropicMessagesProvider, OpenAiChatProvider, OpenAiResponsesProvider, Provider, ProviderApi,
+    ProviderSettings,
 };
 use replyd_lab::mock_provider::{MockProfile, MockSettings};
 
-fn settings(base_url: String, api: ProviderApi) -> OpenAiSettings {
-    OpenAiSettings {
+fn settings(base_url: String, api: ProviderApi) -> ProviderSettings {
+    ProviderSettings {
         base_url,
         api_key: Some(Secret::new("sk-test")),
         request_timeout_ms: 30_000,
@@ -23,7 +23,7 @@ fn settings(base_url: String, api: ProviderApi) -> OpenAiSettings {
         poll_interval_ms: 20,
         stream: false,
         api,
-        ..OpenAiSettings::default()
+        ..ProviderSettings::default()
     }
 }
 

@@ -13,7 +13,7 @@ use crate::helpers::provider::{
 };
 use crate::helpers::wait_until;
 use futures_util::future::join_all;
-use replyd::provider::{OpenAiChatProvider, OpenAiSettings, Provider};
+use replyd::provider::{OpenAiChatProvider, Provider, ProviderSettings};
 use replyd_core::provider::ProviderError;
 use replyd_lab::mock_provider::{
     FaultSettings, KeyStats, LimitSettings, MockHandle, MockProfile, MockSettings,
@@ -22,14 +22,14 @@ use replyd_lab::mock_provider::{
 /// Client timeout for tests that expect an answer: generous, since no test waits on it.
 const PATIENT_MS: u64 = 30_000;
 
-fn settings_for(base_url: &str, request_timeout_ms: u64) -> OpenAiSettings {
-    OpenAiSettings {
+fn settings_for(base_url: &str, request_timeout_ms: u64) -> ProviderSettings {
+    ProviderSettings {
         base_url: base_url.to_owned(),
         api_key: Some(replyd::config::Secret::new("sk-test")),
         request_timeout_ms,
         connect_timeout_ms: 2_000,
         default_model: "mock-model".into(),
-        ..OpenAiSettings::default()
+        ..ProviderSettings::default()
     }
 }
 

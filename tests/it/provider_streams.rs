@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use crate::helpers::provider::{one_shot_server, request, set_faults, start_mock, stats};
 use replyd::config::Secret;
-use replyd::provider::{OpenAiSettings, Provider, ProviderApi, TextSink, build_provider};
+use replyd::provider::{Provider, ProviderApi, ProviderSettings, TextSink, build_provider};
 use replyd_core::provider::{ProviderError, Usage};
 use replyd_lab::mock_provider::{MockProfile, MockSettings};
 use serde_json::json;
@@ -40,8 +40,8 @@ impl Collected {
     }
 }
 
-fn settings(base_url: &str, api: ProviderApi) -> OpenAiSettings {
-    OpenAiSettings {
+fn settings(base_url: &str, api: ProviderApi) -> ProviderSettings {
+    ProviderSettings {
         base_url: base_url.to_owned(),
         api_key: Some(Secret::new("sk-test")),
         request_timeout_ms: 30_000,
@@ -50,7 +50,7 @@ fn settings(base_url: &str, api: ProviderApi) -> OpenAiSettings {
         default_model: "mock-model".into(),
         poll_interval_ms: 50,
         api,
-        ..OpenAiSettings::default()
+        ..ProviderSettings::default()
     }
 }
 

@@ -11,7 +11,7 @@ use replyd::api::ApiState;
 use replyd::api::reply_view::Accepted;
 use replyd::api::settings::ApiSettings;
 use replyd::provider::{
-    BackgroundProvider, OpenAiResponsesProvider, OpenAiSettings, Provider, ProviderApi,
+    BackgroundProvider, OpenAiResponsesProvider, Provider, ProviderApi, ProviderSettings,
 };
 use replyd::reconcile::{ReconcileReport, Reconciler};
 use replyd::store::CompletionOutcome;
@@ -46,7 +46,7 @@ async fn setup() -> Setup {
     })
     .await;
     let provider = Arc::new(
-        OpenAiResponsesProvider::new(&OpenAiSettings {
+        OpenAiResponsesProvider::new(&ProviderSettings {
             base_url: mock.base_url(),
             api_key: Some(replyd::config::Secret::new("sk-test")),
             request_timeout_ms: 5_000,
@@ -55,7 +55,7 @@ async fn setup() -> Setup {
             api: ProviderApi::BackgroundResponses,
             poll_interval_ms: 10,
             operation_max_wait_ms: 5_000,
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         })
         .unwrap(),
     );

@@ -26,12 +26,12 @@ use tokio::time::Instant;
 
 use super::adapter::TextSink;
 use super::adapter::{BackgroundProvider, Provider};
-use super::http::OpenAiBuildError;
+use super::http::AdapterBuildError;
 use super::http::{
     build_client, endpoint, extra_headers, status_error, transport_error, with_api_key,
     with_extra_headers, with_idempotency_key, with_trace_context,
 };
-use super::settings::OpenAiSettings;
+use super::settings::ProviderSettings;
 use super::stream::{self, Cut, StreamFold};
 use errors::{gone, poll_may_be_retried};
 use events::{NoText, ResponseStream};
@@ -68,7 +68,7 @@ const STREAM_RESUMES: u32 = 3;
 
 impl OpenAiResponsesProvider {
     /// Builds the adapter; fails on a base URL or an extra header the settings' check refuses.
-    pub fn new(settings: &OpenAiSettings) -> Result<Self, OpenAiBuildError> {
+    pub fn new(settings: &ProviderSettings) -> Result<Self, AdapterBuildError> {
         let endpoint = endpoint(settings, "/responses")?;
         Ok(Self {
             client: build_client(settings)?,
@@ -376,10 +376,10 @@ mod tests {
 
     #[test]
     fn the_create_body_asks_for_a_background_response() {
-        let provider = OpenAiResponsesProvider::new(&OpenAiSettings {
+        let provider = OpenAiResponsesProvider::new(&ProviderSettings {
             base_url: "http://127.0.0.1:9/".into(),
             default_model: "fallback".into(),
-            ..OpenAiSettings::default()
+            ..ProviderSettings::default()
         })
         .unwrap();
         let request = GenerationRequest {
@@ -425,7 +425,7 @@ mod tests {
 
     #[test]
     fn the_adapter_offers_recovery_by_operation_id() {
-        let provider = OpenAiResponsesProvider::new(&OpenAiSettings::default()).unwrap();
+        let provider = OpenAiResponsesProvider::new(&ProviderSettings::default()).unwrap();
         assert_eq!(provider.recovery(), Recovery::OperationId);
         assert!(provider.as_background().is_some());
         assert_eq!(provider.name(), "openai-responses");
