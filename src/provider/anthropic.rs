@@ -22,6 +22,7 @@ use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
 use super::adapter::{Provider, TextSink};
+use super::generation::{Reply, token_usage};
 use super::http::AdapterBuildError;
 use super::http::{
     build_client, endpoint, extra_headers, status_error_as, transport_error, with_extra_headers,
@@ -253,19 +254,15 @@ pub(crate) fn parse_message(
             _ => malformed("message has no text content".into()),
         });
     };
-    Ok(Generation {
+    let reply = Reply {
         text,
-        model: message
-            .model
-            .filter(|m| !m.is_empty())
-            .unwrap_or_else(|| asked_model.to_owned()),
-        usage: message.usage.map(|u| Usage {
-            prompt_tokens: u.input_tokens,
-            completion_tokens: u.output_tokens,
-        }),
-        provider_response_id: message.id,
-        rate_signals: RateSignals::default(),
-    })
+        id: message.id,
+        model: message.model,
+        usage: message
+            .usage
+            .map(|u| token_usage(u.input_tokens, u.output_tokens)),
+    };
+    Ok(reply.generation(asked_model))
 }
 
 /// A message's event stream: `message_start` (its id, model and the prompt's usage),
@@ -275,10 +272,7 @@ pub(crate) fn parse_message(
 /// (`overloaded_error`, `api_error`) is Anthropic's error after the first tokens. Pure.
 pub(crate) struct MessageStream {
     asked_model: String,
-    text: String,
-    id: Option<String>,
-    model: Option<String>,
-    usage: Option<Usage>,
+    reply: Reply,
     stop_reason: Option<String>,
     done: bool,
 }
@@ -287,10 +281,7 @@ impl MessageStream {
     pub(crate) fn new(asked_model: &str) -> Self {
         Self {
             asked_model: asked_model.to_owned(),
-            text: String::new(),
-            id: None,
-            model: None,
-            usage: None,
+            reply: Reply::default(),
             stop_reason: None,
             done: false,
         }
@@ -310,12 +301,11 @@ impl StreamFold for MessageStream {
         match kind {
             "message_start" => {
                 if let Some(message) = wire.message {
-                    self.id = message.id;
-                    self.model = message.model.filter(|m| !m.is_empty());
-                    self.usage = message.usage.map(|u| Usage {
-                        prompt_tokens: u.input_tokens,
-                        completion_tokens: u.output_tokens,
-                    });
+                    self.reply.id = message.id;
+                    self.reply.model = message.model.filter(|m| !m.is_empty());
+                    self.reply.usage = message
+                        .usage
+                        .map(|u| token_usage(u.input_tokens, u.output_tokens));
                 }
                 Ok(None)
             }
@@ -325,7 +315,7 @@ impl StreamFold for MessageStream {
                     .filter(|d| d.kind.as_deref() == Some("text_delta"))
                     .and_then(|d| d.text)
                     .unwrap_or_default();
-                self.text.push_str(&piece);
+                self.reply.text.push_str(&piece);
                 Ok(Some(piece))
             }
             "message_delta" => {
@@ -334,11 +324,8 @@ impl StreamFold for MessageStream {
                 }
                 if let Some(output) = wire.usage.map(|u| u.output_tokens) {
                     // The output's count is cumulative; the prompt's was in `message_start`.
-                    let prompt = self.usage.map_or(0, |u| u.prompt_tokens);
-                    self.usage = Some(Usage {
-                        prompt_tokens: prompt,
-                        completion_tokens: output,
-                    });
+                    let prompt = self.reply.usage.map_or(0, |u| u.prompt_tokens);
+                    self.reply.usage = Some(token_usage(prompt, output));
                 }
                 Ok(None)
             }
@@ -379,11 +366,11 @@ impl StreamFold for MessageStream {
     }
 
     fn usage(&self) -> Option<Usage> {
-        self.usage
+        self.reply.usage
     }
 
     fn chars(&self) -> usize {
-        self.text.chars().count()
+        self.reply.chars()
     }
 
     fn generation(self) -> Result<Generation, ProviderError> {
@@ -394,7 +381,7 @@ impl StreamFold for MessageStream {
                     message: "content refused: stop_reason is refusal".into(),
                 });
             }
-            Some("max_tokens") if self.text.is_empty() => {
+            Some("max_tokens") if self.reply.text.is_empty() => {
                 return Err(ProviderError::Fatal {
                     status: 200,
                     message: "reply cut at max_tokens before any text".into(),
@@ -402,13 +389,7 @@ impl StreamFold for MessageStream {
             }
             _ => {}
         }
-        Ok(Generation {
-            text: self.text,
-            model: self.model.unwrap_or(self.asked_model),
-            usage: self.usage,
-            provider_response_id: self.id,
-            rate_signals: RateSignals::default(),
-        })
+        Ok(self.reply.generation(&self.asked_model))
     }
 }
 

@@ -14,6 +14,7 @@ use reqwest::{Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
 use super::adapter::{Provider, TextSink};
+use super::generation::{Reply, token_usage};
 use super::http::{
     AdapterBuildError, build_client, endpoint, extra_headers, status_error, transport_error,
     with_api_key, with_extra_headers, with_idempotency_key, with_trace_context,
@@ -181,11 +182,8 @@ impl Provider for OpenAiChatProvider {
 /// after the first tokens. Pure.
 pub(crate) struct ChatStream {
     asked_model: String,
-    text: String,
+    reply: Reply,
     refusal: String,
-    id: Option<String>,
-    model: Option<String>,
-    usage: Option<Usage>,
     finish_reason: Option<String>,
     done: bool,
 }
@@ -194,11 +192,8 @@ impl ChatStream {
     pub(crate) fn new(asked_model: &str) -> Self {
         Self {
             asked_model: asked_model.to_owned(),
-            text: String::new(),
+            reply: Reply::default(),
             refusal: String::new(),
-            id: None,
-            model: None,
-            usage: None,
             finish_reason: None,
             done: false,
         }
@@ -225,17 +220,14 @@ impl StreamFold for ChatStream {
                 self.chars(),
             ));
         }
-        if self.id.is_none() {
-            self.id = chunk.id;
+        if self.reply.id.is_none() {
+            self.reply.id = chunk.id;
         }
-        if self.model.is_none() {
-            self.model = chunk.model.filter(|m| !m.is_empty());
+        if self.reply.model.is_none() {
+            self.reply.model = chunk.model.filter(|m| !m.is_empty());
         }
         if let Some(usage) = chunk.usage {
-            self.usage = Some(Usage {
-                prompt_tokens: usage.prompt_tokens,
-                completion_tokens: usage.completion_tokens,
-            });
+            self.reply.usage = Some(token_usage(usage.prompt_tokens, usage.completion_tokens));
         }
         let Some(choice) = chunk.choices.into_iter().next() else {
             return Ok(None);
@@ -250,7 +242,7 @@ impl StreamFold for ChatStream {
             self.refusal.push_str(&refusal);
         }
         let piece = delta.content.unwrap_or_default();
-        self.text.push_str(&piece);
+        self.reply.text.push_str(&piece);
         Ok(Some(piece))
     }
 
@@ -266,11 +258,11 @@ impl StreamFold for ChatStream {
     }
 
     fn usage(&self) -> Option<Usage> {
-        self.usage
+        self.reply.usage
     }
 
     fn chars(&self) -> usize {
-        self.text.chars().count()
+        self.reply.chars()
     }
 
     fn generation(self) -> Result<Generation, ProviderError> {
@@ -291,13 +283,7 @@ impl StreamFold for ChatStream {
                 message: "the stream ended with [DONE] but no chunk gave a finish_reason".into(),
             });
         }
-        Ok(Generation {
-            text: self.text,
-            model: self.model.unwrap_or(self.asked_model),
-            usage: self.usage,
-            provider_response_id: self.id,
-            rate_signals: RateSignals::default(),
-        })
+        Ok(self.reply.generation(&self.asked_model))
     }
 }
 
@@ -333,19 +319,15 @@ fn parse_completion(
     let text = message
         .content
         .ok_or_else(|| malformed("first choice's message has no content".into()))?;
-    Ok(Generation {
+    let reply = Reply {
         text,
-        model: completion
-            .model
-            .filter(|m| !m.is_empty())
-            .unwrap_or_else(|| asked_model.to_owned()),
-        usage: completion.usage.map(|u| Usage {
-            prompt_tokens: u.prompt_tokens,
-            completion_tokens: u.completion_tokens,
-        }),
-        provider_response_id: completion.id,
-        rate_signals: RateSignals::default(),
-    })
+        id: completion.id,
+        model: completion.model,
+        usage: completion
+            .usage
+            .map(|u| token_usage(u.prompt_tokens, u.completion_tokens)),
+    };
+    Ok(reply.generation(asked_model))
 }
 
 #[derive(Debug, Serialize)]

@@ -6,7 +6,8 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use super::errors::gone;
-use replyd_core::provider::{Generation, OperationId, ProviderError, RateSignals, Usage};
+use crate::provider::generation::{Reply, token_usage};
+use replyd_core::provider::{Generation, OperationId, ProviderError};
 
 /// What one poll found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,19 +133,15 @@ fn reply_text(response: &WireResponse, http_status: u16) -> Result<Option<String
 }
 
 fn generation(response: WireResponse, text: String, asked_model: &str) -> Generation {
-    Generation {
+    let reply = Reply {
         text,
-        model: response
-            .model
-            .filter(|m| !m.is_empty())
-            .unwrap_or_else(|| asked_model.to_owned()),
-        usage: response.usage.map(|u| Usage {
-            prompt_tokens: u.input_tokens,
-            completion_tokens: u.output_tokens,
-        }),
-        provider_response_id: response.id,
-        rate_signals: RateSignals::default(),
-    }
+        id: response.id,
+        model: response.model,
+        usage: response
+            .usage
+            .map(|u| token_usage(u.input_tokens, u.output_tokens)),
+    };
+    reply.generation(asked_model)
 }
 
 #[derive(Debug, Deserialize)]
@@ -205,6 +202,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use replyd_core::provider::{RateSignals, Usage};
 
     fn parse(body: &str) -> Result<Polled, ProviderError> {
         parse_response(StatusCode::OK, body.as_bytes(), "asked")
