@@ -4,62 +4,47 @@
 //!
 //! What this API offers the caller after an ambiguous call is nothing: Anthropic documents no
 //! idempotency key and no way to look a message up, and its own SDKs send none. So
-//! [`Provider::recovery`] is [`Recovery::None`], and `retry.ambiguous` decides whether a lost
-//! answer is asked for again (and may be paid twice) or ends the task (I6, I7). The task id is
-//! still sent as `Idempotency-Key`: Anthropic ignores it, a gateway in front may honour it, and
-//! the mock provider counts the generations of each task by it.
+//! [`super::Provider::recovery`] is [`Recovery::None`], and `retry.ambiguous` decides whether a
+//! lost answer is asked for again (and may be paid twice) or ends the task (I6, I7). The task
+//! id is still sent as `Idempotency-Key`: Anthropic ignores it, a gateway in front may honour
+//! it, and the mock provider counts the generations of each task by it.
 //!
 //! Like the OpenAI adapters, every call is one request (the shared client in `http`: no
-//! retries, no redirects). The shapes are the API's: system messages go to the top-level
+//! retries, no redirects), sent and read as the chat adapter's are (`call`). The shapes are
+//! the API's: system messages go to the top-level
 //! `system`, the others to `messages`, and `max_tokens` is always sent, because the API
 //! requires it. The reading of an answer is pure ([`parse_message`]), and so is its
 //! classification ([`classify_anthropic_status_at`]).
 
-use std::time::{Duration, SystemTime};
-
-use reqwest::header::{HeaderMap, HeaderValue};
-use reqwest::{Client, StatusCode, Url};
+use reqwest::header::{HeaderName, HeaderValue};
+use reqwest::{RequestBuilder, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use super::adapter::{Provider, TextSink};
+use super::call::{Dialect, Parse};
 use super::generation::{Reply, token_usage};
-use super::http::AdapterBuildError;
-use super::http::{
-    build_client, endpoint, extra_headers, status_error_as, transport_error, with_extra_headers,
-    with_idempotency_key, with_trace_context,
-};
+use super::http::{AdapterBuildError, ApiClient, Classify, with_key_header};
 use super::settings::ProviderSettings;
 use super::stream::{self, StreamFold};
 use replyd_core::domain::Role;
 use replyd_core::provider::classify::classify_anthropic_status_at;
-use replyd_core::provider::{
-    Generation, GenerationRequest, ProviderError, RateSignals, Recovery, Usage,
-};
+use replyd_core::provider::{Generation, GenerationRequest, ProviderError, Recovery};
 use replyd_core::secret::Secret;
 
 /// The adapter. Cheap to share: hold it in an `Arc`; all calls share one connection pool.
 #[derive(Debug, Clone)]
 pub struct AnthropicMessagesProvider {
-    client: Client,
-    endpoint: Url,
-    api_key: Option<Secret>,
+    api: ApiClient,
     /// `provider.anthropic_version`, checked to be a header value when built.
     version: HeaderValue,
-    extra_headers: HeaderMap,
-    default_model: String,
     /// `max_tokens` of a task that sets none (`provider.anthropic_max_tokens`).
     default_max_tokens: u32,
-    request_timeout: Duration,
-    /// `provider.stream`.
-    stream: bool,
-    stream_idle: Duration,
 }
 
 impl AnthropicMessagesProvider {
     /// Builds the adapter; fails on settings the settings' check refuses (a base URL, an extra
     /// header, an `anthropic_version` that cannot be a header).
     pub fn new(settings: &ProviderSettings) -> Result<Self, AdapterBuildError> {
-        let endpoint = endpoint(settings, "/messages")?;
+        let api = ApiClient::new(settings, "/messages")?;
         let version = HeaderValue::from_str(settings.anthropic_version.trim())
             .ok()
             .filter(|v| !v.is_empty())
@@ -67,44 +52,43 @@ impl AnthropicMessagesProvider {
                 version: settings.anthropic_version.clone(),
             })?;
         Ok(Self {
-            client: build_client(settings)?,
-            endpoint,
-            api_key: settings.api_key.clone(),
+            api,
             version,
-            extra_headers: extra_headers(settings)?,
-            default_model: settings.default_model.clone(),
             // The API refuses 0; the settings' check does too, this keeps a direct caller safe.
             default_max_tokens: settings.anthropic_max_tokens.max(1),
-            request_timeout: Duration::from_millis(settings.request_timeout_ms),
-            stream: settings.stream,
-            stream_idle: Duration::from_millis(settings.stream_idle_timeout_ms),
         })
     }
 
     /// The URL every call is posted to.
     pub fn endpoint(&self) -> &Url {
-        &self.endpoint
+        &self.api.endpoint
+    }
+}
+
+/// What the Messages API makes different: no recovery, the system messages as one top-level
+/// prompt, `max_tokens` always, the key as `x-api-key` with `anthropic-version`, Anthropic's
+/// meaning of a refusal and its shapes of an answer.
+impl Dialect for AnthropicMessagesProvider {
+    const NAME: &'static str = "anthropic";
+    /// Anthropic documents no idempotency key and no look-up of a message.
+    const RECOVERY: Recovery = Recovery::None;
+    const CLASSIFY: Classify = classify_anthropic_status_at;
+    const PARSE: Parse = parse_message;
+    const FOLD: fn(&str) -> MessageStream = MessageStream::new;
+
+    type Body<'a> = WireRequest<'a>;
+    type Fold = MessageStream;
+
+    fn api(&self) -> &ApiClient {
+        &self.api
     }
 
-    /// Sends `body` with the key, version, idempotency, extra and trace headers.
-    async fn send(
-        &self,
-        body: &WireRequest<'_>,
-        request: &GenerationRequest,
-    ) -> Result<reqwest::Response, ProviderError> {
-        let builder = self.client.post(self.endpoint.clone()).json(body);
-        let builder = with_extra_headers(builder, &self.extra_headers);
-        let builder = with_idempotency_key(builder, &request.idempotency_key)?;
-        let builder = with_anthropic_key(builder, self.api_key.as_ref())?;
-        let builder = builder.header("anthropic-version", self.version.clone());
-        let builder = with_trace_context(builder);
-        builder
-            .send()
-            .await
-            .map_err(|e| transport_error(e, self.request_timeout))
-    }
-
-    fn wire_request<'a>(&'a self, request: &'a GenerationRequest) -> WireRequest<'a> {
+    fn body<'a>(
+        &'a self,
+        request: &'a GenerationRequest,
+        model: &'a str,
+        streamed: bool,
+    ) -> WireRequest<'a> {
         // The API has no system role inside `messages`: every system message, wherever it
         // stands, becomes part of the one top-level `system` prompt, in order.
         let system: Vec<&str> = request
@@ -114,11 +98,7 @@ impl AnthropicMessagesProvider {
             .map(|m| m.content.as_str())
             .collect();
         WireRequest {
-            model: if request.model.is_empty() {
-                &self.default_model
-            } else {
-                &request.model
-            },
+            model,
             max_tokens: request
                 .max_output_tokens
                 .filter(|&n| n > 0)
@@ -139,79 +119,26 @@ impl AnthropicMessagesProvider {
                     })
                 })
                 .collect(),
-            stream: None,
+            stream: streamed.then_some(true),
         }
     }
-}
 
-#[async_trait::async_trait]
-impl Provider for AnthropicMessagesProvider {
-    async fn generate(&self, request: &GenerationRequest) -> Result<Generation, ProviderError> {
-        let body = self.wire_request(request);
-        let response = self.send(&body, request).await?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(status_error_as(response, classify_anthropic_status_at).await);
-        }
-        let signals = RateSignals::read(response.headers(), SystemTime::now());
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| transport_error(e, self.request_timeout))?;
-        let mut generation = parse_message(status, &bytes, body.model)?;
-        generation.rate_signals = signals;
-        Ok(generation)
-    }
-
-    async fn generate_streamed(
+    fn key_headers(
         &self,
-        request: &GenerationRequest,
-        sink: &dyn TextSink,
-    ) -> Result<Generation, ProviderError> {
-        if !self.stream {
-            return self.generate(request).await;
-        }
-        let mut body = self.wire_request(request);
-        body.stream = Some(true);
-        let response = self.send(&body, request).await?;
-        if !response.status().is_success() {
-            return Err(status_error_as(response, classify_anthropic_status_at).await);
-        }
-        stream::answer(
-            response,
-            MessageStream::new(body.model),
-            sink,
-            self.stream_idle,
-            self.request_timeout,
-            |status, bytes| parse_message(status, bytes, body.model),
-        )
-        .await
-    }
-
-    fn name(&self) -> &str {
-        "anthropic"
-    }
-
-    /// Anthropic documents no idempotency key and no look-up of a message.
-    fn recovery(&self) -> Recovery {
-        Recovery::None
+        builder: RequestBuilder,
+        api_key: Option<&Secret>,
+    ) -> Result<RequestBuilder, ProviderError> {
+        let builder = with_anthropic_key(builder, api_key)?;
+        Ok(builder.header("anthropic-version", self.version.clone()))
     }
 }
 
 /// Adds `x-api-key: <key>` when a key is configured, marked sensitive like the bearer token.
 pub(super) fn with_anthropic_key(
-    builder: reqwest::RequestBuilder,
+    builder: RequestBuilder,
     api_key: Option<&Secret>,
-) -> Result<reqwest::RequestBuilder, ProviderError> {
-    let Some(api_key) = api_key else {
-        return Ok(builder);
-    };
-    let mut value = HeaderValue::from_str(api_key.expose()).map_err(|_| ProviderError::Fatal {
-        status: 0,
-        message: "API key is not a valid header value; request not sent".into(),
-    })?;
-    value.set_sensitive(true);
-    Ok(builder.header("x-api-key", value))
+) -> Result<RequestBuilder, ProviderError> {
+    with_key_header(builder, api_key, HeaderName::from_static("x-api-key"), "")
 }
 
 /// Reads a success body as a Messages API message: the reply is its text blocks, in order.
@@ -292,12 +219,7 @@ impl StreamFold for MessageStream {
     fn event(&mut self, event: &str, data: &str) -> Result<Option<String>, ProviderError> {
         let wire: WireStreamEvent =
             serde_json::from_str(data).map_err(|e| stream::malformed("a Messages event", e))?;
-        // The `data`'s own `type` is the event's name (the SSE `event:` line repeats it).
-        let kind = if wire.kind.is_empty() {
-            event
-        } else {
-            wire.kind.as_str()
-        };
+        let kind = stream::event_name(&wire.kind, event);
         match kind {
             "message_start" => {
                 if let Some(message) = wire.message {
@@ -365,12 +287,8 @@ impl StreamFold for MessageStream {
         self.stop_reason.is_some()
     }
 
-    fn usage(&self) -> Option<Usage> {
-        self.reply.usage
-    }
-
-    fn chars(&self) -> usize {
-        self.reply.chars()
+    fn reply(&self) -> &Reply {
+        &self.reply
     }
 
     fn generation(self) -> Result<Generation, ProviderError> {
@@ -419,7 +337,7 @@ struct WireStreamError {
 }
 
 #[derive(Debug, Serialize)]
-struct WireRequest<'a> {
+pub(crate) struct WireRequest<'a> {
     model: &'a str,
     max_tokens: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -466,7 +384,10 @@ struct WireUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::adapter::Provider;
     use replyd_core::domain::ChatMessage;
+    use replyd_core::provider::RateSignals;
+    use replyd_core::provider::Usage;
 
     fn parse(body: &str) -> Result<Generation, ProviderError> {
         parse_message(StatusCode::OK, body.as_bytes(), "asked")
@@ -477,6 +398,14 @@ mod tests {
             role,
             content: content.into(),
         }
+    }
+
+    /// The body `provider` posts for `request`, not streamed.
+    fn wire(
+        provider: &AnthropicMessagesProvider,
+        request: &GenerationRequest,
+    ) -> serde_json::Value {
+        serde_json::to_value(provider.body(request, provider.api.model(request), false)).unwrap()
     }
 
     fn provider(settings: ProviderSettings) -> AnthropicMessagesProvider {
@@ -567,7 +496,7 @@ mod tests {
             max_output_tokens: Some(64),
         };
         assert_eq!(
-            serde_json::to_value(provider.wire_request(&request)).unwrap(),
+            wire(&provider, &request),
             serde_json::json!({
                 "model": "claude-default",
                 "max_tokens": 64,
@@ -593,17 +522,17 @@ mod tests {
             messages: vec![message(Role::User, "hi")],
             max_output_tokens: None,
         };
-        let body = serde_json::to_value(provider.wire_request(&request)).unwrap();
+        let body = wire(&provider, &request);
         assert_eq!(
             body,
             serde_json::json!({"model": "claude-x", "max_tokens": 777,
                                "messages": [{"role": "user", "content": "hi"}]})
         );
         request.max_output_tokens = Some(0);
-        let body = serde_json::to_value(provider.wire_request(&request)).unwrap();
+        let body = wire(&provider, &request);
         assert_eq!(body["max_tokens"], 777);
         request.max_output_tokens = Some(9);
-        let body = serde_json::to_value(provider.wire_request(&request)).unwrap();
+        let body = wire(&provider, &request);
         assert_eq!(body["max_tokens"], 9);
     }
 

@@ -1,17 +1,19 @@
 //! The HTTP plumbing every adapter shares: one way to build the client (no retries, no
-//! redirects), to name an endpoint, to set the key, idempotency and extra headers, and to turn a
-//! failed exchange into a [`ProviderError`]. Sharing it keeps the adapters from drifting apart on
-//! the question that matters to the caller: may the provider have run the request (I6, I7)?
+//! redirects) and what each adapter holds of the settings ([`ApiClient`]), to name an endpoint,
+//! to set the key, idempotency and extra headers, to read a success answer, and to turn a failed
+//! exchange into a [`ProviderError`]. Sharing it keeps the adapters from drifting apart on the
+//! question that matters to the caller: may the provider have run the request (I6, I7)?
 
 use std::time::{Duration, SystemTime};
 
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use bytes::Bytes;
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Client, RequestBuilder, Response, StatusCode, Url};
 
 use super::base_url::BaseUrl;
 use super::settings::ProviderSettings;
-use replyd_core::provider::ProviderError;
 use replyd_core::provider::classify::classify_status_at;
+use replyd_core::provider::{GenerationRequest, ProviderError, RateSignals};
 use replyd_core::secret::Secret;
 
 /// Why an adapter could not be built from its settings.
@@ -26,6 +28,99 @@ pub enum AdapterBuildError {
     BadAnthropicVersion { version: String },
     #[error("building the HTTP client: {0}")]
     Client(#[from] reqwest::Error),
+}
+
+/// What every adapter holds of the settings to reach its API, built alike: the client, the URL
+/// of the API's path, the key, the extra headers, the model of a request that names none, and
+/// the time limits.
+#[derive(Debug, Clone)]
+pub(crate) struct ApiClient {
+    pub client: Client,
+    /// The URL of the API's path: what a call is posted to.
+    pub endpoint: Url,
+    api_key: Option<Secret>,
+    extra_headers: HeaderMap,
+    /// `provider.default_model`.
+    pub default_model: String,
+    pub request_timeout: Duration,
+    /// `provider.stream`.
+    pub stream: bool,
+    pub stream_idle: Duration,
+}
+
+impl ApiClient {
+    /// The client of the API at `path` (`/chat/completions`, `/messages`, `/responses`); fails
+    /// on a base URL or an extra header the settings' check refuses.
+    pub fn new(settings: &ProviderSettings, path: &str) -> Result<Self, AdapterBuildError> {
+        let endpoint = endpoint(settings, path)?;
+        Ok(Self {
+            client: build_client(settings)?,
+            endpoint,
+            api_key: settings.api_key.clone(),
+            extra_headers: extra_headers(settings)?,
+            default_model: settings.default_model.clone(),
+            request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            stream: settings.stream,
+            stream_idle: Duration::from_millis(settings.stream_idle_timeout_ms),
+        })
+    }
+
+    /// The model asked for: the request's, or `provider.default_model` when it names none.
+    pub fn model<'a>(&'a self, request: &'a GenerationRequest) -> &'a str {
+        if request.model.is_empty() {
+            &self.default_model
+        } else {
+            &request.model
+        }
+    }
+
+    /// `builder` with what every request carries, in the order it has always gone out: the
+    /// extra headers, the idempotency key (a create's; a read has none), the API's key as
+    /// `key_headers` sets it, the trace context.
+    pub fn headers(
+        &self,
+        builder: RequestBuilder,
+        idempotency_key: Option<&str>,
+        key_headers: impl FnOnce(
+            RequestBuilder,
+            Option<&Secret>,
+        ) -> Result<RequestBuilder, ProviderError>,
+    ) -> Result<RequestBuilder, ProviderError> {
+        let builder = with_extra_headers(builder, &self.extra_headers);
+        let builder = match idempotency_key {
+            Some(key) => with_idempotency_key(builder, key)?,
+            None => builder,
+        };
+        let builder = key_headers(builder, self.api_key.as_ref())?;
+        Ok(with_trace_context(builder))
+    }
+}
+
+/// Sends the request once, an error of the exchange mapped by [`transport_error`] under `limit`.
+pub(crate) async fn send(
+    builder: RequestBuilder,
+    limit: Duration,
+) -> Result<Response, ProviderError> {
+    builder.send().await.map_err(|e| transport_error(e, limit))
+}
+
+/// An answer's body, an error reading it mapped by [`transport_error`] under `limit`.
+pub(crate) async fn body(response: Response, limit: Duration) -> Result<Bytes, ProviderError> {
+    response
+        .bytes()
+        .await
+        .map_err(|e| transport_error(e, limit))
+}
+
+/// A success answer read whole: its status, what its headers say of capacity (carried by the
+/// generation read from it), and its body.
+pub(crate) async fn success(
+    response: Response,
+    limit: Duration,
+) -> Result<(StatusCode, RateSignals, Bytes), ProviderError> {
+    let status = response.status();
+    let signals = RateSignals::read(response.headers(), SystemTime::now());
+    Ok((status, signals, body(response, limit).await?))
 }
 
 /// A pure classification of a non-success answer (status, headers, start of the body, now):
@@ -90,11 +185,22 @@ pub(crate) fn with_api_key(
     builder: RequestBuilder,
     api_key: Option<&Secret>,
 ) -> Result<RequestBuilder, ProviderError> {
+    with_key_header(builder, api_key, AUTHORIZATION, "Bearer ")
+}
+
+/// Adds `name: <scheme><key>` when a key is configured, kept out of any debug output of the
+/// request; a key that cannot be a header value is refused before sending.
+pub(crate) fn with_key_header(
+    builder: RequestBuilder,
+    api_key: Option<&Secret>,
+    name: HeaderName,
+    scheme: &str,
+) -> Result<RequestBuilder, ProviderError> {
     let Some(api_key) = api_key else {
         return Ok(builder);
     };
     let mut value =
-        HeaderValue::from_str(&format!("Bearer {}", api_key.expose())).map_err(|_| {
+        HeaderValue::from_str(&format!("{scheme}{}", api_key.expose())).map_err(|_| {
             ProviderError::Fatal {
                 status: 0,
                 message: "API key is not a valid header value; request not sent".into(),
@@ -102,7 +208,7 @@ pub(crate) fn with_api_key(
         })?;
     // Keeps the key out of any debug output of the request (hyper and reqwest honour it).
     value.set_sensitive(true);
-    Ok(builder.header(AUTHORIZATION, value))
+    Ok(builder.header(name, value))
 }
 
 /// Adds the current span's `traceparent` (the worker's provider-call span), so the

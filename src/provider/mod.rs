@@ -32,6 +32,7 @@ pub mod access;
 mod adapter;
 pub mod anthropic;
 pub mod base_url;
+mod call;
 mod generation;
 mod http;
 pub mod openai;

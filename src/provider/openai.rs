@@ -7,69 +7,72 @@
 //! (I7). The one re-send left is hyper's, for a request that was never written to a pooled
 //! connection that had just closed; that request cannot have run, so it is not a second call.
 
-use std::time::{Duration, SystemTime};
-
-use reqwest::header::HeaderMap;
-use reqwest::{Client, StatusCode, Url};
+use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use super::adapter::{Provider, TextSink};
+use super::call::{Dialect, Parse};
 use super::generation::{Reply, token_usage};
-use super::http::{
-    AdapterBuildError, build_client, endpoint, extra_headers, status_error, transport_error,
-    with_api_key, with_extra_headers, with_idempotency_key, with_trace_context,
-};
+use super::http::{AdapterBuildError, ApiClient, Classify};
 use super::settings::{ProviderSettings, takes_max_completion_tokens};
 use super::stream::{self, StreamFold};
 use replyd_core::domain::Role;
-use replyd_core::provider::{Generation, GenerationRequest, ProviderError, RateSignals, Usage};
-use replyd_core::secret::Secret;
+use replyd_core::provider::classify::classify_status_at;
+use replyd_core::provider::{Generation, GenerationRequest, ProviderError};
 
 /// The adapter. Cheap to share: hold it in an `Arc` and call `generate` from many tasks; they
 /// share one connection pool.
 #[derive(Debug, Clone)]
 pub struct OpenAiChatProvider {
-    client: Client,
-    endpoint: Url,
-    api_key: Option<Secret>,
-    extra_headers: HeaderMap,
-    default_model: String,
+    api: ApiClient,
     /// `provider.max_completion_tokens_models`.
     max_completion_tokens_models: Vec<String>,
-    request_timeout: Duration,
-    /// `provider.stream`.
-    stream: bool,
-    stream_idle: Duration,
 }
 
 impl OpenAiChatProvider {
     /// Builds the adapter; fails on a base URL or an extra header the settings' check refuses.
     pub fn new(settings: &ProviderSettings) -> Result<Self, AdapterBuildError> {
-        let endpoint = endpoint(settings, "/chat/completions")?;
         Ok(Self {
-            client: build_client(settings)?,
-            endpoint,
-            api_key: settings.api_key.clone(),
-            extra_headers: extra_headers(settings)?,
-            default_model: settings.default_model.clone(),
+            api: ApiClient::new(settings, "/chat/completions")?,
             max_completion_tokens_models: settings.max_completion_tokens_models.clone(),
-            request_timeout: Duration::from_millis(settings.request_timeout_ms),
-            stream: settings.stream,
-            stream_idle: Duration::from_millis(settings.stream_idle_timeout_ms),
         })
     }
 
     /// The URL every call is posted to.
     pub fn endpoint(&self) -> &Url {
-        &self.endpoint
+        &self.api.endpoint
+    }
+}
+
+/// The role as OpenAI's APIs spell it.
+pub(crate) fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+    }
+}
+
+/// What chat completions make different: the messages as they are, the length limit under
+/// the name the model takes, `stream_options` for a streamed answer's usage.
+impl Dialect for OpenAiChatProvider {
+    const NAME: &'static str = "openai";
+    const CLASSIFY: Classify = classify_status_at;
+    const PARSE: Parse = parse_completion;
+    const FOLD: fn(&str) -> ChatStream = ChatStream::new;
+
+    type Body<'a> = WireRequest<'a>;
+    type Fold = ChatStream;
+
+    fn api(&self) -> &ApiClient {
+        &self.api
     }
 
-    fn wire_request<'a>(&'a self, request: &'a GenerationRequest) -> WireRequest<'a> {
-        let model = if request.model.is_empty() {
-            &self.default_model
-        } else {
-            &request.model
-        };
+    fn body<'a>(
+        &'a self,
+        request: &'a GenerationRequest,
+        model: &'a str,
+        streamed: bool,
+    ) -> WireRequest<'a> {
         // One name for the one limit: the reasoning models refuse `max_tokens`, and servers
         // that predate `max_completion_tokens` ignore or refuse that one.
         let (max_tokens, max_completion_tokens) =
@@ -90,88 +93,12 @@ impl OpenAiChatProvider {
                 .collect(),
             max_tokens,
             max_completion_tokens,
-            stream: None,
-            stream_options: None,
+            stream: streamed.then_some(true),
+            // Without it the stream reports no usage at all.
+            stream_options: streamed.then_some(WireStreamOptions {
+                include_usage: true,
+            }),
         }
-    }
-
-    /// Sends `body` with the key, idempotency, extra and trace headers.
-    async fn send(
-        &self,
-        body: &WireRequest<'_>,
-        request: &GenerationRequest,
-    ) -> Result<reqwest::Response, ProviderError> {
-        let builder = self.client.post(self.endpoint.clone()).json(body);
-        let builder = with_extra_headers(builder, &self.extra_headers);
-        let builder = with_idempotency_key(builder, &request.idempotency_key)?;
-        let builder = with_api_key(builder, self.api_key.as_ref())?;
-        let builder = with_trace_context(builder);
-        builder
-            .send()
-            .await
-            .map_err(|e| transport_error(e, self.request_timeout))
-    }
-}
-
-/// The role as OpenAI's APIs spell it.
-pub(crate) fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-    }
-}
-
-#[async_trait::async_trait]
-impl Provider for OpenAiChatProvider {
-    async fn generate(&self, request: &GenerationRequest) -> Result<Generation, ProviderError> {
-        let body = self.wire_request(request);
-        let response = self.send(&body, request).await?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(status_error(response).await);
-        }
-        let signals = RateSignals::read(response.headers(), SystemTime::now());
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| transport_error(e, self.request_timeout))?;
-        let mut generation = parse_completion(status, &bytes, body.model)?;
-        generation.rate_signals = signals;
-        Ok(generation)
-    }
-
-    async fn generate_streamed(
-        &self,
-        request: &GenerationRequest,
-        sink: &dyn TextSink,
-    ) -> Result<Generation, ProviderError> {
-        if !self.stream {
-            return self.generate(request).await;
-        }
-        let mut body = self.wire_request(request);
-        body.stream = Some(true);
-        // Without it the stream reports no usage at all.
-        body.stream_options = Some(WireStreamOptions {
-            include_usage: true,
-        });
-        let response = self.send(&body, request).await?;
-        if !response.status().is_success() {
-            return Err(status_error(response).await);
-        }
-        stream::answer(
-            response,
-            ChatStream::new(body.model),
-            sink,
-            self.stream_idle,
-            self.request_timeout,
-            |status, bytes| parse_completion(status, bytes, body.model),
-        )
-        .await
-    }
-
-    fn name(&self) -> &str {
-        "openai"
     }
 }
 
@@ -257,12 +184,8 @@ impl StreamFold for ChatStream {
         self.finish_reason.is_some()
     }
 
-    fn usage(&self) -> Option<Usage> {
-        self.reply.usage
-    }
-
-    fn chars(&self) -> usize {
-        self.reply.chars()
+    fn reply(&self) -> &Reply {
+        &self.reply
     }
 
     fn generation(self) -> Result<Generation, ProviderError> {
@@ -331,7 +254,7 @@ fn parse_completion(
 }
 
 #[derive(Debug, Serialize)]
-struct WireRequest<'a> {
+pub(crate) struct WireRequest<'a> {
     model: &'a str,
     messages: Vec<WireMessage<'a>>,
     // At most one of the two is set. `max_tokens` is the one every OpenAI-compatible server
@@ -419,6 +342,9 @@ struct WireUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use replyd_core::provider::RateSignals;
+    use replyd_core::provider::Usage;
+    use replyd_core::secret::Secret;
 
     fn parse(body: &str) -> Result<Generation, ProviderError> {
         parse_completion(StatusCode::OK, body.as_bytes(), "asked")
@@ -445,6 +371,11 @@ mod tests {
         );
     }
 
+    /// The body `provider` posts for `request`, not streamed.
+    fn wire(provider: &OpenAiChatProvider, request: &GenerationRequest) -> serde_json::Value {
+        serde_json::to_value(provider.body(request, provider.api.model(request), false)).unwrap()
+    }
+
     fn asking(model: &str, max_output_tokens: Option<u32>) -> GenerationRequest {
         GenerationRequest {
             idempotency_key: "k".into(),
@@ -465,9 +396,7 @@ mod tests {
             ..ProviderSettings::default()
         })
         .unwrap();
-        let body = |model: &str, limit| {
-            serde_json::to_value(provider.wire_request(&asking(model, limit))).unwrap()
-        };
+        let body = |model: &str, limit| wire(&provider, &asking(model, limit));
         let user = serde_json::json!([{"role": "user", "content": "hi"}]);
         for model in ["o1", "o3-mini", "o4-mini-2025-04-16", "gpt-5", "gpt-5-nano"] {
             assert_eq!(
@@ -502,11 +431,10 @@ mod tests {
             ..ProviderSettings::default()
         })
         .unwrap();
-        let wire = serde_json::to_value(azure.wire_request(&asking("reasoning-prod-eu", Some(5))))
-            .unwrap();
-        assert_eq!(wire["max_completion_tokens"], 5);
-        let wire = serde_json::to_value(azure.wire_request(&asking("o3", Some(5)))).unwrap();
-        assert_eq!(wire["max_tokens"], 5);
+        let body = wire(&azure, &asking("reasoning-prod-eu", Some(5)));
+        assert_eq!(body["max_completion_tokens"], 5);
+        let body = wire(&azure, &asking("o3", Some(5)));
+        assert_eq!(body["max_tokens"], 5);
     }
 
     #[test]

@@ -19,7 +19,8 @@ use futures_util::StreamExt as _;
 use reqwest::{Response, StatusCode};
 
 use super::adapter::TextSink;
-use super::http::transport_error;
+use super::generation::Reply;
+use super::http::body;
 use replyd_core::provider::{Generation, ProviderError, RateSignals, Usage};
 
 /// What a dialect makes of a streamed answer, one event at a time. Pure: the adapters' tests
@@ -36,11 +37,17 @@ pub(crate) trait StreamFold: Send {
     fn whole_at_clean_end(&self) -> bool {
         false
     }
+    /// What has come of the reply so far.
+    fn reply(&self) -> &Reply;
     /// The usage the provider has reported so far (Anthropic reports the prompt's at the
     /// start and the output's at the end; OpenAI only at the end).
-    fn usage(&self) -> Option<Usage>;
+    fn usage(&self) -> Option<Usage> {
+        self.reply().usage
+    }
     /// Characters of text received so far.
-    fn chars(&self) -> usize;
+    fn chars(&self) -> usize {
+        self.reply().chars()
+    }
     /// The generation, once finished.
     fn generation(self) -> Result<Generation, ProviderError>;
 }
@@ -64,11 +71,7 @@ pub(crate) async fn answer<F: StreamFold>(
         fold.generation()?
     } else {
         let status = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| transport_error(e, request_timeout))?;
-        whole(status, &bytes)?
+        whole(status, &body(response, request_timeout).await?)?
     };
     generation.rate_signals = signals;
     Ok(generation)
@@ -141,6 +144,16 @@ pub(crate) fn is_event_stream(response: &Response) -> bool {
         .get(reqwest::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}
+
+/// An event's name: its `data`'s own `type` where it has one (the SSE `event:` line repeats
+/// it, and a server may leave that line out), else the `event:` line's.
+pub(crate) fn event_name<'a>(data_type: &'a str, event: &'a str) -> &'a str {
+    if data_type.is_empty() {
+        event
+    } else {
+        data_type
+    }
 }
 
 /// An answer lost in transit after `fold` had part of it: `Ambiguous`, saying how much came.

@@ -7,8 +7,9 @@ use serde::Deserialize;
 
 use super::parse::{Polled, parse_response};
 use crate::provider::adapter::TextSink;
+use crate::provider::generation::Reply;
 use crate::provider::stream::{self, StreamFold};
-use replyd_core::provider::{Generation, ProviderError, Usage};
+use replyd_core::provider::{Generation, ProviderError};
 
 /// A sink for a stream read only for its first event.
 pub(super) struct NoText;
@@ -24,10 +25,9 @@ impl TextSink for NoText {
 /// stream, it is finished once the response is named. Pure.
 pub(crate) struct ResponseStream {
     asked_model: String,
-    text: String,
-    pub(super) id: Option<String>,
+    /// The text as it comes, the id from `response.created`, the usage from the final event.
+    pub(super) reply: Reply,
     pub(super) last_sequence: Option<u64>,
-    usage: Option<Usage>,
     ended: Option<Result<Generation, ProviderError>>,
     /// Set while reading a create: finished at `response.created`.
     naming_only: bool,
@@ -37,10 +37,8 @@ impl ResponseStream {
     pub(crate) fn new(asked_model: &str) -> Self {
         Self {
             asked_model: asked_model.to_owned(),
-            text: String::new(),
-            id: None,
+            reply: Reply::default(),
             last_sequence: None,
-            usage: None,
             ended: None,
             naming_only: false,
         }
@@ -67,21 +65,17 @@ impl StreamFold for ResponseStream {
             }
             self.last_sequence = Some(sequence);
         }
-        let kind = if wire.kind.is_empty() {
-            event
-        } else {
-            wire.kind.as_str()
-        };
+        let kind = stream::event_name(&wire.kind, event);
         match kind {
             "response.created" => {
                 if let Some(id) = wire.response.as_ref().and_then(|r| r.get("id")) {
-                    self.id = id.as_str().map(str::to_owned);
+                    self.reply.id = id.as_str().map(str::to_owned);
                 }
                 Ok(None)
             }
             "response.output_text.delta" => {
                 let piece = wire.delta.unwrap_or_default();
-                self.text.push_str(&piece);
+                self.reply.text.push_str(&piece);
                 Ok(Some(piece))
             }
             "response.completed" | "response.incomplete" | "response.failed" => {
@@ -90,7 +84,7 @@ impl StreamFold for ResponseStream {
                 let read = parse_response(StatusCode::OK, &bytes, &self.asked_model);
                 self.ended = Some(match read {
                     Ok(Polled::Done(generation)) => {
-                        self.usage = generation.usage;
+                        self.reply.usage = generation.usage;
                         Ok(*generation)
                     }
                     Ok(Polled::Pending) => Err(ProviderError::MalformedResponse {
@@ -111,15 +105,11 @@ impl StreamFold for ResponseStream {
     }
 
     fn finished(&self) -> bool {
-        self.ended.is_some() || (self.naming_only && self.id.is_some())
+        self.ended.is_some() || (self.naming_only && self.reply.id.is_some())
     }
 
-    fn usage(&self) -> Option<Usage> {
-        self.usage
-    }
-
-    fn chars(&self) -> usize {
-        self.text.chars().count()
+    fn reply(&self) -> &Reply {
+        &self.reply
     }
 
     fn generation(self) -> Result<Generation, ProviderError> {
@@ -145,6 +135,7 @@ struct WireStreamEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use replyd_core::provider::Usage;
 
     fn response_event(kind: &str, sequence: u64, extra: &str) -> String {
         format!(r#"{{"type":"{kind}","sequence_number":{sequence}{extra}}}"#)
@@ -236,7 +227,7 @@ mod tests {
             &[response_event("response.created", 0, CREATED)],
         );
         assert!(stream.finished());
-        assert_eq!(stream.id.as_deref(), Some("resp_1"));
+        assert_eq!(stream.reply.id.as_deref(), Some("resp_1"));
     }
 
     #[test]

@@ -18,28 +18,20 @@ mod events;
 mod parse;
 mod request;
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use reqwest::header::HeaderMap;
-use reqwest::{Client, StatusCode, Url};
+use reqwest::{StatusCode, Url};
 use tokio::time::Instant;
 
 use super::adapter::TextSink;
 use super::adapter::{BackgroundProvider, Provider};
-use super::http::AdapterBuildError;
-use super::http::{
-    build_client, endpoint, extra_headers, status_error, transport_error, with_api_key,
-    with_extra_headers, with_idempotency_key, with_trace_context,
-};
+use super::http::{AdapterBuildError, ApiClient, body, send, status_error, success, with_api_key};
 use super::settings::ProviderSettings;
 use super::stream::{self, Cut, StreamFold};
 use errors::{gone, poll_may_be_retried};
 use events::{NoText, ResponseStream};
 use parse::{Polled, parse_created, parse_response};
-use replyd_core::provider::{
-    Generation, GenerationRequest, OperationId, ProviderError, RateSignals, Recovery,
-};
-use replyd_core::secret::Secret;
+use replyd_core::provider::{Generation, GenerationRequest, OperationId, ProviderError, Recovery};
 use request::WireCreate;
 
 /// The adapter. Cheap to share: hold it in an `Arc`; all calls share one connection pool. Holds
@@ -47,19 +39,12 @@ use request::WireCreate;
 /// on an id the first one started.
 #[derive(Debug, Clone)]
 pub struct OpenAiResponsesProvider {
-    client: Client,
-    endpoint: Url,
-    api_key: Option<Secret>,
-    extra_headers: HeaderMap,
-    default_model: String,
-    request_timeout: Duration,
+    /// With `provider.stream`, responses are created streamed, so their events can be read
+    /// (and read again from any point) by whichever attempt waits on them.
+    api: ApiClient,
     poll_interval: Duration,
     /// How long one `wait` keeps polling an operation that is not done yet.
     max_wait: Duration,
-    /// `provider.stream`: responses are created streamed, so their events can be read (and
-    /// read again from any point) by whichever attempt waits on them.
-    stream: bool,
-    stream_idle: Duration,
 }
 
 /// How often one streamed wait picks a broken stream up where it broke before it falls back
@@ -69,32 +54,24 @@ const STREAM_RESUMES: u32 = 3;
 impl OpenAiResponsesProvider {
     /// Builds the adapter; fails on a base URL or an extra header the settings' check refuses.
     pub fn new(settings: &ProviderSettings) -> Result<Self, AdapterBuildError> {
-        let endpoint = endpoint(settings, "/responses")?;
         Ok(Self {
-            client: build_client(settings)?,
-            endpoint,
-            api_key: settings.api_key.clone(),
-            extra_headers: extra_headers(settings)?,
-            default_model: settings.default_model.clone(),
-            request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            api: ApiClient::new(settings, "/responses")?,
             // A zero interval would poll as fast as the provider answers.
             poll_interval: Duration::from_millis(settings.poll_interval_ms.max(1)),
             max_wait: Duration::from_millis(settings.operation_max_wait_ms),
-            stream: settings.stream,
-            stream_idle: Duration::from_millis(settings.stream_idle_timeout_ms),
         })
     }
 
     /// The URL responses are created at; an operation lives at `{endpoint}/{id}`.
     pub fn endpoint(&self) -> &Url {
-        &self.endpoint
+        &self.api.endpoint
     }
 
     fn operation_url(&self, operation: &OperationId) -> Result<Url, ProviderError> {
         if operation.0.is_empty() {
             return Err(gone(operation, "the operation id is empty"));
         }
-        let mut url = self.endpoint.clone();
+        let mut url = self.api.endpoint.clone();
         // `new` only accepts http(s) URLs, which always have a path to extend.
         url.path_segments_mut()
             .expect("an http(s) URL has path segments")
@@ -103,7 +80,7 @@ impl OpenAiResponsesProvider {
     }
 
     fn wire_request<'a>(&'a self, request: &'a GenerationRequest) -> WireCreate<'a> {
-        request::create_body(request, &self.default_model, self.stream)
+        request::create_body(request, self.api.model(request), self.api.stream)
     }
 
     /// One streamed read of `operation`'s events after `fold`'s last one, into `fold`.
@@ -125,14 +102,17 @@ impl OpenAiResponsesProvider {
             url.query_pairs_mut()
                 .append_pair("starting_after", &last.to_string());
         }
-        let builder = self.client.get(url);
-        let builder = with_extra_headers(builder, &self.extra_headers);
-        let builder = with_api_key(builder, self.api_key.as_ref()).map_err(fatal)?;
-        let builder = with_trace_context(builder);
-        let response = builder.send().await.map_err(|e| Cut {
-            error: transport_error(e, self.request_timeout),
-            connection: true,
-        })?;
+        let builder = self.api.client.get(url);
+        let builder = self
+            .api
+            .headers(builder, None, with_api_key)
+            .map_err(fatal)?;
+        let response = send(builder, self.api.request_timeout)
+            .await
+            .map_err(|error| Cut {
+                error,
+                connection: true,
+            })?;
         let status = response.status();
         if status == StatusCode::BAD_REQUEST {
             return Ok(false);
@@ -156,7 +136,7 @@ impl OpenAiResponsesProvider {
                 },
             });
         }
-        stream::read(response, fold, sink, self.stream_idle).await?;
+        stream::read(response, fold, sink, self.api.stream_idle).await?;
         Ok(true)
     }
 
@@ -167,16 +147,10 @@ impl OpenAiResponsesProvider {
         operation: &OperationId,
         limit: Duration,
     ) -> Result<Polled, ProviderError> {
-        let builder = self.client.get(url.clone()).timeout(limit);
-        let builder = with_extra_headers(builder, &self.extra_headers);
-        let builder = with_api_key(builder, self.api_key.as_ref())?;
-        let builder = with_trace_context(builder);
-        let response = builder
-            .send()
-            .await
-            .map_err(|e| transport_error(e, limit))?;
-        let status = response.status();
-        if !status.is_success() {
+        let builder = self.api.client.get(url.clone()).timeout(limit);
+        let builder = self.api.headers(builder, None, with_api_key)?;
+        let response = send(builder, limit).await?;
+        if !response.status().is_success() {
             return Err(match status_error(response).await {
                 ProviderError::Fatal {
                     status: 404,
@@ -188,19 +162,17 @@ impl OpenAiResponsesProvider {
                 other => other,
             });
         }
-        let signals = RateSignals::read(response.headers(), SystemTime::now());
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| transport_error(e, limit))?;
-        Ok(match parse_response(status, &bytes, &self.default_model)? {
-            // The reply carries what the poll that brought it said about capacity.
-            Polled::Done(generation) => Polled::Done(Box::new(Generation {
-                rate_signals: signals,
-                ..*generation
-            })),
-            Polled::Pending => Polled::Pending,
-        })
+        let (status, signals, bytes) = success(response, limit).await?;
+        Ok(
+            match parse_response(status, &bytes, &self.api.default_model)? {
+                // The reply carries what the poll that brought it said about capacity.
+                Polled::Done(generation) => Polled::Done(Box::new(Generation {
+                    rate_signals: signals,
+                    ..*generation
+                })),
+                Polled::Pending => Polled::Pending,
+            },
+        )
     }
 }
 
@@ -229,26 +201,26 @@ impl Provider for OpenAiResponsesProvider {
 #[async_trait::async_trait]
 impl BackgroundProvider for OpenAiResponsesProvider {
     async fn start(&self, request: &GenerationRequest) -> Result<OperationId, ProviderError> {
-        let body = self.wire_request(request);
-        let builder = self.client.post(self.endpoint.clone()).json(&body);
-        let builder = with_extra_headers(builder, &self.extra_headers);
-        let builder = with_idempotency_key(builder, &request.idempotency_key)?;
-        let builder = with_api_key(builder, self.api_key.as_ref())?;
-        let builder = with_trace_context(builder);
-        let response = builder
-            .send()
-            .await
-            .map_err(|e| transport_error(e, self.request_timeout))?;
+        let create = self.wire_request(request);
+        let builder = self
+            .api
+            .client
+            .post(self.api.endpoint.clone())
+            .json(&create);
+        let builder = self
+            .api
+            .headers(builder, Some(&request.idempotency_key), with_api_key)?;
+        let response = send(builder, self.api.request_timeout).await?;
         if !response.status().is_success() {
             return Err(status_error(response).await);
         }
-        if body.stream == Some(true) && stream::is_event_stream(&response) {
+        if create.stream == Some(true) && stream::is_event_stream(&response) {
             // The first event names the response; the rest is read by `wait_streamed`, from
             // the start, by whichever attempt waits. Closing this stream does not stop a
             // background response.
-            let mut fold = ResponseStream::naming(&self.default_model);
-            let created = stream::read(response, &mut fold, &NoText, self.stream_idle).await;
-            return match (fold.id, created) {
+            let mut fold = ResponseStream::naming(&self.api.default_model);
+            let created = stream::read(response, &mut fold, &NoText, self.api.stream_idle).await;
+            return match (fold.reply.id, created) {
                 (Some(id), _) => Ok(OperationId(id)),
                 (None, Err(cut)) => Err(cut.error),
                 (None, Ok(())) => Err(ProviderError::MalformedResponse {
@@ -256,17 +228,13 @@ impl BackgroundProvider for OpenAiResponsesProvider {
                 }),
             };
         }
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| transport_error(e, self.request_timeout))?;
-        parse_created(&bytes)
+        parse_created(&body(response, self.api.request_timeout).await?)
     }
 
     async fn look_up(&self, operation: &OperationId) -> Result<Option<Generation>, ProviderError> {
         let url = self.operation_url(operation)?;
         Ok(
-            match self.poll(&url, operation, self.request_timeout).await? {
+            match self.poll(&url, operation, self.api.request_timeout).await? {
                 Polled::Done(generation) => Some(*generation),
                 Polled::Pending => None,
             },
@@ -282,10 +250,10 @@ impl BackgroundProvider for OpenAiResponsesProvider {
         operation: &OperationId,
         sink: &dyn TextSink,
     ) -> Result<Generation, ProviderError> {
-        if !self.stream {
+        if !self.api.stream {
             return self.wait(operation).await;
         }
-        let mut fold = ResponseStream::new(&self.default_model);
+        let mut fold = ResponseStream::new(&self.api.default_model);
         for _ in 0..=STREAM_RESUMES {
             match self.stream_once(operation, &mut fold, sink).await {
                 Ok(true) => return fold.generation(),
@@ -320,7 +288,7 @@ impl BackgroundProvider for OpenAiResponsesProvider {
             }
             let mut pause = self.poll_interval;
             match self
-                .poll(&url, operation, remaining.min(self.request_timeout))
+                .poll(&url, operation, remaining.min(self.api.request_timeout))
                 .await
             {
                 Ok(Polled::Done(generation)) => return Ok(*generation),

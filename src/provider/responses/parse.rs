@@ -239,28 +239,36 @@ mod tests {
         }
     }
 
+    /// What a `failed` response reads as, failed with the provider's `code` and `message`.
+    fn failed(code: &str, message: &str) -> ProviderError {
+        let error = serde_json::json!({"code": code, "message": message});
+        parse(&format!(
+            r#"{{"id":"resp_7","status":"failed","error":{error}}}"#
+        ))
+        .unwrap_err()
+    }
+
     #[test]
     fn a_failed_response_is_fatal_with_the_providers_message() {
-        let body = r#"{"id":"resp_7","status":"failed",
-            "error":{"code":"invalid_prompt","message":"prompt flagged"}}"#;
+        let message = "operation resp_7 failed: prompt flagged".into();
         assert_eq!(
-            parse(body).unwrap_err(),
+            failed("invalid_prompt", "prompt flagged"),
             ProviderError::Fatal {
                 status: 200,
-                message: "operation resp_7 failed: prompt flagged".into()
+                message
             }
         );
     }
 
     #[test]
     fn a_response_failed_by_a_server_error_may_have_executed() {
-        let body = r#"{"id":"resp_7","status":"failed",
-            "error":{"code":"server_error","message":"boom"}}"#;
+        let message = "operation resp_7 failed: boom".into();
+        let error = failed("server_error", "boom");
         assert_eq!(
-            parse(body).unwrap_err(),
+            error,
             ProviderError::MaybeExecuted {
                 status: 200,
-                message: "operation resp_7 failed: boom".into()
+                message
             }
         );
     }

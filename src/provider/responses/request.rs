@@ -7,19 +7,14 @@ use serde::Serialize;
 use crate::provider::openai::role_name;
 use replyd_core::provider::GenerationRequest;
 
-/// The create's body for `request`: `default_model` when it names no model, streamed when
-/// `stream`.
+/// The create's body asking `model` for `request`'s reply, streamed when `stream`.
 pub(super) fn create_body<'a>(
     request: &'a GenerationRequest,
-    default_model: &'a str,
+    model: &'a str,
     stream: bool,
 ) -> WireCreate<'a> {
     WireCreate {
-        model: if request.model.is_empty() {
-            default_model
-        } else {
-            &request.model
-        },
+        model,
         input: request
             .messages
             .iter()
