@@ -31,6 +31,7 @@ mod provider_base_urls;
 mod provider_failures;
 mod provider_http;
 mod provider_streams;
+mod provider_transport;
 mod quota;
 mod reconcile;
 mod refusals;

@@ -1,9 +1,10 @@
 //! The Anthropic Messages adapter against the mock provider's `/v1/messages` over real HTTP on
 //! 127.0.0.1 (mock on port 0): a reply, each error class the caller branches on as Anthropic
-//! documents them (a 429 with its `retry-after`, a 529, a 500, the 4xx), a lost answer that is
-//! ambiguous and, with no idempotency key to lean on, generates again when resent, and what the
-//! adapter puts on the wire. Faults are forced with `PUT /faults` at rate 1.0, so no test
-//! depends on chance. Needs no PostgreSQL or Kafka.
+//! documents them (a 429 with its `retry-after`, a 529, a 500, the 4xx), and what the adapter
+//! puts on the wire. A hang, a refused connection and a lost answer (ambiguous, and with no
+//! idempotency key to lean on generated again when resent) are `provider_transport`'s, run
+//! against every adapter. Faults are forced with `PUT /faults` at rate 1.0, so no test depends
+//! on chance. Needs no PostgreSQL or Kafka.
 
 use std::time::Duration;
 
@@ -242,71 +243,6 @@ async fn a_bad_body_gets_anthropics_400_naming_the_problem() {
         assert!(message.contains(problem), "{body}: {error}");
     }
     assert_eq!(stats(&mock).await.generations, 0);
-}
-
-#[tokio::test]
-async fn a_lost_answer_is_ambiguous_and_a_resend_pays_again() {
-    let mock = start_mock(MockSettings::default()).await;
-    let provider = provider_for(&mock.base_url(), PATIENT_MS);
-    set_faults(
-        &mock,
-        FaultSettings {
-            drop_after_work_rate: 1.0,
-            ..FaultSettings::default()
-        },
-    )
-    .await;
-
-    let error = provider
-        .generate(&request("task-lost", "q"))
-        .await
-        .unwrap_err();
-
-    assert_eq!(error.kind(), "ambiguous", "{error:?}");
-    assert_eq!(stats(&mock).await.per_key.get("task-lost"), Some(&1));
-    // No idempotency key at Anthropic: the same task asked again is a second generation,
-    // which is why the adapter offers no recovery and `retry.ambiguous` decides.
-    set_faults(&mock, FaultSettings::default()).await;
-    let again = provider.generate(&request("task-lost", "q")).await.unwrap();
-    assert_eq!(again.text, "reply to task-lost: q [generation 2]");
-    assert_eq!(stats(&mock).await.per_key.get("task-lost"), Some(&2));
-}
-
-#[tokio::test]
-async fn a_hanging_provider_is_ambiguous_after_the_client_timeout() {
-    let mock = start_mock(MockSettings::default()).await;
-    set_faults(
-        &mock,
-        FaultSettings {
-            hang_rate: 1.0,
-            ..FaultSettings::default()
-        },
-    )
-    .await;
-    let provider = provider_for(&mock.base_url(), 300);
-
-    let error = provider
-        .generate(&request("task-hang", "q"))
-        .await
-        .unwrap_err();
-
-    assert_eq!(error.kind(), "ambiguous", "{error:?}");
-    mock.shutdown().await.expect("clean shutdown");
-}
-
-#[tokio::test]
-async fn a_refused_connection_is_not_sent() {
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free loopback port");
-    let provider = provider_for(&format!("http://{addr}"), PATIENT_MS);
-
-    let error = provider
-        .generate(&request("task-refused", "q"))
-        .await
-        .unwrap_err();
-
-    assert_eq!(error.kind(), "not_sent", "{error:?}");
 }
 
 #[tokio::test]

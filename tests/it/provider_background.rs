@@ -1,9 +1,10 @@
 //! The background-responses adapter against the mock provider over real HTTP on 127.0.0.1 (mock
-//! on port 0): start then wait, recovery of a lost create or a lost poll by the operation id
-//! (within the response's retention) or, when the provider honours it, the idempotency key
-//! without a second generation (I6), the errors a caller branches on, and cancellation by
-//! dropping `wait`. Faults are forced with `PUT /faults` at rate 1.0, so no test
-//! depends on chance. Needs no PostgreSQL or Kafka.
+//! on port 0): start then wait, recovery of a lost poll by the operation id (within the
+//! response's retention), the errors a caller branches on, a hanging poll, and cancellation by
+//! dropping `wait`. A lost create found again by the idempotency key when the provider honours
+//! it (I6), a hanging create and a refused connection are `provider_transport`'s, run against
+//! every adapter. Faults are forced with `PUT /faults` at rate 1.0, so no test depends on
+//! chance. Needs no PostgreSQL or Kafka.
 
 use std::time::Duration;
 
@@ -141,34 +142,6 @@ async fn when_every_poll_answer_is_lost_the_wait_ends_ambiguous_and_waiting_agai
     let stats = stats(&mock).await;
     assert_eq!(stats.generations, 1);
     assert_eq!(stats.per_key.get("task-poll"), Some(&1));
-}
-
-#[tokio::test]
-async fn a_create_lost_after_the_work_is_found_again_by_its_idempotency_key() {
-    // Only a provider that honours the key (an opt-in: OpenAI documents none) finds it again.
-    let mock = start_mock(MockSettings {
-        honour_idempotency_key: true,
-        ..MockSettings::default()
-    })
-    .await;
-    let provider = provider_for(&mock.base_url(), PATIENT_MS);
-    set_faults(&mock, drop_after_work()).await;
-
-    let error = provider
-        .start(&request("task-lost", "q"))
-        .await
-        .unwrap_err();
-
-    assert_eq!(error.kind(), "ambiguous", "{error:?}");
-    assert_eq!(mock.stats().responses_created, 1, "the response exists");
-    set_faults(&mock, FaultSettings::default()).await;
-    let operation = provider.start(&request("task-lost", "q")).await.unwrap();
-    assert_eq!(operation, OperationId("resp_1".into()));
-    let generation = provider.wait(&operation).await.unwrap();
-    assert_eq!(generation.text, "reply to task-lost: q [generation 1]");
-    let stats = stats(&mock).await;
-    assert_eq!((stats.generations, stats.responses_created), (1, 1));
-    assert_eq!(stats.per_key.get("task-lost"), Some(&1));
 }
 
 #[tokio::test]

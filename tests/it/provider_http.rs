@@ -1,10 +1,11 @@
 //! The OpenAI adapter against the mock provider over real HTTP on 127.0.0.1 (mock on port 0):
 //! each error class the caller branches on, one generation per idempotency key (I6) when the
 //! provider honours it and a second one when, like the real chat APIs, it does not, and
-//! cancellation by dropping the call. Faults are forced with `PUT /faults` at rate 1.0, so no
-//! test depends on chance. Then the mock's capacity limits as a client meets them: a burst
-//! refused at once with the real APIs' bodies and headers, requests at once capped. Needs no
-//! PostgreSQL or Kafka.
+//! cancellation by dropping the call (a hang, a refused connection and a lost answer, met alike
+//! by every adapter, are `provider_transport`'s). Faults are forced with `PUT /faults` at rate
+//! 1.0, so no test depends on chance. Then the mock's capacity limits as a client meets them: a
+//! burst refused at once with the real APIs' bodies and headers, requests at once capped. Needs
+//! no PostgreSQL or Kafka.
 
 use std::time::Duration;
 
@@ -251,78 +252,6 @@ async fn a_bad_request_is_fatal_with_the_providers_message() {
             message: "'messages' must contain at least one message".into()
         }
     );
-}
-
-#[tokio::test]
-async fn a_hanging_provider_is_ambiguous_after_the_client_timeout() {
-    let mock = start_mock(MockSettings::default()).await;
-    set_faults(
-        &mock,
-        FaultSettings {
-            hang_rate: 1.0,
-            ..FaultSettings::default()
-        },
-    )
-    .await;
-    let provider = provider_for(&mock.base_url(), 300);
-
-    let error = provider
-        .generate(&request("task-hang", "q"))
-        .await
-        .unwrap_err();
-
-    assert_eq!(error.kind(), "ambiguous", "{error:?}");
-    assert!(error.to_string().contains("300 ms"), "{error}");
-    // The hanging request must not hold up a graceful shutdown.
-    mock.shutdown().await.expect("clean shutdown");
-}
-
-#[tokio::test]
-async fn a_response_lost_after_the_work_is_ambiguous_but_the_work_was_done() {
-    // A provider that honours the key, so the resend below can recover the lost reply.
-    let mock = start_mock(MockSettings {
-        honour_idempotency_key: true,
-        ..MockSettings::default()
-    })
-    .await;
-    let provider = provider_for(&mock.base_url(), PATIENT_MS);
-    set_faults(
-        &mock,
-        FaultSettings {
-            drop_after_work_rate: 1.0,
-            ..FaultSettings::default()
-        },
-    )
-    .await;
-
-    let error = provider
-        .generate(&request("task-lost", "q"))
-        .await
-        .unwrap_err();
-
-    assert_eq!(error.kind(), "ambiguous", "{error:?}");
-    assert_eq!(key_stats(&mock, "task-lost").await.generations, 1);
-    // Retrying under the same key recovers the reply that was generated, without a second one.
-    set_faults(&mock, FaultSettings::default()).await;
-    let recovered = provider.generate(&request("task-lost", "q")).await.unwrap();
-    assert_eq!(recovered.text, "reply to task-lost: q [generation 1]");
-    assert_eq!(stats(&mock).await.generations, 1);
-}
-
-#[tokio::test]
-async fn a_refused_connection_is_not_sent() {
-    // A port that was just free: bound, read, released, so nothing listens there.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free loopback port");
-    let provider = provider_for(&format!("http://{addr}"), PATIENT_MS);
-
-    let error = provider
-        .generate(&request("task-refused", "q"))
-        .await
-        .unwrap_err();
-
-    assert_eq!(error.kind(), "not_sent", "{error:?}");
 }
 
 #[tokio::test]
