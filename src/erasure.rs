@@ -26,13 +26,21 @@ pub enum ErasureReport {
     },
 }
 
-fn describe(scope: &ErasureScope) -> String {
-    match &scope.conversation_id {
-        Some(conversation) => format!(
-            "conversation {conversation} of workspace {}",
-            scope.workspace_id
-        ),
-        None => format!("workspace {}", scope.workspace_id),
+/// An erasure in the operator's words, for reports and errors (`replyd erase`, `replyd
+/// after-restore`).
+pub fn describe(erasure: &Erasure) -> String {
+    match erasure {
+        Erasure::Scope(scope) => match &scope.conversation_id {
+            Some(conversation) => format!(
+                "conversation {conversation} of workspace {}",
+                scope.workspace_id
+            ),
+            None => format!("workspace {}", scope.workspace_id),
+        },
+        Erasure::EndUser {
+            workspace_id,
+            user_id,
+        } => format!("end user {user_id:?} of workspace {workspace_id}"),
     }
 }
 
@@ -75,7 +83,7 @@ pub async fn run(
     dry_run: bool,
 ) -> anyhow::Result<ErasureReport> {
     let store = Store::connect(&settings.database).context("database settings")?;
-    let described = describe(scope);
+    let described = describe(&Erasure::Scope(scope.clone()));
     if dry_run {
         let plan = store
             .erasure_plan(scope)
@@ -189,7 +197,10 @@ pub async fn run_end_user(
     dry_run: bool,
 ) -> anyhow::Result<ErasureReport> {
     let store = Store::connect(&settings.database).context("database settings")?;
-    let described = format!("end user {user:?} of workspace {workspace}");
+    let described = describe(&Erasure::EndUser {
+        workspace_id: workspace.to_owned(),
+        user_id: user.to_owned(),
+    });
     if dry_run {
         let mut plan = ErasurePlan::default();
         for conversation in store

@@ -26,7 +26,6 @@ use crate::config::Settings;
 use crate::kafka::rewind::Rewound;
 use crate::sqs::settings::Transport;
 use crate::store::Store;
-use crate::store::erasure_log::Erasure;
 
 /// What a run did, or with `dry_run` would do.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -110,7 +109,7 @@ pub async fn run(
                     format!(
                         "making erasure {} again ({}; run the command again to finish)",
                         entry.id,
-                        describe(&entry.erasure)
+                        crate::erasure::describe(&entry.erasure)
                     )
                 })?;
             tasks_erased += erased.forgotten.tasks;
@@ -137,17 +136,4 @@ pub async fn run(
         tasks_erased,
         rewound,
     })
-}
-
-fn describe(erasure: &Erasure) -> String {
-    match erasure {
-        Erasure::Scope(scope) => match &scope.conversation_id {
-            Some(c) => format!("conversation {c} of workspace {}", scope.workspace_id),
-            None => format!("workspace {}", scope.workspace_id),
-        },
-        Erasure::EndUser {
-            workspace_id,
-            user_id,
-        } => format!("end user {user_id:?} of workspace {workspace_id}"),
-    }
 }

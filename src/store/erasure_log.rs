@@ -15,7 +15,8 @@ use chrono::{DateTime, Utc};
 use super::forgetting::ErasureScope;
 use super::{Store, StoreError};
 
-/// The log's one table, made by the first write: the log's database needs no migration.
+/// The log's one table, made by each process's first use: the log's database needs no
+/// migration.
 const TABLE: &str = "CREATE TABLE IF NOT EXISTS replyd_erasure_log (\
     id bigserial PRIMARY KEY, \
     workspace_id text NOT NULL, \
@@ -56,11 +57,7 @@ impl Store {
         let Some(log) = &self.erasure_log else {
             return Ok(());
         };
-        let client = log.client().await?;
-        client
-            .batch_execute(TABLE)
-            .await
-            .map_err(|e| log.failed(e.into()))?;
+        let client = log.client_with_table(TABLE).await?;
         let (workspace, conversation, user) = match erasure {
             Erasure::Scope(scope) => (&scope.workspace_id, scope.conversation_id.as_ref(), None),
             Erasure::EndUser {
@@ -87,11 +84,7 @@ impl Store {
         let Some(log) = &self.erasure_log else {
             return Ok(None);
         };
-        let client = log.client().await?;
-        client
-            .batch_execute(TABLE)
-            .await
-            .map_err(|e| log.failed(e.into()))?;
+        let client = log.client_with_table(TABLE).await?;
         let rows = client
             .query(
                 "SELECT id, logged_at, workspace_id, conversation_id, end_user_id \

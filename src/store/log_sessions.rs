@@ -13,10 +13,30 @@ use super::settings::DatabaseSettings;
 pub struct LogSessions {
     sessions: Sessions,
     target: String,
+    /// Set once this process has made sure the log's table exists.
+    table: std::sync::Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl LogSessions {
-    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+    /// A session, once `make_table` has run in this process (the first call runs it; a failed
+    /// run is tried again by the next call).
+    pub(super) async fn client_with_table(
+        &self,
+        make_table: &str,
+    ) -> Result<deadpool_postgres::Object, StoreError> {
+        let client = self.client().await?;
+        self.table
+            .get_or_try_init(|| async {
+                client
+                    .batch_execute(make_table)
+                    .await
+                    .map_err(|e| self.failed(e.into()))
+            })
+            .await?;
+        Ok(client)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.sessions.client().await.map_err(|e| self.failed(e))
     }
 
@@ -50,5 +70,9 @@ pub(super) fn sessions(settings: &DatabaseSettings) -> Result<Option<LogSessions
         target: target.clone(),
         reason: crate::telemetry::chain(&e),
     })?;
-    Ok(Some(LogSessions { sessions, target }))
+    Ok(Some(LogSessions {
+        sessions,
+        target,
+        table: Default::default(),
+    }))
 }

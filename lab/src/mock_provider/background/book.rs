@@ -303,16 +303,7 @@ fn close_text(entry: &mut ResponseEntry, id: &str, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mock_provider::background::state::Output;
-
-    fn output(text: &str) -> Output {
-        Output {
-            text: text.into(),
-            model: "m".into(),
-            input_tokens: 2,
-            output_tokens: 1,
-        }
-    }
+    use crate::mock_provider::background::state::{Output, output};
 
     #[test]
     fn a_response_goes_from_queued_through_in_progress_to_completed() {

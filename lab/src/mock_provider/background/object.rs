@@ -82,16 +82,7 @@ pub fn response_object(id: &str, entry: &ResponseEntry) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mock_provider::background::state::Output;
-
-    fn output(text: &str) -> Output {
-        Output {
-            text: text.into(),
-            model: "m".into(),
-            input_tokens: 2,
-            output_tokens: 1,
-        }
-    }
+    use crate::mock_provider::background::state::output;
 
     #[test]
     fn the_response_object_shows_output_only_when_completed() {

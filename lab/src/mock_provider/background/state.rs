@@ -13,6 +13,17 @@ pub struct Output {
     pub output_tokens: u32,
 }
 
+/// A finished generation's output, for the book's and the object's tests.
+#[cfg(test)]
+pub(super) fn output(text: &str) -> Output {
+    Output {
+        text: text.into(),
+        model: "m".into(),
+        input_tokens: 2,
+        output_tokens: 1,
+    }
+}
+
 /// Where a response is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResponseState {
