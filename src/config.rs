@@ -11,11 +11,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::api::settings::ApiSettings;
-use crate::kafka::settings::{GroupProtocol, KafkaSettings};
 use crate::probes::ObservabilitySettings;
 use crate::provider::ProviderSettings;
 use crate::relay::settings::RelaySettings;
 use crate::store::DatabaseSettings;
+use crate::transport::Transports;
+use crate::transport::kafka::settings::{GroupProtocol, KafkaSettings};
 use crate::worker::settings::WorkerSettings;
 use replyd_core::quota::QuotaSettings;
 use replyd_core::retry::RetrySettings;
@@ -36,7 +37,7 @@ pub struct Settings {
     pub quota: QuotaSettings,
     pub capacity: crate::capacity::CapacitySettings,
     pub retention: crate::housekeeping::settings::RetentionSettings,
-    pub sqs: crate::sqs::settings::SqsSettings,
+    pub sqs: crate::transport::sqs::settings::SqsSettings,
 }
 
 /// One problem with the settings: which setting, and what is wrong with it.
@@ -90,43 +91,23 @@ type Dict = figment::value::Dict;
 type Value = figment::value::Value;
 
 impl Settings {
+    /// Every transport's settings, for the choice between them.
+    pub fn transports(&self) -> Transports<'_> {
+        Transports {
+            kafka: &self.kafka,
+            sqs: &self.sqs,
+        }
+    }
+
     /// How long a record may wait to be handed to another worker after its worker vanished
     /// mid-task: the group notices (its session timeout; on SQS, the message's visibility runs
     /// out), the task's lease runs out, and a revoked partition drains. The quota's reconciler does not take a task worked within this
     /// bound for abandoned work.
     pub fn redelivery_bound(&self) -> Duration {
-        // On SQS the vanished worker's messages reappear once their visibility runs out.
-        let noticed_ms = match self.worker.source {
-            crate::sqs::settings::Transport::Kafka => self.kafka.group_session_timeout_ms(),
-            crate::sqs::settings::Transport::Sqs => {
-                u64::from(self.sqs.visibility_timeout_seconds) * 1_000
-            }
-        };
-        Duration::from_millis(
-            noticed_ms
-                .saturating_add(self.worker.lease_ms)
-                .saturating_add(self.worker.drain_timeout_ms),
-        )
-    }
-
-    /// `[sqs]`'s problems, when something here uses the queue.
-    fn sqs_problems(&self) -> Vec<(&'static str, String)> {
-        use crate::sqs::settings::Transport;
-        if self.worker.source != Transport::Sqs && self.relay.sink != Transport::Sqs {
-            return Vec::new();
-        }
-        let mut out = self.sqs.problems();
-        let visibility_ms = u64::from(self.sqs.visibility_timeout_seconds) * 1_000;
-        if self.worker.source == Transport::Sqs && visibility_ms < self.worker.lease_ms {
-            out.push((
-                "sqs.visibility_timeout_seconds",
-                format!(
-                    "{} s must be at least worker.lease_ms ({} ms): a message that reappears while its task's lease still runs is only handed back again",
-                    self.sqs.visibility_timeout_seconds, self.worker.lease_ms
-                ),
-            ));
-        }
-        out
+        let noticed = self.transports().noticed_after(self.worker.source);
+        noticed
+            .saturating_add(self.worker.lease())
+            .saturating_add(self.worker.drain_timeout())
     }
 
     /// Refuses settings that contradict each other or cannot work, naming every problem.
@@ -148,29 +129,17 @@ impl Settings {
             refuse(&setting, message);
         }
         // Each section's own rules, then the rules that tie sections together.
-        for (setting, message) in k
-            .problems()
+        for (setting, message) in self
+            .transports()
+            .problems(w.source, self.relay.sink, w.lease(), w.drain_timeout())
             .into_iter()
             .chain(w.problems())
             .chain(self.database.problems())
             .chain(self.relay.problems())
             .chain(self.api.problems())
             .chain(self.retention.problems(self.api.idempotency_retention_ms))
-            .chain(self.sqs_problems())
         {
             refuse(setting, message);
-        }
-        if k.group_protocol == GroupProtocol::Classic
-            && w.drain_timeout_ms >= k.session_timeout_ms()
-        {
-            refuse(
-                "worker.drain_timeout_ms",
-                format!(
-                    "{} must be below kafka.session_timeout_ms ({}): a revoke that drains longer than the session is fenced by the group anyway",
-                    w.drain_timeout_ms,
-                    k.session_timeout_ms()
-                ),
-            );
         }
         if self.retry.base_delay_ms == 0 || self.retry.base_delay_ms > self.retry.max_delay_ms {
             refuse(

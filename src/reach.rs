@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::config::Settings;
-use crate::sqs::settings::Transport;
+use crate::transport::Transport;
 
 /// How long each part may take to answer.
 const PART_TIMEOUT: Duration = Duration::from_secs(20);
@@ -82,8 +82,8 @@ pub async fn check(settings: &Settings) -> Vec<Reached> {
 /// refused messages to, with the receive count after which the queue's own redrive moves a
 /// message there.
 async fn sqs(settings: &Settings) -> Result<String, String> {
-    use crate::sqs::{QueueDepth, RedrivePolicy};
-    let sqs = crate::sqs::Sqs::connect(&settings.sqs)
+    use crate::transport::sqs::{QueueDepth, RedrivePolicy};
+    let sqs = crate::transport::sqs::Sqs::connect(&settings.sqs)
         .await
         .map_err(|e| e.to_string())?;
     let queue = &settings.sqs.queue_url;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sqs::settings::Transport;
+use crate::transport::Transport;
 
 /// The outbox relay (`replyd relay`).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sqs::settings::Transport;
+use crate::transport::Transport;
+use crate::transport::source::Holding;
 use replyd_core::domain::RecordRules;
 
 /// How the worker processes records.
@@ -208,6 +209,18 @@ impl WorkerSettings {
 
     pub fn io_retry(&self) -> Duration {
         Duration::from_millis(self.io_retry_ms)
+    }
+
+    /// How this worker holds records, for the source it opens.
+    pub fn holding(&self) -> Holding {
+        Holding {
+            global_window: self.global_window,
+            partition_window: self.partition_window,
+            read_ahead: self.read_ahead(),
+            drain_timeout: self.drain_timeout(),
+            commit_interval: self.commit_interval(),
+            io_retry: self.io_retry(),
+        }
     }
 
     /// The lease owner of a worker run: `worker_id`, `#`, and a new token (its incarnation);

@@ -26,12 +26,12 @@ use tracing::{Instrument as _, Span};
 
 use super::live::LiveWriter;
 use super::parking::{ParkedTasks, WakeSource};
-use super::source::WindowSlot;
 use super::store_retry::{pause, with_retry};
 use crate::capacity::Capacity;
 use crate::provider::Provider;
 use crate::store::{EnsureOutcome, Store};
 use crate::telemetry::{self, trace};
+use crate::transport::source::WindowSlot;
 use replyd_core::domain::{RecordEnd, TaskId};
 use replyd_core::lease::ClaimOutcome;
 
