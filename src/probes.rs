@@ -51,7 +51,28 @@ impl Default for ObservabilitySettings {
     }
 }
 
+/// How much longer than a loop's longest single wait `observability.liveness_timeout_ms` must
+/// be: the turn around the wait (a poll, a log line) takes a little too.
+const LIVENESS_MARGIN_MS: u64 = 5_000;
+
 impl ObservabilitySettings {
+    /// `observability.liveness_timeout_ms` against the longest single wait of a loop's step
+    /// (`longest`: the setting that names it, and its milliseconds): a loop waiting that long
+    /// is not stuck, and restarting it would only repeat the wait.
+    pub fn liveness_problems(&self, longest: (&str, u64)) -> Vec<(&'static str, String)> {
+        let (setting, ms) = longest;
+        if self.liveness_timeout_ms > ms.saturating_add(LIVENESS_MARGIN_MS) {
+            return Vec::new();
+        }
+        vec![(
+            "observability.liveness_timeout_ms",
+            format!(
+                "{} must be more than {LIVENESS_MARGIN_MS} ms above the longest single wait of a loop's step, {setting} ({ms}): a loop waiting that long is not stuck, and restarting it would only repeat the wait",
+                self.liveness_timeout_ms
+            ),
+        )]
+    }
+
     pub fn liveness_timeout(&self) -> Duration {
         Duration::from_millis(self.liveness_timeout_ms)
     }

@@ -25,12 +25,17 @@ use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
 use crate::housekeeping::Housekeeping;
+use crate::housekeeping::settings::RetentionSettings;
 use crate::probes::{Heartbeat, Probes, Readiness};
-use crate::store::Store;
+use crate::reconcile::ReconcileSettings;
 use crate::store::listen::{Demand, Listener, listen};
+use crate::store::{DatabaseSettings, Store};
 use crate::telemetry;
+use crate::transport::Transports;
+use crate::transport::kafka::settings::KafkaSettings;
+use crate::transport::sqs::settings::SqsSettings;
+use settings::RelaySettings;
 
 /// The channel new outbox rows notify (see `migrations/V6`).
 pub const OUTBOX_CHANNEL: &str = "replyd_outbox";
@@ -80,17 +85,33 @@ impl Readiness for RelayReady {
     }
 }
 
+/// What a relay is built from: its sections of the settings tree, composed by the tree once
+/// every rule between them held.
+#[derive(Debug, Clone)]
+pub struct RelayParts {
+    pub database: DatabaseSettings,
+    pub relay: RelaySettings,
+    pub retention: RetentionSettings,
+    /// The quota's reconciler, which housekeeping runs between batches.
+    pub reconcile: ReconcileSettings,
+    pub kafka: KafkaSettings,
+    pub sqs: SqsSettings,
+}
+
 /// Runs the relay until `shutdown`.
 pub async fn run(
-    settings: Settings,
+    settings: RelayParts,
     probes: &Probes,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     crate::connect_retry::migrate(&settings.database, &shutdown).await?;
     let store = Store::connect(&settings.database).context("database settings")?;
     let relay = &settings.relay;
-    let sink = settings
-        .transports()
+    let transports = Transports {
+        kafka: &settings.kafka,
+        sqs: &settings.sqs,
+    };
+    let sink = transports
         .open_sink(
             relay.sink,
             Duration::from_millis(settings.kafka.startup_retry_ms),
@@ -98,17 +119,9 @@ pub async fn run(
             &shutdown,
         )
         .await?;
-    let provider = crate::provider::build_provider(&settings.provider)
-        .context("provider settings (the quota reconciler asks the provider)")?;
     let heartbeat = Arc::new(Heartbeat::default());
     probes.watch("relay", Arc::clone(&heartbeat));
-    let reconciler = crate::reconcile::Reconciler::new(
-        store.clone(),
-        Some(provider),
-        settings.quota.policy(),
-        settings.worker.lease(),
-        settings.redelivery_bound(),
-    );
+    let reconciler = settings.reconcile.reconciler(store.clone())?;
     let mut housekeeping = Housekeeping::new(
         store.clone(),
         relay.retention(),

@@ -118,6 +118,26 @@ impl Transports<'_> {
         }
     }
 
+    /// What [`Self::noticed_after`] comes from, said with its setting for an error message.
+    pub fn noticed_from(self, transport: Transport) -> String {
+        match transport {
+            Transport::Kafka => match self.kafka.group_protocol {
+                GroupProtocol::Classic => format!(
+                    "kafka.session_timeout_ms, {} ms",
+                    self.kafka.group_session_timeout_ms()
+                ),
+                GroupProtocol::Consumer => format!(
+                    "the broker's group.consumer.session.timeout.ms at its default, {} ms",
+                    self.kafka.group_session_timeout_ms()
+                ),
+            },
+            Transport::Sqs => format!(
+                "sqs.visibility_timeout_seconds, {} s",
+                self.sqs.visibility_timeout_seconds
+            ),
+        }
+    }
+
     /// After a restore: the records written at or after `point` (milliseconds since the epoch)
     /// made to be read again (on Kafka, the group's committed offsets moved back, a partition
     /// each), or None where the transport cannot deliver a record again once it was

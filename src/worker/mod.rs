@@ -21,18 +21,22 @@ use anyhow::Context;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::capacity::{Capacity, Weights};
-use crate::config::Settings;
+use crate::capacity::{Capacity, CapacitySettings, Weights};
 use crate::probes::{DatabaseReady, Probes, Readiness};
-use crate::provider::build_provider;
-use crate::store::Store;
+use crate::provider::{ProviderSettings, build_provider};
+use crate::store::{DatabaseSettings, Store};
+use crate::transport::Transports;
+use crate::transport::kafka::settings::KafkaSettings;
 use crate::transport::source::{DeadLetter, Delivery, MakeHandler, Opening, SourceHealth};
+use crate::transport::sqs::settings::SqsSettings;
 
 use live::LiveWriter;
 use parking::{ParkedTasks, relay_task_notifications};
 use pipeline::{Pipeline, PipelineSettings};
 use replyd_core::provider::Recovery;
+use replyd_core::retry::RetrySettings;
 use runner::{RunnerSettings, TaskRunner};
+use settings::WorkerSettings;
 
 /// How long the poll loop may be silent before the worker says it is not ready: a revoke's
 /// drain holds it up to `worker.drain_timeout_ms`, and meanwhile the worker takes no records.
@@ -91,9 +95,22 @@ impl MakeHandler for PipelineParts {
     }
 }
 
+/// What a worker is built from: its sections of the settings tree, composed by the tree once
+/// every rule between them held.
+#[derive(Debug, Clone)]
+pub struct WorkerParts {
+    pub database: DatabaseSettings,
+    pub worker: WorkerSettings,
+    pub provider: ProviderSettings,
+    pub capacity: CapacitySettings,
+    pub retry: RetrySettings,
+    pub kafka: KafkaSettings,
+    pub sqs: SqsSettings,
+}
+
 /// Runs one worker until `shutdown` fires, then drains, commits and leaves the group.
 pub async fn run_worker(
-    settings: Settings,
+    settings: WorkerParts,
     probes: &Probes,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -183,8 +200,11 @@ pub async fn run_worker(
         },
         shutdown,
     };
-    let source = settings
-        .transports()
+    let transports = Transports {
+        kafka: &settings.kafka,
+        sqs: &settings.sqs,
+    };
+    let source = transports
         .open_source(settings.worker.source, opening)
         .await?;
     probes.watch("worker", Arc::clone(source.health.heartbeat()));
