@@ -258,6 +258,7 @@ mod tests {
     use figment::providers::{Format, Toml};
 
     use super::*;
+    use crate::transport::Transport;
     use crate::transport::kafka::settings::GroupProtocol;
     use crate::worker::settings::MIN_READ_AHEAD;
 
@@ -329,6 +330,30 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .starts_with("kafka.dead_letter_topic:")
+        );
+    }
+
+    /// The reservation's TTL is held against the redelivery of the source in use: on SQS the
+    /// message's visibility, named as such, not the group's session.
+    #[test]
+    fn a_reservation_ttl_below_the_redelivery_names_what_the_source_waits_for() {
+        let mut s = Settings::default();
+        s.quota.reservation_ttl_ms = 1_000;
+        let kafka = s.validate().unwrap_err().to_string();
+        assert!(
+            kafka.starts_with("quota.reservation_ttl_ms:")
+                && kafka.contains("kafka.session_timeout_ms"),
+            "{kafka}"
+        );
+        s.worker.source = Transport::Sqs;
+        s.sqs.queue_url = "http://127.0.0.1:9324/000000000000/tasks".into();
+        s.sqs.region = "us-east-1".into();
+        let sqs = s.validate().unwrap_err().to_string();
+        assert!(
+            sqs.starts_with("quota.reservation_ttl_ms:")
+                && sqs.contains("sqs.visibility_timeout_seconds, 60 s")
+                && !sqs.contains("session"),
+            "{sqs}"
         );
     }
 
