@@ -45,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 use replyd_core::quota::QuotaSettings;
 
 use crate::probes::{DatabaseReady, Probes};
-use crate::store::{DatabaseSettings, Store};
+use crate::store::DatabaseSettings;
 use settings::ApiSettings;
 
 pub use routes::{ROUTES, router};
@@ -72,8 +72,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    crate::connect_retry::migrate(&settings.database, &shutdown).await?;
-    let store = Store::connect(&settings.database).context("database settings")?;
+    let store = crate::connect_retry::migrated_store(&settings.database, &shutdown).await?;
     probes.add("api", DatabaseReady(store.clone()));
     let mut state = ApiState::new(store, settings.api.clone(), settings.limits);
     state.quota = settings.quota.policy();

@@ -20,7 +20,6 @@ pub mod settings;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -104,8 +103,7 @@ pub async fn run(
     probes: &Probes,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    crate::connect_retry::migrate(&settings.database, &shutdown).await?;
-    let store = Store::connect(&settings.database).context("database settings")?;
+    let store = crate::connect_retry::migrated_store(&settings.database, &shutdown).await?;
     let relay = &settings.relay;
     let transports = Transports {
         kafka: &settings.kafka,

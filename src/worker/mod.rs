@@ -116,8 +116,7 @@ pub async fn run_worker(
 ) -> anyhow::Result<()> {
     // PostgreSQL and Kafka may come up after us: retry for a bounded time, one log line per
     // distinct failure.
-    crate::connect_retry::migrate(&settings.database, &shutdown).await?;
-    let mut store = Store::connect(&settings.database).context("database settings")?;
+    let mut store = crate::connect_retry::migrated_store(&settings.database, &shutdown).await?;
     if settings.database.batch_completions {
         store = store.batching_completions(settings.database.batch_max_rows);
     }
