@@ -7,8 +7,6 @@
 use std::time::Duration;
 
 use serde_json::Value as Json;
-use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use replyd_core::domain::{
@@ -254,32 +252,32 @@ impl Store {
         ran: ProviderRan,
         prelude: Option<&'static str>,
     ) -> Result<FailOutcome, StoreError> {
-        let result = self
-            .fenced_write(
-                lease,
-                FencedUpdate {
-                    set: "status = 'failed', failure = $3, \
+        let result = fence::write(
+            &self.sessions,
+            lease,
+            FencedUpdate {
+                set: "status = 'failed', failure = $3, \
                  provider_may_have_run = provider_may_have_run OR $4, \
                  attempt_count = attempt_count - CASE WHEN $5 THEN 1 ELSE 0 END, \
                  refusals = refusals + CASE WHEN $5 THEN 1 ELSE 0 END, \
                  finished_at = clock_timestamp(), updated_at = clock_timestamp()",
-                    returning: "task_id",
-                },
-                &[
-                    &lease.task_id,
-                    &lease.version,
-                    &reason,
-                    &ran.may_have(),
-                    // A refusal that ends the task still cost nothing: its attempt is given back.
-                    &(outcome == AttemptOutcome::Refused),
-                ],
-                AttemptWrite::Outcome {
-                    outcome,
-                    detail: Some(reason),
-                },
-                prelude,
-            )
-            .await?;
+                returning: "task_id",
+            },
+            &[
+                &lease.task_id,
+                &lease.version,
+                &reason,
+                &ran.may_have(),
+                // A refusal that ends the task still cost nothing: its attempt is given back.
+                &(outcome == AttemptOutcome::Refused),
+            ],
+            AttemptWrite::Outcome {
+                outcome,
+                detail: Some(reason),
+            },
+            prelude,
+        )
+        .await?;
         Ok(match result {
             Ok(_) => FailOutcome::Failed,
             Err(refusal) => FailOutcome::Refused(refusal),
@@ -351,11 +349,11 @@ impl Store {
         release: &Release<'_>,
     ) -> Result<ReleaseOutcome, StoreError> {
         let refused = release.refusal_budget.is_some();
-        let result = self
-            .fenced_write(
-                lease,
-                FencedUpdate {
-                    set: "status = 'pending', lease_owner = NULL, lease_until = NULL, \
+        let result = fence::write(
+            &self.sessions,
+            lease,
+            FencedUpdate {
+                set: "status = 'pending', lease_owner = NULL, lease_until = NULL, \
                  next_attempt_at = clock_timestamp() + make_interval(secs => $3), \
                  last_error_class = coalesce($4, last_error_class), \
                  last_error = CASE WHEN $4::text IS NULL THEN last_error ELSE $5 END, \
@@ -365,26 +363,26 @@ impl Store {
                  refusal_deadline = CASE WHEN $8 THEN coalesce(refusal_deadline, \
                      clock_timestamp() + make_interval(secs => $9)) ELSE refusal_deadline END, \
                  updated_at = clock_timestamp()",
-                    returning: "task_id",
-                },
-                &[
-                    &lease.task_id,
-                    &lease.version,
-                    &seconds(release.retry_after),
-                    &release.error_class,
-                    &release.detail,
-                    &release.ran.may_have(),
-                    &release.give_back,
-                    &refused,
-                    &seconds(release.refusal_budget.unwrap_or_default()),
-                ],
-                AttemptWrite::Outcome {
-                    outcome: release.outcome,
-                    detail: Some(release.detail),
-                },
-                None,
-            )
-            .await?;
+                returning: "task_id",
+            },
+            &[
+                &lease.task_id,
+                &lease.version,
+                &seconds(release.retry_after),
+                &release.error_class,
+                &release.detail,
+                &release.ran.may_have(),
+                &release.give_back,
+                &refused,
+                &seconds(release.refusal_budget.unwrap_or_default()),
+            ],
+            AttemptWrite::Outcome {
+                outcome: release.outcome,
+                detail: Some(release.detail),
+            },
+            None,
+        )
+        .await?;
         Ok(match result {
             Ok(_) => ReleaseOutcome::Released,
             Err(refusal) => ReleaseOutcome::Refused(refusal),
@@ -401,20 +399,20 @@ impl Store {
         lease: &Lease,
         operation_id: Option<&str>,
     ) -> Result<Result<(), Refusal>, StoreError> {
-        let result = self
-            .fenced_write(
-                lease,
-                FencedUpdate {
-                    set: "provider_operation_id = $3, \
+        let result = fence::write(
+            &self.sessions,
+            lease,
+            FencedUpdate {
+                set: "provider_operation_id = $3, \
                  provider_may_have_run = provider_may_have_run OR $3::text IS NOT NULL, \
                  updated_at = clock_timestamp()",
-                    returning: "task_id",
-                },
-                &[&lease.task_id, &lease.version, &operation_id],
-                AttemptWrite::Nothing,
-                None,
-            )
-            .await?;
+                returning: "task_id",
+            },
+            &[&lease.task_id, &lease.version, &operation_id],
+            AttemptWrite::Nothing,
+            None,
+        )
+        .await?;
         Ok(result.map(|_| ()))
     }
 
@@ -550,18 +548,5 @@ impl Store {
                 })
             })
             .collect()
-    }
-
-    /// One fenced write ([`fence::write`]); `prelude` runs once the row is locked (a `SET
-    /// LOCAL` the task table's triggers read).
-    async fn fenced_write(
-        &self,
-        lease: &Lease,
-        update: FencedUpdate,
-        params: &[&(dyn ToSql + Sync)],
-        records: AttemptWrite<'_>,
-        prelude: Option<&'static str>,
-    ) -> Result<Result<Row, Refusal>, StoreError> {
-        fence::write(&self.sessions, lease, update, params, records, prelude).await
     }
 }
