@@ -204,14 +204,11 @@ impl Store {
         workspace_id: &str,
         seconds: Option<i64>,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let updated = client
-            .execute(
-                "UPDATE workspaces SET task_retention_seconds = $2 WHERE workspace_id = $1",
-                &[&workspace_id, &seconds],
-            )
-            .await?;
-        Ok(updated == 1)
+        self.wrote_one_row(
+            "UPDATE workspaces SET task_retention_seconds = $2 WHERE workspace_id = $1",
+            &[&workspace_id, &seconds],
+        )
+        .await
     }
 
     /// Deletes up to `limit` remembered ids (and erased scopes) older than `age`: by then no
