@@ -138,6 +138,17 @@ pub(super) fn invalid(task_id: Uuid, reason: impl Into<String>) -> StoreError {
     }
 }
 
+/// The columns of a task to insert that are not stored as its spec holds them: the request as
+/// JSON and the attempt budget as an `integer`. A spec that cannot be written is refused as
+/// an invalid row of `task_id`.
+pub(super) fn insert_columns(task_id: Uuid, spec: &TaskSpec) -> Result<(Json, i32), StoreError> {
+    let request = serde_json::to_value(&spec.request)
+        .map_err(|e| invalid(task_id, format!("request: {e}")))?;
+    let max_attempts =
+        i32::try_from(spec.max_attempts).map_err(|_| invalid(task_id, "max_attempts over i32"))?;
+    Ok((request, max_attempts))
+}
+
 /// The row's `status` column, one the service knows.
 fn status_of(task_id: Uuid, row: &Row) -> Result<TaskStatus, StoreError> {
     let status: &str = row.get("status");

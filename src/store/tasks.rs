@@ -23,7 +23,7 @@ use super::error::StoreError;
 use super::fence::{self, AttemptWrite, FencedUpdate, is_own_earlier_write, record_refusal};
 use super::rows::{
     CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, RenewOutcome,
-    TASK_COLUMNS, Taken, invalid, seconds, snapshot_from, taken_from, task_from,
+    TASK_COLUMNS, Taken, insert_columns, invalid, seconds, snapshot_from, taken_from, task_from,
 };
 
 impl Store {
@@ -31,10 +31,7 @@ impl Store {
     /// task's inputs is reported as [`EnsureOutcome::Conflict`] and not applied.
     pub async fn ensure_task(&self, spec: &TaskSpec) -> Result<EnsureOutcome, StoreError> {
         let client = self.client().await?;
-        let request = serde_json::to_value(&spec.request)
-            .map_err(|e| invalid(spec.task_id.as_uuid(), format!("request: {e}")))?;
-        let max_attempts = i32::try_from(spec.max_attempts)
-            .map_err(|_| invalid(spec.task_id.as_uuid(), "max_attempts over i32"))?;
+        let (request, max_attempts) = insert_columns(spec.task_id.as_uuid(), spec)?;
         // The same insert as the claim's (`replyd_insert_task`, migration V9).
         let statement = client
             .prepare_cached("SELECT replyd_insert_task($1, $2, $3, $4, $5, $6, $7, $8)")
@@ -138,14 +135,10 @@ impl Store {
         source: Option<RecordSource>,
     ) -> Result<Taken, StoreError> {
         let id = task_id.as_uuid();
-        let request = insert
-            .map(|spec| serde_json::to_value(&spec.request))
-            .transpose()
-            .map_err(|e| invalid(id, format!("request: {e}")))?;
-        let max_attempts = insert
-            .map(|spec| i32::try_from(spec.max_attempts))
-            .transpose()
-            .map_err(|_| invalid(id, "max_attempts over i32"))?;
+        let (request, max_attempts) = insert
+            .map(|spec| insert_columns(id, spec))
+            .transpose()?
+            .unzip();
         let client = self.client().await?;
         let statement = client
             .prepare_cached(
