@@ -66,14 +66,13 @@ impl Store {
         &self,
         workspace_id: &str,
     ) -> Result<WorkspaceCreated, StoreError> {
-        let client = self.client().await?;
-        let inserted = client
-            .execute(
+        let inserted = self
+            .wrote_one_row(
                 "INSERT INTO workspaces (workspace_id) VALUES ($1) ON CONFLICT DO NOTHING",
                 &[&workspace_id],
             )
             .await?;
-        Ok(if inserted == 1 {
+        Ok(if inserted {
             WorkspaceCreated::Created
         } else {
             WorkspaceCreated::Exists
