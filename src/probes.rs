@@ -117,57 +117,17 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 fn prometheus() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
-        PrometheusBuilder::new()
-            // Buckets, not quantiles: a latency histogram can be summed over workers.
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::PROVIDER_SECONDS.into(),
-                ),
-                crate::telemetry::PROVIDER_SECONDS_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::HTTP_REQUEST_SECONDS.into(),
-                ),
-                crate::telemetry::HTTP_REQUEST_SECONDS_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::CAPACITY_WAIT_SECONDS.into(),
-                ),
-                crate::telemetry::CAPACITY_WAIT_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::CAPACITY_WORKSPACE_WAIT_SECONDS.into(),
-                ),
-                crate::telemetry::CAPACITY_WAIT_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::COMPLETION_BATCH_ROWS.into(),
-                ),
-                crate::telemetry::COMPLETION_BATCH_ROWS_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::CLAIM_BATCH_ROWS.into(),
-                ),
-                crate::telemetry::COMPLETION_BATCH_ROWS_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::RENEWAL_BATCH_ROWS.into(),
-                ),
-                crate::telemetry::RENEWAL_BATCH_ROWS_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
+        let mut builder = PrometheusBuilder::new();
+        // Buckets, not quantiles: a latency histogram can be summed over workers.
+        for (name, buckets) in crate::telemetry::HISTOGRAM_BUCKETS {
+            builder = builder
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full((*name).into()),
+                    buckets,
+                )
+                .expect("the bucket list is not empty");
+        }
+        builder
             .install_recorder()
             // Only fails if another recorder was installed first, which nothing in replyd does.
             .expect("no other metrics recorder is installed")
