@@ -11,11 +11,16 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::api::settings::ApiSettings;
-use crate::kafka::settings::{GroupProtocol, KafkaSettings};
+use crate::api::{ApiParts, IntakeLimits};
 use crate::probes::ObservabilitySettings;
 use crate::provider::ProviderSettings;
+use crate::reconcile::ReconcileSettings;
+use crate::relay::RelayParts;
 use crate::relay::settings::RelaySettings;
 use crate::store::DatabaseSettings;
+use crate::transport::Transports;
+use crate::transport::kafka::settings::KafkaSettings;
+use crate::worker::WorkerParts;
 use crate::worker::settings::WorkerSettings;
 use replyd_core::quota::QuotaSettings;
 use replyd_core::retry::RetrySettings;
@@ -36,7 +41,7 @@ pub struct Settings {
     pub quota: QuotaSettings,
     pub capacity: crate::capacity::CapacitySettings,
     pub retention: crate::housekeeping::settings::RetentionSettings,
-    pub sqs: crate::sqs::settings::SqsSettings,
+    pub sqs: crate::transport::sqs::settings::SqsSettings,
 }
 
 /// One problem with the settings: which setting, and what is wrong with it.
@@ -82,51 +87,73 @@ const FREE_FORM: &[&str] = &[
 /// Environment variables that set settings: `REPLYD_<SECTION>__<KEY>`.
 pub const ENV_PREFIX: &str = "REPLYD_";
 
-/// How much longer than a loop's longest single wait `observability.liveness_timeout_ms` must
-/// be: the turn around the wait (a poll, a log line) takes a little too.
-const LIVENESS_MARGIN_MS: u64 = 5_000;
-
 type Dict = figment::value::Dict;
 type Value = figment::value::Value;
 
 impl Settings {
+    /// The worker's sections.
+    pub fn worker_parts(&self) -> WorkerParts {
+        WorkerParts {
+            database: self.database.clone(),
+            worker: self.worker.clone(),
+            provider: self.provider.clone(),
+            capacity: self.capacity.clone(),
+            retry: self.retry.clone(),
+            kafka: self.kafka.clone(),
+            sqs: self.sqs.clone(),
+        }
+    }
+
+    /// The relay's sections, and its reconciler's.
+    pub fn relay_parts(&self) -> RelayParts {
+        RelayParts {
+            database: self.database.clone(),
+            relay: self.relay.clone(),
+            retention: self.retention.clone(),
+            reconcile: self.reconcile_settings(),
+            kafka: self.kafka.clone(),
+            sqs: self.sqs.clone(),
+        }
+    }
+
+    /// The API's sections, and the bounds of new work the worker's, Kafka's and the
+    /// provider's sections set.
+    pub fn api_parts(&self) -> ApiParts {
+        ApiParts {
+            database: self.database.clone(),
+            api: self.api.clone(),
+            quota: self.quota.clone(),
+            limits: IntakeLimits::of(&self.worker, &self.kafka, &self.provider),
+        }
+    }
+
+    /// What the quota's reconciler decides by and asks.
+    pub fn reconcile_settings(&self) -> ReconcileSettings {
+        ReconcileSettings {
+            provider: self.provider.clone(),
+            policy: self.quota.policy(),
+            lease: self.worker.lease(),
+            redelivery: self.redelivery_bound(),
+        }
+    }
+
+    /// Every transport's settings, for the choice between them.
+    pub fn transports(&self) -> Transports<'_> {
+        Transports {
+            kafka: &self.kafka,
+            sqs: &self.sqs,
+        }
+    }
+
     /// How long a record may wait to be handed to another worker after its worker vanished
     /// mid-task: the group notices (its session timeout; on SQS, the message's visibility runs
     /// out), the task's lease runs out, and a revoked partition drains. The quota's reconciler does not take a task worked within this
     /// bound for abandoned work.
     pub fn redelivery_bound(&self) -> Duration {
-        // On SQS the vanished worker's messages reappear once their visibility runs out.
-        let noticed_ms = match self.worker.source {
-            crate::sqs::settings::Transport::Kafka => self.kafka.group_session_timeout_ms(),
-            crate::sqs::settings::Transport::Sqs => {
-                u64::from(self.sqs.visibility_timeout_seconds) * 1_000
-            }
-        };
-        Duration::from_millis(
-            noticed_ms
-                .saturating_add(self.worker.lease_ms)
-                .saturating_add(self.worker.drain_timeout_ms),
-        )
-    }
-
-    /// `[sqs]`'s problems, when something here uses the queue.
-    fn sqs_problems(&self) -> Vec<(&'static str, String)> {
-        use crate::sqs::settings::Transport;
-        if self.worker.source != Transport::Sqs && self.relay.sink != Transport::Sqs {
-            return Vec::new();
-        }
-        let mut out = self.sqs.problems();
-        let visibility_ms = u64::from(self.sqs.visibility_timeout_seconds) * 1_000;
-        if self.worker.source == Transport::Sqs && visibility_ms < self.worker.lease_ms {
-            out.push((
-                "sqs.visibility_timeout_seconds",
-                format!(
-                    "{} s must be at least worker.lease_ms ({} ms): a message that reappears while its task's lease still runs is only handed back again",
-                    self.sqs.visibility_timeout_seconds, self.worker.lease_ms
-                ),
-            ));
-        }
-        out
+        let noticed = self.transports().noticed_after(self.worker.source);
+        noticed
+            .saturating_add(self.worker.lease())
+            .saturating_add(self.worker.drain_timeout())
     }
 
     /// Refuses settings that contradict each other or cannot work, naming every problem.
@@ -141,89 +168,31 @@ impl Settings {
 
     fn problems(&self) -> Vec<Problem> {
         let w = &self.worker;
-        let k = &self.kafka;
         let mut out = Vec::new();
         let mut refuse = |setting: &str, message: String| out.push(problem(setting, message));
         for (setting, message) in self.capacity.problems() {
             refuse(&setting, message);
         }
         // Each section's own rules, then the rules that tie sections together.
-        for (setting, message) in k
-            .problems()
+        for (setting, message) in self
+            .transports()
+            .problems(w.source, self.relay.sink, w.lease(), w.drain_timeout())
             .into_iter()
             .chain(w.problems())
             .chain(self.database.problems())
             .chain(self.relay.problems())
             .chain(self.api.problems())
             .chain(self.retention.problems(self.api.idempotency_retention_ms))
-            .chain(self.sqs_problems())
         {
             refuse(setting, message);
         }
-        if k.group_protocol == GroupProtocol::Classic
-            && w.drain_timeout_ms >= k.session_timeout_ms()
-        {
-            refuse(
-                "worker.drain_timeout_ms",
-                format!(
-                    "{} must be below kafka.session_timeout_ms ({}): a revoke that drains longer than the session is fenced by the group anyway",
-                    w.drain_timeout_ms,
-                    k.session_timeout_ms()
-                ),
-            );
-        }
-        if self.retry.base_delay_ms == 0 || self.retry.base_delay_ms > self.retry.max_delay_ms {
-            refuse(
-                "retry.base_delay_ms",
-                format!(
-                    "{} must be positive and at most retry.max_delay_ms ({})",
-                    self.retry.base_delay_ms, self.retry.max_delay_ms
-                ),
-            );
-        }
-        // The longest a task can keep being retried: every attempt a whole lease and the
-        // longest backoff, and its refusals (which spend no attempt) their own budget. A client
-        // retrying within that time must still find its task.
-        let horizon_ms = u64::from(w.max_attempts_limit)
-            .saturating_mul(w.lease_ms.saturating_add(self.retry.max_delay_ms))
-            .saturating_add(self.retry.refusal_budget_ms);
-        if self.api.idempotency_retention_ms <= horizon_ms {
-            refuse(
-                "api.idempotency_retention_ms",
-                format!(
-                    "{} must be longer than a task's longest retry horizon, {horizon_ms} ms (worker.max_attempts_limit × (worker.lease_ms + retry.max_delay_ms) + retry.refusal_budget_ms), or a late retry would be taken for new work",
-                    self.api.idempotency_retention_ms
-                ),
-            );
-        }
-        // An API task lives at most this long once claimed: each attempt a whole lease and the
-        // longest backoff. A reservation must outlive it, or the reconciler would look at work
-        // that is still going on as a rule rather than as an exception.
-        // ... and a record whose worker vanished waits for the group to notice and hand it on
-        // (`redelivery_bound`): work that is only waiting for that is not abandoned.
-        let api_task_ms = u64::from(w.default_max_attempts)
-            .saturating_mul(w.lease_ms.saturating_add(self.retry.max_delay_ms))
-            .saturating_add(self.retry.refusal_budget_ms);
-        let redelivery_ms = self.redelivery_bound().as_millis() as u64;
-        if self.quota.reservation_ttl_ms <= api_task_ms.saturating_add(redelivery_ms) {
-            refuse(
-                "quota.reservation_ttl_ms",
-                format!(
-                    "{} must be longer than an API task's lifetime plus its redelivery, {} ms: {api_task_ms} ms (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms) + retry.refusal_budget_ms) + {redelivery_ms} ms ({}'s session timeout {} ms + worker.lease_ms + worker.drain_timeout_ms), or a worker's crash could fail work that only waits for the group to hand it on",
-                    self.quota.reservation_ttl_ms,
-                    api_task_ms.saturating_add(redelivery_ms),
-                    match self.kafka.group_protocol {
-                        GroupProtocol::Classic => "kafka.session_timeout_ms",
-                        GroupProtocol::Consumer =>
-                            "the broker's group.consumer.session.timeout.ms, at its default",
-                    },
-                    self.kafka.group_session_timeout_ms(),
-                ),
-            );
-        }
+        // The rules that tie sections together, each with the section whose setting it
+        // refuses, given what it is held against.
+        let retry_horizon = w.retry_horizon(w.max_attempts_limit, &self.retry);
+        let api_task = w.retry_horizon(w.default_max_attempts, &self.retry);
         // A loop's single step may wait this long; the liveness check must not take that
         // wait for a stuck loop.
-        let (longest_setting, longest) = [
+        let longest_wait = [
             ("worker.drain_timeout_ms", w.drain_timeout_ms),
             (
                 "database.statement_timeout_ms",
@@ -238,39 +207,24 @@ impl Settings {
         .into_iter()
         .max_by_key(|(_, ms)| *ms)
         .expect("four waits");
-        if self.observability.liveness_timeout_ms <= longest.saturating_add(LIVENESS_MARGIN_MS) {
-            refuse(
-                "observability.liveness_timeout_ms",
-                format!(
-                    "{} must be more than {LIVENESS_MARGIN_MS} ms above the longest single wait of a loop's step, {longest_setting} ({longest}): a loop waiting that long is not stuck, and restarting it would only repeat the wait",
-                    self.observability.liveness_timeout_ms
-                ),
-            );
-        }
-        if self.relay.publish_timeout_ms >= self.database.idle_in_transaction_session_timeout_ms {
-            refuse(
-                "relay.publish_timeout_ms",
-                format!(
-                    "{} must be below database.idle_in_transaction_session_timeout_ms ({}): a batch's transaction stays open while it is published",
-                    self.relay.publish_timeout_ms,
-                    self.database.idle_in_transaction_session_timeout_ms
-                ),
-            );
-        }
-        // The API refuses a record over kafka.max_record_bytes; a prompt limit that the largest
-        // ids push over it would make the API refuse prompts the worker takes.
-        let largest = replyd_core::domain::limits::largest_record_bytes(w.max_prompt_bytes);
-        if largest > k.max_record_bytes {
-            let fits = k
-                .max_record_bytes
-                .saturating_sub(largest - w.max_prompt_bytes);
-            refuse(
-                "worker.max_prompt_bytes",
-                format!(
-                    "{} does not fit kafka.max_record_bytes ({}): with the longest ids the API takes, a task's Kafka record can be {largest} bytes; lower worker.max_prompt_bytes to at most {fits} or raise kafka.max_record_bytes",
-                    w.max_prompt_bytes, k.max_record_bytes
-                ),
-            );
+        for (setting, message) in self
+            .retry
+            .problems()
+            .into_iter()
+            .chain(self.api.retention_problems(retry_horizon))
+            .chain(self.quota.ttl_problems(
+                api_task,
+                self.redelivery_bound(),
+                &self.transports().noticed_from(w.source),
+            ))
+            .chain(self.observability.liveness_problems(longest_wait))
+            .chain(
+                self.relay
+                    .publish_problems(self.database.idle_in_transaction_session_timeout_ms),
+            )
+            .chain(w.prompt_problems(self.kafka.max_record_bytes))
+        {
+            refuse(setting, message);
         }
         // The provider's own checks (base URL, extra headers, Anthropic's settings), the same
         // ones its adapters refuse with; none of them quotes a header's value.
@@ -304,6 +258,8 @@ mod tests {
     use figment::providers::{Format, Toml};
 
     use super::*;
+    use crate::transport::Transport;
+    use crate::transport::kafka::settings::GroupProtocol;
     use crate::worker::settings::MIN_READ_AHEAD;
 
     #[test]
@@ -374,6 +330,30 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .starts_with("kafka.dead_letter_topic:")
+        );
+    }
+
+    /// The reservation's TTL is held against the redelivery of the source in use: on SQS the
+    /// message's visibility, named as such, not the group's session.
+    #[test]
+    fn a_reservation_ttl_below_the_redelivery_names_what_the_source_waits_for() {
+        let mut s = Settings::default();
+        s.quota.reservation_ttl_ms = 1_000;
+        let kafka = s.validate().unwrap_err().to_string();
+        assert!(
+            kafka.starts_with("quota.reservation_ttl_ms:")
+                && kafka.contains("kafka.session_timeout_ms"),
+            "{kafka}"
+        );
+        s.worker.source = Transport::Sqs;
+        s.sqs.queue_url = "http://127.0.0.1:9324/000000000000/tasks".into();
+        s.sqs.region = "us-east-1".into();
+        let sqs = s.validate().unwrap_err().to_string();
+        assert!(
+            sqs.starts_with("quota.reservation_ttl_ms:")
+                && sqs.contains("sqs.visibility_timeout_seconds, 60 s")
+                && !sqs.contains("session"),
+            "{sqs}"
         );
     }
 

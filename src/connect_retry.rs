@@ -107,6 +107,17 @@ pub async fn migrate(
     Ok(())
 }
 
+/// The store a long-running part starts from: the schema brought up to date first ([`migrate`],
+/// retried while PostgreSQL is away), then the pool.
+pub async fn migrated_store(
+    database: &crate::store::DatabaseSettings,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<crate::store::Store> {
+    use anyhow::Context as _;
+    migrate(database, shutdown).await?;
+    crate::store::Store::connect(database).context("database settings")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,8 +24,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::config::Settings;
-use crate::kafka::KafkaLogs;
-use crate::kafka::dead_letter::headers;
+use crate::transport::kafka::KafkaLogs;
+use crate::transport::kafka::dead_letter::headers;
 
 /// What to replay.
 #[derive(Debug, Clone, Default)]

@@ -5,10 +5,9 @@
 use anyhow::Context as _;
 use serde::Serialize;
 
-use crate::config::Settings;
 use crate::store::erasure_log::Erasure;
 use crate::store::forgetting::{Erased, ErasurePlan, ErasureScope};
-use crate::store::{Store, StoreError};
+use crate::store::{DatabaseSettings, Store, StoreError};
 
 /// What a run did, or with `dry_run` would do.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -78,11 +77,11 @@ impl std::fmt::Display for ErasureReport {
 
 /// Erases `scope` (or, with `dry_run`, counts what would go).
 pub async fn run(
-    settings: &Settings,
+    database: &DatabaseSettings,
     scope: &ErasureScope,
     dry_run: bool,
 ) -> anyhow::Result<ErasureReport> {
-    let store = Store::connect(&settings.database).context("database settings")?;
+    let store = Store::connect(database).context("database settings")?;
     let described = describe(&Erasure::Scope(scope.clone()));
     if dry_run {
         let plan = store
@@ -191,12 +190,12 @@ async fn erase_end_user_logged(
 
 /// `replyd erase --end-user`: erases (or, with `dry_run`, counts) an end user's data.
 pub async fn run_end_user(
-    settings: &Settings,
+    database: &DatabaseSettings,
     workspace: &str,
     user: &str,
     dry_run: bool,
 ) -> anyhow::Result<ErasureReport> {
-    let store = Store::connect(&settings.database).context("database settings")?;
+    let store = Store::connect(database).context("database settings")?;
     let described = describe(&Erasure::EndUser {
         workspace_id: workspace.to_owned(),
         user_id: user.to_owned(),

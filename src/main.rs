@@ -73,9 +73,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve => serve::run(settings()?, Parts::ALL, shutdown).await?,
         Command::Reconcile => {
             let settings = settings()?;
-            let report = replyd::reconcile::run_command(&settings)
-                .await
-                .context("reconciling the quota reservations")?;
+            let report =
+                replyd::reconcile::run_command(&settings.database, &settings.reconcile_settings())
+                    .await
+                    .context("reconciling the quota reservations")?;
             println!("{}", serde_json::to_string(&report)?);
         }
         Command::Openapi => print!("{}", replyd::api::openapi::document()),
@@ -149,14 +150,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             let report = match end_user {
                 Some(user) => {
-                    replyd::erasure::run_end_user(&settings()?, &workspace, &user, dry_run).await?
+                    replyd::erasure::run_end_user(&settings()?.database, &workspace, &user, dry_run)
+                        .await?
                 }
                 None => {
                     let scope = replyd::store::forgetting::ErasureScope {
                         workspace_id: workspace,
                         conversation_id: conversation,
                     };
-                    replyd::erasure::run(&settings()?, &scope, dry_run).await?
+                    replyd::erasure::run(&settings()?.database, &scope, dry_run).await?
                 }
             };
             if json {

@@ -51,7 +51,28 @@ impl Default for ObservabilitySettings {
     }
 }
 
+/// How much longer than a loop's longest single wait `observability.liveness_timeout_ms` must
+/// be: the turn around the wait (a poll, a log line) takes a little too.
+const LIVENESS_MARGIN_MS: u64 = 5_000;
+
 impl ObservabilitySettings {
+    /// `observability.liveness_timeout_ms` against the longest single wait of a loop's step
+    /// (`longest`: the setting that names it, and its milliseconds): a loop waiting that long
+    /// is not stuck, and restarting it would only repeat the wait.
+    pub fn liveness_problems(&self, longest: (&str, u64)) -> Vec<(&'static str, String)> {
+        let (setting, ms) = longest;
+        if self.liveness_timeout_ms > ms.saturating_add(LIVENESS_MARGIN_MS) {
+            return Vec::new();
+        }
+        vec![(
+            "observability.liveness_timeout_ms",
+            format!(
+                "{} must be more than {LIVENESS_MARGIN_MS} ms above the longest single wait of a loop's step, {setting} ({ms}): a loop waiting that long is not stuck, and restarting it would only repeat the wait",
+                self.liveness_timeout_ms
+            ),
+        )]
+    }
+
     pub fn liveness_timeout(&self) -> Duration {
         Duration::from_millis(self.liveness_timeout_ms)
     }
@@ -96,57 +117,17 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 fn prometheus() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
-        PrometheusBuilder::new()
-            // Buckets, not quantiles: a latency histogram can be summed over workers.
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::PROVIDER_SECONDS.into(),
-                ),
-                crate::telemetry::PROVIDER_SECONDS_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::HTTP_REQUEST_SECONDS.into(),
-                ),
-                crate::telemetry::HTTP_REQUEST_SECONDS_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::CAPACITY_WAIT_SECONDS.into(),
-                ),
-                crate::telemetry::CAPACITY_WAIT_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::CAPACITY_WORKSPACE_WAIT_SECONDS.into(),
-                ),
-                crate::telemetry::CAPACITY_WAIT_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::COMPLETION_BATCH_ROWS.into(),
-                ),
-                crate::telemetry::COMPLETION_BATCH_ROWS_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::CLAIM_BATCH_ROWS.into(),
-                ),
-                crate::telemetry::COMPLETION_BATCH_ROWS_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(
-                    crate::telemetry::names::RENEWAL_BATCH_ROWS.into(),
-                ),
-                crate::telemetry::RENEWAL_BATCH_ROWS_BUCKETS,
-            )
-            .expect("the bucket list is not empty")
+        let mut builder = PrometheusBuilder::new();
+        // Buckets, not quantiles: a latency histogram can be summed over workers.
+        for (name, buckets) in crate::telemetry::HISTOGRAM_BUCKETS {
+            builder = builder
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full((*name).into()),
+                    buckets,
+                )
+                .expect("the bucket list is not empty");
+        }
+        builder
             .install_recorder()
             // Only fails if another recorder was installed first, which nothing in replyd does.
             .expect("no other metrics recorder is installed")

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::config::Settings;
-use crate::sqs::settings::Transport;
+use crate::transport::Transport;
 
 /// How long each part may take to answer.
 const PART_TIMEOUT: Duration = Duration::from_secs(20);
@@ -39,51 +39,32 @@ pub async fn check(settings: &Settings) -> Vec<Reached> {
         settings.worker.source == Transport::Kafka || settings.relay.sink == Transport::Kafka;
     let (database, kafka, provider, sqs) = tokio::join!(
         bounded(database(settings)),
-        async {
-            if uses_kafka {
-                Some(bounded(kafka(settings)).await)
-            } else {
-                None
-            }
-        },
+        bounded_if(uses_kafka, kafka(settings)),
         bounded(provider(settings)),
-        async {
-            if uses_sqs {
-                Some(bounded(sqs(settings)).await)
-            } else {
-                None
-            }
-        },
+        bounded_if(uses_sqs, sqs(settings)),
     );
-    let mut reached = vec![Reached {
-        part: "database",
-        answer: database,
-    }];
-    if let Some(answer) = kafka {
-        reached.push(Reached {
-            part: "kafka",
-            answer,
-        });
-    }
-    reached.push(Reached {
-        part: "provider",
-        answer: provider,
-    });
-    if let Some(answer) = sqs {
-        reached.push(Reached {
-            part: "sqs",
-            answer,
-        });
-    }
-    reached
+    [
+        ("database", Some(database)),
+        ("kafka", kafka),
+        ("provider", Some(provider)),
+        ("sqs", sqs),
+    ]
+    .into_iter()
+    .filter_map(|(part, answer)| {
+        Some(Reached {
+            part,
+            answer: answer?,
+        })
+    })
+    .collect()
 }
 
 /// The queue (its depth and visibility timeout), and the dead-letter queue a worker would copy
 /// refused messages to, with the receive count after which the queue's own redrive moves a
 /// message there.
 async fn sqs(settings: &Settings) -> Result<String, String> {
-    use crate::sqs::{QueueDepth, RedrivePolicy};
-    let sqs = crate::sqs::Sqs::connect(&settings.sqs)
+    use crate::transport::sqs::{QueueDepth, RedrivePolicy};
+    let sqs = crate::transport::sqs::Sqs::connect(&settings.sqs)
         .await
         .map_err(|e| e.to_string())?;
     let queue = &settings.sqs.queue_url;
@@ -115,6 +96,18 @@ async fn bounded(
     tokio::time::timeout(PART_TIMEOUT, part)
         .await
         .unwrap_or_else(|_| Err(format!("no answer in {} s", PART_TIMEOUT.as_secs())))
+}
+
+/// [`bounded`], for a part asked only when the settings use it; none when they do not.
+async fn bounded_if(
+    used: bool,
+    part: impl std::future::Future<Output = Result<String, String>>,
+) -> Option<Result<String, String>> {
+    if used {
+        Some(bounded(part).await)
+    } else {
+        None
+    }
 }
 
 async fn database(settings: &Settings) -> Result<String, String> {

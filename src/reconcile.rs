@@ -25,12 +25,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use serde::Serialize;
 
 use crate::probes::Heartbeat;
-use crate::provider::Provider;
+use crate::provider::{Provider, ProviderSettings};
 use crate::store::quota::ExpiredReservation;
-use crate::store::{CompletionOutcome, FailOutcome, Store, StoreError};
+use crate::store::{CompletionOutcome, DatabaseSettings, FailOutcome, Store, StoreError};
 use crate::telemetry;
 use replyd_core::domain::{AttemptOutcome, ProviderRan, TaskStatus};
 use replyd_core::lease::{ClaimOutcome, Lease};
@@ -73,7 +74,7 @@ pub struct Reconciler {
     /// The lease the reconciler takes while it asks the provider.
     lease: Duration,
     /// A task worked within this long is still owed to a worker
-    /// ([`crate::config::Settings::redelivery_bound`]).
+    /// (the settings' redelivery bound).
     redelivery: Duration,
     /// The loop that runs the passes, beaten after each reservation: a pass of many provider
     /// look-ups is one long turn of the relay's loop, and is alive while it moves.
@@ -386,18 +387,40 @@ fn looked_up(
     }
 }
 
-/// `replyd reconcile`: one pass with the settings' store, provider and policy.
-pub async fn run_command(settings: &crate::config::Settings) -> anyhow::Result<ReconcileReport> {
-    use anyhow::Context as _;
-    let store = Store::connect(&settings.database).context("database settings")?;
-    let provider =
-        crate::provider::build_provider(&settings.provider).context("provider settings")?;
-    let reconciler = Reconciler::new(
-        store,
-        Some(provider),
-        settings.quota.policy(),
-        settings.worker.lease(),
-        settings.redelivery_bound(),
-    );
-    Ok(reconciler.run_once().await?)
+/// What a reconciler decides by and asks, composed by the settings tree from `[provider]`,
+/// `[quota]`, `[worker]` and the transport.
+#[derive(Debug, Clone)]
+pub struct ReconcileSettings {
+    /// The provider asked about work whose outcome the database does not know.
+    pub provider: ProviderSettings,
+    pub policy: QuotaPolicy,
+    /// A worker's lease (`worker.lease_ms`): a task worked within it may still be running.
+    pub lease: Duration,
+    /// How long a record whose worker vanished may wait to be handed to another: work only
+    /// waiting for that is not abandoned.
+    pub redelivery: Duration,
+}
+
+impl ReconcileSettings {
+    /// The reconciler over `store`, asking the provider of these settings.
+    pub fn reconciler(&self, store: Store) -> anyhow::Result<Reconciler> {
+        let provider = crate::provider::build_provider(&self.provider)
+            .context("provider settings (the quota reconciler asks the provider)")?;
+        Ok(Reconciler::new(
+            store,
+            Some(provider),
+            self.policy,
+            self.lease,
+            self.redelivery,
+        ))
+    }
+}
+
+/// `replyd reconcile`: one pass over the database of `database`.
+pub async fn run_command(
+    database: &DatabaseSettings,
+    settings: &ReconcileSettings,
+) -> anyhow::Result<ReconcileReport> {
+    let store = Store::connect(database).context("database settings")?;
+    Ok(settings.reconciler(store)?.run_once().await?)
 }

@@ -8,7 +8,7 @@
 //!   record read again below can bring an erased task back.
 //! - Tasks written since the point are gone while their records are committed past. The
 //!   group's offsets move back to the first record written at or after the point
-//!   ([`crate::kafka::rewind`]); the workers read those records again, and the worker's
+//!   ([`crate::transport::kafka::rewind`]); the workers read those records again, and the worker's
 //!   idempotence does the rest: a task the restored database holds finished is done without
 //!   a call, a missing one is inserted and run.
 //! - Ids forgotten since the point are remembered again by retention's next pass, by the
@@ -23,9 +23,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::config::Settings;
-use crate::kafka::rewind::Rewound;
-use crate::sqs::settings::Transport;
 use crate::store::Store;
+use crate::transport::kafka::rewind::Rewound;
 
 /// What a run did, or with `dry_run` would do.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -115,20 +114,14 @@ pub async fn run(
             tasks_erased += erased.forgotten.tasks;
         }
     }
-    let rewound = match settings.worker.source {
-        Transport::Kafka => {
-            let kafka = settings.kafka.clone();
-            let point = restored_to.timestamp_millis();
-            Some(
-                tokio::task::spawn_blocking(move || {
-                    crate::kafka::rewind::rewind(&kafka, point, dry_run)
-                })
-                .await
-                .context("the offsets' thread")??,
-            )
-        }
-        Transport::Sqs => None,
-    };
+    let rewound = settings
+        .transports()
+        .read_again_from(
+            settings.worker.source,
+            restored_to.timestamp_millis(),
+            dry_run,
+        )
+        .await?;
     Ok(RestoreReport {
         restored_to,
         dry_run,

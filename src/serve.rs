@@ -106,19 +106,19 @@ pub async fn run(
         OptionFuture::from(parts.api.then_some(async {
             part(
                 "api",
-                crate::api::run(settings.clone(), &probes, shutdown.clone()).await,
+                crate::api::run(settings.api_parts(), &probes, shutdown.clone()).await,
             )
         })),
         OptionFuture::from(parts.relay.then_some(async {
             part(
                 "relay",
-                crate::relay::run(settings.clone(), &probes, shutdown.clone()).await,
+                crate::relay::run(settings.relay_parts(), &probes, shutdown.clone()).await,
             )
         })),
         OptionFuture::from(parts.worker.then_some(async {
             part(
                 "worker",
-                crate::worker::run_worker(settings.clone(), &probes, shutdown.clone()).await,
+                crate::worker::run_worker(settings.worker_parts(), &probes, shutdown.clone()).await,
             )
         })),
     );

@@ -16,7 +16,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use serde::Serialize;
 
 use crate::config::Settings;
-use crate::kafka::KafkaLogs;
+use crate::transport::kafka::KafkaLogs;
 
 type Admin = AdminClient<KafkaLogs>;
 

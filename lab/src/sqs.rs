@@ -1,14 +1,14 @@
 //! An SQS-compatible server as the tests, the chaos harness and the demo use it: a queue with
 //! a dead-letter queue behind its `RedrivePolicy`, created as a team on AWS would, and reply
-//! tasks sent to it as a producer would (the record in base64, `replyd::sqs::message`).
+//! tasks sent to it as a producer would (the record in base64, `replyd::transport::sqs::message`).
 //! Credentials are fixed test ones: the local server checks none, and the SDK signs anyway.
 
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
 use prost::Message as _;
 
-use replyd::sqs::Sqs;
-use replyd::sqs::message::encode_body;
+use replyd::transport::sqs::Sqs;
+use replyd::transport::sqs::message::encode_body;
 use replyd_core::domain::TaskSpec;
 
 /// The credentials and region the local server's clients (and the workers under test) use.
@@ -31,7 +31,7 @@ pub fn connect(endpoint: &str) -> Sqs {
         ))
         .region(Region::new(TEST_ENV[2].1))
         .endpoint_url(endpoint)
-        .http_client(replyd::sqs::https_client())
+        .http_client(replyd::transport::sqs::https_client())
         .build();
     Sqs::from_client(aws_sdk_sqs::Client::from_conf(config), endpoint)
 }
@@ -141,6 +141,6 @@ pub async fn send_tasks(
 }
 
 /// What a queue holds, as the server approximates it: visible, in flight, delayed.
-pub async fn depth(sqs: &Sqs, queue: &str) -> anyhow::Result<replyd::sqs::QueueDepth> {
+pub async fn depth(sqs: &Sqs, queue: &str) -> anyhow::Result<replyd::transport::sqs::QueueDepth> {
     Ok(sqs.depth(queue).await?)
 }

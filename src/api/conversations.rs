@@ -147,8 +147,6 @@ pub async fn list(
         if conversation_id.len() > 256 {
             return Err(not_found());
         }
-        let unavailable =
-            |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
         let workspace = &caller.workspace;
         if caller.end_user.is_some() {
             // An end user lists their own conversations only; another's is not there.
@@ -156,7 +154,7 @@ pub async fn list(
                 .store
                 .conversation_owner(workspace, &conversation_id)
                 .await
-                .map_err(unavailable)?;
+                .map_err(Problem::store_unavailable)?;
             if !caller.sees(owner.as_ref()) {
                 return Err(not_found());
             }
@@ -165,7 +163,7 @@ pub async fn list(
             .store
             .conversation_page(workspace, &conversation_id, after, limit)
             .await
-            .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?
+            .map_err(Problem::store_unavailable)?
             .ok_or_else(not_found)?;
         let next_cursor = page
             .messages
@@ -243,14 +241,12 @@ pub async fn erase(
     PathParam(conversation_id): PathParam,
 ) -> Response {
     let erased = async {
-        let unavailable =
-            |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
         if conversation_id.len() > 256
             || !state
                 .store
                 .conversation_known(&workspace, &conversation_id)
                 .await
-                .map_err(unavailable)?
+                .map_err(Problem::store_unavailable)?
         {
             return Err(Problem::not_found(format!(
                 "no conversation {}",
@@ -263,7 +259,7 @@ pub async fn erase(
         };
         let erased = crate::erasure::erase(&state.store, &scope)
             .await
-            .map_err(unavailable)?;
+            .map_err(Problem::store_unavailable)?;
         Ok::<_, Problem>(ErasedConversation {
             conversation_id: conversation_id.clone(),
             tasks: erased.forgotten.tasks,

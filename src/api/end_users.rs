@@ -100,13 +100,11 @@ pub async fn create_token(
             ))
             .with_fields(vec!["ttl_seconds"]));
         }
-        let unavailable =
-            |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
         let (version, secret) = match state
             .store
             .current_signing_key(&workspace, sealing)
             .await
-            .map_err(unavailable)?
+            .map_err(Problem::store_unavailable)?
         {
             SigningKey::Current { version, secret } => (version, secret),
             SigningKey::NoWorkspace => {
@@ -128,7 +126,7 @@ pub async fn create_token(
             .store
             .token_standing(&workspace, &asked.user_id, &key_id)
             .await
-            .map_err(unavailable)?
+            .map_err(Problem::store_unavailable)?
             .generation;
         let now = Utc::now();
         let token = end_user::mint(
@@ -197,7 +195,7 @@ pub async fn revoke(
             .store
             .revoke_end_user(&workspace, &user_id)
             .await
-            .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?;
+            .map_err(Problem::store_unavailable)?;
         Ok::<_, Problem>(())
     };
     match revoked.await {
@@ -248,7 +246,7 @@ pub async fn erase(
         checked_user_id(&user_id)?;
         let done = crate::erasure::erase_end_user(&state.store, &workspace, &user_id)
             .await
-            .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?;
+            .map_err(Problem::store_unavailable)?;
         let forgotten = done.erased.forgotten;
         Ok::<_, Problem>(ErasedEndUser {
             user_id: user_id.clone(),

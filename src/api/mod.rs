@@ -42,27 +42,39 @@ mod state;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
+use replyd_core::quota::QuotaSettings;
+
 use crate::probes::{DatabaseReady, Probes};
-use crate::store::Store;
+use crate::store::DatabaseSettings;
+use settings::ApiSettings;
 
 pub use routes::{ROUTES, router};
 pub use server::serve;
 pub use state::{ApiState, IntakeLimits};
 
+/// What the API is built from: its sections of the settings tree, composed by the tree once
+/// every rule between them held.
+#[derive(Debug, Clone)]
+pub struct ApiParts {
+    pub database: DatabaseSettings,
+    pub api: ApiSettings,
+    pub quota: QuotaSettings,
+    /// The bounds of new work, from the worker's, Kafka's and the provider's sections.
+    pub limits: IntakeLimits,
+}
+
 /// Runs `replyd api` until `shutdown`: migrations first (retried while PostgreSQL is away),
 /// then the API on `api.listen`; SIGTERM stops taking connections and lets open requests
 /// finish.
 pub async fn run(
-    settings: Settings,
+    settings: ApiParts,
     probes: &Probes,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    crate::connect_retry::migrate(&settings.database, &shutdown).await?;
-    let store = Store::connect(&settings.database).context("database settings")?;
+    let store = crate::connect_retry::migrated_store(&settings.database, &shutdown).await?;
     probes.add("api", DatabaseReady(store.clone()));
-    let mut state = ApiState::new(store, settings.api.clone(), IntakeLimits::of(&settings));
+    let mut state = ApiState::new(store, settings.api.clone(), settings.limits);
     state.quota = settings.quota.policy();
     state
         .changes

@@ -278,6 +278,24 @@ pub fn document() -> String {
 mod tests {
     use super::ProblemKind;
     use replyd_core::domain::limits;
+    use serde_json::Value;
+
+    /// The generated document, parsed.
+    fn parsed() -> Value {
+        serde_json::from_str(&super::document()).unwrap()
+    }
+
+    /// Every operation of the document, with its path and method.
+    fn operations(doc: &Value) -> impl Iterator<Item = (&String, &String, &Value)> {
+        doc["paths"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .flat_map(|(path, item)| {
+                let methods = item.as_object().unwrap().iter();
+                methods.map(move |(method, operation)| (path, method, operation))
+            })
+    }
 
     #[test]
     fn the_checked_in_document_is_the_generated_one() {
@@ -290,7 +308,7 @@ mod tests {
 
     #[test]
     fn the_schema_states_the_bounds_the_api_keeps() {
-        let doc: serde_json::Value = serde_json::from_str(&super::document()).unwrap();
+        let doc = parsed();
         let fields = &doc["components"]["schemas"]["CreateReply"]["properties"];
         for (field, limit) in [
             ("conversation_id", limits::MAX_CONVERSATION_ID_BYTES),
@@ -307,7 +325,7 @@ mod tests {
 
     #[test]
     fn the_document_lists_every_problem_kind_by_its_name() {
-        let doc: serde_json::Value = serde_json::from_str(&super::document()).unwrap();
+        let doc = parsed();
         let listed: Vec<&str> = doc["components"]["schemas"]["ProblemKind"]["enum"]
             .as_array()
             .expect("ProblemKind is an enum of strings")
@@ -327,50 +345,46 @@ mod tests {
 
     #[test]
     fn answers_to_a_known_caller_say_their_rate_limit_headers() {
-        let doc: serde_json::Value = serde_json::from_str(&super::document()).unwrap();
-        for (path, item) in doc["paths"].as_object().unwrap() {
-            for (method, operation) in item.as_object().unwrap() {
-                for (status, answer) in operation["responses"].as_object().unwrap() {
-                    let named = answer["headers"].get("RateLimit").is_some()
-                        && answer["headers"].get("RateLimit-Policy").is_some();
-                    assert_eq!(
-                        named,
-                        !super::NO_CALLER.contains(&status.as_str()),
-                        "{method} {path} {status}"
-                    );
-                }
+        let doc = parsed();
+        for (path, method, operation) in operations(&doc) {
+            for (status, answer) in operation["responses"].as_object().unwrap() {
+                let named = answer["headers"].get("RateLimit").is_some()
+                    && answer["headers"].get("RateLimit-Policy").is_some();
+                assert_eq!(
+                    named,
+                    !super::NO_CALLER.contains(&status.as_str()),
+                    "{method} {path} {status}"
+                );
             }
         }
     }
 
     #[test]
     fn every_operation_lists_the_refusals_of_any_route() {
-        let doc: serde_json::Value = serde_json::from_str(&super::document()).unwrap();
-        for (path, item) in doc["paths"].as_object().unwrap() {
-            for (method, operation) in item.as_object().unwrap() {
-                let responses = &operation["responses"];
-                for status in ["400", "413", "414", "431"] {
-                    assert_eq!(
-                        responses[status]["content"]["application/problem+json"]["schema"]["$ref"],
-                        "#/components/schemas/ProblemDetails",
-                        "{method} {path} {status}"
-                    );
-                }
-                let bad_request = responses["400"]["description"].as_str().unwrap();
-                assert!(bad_request.contains("malformed_request"), "{method} {path}");
+        let doc = parsed();
+        for (path, method, operation) in operations(&doc) {
+            let responses = &operation["responses"];
+            for status in ["400", "413", "414", "431"] {
                 assert_eq!(
-                    bad_request.contains("invalid_path"),
-                    path.contains('{'),
-                    "{method} {path}: a bad segment is a 400 of every route with one"
-                );
-                assert!(
-                    responses["431"]["description"]
-                        .as_str()
-                        .unwrap()
-                        .contains("api.max_headers"),
-                    "{method} {path}"
+                    responses[status]["content"]["application/problem+json"]["schema"]["$ref"],
+                    "#/components/schemas/ProblemDetails",
+                    "{method} {path} {status}"
                 );
             }
+            let bad_request = responses["400"]["description"].as_str().unwrap();
+            assert!(bad_request.contains("malformed_request"), "{method} {path}");
+            assert_eq!(
+                bad_request.contains("invalid_path"),
+                path.contains('{'),
+                "{method} {path}: a bad segment is a 400 of every route with one"
+            );
+            assert!(
+                responses["431"]["description"]
+                    .as_str()
+                    .unwrap()
+                    .contains("api.max_headers"),
+                "{method} {path}"
+            );
         }
     }
 }

@@ -251,6 +251,11 @@ impl Problem {
             detail,
         )
     }
+
+    /// The `503` of a store call that failed: the error and its causes are the detail.
+    pub fn store_unavailable(error: crate::store::StoreError) -> Self {
+        Self::unavailable(telemetry::chain(&error))
+    }
 }
 
 /// `Retry-After` in whole seconds, rounded up and never 0 (a client would ask again at once).

@@ -162,7 +162,7 @@ pub async fn show(State(state): State<ApiState>, Workspace(workspace): Workspace
         Ok((None, _)) => {
             Problem::not_found(format!("workspace {workspace} has no quota")).into_response()
         }
-        Err(e) => Problem::unavailable(crate::telemetry::chain(&e)).into_response(),
+        Err(e) => Problem::store_unavailable(e).into_response(),
     }
 }
 

@@ -264,11 +264,13 @@ pub async fn cancel(
     PathParam(task_id): PathParam,
 ) -> Response {
     let cancelled = async {
-        let unavailable =
-            |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
         let task = task_of(&state, &caller, &task_id).await?;
         let id = task.spec.task_id;
-        let outcome = state.store.cancel(id).await.map_err(unavailable)?;
+        let outcome = state
+            .store
+            .cancel(id)
+            .await
+            .map_err(Problem::store_unavailable)?;
         crate::telemetry::cancel(outcome.as_str());
         let finished = |detail: &str| {
             Problem::new(
@@ -280,7 +282,12 @@ pub async fn cancel(
         };
         match outcome {
             CancelOutcome::Cancelled | CancelOutcome::AlreadyCancelled => {
-                match state.store.read(id).await.map_err(unavailable)? {
+                match state
+                    .store
+                    .read(id)
+                    .await
+                    .map_err(Problem::store_unavailable)?
+                {
                     Some(task) => Ok(ReplyView::of(&task)),
                     None => Err(Problem::not_found(format!("no task {id}"))),
                 }
@@ -322,7 +329,7 @@ pub async fn show(
             .store
             .attempts(task.spec.task_id)
             .await
-            .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?;
+            .map_err(Problem::store_unavailable)?;
         Ok::<_, Problem>(ReplyView {
             usage: Some(UsageView::of(&attempts)),
             ..ReplyView::of(&task)
@@ -347,10 +354,13 @@ pub(super) async fn task_of(
             format!("{} is not a task id (a UUID)", super::echo::quoted(raw_id)),
         )
     })?;
-    let unavailable =
-        |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
     let not_found = || Problem::not_found(format!("no task {task_id}"));
-    let task = match state.store.read(task_id).await.map_err(unavailable)? {
+    let task = match state
+        .store
+        .read(task_id)
+        .await
+        .map_err(Problem::store_unavailable)?
+    {
         Some(task) if task.spec.workspace_id == caller.workspace => task,
         _ => return Err(not_found()),
     };
@@ -367,7 +377,7 @@ pub(super) async fn task_of(
                 &task.spec.message_id,
             )
             .await
-            .map_err(unavailable)?;
+            .map_err(Problem::store_unavailable)?;
         if !caller.sees(owner.as_ref()) {
             return Err(not_found());
         }

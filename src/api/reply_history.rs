@@ -32,7 +32,7 @@ pub(super) async fn history_of(
         .store
         .earlier_messages(workspace, &inputs.conversation_id)
         .await
-        .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?;
+        .map_err(Problem::store_unavailable)?;
     let prompt = prompt_bytes(policy, &inputs.message, inputs.context.as_deref());
     let budget = Budget {
         tokens: i64::from(max_tokens).min(

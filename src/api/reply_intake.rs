@@ -44,7 +44,7 @@ pub(super) async fn policy_of(
         .store
         .workspace_policy(workspace)
         .await
-        .map_err(|e| Problem::unavailable(crate::telemetry::chain(&e)))?
+        .map_err(Problem::store_unavailable)?
         .unwrap_or_default())
 }
 
@@ -70,9 +70,12 @@ pub(super) fn judge(
 
 /// Runs the intake transaction and answers: 202 with where to follow the task.
 pub(super) async fn submit(state: &ApiState, submission: Submission) -> Result<Response, Problem> {
-    let unavailable =
-        |e: crate::store::StoreError| Problem::unavailable(crate::telemetry::chain(&e));
-    let (task_id, replayed) = match state.store.submit(&submission).await.map_err(unavailable)? {
+    let (task_id, replayed) = match state
+        .store
+        .submit(&submission)
+        .await
+        .map_err(Problem::store_unavailable)?
+    {
         Submitted::Created { task_id } => (task_id, false),
         Submitted::Replayed { task_id } => (task_id, true),
         Submitted::OverQuota { quota } => return Ok(super::quota::over_quota(&quota, state.quota)),
@@ -124,7 +127,7 @@ pub(super) async fn submit(state: &ApiState, submission: Submission) -> Result<R
             .store
             .read(task_id)
             .await
-            .map_err(unavailable)?
+            .map_err(Problem::store_unavailable)?
             .map_or(TaskStatus::Pending, |t| t.status)
     } else {
         TaskStatus::Pending

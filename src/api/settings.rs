@@ -90,6 +90,23 @@ impl Default for ApiSettings {
 }
 
 impl ApiSettings {
+    /// `api.idempotency_retention_ms` against the longest a task can keep being retried
+    /// (`retry_horizon`): a client retrying within that time must still find its task, or its
+    /// late retry would be taken for new work.
+    pub fn retention_problems(&self, retry_horizon: Duration) -> Vec<(&'static str, String)> {
+        let horizon_ms = retry_horizon.as_millis();
+        if u128::from(self.idempotency_retention_ms) > horizon_ms {
+            return Vec::new();
+        }
+        vec![(
+            "api.idempotency_retention_ms",
+            format!(
+                "{} must be longer than a task's longest retry horizon, {horizon_ms} ms (worker.max_attempts_limit × (worker.lease_ms + retry.max_delay_ms) + retry.refusal_budget_ms), or a late retry would be taken for new work",
+                self.idempotency_retention_ms
+            ),
+        )]
+    }
+
     /// What is wrong with `[api]` on its own: the rate limit, the head and body limits, the header timeout. Each problem names its setting.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();

@@ -2,12 +2,13 @@
 //! work ([`IntakeLimits`]), the status changes the event streams follow, the quota policy and
 //! the per-key rate limiter.
 
-use crate::config::Settings;
-use replyd_core::quota::QuotaSettings;
+use replyd_core::quota::{QuotaPolicy, QuotaSettings};
 
 use super::settings::ApiSettings;
+use crate::provider::ProviderSettings;
 use crate::store::Store;
-use replyd_core::quota::QuotaPolicy;
+use crate::transport::kafka::settings::KafkaSettings;
+use crate::worker::settings::WorkerSettings;
 
 use super::changes::TaskChanges;
 use super::rate_limit::KeyLimiter;
@@ -30,12 +31,12 @@ pub struct IntakeLimits {
 }
 
 impl IntakeLimits {
-    pub fn of(settings: &Settings) -> Self {
+    pub fn of(worker: &WorkerSettings, kafka: &KafkaSettings, provider: &ProviderSettings) -> Self {
         Self {
-            max_attempts: settings.worker.default_max_attempts,
-            max_prompt_bytes: settings.worker.max_prompt_bytes,
-            max_record_bytes: settings.kafka.max_record_bytes,
-            default_model: settings.provider.default_model.clone(),
+            max_attempts: worker.default_max_attempts,
+            max_prompt_bytes: worker.max_prompt_bytes,
+            max_record_bytes: kafka.max_record_bytes,
+            default_model: provider.default_model.clone(),
         }
     }
 }
@@ -43,7 +44,11 @@ impl IntakeLimits {
 impl Default for IntakeLimits {
     /// The limits of the default settings.
     fn default() -> Self {
-        Self::of(&Settings::default())
+        Self::of(
+            &WorkerSettings::default(),
+            &KafkaSettings::default(),
+            &ProviderSettings::default(),
+        )
     }
 }
 

@@ -12,10 +12,10 @@ use uuid::Uuid;
 
 use super::records::{QueueFacts, RecordFacts, RecordTallies};
 use crate::config::Settings;
-use crate::kafka::dead_letter::headers;
-use crate::sqs::settings::Transport;
-use crate::sqs::{QueueDepth, Sqs};
 use crate::store::{connect_error, session_config, tls_connector};
+use crate::transport::Transport;
+use crate::transport::kafka::dead_letter::headers;
+use crate::transport::sqs::{QueueDepth, Sqs};
 use replyd_core::domain::{AttemptOutcome, TaskSpec, TaskStatus};
 
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +32,7 @@ pub enum CheckError {
     #[error("mock provider: {0}")]
     Mock(#[from] reqwest::Error),
     #[error(transparent)]
-    Sqs(#[from] crate::sqs::SqsError),
+    Sqs(#[from] crate::transport::sqs::SqsError),
     #[error("{0}")]
     Other(String),
 }

@@ -85,7 +85,7 @@ pub async fn run(settings: &Settings, mock_url: Option<&str>) -> Result<Report, 
 pub async fn run_with_sqs(
     settings: &Settings,
     mock_url: Option<&str>,
-    sqs: crate::sqs::Sqs,
+    sqs: crate::transport::sqs::Sqs,
 ) -> Result<Report, CheckError> {
     Ok(verdict(read_facts(settings, mock_url, Some(sqs)).await?))
 }

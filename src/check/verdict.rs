@@ -2,7 +2,7 @@
 
 use super::facts::Facts;
 use super::report::{Percentiles, Report};
-use crate::sqs::settings::Transport;
+use crate::transport::Transport;
 
 /// The `p` quantile of `sorted` by the nearest-rank method (0 when empty).
 pub fn percentile(sorted: &[i64], p: f64) -> i64 {
@@ -18,11 +18,7 @@ pub fn percentile(sorted: &[i64], p: f64) -> i64 {
 pub fn verdict(facts: Facts) -> Report {
     let tasks = facts.statuses.tasks;
     let mut report = Report {
-        source: match facts.source {
-            Transport::Kafka => "kafka",
-            Transport::Sqs => "sqs",
-        }
-        .to_owned(),
+        source: facts.source.as_str().to_owned(),
         tasks,
         completed: facts.statuses.completed,
         failed: facts.statuses.failed,

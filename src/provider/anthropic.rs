@@ -21,7 +21,7 @@ use reqwest::{RequestBuilder, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
 use super::call::{Dialect, Parse};
-use super::generation::{Reply, token_usage};
+use super::generation::{Reply, content_refused, token_usage};
 use super::http::{AdapterBuildError, ApiClient, Classify, with_key_header};
 use super::settings::ProviderSettings;
 use super::stream::{self, StreamFold};
@@ -167,17 +167,11 @@ pub(crate) fn parse_message(
         }
     }
     if stop == Some("refusal") {
-        return Err(ProviderError::Fatal {
-            status: status.as_u16(),
-            message: "content refused: stop_reason is refusal".into(),
-        });
+        return Err(content_refused(status.as_u16(), "stop_reason is refusal"));
     }
     let Some(text) = text else {
         return Err(match stop {
-            Some("max_tokens") => ProviderError::Fatal {
-                status: status.as_u16(),
-                message: "reply cut at max_tokens before any text".into(),
-            },
+            Some("max_tokens") => cut_before_text(status.as_u16()),
             _ => malformed("message has no text content".into()),
         });
     };
@@ -190,6 +184,15 @@ pub(crate) fn parse_message(
             .map(|u| token_usage(u.input_tokens, u.output_tokens)),
     };
     Ok(reply.generation(asked_model))
+}
+
+/// A reply cut at `max_tokens` before any text: nothing to save, and final (a retry would ask
+/// with the same limit).
+fn cut_before_text(status: u16) -> ProviderError {
+    ProviderError::Fatal {
+        status,
+        message: "reply cut at max_tokens before any text".into(),
+    }
 }
 
 /// A message's event stream: `message_start` (its id, model and the prompt's usage),
@@ -293,17 +296,9 @@ impl StreamFold for MessageStream {
 
     fn generation(self) -> Result<Generation, ProviderError> {
         match self.stop_reason.as_deref() {
-            Some("refusal") => {
-                return Err(ProviderError::Fatal {
-                    status: 200,
-                    message: "content refused: stop_reason is refusal".into(),
-                });
-            }
+            Some("refusal") => return Err(content_refused(200, "stop_reason is refusal")),
             Some("max_tokens") if self.reply.text.is_empty() => {
-                return Err(ProviderError::Fatal {
-                    status: 200,
-                    message: "reply cut at max_tokens before any text".into(),
-                });
+                return Err(cut_before_text(200));
             }
             _ => {}
         }

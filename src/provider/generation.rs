@@ -5,7 +5,7 @@
 //! signals are left for the call to add from the answer's headers. A leaf: it names nothing of
 //! the adapters, which all build on it.
 
-use replyd_core::provider::{Generation, RateSignals, Usage};
+use replyd_core::provider::{Generation, ProviderError, RateSignals, Usage};
 
 /// A reply's parts as an API reports them, read from a whole answer or gathered from a
 /// stream's events.
@@ -49,6 +49,15 @@ pub(crate) fn token_usage(prompt_tokens: u32, completion_tokens: u32) -> Usage {
     Usage {
         prompt_tokens,
         completion_tokens,
+    }
+}
+
+/// An answer in which the model declined to reply (a refusal, a content filter), `why` as the
+/// API said it: final, since asking again gets the same answer.
+pub(crate) fn content_refused(status: u16, why: impl std::fmt::Display) -> ProviderError {
+    ProviderError::Fatal {
+        status,
+        message: format!("content refused: {why}"),
     }
 }
 

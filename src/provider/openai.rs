@@ -11,7 +11,7 @@ use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
 use super::call::{Dialect, Parse};
-use super::generation::{Reply, token_usage};
+use super::generation::{Reply, content_refused, token_usage};
 use super::http::{AdapterBuildError, ApiClient, Classify};
 use super::settings::{ProviderSettings, takes_max_completion_tokens};
 use super::stream::{self, StreamFold};
@@ -190,16 +190,10 @@ impl StreamFold for ChatStream {
 
     fn generation(self) -> Result<Generation, ProviderError> {
         if !self.refusal.is_empty() {
-            return Err(ProviderError::Fatal {
-                status: 200,
-                message: format!("content refused: {}", self.refusal),
-            });
+            return Err(content_refused(200, &self.refusal));
         }
         if self.finish_reason.as_deref() == Some("content_filter") {
-            return Err(ProviderError::Fatal {
-                status: 200,
-                message: "content refused: finish_reason is content_filter".into(),
-            });
+            return Err(content_refused(200, "finish_reason is content_filter"));
         }
         if self.finish_reason.is_none() {
             return Err(ProviderError::MalformedResponse {
@@ -228,16 +222,13 @@ fn parse_completion(
         .message
         .ok_or_else(|| malformed("first choice has no message".into()))?;
     if let Some(refusal) = message.refusal.filter(|r| !r.is_empty()) {
-        return Err(ProviderError::Fatal {
-            status: status.as_u16(),
-            message: format!("content refused: {refusal}"),
-        });
+        return Err(content_refused(status.as_u16(), refusal));
     }
     if choice.finish_reason.as_deref() == Some("content_filter") {
-        return Err(ProviderError::Fatal {
-            status: status.as_u16(),
-            message: "content refused: finish_reason is content_filter".into(),
-        });
+        return Err(content_refused(
+            status.as_u16(),
+            "finish_reason is content_filter",
+        ));
     }
     let text = message
         .content

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sqs::settings::Transport;
+use crate::transport::Transport;
 
 /// The outbox relay (`replyd relay`).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
@@ -42,6 +42,21 @@ impl Default for RelaySettings {
 }
 
 impl RelaySettings {
+    /// `relay.publish_timeout_ms` against the database's idle-in-transaction timeout
+    /// (`idle_in_transaction_ms`): a batch's transaction stays open while it is published.
+    pub fn publish_problems(&self, idle_in_transaction_ms: u64) -> Vec<(&'static str, String)> {
+        if self.publish_timeout_ms < idle_in_transaction_ms {
+            return Vec::new();
+        }
+        vec![(
+            "relay.publish_timeout_ms",
+            format!(
+                "{} must be below database.idle_in_transaction_session_timeout_ms ({idle_in_transaction_ms}): a batch's transaction stays open while it is published",
+                self.publish_timeout_ms
+            ),
+        )]
+    }
+
     /// What is wrong with `[relay]` on its own: the batch, the poll interval against the readiness lag. Each problem names its setting.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();

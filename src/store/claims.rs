@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::error::StoreError;
 use super::gather::{Batch, Gatherer, RowAnswers};
-use super::rows::{Taken, seconds, taken_from};
+use super::rows::{Taken, insert_columns, seconds, taken_from};
 use super::sessions::Sessions;
 use replyd_core::domain::{RecordSource, TaskId, TaskSpec};
 
@@ -106,6 +106,18 @@ impl Batch for ClaimRows {
     }
 }
 
+/// One text column of the tasks to insert: `field` of each sent claim's task, none for a claim
+/// that inserts nothing.
+fn text_column<'a>(
+    batch: &'a [Claim],
+    sent: &[usize],
+    field: fn(&TaskSpec) -> &String,
+) -> Vec<Option<&'a str>> {
+    sent.iter()
+        .map(|&i| batch[i].insert.as_ref().map(|s| field(s).as_str()))
+        .collect()
+}
+
 async fn write_rows(
     store: &Sessions,
     batch: &[Claim],
@@ -115,46 +127,19 @@ async fn write_rows(
 ) -> Result<Vec<(usize, Result<ClaimAnswer, String>)>, StoreError> {
     let spec = |i: usize| batch[i].insert.as_ref();
     let tasks: Vec<Uuid> = sent.iter().map(|&i| batch[i].task_id).collect();
-    let workspaces: Vec<Option<&str>> = sent
-        .iter()
-        .map(|&i| spec(i).map(|s| s.workspace_id.as_str()))
-        .collect();
-    let conversations: Vec<Option<&str>> = sent
-        .iter()
-        .map(|&i| spec(i).map(|s| s.conversation_id.as_str()))
-        .collect();
-    let messages: Vec<Option<&str>> = sent
-        .iter()
-        .map(|&i| spec(i).map(|s| s.message_id.as_str()))
-        .collect();
-    let versions: Vec<Option<&str>> = sent
-        .iter()
-        .map(|&i| spec(i).map(|s| s.document_version.as_str()))
-        .collect();
+    let workspaces = text_column(batch, sent, |s| &s.workspace_id);
+    let conversations = text_column(batch, sent, |s| &s.conversation_id);
+    let messages = text_column(batch, sent, |s| &s.message_id);
+    let versions = text_column(batch, sent, |s| &s.document_version);
     let mut requests: Vec<Option<Json>> = Vec::with_capacity(sent.len());
     let mut max_attempts: Vec<Option<i32>> = Vec::with_capacity(sent.len());
     for &i in sent {
-        let id = batch[i].task_id;
-        match spec(i) {
-            Some(s) => {
-                let request =
-                    serde_json::to_value(&s.request).map_err(|e| StoreError::InvalidRow {
-                        task_id: id,
-                        reason: format!("request: {e}"),
-                    })?;
-                let attempts =
-                    i32::try_from(s.max_attempts).map_err(|_| StoreError::InvalidRow {
-                        task_id: id,
-                        reason: "max_attempts over i32".into(),
-                    })?;
-                requests.push(Some(request));
-                max_attempts.push(Some(attempts));
-            }
-            None => {
-                requests.push(None);
-                max_attempts.push(None);
-            }
-        }
+        let (request, attempts) = spec(i)
+            .map(|s| insert_columns(batch[i].task_id, s))
+            .transpose()?
+            .unzip();
+        requests.push(request);
+        max_attempts.push(attempts);
     }
     let deadlines: Vec<Option<chrono::DateTime<chrono::Utc>>> = sent
         .iter()

@@ -204,14 +204,11 @@ impl Store {
         workspace_id: &str,
         seconds: Option<i64>,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let updated = client
-            .execute(
-                "UPDATE workspaces SET task_retention_seconds = $2 WHERE workspace_id = $1",
-                &[&workspace_id, &seconds],
-            )
-            .await?;
-        Ok(updated == 1)
+        self.wrote_one_row(
+            "UPDATE workspaces SET task_retention_seconds = $2 WHERE workspace_id = $1",
+            &[&workspace_id, &seconds],
+        )
+        .await
     }
 
     /// Deletes up to `limit` remembered ids (and erased scopes) older than `age`: by then no
@@ -318,24 +315,12 @@ impl Store {
                     &[&scope.workspace_id],
                 )
                 .await?;
-            tx.execute(
-                "DELETE FROM idempotency_keys WHERE workspace_id = $1",
-                &[&scope.workspace_id],
-            )
-            .await?;
-            tx.execute(
-                "DELETE FROM quota_counters WHERE workspace_id = $1",
-                &[&scope.workspace_id],
-            )
-            .await?;
-            // Its end users' generations, its signing secrets (no token of it verifies) and the
-            // charges its end users' forgotten tasks kept.
-            tx.execute(
-                "DELETE FROM end_users WHERE workspace_id = $1",
-                &[&scope.workspace_id],
-            )
-            .await?;
             for table in [
+                "idempotency_keys",
+                "quota_counters",
+                // Its end users' generations, its signing secrets (no token of it verifies)
+                // and the charges its end users' forgotten tasks kept.
+                "end_users",
                 "end_user_token_secrets",
                 "end_user_signing_keys",
                 "end_user_charges_kept",

@@ -159,4 +159,15 @@ impl Store {
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.sessions.client().await
     }
+
+    /// Runs one statement that writes the row of one key (a workspace's, mostly): whether
+    /// there was such a row to write.
+    pub(crate) async fn wrote_one_row(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        Ok(client.execute(sql, params).await? == 1)
+    }
 }

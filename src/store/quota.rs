@@ -291,15 +291,12 @@ impl Store {
         workspace_id: &str,
         limit: Option<i64>,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let updated = client
-            .execute(
-                "UPDATE quota_counters SET token_limit = $2, updated_at = clock_timestamp() \
-                 WHERE workspace_id = $1",
-                &[&workspace_id, &limit],
-            )
-            .await?;
-        Ok(updated == 1)
+        self.wrote_one_row(
+            "UPDATE quota_counters SET token_limit = $2, updated_at = clock_timestamp() \
+             WHERE workspace_id = $1",
+            &[&workspace_id, &limit],
+        )
+        .await
     }
 
     /// Sets (or, `None`, removes) the share of each of the workspace's limits no one end user
@@ -309,15 +306,12 @@ impl Store {
         workspace_id: &str,
         percent: Option<i16>,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let updated = client
-            .execute(
-                "UPDATE quota_counters SET end_user_share_percent = $2, \
-                 updated_at = clock_timestamp() WHERE workspace_id = $1",
-                &[&workspace_id, &percent],
-            )
-            .await?;
-        Ok(updated == 1)
+        self.wrote_one_row(
+            "UPDATE quota_counters SET end_user_share_percent = $2, \
+             updated_at = clock_timestamp() WHERE workspace_id = $1",
+            &[&workspace_id, &percent],
+        )
+        .await
     }
 
     /// What `user` has of the workspace's quota in the current window, counted as [`ADMIT`]

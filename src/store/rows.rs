@@ -138,11 +138,26 @@ pub(super) fn invalid(task_id: Uuid, reason: impl Into<String>) -> StoreError {
     }
 }
 
-pub(super) fn snapshot_from(task_id: Uuid, row: &Row) -> Result<LeaseSnapshot, StoreError> {
+/// The columns of a task to insert that are not stored as its spec holds them: the request as
+/// JSON and the attempt budget as an `integer`. A spec that cannot be written is refused as
+/// an invalid row of `task_id`.
+pub(super) fn insert_columns(task_id: Uuid, spec: &TaskSpec) -> Result<(Json, i32), StoreError> {
+    let request = serde_json::to_value(&spec.request)
+        .map_err(|e| invalid(task_id, format!("request: {e}")))?;
+    let max_attempts =
+        i32::try_from(spec.max_attempts).map_err(|_| invalid(task_id, "max_attempts over i32"))?;
+    Ok((request, max_attempts))
+}
+
+/// The row's `status` column, one the service knows.
+fn status_of(task_id: Uuid, row: &Row) -> Result<TaskStatus, StoreError> {
     let status: &str = row.get("status");
+    TaskStatus::parse(status).ok_or_else(|| invalid(task_id, format!("unknown status {status:?}")))
+}
+
+pub(super) fn snapshot_from(task_id: Uuid, row: &Row) -> Result<LeaseSnapshot, StoreError> {
     Ok(LeaseSnapshot {
-        status: TaskStatus::parse(status)
-            .ok_or_else(|| invalid(task_id, format!("unknown status {status:?}")))?,
+        status: status_of(task_id, row)?,
         assignment_version: row.get("assignment_version"),
         lease_owner: row.get("lease_owner"),
         lease_until: row.get("lease_until"),
@@ -163,7 +178,6 @@ pub(super) fn task_from(row: &Row) -> Result<StoredTask, StoreError> {
     let request: Json = row.get("request");
     let request: ProviderRequest = serde_json::from_value(request)
         .map_err(|e| invalid(task_id, format!("request column: {e}")))?;
-    let status: &str = row.get("status");
     let max_attempts: i32 = row.get("max_attempts");
     Ok(StoredTask {
         spec: TaskSpec {
@@ -177,8 +191,7 @@ pub(super) fn task_from(row: &Row) -> Result<StoredTask, StoreError> {
                 .map_err(|_| invalid(task_id, "negative max_attempts"))?,
             deadline: row.get("deadline"),
         },
-        status: TaskStatus::parse(status)
-            .ok_or_else(|| invalid(task_id, format!("unknown status {status:?}")))?,
+        status: status_of(task_id, row)?,
         assignment_version: row.get("assignment_version"),
         lease_owner: row.get("lease_owner"),
         lease_until: row.get("lease_until"),

@@ -7,8 +7,6 @@
 use std::time::Duration;
 
 use serde_json::Value as Json;
-use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use replyd_core::domain::{
@@ -25,7 +23,7 @@ use super::error::StoreError;
 use super::fence::{self, AttemptWrite, FencedUpdate, is_own_earlier_write, record_refusal};
 use super::rows::{
     CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, RenewOutcome,
-    TASK_COLUMNS, Taken, invalid, seconds, snapshot_from, taken_from, task_from,
+    TASK_COLUMNS, Taken, insert_columns, invalid, seconds, snapshot_from, taken_from, task_from,
 };
 
 impl Store {
@@ -33,10 +31,7 @@ impl Store {
     /// task's inputs is reported as [`EnsureOutcome::Conflict`] and not applied.
     pub async fn ensure_task(&self, spec: &TaskSpec) -> Result<EnsureOutcome, StoreError> {
         let client = self.client().await?;
-        let request = serde_json::to_value(&spec.request)
-            .map_err(|e| invalid(spec.task_id.as_uuid(), format!("request: {e}")))?;
-        let max_attempts = i32::try_from(spec.max_attempts)
-            .map_err(|_| invalid(spec.task_id.as_uuid(), "max_attempts over i32"))?;
+        let (request, max_attempts) = insert_columns(spec.task_id.as_uuid(), spec)?;
         // The same insert as the claim's (`replyd_insert_task`, migration V9).
         let statement = client
             .prepare_cached("SELECT replyd_insert_task($1, $2, $3, $4, $5, $6, $7, $8)")
@@ -140,14 +135,10 @@ impl Store {
         source: Option<RecordSource>,
     ) -> Result<Taken, StoreError> {
         let id = task_id.as_uuid();
-        let request = insert
-            .map(|spec| serde_json::to_value(&spec.request))
-            .transpose()
-            .map_err(|e| invalid(id, format!("request: {e}")))?;
-        let max_attempts = insert
-            .map(|spec| i32::try_from(spec.max_attempts))
-            .transpose()
-            .map_err(|_| invalid(id, "max_attempts over i32"))?;
+        let (request, max_attempts) = insert
+            .map(|spec| insert_columns(id, spec))
+            .transpose()?
+            .unzip();
         let client = self.client().await?;
         let statement = client
             .prepare_cached(
@@ -254,32 +245,32 @@ impl Store {
         ran: ProviderRan,
         prelude: Option<&'static str>,
     ) -> Result<FailOutcome, StoreError> {
-        let result = self
-            .fenced_write(
-                lease,
-                FencedUpdate {
-                    set: "status = 'failed', failure = $3, \
+        let result = fence::write(
+            &self.sessions,
+            lease,
+            FencedUpdate {
+                set: "status = 'failed', failure = $3, \
                  provider_may_have_run = provider_may_have_run OR $4, \
                  attempt_count = attempt_count - CASE WHEN $5 THEN 1 ELSE 0 END, \
                  refusals = refusals + CASE WHEN $5 THEN 1 ELSE 0 END, \
                  finished_at = clock_timestamp(), updated_at = clock_timestamp()",
-                    returning: "task_id",
-                },
-                &[
-                    &lease.task_id,
-                    &lease.version,
-                    &reason,
-                    &ran.may_have(),
-                    // A refusal that ends the task still cost nothing: its attempt is given back.
-                    &(outcome == AttemptOutcome::Refused),
-                ],
-                AttemptWrite::Outcome {
-                    outcome,
-                    detail: Some(reason),
-                },
-                prelude,
-            )
-            .await?;
+                returning: "task_id",
+            },
+            &[
+                &lease.task_id,
+                &lease.version,
+                &reason,
+                &ran.may_have(),
+                // A refusal that ends the task still cost nothing: its attempt is given back.
+                &(outcome == AttemptOutcome::Refused),
+            ],
+            AttemptWrite::Outcome {
+                outcome,
+                detail: Some(reason),
+            },
+            prelude,
+        )
+        .await?;
         Ok(match result {
             Ok(_) => FailOutcome::Failed,
             Err(refusal) => FailOutcome::Refused(refusal),
@@ -351,11 +342,11 @@ impl Store {
         release: &Release<'_>,
     ) -> Result<ReleaseOutcome, StoreError> {
         let refused = release.refusal_budget.is_some();
-        let result = self
-            .fenced_write(
-                lease,
-                FencedUpdate {
-                    set: "status = 'pending', lease_owner = NULL, lease_until = NULL, \
+        let result = fence::write(
+            &self.sessions,
+            lease,
+            FencedUpdate {
+                set: "status = 'pending', lease_owner = NULL, lease_until = NULL, \
                  next_attempt_at = clock_timestamp() + make_interval(secs => $3), \
                  last_error_class = coalesce($4, last_error_class), \
                  last_error = CASE WHEN $4::text IS NULL THEN last_error ELSE $5 END, \
@@ -365,26 +356,26 @@ impl Store {
                  refusal_deadline = CASE WHEN $8 THEN coalesce(refusal_deadline, \
                      clock_timestamp() + make_interval(secs => $9)) ELSE refusal_deadline END, \
                  updated_at = clock_timestamp()",
-                    returning: "task_id",
-                },
-                &[
-                    &lease.task_id,
-                    &lease.version,
-                    &seconds(release.retry_after),
-                    &release.error_class,
-                    &release.detail,
-                    &release.ran.may_have(),
-                    &release.give_back,
-                    &refused,
-                    &seconds(release.refusal_budget.unwrap_or_default()),
-                ],
-                AttemptWrite::Outcome {
-                    outcome: release.outcome,
-                    detail: Some(release.detail),
-                },
-                None,
-            )
-            .await?;
+                returning: "task_id",
+            },
+            &[
+                &lease.task_id,
+                &lease.version,
+                &seconds(release.retry_after),
+                &release.error_class,
+                &release.detail,
+                &release.ran.may_have(),
+                &release.give_back,
+                &refused,
+                &seconds(release.refusal_budget.unwrap_or_default()),
+            ],
+            AttemptWrite::Outcome {
+                outcome: release.outcome,
+                detail: Some(release.detail),
+            },
+            None,
+        )
+        .await?;
         Ok(match result {
             Ok(_) => ReleaseOutcome::Released,
             Err(refusal) => ReleaseOutcome::Refused(refusal),
@@ -401,20 +392,20 @@ impl Store {
         lease: &Lease,
         operation_id: Option<&str>,
     ) -> Result<Result<(), Refusal>, StoreError> {
-        let result = self
-            .fenced_write(
-                lease,
-                FencedUpdate {
-                    set: "provider_operation_id = $3, \
+        let result = fence::write(
+            &self.sessions,
+            lease,
+            FencedUpdate {
+                set: "provider_operation_id = $3, \
                  provider_may_have_run = provider_may_have_run OR $3::text IS NOT NULL, \
                  updated_at = clock_timestamp()",
-                    returning: "task_id",
-                },
-                &[&lease.task_id, &lease.version, &operation_id],
-                AttemptWrite::Nothing,
-                None,
-            )
-            .await?;
+                returning: "task_id",
+            },
+            &[&lease.task_id, &lease.version, &operation_id],
+            AttemptWrite::Nothing,
+            None,
+        )
+        .await?;
         Ok(result.map(|_| ()))
     }
 
@@ -550,18 +541,5 @@ impl Store {
                 })
             })
             .collect()
-    }
-
-    /// One fenced write ([`fence::write`]); `prelude` runs once the row is locked (a `SET
-    /// LOCAL` the task table's triggers read).
-    async fn fenced_write(
-        &self,
-        lease: &Lease,
-        update: FencedUpdate,
-        params: &[&(dyn ToSql + Sync)],
-        records: AttemptWrite<'_>,
-        prelude: Option<&'static str>,
-    ) -> Result<Result<Row, Refusal>, StoreError> {
-        fence::write(&self.sessions, lease, update, params, records, prelude).await
     }
 }

@@ -153,30 +153,26 @@ pub fn connector(tls: &TlsSettings) -> Result<MakeRustlsConnect, String> {
         SslMode::Require => tls.root_certs.is_some(),
         SslMode::Disable | SslMode::Prefer => false,
     };
-    let config = if !verifying {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Unverified(provider)))
-            .with_no_client_auth()
-    } else {
+    let chain = if verifying {
         let roots = Arc::new(root_store(
             tls.root_certs.as_ref().unwrap_or(&RootCerts::System),
         )?);
-        let chain = WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
-            .build()
-            .map_err(|e| format!("sslrootcert: {e}"))?;
-        if tls.mode == SslMode::VerifyFull {
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(chain)
-                .with_no_client_auth()
-        } else {
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(ChainOnly(chain)))
-                .with_no_client_auth()
-        }
+        Some(
+            WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
+                .build()
+                .map_err(|e| format!("sslrootcert: {e}"))?,
+        )
+    } else {
+        None
     };
+    let verifier: Arc<dyn ServerCertVerifier> = match chain {
+        Some(chain) if tls.mode == SslMode::VerifyFull => chain,
+        chain => Arc::new(AnyHostName { chain, provider }),
+    };
+    let config = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
     Ok(MakeRustlsConnect::new(config))
 }
 
@@ -208,12 +204,19 @@ fn root_store(source: &RootCerts) -> Result<RootCertStore, String> {
     Ok(store)
 }
 
-/// `verify-ca` (and `require` with `sslrootcert`): the chain must lead to a trusted root, the
-/// certificate may name any host.
+/// Every mode short of `verify-full`: the host name is never checked, the chain only when
+/// there are roots to check it against (`verify-ca`, and `require` with `sslrootcert`).
+/// Without them (`prefer`, and `require` alone) the certificate is taken as shown, as libpq
+/// does. The handshake's signatures are always checked (as the chain's verifier checks them),
+/// so the server must hold the key of the certificate it shows.
 #[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
+struct AnyHostName {
+    /// The verifier of the chain; none: any certificate is taken.
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
+}
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for AnyHostName {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -222,10 +225,10 @@ impl ServerCertVerifier for ChainOnly {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -239,52 +242,11 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// `prefer` and `require` without `sslrootcert`: encrypted, the certificate taken as shown (as
-/// libpq does). The handshake's signatures are still checked, so the server must hold the key
-/// of the certificate it shows.
-#[derive(Debug)]
-struct Unverified(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         verify_tls12_signature(
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
@@ -298,12 +260,14 @@ impl ServerCertVerifier for Unverified {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 

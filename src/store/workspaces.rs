@@ -66,14 +66,13 @@ impl Store {
         &self,
         workspace_id: &str,
     ) -> Result<WorkspaceCreated, StoreError> {
-        let client = self.client().await?;
-        let inserted = client
-            .execute(
+        let inserted = self
+            .wrote_one_row(
                 "INSERT INTO workspaces (workspace_id) VALUES ($1) ON CONFLICT DO NOTHING",
                 &[&workspace_id],
             )
             .await?;
-        Ok(if inserted == 1 {
+        Ok(if inserted {
             WorkspaceCreated::Created
         } else {
             WorkspaceCreated::Exists
@@ -97,16 +96,13 @@ impl Store {
         key: &IssuedKey,
         expires_at: Option<chrono::DateTime<chrono::Utc>>,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
         // One statement: the key is written only if the workspace exists.
-        let inserted = client
-            .execute(
-                "INSERT INTO api_keys (key_id, workspace_id, key_hash, expires_at) \
-                 SELECT $1, workspace_id, $3, $4 FROM workspaces WHERE workspace_id = $2",
-                &[&key.key_id, &workspace_id, &key.hash, &expires_at],
-            )
-            .await?;
-        Ok(inserted == 1)
+        self.wrote_one_row(
+            "INSERT INTO api_keys (key_id, workspace_id, key_hash, expires_at) \
+             SELECT $1, workspace_id, $3, $4 FROM workspaces WHERE workspace_id = $2",
+            &[&key.key_id, &workspace_id, &key.hash, &expires_at],
+        )
+        .await
     }
 
     /// Every key (of `workspace_id`, or of all), oldest first: what an operator may see of
@@ -277,33 +273,30 @@ impl Store {
         workspace_id: &str,
         change: &PolicyChange,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
         let cap = change
             .max_output_tokens
             .map(|cap| cap.map(|n| i32::try_from(n).unwrap_or(i32::MAX)));
-        let updated = client
-            .execute(
-                "UPDATE workspaces SET \
-                 allowed_models = CASE WHEN $2 THEN $3 ELSE allowed_models END, \
-                 max_output_tokens = CASE WHEN $4 THEN $5 ELSE max_output_tokens END, \
-                 system_prompt = CASE WHEN $6 THEN $7 ELSE system_prompt END, \
-                 end_user_context_allowed = coalesce($8, end_user_context_allowed) \
-                 WHERE workspace_id = $1",
-                &[
-                    &workspace_id,
-                    &change.allowed_models.is_some(),
-                    &change.allowed_models.clone().flatten(),
-                    &cap.is_some(),
-                    &cap.flatten(),
-                    &change.system_prompt.is_some(),
-                    &change.system_prompt.clone().flatten(),
-                    &change
-                        .end_user_context
-                        .map(|allowed| allowed == EndUserContext::Allow),
-                ],
-            )
-            .await?;
-        Ok(updated == 1)
+        self.wrote_one_row(
+            "UPDATE workspaces SET \
+             allowed_models = CASE WHEN $2 THEN $3 ELSE allowed_models END, \
+             max_output_tokens = CASE WHEN $4 THEN $5 ELSE max_output_tokens END, \
+             system_prompt = CASE WHEN $6 THEN $7 ELSE system_prompt END, \
+             end_user_context_allowed = coalesce($8, end_user_context_allowed) \
+             WHERE workspace_id = $1",
+            &[
+                &workspace_id,
+                &change.allowed_models.is_some(),
+                &change.allowed_models.clone().flatten(),
+                &cap.is_some(),
+                &cap.flatten(),
+                &change.system_prompt.is_some(),
+                &change.system_prompt.clone().flatten(),
+                &change
+                    .end_user_context
+                    .map(|allowed| allowed == EndUserContext::Allow),
+            ],
+        )
+        .await
     }
 }
 
@@ -315,14 +308,11 @@ impl Store {
         workspace_id: &str,
         weight: i32,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let updated = client
-            .execute(
-                "UPDATE workspaces SET weight = $2 WHERE workspace_id = $1",
-                &[&workspace_id, &weight],
-            )
-            .await?;
-        Ok(updated == 1)
+        self.wrote_one_row(
+            "UPDATE workspaces SET weight = $2 WHERE workspace_id = $1",
+            &[&workspace_id, &weight],
+        )
+        .await
     }
 
     /// The workspace's weight, if it exists.

@@ -103,6 +103,17 @@ pub const COMPLETION_BATCH_ROWS_BUCKETS: &[f64] =
 /// Upper bounds of the lease renewal batch size buckets, in leases.
 pub const RENEWAL_BATCH_ROWS_BUCKETS: &[f64] = &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0];
 
+/// Each histogram and the upper bounds of its buckets.
+pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
+    (PROVIDER_SECONDS, PROVIDER_SECONDS_BUCKETS),
+    (HTTP_REQUEST_SECONDS, HTTP_REQUEST_SECONDS_BUCKETS),
+    (CAPACITY_WAIT_SECONDS, CAPACITY_WAIT_BUCKETS),
+    (CAPACITY_WORKSPACE_WAIT_SECONDS, CAPACITY_WAIT_BUCKETS),
+    (COMPLETION_BATCH_ROWS, COMPLETION_BATCH_ROWS_BUCKETS),
+    (CLAIM_BATCH_ROWS, COMPLETION_BATCH_ROWS_BUCKETS),
+    (RENEWAL_BATCH_ROWS, RENEWAL_BATCH_ROWS_BUCKETS),
+];
+
 /// What kind of series a metric family is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {

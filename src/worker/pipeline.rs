@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::source::{DeadLetter, Delivery, RecordHandler, RecordOutcome, WindowSlot};
 use crate::telemetry::{self, trace};
+use crate::transport::source::{DeadLetter, Delivery, RecordHandler, RecordOutcome, WindowSlot};
 use replyd_core::domain::{RecordEnd, RecordRules, RecordSource, TaskSpec};
 
 use super::runner::{FromRecord, RunEnd, TaskRunner, WhenHeld};

@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sqs::settings::Transport;
+use crate::transport::Transport;
+use crate::transport::source::Holding;
 use replyd_core::domain::RecordRules;
+use replyd_core::retry::RetrySettings;
 
 /// How the worker processes records.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
@@ -103,6 +105,35 @@ impl Default for WorkerSettings {
 pub const MIN_READ_AHEAD: usize = 512;
 
 impl WorkerSettings {
+    /// How long a task of `attempts` attempts can keep being retried once claimed: every
+    /// attempt a whole lease and the longest backoff, and its refusals (which spend no attempt)
+    /// their own budget.
+    pub fn retry_horizon(&self, attempts: u32, retry: &RetrySettings) -> Duration {
+        Duration::from_millis(
+            u64::from(attempts)
+                .saturating_mul(self.lease_ms.saturating_add(retry.max_delay_ms))
+                .saturating_add(retry.refusal_budget_ms),
+        )
+    }
+
+    /// `worker.max_prompt_bytes` against the largest record the API may write
+    /// (`kafka.max_record_bytes`): the API refuses a record over it, so a prompt limit that the
+    /// largest ids push over it would make the API refuse prompts the worker takes.
+    pub fn prompt_problems(&self, max_record_bytes: usize) -> Vec<(&'static str, String)> {
+        let largest = replyd_core::domain::limits::largest_record_bytes(self.max_prompt_bytes);
+        if largest <= max_record_bytes {
+            return Vec::new();
+        }
+        let fits = max_record_bytes.saturating_sub(largest - self.max_prompt_bytes);
+        vec![(
+            "worker.max_prompt_bytes",
+            format!(
+                "{} does not fit kafka.max_record_bytes ({max_record_bytes}): with the longest ids the API takes, a task's Kafka record can be {largest} bytes; lower worker.max_prompt_bytes to at most {fits} or raise kafka.max_record_bytes",
+                self.max_prompt_bytes
+            ),
+        )]
+    }
+
     /// What is wrong with `[worker]` on its own: windows, the renewal against the lease, the attempt budget, the commit interval. Each problem names its setting.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
@@ -208,6 +239,18 @@ impl WorkerSettings {
 
     pub fn io_retry(&self) -> Duration {
         Duration::from_millis(self.io_retry_ms)
+    }
+
+    /// How this worker holds records, for the source it opens.
+    pub fn holding(&self) -> Holding {
+        Holding {
+            global_window: self.global_window,
+            partition_window: self.partition_window,
+            read_ahead: self.read_ahead(),
+            drain_timeout: self.drain_timeout(),
+            commit_interval: self.commit_interval(),
+            io_retry: self.io_retry(),
+        }
     }
 
     /// The lease owner of a worker run: `worker_id`, `#`, and a new token (its incarnation);

@@ -292,9 +292,12 @@ where
         .unwrap()
         .get(0);
     if held > 0 {
-        replyd::reconcile::run_command(&app.settings())
-            .await
-            .expect("a reconciler pass");
+        replyd::reconcile::run_command(
+            &app.settings().database,
+            &app.settings().reconcile_settings(),
+        )
+        .await
+        .expect("a reconciler pass");
     }
     // No reservation was freed whose work the provider did (the mock counts generations by
     // the task id each request carried as its key).

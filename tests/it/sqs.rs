@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 use prost::Message as _;
-use replyd::sqs::message::{attributes, encode_body};
+use replyd::transport::sqs::message::{attributes, encode_body};
 use replyd_core::domain::{ChatMessage, Role, TaskSpec};
 
 use crate::helpers::app::{TestApp, WorkerConfig};

@@ -405,6 +405,14 @@ mod tests {
         }
     }
 
+    /// The outcome a claim of `row` by `claimer` fails the task with; none when it does not.
+    fn failure(row: &LeaseSnapshot, claimer: &Claimer<'_>) -> Option<ClaimOutcome> {
+        match decide_claim(row, claimer) {
+            ClaimDecision::Fail { outcome, .. } => Some(outcome),
+            _ => None,
+        }
+    }
+
     /// A claim made for no record, or for a record of a shared source (SQS).
     const NO_PARTITION: Claimer<'static> = Claimer {
         owner: "w2#b",
@@ -431,20 +439,14 @@ mod tests {
         let mut row = running(3, -1);
         row.attempt_count = 3;
         assert!(matches!(
-            decide_claim(&row, &NO_PARTITION),
-            ClaimDecision::Fail {
-                outcome: ClaimOutcome::BudgetExhausted { attempts: 3 },
-                ..
-            }
+            failure(&row, &NO_PARTITION),
+            Some(ClaimOutcome::BudgetExhausted { attempts: 3 })
         ));
         let mut row = running(1, -1);
         row.deadline = Some(row.now);
         assert!(matches!(
-            decide_claim(&row, &NO_PARTITION),
-            ClaimDecision::Fail {
-                outcome: ClaimOutcome::DeadlinePassed { .. },
-                ..
-            }
+            failure(&row, &NO_PARTITION),
+            Some(ClaimOutcome::DeadlinePassed { .. })
         ));
     }
 
@@ -465,11 +467,8 @@ mod tests {
         row.next_attempt_at = Some(row.now + Duration::milliseconds(500));
         row.deadline = Some(row.now);
         assert!(matches!(
-            decide_claim(&row, &NO_PARTITION),
-            ClaimDecision::Fail {
-                outcome: ClaimOutcome::DeadlinePassed { .. },
-                ..
-            }
+            failure(&row, &NO_PARTITION),
+            Some(ClaimOutcome::DeadlinePassed { .. })
         ));
     }
 
@@ -580,20 +579,14 @@ mod tests {
         let mut row = running(3, 60_000);
         row.attempt_count = 3;
         assert!(matches!(
-            decide_claim(&row, &kafka("w2#c", 3)),
-            ClaimDecision::Fail {
-                outcome: ClaimOutcome::BudgetExhausted { attempts: 3 },
-                ..
-            }
+            failure(&row, &kafka("w2#c", 3)),
+            Some(ClaimOutcome::BudgetExhausted { attempts: 3 })
         ));
         let mut row = running(1, 60_000);
         row.deadline = Some(row.now);
         assert!(matches!(
-            decide_claim(&row, &kafka("w2#c", 3)),
-            ClaimDecision::Fail {
-                outcome: ClaimOutcome::DeadlinePassed { .. },
-                ..
-            }
+            failure(&row, &kafka("w2#c", 3)),
+            Some(ClaimOutcome::DeadlinePassed { .. })
         ));
     }
 

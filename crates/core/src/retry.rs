@@ -72,6 +72,21 @@ impl Default for RetrySettings {
 }
 
 impl RetrySettings {
+    /// What is wrong with `[retry]` on its own: a setting and why, for each broken rule.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if self.base_delay_ms == 0 || self.base_delay_ms > self.max_delay_ms {
+            out.push((
+                "retry.base_delay_ms",
+                format!(
+                    "{} must be positive and at most retry.max_delay_ms ({})",
+                    self.base_delay_ms, self.max_delay_ms
+                ),
+            ));
+        }
+        out
+    }
+
     pub fn refusal_budget(&self) -> Duration {
         Duration::from_millis(self.refusal_budget_ms)
     }

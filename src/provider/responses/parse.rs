@@ -6,7 +6,7 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use super::errors::gone;
-use crate::provider::generation::{Reply, token_usage};
+use crate::provider::generation::{Reply, content_refused, token_usage};
 use replyd_core::provider::{Generation, OperationId, ProviderError};
 
 /// What one poll found.
@@ -118,13 +118,10 @@ fn reply_text(response: &WireResponse, http_status: u16) -> Result<Option<String
                 .get_or_insert_with(String::new)
                 .push_str(part.text.as_deref().unwrap_or("")),
             "refusal" => {
-                return Err(ProviderError::Fatal {
-                    status: http_status,
-                    message: format!(
-                        "content refused: {}",
-                        part.refusal.as_deref().unwrap_or("no reason given")
-                    ),
-                });
+                return Err(content_refused(
+                    http_status,
+                    part.refusal.as_deref().unwrap_or("no reason given"),
+                ));
             }
             _ => {}
         }

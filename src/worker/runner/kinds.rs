@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use super::super::live::LiveWriter;
 use super::super::parking::ParkedTasks;
-use super::super::source::WindowSlot;
 use crate::capacity::Capacity;
 use crate::provider::Provider;
 use crate::store::Store;
 use crate::telemetry::CallEnd;
+use crate::transport::source::WindowSlot;
 use replyd_core::domain::{RecordEnd, RecordSource, TaskSpec};
 use replyd_core::lease::Refusal;
 use replyd_core::retry::RetrySettings;

@@ -26,12 +26,12 @@ use tracing::{Instrument as _, Span};
 
 use super::live::LiveWriter;
 use super::parking::{ParkedTasks, WakeSource};
-use super::source::WindowSlot;
 use super::store_retry::{pause, with_retry};
 use crate::capacity::Capacity;
 use crate::provider::Provider;
 use crate::store::{EnsureOutcome, Store};
 use crate::telemetry::{self, trace};
+use crate::transport::source::WindowSlot;
 use replyd_core::domain::{RecordEnd, TaskId};
 use replyd_core::lease::ClaimOutcome;
 
@@ -194,29 +194,25 @@ impl TaskRunner {
                     return Some(RunEnd::Terminal(RecordEnd::Cancelled));
                 }
                 ClaimOutcome::BudgetExhausted { attempts } => {
-                    telemetry::task_failed_at_claim(
-                        &id,
+                    return Some(self.failed_at_claim(
+                        task_id,
                         "budget_exhausted",
                         &format!(
                             "attempt budget exhausted: {attempts} of {} attempts used",
                             stored.spec.max_attempts
                         ),
-                    );
-                    self.parked.wake(task_id, WakeSource::Local);
-                    return Some(RunEnd::Terminal(RecordEnd::Failed));
+                    ));
                 }
                 ClaimOutcome::DeadlinePassed { deadline } => {
-                    telemetry::task_failed_at_claim(
-                        &id,
+                    return Some(self.failed_at_claim(
+                        task_id,
                         "deadline_passed",
                         &format!(
                             "deadline {} passed before attempt {}",
                             deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
                             stored.attempt_count + 1
                         ),
-                    );
-                    self.parked.wake(task_id, WakeSource::Local);
-                    return Some(RunEnd::Terminal(RecordEnd::Failed));
+                    ));
                 }
                 ClaimOutcome::NotBefore { at } => {
                     let wait = (at - Utc::now())
@@ -236,5 +232,13 @@ impl TaskRunner {
                 return None;
             }
         }
+    }
+
+    /// The end of a run whose claim failed the task (its budget spent or its deadline passed):
+    /// the failure is reported, and the records parked on the task are woken to see it ended.
+    fn failed_at_claim(&self, task_id: TaskId, why: &'static str, reason: &str) -> RunEnd {
+        telemetry::task_failed_at_claim(&task_id.to_string(), why, reason);
+        self.parked.wake(task_id, WakeSource::Local);
+        RunEnd::Terminal(RecordEnd::Failed)
     }
 }

@@ -36,6 +36,33 @@ pub struct QuotaSettings {
     pub charge_unresolved: bool,
 }
 
+impl QuotaSettings {
+    /// `quota.reservation_ttl_ms` against the longest an API task can live once claimed
+    /// (`api_task`) plus the longest its record can wait for another worker after its worker
+    /// vanished (`redelivery`, said as `redelivery_from`): a reservation must outlive both, or
+    /// the reconciler would take work that is still going on, or only waiting to be handed on,
+    /// for abandoned work.
+    pub fn ttl_problems(
+        &self,
+        api_task: Duration,
+        redelivery: Duration,
+        redelivery_from: &str,
+    ) -> Vec<(&'static str, String)> {
+        let (api_task_ms, redelivery_ms) = (api_task.as_millis(), redelivery.as_millis());
+        let least = api_task_ms.saturating_add(redelivery_ms);
+        if u128::from(self.reservation_ttl_ms) > least {
+            return Vec::new();
+        }
+        vec![(
+            "quota.reservation_ttl_ms",
+            format!(
+                "{} must be longer than an API task's lifetime plus its redelivery, {least} ms: {api_task_ms} ms (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms) + retry.refusal_budget_ms) + {redelivery_ms} ms ({redelivery_from} + worker.lease_ms + worker.drain_timeout_ms), or a worker's crash could fail work that only waits for the group to hand it on",
+                self.reservation_ttl_ms
+            ),
+        )]
+    }
+}
+
 impl Default for QuotaSettings {
     fn default() -> Self {
         Self {

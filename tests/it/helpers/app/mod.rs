@@ -148,7 +148,7 @@ pub struct SqsQueues {
 }
 
 impl SqsQueues {
-    pub fn client(&self) -> replyd::sqs::Sqs {
+    pub fn client(&self) -> replyd::transport::sqs::Sqs {
         replyd_lab::sqs::connect(&self.endpoint)
     }
 }

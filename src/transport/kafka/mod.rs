@@ -1,9 +1,12 @@
 //! What every Kafka client of replyd shares: its settings ([`settings`]), the client context
 //! that routes librdkafka's logs ([`KafkaLogs`]), the dead-letter producer, and the group's
 //! offsets moved back after a restore ([`rewind`]). The group consumer is the worker's
-//! (`crate::worker::consumer`).
+//! (`crate::transport::kafka::consumer`).
 
+pub mod consumer;
 pub mod dead_letter;
+pub mod open;
+pub mod publish;
 pub mod rewind;
 pub mod settings;
 

@@ -15,6 +15,7 @@
 pub mod dead_letter;
 pub mod inflight;
 pub mod message;
+pub mod open;
 pub mod publish;
 pub mod settings;
 pub mod source;

@@ -8,7 +8,7 @@ use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use opentelemetry::propagation::Extractor;
 
-use crate::worker::source::Delivery;
+use crate::transport::source::Delivery;
 use replyd_core::domain::RecordError;
 use replyd_core::offsets::PartitionKey;
 

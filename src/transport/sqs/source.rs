@@ -36,7 +36,7 @@ use super::settings::{MAX_VISIBILITY_TIMEOUT_SECONDS, SQS_BATCH_LIMIT, SqsSettin
 use super::{Sqs, SqsError};
 use crate::probes::Heartbeat;
 use crate::telemetry::{self, RepeatedFailure};
-use crate::worker::source::{RecordHandler, RecordOutcome, WindowSlot};
+use crate::transport::source::{Holding, RecordHandler, RecordOutcome, WindowSlot};
 
 /// Live facts about the source, for `/readyz` and tests.
 #[derive(Debug, Default)]
@@ -49,16 +49,6 @@ pub struct SourceStatus {
     pub held: AtomicUsize,
     /// The last failed receive, said for readiness.
     pub last_error: Mutex<Option<String>>,
-}
-
-/// What the source needs beyond `[sqs]`.
-#[derive(Debug, Clone)]
-pub struct SourceLimits {
-    pub max_in_flight: usize,
-    /// How long held messages may run on after the worker is asked to stop.
-    pub drain_timeout: Duration,
-    /// Wait after a failed receive.
-    pub io_retry: Duration,
 }
 
 /// How one message is let go.
@@ -91,7 +81,7 @@ fn hand_back_seconds(after: Duration) -> i32 {
 pub async fn run_source<H: RecordHandler<SqsMessage>>(
     sqs: Sqs,
     settings: SqsSettings,
-    limits: SourceLimits,
+    holding: Holding,
     handler: Arc<H>,
     shutdown: CancellationToken,
     status: Arc<SourceStatus>,
@@ -99,7 +89,9 @@ pub async fn run_source<H: RecordHandler<SqsMessage>>(
     let queue = settings.queue_url.clone();
     let queue_name = settings.queue_name().to_owned();
     let held = Arc::new(Mutex::new(InFlight::default()));
-    let slots = Arc::new(Semaphore::new(limits.max_in_flight));
+    let slots = Arc::new(Semaphore::new(
+        settings.max_in_flight(holding.global_window),
+    ));
     // The handlers' work: cancelled only after the drain, not by the stop itself.
     let work = CancellationToken::new();
     let (settled_tx, settled_rx) = mpsc::unbounded_channel::<(String, RecordOutcome)>();
@@ -182,7 +174,7 @@ pub async fn run_source<H: RecordHandler<SqsMessage>>(
                     Some(error.to_string());
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(limits.io_retry) => {}
+                    _ = tokio::time::sleep(holding.io_retry) => {}
                 }
                 continue;
             }
@@ -223,7 +215,7 @@ pub async fn run_source<H: RecordHandler<SqsMessage>>(
                 let _ = settled_tx.send((message.message_id.clone(), RecordOutcome::Cancelled));
                 continue;
             };
-            let (key, _) = crate::worker::source::Delivery::position(&message);
+            let (key, _) = crate::transport::source::Delivery::position(&message);
             telemetry::record_received(&key);
             let span = tracing::info_span!(
                 parent: None,
@@ -238,7 +230,7 @@ pub async fn run_source<H: RecordHandler<SqsMessage>>(
                 Arc::clone(&handler),
                 work.child_token(),
                 settled_tx.clone(),
-                limits.io_retry,
+                holding.io_retry,
             );
             handlers.spawn(
                 async move {
@@ -286,7 +278,7 @@ pub async fn run_source<H: RecordHandler<SqsMessage>>(
         held = held.lock().unwrap_or_else(|p| p.into_inner()).len(),
         "SQS source stopping; draining"
     );
-    if tokio::time::timeout(limits.drain_timeout, handlers.wait())
+    if tokio::time::timeout(holding.drain_timeout, handlers.wait())
         .await
         .is_err()
     {

@@ -16,19 +16,6 @@ pub const MAX_WAIT_TIME_SECONDS: u32 = 20;
 /// The longest a message may stay hidden, in seconds (12 hours; SQS's own limit).
 pub const MAX_VISIBILITY_TIMEOUT_SECONDS: u32 = 43_200;
 
-/// What carries the reply-task records between the relay and the workers.
-#[derive(
-    Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Transport {
-    /// The `kafka.topic` of `[kafka]`, read by a consumer group.
-    #[default]
-    Kafka,
-    /// The SQS Standard queue of `[sqs]`.
-    Sqs,
-}
-
 /// The queue and how it is read.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]

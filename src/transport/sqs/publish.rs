@@ -7,7 +7,10 @@
 //! the reason, as on Kafka); any other failure leaves the row for the next batch, and a row sent
 //! twice (a relay dying before its commit) is one task to the workers (I1, I6).
 
+use std::time::Duration;
+
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
+use futures_util::future::BoxFuture;
 use tracing::Instrument as _;
 
 use super::message::{TRACEPARENT, encode_body};
@@ -15,6 +18,7 @@ use super::settings::{SQS_BATCH_LIMIT, SqsSettings};
 use super::{Sqs, SqsError};
 use crate::store::outbox::{OutboxRow, Published};
 use crate::telemetry::{self, trace};
+use crate::transport::sink::Sink;
 
 /// SQS's own largest message when the queue does not say (256 KiB).
 const DEFAULT_MAXIMUM_MESSAGE_SIZE: usize = 262_144;
@@ -35,6 +39,21 @@ struct Outgoing<'a> {
     bytes: usize,
 }
 
+impl Sink for SqsPublisher {
+    fn name(&self) -> String {
+        format!("sqs queue {}", self.queue_name)
+    }
+
+    /// A row whose call did not answer within `timeout` stays for the next batch.
+    fn publish(&self, rows: Vec<OutboxRow>, timeout: Duration) -> BoxFuture<'_, Published> {
+        Box::pin(async move {
+            tokio::time::timeout(timeout, self.send_all(rows))
+                .await
+                .unwrap_or_default()
+        })
+    }
+}
+
 impl SqsPublisher {
     /// Connects and reads the queue's size limit (which also proves the queue is there).
     pub async fn connect(sqs: Sqs, settings: &SqsSettings) -> Result<Self, SqsError> {
@@ -51,12 +70,8 @@ impl SqsPublisher {
         })
     }
 
-    pub fn queue_name(&self) -> &str {
-        &self.queue_name
-    }
-
     /// Publishes `rows`: the ids SQS acknowledged, and those it can never take with why.
-    pub async fn publish(&self, rows: Vec<OutboxRow>) -> Published {
+    async fn send_all(&self, rows: Vec<OutboxRow>) -> Published {
         let mut published = Published::default();
         let mut outgoing = Vec::new();
         for (i, row) in rows.iter().enumerate() {

@@ -20,12 +20,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::super::settings::WorkerSettings;
-use super::super::source::{RecordHandler, RecordOutcome, WindowSlot};
 use super::commits::{commit_on_release, commit_points};
 use crate::capacity::Weights;
 use crate::probes::Heartbeat;
 use crate::telemetry;
+use crate::transport::source::{Holding, RecordHandler, RecordOutcome, WindowSlot};
 use replyd_core::fetch_watch::{FetchWatch, Sighting, Verdict};
 use replyd_core::offsets::{InFlightOffsets, PartitionKey};
 use replyd_core::windows::{self, Offer, WindowLimits, Windows};
@@ -127,7 +126,7 @@ pub struct Shared {
 
 impl Shared {
     pub(super) fn new<H: RecordHandler<OwnedMessage>>(
-        worker: &WorkerSettings,
+        holding: &Holding,
         status: Arc<ConsumerStatus>,
         handler: Arc<H>,
         runtime: Handle,
@@ -138,17 +137,17 @@ impl Shared {
         });
         Arc::new(Self {
             state: Mutex::new(State::new(WindowLimits {
-                partition: worker.partition_window,
-                global: worker.global_window,
-                read_ahead: worker.read_ahead(),
+                partition: holding.partition_window,
+                global: holding.global_window,
+                read_ahead: holding.read_ahead,
             })),
             finished: Condvar::new(),
-            drain_timeout: worker.drain_timeout(),
+            drain_timeout: holding.drain_timeout,
             status,
             tasks: TaskTracker::new(),
             starter,
             runtime,
-            retry_delay: worker.io_retry(),
+            retry_delay: holding.io_retry,
             weights,
         })
     }

@@ -34,12 +34,11 @@ use rdkafka::{ClientConfig, Message};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
-use super::settings::WorkerSettings;
-use super::source::{DeadLetter, Delivery, RecordHandler};
 use crate::capacity::Weights;
-use crate::kafka::dead_letter::DeadLetters;
-use crate::kafka::settings::{GroupProtocol, KafkaSettings};
 use crate::telemetry;
+use crate::transport::kafka::dead_letter::DeadLetters;
+use crate::transport::kafka::settings::{GroupProtocol, KafkaSettings};
+use crate::transport::source::{DeadLetter, Delivery, Holding, RecordHandler};
 use context::WorkerContext;
 use replyd_core::offsets::PartitionKey;
 pub use shared::ConsumerStatus;
@@ -84,14 +83,14 @@ const FULL_COMMIT_INTERVAL: Duration = Duration::from_secs(5);
 /// Blocking: call it on a thread of its own (see the module comment).
 pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
     kafka: &KafkaSettings,
-    worker: &WorkerSettings,
+    holding: &Holding,
     handler: Arc<H>,
     runtime: Handle,
     shutdown: CancellationToken,
     status: Arc<ConsumerStatus>,
     weights: Weights,
 ) -> Result<(), KafkaError> {
-    let shared = Shared::new(worker, status, handler, runtime.clone(), weights);
+    let shared = Shared::new(holding, status, handler, runtime.clone(), weights);
     let consumer: BaseConsumer<WorkerContext> = consumer_config(kafka)
         .create_with_context(WorkerContext::new(Arc::clone(&shared), kafka.topic.clone()))?;
     consumer.subscribe(&[&kafka.topic])?;
@@ -99,7 +98,7 @@ pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
     tracing::info!(topic = %kafka.topic, group = %kafka.group_id, protocol = kafka.group_protocol.as_str(), "consumer started");
 
     let poll_timeout = Duration::from_millis(100);
-    let commit_interval = worker.commit_interval();
+    let commit_interval = holding.commit_interval;
     let mut next_commit = Instant::now() + commit_interval;
     let mut next_full_commit = Instant::now() + FULL_COMMIT_INTERVAL;
     while !shutdown.is_cancelled() {
@@ -131,7 +130,7 @@ pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
         "shutting down: draining running records"
     );
     shared.stop_taking();
-    let deadline = Instant::now() + worker.drain_timeout();
+    let deadline = Instant::now() + holding.drain_timeout;
     while shared.running() > 0 && Instant::now() < deadline {
         shared.status.heartbeat.beat();
         // A record returned now is dropped unbegun, so it is never committed past: the
@@ -152,7 +151,7 @@ pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
     // cannot be replaced. Dropping an unclosed consumer would wait again, unbounded, so such a
     // consumer is leaked instead; the process is about to exit.
     if consumer.close_queue().is_ok() {
-        let deadline = Instant::now() + worker.drain_timeout();
+        let deadline = Instant::now() + holding.drain_timeout;
         while !consumer.closed() && Instant::now() < deadline {
             shared.status.heartbeat.beat();
             let _ = consumer.poll(poll_timeout);

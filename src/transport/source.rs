@@ -1,18 +1,22 @@
 //! The seam between where records come from and what is done with them. A source (the Kafka
-//! group consumer, [`super::consumer`], or an SQS queue, [`crate::sqs::source`]) owns a
+//! group consumer, [`super::kafka::consumer`], or an SQS queue, [`super::sqs::source`]) owns a
 //! record's acknowledgement: it holds the record "in flight" while its handler runs and
 //! acknowledges it (for Kafka, commits past it; for SQS, deletes it) only once the handler says
-//! [`RecordOutcome::Done`]. The handler ([`super::pipeline`]) sees a record only as a
+//! [`RecordOutcome::Done`]. The handler (the worker's pipeline) sees a record only as a
 //! [`Delivery`], and keeps a bad one through the source's [`DeadLetter`], so each source is a
 //! room of its own, and the pipeline and the runner do not change for it.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
 use opentelemetry::propagation::Extractor;
 use tokio_util::sync::CancellationToken;
 
+use crate::capacity::Weights;
+use crate::probes::Heartbeat;
 use replyd_core::domain::{RecordEnd, RecordError};
 use replyd_core::offsets::PartitionKey;
 
@@ -124,4 +128,61 @@ pub trait RecordHandler<D: Delivery>: Send + Sync + 'static {
         cancel: CancellationToken,
         slot: WindowSlot,
     ) -> impl Future<Output = RecordOutcome> + Send + 'static;
+}
+
+/// How a worker holds records, from `[worker]`, handed to whichever source it opens.
+#[derive(Debug, Clone)]
+pub struct Holding {
+    /// Records held at once by this worker (`worker.global_window`; on SQS, `sqs.max_in_flight`
+    /// when set).
+    pub global_window: usize,
+    /// Records of one partition running at once (`worker.partition_window`), where the source
+    /// has partitions.
+    pub partition_window: usize,
+    /// Records read past a partition's oldest unfinished one (`worker.read_ahead`).
+    pub read_ahead: usize,
+    /// How long held records may run on once the worker is asked to stop, or their partition
+    /// is taken away.
+    pub drain_timeout: Duration,
+    /// How often the acknowledgements made so far are sent (Kafka's offset commits).
+    pub commit_interval: Duration,
+    /// The wait after a failed call to the source.
+    pub io_retry: Duration,
+}
+
+/// How the worker makes its record handler once the source's dead-letter keeper is known:
+/// the pipeline is one for every source, and only the keeper differs.
+pub trait MakeHandler: Send + 'static {
+    type Handler<D: Delivery, L: DeadLetter<D>>: RecordHandler<D>;
+
+    fn make<D: Delivery, L: DeadLetter<D>>(self, dead_letters: L) -> Arc<Self::Handler<D, L>>;
+}
+
+/// What a worker hands the source it opens.
+pub struct Opening<M> {
+    pub holding: Holding,
+    /// How long an unreachable source (or a topic not yet in every broker's metadata) is
+    /// waited for at start (`kafka.startup_retry_ms`).
+    pub startup: Duration,
+    /// Each workspace's weight, by which a windowed source orders the records it starts (I10).
+    pub weights: Weights,
+    pub make_handler: M,
+    pub shutdown: CancellationToken,
+}
+
+/// A source's own part of the worker's readiness; the worker adds the database's.
+pub trait SourceHealth: Send + Sync + 'static {
+    /// Beaten on every turn of the source's loop.
+    fn heartbeat(&self) -> &Arc<Heartbeat>;
+    /// The loop's name in a readiness answer (`poll`, `receive`).
+    fn loop_name(&self) -> &'static str;
+    /// What the source holds, or why it is not ready.
+    fn check(&self) -> Result<String, String>;
+}
+
+/// A source checked and ready to run: its health for the readiness probe, and its run, which
+/// ends once `shutdown` fired and its records were drained and settled.
+pub struct OpenSource {
+    pub health: Arc<dyn SourceHealth>,
+    pub run: BoxFuture<'static, anyhow::Result<()>>,
 }

@@ -9,7 +9,7 @@ use aws_sdk_sqs::types::MessageAttributeValue;
 
 use super::message::{SqsMessage, attributes};
 use super::{Sqs, SqsError};
-use crate::worker::source::DeadLetter;
+use crate::transport::source::DeadLetter;
 use replyd_core::domain::RecordError;
 
 /// SQS's limit of message attributes on one message.
