@@ -3,6 +3,7 @@
 //! concurrent first deliveries create the task once.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{LONG_LEASE, SHORT_LEASE, attempt_outcomes, claim_ok, new_task, wait_for_expiry};
 use crate::helpers::{TestDb, task_spec};
@@ -13,6 +14,11 @@ use replyd_core::lease::{ClaimOutcome, Lease, Refusal};
 use tokio::sync::Barrier;
 
 /// Runs 16 claims of one task at once, each on its own connection, released together.
+/// The lease each racer asks for: long enough that every claim of a round lands inside the
+/// winner's lease even on a loaded machine (16 claims queue for the pool), so a second winner
+/// can only be a broken fence, not a lease that ran out mid-race.
+const RACE_LEASE: Duration = Duration::from_secs(3);
+
 async fn claim_race(db: &TestDb, task: TaskId, round: usize) -> Vec<(String, ClaimOutcome)> {
     let claimers = 16;
     let barrier = Arc::new(Barrier::new(claimers));
@@ -23,7 +29,7 @@ async fn claim_race(db: &TestDb, task: TaskId, round: usize) -> Vec<(String, Cla
         let owner = format!("worker-{round}-{i}");
         handles.push(tokio::spawn(async move {
             barrier.wait().await;
-            let outcome = store.claim(task, &owner, SHORT_LEASE).await.unwrap();
+            let outcome = store.claim(task, &owner, RACE_LEASE).await.unwrap();
             (owner, outcome)
         }));
     }
