@@ -3,7 +3,7 @@
 //! with the mock provider as the only fake. [`helpers`] holds the fixtures every module shares:
 //! the infrastructure's addresses, a fresh schema and topic per test, and [`helpers::app`], the
 //! whole service started the way an installation starts it. The chaos scenarios, which crash
-//! PostgreSQL and Kafka under everything else, are a binary of their own (`tests/chaos.rs`).
+//! PostgreSQL and Kafka under everything else, are a binary of their own (`tests/chaos/`).
 
 mod helpers;
 

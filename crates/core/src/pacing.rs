@@ -2,7 +2,8 @@
 //! limit a deployment learned from the provider moves. No I/O: the SQL functions `replyd_pace`
 //! (migration V16) and `replyd_capacity_learned_*` (V31), called by `replyd_capacity_grant` and
 //! `_refused`, do the same on the model's bucket row, under its lock, and the service's
-//! `tests/it/store_functions.rs` holds the two together over generated inputs.
+//! `tests/it/store_functions/` (`capacity.rs`, `learned_rate.rs`) holds the two together over
+//! generated inputs.
 //!
 //! Calls are paced, not burst: a limit of `L` requests a second sends one every `1/L` seconds
 //! (GCRA's virtual scheduling with no burst tolerance: `tat`, the theoretical arrival time of

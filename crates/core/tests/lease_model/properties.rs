@@ -1,0 +1,370 @@
+//! What the checker holds the model to: the properties that must always hold (one reply, fenced
+//! writes, bounded effort, a reservation settled once and never released while the provider
+//! may have done the work) and the behaviours that must sometimes happen, some only in the
+//! configurations that can reach them.
+
+use replyd_core::domain::TaskStatus;
+use stateright::Property;
+
+use super::protocol::{LeaseProtocol, PartitionTakeover};
+use super::state::{
+    Phase, Presence, Reservation, SavedReply, Settler, State, StopFound, Tokens, reports_usage,
+};
+use super::statements::guarded_update_matches;
+use super::{
+    ATTEMPT_AFTER_FORGETTING, RELEASED_AFTER_WORK, SAVED_REPLY_CANCELLED, SETTLED_TWICE,
+    ZOMBIE_ACCEPTED,
+};
+
+impl LeaseProtocol {
+    // No "eventually the task completes": it is not true of this protocol without fairness
+    // (every worker may crash, stall past its lease or lose the race until the budget is spent,
+    // and the task then fails, as I7 wants), and stateright's `eventually` is only sound on
+    // acyclic paths while this model has cycles (a parked claim, a renewal at the same tick)
+    // and no fairness constraints. Reachability of completion is checked instead.
+    pub(super) fn all_properties(&self) -> Vec<Property<Self>> {
+        let mut properties = vec![
+            Property::always("I1: at most one reply is ever accepted", |_, s: &State| {
+                s.history.accepted.len() <= 1
+            }),
+            Property::always(
+                "I1: the saved reply is the accepted one and never changes",
+                |_, s: &State| {
+                    s.row.saved
+                        == s.history.accepted.first().map(|a| SavedReply {
+                            worker: a.worker,
+                            version: a.version,
+                        })
+                },
+            ),
+            Property::always(
+                "I2: no reply is accepted from a superseded assignment",
+                |_, s: &State| {
+                    s.history
+                        .accepted
+                        .iter()
+                        .all(|a| a.version == a.current_version)
+                },
+            ),
+            Property::always(
+                "live text: no piece is shown as the current attempt's from a superseded assignment, or after the task ended, was stopped or was forgotten",
+                |_, s: &State| !s.history.piece_out_of_turn,
+            ),
+            Property::always(ZOMBIE_ACCEPTED, |_, s: &State| {
+                s.history
+                    .accepted
+                    .iter()
+                    .all(|a| a.lease_until.is_some_and(|until| until > a.at))
+            }),
+            Property::always(
+                "I2: no release or failure is written from a superseded or lapsed assignment",
+                |_, s: &State| {
+                    s.history.gave_up.iter().all(|a| {
+                        a.version == a.current_version
+                            && a.lease_until.is_some_and(|until| until > a.at)
+                    })
+                },
+            ),
+            Property::always("a failed task has no saved reply", |_, s: &State| {
+                s.row.status != TaskStatus::Failed || s.row.saved.is_none()
+            }),
+            Property::always(SAVED_REPLY_CANCELLED, |_, s: &State| {
+                s.row.saved.is_none() || s.row.status == TaskStatus::Completed
+            }),
+            Property::always(
+                "a completed, failed or cancelled task stays so",
+                |_, s: &State| !s.history.left_terminal,
+            ),
+            Property::always(
+                "I3: a worker is done with its record only once its task is finished or forgotten",
+                |_, s: &State| {
+                    !s.presence.row_exists()
+                        || s.row.status.is_terminal()
+                        || s.workers.iter().all(|w| w.phase != Phase::Done)
+                },
+            ),
+            Property::always("I7: attempts never exceed the budget", |_, s: &State| {
+                s.row.attempt_count <= s.row.max_attempts
+            }),
+            Property::always(
+                "I7: calls that may have cost money never exceed the budget",
+                |_, s: &State| s.history.paid_calls <= s.row.max_attempts,
+            ),
+            // A Stop included: its user may have been shown the text the provider bills.
+            Property::always(RELEASED_AFTER_WORK, |_, s: &State| {
+                s.reservation != Reservation::Released || !s.history.work_done
+            }),
+            Property::always(SETTLED_TWICE, |_, s: &State| !s.history.settled_again),
+            Property::always(
+                "I8: a finished task's reservation is settled, unless a failed task's work may exist (the reconciler's)",
+                |_, s: &State| {
+                    !s.row.status.is_terminal()
+                        || s.reservation != Reservation::Reserved
+                        || (s.row.status == TaskStatus::Failed && s.row.may_have_run)
+                },
+            ),
+            Property::always(
+                "I8: a completed task's reservation is charged",
+                |_, s: &State| {
+                    s.row.status != TaskStatus::Completed
+                        || matches!(s.reservation, Reservation::Charged(_))
+                },
+            ),
+            Property::always(
+                "I8: a charge counts the saved reply's reported usage, else the ceiling, and no other reply's",
+                |_, s: &State| match s.reservation {
+                    Reservation::Charged(Tokens::ReportedBy(reply)) => {
+                        s.row.saved == Some(reply)
+                            && s.history.accepted.len() == 1
+                            && reports_usage(reply)
+                    }
+                    Reservation::Charged(Tokens::Ceiling) => {
+                        s.row.saved.is_none_or(|reply| !reports_usage(reply))
+                    }
+                    Reservation::Charged(Tokens::Stopped) => {
+                        s.history.settled_by == Some(Settler::Cancel) && s.row.saved.is_none()
+                    }
+                    _ => true,
+                },
+            ),
+            Property::always(
+                "I8: an open task's reservation stays open while its row exists",
+                |_, s: &State| {
+                    !s.presence.row_exists()
+                        || s.row.status.is_terminal()
+                        || s.reservation == Reservation::Reserved
+                },
+            ),
+            Property::always(
+                "I7: no claim before the backoff ends or after the deadline",
+                |_, s: &State| s.history.bad_claim.is_none(),
+            ),
+            Property::always(
+                "every refused write is classified by its real reason",
+                |_, s: &State| s.history.misclassified.is_none(),
+            ),
+            Property::sometimes("the task completes", |_, s: &State| {
+                s.row.status == TaskStatus::Completed
+            }),
+            Property::sometimes("the task fails on its attempt budget", |_, s: &State| {
+                s.history.failed_on_budget
+            }),
+            Property::sometimes("a lapsed lease is taken over", |_, s: &State| {
+                s.history.taken_over
+            }),
+            Property::sometimes(
+                "a stalled worker's lease is lost while it sleeps",
+                |_, s: &State| {
+                    s.workers.iter().any(|w| match w.phase {
+                        Phase::Calling { version } | Phase::HasReply { version } => {
+                            w.stalled && !guarded_update_matches(s, version, s.now)
+                        }
+                        _ => false,
+                    })
+                },
+            ),
+            Property::sometimes("a zombie's completion is refused", |_, s: &State| {
+                s.history.zombie_refused
+            }),
+            Property::sometimes(
+                "a retried completion finds its own saved reply",
+                |_, s: &State| s.history.own_write_recognised,
+            ),
+            Property::sometimes(
+                "a charge counts a reply's reported usage",
+                |_, s: &State| matches!(s.reservation, Reservation::Charged(Tokens::ReportedBy(_))),
+            ),
+            Property::sometimes(
+                "a completed task whose reply reported no usage is charged its ceiling",
+                |_, s: &State| {
+                    s.row.status == TaskStatus::Completed
+                        && s.reservation == Reservation::Charged(Tokens::Ceiling)
+                },
+            ),
+        ];
+        // What only some configurations can reach: a `sometimes` that cannot be reached fails
+        // the check, which is the point (the behaviour must be explored, not assumed).
+        if self.deadlines.iter().any(Option::is_some) {
+            properties.push(Property::sometimes(
+                "the task fails on its deadline",
+                |_, s: &State| s.history.failed_on_deadline,
+            ));
+        }
+        if self.forget_with_budget.is_some() {
+            properties.extend([
+                Property::always(ATTEMPT_AFTER_FORGETTING, |_, s: &State| {
+                    !s.history.attempt_after_forgetting
+                }),
+                Property::always(
+                    "no reply is accepted after the task is forgotten",
+                    |_, s: &State| !s.history.reply_after_forgetting,
+                ),
+                Property::always(
+                    "no renewal, release or failure is written after the task is forgotten",
+                    |_, s: &State| !s.history.write_after_forgetting,
+                ),
+                Property::always(
+                    "I8: no reservation is left open once its task is forgotten",
+                    |_, s: &State| {
+                        s.presence == Presence::Present || s.reservation != Reservation::Reserved
+                    },
+                ),
+                Property::always("once forgotten, always forgotten", |_, s: &State| {
+                    !s.history.came_back
+                }),
+                Property::sometimes(
+                    "a task is forgotten while a worker holds its lease, and that worker's completion is refused",
+                    |_, s: &State| s.history.leaseholder_found_no_row,
+                ),
+                Property::sometimes(
+                    "a redelivered record finds its task forgotten",
+                    |_, s: &State| s.history.redelivered_found_forgotten,
+                ),
+                Property::sometimes("retention forgets a finished task", |_, s: &State| {
+                    s.history.forgotten_by_retention
+                }),
+                Property::sometimes(
+                    "an erasure charges an open task's reservation",
+                    |_, s: &State| s.history.erasure_charged,
+                ),
+                Property::sometimes(
+                    "an erasure releases the reservation of a task whose provider did nothing",
+                    |_, s: &State| s.history.erasure_released,
+                ),
+            ]);
+        }
+        if self.cancel_with_budget.is_some() {
+            properties.extend([
+                Property::always(
+                    "no attempt starts after the task is cancelled",
+                    |_, s: &State| !s.history.attempt_after_cancel,
+                ),
+                Property::always(
+                    "no reply is accepted after the task is cancelled",
+                    |_, s: &State| !s.history.reply_after_cancel,
+                ),
+                Property::always(
+                    "no renewal, release or failure is written after the task is cancelled",
+                    |_, s: &State| !s.history.write_after_cancel,
+                ),
+                Property::always("a cancelled task stays cancelled", |_, s: &State| {
+                    !s.history.cancelled || s.row.status == TaskStatus::Cancelled
+                }),
+                Property::always(
+                    "I8: a Stop charges when a call may have run, and releases only when none can have started",
+                    |_, s: &State| {
+                        s.history.settled_by != Some(Settler::Cancel)
+                            || s.presence != Presence::Present
+                            || s.reservation
+                                == if s.row.may_have_run {
+                                    Reservation::Charged(Tokens::Stopped)
+                                } else {
+                                    Reservation::Released
+                                }
+                    },
+                ),
+                Property::always(
+                    "I8: a cancelled task's reservation was settled by its Stop",
+                    |_, s: &State| {
+                        s.row.status != TaskStatus::Cancelled
+                            || s.history.settled_by == Some(Settler::Cancel)
+                    },
+                ),
+                Property::sometimes(
+                    "a Stop lands mid-call, its completion is refused and its record is done",
+                    |_, s: &State| {
+                        (0..).zip(&s.workers).any(|(id, w): (u8, _)| {
+                            s.history.completion_refused_by_cancel & (1 << id) != 0
+                                && w.phase == Phase::Done
+                        })
+                    },
+                ),
+                Property::sometimes(
+                    "a Stop loses the race to a saved reply and changes nothing",
+                    |_, s: &State| {
+                        s.stop_answer == Some(StopFound::Finished(TaskStatus::Completed))
+                    },
+                ),
+                Property::sometimes(
+                    "a Stop finds a failed task and changes nothing",
+                    |_, s: &State| s.stop_answer == Some(StopFound::Finished(TaskStatus::Failed)),
+                ),
+                Property::sometimes(
+                    "a second Stop finds the task cancelled and changes nothing",
+                    |_, s: &State| {
+                        s.stop_answer == Some(StopFound::Finished(TaskStatus::Cancelled))
+                    },
+                ),
+                Property::sometimes("a Stop cancels a pending task", |_, s: &State| {
+                    s.stop_answer == Some(StopFound::Pending)
+                }),
+                Property::sometimes(
+                    "a Stop cancels a running task whose lease lapsed",
+                    |_, s: &State| s.stop_answer == Some(StopFound::LapsedLease),
+                ),
+                Property::sometimes(
+                    "a Stop lands while the provider does the work, and charges it",
+                    |_, s: &State| {
+                        s.history.settled_by == Some(Settler::Cancel)
+                            && s.history.work_done
+                            && s.reservation == Reservation::Charged(Tokens::Stopped)
+                    },
+                ),
+                Property::sometimes(
+                    "a Stop before any call releases the reservation",
+                    |_, s: &State| {
+                        s.history.settled_by == Some(Settler::Cancel)
+                            && s.reservation == Reservation::Released
+                    },
+                ),
+            ]);
+        }
+        if self.forget_with_budget.is_some() && self.forget_with_budget == self.cancel_with_budget {
+            properties.push(Property::sometimes(
+                "retention forgets a cancelled task",
+                |_, s: &State| {
+                    s.history.forgotten_by_retention && s.row.status == TaskStatus::Cancelled
+                },
+            ));
+        }
+        if self.takeover != PartitionTakeover::Off {
+            properties.extend([
+                Property::sometimes(
+                    "a live lease of another holder of the partition is taken over",
+                    |_, s: &State| s.history.took_over_live,
+                ),
+                Property::sometimes(
+                    "a restarted worker takes over its previous incarnation's live lease",
+                    |_, s: &State| s.history.took_over_own_id,
+                ),
+            ]);
+        }
+        if self.call_failures {
+            properties.push(Property::sometimes(
+                "a released task is claimed again after its backoff",
+                |_, s: &State| s.history.claimed_after_release,
+            ));
+            properties.push(Property::sometimes(
+                "a failed task whose work may exist keeps its reservation open",
+                |_, s: &State| s.history.held_unresolved,
+            ));
+            properties.push(Property::sometimes(
+                "a failed task whose call surely did nothing is released",
+                |_, s: &State| s.reservation == Reservation::Released,
+            ));
+            properties.push(Property::sometimes(
+                "a task refused on its last attempt completes after all",
+                |_, s: &State| {
+                    s.history.refused
+                        && s.row.status == TaskStatus::Completed
+                        && s.history.paid_calls == s.row.max_attempts
+                },
+            ));
+            properties.push(Property::sometimes(
+                "the task fails on its refusal budget",
+                |_, s: &State| s.history.failed_on_refusals,
+            ));
+        }
+        properties
+    }
+}
