@@ -333,10 +333,9 @@ impl Reconciler {
         telemetry::quota_reconciled(decision.label());
         match (decision, found) {
             (ExpiredDecision::Charge, Ok(Some(generation))) => {
-                let meta = serde_json::to_value(&generation).ok();
                 match self
                     .store
-                    .complete(&lease, &generation.text, meta.as_ref())
+                    .complete(&lease, &generation.text, Some(&generation))
                     .await?
                 {
                     CompletionOutcome::Accepted => {

@@ -9,14 +9,14 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use serde_json::Value as Json;
+use tokio_postgres::types::Json as PgJson;
 use uuid::Uuid;
 
 use super::error::StoreError;
 use super::gather::{Batch, Gatherer, RowAnswers};
 use super::rows::{Taken, insert_columns, seconds, taken_from};
 use super::sessions::Sessions;
-use replyd_core::domain::{RecordSource, TaskId, TaskSpec};
+use replyd_core::domain::{ProviderRequest, RecordSource, TaskId, TaskSpec};
 
 /// What the batch said about one claim.
 #[derive(Debug)]
@@ -131,7 +131,7 @@ async fn write_rows(
     let conversations = text_column(batch, sent, |s| &s.conversation_id);
     let messages = text_column(batch, sent, |s| &s.message_id);
     let versions = text_column(batch, sent, |s| &s.document_version);
-    let mut requests: Vec<Option<Json>> = Vec::with_capacity(sent.len());
+    let mut requests: Vec<Option<PgJson<&ProviderRequest>>> = Vec::with_capacity(sent.len());
     let mut max_attempts: Vec<Option<i32>> = Vec::with_capacity(sent.len());
     for &i in sent {
         let (request, attempts) = spec(i)

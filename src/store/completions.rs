@@ -10,10 +10,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde_json::Value as Json;
+use tokio_postgres::types::Json as PgJson;
 use uuid::Uuid;
 
 use replyd_core::lease::{Lease, Refusal, classify_refusal};
+use replyd_core::provider::Generation;
 
 use super::error::StoreError;
 use super::fence::{is_own_earlier_write, record_refusal};
@@ -34,7 +35,7 @@ pub(crate) enum BatchAnswer {
 pub(crate) struct Completion {
     lease: Lease,
     response: String,
-    meta: Option<Json>,
+    meta: Option<PgJson<Generation>>,
 }
 
 /// Completions gathered into one `replyd_complete_many` call ([`super::gather`]).
@@ -55,13 +56,13 @@ impl CompletionBatcher {
         &self,
         lease: &Lease,
         response: &str,
-        meta: Option<&Json>,
+        meta: Option<&Generation>,
     ) -> Result<BatchAnswer, StoreError> {
         self.0
             .submit(Completion {
                 lease: lease.clone(),
                 response: response.to_owned(),
-                meta: meta.cloned(),
+                meta: meta.cloned().map(PgJson),
             })
             .await
     }
@@ -103,7 +104,8 @@ async fn write_rows(
     let tasks: Vec<Uuid> = sent.iter().map(|&i| batch[i].lease.task_id).collect();
     let versions: Vec<i64> = sent.iter().map(|&i| batch[i].lease.version).collect();
     let responses: Vec<&str> = sent.iter().map(|&i| batch[i].response.as_str()).collect();
-    let metas: Vec<Option<&Json>> = sent.iter().map(|&i| batch[i].meta.as_ref()).collect();
+    let metas: Vec<Option<&PgJson<Generation>>> =
+        sent.iter().map(|&i| batch[i].meta.as_ref()).collect();
     let client = store.client().await?;
     let statement = client
         .prepare_cached("SELECT * FROM replyd_complete_many($1, $2, $3, $4)")

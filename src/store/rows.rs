@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::Value as Json;
 use tokio_postgres::Row;
+use tokio_postgres::types::Json as PgJson;
 use uuid::Uuid;
 
 use replyd_core::domain::{
@@ -139,11 +139,14 @@ pub(super) fn invalid(task_id: Uuid, reason: impl Into<String>) -> StoreError {
 }
 
 /// The columns of a task to insert that are not stored as its spec holds them: the request as
-/// JSON and the attempt budget as an `integer`. A spec that cannot be written is refused as
-/// an invalid row of `task_id`.
-pub(super) fn insert_columns(task_id: Uuid, spec: &TaskSpec) -> Result<(Json, i32), StoreError> {
-    let request = serde_json::to_value(&spec.request)
-        .map_err(|e| invalid(task_id, format!("request: {e}")))?;
+/// JSON (written straight into the statement's parameters, with no JSON tree built in between)
+/// and the attempt budget as an `integer`. A spec that cannot be written is refused as an
+/// invalid row of `task_id`.
+pub(super) fn insert_columns(
+    task_id: Uuid,
+    spec: &TaskSpec,
+) -> Result<(PgJson<&ProviderRequest>, i32), StoreError> {
+    let request = PgJson(&spec.request);
     let max_attempts =
         i32::try_from(spec.max_attempts).map_err(|_| invalid(task_id, "max_attempts over i32"))?;
     Ok((request, max_attempts))
@@ -175,8 +178,9 @@ pub(super) fn snapshot_from(task_id: Uuid, row: &Row) -> Result<LeaseSnapshot, S
 
 pub(super) fn task_from(row: &Row) -> Result<StoredTask, StoreError> {
     let task_id: Uuid = row.get("task_id");
-    let request: Json = row.get("request");
-    let request: ProviderRequest = serde_json::from_value(request)
+    // Read straight from the column's bytes, with no JSON tree built in between.
+    let PgJson(request) = row
+        .try_get::<_, PgJson<ProviderRequest>>("request")
         .map_err(|e| invalid(task_id, format!("request column: {e}")))?;
     let max_attempts: i32 = row.get("max_attempts");
     Ok(StoredTask {

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use serde_json::Value as Json;
+use tokio_postgres::types::Json as PgJson;
 use uuid::Uuid;
 
 use replyd_core::domain::{
@@ -15,6 +15,7 @@ use replyd_core::domain::{
 };
 
 use replyd_core::lease::{ClaimOutcome, Lease, Refusal, classify_refusal};
+use replyd_core::provider::Generation;
 
 use super::Store;
 use super::claims::ClaimAnswer;
@@ -182,7 +183,7 @@ impl Store {
         &self,
         lease: &Lease,
         response: &str,
-        meta: Option<&Json>,
+        meta: Option<&Generation>,
     ) -> Result<CompletionOutcome, StoreError> {
         if let Some(batcher) = &self.batcher {
             match batcher.complete(lease, response, meta).await? {
@@ -199,9 +200,11 @@ impl Store {
         &self,
         lease: &Lease,
         response: &str,
-        meta: Option<&Json>,
+        meta: Option<&Generation>,
     ) -> Result<CompletionOutcome, StoreError> {
         let id = lease.task_id;
+        // Written straight into the parameter, with no JSON tree built in between.
+        let meta = meta.map(PgJson);
         let client = self.client().await?;
         let statement = client
             .prepare_cached("SELECT * FROM replyd_complete($1, $2, $3, $4)")

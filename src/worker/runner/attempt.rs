@@ -139,11 +139,11 @@ impl TaskRunner {
                         .usage
                         .map(|u| (u.prompt_tokens, u.completion_tokens)),
                 );
-                let meta = serde_json::to_value(&generation).ok();
                 let saving = trace::completion(trace, "save reply");
                 let Some(outcome) = self
                     .with_retry("complete", cancel, || {
-                        self.store.complete(lease, &generation.text, meta.as_ref())
+                        self.store
+                            .complete(lease, &generation.text, Some(&generation))
                     })
                     .instrument(saving.clone())
                     .await

@@ -13,10 +13,10 @@ use serde_json::{Value, json};
 
 impl Api {
     /// Plays a worker that completes the task with a reply whose meta reports `usage`
-    /// (`Generation` as JSON, as the worker saves it), or none.
+    /// (the `Generation`, as the worker saves it), or none.
     async fn complete_reporting(&self, task: TaskId, usage: Option<(u32, u32)>) {
         let lease = self.claim(task).await;
-        let meta = serde_json::to_value(replyd_core::provider::Generation {
+        let meta = replyd_core::provider::Generation {
             text: "the answer".into(),
             model: "m".into(),
             usage: usage.map(
@@ -27,8 +27,7 @@ impl Api {
             ),
             provider_response_id: None,
             rate_signals: Default::default(),
-        })
-        .unwrap();
+        };
         self.db
             .store
             .complete(&lease, "the answer", Some(&meta))
