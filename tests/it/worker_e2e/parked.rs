@@ -80,6 +80,9 @@ async fn with_the_listening_session_killed_parked_records_still_finish() {
     let config = WorkerConfig {
         lease_ms: 6_000,
         renew_interval_ms: 2_000,
+        // A few records at a time, so the work (and its parking) lasts seconds, not one burst
+        // that can end before the test sees both listeners.
+        partition_window: 3,
         ..WorkerConfig::default()
     };
     let app = two_workers_on_two_partitions(800, config).await;
