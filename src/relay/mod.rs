@@ -110,12 +110,7 @@ pub async fn run(
         sqs: &settings.sqs,
     };
     let sink = transports
-        .open_sink(
-            relay.sink,
-            Duration::from_millis(settings.kafka.startup_retry_ms),
-            relay.publish_timeout(),
-            &shutdown,
-        )
+        .open_sink(relay.sink, relay.publish_timeout(), &shutdown)
         .await?;
     let heartbeat = Arc::new(Heartbeat::default());
     probes.watch("relay", Arc::clone(&heartbeat));

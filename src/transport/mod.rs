@@ -81,30 +81,41 @@ impl Transports<'_> {
         out
     }
 
-    /// Opens a worker's source: its dead-letter keeper checked, within `opening.startup`.
+    /// How long a transport that does not answer yet is waited for at start
+    /// (`kafka.startup_retry_ms`, which every transport goes by).
+    fn startup(self) -> Duration {
+        Duration::from_millis(self.kafka.startup_retry_ms)
+    }
+
+    /// Opens a worker's source: its dead-letter keeper checked, waiting within the start-up
+    /// window for one that does not answer yet.
     pub async fn open_source<M: MakeHandler>(
         self,
         transport: Transport,
         opening: Opening<M>,
     ) -> anyhow::Result<OpenSource> {
         match transport {
-            Transport::Kafka => kafka::open::open_source(self.kafka.clone(), opening).await,
-            Transport::Sqs => sqs::open::open_source(self.sqs.clone(), opening).await,
+            Transport::Kafka => {
+                kafka::open::open_source(self.kafka.clone(), self.startup(), opening).await
+            }
+            Transport::Sqs => {
+                sqs::open::open_source(self.sqs.clone(), self.startup(), opening).await
+            }
         }
     }
 
-    /// Opens the relay's sink, waiting within `startup` for one that does not answer yet. A
+    /// Opens the relay's sink, waiting within the start-up window for one that does not answer
+    /// yet. A
     /// publish ends within `publish_timeout`.
     pub async fn open_sink(
         self,
         transport: Transport,
-        startup: Duration,
         publish_timeout: Duration,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Box<dyn Sink>> {
         match transport {
             Transport::Kafka => kafka::open::open_sink(self.kafka, publish_timeout),
-            Transport::Sqs => sqs::open::open_sink(self.sqs, startup, shutdown).await,
+            Transport::Sqs => sqs::open::open_sink(self.sqs, self.startup(), shutdown).await,
         }
     }
 

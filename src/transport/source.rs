@@ -161,9 +161,6 @@ pub trait MakeHandler: Send + 'static {
 /// What a worker hands the source it opens.
 pub struct Opening<M> {
     pub holding: Holding,
-    /// How long an unreachable source (or a topic not yet in every broker's metadata) is
-    /// waited for at start (`kafka.startup_retry_ms`).
-    pub startup: Duration,
     /// Each workspace's weight, by which a windowed source orders the records it starts (I10).
     pub weights: Weights,
     pub make_handler: M,

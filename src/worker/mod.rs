@@ -15,7 +15,6 @@ pub mod settings;
 mod store_retry;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::future::BoxFuture;
@@ -190,7 +189,6 @@ pub async fn run_worker(
     };
     let opening = Opening {
         holding: settings.worker.holding(),
-        startup: Duration::from_millis(settings.kafka.startup_retry_ms),
         // The windows order records by the same weights as the capacity.
         weights: runner.weights(),
         make_handler: PipelineParts {

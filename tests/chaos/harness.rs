@@ -292,12 +292,10 @@ where
         .unwrap()
         .get(0);
     if held > 0 {
-        replyd::reconcile::run_command(
-            &app.settings().database,
-            &app.settings().reconcile_settings(),
-        )
-        .await
-        .expect("a reconciler pass");
+        let settings = app.settings();
+        replyd::reconcile::run_command(&settings.database, &settings.reconcile_settings())
+            .await
+            .expect("a reconciler pass");
     }
     // No reservation was freed whose work the provider did (the mock counts generations by
     // the task id each request carried as its key).

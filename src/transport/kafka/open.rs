@@ -44,11 +44,11 @@ impl SourceHealth for ConsumerHealth {
 /// The dead-letter topic checked, and the consumer ready to run.
 pub async fn open_source<M: MakeHandler>(
     kafka: KafkaSettings,
+    startup: Duration,
     opening: Opening<M>,
 ) -> anyhow::Result<OpenSource> {
     let Opening {
         holding,
-        startup,
         weights,
         make_handler,
         shutdown,

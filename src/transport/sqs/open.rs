@@ -53,11 +53,11 @@ impl SourceHealth for ReceiverHealth {
 /// The queue and its dead-letter queue checked, and the receive loop ready to run.
 pub async fn open_source<M: MakeHandler>(
     settings: SqsSettings,
+    startup: Duration,
     opening: Opening<M>,
 ) -> anyhow::Result<OpenSource> {
     let Opening {
         holding,
-        startup,
         weights: _,
         make_handler,
         shutdown,
