@@ -458,7 +458,12 @@ log.retention.hours=24
 PROPS
     if [ ! -f "$dir/data/meta.properties" ]; then
       local cluster_id
-      cluster_id=$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+      # Kafka's own ids never start with '-' (the tool's parser would take one for an option
+      # and fail the format); it draws again, and so does this.
+      cluster_id=-
+      while [ "${cluster_id#-}" != "$cluster_id" ]; do
+        cluster_id=$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+      done
       kafka_tool kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$dir/server.properties" >/dev/null \
         || die "kafka storage format failed"
     fi
