@@ -95,19 +95,32 @@ pub(crate) async fn read<F: StreamFold>(
 ) -> Result<(), Cut> {
     let mut events = std::pin::pin!(super::sse::events(response.bytes_stream()));
     let mut reported = fold.usage();
+    // One timer for the whole stream, moved only when it fires: an answer is many small
+    // events, and a timer set and cleared around each (`tokio::time::timeout`) is work for
+    // every piece. The stream has stalled when the timer fires and no event came in the
+    // `idle` before.
+    let mut quiet = std::pin::pin!(tokio::time::sleep(idle));
+    let mut last_event = tokio::time::Instant::now();
     loop {
-        let next = match tokio::time::timeout(idle, events.next()).await {
-            Err(_) => {
-                return Err(lost(
-                    fold,
-                    &format!(
-                        "no event for {} ms (provider.stream_idle_timeout_ms)",
-                        idle.as_millis()
-                    ),
-                ));
+        let next = tokio::select! {
+            biased;
+            next = events.next() => next,
+            () = &mut quiet => {
+                let stalled_until = last_event + idle;
+                if tokio::time::Instant::now() >= stalled_until {
+                    return Err(lost(
+                        fold,
+                        &format!(
+                            "no event for {} ms (provider.stream_idle_timeout_ms)",
+                            idle.as_millis()
+                        ),
+                    ));
+                }
+                quiet.as_mut().reset(stalled_until);
+                continue;
             }
-            Ok(next) => next,
         };
+        last_event = tokio::time::Instant::now();
         let event = match next {
             // Some servers end the body after the finish reason (and the usage) without their
             // final event; a cut connection is an error, not this clean end.

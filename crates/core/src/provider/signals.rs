@@ -62,32 +62,55 @@ pub struct RateSignals {
 impl RateSignals {
     /// Reads every signal of `headers`; `now` is the moment the answer was read, against which
     /// an instant (an HTTP-date `retry-after`, Anthropic's resets) becomes a duration.
+    ///
+    /// One pass over the headers, read on every answer: looking each of the 20 possible names
+    /// up instead parsed 20 names and formatted 18 of them per answer, which most answers (a
+    /// local server, many gateways) never send.
     pub fn read(headers: &HeaderMap, now: SystemTime) -> Self {
-        let window = |openai: &str, anthropic: &str| {
-            let anthropic_window = RateWindow {
-                limit: count(headers, &format!("anthropic-ratelimit-{anthropic}-limit")),
-                remaining: count(
-                    headers,
-                    &format!("anthropic-ratelimit-{anthropic}-remaining"),
-                ),
-                resets_in: text(headers, &format!("anthropic-ratelimit-{anthropic}-reset"))
-                    .and_then(|v| until_instant(v, now)),
+        // Anthropic's windows (requests, tokens, input tokens, output tokens) and OpenAI's
+        // (requests, tokens), as sent: the first value of each header.
+        let mut anthropic = [Sent::default(); 4];
+        let mut openai = [Sent::default(); 2];
+        for (name, value) in headers {
+            let name = name.as_str();
+            let found = if let Some(rest) = name.strip_prefix("anthropic-ratelimit-") {
+                rest.rsplit_once('-').and_then(|(kind, field)| {
+                    let window = ANTHROPIC_KINDS.iter().position(|k| *k == kind)?;
+                    Some((&mut anthropic[window], field))
+                })
+            } else if let Some(rest) = name.strip_prefix("x-ratelimit-") {
+                rest.split_once('-').and_then(|(field, kind)| {
+                    let window = OPENAI_KINDS.iter().position(|k| *k == kind)?;
+                    Some((&mut openai[window], field))
+                })
+            } else {
+                None
             };
-            if !anthropic_window.is_empty() || openai.is_empty() {
-                return anthropic_window;
+            let Some((sent, field)) = found else { continue };
+            let slot = match field {
+                "limit" => &mut sent.limit,
+                "remaining" => &mut sent.remaining,
+                "reset" => &mut sent.reset,
+                _ => continue,
+            };
+            if slot.is_none() {
+                *slot = Some(value.to_str().map(str::trim).unwrap_or(""));
             }
-            RateWindow {
-                limit: count(headers, &format!("x-ratelimit-limit-{openai}")),
-                remaining: count(headers, &format!("x-ratelimit-remaining-{openai}")),
-                resets_in: text(headers, &format!("x-ratelimit-reset-{openai}"))
-                    .and_then(parse_go_duration),
+        }
+        // A window is Anthropic's when it reported any of it, else OpenAI's (only requests
+        // and tokens have an OpenAI form).
+        let window = |i: usize| {
+            let anthropic_window = anthropic[i].window(|v| until_instant(v, now));
+            match openai.get(i) {
+                Some(openai) if anthropic_window.is_empty() => openai.window(parse_go_duration),
+                _ => anthropic_window,
             }
         };
         RateSignals {
-            requests: window("requests", "requests"),
-            tokens: window("tokens", "tokens"),
-            input_tokens: window("", "input-tokens"),
-            output_tokens: window("", "output-tokens"),
+            requests: window(0),
+            tokens: window(1),
+            input_tokens: window(2),
+            output_tokens: window(3),
             retry_after: retry_after(headers, now),
         }
     }
@@ -127,16 +150,34 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-fn text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
+/// The window kinds in Anthropic's header names (`anthropic-ratelimit-{kind}-{field}`) and
+/// OpenAI's (`x-ratelimit-{field}-{kind}`), in [`RateSignals`]' order.
+const ANTHROPIC_KINDS: [&str; 4] = ["requests", "tokens", "input-tokens", "output-tokens"];
+const OPENAI_KINDS: [&str; 2] = ["requests", "tokens"];
+
+/// One window's values as sent, before they are read; a value that is not text is empty
+/// (unreadable, so no signal).
+#[derive(Clone, Copy, Default)]
+struct Sent<'a> {
+    limit: Option<&'a str>,
+    remaining: Option<&'a str>,
+    reset: Option<&'a str>,
+}
+
+impl Sent<'_> {
+    /// The window, its reset read by `reset` (each provider writes it its own way).
+    fn window(&self, reset: impl Fn(&str) -> Option<Duration>) -> RateWindow {
+        RateWindow {
+            limit: self.limit.and_then(count),
+            remaining: self.remaining.and_then(count),
+            resets_in: self.reset.and_then(reset),
+        }
+    }
 }
 
 /// A count; negative (Azure's `-1` for "not reported") or unparseable is none.
-fn count(headers: &HeaderMap, name: &str) -> Option<u64> {
-    text(headers, name)?.parse::<u64>().ok()
+fn count(value: &str) -> Option<u64> {
+    value.parse::<u64>().ok()
 }
 
 /// An RFC 3339 instant as the time left until it from `now`; an instant already past is zero.
@@ -371,6 +412,40 @@ mod tests {
             }
         );
         assert!(RateSignals::read(&HeaderMap::new(), now()).is_empty());
+    }
+
+    #[test]
+    fn a_window_is_anthropics_where_it_reported_one_and_the_first_value_counts() {
+        // A gateway that passes both dialects, a repeated header, and names of neither.
+        let mut map = headers(&[
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("x-ratelimit-limit-requests", "5000"),
+            ("x-ratelimit-limit-tokens", "90000"),
+            ("x-ratelimit-remaining-tokens", "89000"),
+            ("anthropic-ratelimit-widgets-limit", "7"),
+            ("x-ratelimit-limit-widgets", "7"),
+            ("x-ratelimit-requests", "7"),
+        ]);
+        map.append(
+            "anthropic-ratelimit-requests-limit",
+            http::header::HeaderValue::from_static("60"),
+        );
+        let signals = RateSignals::read(&map, now());
+        assert_eq!(
+            signals,
+            RateSignals {
+                requests: RateWindow {
+                    limit: Some(50),
+                    ..RateWindow::default()
+                },
+                tokens: RateWindow {
+                    limit: Some(90_000),
+                    remaining: Some(89_000),
+                    resets_in: None,
+                },
+                ..RateSignals::default()
+            }
+        );
     }
 
     /// `d` as Go's `time.Duration.String()` prints it.
