@@ -30,6 +30,19 @@ pub(crate) enum ClaimAnswer {
     },
 }
 
+/// One claim as the store is asked for it, written in a batch ([`ClaimBatcher::claim`]) or
+/// alone.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClaimCall<'a> {
+    pub task_id: TaskId,
+    pub owner: &'a str,
+    pub lease: Duration,
+    /// The record's task, inserted first if it is absent.
+    pub insert: Option<&'a TaskSpec>,
+    /// The record the claim is made for.
+    pub source: Option<RecordSource>,
+}
+
 /// One claim waiting for its batch.
 pub(crate) struct Claim {
     task_id: Uuid,
@@ -53,21 +66,14 @@ impl ClaimBatcher {
     }
 
     /// Queues one claim and waits for its batch's answer.
-    pub(crate) async fn claim(
-        &self,
-        task_id: TaskId,
-        owner: &str,
-        lease: Duration,
-        insert: Option<&TaskSpec>,
-        source: Option<RecordSource>,
-    ) -> Result<ClaimAnswer, StoreError> {
+    pub(crate) async fn claim(&self, call: ClaimCall<'_>) -> Result<ClaimAnswer, StoreError> {
         self.0
             .submit(Claim {
-                task_id: task_id.as_uuid(),
-                owner: owner.to_owned(),
-                lease,
-                insert: insert.cloned(),
-                source,
+                task_id: call.task_id.as_uuid(),
+                owner: call.owner.to_owned(),
+                lease: call.lease,
+                insert: call.insert.cloned(),
+                source: call.source,
             })
             .await
     }

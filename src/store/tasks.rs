@@ -18,7 +18,7 @@ use replyd_core::lease::{ClaimOutcome, Lease, Refusal, classify_refusal};
 use replyd_core::provider::Generation;
 
 use super::Store;
-use super::claims::ClaimAnswer;
+use super::claims::{ClaimAnswer, ClaimCall};
 use super::completions::BatchAnswer;
 use super::error::StoreError;
 use super::fence::{self, AttemptWrite, FencedUpdate, is_own_earlier_write, record_refusal};
@@ -107,13 +107,18 @@ impl Store {
         insert: Option<&TaskSpec>,
         source: Option<RecordSource>,
     ) -> Result<Taken, StoreError> {
+        let call = ClaimCall {
+            task_id,
+            owner,
+            lease,
+            insert,
+            source,
+        };
         if let Some(batcher) = &self.claimer {
-            match batcher.claim(task_id, owner, lease, insert, source).await? {
+            match batcher.claim(call).await? {
                 ClaimAnswer::Done(taken) => return Ok(*taken),
                 ClaimAnswer::Busy { inserted } => {
-                    let mut taken = self
-                        .claim_alone(task_id, owner, lease, insert, source)
-                        .await?;
+                    let mut taken = self.claim_alone(call).await?;
                     if inserted {
                         // This record's batch inserted the row; the lone claim found it.
                         taken.ensured = Some(EnsureOutcome::Created);
@@ -122,19 +127,18 @@ impl Store {
                 }
             }
         }
-        self.claim_alone(task_id, owner, lease, insert, source)
-            .await
+        self.claim_alone(call).await
     }
 
     /// One claim, one call: `replyd_claim`, which waits on the row's lock.
-    async fn claim_alone(
-        &self,
-        task_id: TaskId,
-        owner: &str,
-        lease: Duration,
-        insert: Option<&TaskSpec>,
-        source: Option<RecordSource>,
-    ) -> Result<Taken, StoreError> {
+    async fn claim_alone(&self, call: ClaimCall<'_>) -> Result<Taken, StoreError> {
+        let ClaimCall {
+            task_id,
+            owner,
+            lease,
+            insert,
+            source,
+        } = call;
         let id = task_id.as_uuid();
         let (request, max_attempts) = insert
             .map(|spec| insert_columns(id, spec))
