@@ -138,9 +138,9 @@ impl<L> Pipeline<L> {
             .run(task_id, Some(record), held, &cancel, span)
             .await
         {
-            RunEnd::Terminal(how) => RecordOutcome::Done(how),
-            RunEnd::Cancelled => RecordOutcome::Cancelled,
-            RunEnd::HandBack { after } => RecordOutcome::HandedBack { after },
+            Some(RunEnd::Terminal(how)) => RecordOutcome::Done(how),
+            Some(RunEnd::HandBack { after }) => RecordOutcome::HandedBack { after },
+            None => RecordOutcome::Cancelled,
         }
     }
 }

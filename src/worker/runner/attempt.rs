@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, Span};
 
 use super::super::live::{LiveText, Received};
-use super::kinds::{AttemptEnd, CREATE_RESENDS, Guarded, Place, TaskRunner};
+use super::kinds::{AttemptEnd, CREATE_RESENDS, Guarded, Guarding, Place, TaskRunner};
 use crate::capacity;
 use crate::provider::BackgroundProvider;
 use crate::store::{CompletionOutcome, Release, ReleaseOutcome};
@@ -56,6 +56,7 @@ impl TaskRunner {
                     cancel,
                     || place.slot.give_back(),
                 ),
+                Guarding::Step,
             )
             .await
         {
@@ -91,10 +92,11 @@ impl TaskRunner {
                     .await
             }
             None => {
-                self.guarded_call(
+                self.guarded(
                     lease,
                     cancel,
                     self.provider.generate_streamed(&request, &live),
+                    Guarding::Call,
                 )
                 .instrument(call_span.clone())
                 .await
@@ -215,7 +217,12 @@ impl TaskRunner {
             }
         };
         let waited = self
-            .guarded_call(lease, cancel, background.wait_streamed(&operation, live))
+            .guarded(
+                lease,
+                cancel,
+                background.wait_streamed(&operation, live),
+                Guarding::Call,
+            )
             .await;
         if let Guarded::Done(Err(ProviderError::OperationGone { .. })) = &waited {
             // The provider no longer knows the operation (expired, cancelled): forget it so
@@ -240,7 +247,9 @@ impl TaskRunner {
     ) -> Guarded<Result<OperationId, ProviderError>> {
         let mut resends = 0;
         loop {
-            let started = self.guarded(lease, cancel, background.start(request)).await;
+            let started = self
+                .guarded(lease, cancel, background.start(request), Guarding::Step)
+                .await;
             match &started {
                 Guarded::Done(Err(
                     ProviderError::Ambiguous { .. } | ProviderError::NotSent { .. },

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, Span};
 
 use super::super::parking::{TaskWatch, WakeSource};
-use super::kinds::{AttemptEnd, Guarded, TaskRunner};
+use super::kinds::{AttemptEnd, Guarded, Guarding, TaskRunner};
 use crate::store::{FailOutcome, Release, ReleaseOutcome, RenewOutcome};
 use crate::telemetry::{self, CallEnd, trace};
 use replyd_core::domain::{AttemptOutcome, ProviderRan, RecordEnd, StoredTask, TaskId};
@@ -25,27 +25,7 @@ impl TaskRunner {
         lease: &Lease,
         cancel: &CancellationToken,
         call: impl Future<Output = T>,
-    ) -> Guarded<T> {
-        self.guarded_as(lease, cancel, call, false).await
-    }
-
-    /// [`TaskRunner::guarded`] of a provider call: an answer already in hand when the lease's
-    /// news comes is handed on (`ended_call_first`).
-    pub(super) async fn guarded_call<T>(
-        &self,
-        lease: &Lease,
-        cancel: &CancellationToken,
-        call: impl Future<Output = T>,
-    ) -> Guarded<T> {
-        self.guarded_as(lease, cancel, call, true).await
-    }
-
-    pub(super) async fn guarded_as<T>(
-        &self,
-        lease: &Lease,
-        cancel: &CancellationToken,
-        call: impl Future<Output = T>,
-        ended_call_first: bool,
+        what: Guarding,
     ) -> Guarded<T> {
         // Renewed while the call runs (in the worker's batch when that is on), not after it.
         let mut hold = self
@@ -82,7 +62,7 @@ impl TaskRunner {
             // it and records the refusal, instead of being dropped for news of the lease that
             // came at the same moment (a zombie wakes with both in hand). A permit or an
             // operation's start is not taken with a lost lease: no call follows it.
-            if ended_call_first
+            if what == Guarding::Call
                 && let Some(result) = futures_util::FutureExt::now_or_never(&mut call)
             {
                 return Guarded::Done(result);

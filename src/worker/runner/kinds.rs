@@ -47,13 +47,11 @@ pub enum WhenHeld {
     HandBack,
 }
 
-/// How a run ended.
+/// How a run ended, when it was not cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunEnd {
     /// The task is terminal, saying how.
     Terminal(RecordEnd),
-    /// Cancelled before a durable outcome.
-    Cancelled,
     /// Another worker holds the task (under [`WhenHeld::HandBack`]): look again after this.
     HandBack { after: Duration },
 }
@@ -129,4 +127,15 @@ pub(super) enum AttemptEnd {
         wait: Duration,
     },
     Cancelled,
+}
+
+/// What [`TaskRunner::guarded`] runs, which says what becomes of a result already in hand when
+/// the lease's news comes with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Guarding {
+    /// A provider call: its answer is handed on to the fenced write, which refuses it.
+    Call,
+    /// A step before a call (a capacity permit, an operation's start): not taken with a lost
+    /// lease, since no call follows it.
+    Step,
 }

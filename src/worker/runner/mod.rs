@@ -76,26 +76,13 @@ impl TaskRunner {
         with_retry(self.settings.io_retry, operation, cancel, op).await
     }
 
-    /// Runs the task until it is terminal, `cancel` fires, or (under [`WhenHeld::HandBack`])
-    /// another worker holds it. With `record`, the first claim also inserts the record's task
-    /// if it is absent (one round trip for both) and reports a record that disagrees with the
-    /// stored task. Each claim, provider call and completion is a child span of `trace` (see
-    /// [`trace`]; disabled spans when traces are off).
+    /// Runs the task until it is terminal, `cancel` fires (`None`: cancelled before a durable
+    /// outcome), or (under [`WhenHeld::HandBack`]) another worker holds it. With `record`, the
+    /// first claim also inserts the record's task if it is absent (one round trip for both)
+    /// and reports a record that disagrees with the stored task. Each claim, provider call and
+    /// completion is a child span of `trace` (see [`trace`]; disabled spans when traces are
+    /// off).
     pub async fn run(
-        &self,
-        task_id: TaskId,
-        record: Option<FromRecord<'_>>,
-        held: WhenHeld,
-        cancel: &CancellationToken,
-        trace: &Span,
-    ) -> RunEnd {
-        match self.run_inner(task_id, record, held, cancel, trace).await {
-            Some(end) => end,
-            None => RunEnd::Cancelled,
-        }
-    }
-
-    pub(super) async fn run_inner(
         &self,
         task_id: TaskId,
         record: Option<FromRecord<'_>>,
