@@ -261,6 +261,18 @@ mod tests {
         }
     }
 
+    /// The reason and outcome of a decision that must fail the attempt.
+    fn failure(
+        error: &ProviderError,
+        attempt: Attempt<'_>,
+        s: &RetrySettings,
+    ) -> (String, AttemptOutcome) {
+        match decide(error, attempt, s, 0.5) {
+            Action::Fail { reason, outcome } => (reason, outcome),
+            other => panic!("{error:?} must fail, not {other:?}"),
+        }
+    }
+
     fn rate_limited(retry_after: Option<Duration>) -> ProviderError {
         ProviderError::Retryable {
             status: 429,
@@ -313,14 +325,12 @@ mod tests {
             refusal_left: Some(Duration::from_millis(500)),
             ..attempt(1)
         };
-        let Action::Fail { reason, outcome } = decide(
+        // A retry past the refusal budget is no retry.
+        let (reason, outcome) = failure(
             &rate_limited(Some(Duration::from_secs(1))),
             nearly_spent,
             &s,
-            0.5,
-        ) else {
-            panic!("a retry past the refusal budget is no retry");
-        };
+        );
         assert!(reason.starts_with("refusal budget exhausted"), "{reason}");
         assert!(reason.contains("retry.refusal_budget_ms"), "{reason}");
         assert_eq!(outcome, AttemptOutcome::Refused);
@@ -418,11 +428,7 @@ mod tests {
             status: 400,
             message: "model `x` does not exist".into(),
         };
-        let Action::Fail { reason, outcome } =
-            decide(&error, attempt(1), &RetrySettings::default(), 0.5)
-        else {
-            panic!("fatal must fail");
-        };
+        let (reason, outcome) = failure(&error, attempt(1), &RetrySettings::default());
         assert!(reason.contains("model `x` does not exist"), "{reason}");
         assert_eq!(outcome, AttemptOutcome::ProviderError);
     }
@@ -433,11 +439,8 @@ mod tests {
             operation: "resp_1".into(),
             waited_ms: 1_800_000,
         };
-        let Action::Fail { reason, outcome } =
-            decide(&error, attempt(1), &RetrySettings::default(), 0.5)
-        else {
-            panic!("waiting again is no new attempt");
-        };
+        // Waiting again is no new attempt.
+        let (reason, outcome) = failure(&error, attempt(1), &RetrySettings::default());
         assert!(reason.contains("resp_1 still running"), "{reason}");
         assert_eq!(outcome, AttemptOutcome::Timeout);
     }
@@ -506,9 +509,8 @@ mod tests {
             signals: Box::default(),
             message: "slow down".into(),
         };
-        let Action::Fail { reason, .. } = decide(&rate_limited, hurried, &s, 0.5) else {
-            panic!("a retry after the deadline is no retry");
-        };
+        // A retry after the deadline is no retry.
+        let (reason, _) = failure(&rate_limited, hurried, &s);
         assert!(reason.starts_with("deadline exceeded"), "{reason}");
     }
 
