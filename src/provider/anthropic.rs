@@ -598,6 +598,14 @@ mod tests {
         r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":15}}"#,
     );
     const STOP: (&str, &str) = ("message_stop", r#"{"type":"message_stop"}"#);
+    const OVERLOADED: (&str, &str) = (
+        "error",
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+    );
+    const REFUSAL_DELTA: (&str, &str) = (
+        "message_delta",
+        r#"{"type":"message_delta","delta":{"stop_reason":"refusal"},"usage":{"output_tokens":2}}"#,
+    );
 
     #[test]
     fn a_message_stream_is_its_text_deltas_with_the_prompts_and_the_outputs_usage() {
@@ -656,11 +664,7 @@ mod tests {
 
     #[test]
     fn an_error_event_after_the_first_tokens_may_have_executed() {
-        let overloaded = (
-            "error",
-            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
-        );
-        let (text, _, error) = fold(&[START, BLOCK, DELTA_A, overloaded]);
+        let (text, _, error) = fold(&[START, BLOCK, DELTA_A, OVERLOADED]);
         assert_eq!(text, "Hello");
         match error {
             Some(ProviderError::MaybeExecuted {
@@ -678,11 +682,7 @@ mod tests {
 
     #[test]
     fn a_streamed_refusal_is_fatal() {
-        let refused = (
-            "message_delta",
-            r#"{"type":"message_delta","delta":{"stop_reason":"refusal"},"usage":{"output_tokens":2}}"#,
-        );
-        let (_, stream, _) = fold(&[START, BLOCK, refused, STOP]);
+        let (_, stream, _) = fold(&[START, BLOCK, REFUSAL_DELTA, STOP]);
         assert!(matches!(
             stream.generation(),
             Err(ProviderError::Fatal { .. })

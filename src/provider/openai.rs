@@ -335,7 +335,6 @@ mod tests {
     use super::*;
     use replyd_core::provider::RateSignals;
     use replyd_core::provider::Usage;
-    use replyd_core::secret::Secret;
 
     fn parse(body: &str) -> Result<Generation, ProviderError> {
         parse_completion(StatusCode::OK, body.as_bytes(), "asked")
@@ -381,12 +380,9 @@ mod tests {
 
     #[test]
     fn the_length_limit_is_max_completion_tokens_for_reasoning_models_only() {
-        let provider = OpenAiChatProvider::new(&ProviderSettings {
-            base_url: "http://127.0.0.1:9".into(),
-            default_model: "o4-mini".into(),
-            ..ProviderSettings::default()
-        })
-        .unwrap();
+        let provider =
+            OpenAiChatProvider::new(&ProviderSettings::at("http://127.0.0.1:9", "o4-mini"))
+                .unwrap();
         let body = |model: &str, limit| wire(&provider, &asking(model, limit));
         let user = serde_json::json!([{"role": "user", "content": "hi"}]);
         for model in ["o1", "o3-mini", "o4-mini-2025-04-16", "gpt-5", "gpt-5-nano"] {
@@ -461,10 +457,7 @@ mod tests {
 
     #[test]
     fn a_reserved_extra_header_is_refused_at_build() {
-        let mut settings = ProviderSettings::default();
-        settings
-            .extra_headers
-            .insert("Idempotency-Key".into(), Secret::new("hunter2"));
+        let settings = ProviderSettings::with_extra_header("Idempotency-Key", "hunter2");
         let error = OpenAiChatProvider::new(&settings).unwrap_err();
         let text = error.to_string();
         assert!(
