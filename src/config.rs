@@ -262,6 +262,27 @@ mod tests {
     use crate::transport::kafka::settings::GroupProtocol;
     use crate::worker::settings::MIN_READ_AHEAD;
 
+    /// What validating `s` refuses, as the error says it.
+    fn refusal(s: &Settings) -> String {
+        s.validate().unwrap_err().to_string()
+    }
+
+    /// Asserts that `err` is the one problem of `setting`, mentioning each of `mentioned`.
+    fn assert_names(err: &str, setting: &str, mentioned: &[&str]) {
+        assert!(
+            err.starts_with(&format!("{setting}:")),
+            "{setting} in {err}"
+        );
+        for m in mentioned {
+            assert!(err.contains(m), "{m} in {err}");
+        }
+    }
+
+    /// The settings in the jail's file `name`.
+    fn load(name: &str) -> Result<Settings, ConfigError> {
+        Settings::load(Some(Path::new(name)))
+    }
+
     #[test]
     fn defaults_are_valid() {
         Settings::default().validate().unwrap();
@@ -271,66 +292,62 @@ mod tests {
     fn a_liveness_timeout_within_a_loop_s_longest_wait_is_refused_naming_the_wait() {
         let mut s = Settings::default();
         s.provider.request_timeout_ms = 200_000;
-        let err = s.validate().unwrap_err().to_string();
-        assert!(
-            err.starts_with("observability.liveness_timeout_ms:"),
-            "{err}"
-        );
-        assert!(
-            err.contains("provider.request_timeout_ms (200000)"),
-            "{err}"
+        assert_names(
+            &refusal(&s),
+            "observability.liveness_timeout_ms",
+            &["provider.request_timeout_ms (200000)"],
         );
         s.observability.liveness_timeout_ms = 205_001;
         s.validate().unwrap();
     }
 
+    /// A change that contradicts the rest of the settings, the setting refused for it, and what
+    /// the refusal mentions.
+    type Contradiction = (fn(&mut Settings), &'static str, &'static [&'static str]);
+
     #[test]
     fn contradictions_name_the_setting() {
-        let mut s = Settings::default();
-        s.worker.drain_timeout_ms = s.kafka.session_timeout_ms();
-        let err = s.validate().unwrap_err().to_string();
-        assert!(err.starts_with("worker.drain_timeout_ms:"), "{err}");
-
-        let mut s = Settings::default();
-        s.worker.renew_interval_ms = s.worker.lease_ms;
-        assert!(
-            s.validate()
-                .unwrap_err()
-                .to_string()
-                .starts_with("worker.renew_interval_ms:")
-        );
-
-        let mut s = Settings::default();
-        s.kafka
-            .librdkafka
-            .insert("enable.auto.commit".into(), "true".into());
-        assert!(
-            s.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("enable.auto.commit")
-        );
-
-        let mut s = Settings::default();
-        s.kafka.group_protocol = GroupProtocol::Consumer;
-        s.kafka
-            .librdkafka
-            .insert("heartbeat.interval.ms".into(), "500".into());
-        assert!(
-            s.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("heartbeat.interval.ms")
-        );
-
-        let mut s = Settings::default();
-        s.kafka.dead_letter_topic = s.kafka.topic.clone();
-        assert!(
-            s.validate()
-                .unwrap_err()
-                .to_string()
-                .starts_with("kafka.dead_letter_topic:")
-        );
+        let cases: [Contradiction; 5] = [
+            (
+                |s| s.worker.drain_timeout_ms = s.kafka.session_timeout_ms(),
+                "worker.drain_timeout_ms",
+                &[],
+            ),
+            (
+                |s| s.worker.renew_interval_ms = s.worker.lease_ms,
+                "worker.renew_interval_ms",
+                &[],
+            ),
+            (
+                |s| {
+                    s.kafka
+                        .librdkafka
+                        .insert("enable.auto.commit".into(), "true".into());
+                },
+                "kafka.librdkafka",
+                &["enable.auto.commit"],
+            ),
+            (
+                |s| {
+                    s.kafka.group_protocol = GroupProtocol::Consumer;
+                    s.kafka
+                        .librdkafka
+                        .insert("heartbeat.interval.ms".into(), "500".into());
+                },
+                "kafka.librdkafka",
+                &["heartbeat.interval.ms"],
+            ),
+            (
+                |s| s.kafka.dead_letter_topic = s.kafka.topic.clone(),
+                "kafka.dead_letter_topic",
+                &[],
+            ),
+        ];
+        for (contradict, setting, mentioned) in cases {
+            let mut s = Settings::default();
+            contradict(&mut s);
+            assert_names(&refusal(&s), setting, mentioned);
+        }
     }
 
     /// The reservation's TTL is held against the redelivery of the source in use: on SQS the
@@ -339,22 +356,21 @@ mod tests {
     fn a_reservation_ttl_below_the_redelivery_names_what_the_source_waits_for() {
         let mut s = Settings::default();
         s.quota.reservation_ttl_ms = 1_000;
-        let kafka = s.validate().unwrap_err().to_string();
-        assert!(
-            kafka.starts_with("quota.reservation_ttl_ms:")
-                && kafka.contains("kafka.session_timeout_ms"),
-            "{kafka}"
+        assert_names(
+            &refusal(&s),
+            "quota.reservation_ttl_ms",
+            &["kafka.session_timeout_ms"],
         );
         s.worker.source = Transport::Sqs;
         s.sqs.queue_url = "http://127.0.0.1:9324/000000000000/tasks".into();
         s.sqs.region = "us-east-1".into();
-        let sqs = s.validate().unwrap_err().to_string();
-        assert!(
-            sqs.starts_with("quota.reservation_ttl_ms:")
-                && sqs.contains("sqs.visibility_timeout_seconds, 60 s")
-                && !sqs.contains("session"),
-            "{sqs}"
+        let sqs = refusal(&s);
+        assert_names(
+            &sqs,
+            "quota.reservation_ttl_ms",
+            &["sqs.visibility_timeout_seconds, 60 s"],
         );
+        assert!(!sqs.contains("session"), "{sqs}");
     }
 
     #[test]
@@ -364,9 +380,10 @@ mod tests {
         let err = s.validate().unwrap_err();
         assert_eq!(err.0.len(), 1, "{err}");
         let text = err.to_string();
-        assert!(
-            text.starts_with("worker.max_prompt_bytes:") && text.contains("kafka.max_record_bytes"),
-            "{text}"
+        assert_names(
+            &text,
+            "worker.max_prompt_bytes",
+            &["kafka.max_record_bytes"],
         );
         // The limit it suggests fits.
         let fits: usize = text
@@ -387,10 +404,10 @@ mod tests {
         s.kafka
             .producer_librdkafka
             .insert("message.max.bytes".into(), "2000000".into());
-        let err = s.validate().unwrap_err().to_string();
-        assert!(
-            err.starts_with("kafka.producer_librdkafka:") && err.contains("kafka.max_record_bytes"),
-            "{err}"
+        assert_names(
+            &refusal(&s),
+            "kafka.producer_librdkafka",
+            &["kafka.max_record_bytes"],
         );
     }
 
@@ -411,24 +428,20 @@ mod tests {
             )?;
             jail.set_env("REPLYD_KAFKA__TOPIC", "from-env");
             jail.set_env("REPLYD_LOG_JSON", "true");
-            let s = Settings::load(Some(Path::new("replyd.toml"))).unwrap();
+            let s = load("replyd.toml").unwrap();
             assert_eq!(s.kafka.topic, "from-env");
             assert_eq!(s.worker.partition_window, 8);
             assert_eq!(s.kafka.librdkafka["fetch.wait.max.ms"], "50");
 
             jail.create_file("bad.toml", "[worker]\nparition_window = 8\n")?;
-            let err = Settings::load(Some(Path::new("bad.toml")))
-                .unwrap_err()
-                .to_string();
+            let err = load("bad.toml").unwrap_err().to_string();
             assert_eq!(
                 err,
                 "worker.parition_window: unknown setting (in bad.toml); did you mean `worker.partition_window`?"
             );
 
             jail.set_env("REPLYD_WORKER__LEASE_MSS", "100");
-            let err = Settings::load(Some(Path::new("replyd.toml")))
-                .unwrap_err()
-                .to_string();
+            let err = load("replyd.toml").unwrap_err().to_string();
             assert!(
                 err.contains("worker.lease_mss: unknown setting (from REPLYD_WORKER__LEASE_MSS); did you mean `worker.lease_ms`?"),
                 "{err}"
@@ -539,19 +552,13 @@ session_timeout_ms = 10000
         let err = Settings::from_toml("[provider]\nbase_url = \"ftp://llm.example.com\"\n")
             .unwrap_err()
             .to_string();
-        assert!(
-            err.starts_with("provider.base_url:") && err.contains("not http or https"),
-            "{err}"
-        );
+        assert_names(&err, "provider.base_url", &["not http or https"]);
         let err = Settings::from_toml(
             "[provider]\nbase_url = \"https://r.openai.azure.com/openai/deployments/d\"\n",
         )
         .unwrap_err()
         .to_string();
-        assert!(
-            err.starts_with("provider.base_url:") && err.contains("api-version"),
-            "{err}"
-        );
+        assert_names(&err, "provider.base_url", &["api-version"]);
     }
 
     #[test]
@@ -568,7 +575,7 @@ session_timeout_ms = 10000
                 "#,
             )?;
             jail.set_env("REPLYD_PROVIDER__EXTRA_HEADERS__API-KEY", "azure-789");
-            let s = Settings::load(Some(Path::new("replyd.toml"))).unwrap();
+            let s = load("replyd.toml").unwrap();
             assert_eq!(s.provider.extra_headers.len(), 2, "{s:?}");
             assert_eq!(
                 s.provider.extra_headers["api-key"].expose(),
@@ -589,7 +596,7 @@ session_timeout_ms = 10000
                 "two words" = "v"
                 "#,
             )?;
-            let err = Settings::load(Some(Path::new("bad.toml"))).unwrap_err();
+            let err = load("bad.toml").unwrap_err();
             let settings: Vec<&str> = err.0.iter().map(|p| p.setting.as_str()).collect();
             assert_eq!(settings, ["provider.extra_headers"; 3], "{err}");
             let text = err.to_string();

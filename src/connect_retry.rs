@@ -70,18 +70,11 @@ pub async fn migrate(
     database: &crate::store::DatabaseSettings,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    use crate::store::StoreError;
     use anyhow::Context as _;
-    let reachable = |e: &StoreError| matches!(e, StoreError::Connect { .. });
-    let wait = Duration::from_millis(database.startup_retry_ms);
     if !database.migrate_on_start {
-        let pending = retry_connecting(
-            "connecting to PostgreSQL",
-            wait,
-            shutdown,
-            reachable,
-            || crate::store::migrate::pending_migrations(database),
-        )
+        let pending = retry_reaching_postgres(database, shutdown, || {
+            crate::store::migrate::pending_migrations(database)
+        })
         .await
         .context("checking the database schema")?;
         anyhow::ensure!(
@@ -92,19 +85,36 @@ pub async fn migrate(
         );
         return Ok(());
     }
-    let applied = retry_connecting(
-        "connecting to PostgreSQL",
-        wait,
-        shutdown,
-        reachable,
-        || crate::store::migrate::run_migrations(database),
-    )
+    let applied = retry_reaching_postgres(database, shutdown, || {
+        crate::store::migrate::run_migrations(database)
+    })
     .await
     .context("applying database migrations")?;
     if !applied.is_empty() {
         tracing::info!(?applied, "migrations applied");
     }
     Ok(())
+}
+
+/// Runs a schema step with [`retry_connecting`], retrying for `database.startup_retry_ms` while
+/// PostgreSQL cannot be reached; any other store error ends it.
+async fn retry_reaching_postgres<T, Fut>(
+    database: &crate::store::DatabaseSettings,
+    shutdown: &CancellationToken,
+    step: impl FnMut() -> Fut,
+) -> Result<T, StartupError<crate::store::StoreError>>
+where
+    Fut: Future<Output = Result<T, crate::store::StoreError>>,
+{
+    use crate::store::StoreError;
+    retry_connecting(
+        "connecting to PostgreSQL",
+        Duration::from_millis(database.startup_retry_ms),
+        shutdown,
+        |e: &StoreError| matches!(e, StoreError::Connect { .. }),
+        step,
+    )
+    .await
 }
 
 /// The store a long-running part starts from: the schema brought up to date first ([`migrate`],

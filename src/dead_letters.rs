@@ -19,13 +19,13 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::config::Settings;
 use crate::transport::kafka::KafkaLogs;
-use crate::transport::kafka::dead_letter::headers;
+use crate::transport::kafka::dead_letter::{copy_of, headers};
 
 /// What to replay.
 #[derive(Debug, Clone, Default)]
@@ -235,25 +235,13 @@ pub async fn replay(settings: &Settings, filter: &ReplayFilter) -> anyhow::Resul
                 // The producer's own headers, without the copy's (where it came from, why it
                 // was refused) and with how often it was replayed now.
                 let replayed = n.to_string();
-                let mut original = OwnedHeaders::new().insert(Header {
+                let counted = OwnedHeaders::new().insert(Header {
                     key: headers::REPLAYS,
                     value: Some(&replayed),
                 });
-                if let Some(hs) = message.headers() {
-                    for h in hs.iter().filter(|h| !h.key.starts_with("replyd.")) {
-                        original = original.insert(Header {
-                            key: h.key,
-                            value: h.value,
-                        });
-                    }
-                }
-                let mut record = FutureRecord::<[u8], [u8]>::to(&kafka.topic).headers(original);
-                if let Some(key) = message.key() {
-                    record = record.key(key);
-                }
-                if let Some(payload) = message.payload() {
-                    record = record.payload(payload);
-                }
+                let record = copy_of(&message, &kafka.topic, counted, |key| {
+                    !key.starts_with("replyd.")
+                });
                 sends.push(producer.send_result(record).map_err(|(e, _)| e)?);
             }
         }
@@ -282,54 +270,36 @@ mod tests {
 
     #[test]
     fn a_copy_is_replayed_when_its_kind_and_time_are_asked_for_and_its_replays_not_spent() {
+        const BIG: &str = "prompt_too_large";
         let now = Utc::now();
-        assert_eq!(
-            decide(Some("prompt_too_large"), Some(now), 0, &filter(&[])),
-            Decision::Replay { n: 1 }
-        );
-        assert_eq!(
-            decide(
-                Some("prompt_too_large"),
-                Some(now),
-                2,
-                &filter(&["prompt_too_large"])
-            ),
-            Decision::Replay { n: 3 }
-        );
-        assert_eq!(
-            decide(
-                Some("missing_field"),
-                Some(now),
-                0,
-                &filter(&["prompt_too_large"])
-            ),
-            Decision::NotSelected
-        );
-        assert_eq!(
-            decide(None, Some(now), 0, &filter(&["prompt_too_large"])),
-            Decision::NotSelected
-        );
-        assert_eq!(
-            decide(Some("prompt_too_large"), Some(now), 3, &filter(&[])),
-            Decision::Exhausted
-        );
+        let earlier = now - chrono::TimeDelta::seconds(1);
+        let any = filter(&[]);
+        let big = filter(&[BIG]);
         let since = ReplayFilter {
             since: Some(now),
             ..filter(&[])
         };
-        assert_eq!(
-            decide(
-                Some("x"),
-                Some(now - chrono::TimeDelta::seconds(1)),
+        for (kind, made_at, replays, asked, expected) in [
+            (Some(BIG), Some(now), 0, &any, Decision::Replay { n: 1 }),
+            (Some(BIG), Some(now), 2, &big, Decision::Replay { n: 3 }),
+            (
+                Some("missing_field"),
+                Some(now),
                 0,
-                &since
+                &big,
+                Decision::NotSelected,
             ),
-            Decision::NotSelected
-        );
-        assert_eq!(decide(Some("x"), None, 0, &since), Decision::NotSelected);
-        assert_eq!(
-            decide(Some("x"), Some(now), 0, &since),
-            Decision::Replay { n: 1 }
-        );
+            (None, Some(now), 0, &big, Decision::NotSelected),
+            (Some(BIG), Some(now), 3, &any, Decision::Exhausted),
+            (Some("x"), Some(earlier), 0, &since, Decision::NotSelected),
+            (Some("x"), None, 0, &since, Decision::NotSelected),
+            (Some("x"), Some(now), 0, &since, Decision::Replay { n: 1 }),
+        ] {
+            assert_eq!(
+                decide(kind, made_at, replays, asked),
+                expected,
+                "{kind:?} made at {made_at:?}, replayed {replays} times, under {asked:?}"
+            );
+        }
     }
 }

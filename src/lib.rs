@@ -21,6 +21,7 @@ pub mod relay;
 pub mod restore;
 pub mod retries;
 pub mod serve;
+pub mod setting_problems;
 pub mod store;
 pub mod telemetry;
 pub mod tenants;

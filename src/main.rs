@@ -96,11 +96,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 replication_factor,
             };
             for report in replyd::topics::ensure(&settings()?, wanted).await? {
-                if json {
-                    println!("{}", serde_json::to_string(&report)?);
-                } else {
-                    println!("{report}");
-                }
+                print_report(&report, json)?;
             }
         }
         Command::Tasks(TasksCommand::Retry {
@@ -122,11 +118,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let report =
                 replyd::retries::run(&settings()?, &selection, max_attempts, dry_run).await?;
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                println!("{report}");
-            }
+            print_report(&report, json)?;
         }
         Command::AfterRestore {
             restored_to,
@@ -134,11 +126,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
         } => {
             let report = replyd::restore::run(&settings()?, restored_to, dry_run).await?;
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                println!("{report}");
-            }
+            print_report(&report, json)?;
         }
         Command::Erase {
             workspace,
@@ -161,11 +149,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     replyd::erasure::run(&settings()?.database, &scope, dry_run).await?
                 }
             };
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                println!("{report}");
-            }
+            print_report(&report, json)?;
         }
         Command::DeadLetters(DeadLettersCommand::Replay {
             kinds,
@@ -181,11 +165,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 dry_run,
             };
             let report = replyd::dead_letters::replay(&settings()?, &filter).await?;
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                println!("{report}");
-            }
+            print_report(&report, json)?;
         }
         Command::Migrate => {
             let applied = replyd::store::migrate::run_migrations(&settings()?.database)
@@ -252,4 +232,17 @@ fn traces_of(
         Some(settings) => Traces::start(&settings).map(Some),
         None => Ok(None),
     }
+}
+
+/// Prints a one-shot command's report: one JSON line with `--json`, else its text.
+fn print_report<R: serde::Serialize + std::fmt::Display>(
+    report: &R,
+    json: bool,
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        println!("{report}");
+    }
+    Ok(())
 }

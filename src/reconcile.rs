@@ -29,7 +29,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use crate::probes::Heartbeat;
-use crate::provider::{Provider, ProviderSettings};
+use crate::provider::{BackgroundProvider, Provider, ProviderSettings};
 use crate::store::quota::ExpiredReservation;
 use crate::store::{CompletionOutcome, DatabaseSettings, FailOutcome, Store, StoreError};
 use crate::telemetry;
@@ -204,8 +204,7 @@ impl Reconciler {
     /// failed task anyway. What the provider did decides the reservation alone; the task stays
     /// failed, as every reader was already told.
     async fn look_up_failed(&self, reservation: &ExpiredReservation) -> Result<Done, StoreError> {
-        let background = self.provider.as_deref().and_then(|p| p.as_background());
-        let (Some(background), Some(operation)) = (background, &reservation.operation_id) else {
+        let Some((background, operation)) = self.askable(reservation) else {
             return self
                 .settle_failed_as(
                     reservation,
@@ -240,6 +239,16 @@ impl Reconciler {
             }
             _ => Ok(Done::Left),
         }
+    }
+
+    /// The provider to ask about a reservation's stored operation, with that operation; None
+    /// when no provider that can be asked is configured or no operation was stored.
+    fn askable<'a>(
+        &'a self,
+        reservation: &'a ExpiredReservation,
+    ) -> Option<(&'a dyn BackgroundProvider, &'a String)> {
+        let background = self.provider.as_deref()?.as_background()?;
+        Some((background, reservation.operation_id.as_ref()?))
     }
 
     async fn extend(
@@ -300,8 +309,7 @@ impl Reconciler {
 
     /// Asks the provider about the stored operation, holding the task's lease.
     async fn look_up(&self, reservation: &ExpiredReservation) -> Result<Done, StoreError> {
-        let background = self.provider.as_deref().and_then(|p| p.as_background());
-        let (Some(background), Some(operation)) = (background, &reservation.operation_id) else {
+        let Some((background, operation)) = self.askable(reservation) else {
             // No provider that can be asked: keep the reservation rather than guess.
             return self
                 .extend(

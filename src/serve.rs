@@ -30,18 +30,20 @@ impl Parts {
     };
     pub const API: Parts = Parts {
         api: true,
-        relay: false,
-        worker: false,
+        ..Parts::NONE
     };
     pub const RELAY: Parts = Parts {
-        api: false,
         relay: true,
-        worker: false,
+        ..Parts::NONE
     };
     pub const WORKER: Parts = Parts {
+        worker: true,
+        ..Parts::NONE
+    };
+    const NONE: Parts = Parts {
         api: false,
         relay: false,
-        worker: true,
+        worker: false,
     };
 
     fn count(self) -> usize {

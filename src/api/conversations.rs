@@ -10,7 +10,6 @@
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
@@ -186,10 +185,7 @@ pub async fn list(
             has_more: page.more,
         })
     };
-    match listed.await {
-        Ok(page) => (StatusCode::OK, Json(page)).into_response(),
-        Err(problem) => problem.into_response(),
-    }
+    listed.await.map(Json).into_response()
 }
 
 #[cfg(test)]
@@ -267,8 +263,5 @@ pub async fn erase(
             ended: erased.forgotten.charged + erased.forgotten.released,
         })
     };
-    match erased.await {
-        Ok(view) => (StatusCode::OK, Json(view)).into_response(),
-        Err(problem) => problem.into_response(),
-    }
+    erased.await.map(Json).into_response()
 }

@@ -151,10 +151,9 @@ pub async fn create_token(
             expires_in: ttl,
         })
     };
-    match made.await {
-        Ok(token) => (StatusCode::CREATED, Json(token)).into_response(),
-        Err(problem) => problem.into_response(),
-    }
+    made.await
+        .map(|token| (StatusCode::CREATED, Json(token)))
+        .into_response()
 }
 
 /// The end user whose tokens to revoke.
@@ -198,10 +197,10 @@ pub async fn revoke(
             .map_err(Problem::store_unavailable)?;
         Ok::<_, Problem>(())
     };
-    match revoked.await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(problem) => problem.into_response(),
-    }
+    revoked
+        .await
+        .map(|()| StatusCode::NO_CONTENT)
+        .into_response()
 }
 
 /// What erasing an end user deleted.
@@ -256,8 +255,5 @@ pub async fn erase(
             ended: forgotten.charged + forgotten.released,
         })
     };
-    match erased.await {
-        Ok(view) => Json(view).into_response(),
-        Err(problem) => problem.into_response(),
-    }
+    erased.await.map(Json).into_response()
 }

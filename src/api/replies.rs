@@ -97,10 +97,9 @@ pub async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match create_inner(&state, caller, &headers, body).await {
-        Ok(response) => response,
-        Err(problem) => problem.into_response(),
-    }
+    create_inner(&state, caller, &headers, body)
+        .await
+        .into_response()
 }
 
 async fn create_inner(
@@ -298,10 +297,7 @@ pub async fn cancel(
             CancelOutcome::NotFound => Err(Problem::not_found(format!("no task {id}"))),
         }
     };
-    match cancelled.await {
-        Ok(view) => Json(view).into_response(),
-        Err(problem) => problem.into_response(),
-    }
+    cancelled.await.map(Json).into_response()
 }
 
 /// Read a task: its state and, once completed, its reply.
@@ -335,10 +331,7 @@ pub async fn show(
             ..ReplyView::of(&task)
         })
     };
-    match shown.await {
-        Ok(view) => Json(view).into_response(),
-        Err(problem) => problem.into_response(),
-    }
+    shown.await.map(Json).into_response()
 }
 
 /// The task a path names, if it is the caller's: a bad id is a `400`, and another workspace's

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::setting_problems::SettingProblems;
 use replyd_core::sealed::SealingKey;
 use replyd_core::secret::Secret;
 
@@ -109,25 +110,24 @@ impl ApiSettings {
 
     /// What is wrong with `[api]` on its own: the rate limit, the head and body limits, the header timeout. Each problem names its setting.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
-        let mut out = Vec::new();
-        let mut refuse = |setting: &'static str, message: String| out.push((setting, message));
+        let mut out = SettingProblems::default();
         if self.rate_limit_per_second > 0 && self.rate_limit_burst == 0 {
-            refuse(
+            out.refuse(
                 "api.rate_limit_burst",
                 "must be at least 1 while api.rate_limit_per_second is on".into(),
             );
         }
         if self.max_header_bytes < 1024 {
-            refuse(
+            out.refuse(
                 "api.max_header_bytes",
                 "must be at least 1024: an Authorization header alone takes about 100".into(),
             );
         }
         if self.max_body_bytes == 0 {
-            refuse("api.max_body_bytes", "must be positive".into());
+            out.refuse("api.max_body_bytes", "must be positive".into());
         }
         if self.max_headers < MIN_HEADERS {
-            refuse(
+            out.refuse(
                 "api.max_headers",
                 format!(
                     "{} must be at least {MIN_HEADERS}: a browser's request alone sends about 15",
@@ -136,10 +136,10 @@ impl ApiSettings {
             );
         }
         if self.header_read_timeout_ms == 0 {
-            refuse("api.header_read_timeout_ms", "must be positive".into());
+            out.refuse("api.header_read_timeout_ms", "must be positive".into());
         }
         if !(1..=MAX_TOKEN_TTL_SECONDS).contains(&self.end_user_token_max_ttl_seconds) {
-            refuse(
+            out.refuse(
                 "api.end_user_token_max_ttl_seconds",
                 format!(
                     "{} must be between 1 and {MAX_TOKEN_TTL_SECONDS} (a day): a token cannot be recalled alone, only with all of its user's",
@@ -148,14 +148,14 @@ impl ApiSettings {
             );
         }
         if let Some(Err(why)) = self.sealing_key() {
-            refuse("api.end_user_token_key", why);
+            out.refuse("api.end_user_token_key", why);
         }
         for origin in &self.cors_allowed_origins {
             if let Err(why) = check_origin(origin) {
-                refuse("api.cors_allowed_origins", format!("{origin:?}: {why}"));
+                out.refuse("api.cors_allowed_origins", format!("{origin:?}: {why}"));
             }
         }
-        out
+        out.into()
     }
 
     /// The key end-user token secrets are sealed with, if one is set; why it cannot be used,

@@ -120,26 +120,25 @@ mod tests {
 
     #[test]
     fn an_open_task_without_a_message_left_in_the_queue_is_lost() {
-        let drained = QueueFacts {
-            in_queue: 0,
-            dead_letters: 2,
-            open_handed: 1,
-        };
-        assert_eq!(drained.tallies().lost, 1);
-        assert_eq!(drained.tallies().bad, 2);
-        // Each open task may still have its message in the queue.
-        let busy = QueueFacts {
-            in_queue: 5,
-            dead_letters: 0,
-            open_handed: 5,
-        };
-        assert_eq!(busy.tallies().lost, 0);
-        assert_eq!(busy.tallies().uncommitted, 5);
-        let short = QueueFacts {
-            in_queue: 3,
-            dead_letters: 0,
-            open_handed: 5,
-        };
-        assert_eq!(short.tallies().lost, 2);
+        // (in the queue, dead letters, open tasks handed) → (lost, bad, uncommitted).
+        for (in_queue, dead_letters, open_handed, expected) in [
+            // Drained: the open task's message is gone.
+            (0, 2, 1, (1, 2, 0)),
+            // Each open task may still have its message in the queue.
+            (5, 0, 5, (0, 0, 5)),
+            (3, 0, 5, (2, 0, 3)),
+        ] {
+            let queue = QueueFacts {
+                in_queue,
+                dead_letters,
+                open_handed,
+            };
+            let tallies = queue.tallies();
+            assert_eq!(
+                (tallies.lost, tallies.bad, tallies.uncommitted),
+                expected,
+                "{queue:?}"
+            );
+        }
     }
 }

@@ -21,10 +21,10 @@ use reqwest::{RequestBuilder, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
 use super::call::{Dialect, Parse};
-use super::generation::{Reply, content_refused, token_usage};
+use super::generation::{Reply, content_refused, malformed, read_body, token_usage};
 use super::http::{AdapterBuildError, ApiClient, Classify, with_key_header};
 use super::settings::ProviderSettings;
-use super::stream::{self, StreamFold};
+use super::stream::{self, ErrorEvent, Folded, ReasonEvents, ReasonStream};
 use replyd_core::domain::Role;
 use replyd_core::provider::classify::classify_anthropic_status_at;
 use replyd_core::provider::{Generation, GenerationRequest, ProviderError, Recovery};
@@ -149,9 +149,7 @@ pub(crate) fn parse_message(
     bytes: &[u8],
     asked_model: &str,
 ) -> Result<Generation, ProviderError> {
-    let malformed = |message: String| ProviderError::MalformedResponse { message };
-    let message: WireMessageAnswer = serde_json::from_slice(bytes)
-        .map_err(|e| malformed(format!("body is not a message: {e}")))?;
+    let message: WireMessageAnswer = read_body(bytes, "a message")?;
     if message.kind.as_deref().is_some_and(|k| k != "message") {
         return Err(malformed(format!(
             "body is a `{}`, not a message",
@@ -172,7 +170,7 @@ pub(crate) fn parse_message(
     let Some(text) = text else {
         return Err(match stop {
             Some("max_tokens") => cut_before_text(status.as_u16()),
-            _ => malformed("message has no text content".into()),
+            _ => malformed("message has no text content"),
         });
     };
     let reply = Reply {
@@ -200,35 +198,31 @@ fn cut_before_text(status: u16) -> ProviderError {
 /// stop reason and the output's usage), `message_stop` (which a body that ends cleanly after
 /// the stop reason may leave out); `ping`s between. An `error` event
 /// (`overloaded_error`, `api_error`) is Anthropic's error after the first tokens. Pure.
-pub(crate) struct MessageStream {
-    asked_model: String,
-    reply: Reply,
-    stop_reason: Option<String>,
-    done: bool,
-}
+pub(crate) type MessageStream = ReasonStream<MessageEvents>;
 
-impl MessageStream {
-    pub(crate) fn new(asked_model: &str) -> Self {
-        Self {
-            asked_model: asked_model.to_owned(),
-            reply: Reply::default(),
-            stop_reason: None,
-            done: false,
-        }
-    }
-}
+/// The reading of a message's events. `message_stop` is the final event, but `message_delta`
+/// already carries what ends the message: its `stop_reason` and the output's final usage.
+/// Anthropic's SDKs build the message from the events they got and return it when the body
+/// ends, `message_stop` or not.
+#[derive(Default)]
+pub(crate) struct MessageEvents;
 
-impl StreamFold for MessageStream {
-    fn event(&mut self, event: &str, data: &str) -> Result<Option<String>, ProviderError> {
+impl ReasonEvents for MessageEvents {
+    fn event(
+        &mut self,
+        folded: &mut Folded,
+        event: &str,
+        data: &str,
+    ) -> Result<Option<String>, ProviderError> {
         let wire: WireStreamEvent =
             serde_json::from_str(data).map_err(|e| stream::malformed("a Messages event", e))?;
         let kind = stream::event_name(&wire.kind, event);
         match kind {
             "message_start" => {
                 if let Some(message) = wire.message {
-                    self.reply.id = message.id;
-                    self.reply.model = message.model.filter(|m| !m.is_empty());
-                    self.reply.usage = message
+                    folded.reply.id = message.id;
+                    folded.reply.model = message.model.filter(|m| !m.is_empty());
+                    folded.reply.usage = message
                         .usage
                         .map(|u| token_usage(u.input_tokens, u.output_tokens));
                 }
@@ -240,22 +234,22 @@ impl StreamFold for MessageStream {
                     .filter(|d| d.kind.as_deref() == Some("text_delta"))
                     .and_then(|d| d.text)
                     .unwrap_or_default();
-                self.reply.text.push_str(&piece);
+                folded.reply.text.push_str(&piece);
                 Ok(Some(piece))
             }
             "message_delta" => {
                 if let Some(reason) = wire.delta.and_then(|d| d.stop_reason) {
-                    self.stop_reason = Some(reason);
+                    folded.finish_reason = Some(reason);
                 }
                 if let Some(output) = wire.usage.map(|u| u.output_tokens) {
                     // The output's count is cumulative; the prompt's was in `message_start`.
-                    let prompt = self.reply.usage.map_or(0, |u| u.prompt_tokens);
-                    self.reply.usage = Some(token_usage(prompt, output));
+                    let prompt = folded.reply.usage.map_or(0, |u| u.prompt_tokens);
+                    folded.reply.usage = Some(token_usage(prompt, output));
                 }
                 Ok(None)
             }
             "message_stop" => {
-                self.done = true;
+                folded.done = true;
                 Ok(None)
             }
             "error" => {
@@ -265,44 +259,19 @@ impl StreamFold for MessageStream {
                     Some("rate_limit_error") => 429,
                     _ => 500,
                 };
-                Err(stream::failed_mid_stream(
-                    status,
-                    error.kind.as_deref(),
-                    error.message.as_deref().unwrap_or("no message"),
-                    self.chars(),
-                ))
+                Err(error.failed_mid_stream(status, folded))
             }
             // `ping`, the content blocks' start and stop, and events added later.
             _ => Ok(None),
         }
     }
 
-    fn finished(&self) -> bool {
-        self.done
-    }
-
-    /// `message_stop` is the final event, but `message_delta` already carries what ends the
-    /// message: its `stop_reason` and the output's final usage. Anthropic's SDKs build the
-    /// message from the events they got and return it when the body ends, `message_stop` or
-    /// not; so a body that ends cleanly after a `stop_reason` is the whole message, and one
-    /// that ends before it is not.
-    fn whole_at_clean_end(&self) -> bool {
-        self.stop_reason.is_some()
-    }
-
-    fn reply(&self) -> &Reply {
-        &self.reply
-    }
-
-    fn generation(self) -> Result<Generation, ProviderError> {
-        match self.stop_reason.as_deref() {
-            Some("refusal") => return Err(content_refused(200, "stop_reason is refusal")),
-            Some("max_tokens") if self.reply.text.is_empty() => {
-                return Err(cut_before_text(200));
-            }
-            _ => {}
+    fn refused(&self, folded: &Folded) -> Option<ProviderError> {
+        match folded.finish_reason.as_deref() {
+            Some("refusal") => Some(content_refused(200, "stop_reason is refusal")),
+            Some("max_tokens") if folded.reply.text.is_empty() => Some(cut_before_text(200)),
+            _ => None,
         }
-        Ok(self.reply.generation(&self.asked_model))
     }
 }
 
@@ -313,7 +282,7 @@ struct WireStreamEvent {
     message: Option<WireMessageAnswer>,
     delta: Option<WireStreamDelta>,
     usage: Option<WireUsage>,
-    error: Option<WireStreamError>,
+    error: Option<ErrorEvent>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -322,13 +291,6 @@ struct WireStreamDelta {
     kind: Option<String>,
     text: Option<String>,
     stop_reason: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct WireStreamError {
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    message: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -380,6 +342,7 @@ struct WireUsage {
 mod tests {
     use super::*;
     use crate::provider::adapter::Provider;
+    use crate::provider::stream::StreamFold;
     use replyd_core::domain::ChatMessage;
     use replyd_core::provider::RateSignals;
     use replyd_core::provider::Usage;
@@ -598,6 +561,14 @@ mod tests {
         r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":15}}"#,
     );
     const STOP: (&str, &str) = ("message_stop", r#"{"type":"message_stop"}"#);
+    const OVERLOADED: (&str, &str) = (
+        "error",
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+    );
+    const REFUSAL_DELTA: (&str, &str) = (
+        "message_delta",
+        r#"{"type":"message_delta","delta":{"stop_reason":"refusal"},"usage":{"output_tokens":2}}"#,
+    );
 
     #[test]
     fn a_message_stream_is_its_text_deltas_with_the_prompts_and_the_outputs_usage() {
@@ -656,11 +627,7 @@ mod tests {
 
     #[test]
     fn an_error_event_after_the_first_tokens_may_have_executed() {
-        let overloaded = (
-            "error",
-            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
-        );
-        let (text, _, error) = fold(&[START, BLOCK, DELTA_A, overloaded]);
+        let (text, _, error) = fold(&[START, BLOCK, DELTA_A, OVERLOADED]);
         assert_eq!(text, "Hello");
         match error {
             Some(ProviderError::MaybeExecuted {
@@ -678,11 +645,7 @@ mod tests {
 
     #[test]
     fn a_streamed_refusal_is_fatal() {
-        let refused = (
-            "message_delta",
-            r#"{"type":"message_delta","delta":{"stop_reason":"refusal"},"usage":{"output_tokens":2}}"#,
-        );
-        let (_, stream, _) = fold(&[START, BLOCK, refused, STOP]);
+        let (_, stream, _) = fold(&[START, BLOCK, REFUSAL_DELTA, STOP]);
         assert!(matches!(
             stream.generation(),
             Err(ProviderError::Fatal { .. })

@@ -5,7 +5,21 @@
 //! signals are left for the call to add from the answer's headers. A leaf: it names nothing of
 //! the adapters, which all build on it.
 
+use serde::de::DeserializeOwned;
+
 use replyd_core::provider::{Generation, ProviderError, RateSignals, Usage};
+
+/// An answer that is not what its API documents, saying what is wrong with it.
+pub(crate) fn malformed(message: impl Into<String>) -> ProviderError {
+    ProviderError::MalformedResponse {
+        message: message.into(),
+    }
+}
+
+/// A success body read as `T`, the API's `what` on the wire; malformed when it is not one.
+pub(crate) fn read_body<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, ProviderError> {
+    serde_json::from_slice(bytes).map_err(|e| malformed(format!("body is not {what}: {e}")))
+}
 
 /// A reply's parts as an API reports them, read from a whole answer or gathered from a
 /// stream's events.

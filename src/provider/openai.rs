@@ -11,10 +11,10 @@ use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
 use super::call::{Dialect, Parse};
-use super::generation::{Reply, content_refused, token_usage};
+use super::generation::{Reply, content_refused, malformed, read_body, token_usage};
 use super::http::{AdapterBuildError, ApiClient, Classify};
 use super::settings::{ProviderSettings, takes_max_completion_tokens};
-use super::stream::{self, StreamFold};
+use super::stream::{self, ErrorEvent, Folded, ReasonEvents, ReasonStream};
 use replyd_core::domain::Role;
 use replyd_core::provider::classify::classify_status_at;
 use replyd_core::provider::{Generation, GenerationRequest, ProviderError};
@@ -107,30 +107,24 @@ impl Dialect for OpenAiChatProvider {
 /// `stream_options.include_usage`), then `data: [DONE]`, which some servers leave out (the
 /// body ends after the finish reason). An `error` object instead of a chunk is OpenAI's error
 /// after the first tokens. Pure.
-pub(crate) struct ChatStream {
-    asked_model: String,
-    reply: Reply,
+pub(crate) type ChatStream = ReasonStream<ChatEvents>;
+
+/// The reading of a chat completion's chunks, and the refusal they spelled out. The OpenAI
+/// SDKs end a stream at the end of its body and require a `finish_reason` of every choice.
+#[derive(Default)]
+pub(crate) struct ChatEvents {
     refusal: String,
-    finish_reason: Option<String>,
-    done: bool,
 }
 
-impl ChatStream {
-    pub(crate) fn new(asked_model: &str) -> Self {
-        Self {
-            asked_model: asked_model.to_owned(),
-            reply: Reply::default(),
-            refusal: String::new(),
-            finish_reason: None,
-            done: false,
-        }
-    }
-}
-
-impl StreamFold for ChatStream {
-    fn event(&mut self, _event: &str, data: &str) -> Result<Option<String>, ProviderError> {
+impl ReasonEvents for ChatEvents {
+    fn event(
+        &mut self,
+        folded: &mut Folded,
+        _event: &str,
+        data: &str,
+    ) -> Result<Option<String>, ProviderError> {
         if data.trim() == "[DONE]" {
-            self.done = true;
+            folded.done = true;
             return Ok(None);
         }
         let chunk: WireChunk = serde_json::from_str(data)
@@ -140,27 +134,22 @@ impl StreamFold for ChatStream {
                 Some("rate_limit_exceeded" | "tokens") => 429,
                 _ => 500,
             };
-            return Err(stream::failed_mid_stream(
-                status,
-                error.kind.as_deref(),
-                error.message.as_deref().unwrap_or("no message"),
-                self.chars(),
-            ));
+            return Err(error.failed_mid_stream(status, folded));
         }
-        if self.reply.id.is_none() {
-            self.reply.id = chunk.id;
+        if folded.reply.id.is_none() {
+            folded.reply.id = chunk.id;
         }
-        if self.reply.model.is_none() {
-            self.reply.model = chunk.model.filter(|m| !m.is_empty());
+        if folded.reply.model.is_none() {
+            folded.reply.model = chunk.model.filter(|m| !m.is_empty());
         }
         if let Some(usage) = chunk.usage {
-            self.reply.usage = Some(token_usage(usage.prompt_tokens, usage.completion_tokens));
+            folded.reply.usage = Some(token_usage(usage.prompt_tokens, usage.completion_tokens));
         }
         let Some(choice) = chunk.choices.into_iter().next() else {
             return Ok(None);
         };
         if let Some(reason) = choice.finish_reason {
-            self.finish_reason = Some(reason);
+            folded.finish_reason = Some(reason);
         }
         let Some(delta) = choice.delta else {
             return Ok(None);
@@ -169,38 +158,21 @@ impl StreamFold for ChatStream {
             self.refusal.push_str(&refusal);
         }
         let piece = delta.content.unwrap_or_default();
-        self.reply.text.push_str(&piece);
+        folded.reply.text.push_str(&piece);
         Ok(Some(piece))
     }
 
-    fn finished(&self) -> bool {
-        self.done
-    }
-
-    /// The OpenAI SDKs end a stream at the end of its body and require a `finish_reason` of
-    /// every choice: a body that ends cleanly after it is the whole answer (its usage, sent
-    /// after the finish reason, may then be missing), one that ends before it is not.
-    fn whole_at_clean_end(&self) -> bool {
-        self.finish_reason.is_some()
-    }
-
-    fn reply(&self) -> &Reply {
-        &self.reply
-    }
-
-    fn generation(self) -> Result<Generation, ProviderError> {
+    fn refused(&self, folded: &Folded) -> Option<ProviderError> {
         if !self.refusal.is_empty() {
-            return Err(content_refused(200, &self.refusal));
+            return Some(content_refused(200, &self.refusal));
         }
-        if self.finish_reason.as_deref() == Some("content_filter") {
-            return Err(content_refused(200, "finish_reason is content_filter"));
-        }
-        if self.finish_reason.is_none() {
-            return Err(ProviderError::MalformedResponse {
+        match folded.finish_reason.as_deref() {
+            Some("content_filter") => Some(content_refused(200, "finish_reason is content_filter")),
+            Some(_) => None,
+            None => Some(ProviderError::MalformedResponse {
                 message: "the stream ended with [DONE] but no chunk gave a finish_reason".into(),
-            });
+            }),
         }
-        Ok(self.reply.generation(&self.asked_model))
     }
 }
 
@@ -210,17 +182,15 @@ fn parse_completion(
     bytes: &[u8],
     asked_model: &str,
 ) -> Result<Generation, ProviderError> {
-    let malformed = |message: String| ProviderError::MalformedResponse { message };
-    let completion: WireCompletion = serde_json::from_slice(bytes)
-        .map_err(|e| malformed(format!("body is not a chat completion: {e}")))?;
+    let completion: WireCompletion = read_body(bytes, "a chat completion")?;
     let choice = completion
         .choices
         .into_iter()
         .next()
-        .ok_or_else(|| malformed("completion has no choices".into()))?;
+        .ok_or_else(|| malformed("completion has no choices"))?;
     let message = choice
         .message
-        .ok_or_else(|| malformed("first choice has no message".into()))?;
+        .ok_or_else(|| malformed("first choice has no message"))?;
     if let Some(refusal) = message.refusal.filter(|r| !r.is_empty()) {
         return Err(content_refused(status.as_u16(), refusal));
     }
@@ -232,7 +202,7 @@ fn parse_completion(
     }
     let text = message
         .content
-        .ok_or_else(|| malformed("first choice's message has no content".into()))?;
+        .ok_or_else(|| malformed("first choice's message has no content"))?;
     let reply = Reply {
         text,
         id: completion.id,
@@ -275,7 +245,7 @@ struct WireChunk {
     #[serde(default)]
     choices: Vec<WireChunkChoice>,
     usage: Option<WireUsage>,
-    error: Option<WireStreamError>,
+    error: Option<ErrorEvent>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -288,13 +258,6 @@ struct WireChunkChoice {
 struct WireDelta {
     content: Option<String>,
     refusal: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct WireStreamError {
-    message: Option<String>,
-    #[serde(rename = "type")]
-    kind: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -333,9 +296,9 @@ struct WireUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::stream::StreamFold;
     use replyd_core::provider::RateSignals;
     use replyd_core::provider::Usage;
-    use replyd_core::secret::Secret;
 
     fn parse(body: &str) -> Result<Generation, ProviderError> {
         parse_completion(StatusCode::OK, body.as_bytes(), "asked")
@@ -381,12 +344,9 @@ mod tests {
 
     #[test]
     fn the_length_limit_is_max_completion_tokens_for_reasoning_models_only() {
-        let provider = OpenAiChatProvider::new(&ProviderSettings {
-            base_url: "http://127.0.0.1:9".into(),
-            default_model: "o4-mini".into(),
-            ..ProviderSettings::default()
-        })
-        .unwrap();
+        let provider =
+            OpenAiChatProvider::new(&ProviderSettings::at("http://127.0.0.1:9", "o4-mini"))
+                .unwrap();
         let body = |model: &str, limit| wire(&provider, &asking(model, limit));
         let user = serde_json::json!([{"role": "user", "content": "hi"}]);
         for model in ["o1", "o3-mini", "o4-mini-2025-04-16", "gpt-5", "gpt-5-nano"] {
@@ -461,10 +421,7 @@ mod tests {
 
     #[test]
     fn a_reserved_extra_header_is_refused_at_build() {
-        let mut settings = ProviderSettings::default();
-        settings
-            .extra_headers
-            .insert("Idempotency-Key".into(), Secret::new("hunter2"));
+        let settings = ProviderSettings::with_extra_header("Idempotency-Key", "hunter2");
         let error = OpenAiChatProvider::new(&settings).unwrap_err();
         let text = error.to_string();
         assert!(

@@ -280,6 +280,28 @@ fn extra_header(name: &str, value: &Secret) -> Result<(HeaderName, HeaderValue),
     Ok((header, value))
 }
 
+/// Settings the adapters' tests build their providers from.
+#[cfg(test)]
+impl ProviderSettings {
+    /// The defaults, with the provider at `base_url` and `default_model`.
+    pub(crate) fn at(base_url: &str, default_model: &str) -> Self {
+        Self {
+            base_url: base_url.into(),
+            default_model: default_model.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The defaults, with one extra header.
+    pub(crate) fn with_extra_header(name: &str, value: &str) -> Self {
+        let mut settings = Self::default();
+        settings
+            .extra_headers
+            .insert(name.into(), Secret::new(value));
+        settings
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,10 +393,7 @@ mod tests {
 
     #[test]
     fn an_extra_header_given_twice_in_different_case_is_refused() {
-        let mut settings = ProviderSettings::default();
-        settings
-            .extra_headers
-            .insert("API-Key".into(), Secret::new("first-hunter2"));
+        let mut settings = ProviderSettings::with_extra_header("API-Key", "first-hunter2");
         settings
             .extra_headers
             .insert("api-key".into(), Secret::new("second-hunter2"));

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt as _;
 use reqwest::{Response, StatusCode};
+use serde::Deserialize;
 
 use super::adapter::TextSink;
 use super::generation::Reply;
@@ -50,6 +51,78 @@ pub(crate) trait StreamFold: Send {
     }
     /// The generation, once finished.
     fn generation(self) -> Result<Generation, ProviderError>;
+}
+
+/// A stream that names its finish reason before its final event, as chat completions'
+/// (`finish_reason`, then `[DONE]`) and Messages (`stop_reason`, then `message_stop`) do: its
+/// dialect's [`ReasonEvents`] reads each event into the [`Folded`] parts every such stream
+/// has. Pure.
+pub(crate) struct ReasonStream<E> {
+    asked_model: String,
+    folded: Folded,
+    events: E,
+}
+
+/// What a [`ReasonStream`] has given so far.
+#[derive(Default)]
+pub(crate) struct Folded {
+    pub(crate) reply: Reply,
+    /// The finish reason, once one came.
+    pub(crate) finish_reason: Option<String>,
+    /// Whether the final event came.
+    pub(crate) done: bool,
+}
+
+/// A dialect's reading of a [`ReasonStream`]'s events.
+pub(crate) trait ReasonEvents: Default + Send {
+    /// One event (as [`StreamFold::event`]), what it says kept in `folded`.
+    fn event(
+        &mut self,
+        folded: &mut Folded,
+        event: &str,
+        data: &str,
+    ) -> Result<Option<String>, ProviderError>;
+    /// Why the finished stream's reply is no generation (a refusal, a finish with no text), if
+    /// it is none.
+    fn refused(&self, folded: &Folded) -> Option<ProviderError>;
+}
+
+impl<E: ReasonEvents> ReasonStream<E> {
+    pub(crate) fn new(asked_model: &str) -> Self {
+        Self {
+            asked_model: asked_model.to_owned(),
+            folded: Folded::default(),
+            events: E::default(),
+        }
+    }
+}
+
+impl<E: ReasonEvents> StreamFold for ReasonStream<E> {
+    fn event(&mut self, event: &str, data: &str) -> Result<Option<String>, ProviderError> {
+        self.events.event(&mut self.folded, event, data)
+    }
+
+    fn finished(&self) -> bool {
+        self.folded.done
+    }
+
+    /// The providers' SDKs build the answer from the events they got and return it when the
+    /// body ends, and require a finish reason: a body that ends cleanly after it is the whole
+    /// answer (a usage sent after it may then be missing), one that ends before it is not.
+    fn whole_at_clean_end(&self) -> bool {
+        self.folded.finish_reason.is_some()
+    }
+
+    fn reply(&self) -> &Reply {
+        &self.folded.reply
+    }
+
+    fn generation(self) -> Result<Generation, ProviderError> {
+        match self.events.refused(&self.folded) {
+            Some(error) => Err(error),
+            None => Ok(self.folded.reply.generation(&self.asked_model)),
+        }
+    }
 }
 
 /// A success answer to a request that asked for a stream, as a generation carrying the
@@ -192,6 +265,27 @@ pub(crate) fn failed_mid_stream(
             "{}{message} (an error event after {chars} characters of text)",
             kind.map(|k| format!("{k}: ")).unwrap_or_default()
         ),
+    }
+}
+
+/// The error object of an error event after the first tokens: Messages' `error` event, a chat
+/// completion stream's `error` chunk.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ErrorEvent {
+    #[serde(rename = "type")]
+    pub(crate) kind: Option<String>,
+    pub(crate) message: Option<String>,
+}
+
+impl ErrorEvent {
+    /// The failure it reports ([`failed_mid_stream`]) after the text `folded` holds.
+    pub(crate) fn failed_mid_stream(&self, status: u16, folded: &Folded) -> ProviderError {
+        failed_mid_stream(
+            status,
+            self.kind.as_deref(),
+            self.message.as_deref().unwrap_or("no message"),
+            folded.reply.chars(),
+        )
     }
 }
 

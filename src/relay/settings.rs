@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::setting_problems::SettingProblems;
 use crate::transport::Transport;
 
 /// The outbox relay (`replyd relay`).
@@ -59,16 +60,15 @@ impl RelaySettings {
 
     /// What is wrong with `[relay]` on its own: the batch, the poll interval against the readiness lag. Each problem names its setting.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
-        let mut out = Vec::new();
-        let mut refuse = |setting: &'static str, message: String| out.push((setting, message));
+        let mut out = SettingProblems::default();
         if self.batch_size < 1 || self.poll_interval_ms == 0 {
-            refuse(
+            out.refuse(
                 "relay.batch_size",
                 "relay.batch_size and relay.poll_interval_ms must be positive".into(),
             );
         }
         if self.ready_max_lag_ms <= self.poll_interval_ms {
-            refuse(
+            out.refuse(
                 "relay.ready_max_lag_ms",
                 format!(
                     "{} must be above relay.poll_interval_ms ({}): a row may wait that long for a relay that is working",
@@ -76,7 +76,7 @@ impl RelaySettings {
                 ),
             );
         }
-        out
+        out.into()
     }
 
     pub fn poll_interval(&self) -> Duration {

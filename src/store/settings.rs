@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::setting_problems::SettingProblems;
 use replyd_core::secret::Secret;
 
 /// How replyd talks to PostgreSQL.
@@ -89,15 +90,14 @@ impl DatabaseSettings {
     /// What is wrong with `[database]`'s numbers on its own: the pool, the batch size (the URL is
     /// read by the sessions: `crate::config` asks them). Each problem names its setting.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
-        let mut out = Vec::new();
-        let mut refuse = |setting: &'static str, message: String| out.push((setting, message));
+        let mut out = SettingProblems::default();
         if self.pool_size == 0 {
-            refuse("database.pool_size", "must be at least 1".into());
+            out.refuse("database.pool_size", "must be at least 1".into());
         }
         if self.batch_max_rows == 0 {
-            refuse("database.batch_max_rows", "must be at least 1".into());
+            out.refuse("database.batch_max_rows", "must be at least 1".into());
         }
-        out
+        out.into()
     }
 
     pub fn lock_timeout(&self) -> Duration {

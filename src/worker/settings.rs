@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::setting_problems::SettingProblems;
 use crate::transport::Transport;
 use crate::transport::source::Holding;
 use replyd_core::domain::RecordRules;
@@ -136,16 +137,15 @@ impl WorkerSettings {
 
     /// What is wrong with `[worker]` on its own: windows, the renewal against the lease, the attempt budget, the commit interval. Each problem names its setting.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
-        let mut out = Vec::new();
-        let mut refuse = |setting: &'static str, message: String| out.push((setting, message));
+        let mut out = SettingProblems::default();
         if self.partition_window == 0 || self.global_window == 0 {
-            refuse(
+            out.refuse(
                 "worker.partition_window",
                 "windows must be at least 1".into(),
             );
         }
         if self.partition_window > self.global_window {
-            refuse(
+            out.refuse(
                 "worker.partition_window",
                 format!(
                     "{} is larger than worker.global_window ({})",
@@ -154,7 +154,7 @@ impl WorkerSettings {
             );
         }
         if self.renew_interval_ms == 0 || self.renew_interval_ms * 2 > self.lease_ms {
-            refuse(
+            out.refuse(
                 "worker.renew_interval_ms",
                 format!(
                     "{} must be positive and at most half of worker.lease_ms ({}), so one lost renewal does not lose the lease",
@@ -163,7 +163,7 @@ impl WorkerSettings {
             );
         }
         if self.lease_check_ms != 0 && self.lease_check_ms < 50 {
-            refuse(
+            out.refuse(
                 "worker.lease_check_ms",
                 format!(
                     "{} must be 0 (listen instead) or at least 50: more often, the checks cost the database more than a listening session",
@@ -172,7 +172,7 @@ impl WorkerSettings {
             );
         }
         if self.default_max_attempts == 0 || self.default_max_attempts > self.max_attempts_limit {
-            refuse(
+            out.refuse(
                 "worker.default_max_attempts",
                 format!(
                     "{} must be between 1 and worker.max_attempts_limit ({})",
@@ -181,10 +181,10 @@ impl WorkerSettings {
             );
         }
         if self.commit_interval_ms == 0 {
-            refuse("worker.commit_interval_ms", "must be positive".into());
+            out.refuse("worker.commit_interval_ms", "must be positive".into());
         }
         if self.live_text_interval_ms != 0 && !(20..=1000).contains(&self.live_text_interval_ms) {
-            refuse(
+            out.refuse(
                 "worker.live_text_interval_ms",
                 format!(
                     "{} must be 0 (forward nothing) or between 20 and 1000: below 20 a reply costs a statement for every few tokens, above 1000 the text no longer looks live",
@@ -192,7 +192,7 @@ impl WorkerSettings {
                 ),
             );
         }
-        out
+        out.into()
     }
 
     /// How long live text gathers before it is written; None when none is forwarded.

@@ -112,30 +112,38 @@ mod tests {
         }
     }
 
+    /// The verdicts on partition 0 starved at each of `next_to_read`, one sighting after another.
+    fn verdicts(next_to_read: &[i64]) -> Vec<Verdict> {
+        let mut watch = FetchWatch::default();
+        next_to_read
+            .iter()
+            .map(|&next| watch.observe(&0, starved(next)))
+            .collect()
+    }
+
     #[test]
     fn two_starved_reports_without_progress_are_a_stall_at_the_next_offset() {
-        let mut watch = FetchWatch::default();
-        assert_eq!(watch.observe(&0, starved(11)), Verdict::Watching);
-        assert_eq!(
-            watch.observe(&0, starved(11)),
-            Verdict::Stalled { from: 11 }
-        );
         // Reported once; the next report watches afresh.
-        assert_eq!(watch.observe(&0, starved(11)), Verdict::Watching);
         assert_eq!(
-            watch.observe(&0, starved(11)),
-            Verdict::Stalled { from: 11 }
+            verdicts(&[11, 11, 11, 11]),
+            [
+                Verdict::Watching,
+                Verdict::Stalled { from: 11 },
+                Verdict::Watching,
+                Verdict::Stalled { from: 11 },
+            ]
         );
     }
 
     #[test]
     fn a_record_taken_between_reports_is_progress() {
-        let mut watch = FetchWatch::default();
-        assert_eq!(watch.observe(&0, starved(11)), Verdict::Watching);
-        assert_eq!(watch.observe(&0, starved(12)), Verdict::Watching);
         assert_eq!(
-            watch.observe(&0, starved(12)),
-            Verdict::Stalled { from: 12 }
+            verdicts(&[11, 12, 12]),
+            [
+                Verdict::Watching,
+                Verdict::Watching,
+                Verdict::Stalled { from: 12 },
+            ]
         );
     }
 

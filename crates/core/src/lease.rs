@@ -405,6 +405,14 @@ mod tests {
         }
     }
 
+    /// A row in `status` whose lease ran out a moment ago.
+    fn lapsed(version: i64, status: TaskStatus) -> LeaseSnapshot {
+        LeaseSnapshot {
+            status,
+            ..running(version, -1)
+        }
+    }
+
     /// The outcome a claim of `row` by `claimer` fails the task with; none when it does not.
     fn failure(row: &LeaseSnapshot, claimer: &Claimer<'_>) -> Option<ClaimOutcome> {
         match decide_claim(row, claimer) {
@@ -434,6 +442,11 @@ mod tests {
         );
     }
 
+    /// How a claim of `row` fails the task, by the outcome's label; None when it does not.
+    fn failed_as(row: &LeaseSnapshot) -> Option<&'static str> {
+        failure(row, &NO_PARTITION).map(|outcome| outcome.label())
+    }
+
     #[test]
     fn claim_past_budget_or_deadline_fails_the_task() {
         let mut row = running(3, -1);
@@ -444,16 +457,12 @@ mod tests {
         ));
         let mut row = running(1, -1);
         row.deadline = Some(row.now);
-        assert!(matches!(
-            failure(&row, &NO_PARTITION),
-            Some(ClaimOutcome::DeadlinePassed { .. })
-        ));
+        assert_eq!(failed_as(&row), Some("deadline_passed"));
     }
 
     #[test]
     fn a_backing_off_task_is_not_claimed_before_its_time_unless_its_deadline_passed() {
-        let mut row = running(1, -1);
-        row.status = TaskStatus::Pending;
+        let mut row = lapsed(1, TaskStatus::Pending);
         row.next_attempt_at = Some(row.now + Duration::milliseconds(500));
         assert!(matches!(
             decide_claim(&row, &NO_PARTITION),
@@ -466,16 +475,12 @@ mod tests {
         );
         row.next_attempt_at = Some(row.now + Duration::milliseconds(500));
         row.deadline = Some(row.now);
-        assert!(matches!(
-            failure(&row, &NO_PARTITION),
-            Some(ClaimOutcome::DeadlinePassed { .. })
-        ));
+        assert_eq!(failed_as(&row), Some("deadline_passed"));
     }
 
     #[test]
     fn terminal_tasks_are_never_claimed() {
-        let mut row = running(2, -1);
-        row.status = TaskStatus::Completed;
+        let mut row = lapsed(2, TaskStatus::Completed);
         row.has_response = true;
         assert_eq!(
             decide_claim(&row, &NO_PARTITION),

@@ -186,37 +186,42 @@ mod tests {
         assert_eq!(p.oldest_in_flight(), None);
     }
 
+    /// A partition with `offsets` begun now, in order.
+    fn begun(offsets: impl IntoIterator<Item = i64>) -> PartitionOffsets {
+        let mut p = PartitionOffsets::default();
+        for offset in offsets {
+            p.begin(offset, Instant::now()).unwrap();
+        }
+        p
+    }
+
+    /// Marks `offset` done and answers the commit point after it.
+    fn finish(p: &mut PartitionOffsets, offset: i64) -> Option<i64> {
+        p.done(offset).unwrap();
+        p.commit_point()
+    }
+
     #[test]
     fn commit_point_waits_for_the_slowest_record() {
-        let mut p = PartitionOffsets::default();
-        assert_eq!(p.commit_point(), None);
-        for o in 41..=44 {
-            p.begin(o, Instant::now()).unwrap();
-        }
+        assert_eq!(PartitionOffsets::default().commit_point(), None);
+        let mut p = begun(41..=44);
         p.done(42).unwrap();
         p.done(44).unwrap();
         assert_eq!(p.commit_point(), Some(41), "41 is unfinished");
-        p.done(41).unwrap();
-        assert_eq!(p.commit_point(), Some(43));
-        p.done(43).unwrap();
-        assert_eq!(p.commit_point(), Some(45));
+        assert_eq!(finish(&mut p, 41), Some(43));
+        assert_eq!(finish(&mut p, 43), Some(45));
     }
 
     #[test]
     fn gaps_between_offsets_are_skipped() {
-        let mut p = PartitionOffsets::default();
-        p.begin(10, Instant::now()).unwrap();
-        p.begin(15, Instant::now()).unwrap();
-        p.done(10).unwrap();
-        assert_eq!(p.commit_point(), Some(15));
-        p.done(15).unwrap();
-        assert_eq!(p.commit_point(), Some(16));
+        let mut p = begun([10, 15]);
+        assert_eq!(finish(&mut p, 10), Some(15));
+        assert_eq!(finish(&mut p, 15), Some(16));
     }
 
     #[test]
     fn misuse_is_refused_without_changing_state() {
-        let mut p = PartitionOffsets::default();
-        p.begin(5, Instant::now()).unwrap();
+        let mut p = begun([5]);
         assert_eq!(
             p.begin(5, Instant::now()),
             Err(TrackerError::NotIncreasing {

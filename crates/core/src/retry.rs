@@ -261,6 +261,35 @@ mod tests {
         }
     }
 
+    /// The reason and outcome of a decision that must fail the attempt.
+    fn failure(
+        error: &ProviderError,
+        attempt: Attempt<'_>,
+        s: &RetrySettings,
+    ) -> (String, AttemptOutcome) {
+        match decide(error, attempt, s, 0.5) {
+            Action::Fail { reason, outcome } => (reason, outcome),
+            other => panic!("{error:?} must fail, not {other:?}"),
+        }
+    }
+
+    /// Asserts that `error` on a first attempt fails the task at once, as `outcome`, with a
+    /// reason that quotes `says`.
+    fn assert_fails_at_once(error: &ProviderError, says: &str, outcome: AttemptOutcome) {
+        let (reason, failed_as) = failure(error, attempt(1), &RetrySettings::default());
+        assert!(reason.contains(says), "{reason}");
+        assert_eq!(failed_as, outcome);
+    }
+
+    /// A first attempt after `refusals` refusals, with `left` of the refusal budget.
+    fn after_refusals(refusals: i32, left: Duration) -> Attempt<'static> {
+        Attempt {
+            refusals,
+            refusal_left: Some(left),
+            ..attempt(1)
+        }
+    }
+
     fn rate_limited(retry_after: Option<Duration>) -> ProviderError {
         ProviderError::Retryable {
             status: 429,
@@ -308,19 +337,13 @@ mod tests {
     #[test]
     fn the_refusal_budget_ends_a_task_the_provider_never_lets_in() {
         let s = RetrySettings::default();
-        let nearly_spent = Attempt {
-            refusals: 40,
-            refusal_left: Some(Duration::from_millis(500)),
-            ..attempt(1)
-        };
-        let Action::Fail { reason, outcome } = decide(
+        let nearly_spent = after_refusals(40, Duration::from_millis(500));
+        // A retry past the refusal budget is no retry.
+        let (reason, outcome) = failure(
             &rate_limited(Some(Duration::from_secs(1))),
             nearly_spent,
             &s,
-            0.5,
-        ) else {
-            panic!("a retry past the refusal budget is no retry");
-        };
+        );
         assert!(reason.starts_with("refusal budget exhausted"), "{reason}");
         assert!(reason.contains("retry.refusal_budget_ms"), "{reason}");
         assert_eq!(outcome, AttemptOutcome::Refused);
@@ -334,11 +357,7 @@ mod tests {
     #[test]
     fn refusals_back_off_by_their_own_count_under_the_providers_hint() {
         let s = RetrySettings::default();
-        let many = Attempt {
-            refusals: 20,
-            refusal_left: Some(Duration::from_secs(600)),
-            ..attempt(1)
-        };
+        let many = after_refusals(20, Duration::from_secs(600));
         let Action::Retry { after } = decide(&rate_limited(None), many, &s, 0.999) else {
             panic!("retried");
         };
@@ -418,13 +437,11 @@ mod tests {
             status: 400,
             message: "model `x` does not exist".into(),
         };
-        let Action::Fail { reason, outcome } =
-            decide(&error, attempt(1), &RetrySettings::default(), 0.5)
-        else {
-            panic!("fatal must fail");
-        };
-        assert!(reason.contains("model `x` does not exist"), "{reason}");
-        assert_eq!(outcome, AttemptOutcome::ProviderError);
+        assert_fails_at_once(
+            &error,
+            "model `x` does not exist",
+            AttemptOutcome::ProviderError,
+        );
     }
 
     #[test]
@@ -433,13 +450,8 @@ mod tests {
             operation: "resp_1".into(),
             waited_ms: 1_800_000,
         };
-        let Action::Fail { reason, outcome } =
-            decide(&error, attempt(1), &RetrySettings::default(), 0.5)
-        else {
-            panic!("waiting again is no new attempt");
-        };
-        assert!(reason.contains("resp_1 still running"), "{reason}");
-        assert_eq!(outcome, AttemptOutcome::Timeout);
+        // Waiting again is no new attempt.
+        assert_fails_at_once(&error, "resp_1 still running", AttemptOutcome::Timeout);
     }
 
     #[test]
@@ -488,12 +500,8 @@ mod tests {
     #[test]
     fn the_budget_and_the_deadline_end_the_retries() {
         let s = RetrySettings::default();
-        let last = Attempt {
-            number: 5,
-            ..attempt(5)
-        };
         assert!(matches!(
-            decide(&ambiguous(), last, &s, 0.5),
+            decide(&ambiguous(), attempt(5), &s, 0.5),
             Action::Fail { .. }
         ));
         let hurried = Attempt {
@@ -506,9 +514,8 @@ mod tests {
             signals: Box::default(),
             message: "slow down".into(),
         };
-        let Action::Fail { reason, .. } = decide(&rate_limited, hurried, &s, 0.5) else {
-            panic!("a retry after the deadline is no retry");
-        };
+        // A retry after the deadline is no retry.
+        let (reason, _) = failure(&rate_limited, hurried, &s);
         assert!(reason.starts_with("deadline exceeded"), "{reason}");
     }
 

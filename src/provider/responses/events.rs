@@ -165,19 +165,22 @@ mod tests {
         text
     }
 
+    /// A fresh stream fed `events`, and the text they gave.
+    fn fed(events: &[String]) -> (ResponseStream, String) {
+        let mut stream = ResponseStream::new("asked");
+        let text = feed(&mut stream, events);
+        (stream, text)
+    }
+
     #[test]
     fn a_response_stream_is_its_text_deltas_and_ends_with_the_completed_response() {
-        let mut stream = ResponseStream::new("asked");
-        let text = feed(
-            &mut stream,
-            &[
-                response_event("response.created", 0, CREATED),
-                response_event("response.in_progress", 1, CREATED),
-                text_delta(2, "Hello"),
-                text_delta(3, " there"),
-                response_event("response.completed", 4, COMPLETED),
-            ],
-        );
+        let (stream, text) = fed(&[
+            response_event("response.created", 0, CREATED),
+            response_event("response.in_progress", 1, CREATED),
+            text_delta(2, "Hello"),
+            text_delta(3, " there"),
+            response_event("response.completed", 4, COMPLETED),
+        ]);
         assert_eq!(text, "Hello there");
         assert!(stream.finished());
         assert_eq!(stream.last_sequence, Some(4));
@@ -194,15 +197,11 @@ mod tests {
 
     #[test]
     fn a_resumed_stream_counts_no_event_twice() {
-        let mut stream = ResponseStream::new("asked");
-        let first = feed(
-            &mut stream,
-            &[
-                response_event("response.created", 0, CREATED),
-                text_delta(1, "Hel"),
-                text_delta(2, "lo"),
-            ],
-        );
+        let (mut stream, first) = fed(&[
+            response_event("response.created", 0, CREATED),
+            text_delta(1, "Hel"),
+            text_delta(2, "lo"),
+        ]);
         assert!(!stream.finished());
         assert_eq!(stream.last_sequence, Some(2));
         // A provider that repeats an event the resume asked to skip changes nothing.
@@ -233,14 +232,10 @@ mod tests {
     #[test]
     fn a_failed_response_ends_its_stream_with_its_error() {
         let failed = r#","response":{"id":"resp_1","object":"response","status":"failed","error":{"code":"server_error","message":"boom"},"output":[]}"#;
-        let mut stream = ResponseStream::new("asked");
-        feed(
-            &mut stream,
-            &[
-                text_delta(1, "Hi"),
-                response_event("response.failed", 2, failed),
-            ],
-        );
+        let (stream, _) = fed(&[
+            text_delta(1, "Hi"),
+            response_event("response.failed", 2, failed),
+        ]);
         assert!(stream.finished());
         assert!(matches!(
             stream.generation(),

@@ -344,12 +344,9 @@ mod tests {
 
     #[test]
     fn the_create_body_asks_for_a_background_response() {
-        let provider = OpenAiResponsesProvider::new(&ProviderSettings {
-            base_url: "http://127.0.0.1:9/".into(),
-            default_model: "fallback".into(),
-            ..ProviderSettings::default()
-        })
-        .unwrap();
+        let provider =
+            OpenAiResponsesProvider::new(&ProviderSettings::at("http://127.0.0.1:9/", "fallback"))
+                .unwrap();
         let request = GenerationRequest {
             idempotency_key: "k".into(),
             model: String::new(),

@@ -6,7 +6,7 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use super::errors::gone;
-use crate::provider::generation::{Reply, content_refused, token_usage};
+use crate::provider::generation::{Reply, content_refused, malformed, read_body, token_usage};
 use replyd_core::provider::{Generation, OperationId, ProviderError};
 
 /// What one poll found.
@@ -21,15 +21,10 @@ pub(crate) enum Polled {
 
 /// Reads the answer to a create: the new response's id. Pure.
 pub(crate) fn parse_created(bytes: &[u8]) -> Result<OperationId, ProviderError> {
-    let response: WireResponse =
-        serde_json::from_slice(bytes).map_err(|e| ProviderError::MalformedResponse {
-            message: format!("body is not a response object: {e}"),
-        })?;
+    let response: WireResponse = read_body(bytes, "a response object")?;
     match response.id {
         Some(id) if !id.is_empty() => Ok(OperationId(id)),
-        _ => Err(ProviderError::MalformedResponse {
-            message: "created response has no id".into(),
-        }),
+        _ => Err(malformed("created response has no id")),
     }
 }
 
@@ -41,20 +36,18 @@ pub(crate) fn parse_response(
     bytes: &[u8],
     asked_model: &str,
 ) -> Result<Polled, ProviderError> {
-    let malformed = |message: String| ProviderError::MalformedResponse { message };
-    let response: WireResponse = serde_json::from_slice(bytes)
-        .map_err(|e| malformed(format!("body is not a response object: {e}")))?;
+    let response: WireResponse = read_body(bytes, "a response object")?;
     let id = OperationId(response.id.clone().unwrap_or_default());
     let status = response
         .status
         .as_deref()
-        .ok_or_else(|| malformed("response object has no status".into()))?;
+        .ok_or_else(|| malformed("response object has no status"))?;
     let code = http_status.as_u16();
     match status {
         "queued" | "in_progress" => Ok(Polled::Pending),
         "completed" => {
             let text = reply_text(&response, code)?
-                .ok_or_else(|| malformed("completed response has no output_text".into()))?;
+                .ok_or_else(|| malformed("completed response has no output_text"))?;
             Ok(Polled::Done(Box::new(generation(
                 response,
                 text,

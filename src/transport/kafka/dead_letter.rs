@@ -106,47 +106,51 @@ impl DeadLetters {
         let partition = record.partition().to_string();
         let offset = record.offset().to_string();
         let reason = error.to_string();
-        let mut headers = OwnedHeaders::new()
-            .insert(Header {
-                key: headers::SOURCE_TOPIC,
-                value: Some(record.topic()),
-            })
-            .insert(Header {
-                key: headers::SOURCE_PARTITION,
-                value: Some(&partition),
-            })
-            .insert(Header {
-                key: headers::SOURCE_OFFSET,
-                value: Some(&offset),
-            })
-            .insert(Header {
-                key: headers::ERROR_KIND,
-                value: Some(error.kind()),
-            })
-            .insert(Header {
-                key: headers::ERROR_REASON,
-                value: Some(&reason),
+        let mut ours = OwnedHeaders::new();
+        for (key, value) in [
+            (headers::SOURCE_TOPIC, record.topic()),
+            (headers::SOURCE_PARTITION, &partition),
+            (headers::SOURCE_OFFSET, &offset),
+            (headers::ERROR_KIND, error.kind()),
+            (headers::ERROR_REASON, &reason),
+        ] {
+            ours = ours.insert(Header {
+                key,
+                value: Some(value),
             });
+        }
         // Keep the producer's own headers after ours, for tracing.
-        if let Some(original) = record.headers() {
-            for header in original.iter() {
-                headers = headers.insert(Header {
-                    key: header.key,
-                    value: header.value,
-                });
-            }
-        }
-        let mut copy = FutureRecord::<[u8], [u8]>::to(&self.topic).headers(headers);
-        if let Some(key) = record.key() {
-            copy = copy.key(key);
-        }
-        if let Some(payload) = record.payload() {
-            copy = copy.payload(payload);
-        }
+        let copy = copy_of(record, &self.topic, ours, |_| true);
         self.producer
             .send(copy, Duration::from_secs(30))
             .await
             .map(|_| ())
             .map_err(|(e, _)| e)
     }
+}
+
+/// A copy of `message` for `topic`: its key and payload as they are, under `headers` followed
+/// by the message's own headers whose names `keep` keeps.
+pub fn copy_of<'a, M: Message>(
+    message: &'a M,
+    topic: &'a str,
+    mut headers: OwnedHeaders,
+    keep: impl Fn(&str) -> bool,
+) -> FutureRecord<'a, [u8], [u8]> {
+    if let Some(original) = message.headers() {
+        for header in original.iter().filter(|h| keep(h.key)) {
+            headers = headers.insert(Header {
+                key: header.key,
+                value: header.value,
+            });
+        }
+    }
+    let mut copy = FutureRecord::<[u8], [u8]>::to(topic).headers(headers);
+    if let Some(key) = message.key() {
+        copy = copy.key(key);
+    }
+    if let Some(payload) = message.payload() {
+        copy = copy.payload(payload);
+    }
+    copy
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::setting_problems::SettingProblems;
 use replyd_core::secret::Secret;
 
 /// Kafka: where the records come from and how the group behaves.
@@ -214,38 +215,37 @@ pub const BROKER_CONSUMER_SESSION_TIMEOUT_MS: u64 = 45_000;
 impl KafkaSettings {
     /// What is wrong with `[kafka]` on its own: empty names, pass-through properties replyd owns or that hold secrets (each property checked by librdkafka itself), security that contradicts itself, the record size. Each problem names its setting.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
-        let mut out = Vec::new();
-        let mut refuse = |setting: &'static str, message: String| out.push((setting, message));
+        let mut out = SettingProblems::default();
         if self.bootstrap_servers.trim().is_empty() {
-            refuse("kafka.bootstrap_servers", "is empty".into());
+            out.refuse("kafka.bootstrap_servers", "is empty".into());
         }
         if self.topic.trim().is_empty() {
-            refuse("kafka.topic", "is empty".into());
+            out.refuse("kafka.topic", "is empty".into());
         }
         if self.dead_letter_topic() == self.topic {
-            refuse(
+            out.refuse(
                 "kafka.dead_letter_topic",
                 "must differ from kafka.topic, or bad records would be read again".into(),
             );
         }
         if self.group_id.trim().is_empty() {
-            refuse("kafka.group_id", "is empty".into());
+            out.refuse("kafka.group_id", "is empty".into());
         }
         for key in self.librdkafka.keys() {
             if key == "group.instance.id" {
-                refuse(
+                out.refuse(
                     "kafka.librdkafka",
                     "`group.instance.id` is kafka.group_instance_id (settable from the environment, one per worker)".into(),
                 );
             } else if RESERVED_LIBRDKAFKA.contains(&key.as_str()) {
-                refuse(
+                out.refuse(
                     "kafka.librdkafka",
                     format!("`{key}` is set by replyd itself and cannot be overridden"),
                 );
             } else if self.group_protocol == GroupProtocol::Consumer
                 && CLASSIC_ONLY_LIBRDKAFKA.contains(&key.as_str())
             {
-                refuse(
+                out.refuse(
                     "kafka.librdkafka",
                     format!(
                         "`{key}` does not apply to group_protocol = \"consumer\" (KIP-848): the broker decides it"
@@ -262,7 +262,7 @@ impl KafkaSettings {
                     continue; // reported above
                 }
                 if SECURITY_LIBRDKAFKA.contains(&key.as_str()) {
-                    refuse(
+                    out.refuse(
                         setting,
                         format!("`{key}` belongs in [kafka.security], which every client reads"),
                     );
@@ -270,7 +270,7 @@ impl KafkaSettings {
                 }
                 if key.contains("password") || key.contains("secret") {
                     // A pass-through value is printed by `config show`: no secret goes there.
-                    refuse(
+                    out.refuse(
                         setting,
                         format!(
                             "`{key}` is a secret, and pass-through values are shown by `replyd config show`"
@@ -284,7 +284,7 @@ impl KafkaSettings {
                     .set(key, value)
                     .create_native_config()
                 {
-                    refuse(setting, format!("`{key}` = {value:?}: {e}"));
+                    out.refuse(setting, format!("`{key}` = {value:?}: {e}"));
                 }
             }
         }
@@ -292,7 +292,7 @@ impl KafkaSettings {
         if security.protocol.uses_sasl()
             && (security.sasl_username.is_empty() || security.sasl_password.is_none())
         {
-            refuse(
+            out.refuse(
                 "kafka.security.sasl_username",
                 format!(
                     "protocol = \"{}\" needs sasl_username and sasl_password",
@@ -302,7 +302,7 @@ impl KafkaSettings {
         }
         if !security.ca_file.is_empty() {
             if !security.protocol.uses_tls() {
-                refuse(
+                out.refuse(
                     "kafka.security.ca_file",
                     format!(
                         "protocol = \"{}\" does not use TLS: set protocol to ssl or sasl_ssl, or remove ca_file",
@@ -310,20 +310,20 @@ impl KafkaSettings {
                     ),
                 );
             } else if let Err(e) = std::fs::metadata(&security.ca_file) {
-                refuse(
+                out.refuse(
                     "kafka.security.ca_file",
                     format!("{}: {e}", security.ca_file),
                 );
             }
         }
         if self.group_protocol == GroupProtocol::Consumer && self.session_timeout_ms.is_some() {
-            refuse(
+            out.refuse(
                 "kafka.session_timeout_ms",
                 "does not apply to group_protocol = \"consumer\" (KIP-848): the broker's group.consumer.session.timeout.ms decides it; remove the setting".into(),
             );
         }
         if !MESSAGE_MAX_BYTES_RANGE.contains(&self.max_record_bytes) {
-            refuse(
+            out.refuse(
                 "kafka.max_record_bytes",
                 format!(
                     "{} is outside librdkafka's range for message.max.bytes, {} to {}",
@@ -336,7 +336,7 @@ impl KafkaSettings {
         if let Some(set) = self.producer_librdkafka.get("message.max.bytes")
             && set.trim() != self.max_record_bytes.to_string()
         {
-            refuse(
+            out.refuse(
                 "kafka.producer_librdkafka",
                 format!(
                     "`message.max.bytes` = {set:?} contradicts kafka.max_record_bytes ({}), which sets it for the relay: set kafka.max_record_bytes instead",
@@ -344,7 +344,7 @@ impl KafkaSettings {
                 ),
             );
         }
-        out
+        out.into()
     }
 
     /// What every Kafka client of replyd starts from: the brokers and `kafka.security`. Each

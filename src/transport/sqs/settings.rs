@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::setting_problems::SettingProblems;
+
 /// The most messages one receive, delete, visibility or send call carries (SQS's own limit).
 pub const SQS_BATCH_LIMIT: usize = 10;
 /// The longest long-poll wait SQS allows, in seconds.
@@ -69,28 +71,27 @@ impl SqsSettings {
     /// What is wrong with `[sqs]` on its own, for a process that uses the queue. Each problem
     /// names its setting.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
-        let mut out = Vec::new();
-        let mut refuse = |setting: &'static str, message: String| out.push((setting, message));
+        let mut out = SettingProblems::default();
         if self.queue_url.trim().is_empty() {
-            refuse(
+            out.refuse(
                 "sqs.queue_url",
                 "is required when worker.source or relay.sink is \"sqs\"".into(),
             );
         } else if let Err(e) = url_of(&self.queue_url) {
-            refuse("sqs.queue_url", e);
+            out.refuse("sqs.queue_url", e);
         }
         if !self.dead_letter_queue_url.is_empty()
             && let Err(e) = url_of(&self.dead_letter_queue_url)
         {
-            refuse("sqs.dead_letter_queue_url", e);
+            out.refuse("sqs.dead_letter_queue_url", e);
         }
         if !self.endpoint_url.is_empty()
             && let Err(e) = url_of(&self.endpoint_url)
         {
-            refuse("sqs.endpoint_url", e);
+            out.refuse("sqs.endpoint_url", e);
         }
         if self.batch_size == 0 || self.batch_size as usize > SQS_BATCH_LIMIT {
-            refuse(
+            out.refuse(
                 "sqs.batch_size",
                 format!(
                     "{} must be between 1 and {SQS_BATCH_LIMIT} (SQS's limit per call)",
@@ -99,7 +100,7 @@ impl SqsSettings {
             );
         }
         if self.wait_time_seconds > MAX_WAIT_TIME_SECONDS {
-            refuse(
+            out.refuse(
                 "sqs.wait_time_seconds",
                 format!(
                     "{} must be at most {MAX_WAIT_TIME_SECONDS} (SQS's longest long poll)",
@@ -108,7 +109,7 @@ impl SqsSettings {
             );
         }
         if !(3..=MAX_VISIBILITY_TIMEOUT_SECONDS).contains(&self.visibility_timeout_seconds) {
-            refuse(
+            out.refuse(
                 "sqs.visibility_timeout_seconds",
                 format!(
                     "{} must be between 3 and {MAX_VISIBILITY_TIMEOUT_SECONDS}: it is extended every third of itself, in whole seconds",
@@ -117,12 +118,12 @@ impl SqsSettings {
             );
         }
         if self.max_in_flight == Some(0) {
-            refuse("sqs.max_in_flight", "must be positive".into());
+            out.refuse("sqs.max_in_flight", "must be positive".into());
         }
         if self.call_timeout_ms == 0 {
-            refuse("sqs.call_timeout_ms", "must be positive".into());
+            out.refuse("sqs.call_timeout_ms", "must be positive".into());
         }
-        out
+        out.into()
     }
 
     /// The region to use when neither this setting nor the AWS chain names one: the one in

@@ -321,29 +321,24 @@ impl TaskSpec {
     /// must describe the same work; a disagreeing one is reported, never applied, so a late or
     /// forged record cannot change the question (or reset the budget, I7) of existing work.
     pub fn disagreements(&self, other: &TaskSpec) -> Vec<&'static str> {
-        let mut fields = Vec::new();
-        if self.workspace_id != other.workspace_id {
-            fields.push("workspace_id");
-        }
-        if self.conversation_id != other.conversation_id {
-            fields.push("conversation_id");
-        }
-        if self.message_id != other.message_id {
-            fields.push("message_id");
-        }
-        if self.document_version != other.document_version {
-            fields.push("document_version");
-        }
-        if self.request != other.request {
-            fields.push("request");
-        }
-        if self.max_attempts != other.max_attempts {
-            fields.push("max_attempts");
-        }
-        if self.deadline != other.deadline {
-            fields.push("deadline");
-        }
-        fields
+        [
+            ("workspace_id", self.workspace_id != other.workspace_id),
+            (
+                "conversation_id",
+                self.conversation_id != other.conversation_id,
+            ),
+            ("message_id", self.message_id != other.message_id),
+            (
+                "document_version",
+                self.document_version != other.document_version,
+            ),
+            ("request", self.request != other.request),
+            ("max_attempts", self.max_attempts != other.max_attempts),
+            ("deadline", self.deadline != other.deadline),
+        ]
+        .into_iter()
+        .filter_map(|(field, differs)| differs.then_some(field))
+        .collect()
     }
 }
 

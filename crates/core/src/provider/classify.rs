@@ -406,21 +406,19 @@ mod tests {
     #[test]
     fn a_spent_account_is_fatal_and_a_rate_limit_is_a_refusal() {
         let spent = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
-        let error = classify_status_at(
-            StatusCode::TOO_MANY_REQUESTS,
-            &HeaderMap::new(),
-            spent,
-            now(),
-        );
+        let too_many = |body: &str| {
+            classify_status_at(
+                StatusCode::TOO_MANY_REQUESTS,
+                &HeaderMap::new(),
+                body,
+                now(),
+            )
+        };
+        let error = too_many(spent);
         assert_eq!(error.kind(), "fatal", "{error:?}");
         assert!(error.to_string().contains("insufficient_quota"), "{error}");
         let limited = r#"{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
-        let error = classify_status_at(
-            StatusCode::TOO_MANY_REQUESTS,
-            &HeaderMap::new(),
-            limited,
-            now(),
-        );
+        let error = too_many(limited);
         assert_eq!(error.kind(), "retryable", "{error:?}");
     }
 }

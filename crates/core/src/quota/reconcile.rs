@@ -119,6 +119,18 @@ mod tests {
         }
     }
 
+    /// What `decide_expired` decides, by its label.
+    fn decided(task: ExpiredTask) -> &'static str {
+        decide_expired(task).label()
+    }
+
+    /// What `decide_expired` decides, by its label, for a task in `status` as `set` changes it.
+    fn decided_for(status: TaskStatus, set: impl FnOnce(&mut ExpiredTask)) -> &'static str {
+        let mut changed = task(status);
+        set(&mut changed);
+        decided(changed)
+    }
+
     #[test]
     fn the_durable_task_decides_first() {
         assert_eq!(
@@ -140,59 +152,30 @@ mod tests {
 
     #[test]
     fn open_work_is_extended_looked_up_or_expired() {
-        let leased = ExpiredTask {
-            lease_live: true,
-            has_operation: true,
-            ..task(TaskStatus::Running)
+        let leased = |t: &mut ExpiredTask| {
+            t.lease_live = true;
+            t.has_operation = true;
         };
-        assert!(matches!(decide_expired(leased), ExpiredDecision::Extend(_)));
-        let with_operation = ExpiredTask {
-            has_operation: true,
-            ..task(TaskStatus::Running)
-        };
-        assert_eq!(decide_expired(with_operation), ExpiredDecision::LookUp);
-        let backing_off = ExpiredTask {
-            retry_due_later: true,
-            ..task(TaskStatus::Pending)
-        };
-        assert!(matches!(
-            decide_expired(backing_off),
-            ExpiredDecision::Extend(_)
-        ));
-        assert!(matches!(
-            decide_expired(task(TaskStatus::Pending)),
-            ExpiredDecision::Expire(_)
-        ));
-        assert!(matches!(
-            decide_expired(task(TaskStatus::Running)),
-            ExpiredDecision::Expire(_)
-        ));
+        assert_eq!(decided_for(TaskStatus::Running, leased), "extend");
+        let with_operation = |t: &mut ExpiredTask| t.has_operation = true;
+        assert_eq!(decided_for(TaskStatus::Running, with_operation), "look_up");
+        let backing_off = |t: &mut ExpiredTask| t.retry_due_later = true;
+        assert_eq!(decided_for(TaskStatus::Pending, backing_off), "extend");
+        assert_eq!(decided(task(TaskStatus::Pending)), "expire");
+        assert_eq!(decided(task(TaskStatus::Running)), "expire");
     }
 
     #[test]
     fn a_failure_whose_work_may_exist_is_not_released_as_if_nothing_ran() {
-        let unknown = ExpiredTask {
-            may_have_run: true,
-            ..task(TaskStatus::Failed)
+        let unknown = |t: &mut ExpiredTask| t.may_have_run = true;
+        assert_eq!(decided_for(TaskStatus::Failed, unknown), "unresolved");
+        let with_operation = |t: &mut ExpiredTask| {
+            t.may_have_run = true;
+            t.has_operation = true;
         };
-        assert!(matches!(
-            decide_expired(unknown),
-            ExpiredDecision::Unresolved(_)
-        ));
-        let with_operation = ExpiredTask {
-            has_operation: true,
-            ..unknown
-        };
-        assert_eq!(decide_expired(with_operation), ExpiredDecision::LookUp);
+        assert_eq!(decided_for(TaskStatus::Failed, with_operation), "look_up");
         // Open work nobody runs any more, whose earlier call may have run: not "expired".
-        let abandoned = ExpiredTask {
-            may_have_run: true,
-            ..task(TaskStatus::Pending)
-        };
-        assert!(matches!(
-            decide_expired(abandoned),
-            ExpiredDecision::Unresolved(_)
-        ));
+        assert_eq!(decided_for(TaskStatus::Pending, unknown), "unresolved");
         let policy = QuotaPolicy {
             charge_failed: false,
             pending_reserves: true,
