@@ -16,6 +16,8 @@
 //! requires it. The reading of an answer is pure ([`parse_message`]), and so is its
 //! classification ([`classify_anthropic_status_at`]).
 
+use std::borrow::Cow;
+
 use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::{RequestBuilder, StatusCode, Url};
 use serde::{Deserialize, Serialize};
@@ -24,7 +26,7 @@ use super::call::{Dialect, Parse};
 use super::generation::{Reply, content_refused, malformed, read_body, token_usage};
 use super::http::{AdapterBuildError, ApiClient, Classify, with_key_header};
 use super::settings::ProviderSettings;
-use super::stream::{self, ErrorEvent, Folded, ReasonEvents, ReasonStream};
+use super::stream::{self, ErrorEvent, Folded, ReasonEvents, ReasonStream, Text};
 use replyd_core::domain::Role;
 use replyd_core::provider::classify::classify_anthropic_status_at;
 use replyd_core::provider::{Generation, GenerationRequest, ProviderError, Recovery};
@@ -231,15 +233,15 @@ impl ReasonEvents for MessageEvents {
             "content_block_delta" => {
                 let piece = wire
                     .delta
-                    .filter(|d| d.kind.as_deref() == Some("text_delta"))
+                    .filter(|d| d.kind.as_ref().map(Text::as_str) == Some("text_delta"))
                     .and_then(|d| d.text)
                     .unwrap_or_default();
-                folded.reply.text.push_str(&piece);
-                Ok(Some(piece))
+                folded.reply.text.push_str(piece.as_str());
+                Ok(Some(piece.into_owned()))
             }
             "message_delta" => {
                 if let Some(reason) = wire.delta.and_then(|d| d.stop_reason) {
-                    folded.finish_reason = Some(reason);
+                    folded.finish_reason = Some(reason.into_owned());
                 }
                 if let Some(output) = wire.usage.map(|u| u.output_tokens) {
                     // The output's count is cumulative; the prompt's was in `message_start`.
@@ -275,22 +277,27 @@ impl ReasonEvents for MessageEvents {
     }
 }
 
+/// An event's strings are borrowed from its data where they have no escapes: a stream is
+/// mostly `content_block_delta` events, each naming its type twice.
 #[derive(Debug, Deserialize)]
-struct WireStreamEvent {
-    #[serde(rename = "type", default)]
-    kind: String,
+struct WireStreamEvent<'a> {
+    #[serde(rename = "type", default, borrow)]
+    kind: Cow<'a, str>,
     message: Option<WireMessageAnswer>,
-    delta: Option<WireStreamDelta>,
+    #[serde(borrow)]
+    delta: Option<WireStreamDelta<'a>>,
     usage: Option<WireUsage>,
     error: Option<ErrorEvent>,
 }
 
 #[derive(Debug, Deserialize)]
-struct WireStreamDelta {
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    text: Option<String>,
-    stop_reason: Option<String>,
+struct WireStreamDelta<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Text<'a>>,
+    #[serde(borrow)]
+    text: Option<Text<'a>>,
+    #[serde(borrow)]
+    stop_reason: Option<Text<'a>>,
 }
 
 #[derive(Debug, Serialize)]

@@ -14,7 +14,7 @@ use super::call::{Dialect, Parse};
 use super::generation::{Reply, content_refused, malformed, read_body, token_usage};
 use super::http::{AdapterBuildError, ApiClient, Classify};
 use super::settings::{ProviderSettings, takes_max_completion_tokens};
-use super::stream::{self, ErrorEvent, Folded, ReasonEvents, ReasonStream};
+use super::stream::{self, ErrorEvent, Folded, ReasonEvents, ReasonStream, Text};
 use replyd_core::domain::Role;
 use replyd_core::provider::classify::classify_status_at;
 use replyd_core::provider::{Generation, GenerationRequest, ProviderError};
@@ -137,10 +137,13 @@ impl ReasonEvents for ChatEvents {
             return Err(error.failed_mid_stream(status, folded));
         }
         if folded.reply.id.is_none() {
-            folded.reply.id = chunk.id;
+            folded.reply.id = chunk.id.map(Text::into_owned);
         }
         if folded.reply.model.is_none() {
-            folded.reply.model = chunk.model.filter(|m| !m.is_empty());
+            folded.reply.model = chunk
+                .model
+                .filter(|m| !m.as_str().is_empty())
+                .map(Text::into_owned);
         }
         if let Some(usage) = chunk.usage {
             folded.reply.usage = Some(token_usage(usage.prompt_tokens, usage.completion_tokens));
@@ -149,17 +152,17 @@ impl ReasonEvents for ChatEvents {
             return Ok(None);
         };
         if let Some(reason) = choice.finish_reason {
-            folded.finish_reason = Some(reason);
+            folded.finish_reason = Some(reason.into_owned());
         }
         let Some(delta) = choice.delta else {
             return Ok(None);
         };
         if let Some(refusal) = delta.refusal {
-            self.refusal.push_str(&refusal);
+            self.refusal.push_str(refusal.as_str());
         }
         let piece = delta.content.unwrap_or_default();
-        folded.reply.text.push_str(&piece);
-        Ok(Some(piece))
+        folded.reply.text.push_str(piece.as_str());
+        Ok(Some(piece.into_owned()))
     }
 
     fn refused(&self, folded: &Folded) -> Option<ProviderError> {
@@ -238,26 +241,34 @@ struct WireStreamOptions {
     include_usage: bool,
 }
 
+/// A chunk's strings are borrowed from the event's data where they have no escapes: a stream
+/// is many chunks, and each repeats the reply's id and model, kept once.
 #[derive(Debug, Deserialize)]
-struct WireChunk {
-    id: Option<String>,
-    model: Option<String>,
-    #[serde(default)]
-    choices: Vec<WireChunkChoice>,
+struct WireChunk<'a> {
+    #[serde(borrow)]
+    id: Option<Text<'a>>,
+    #[serde(borrow)]
+    model: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    choices: Vec<WireChunkChoice<'a>>,
     usage: Option<WireUsage>,
     error: Option<ErrorEvent>,
 }
 
 #[derive(Debug, Deserialize)]
-struct WireChunkChoice {
-    delta: Option<WireDelta>,
-    finish_reason: Option<String>,
+struct WireChunkChoice<'a> {
+    #[serde(borrow)]
+    delta: Option<WireDelta<'a>>,
+    #[serde(borrow)]
+    finish_reason: Option<Text<'a>>,
 }
 
 #[derive(Debug, Deserialize)]
-struct WireDelta {
-    content: Option<String>,
-    refusal: Option<String>,
+struct WireDelta<'a> {
+    #[serde(borrow)]
+    content: Option<Text<'a>>,
+    #[serde(borrow)]
+    refusal: Option<Text<'a>>,
 }
 
 #[derive(Debug, Serialize)]

@@ -13,6 +13,7 @@
 //! `Ambiguous` as a broken body always was; an error event after the first tokens is a
 //! failure after the provider started working, `MaybeExecuted`.
 
+use std::borrow::Cow;
 use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt as _;
@@ -293,5 +294,43 @@ impl ErrorEvent {
 pub(crate) fn malformed(what: &str, error: impl std::fmt::Display) -> ProviderError {
     ProviderError::MalformedResponse {
         message: format!("stream event is not {what}: {error}"),
+    }
+}
+
+/// A string of an event's data, borrowed from it unless it holds escapes: a stream is many
+/// small events, and their strings (ids, types, pieces of text) need not each be allocated.
+/// serde borrows a `Cow<str>` only as a field of its own, never inside an `Option`, hence the
+/// wrapper.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct Text<'a>(#[serde(borrow)] pub Cow<'a, str>);
+
+impl Text<'_> {
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub(crate) fn into_owned(self) -> String {
+        self.0.into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct Event<'a> {
+        #[serde(borrow)]
+        piece: Option<Text<'a>>,
+    }
+
+    #[test]
+    fn a_piece_is_borrowed_from_the_data_unless_it_holds_escapes() {
+        let plain: Event = serde_json::from_str(r#"{"piece":"Hello"}"#).unwrap();
+        assert!(matches!(plain.piece, Some(Text(Cow::Borrowed("Hello")))));
+        let escaped: Event = serde_json::from_str(r#"{"piece":"a\nb"}"#).unwrap();
+        assert!(matches!(escaped.piece, Some(Text(Cow::Owned(ref s))) if s == "a\nb"));
+        let absent: Event = serde_json::from_str("{}").unwrap();
+        assert!(absent.piece.is_none());
     }
 }
