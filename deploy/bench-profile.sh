@@ -11,7 +11,8 @@
 #      into the cache).
 #
 # Usage: deploy/bench-profile.sh [small] [large] [runs] [perf]   (default: 1000 5000 3 20000)
-# BENCH_CPU_ONLY=1 runs only 2 (minutes instead of a quarter of an hour: to compare builds).
+# BENCH_CPU_ONLY=1 runs only 2 (minutes instead of a quarter of an hour: to compare builds);
+# BENCH_INSTRUCTIONS_ONLY=1 runs only 1 (a minute or two: the stable figure, to compare builds).
 # Writes the table to stdout and one JSON line to target/bench/profile.jsonl.
 set -euo pipefail
 
@@ -82,6 +83,8 @@ ir_of() {
   sed -n 's/^summary: *\([0-9]*\).*/\1/p; s/^totals: *\([0-9]*\).*/\1/p' "$1" | head -n 1
 }
 cpu_only=${BENCH_CPU_ONLY:-}
+instructions_only=${BENCH_INSTRUCTIONS_ONLY:-}
+[ -z "$instructions_only" ] || runs=0
 ir_per_record=null
 if [ -z "$cpu_only" ]; then
   echo "bench: callgrind, $small then $large records (each takes minutes)" >&2
@@ -101,10 +104,11 @@ for run in $(seq 1 "$runs"); do
   awk -v a="$a" -v b="$b" -v s="$small" -v l="$large" 'BEGIN { printf "%.1f\n", (b - a) / (l - s) * 1e6 }' >>"$dir/cpu"
   echo "bench: run $run: CPU $a s over $small records, $b s over $large: $(tail -n 1 "$dir/cpu") µs per record" >&2
 done
-read -r cpu_m cpu_lo cpu_hi < <(stats <"$dir/cpu")
+cpu_m=null cpu_lo=null cpu_hi=null
+[ "$runs" -eq 0 ] || read -r cpu_m cpu_lo cpu_hi < <(stats <"$dir/cpu")
 
 # 3. The flame graph.
-if [ -z "$cpu_only" ]; then
+if [ -z "$cpu_only" ] && [ -z "$instructions_only" ]; then
   drain "perf" "$perf_records" perf record -q -F 499 --call-graph dwarf,16384 -o "$dir/perf.data" >/dev/null
   perf script -i "$dir/perf.data" 2>/dev/null | "$inferno/inferno-collapse-perf" >"$dir/stacks.folded"
   mkdir -p docs/bench
@@ -120,5 +124,7 @@ printf '{"bench":"profile","small":%d,"large":%d,"instructions_per_record":%s,"c
 echo "| records (small → large) | instructions per record | worker CPU per record, µs (median, min–max) | ÷ goal of 50 µs |"
 echo "|---|---:|---:|---:|"
 awk -v s="$small" -v l="$large" -v ir="$ir_per_record" -v m="$cpu_m" -v lo="$cpu_lo" -v hi="$cpu_hi" 'BEGIN {
-  printf "| %d → %d | %s | %.0f (%.0f–%.0f) | **%.1f** |\n", s, l, (ir == "null" ? "not run" : ir), m, lo, hi, m / 50
+  cpu = (m == "null" ? "not run" : sprintf("%.0f (%.0f–%.0f)", m, lo, hi))
+  goal = (m == "null" ? "" : sprintf("**%.1f**", m / 50))
+  printf "| %d → %d | %s | %s | %s |\n", s, l, (ir == "null" ? "not run" : ir), cpu, goal
 }'
