@@ -23,22 +23,10 @@ use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
+use crate::cli::ReplayArgs;
 use crate::config::Settings;
 use crate::transport::kafka::KafkaLogs;
 use crate::transport::kafka::dead_letter::{copy_of, headers};
-
-/// What to replay.
-#[derive(Debug, Clone, Default)]
-pub struct ReplayFilter {
-    /// Refusal kinds (`prompt_too_large`, `missing_field`, ...); empty: every kind.
-    pub kinds: Vec<String>,
-    /// Only copies made at or after this time.
-    pub since: Option<DateTime<Utc>>,
-    /// A record replayed this often already is left where it is.
-    pub max_replays: u32,
-    /// Say what would be replayed, send nothing.
-    pub dry_run: bool,
-}
 
 /// What one dead-letter copy gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +44,7 @@ pub fn decide(
     kind: Option<&str>,
     made_at: Option<DateTime<Utc>>,
     replays: u32,
-    filter: &ReplayFilter,
+    filter: &ReplayArgs,
 ) -> Decision {
     let kind_selected =
         filter.kinds.is_empty() || kind.is_some_and(|k| filter.kinds.iter().any(|f| f == k));
@@ -120,7 +108,7 @@ fn header<'a>(message: &'a BorrowedMessage<'_>, name: &str) -> Option<&'a str> {
 }
 
 /// Replays the selected copies of the dead-letter topic to `kafka.topic`.
-pub async fn replay(settings: &Settings, filter: &ReplayFilter) -> anyhow::Result<ReplayReport> {
+pub async fn replay(settings: &Settings, filter: &ReplayArgs) -> anyhow::Result<ReplayReport> {
     let kafka = &settings.kafka;
     let dead_letter_topic = kafka.dead_letter_topic();
     let base = kafka.client_config();
@@ -260,11 +248,11 @@ pub async fn replay(settings: &Settings, filter: &ReplayFilter) -> anyhow::Resul
 mod tests {
     use super::*;
 
-    fn filter(kinds: &[&str]) -> ReplayFilter {
-        ReplayFilter {
+    fn filter(kinds: &[&str]) -> ReplayArgs {
+        ReplayArgs {
             kinds: kinds.iter().map(|k| k.to_string()).collect(),
             max_replays: 3,
-            ..ReplayFilter::default()
+            ..ReplayArgs::default()
         }
     }
 
@@ -275,7 +263,7 @@ mod tests {
         let earlier = now - chrono::TimeDelta::seconds(1);
         let any = filter(&[]);
         let big = filter(&[BIG]);
-        let since = ReplayFilter {
+        let since = ReplayArgs {
             since: Some(now),
             ..filter(&[])
         };

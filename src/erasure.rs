@@ -5,6 +5,7 @@
 use anyhow::Context as _;
 use serde::Serialize;
 
+use crate::cli::EraseArgs;
 use crate::store::erasure_log::Erasure;
 use crate::store::forgetting::{Erased, ErasurePlan, ErasureScope};
 use crate::store::{DatabaseSettings, Store, StoreError};
@@ -75,8 +76,25 @@ impl std::fmt::Display for ErasureReport {
     }
 }
 
+/// `replyd erase`: an end user's conversations, or one conversation, or a whole workspace.
+pub async fn command(
+    database: &DatabaseSettings,
+    args: &EraseArgs,
+) -> anyhow::Result<ErasureReport> {
+    match &args.end_user {
+        Some(user) => run_end_user(database, &args.workspace, user, args.dry_run).await,
+        None => {
+            let scope = ErasureScope {
+                workspace_id: args.workspace.clone(),
+                conversation_id: args.conversation.clone(),
+            };
+            run(database, &scope, args.dry_run).await
+        }
+    }
+}
+
 /// Erases `scope` (or, with `dry_run`, counts what would go).
-pub async fn run(
+async fn run(
     database: &DatabaseSettings,
     scope: &ErasureScope,
     dry_run: bool,
@@ -189,7 +207,7 @@ async fn erase_end_user_logged(
 }
 
 /// `replyd erase --end-user`: erases (or, with `dry_run`, counts) an end user's data.
-pub async fn run_end_user(
+async fn run_end_user(
     database: &DatabaseSettings,
     workspace: &str,
     user: &str,

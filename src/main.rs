@@ -99,73 +99,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 print_report(&report, json)?;
             }
         }
-        Command::Tasks(TasksCommand::Retry {
-            workspace,
-            since,
-            until,
-            reason_contains,
-            limit,
-            max_attempts,
-            dry_run,
-            json,
-        }) => {
-            let selection = replyd::store::retries::RetrySelection {
-                workspace,
-                since,
-                until,
-                reason_contains,
-                limit,
-            };
-            let report =
-                replyd::retries::run(&settings()?, &selection, max_attempts, dry_run).await?;
-            print_report(&report, json)?;
+        Command::Tasks(TasksCommand::Retry(args)) => {
+            print_report(&replyd::retries::run(&settings()?, &args).await?, args.json)?;
         }
-        Command::AfterRestore {
-            restored_to,
-            dry_run,
-            json,
-        } => {
-            let report = replyd::restore::run(&settings()?, restored_to, dry_run).await?;
-            print_report(&report, json)?;
+        Command::AfterRestore(args) => {
+            let report = replyd::restore::run(&settings()?, args.restored_to, args.dry_run).await?;
+            print_report(&report, args.json)?;
         }
-        Command::Erase {
-            workspace,
-            conversation,
-            whole_workspace: _,
-            end_user,
-            dry_run,
-            json,
-        } => {
-            let report = match end_user {
-                Some(user) => {
-                    replyd::erasure::run_end_user(&settings()?.database, &workspace, &user, dry_run)
-                        .await?
-                }
-                None => {
-                    let scope = replyd::store::forgetting::ErasureScope {
-                        workspace_id: workspace,
-                        conversation_id: conversation,
-                    };
-                    replyd::erasure::run(&settings()?.database, &scope, dry_run).await?
-                }
-            };
-            print_report(&report, json)?;
+        Command::Erase(args) => {
+            let report = replyd::erasure::command(&settings()?.database, &args).await?;
+            print_report(&report, args.json)?;
         }
-        Command::DeadLetters(DeadLettersCommand::Replay {
-            kinds,
-            since,
-            max_replays,
-            dry_run,
-            json,
-        }) => {
-            let filter = replyd::dead_letters::ReplayFilter {
-                kinds,
-                since,
-                max_replays,
-                dry_run,
-            };
-            let report = replyd::dead_letters::replay(&settings()?, &filter).await?;
-            print_report(&report, json)?;
+        Command::DeadLetters(DeadLettersCommand::Replay(args)) => {
+            print_report(
+                &replyd::dead_letters::replay(&settings()?, &args).await?,
+                args.json,
+            )?;
         }
         Command::Migrate => {
             let applied = replyd::store::migrate::run_migrations(&settings()?.database)

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use anyhow::Context as _;
 use serde::Serialize;
 
+use crate::cli::RetryArgs;
 use crate::config::Settings;
 use crate::store::Store;
 use crate::store::retries::{Retried, RetrySelection};
@@ -60,15 +61,18 @@ impl std::fmt::Display for RetryReport {
 }
 
 /// Retries the selected failed tasks, one transaction each, the oldest failure first.
-pub async fn run(
-    settings: &Settings,
-    selection: &RetrySelection,
-    max_attempts: Option<u32>,
-    dry_run: bool,
-) -> anyhow::Result<RetryReport> {
+pub async fn run(settings: &Settings, args: &RetryArgs) -> anyhow::Result<RetryReport> {
+    let selection = RetrySelection {
+        workspace: args.workspace.clone(),
+        since: args.since,
+        until: args.until,
+        reason_contains: args.reason_contains.clone(),
+        limit: args.limit,
+    };
+    let (max_attempts, dry_run) = (args.max_attempts, args.dry_run);
     let store = Store::connect(&settings.database).context("database settings")?;
     let failed = store
-        .failed_tasks(selection)
+        .failed_tasks(&selection)
         .await
         .context("selecting the failed tasks")?;
     let mut report = RetryReport {
