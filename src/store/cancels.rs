@@ -53,12 +53,11 @@ impl CancelOutcome {
 impl Store {
     /// Cancels `task_id` (one statement, one transaction).
     pub async fn cancel(&self, task_id: TaskId) -> Result<CancelOutcome, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached("SELECT outcome FROM replyd_cancel($1)")
-            .await?;
-        let label: String = client
-            .query_one(&statement, &[&task_id.as_uuid()])
+        let label: String = self
+            .row(
+                "SELECT outcome FROM replyd_cancel($1)",
+                &[&task_id.as_uuid()],
+            )
             .await?
             .get(0);
         CancelOutcome::parse(&label)

@@ -143,10 +143,9 @@ impl Store {
         adaptive: bool,
         sent_freely: u64,
     ) -> Result<Option<f64>, StoreError> {
-        let client = self.client().await?;
         let sent_freely = i64::try_from(sent_freely).unwrap_or(i64::MAX);
-        let row = client
-            .query_one(
+        let row = self
+            .row(
                 "SELECT requests_per_second FROM replyd_capacity_refused($1, $2, $3, $4)",
                 &[
                     &bucket,

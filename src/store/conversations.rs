@@ -39,9 +39,7 @@ impl Store {
         workspace: &str,
         conversation: &str,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        Ok(client
-            .query_one(
+        Ok(self.row(
                 "SELECT EXISTS (SELECT 1 FROM conversations \
                                 WHERE workspace_id = $1 AND conversation_id = $2) \
                      OR EXISTS (SELECT 1 FROM erasures \
@@ -143,9 +141,8 @@ impl Store {
         workspace: &str,
         conversation: &str,
     ) -> Result<Vec<EarlierMessage>, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
+        let rows = self
+            .rows(
                 "SELECT m.seq, m.content, t.task_id, t.saved_response, t.document_version \
                  FROM (SELECT seq, message_id, content FROM messages \
                        WHERE workspace_id = $1 AND conversation_id = $2 \
@@ -153,10 +150,8 @@ impl Store {
                  LEFT JOIN reply_tasks t ON t.workspace_id = $1 AND t.conversation_id = $2 \
                       AND t.message_id = m.message_id::text AND t.status = 'completed' \
                  ORDER BY m.seq, t.created_at, t.task_id",
+                &[&workspace, &conversation, &HISTORY_MESSAGES],
             )
-            .await?;
-        let rows = client
-            .query(&statement, &[&workspace, &conversation, &HISTORY_MESSAGES])
             .await?;
         let mut earlier: Vec<(i64, EarlierMessage)> = Vec::new();
         for row in &rows {

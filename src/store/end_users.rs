@@ -124,9 +124,8 @@ impl Store {
     /// Every workspace's signing secrets that still verify tokens, sealed: what an API process
     /// keeps in memory, so a token's signature is checked before anything of it is read.
     pub async fn live_signing_keys(&self) -> Result<Vec<SealedSigningKey>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
+        let rows = self
+            .rows(
                 "SELECT workspace_id, version, sealed, retire_at FROM end_user_signing_keys \
                  WHERE retire_at IS NULL OR retire_at > clock_timestamp()",
                 &[],
@@ -150,19 +149,16 @@ impl Store {
         user: &str,
         key_id: &str,
     ) -> Result<TokenStanding, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
+        let row = self
+            .row(
                 "SELECT coalesce((SELECT generation FROM end_users \
                                   WHERE workspace_id = $1 AND user_id = $2), 0), \
                         (SELECT CASE WHEN revoked_at IS NOT NULL THEN 'revoked' \
                                      WHEN expires_at <= now() THEN 'expired' \
                                      ELSE 'live' END \
                          FROM api_keys WHERE key_id = $3 AND workspace_id = $1)",
+                &[&workspace, &user, &key_id],
             )
-            .await?;
-        let row = client
-            .query_one(&statement, &[&workspace, &user, &key_id])
             .await?;
         Ok(TokenStanding {
             generation: row.get(0),
@@ -210,9 +206,8 @@ impl Store {
     /// Revokes every token of `user` issued so far; the user's new generation. Tokens asked
     /// for afterwards work.
     pub async fn revoke_end_user(&self, workspace: &str, user: &str) -> Result<i64, StoreError> {
-        let client = self.client().await?;
-        Ok(client
-            .query_one(
+        Ok(self
+            .row(
                 "INSERT INTO end_users (workspace_id, user_id, generation, revoked_at) \
                  VALUES ($1, $2, 1, clock_timestamp()) \
                  ON CONFLICT (workspace_id, user_id) DO UPDATE \
@@ -231,15 +226,12 @@ impl Store {
         workspace: &str,
         conversation: &str,
     ) -> Result<Option<Option<String>>, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
+        let row = self
+            .row_opt(
                 "SELECT end_user_id FROM conversations \
                  WHERE workspace_id = $1 AND conversation_id = $2",
+                &[&workspace, &conversation],
             )
-            .await?;
-        let row = client
-            .query_opt(&statement, &[&workspace, &conversation])
             .await?;
         Ok(row.map(|row| row.get(0)))
     }
@@ -258,17 +250,14 @@ impl Store {
         let Ok(message) = Uuid::parse_str(message_id) else {
             return Ok(None);
         };
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
+        let row = self
+            .row_opt(
                 "SELECT c.end_user_id FROM conversations c \
                  WHERE c.workspace_id = $1 AND c.conversation_id = $2 \
                    AND EXISTS (SELECT 1 FROM messages m WHERE m.message_id = $3 \
                                AND m.workspace_id = $1 AND m.conversation_id = $2)",
+                &[&workspace, &conversation, &message],
             )
-            .await?;
-        let row = client
-            .query_opt(&statement, &[&workspace, &conversation, &message])
             .await?;
         Ok(row.map(|row| row.get(0)))
     }
@@ -279,9 +268,8 @@ impl Store {
         workspace: &str,
         user: &str,
     ) -> Result<Vec<String>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
+        let rows = self
+            .rows(
                 "SELECT conversation_id FROM conversations \
                  WHERE workspace_id = $1 AND end_user_id = $2 ORDER BY conversation_id",
                 &[&workspace, &user],

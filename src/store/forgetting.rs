@@ -139,9 +139,8 @@ fn counts(row: &tokio_postgres::Row) -> Forgotten {
 impl Store {
     /// Whether `task_id` was forgotten (and is still remembered as such).
     pub async fn is_forgotten(&self, task_id: TaskId) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        Ok(client
-            .query_one(
+        Ok(self
+            .row(
                 "SELECT EXISTS (SELECT 1 FROM forgotten_tasks WHERE task_id = $1)",
                 &[&task_id.as_uuid()],
             )
@@ -151,9 +150,8 @@ impl Store {
 
     /// Forgets `tasks` in one transaction (`replyd_forget`).
     async fn forget(&self, tasks: &[Uuid], reason: &str) -> Result<Forgotten, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_one("SELECT * FROM replyd_forget($1, $2)", &[&tasks, &reason])
+        let row = self
+            .row("SELECT * FROM replyd_forget($1, $2)", &[&tasks, &reason])
             .await?;
         Ok(counts(&row))
     }
@@ -172,10 +170,8 @@ impl Store {
         // The selection and the deletion in one statement (one round trip); an empty
         // selection forgets nothing. The shortest retention of any workspace bounds the scan
         // of the finished tasks' index; each task is then held to its own workspace's.
-        let client = self.client().await?;
         let secs = age.map(|a| a.as_secs_f64());
-        let row = client
-            .query_one(
+        let row = self.row(
                 "WITH shortest AS (SELECT least($1::float8, \
                      (SELECT min(task_retention_seconds)::float8 FROM workspaces)) AS secs) \
                  SELECT * FROM replyd_forget(ARRAY(SELECT t.task_id FROM reply_tasks t \

@@ -100,16 +100,15 @@ impl Store {
         &self,
         pieces: &[PieceToWrite<'_>],
     ) -> Result<Vec<bool>, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached("SELECT replyd_live_append_batch($1, $2, $3, $4)")
-            .await?;
         let ids: Vec<uuid::Uuid> = pieces.iter().map(|p| p.task_id.as_uuid()).collect();
         let versions: Vec<i64> = pieces.iter().map(|p| p.assignment_version).collect();
         let seqs: Vec<i32> = pieces.iter().map(|p| p.seq).collect();
         let texts: Vec<&str> = pieces.iter().map(|p| p.text).collect();
-        let row = client
-            .query_one(&statement, &[&ids, &versions, &seqs, &texts])
+        let row = self
+            .row(
+                "SELECT replyd_live_append_batch($1, $2, $3, $4)",
+                &[&ids, &versions, &seqs, &texts],
+            )
             .await?;
         let written: Vec<bool> = row.get(0);
         if written.len() != pieces.len() {
@@ -129,15 +128,12 @@ impl Store {
         version: i64,
         after: i32,
     ) -> Result<Vec<LivePiece>, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
+        let rows = self
+            .rows(
                 "SELECT seq, text FROM reply_live_text \
                  WHERE task_id = $1 AND assignment_version = $2 AND seq > $3 ORDER BY seq",
+                &[&task_id.as_uuid(), &version, &after],
             )
-            .await?;
-        let rows = client
-            .query(&statement, &[&task_id.as_uuid(), &version, &after])
             .await?;
         Ok(rows
             .iter()

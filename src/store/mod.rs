@@ -54,9 +54,15 @@ pub mod workspaces;
 
 use std::time::Duration;
 
+use deadpool_postgres::Object;
 use replyd_core::lease::Lease;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, Statement};
 
 use sessions::Sessions;
+
+/// The parameters of one statement.
+pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 pub use error::StoreError;
 pub use renewals::LeaseHold;
@@ -160,12 +166,44 @@ impl Store {
         self.sessions.client().await
     }
 
+    /// A pooled session and `sql` prepared on it. The statement is prepared once per session
+    /// and kept (`prepare_cached`): a statement whose text is made per call (a `LIMIT` written
+    /// into it) goes through [`Store::client`] instead, or the sessions' caches would grow
+    /// with every value.
+    async fn prepared(&self, sql: &str) -> Result<(Object, Statement), StoreError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql).await?;
+        Ok((client, statement))
+    }
+
+    /// One statement's rows (see [`Store::prepared`]).
+    pub(crate) async fn rows(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, StoreError> {
+        let (client, statement) = self.prepared(sql).await?;
+        Ok(client.query(&statement, params).await?)
+    }
+
+    /// One statement's one row; none, or more than one, is an error.
+    pub(crate) async fn row(&self, sql: &str, params: Params<'_>) -> Result<Row, StoreError> {
+        let (client, statement) = self.prepared(sql).await?;
+        Ok(client.query_one(&statement, params).await?)
+    }
+
+    /// One statement's row, if it returned one; more than one is an error.
+    pub(crate) async fn row_opt(
+        &self,
+        sql: &str,
+        p: Params<'_>,
+    ) -> Result<Option<Row>, StoreError> {
+        let (client, statement) = self.prepared(sql).await?;
+        Ok(client.query_opt(&statement, p).await?)
+    }
+
     /// Runs one statement that writes the row of one key (a workspace's, mostly): whether
     /// there was such a row to write.
     pub(crate) async fn wrote_one_row(
         &self,
         sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        params: Params<'_>,
     ) -> Result<bool, StoreError> {
         let client = self.client().await?;
         Ok(client.execute(sql, params).await? == 1)

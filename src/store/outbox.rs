@@ -111,9 +111,7 @@ impl Store {
     }
 
     pub async fn outbox_lag(&self) -> Result<OutboxLag, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_one(
+        let row = self.row(
                 "SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 \
                  FROM outbox WHERE published_at IS NULL AND refused_at IS NULL",
                 &[],

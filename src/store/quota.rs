@@ -322,9 +322,7 @@ impl Store {
         user: &str,
         pending_reserves: bool,
     ) -> Result<Option<EndUserShare>, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_opt(
+        let row = self.row_opt(
                 "WITH now AS (SELECT clock_timestamp() AS at), \
                  q AS (SELECT q.*, now.at, replyd_quota_window(q.window_start, q.period_seconds, now.at) AS win \
                        FROM quota_counters q, now WHERE q.workspace_id = $1 \
@@ -378,12 +376,7 @@ impl Store {
         workspace_id: &str,
         history: i64,
     ) -> Result<Option<QuotaRefusal>, StoreError> {
-        let client = self.client().await?;
-        let statement = client.prepare_cached(READ_QUOTA).await?;
-        let Some(row) = client
-            .query_opt(&statement, &[&workspace_id, &history])
-            .await?
-        else {
+        let Some(row) = self.row_opt(READ_QUOTA, &[&workspace_id, &history]).await? else {
             return Ok(None);
         };
         let settle_seconds: Vec<f64> = row.get("recent_settle_seconds");
@@ -429,9 +422,8 @@ pub struct ExpiredReservation {
 impl Store {
     /// How many open reservations are past their TTL now.
     pub async fn overdue_reservations(&self) -> Result<i64, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_one(
+        let row = self
+            .row(
                 "SELECT count(*) FROM quota_reservations \
                  WHERE state = 'reserved' AND expires_at < clock_timestamp()",
                 &[],
@@ -448,9 +440,8 @@ impl Store {
         limit: i64,
         redelivery: Duration,
     ) -> Result<Vec<ExpiredReservation>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
+        let rows = self
+            .rows(
                 "SELECT r.task_id, t.status, \
                  t.lease_until, c.now, \
                  t.provider_operation_id, coalesce(t.next_attempt_at > c.now, false) AS retry_due, \
@@ -495,9 +486,7 @@ impl Store {
         by: &str,
         why: &str,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_one(
+        let row = self.row(
                 "WITH extended AS ( \
                    UPDATE quota_reservations SET expires_at = clock_timestamp() + make_interval(secs => $2), \
                    extensions = extensions + 1 WHERE task_id = $1 AND state = 'reserved' RETURNING task_id), \
@@ -551,9 +540,7 @@ impl Store {
         settling: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Option<String>, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_one(
+        let row = self.row(
                 &format!(
                     "WITH settled AS ( \
                        SELECT {settling} AS state \

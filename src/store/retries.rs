@@ -59,9 +59,8 @@ const INSERT_RETRY: &str = "INSERT INTO reply_tasks (task_id, workspace_id, conv
 impl Store {
     /// Failed tasks no retry names yet, the oldest failure first.
     pub async fn failed_tasks(&self, s: &RetrySelection) -> Result<Vec<FailedTask>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
+        let rows = self
+            .rows(
                 "SELECT t.task_id, t.workspace_id FROM reply_tasks t \
                  WHERE t.status = 'failed' \
                    AND NOT EXISTS (SELECT 1 FROM reply_tasks r WHERE r.retry_of = t.task_id) \

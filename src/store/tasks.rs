@@ -490,9 +490,8 @@ impl Store {
 
     /// A task's attempts, oldest first.
     pub async fn attempts(&self, task_id: TaskId) -> Result<Vec<AttemptRecord>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
+        let rows = self
+            .rows(
                 "SELECT attempt_no, assignment_version, worker, claimed_at, lease_until, \
                  finished_at, outcome, detail, prompt_tokens, completion_tokens, \
                  source_partition, source_offset, stream_end, streamed_chars, \

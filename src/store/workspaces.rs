@@ -111,9 +111,8 @@ impl Store {
         &self,
         workspace_id: Option<&str>,
     ) -> Result<Vec<ApiKeyListed>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
+        let rows = self
+            .rows(
                 "SELECT key_id, workspace_id, created_at, expires_at, last_used_at, revoked_at \
                  FROM api_keys WHERE $1::text IS NULL OR workspace_id = $1 \
                  ORDER BY created_at, key_id",
@@ -178,15 +177,14 @@ impl Store {
     /// The workspace of a live key that matches `presented`; a key past its expiry is said to
     /// be so only when the presented key matches it (so only its holder learns it).
     pub async fn authenticate(&self, presented: &PresentedKey) -> Result<KeyCheck, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
+        let row = self
+            .row_opt(
                 "SELECT workspace_id, key_hash, \
                         CASE WHEN expires_at <= now() THEN expires_at END \
                  FROM api_keys WHERE key_id = $1 AND revoked_at IS NULL",
+                &[&presented.key_id],
             )
             .await?;
-        let row = client.query_opt(&statement, &[&presented.key_id]).await?;
         let Some(row) = row else {
             return Ok(KeyCheck::Unknown);
         };
@@ -242,16 +240,15 @@ impl Store {
         &self,
         workspace_id: &str,
     ) -> Result<Option<WorkspacePolicy>, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
+        let row = self
+            .row_opt(
                 "SELECT w.allowed_models, w.max_output_tokens, q.token_limit, \
                  w.system_prompt, w.end_user_context_allowed \
                  FROM workspaces w LEFT JOIN quota_counters q USING (workspace_id) \
                  WHERE w.workspace_id = $1",
+                &[&workspace_id],
             )
             .await?;
-        let row = client.query_opt(&statement, &[&workspace_id]).await?;
         Ok(row.map(|row| WorkspacePolicy {
             allowed_models: row.get("allowed_models"),
             max_output_tokens: row
@@ -317,9 +314,8 @@ impl Store {
 
     /// The workspace's weight, if it exists.
     pub async fn workspace_weight(&self, workspace_id: &str) -> Result<Option<i32>, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_opt(
+        let row = self
+            .row_opt(
                 "SELECT weight FROM workspaces WHERE workspace_id = $1",
                 &[&workspace_id],
             )
@@ -329,11 +325,12 @@ impl Store {
 
     /// The weights that are not the default of 1: few, so a worker reads them all.
     pub async fn workspace_weights(&self) -> Result<Vec<(String, i32)>, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached("SELECT workspace_id, weight FROM workspaces WHERE weight <> 1")
+        let rows = self
+            .rows(
+                "SELECT workspace_id, weight FROM workspaces WHERE weight <> 1",
+                &[],
+            )
             .await?;
-        let rows = client.query(&statement, &[]).await?;
         Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
     }
 }
