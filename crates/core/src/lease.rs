@@ -193,6 +193,26 @@ impl ClaimKind {
 }
 
 impl ClaimOutcome {
+    /// Why this claim failed the task, when it did (its budget spent or its deadline passed):
+    /// the failure's label and its words, for a task of `max_attempts` whose next attempt
+    /// would have been `next_attempt`.
+    pub fn failure(&self, max_attempts: u32, next_attempt: i32) -> Option<(&'static str, String)> {
+        match self {
+            ClaimOutcome::BudgetExhausted { attempts } => Some((
+                "budget_exhausted",
+                format!("attempt budget exhausted: {attempts} of {max_attempts} attempts used"),
+            )),
+            ClaimOutcome::DeadlinePassed { deadline } => Some((
+                "deadline_passed",
+                format!(
+                    "deadline {} passed before attempt {next_attempt}",
+                    deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                ),
+            )),
+            _ => None,
+        }
+    }
+
     /// The outcome's kind.
     pub fn kind(&self) -> ClaimKind {
         match self {
@@ -426,6 +446,27 @@ mod tests {
         owner: "w2#b",
         partition: None,
     };
+
+    #[test]
+    fn a_claim_that_failed_the_task_says_why_and_no_other_claim_does() {
+        let spent = ClaimOutcome::BudgetExhausted { attempts: 3 };
+        assert_eq!(
+            spent.failure(3, 4),
+            Some((
+                "budget_exhausted",
+                "attempt budget exhausted: 3 of 3 attempts used".to_owned()
+            ))
+        );
+        let deadline = "2026-12-07T06:00:00.5Z".parse().unwrap();
+        assert_eq!(
+            ClaimOutcome::DeadlinePassed { deadline }.failure(3, 2),
+            Some((
+                "deadline_passed",
+                "deadline 2026-12-07T06:00:00.500Z passed before attempt 2".to_owned()
+            ))
+        );
+        assert_eq!(ClaimOutcome::AlreadyCompleted.failure(3, 1), None);
+    }
 
     #[test]
     fn live_lease_is_respected_and_expired_lease_is_taken_over() {

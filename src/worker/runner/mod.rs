@@ -180,26 +180,12 @@ impl TaskRunner {
                 ClaimOutcome::AlreadyCancelled => {
                     return Some(RunEnd::Terminal(RecordEnd::Cancelled));
                 }
-                ClaimOutcome::BudgetExhausted { attempts } => {
-                    return Some(self.failed_at_claim(
-                        task_id,
-                        "budget_exhausted",
-                        &format!(
-                            "attempt budget exhausted: {attempts} of {} attempts used",
-                            stored.spec.max_attempts
-                        ),
-                    ));
-                }
-                ClaimOutcome::DeadlinePassed { deadline } => {
-                    return Some(self.failed_at_claim(
-                        task_id,
-                        "deadline_passed",
-                        &format!(
-                            "deadline {} passed before attempt {}",
-                            deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                            stored.attempt_count + 1
-                        ),
-                    ));
+                ClaimOutcome::BudgetExhausted { .. } | ClaimOutcome::DeadlinePassed { .. } => {
+                    // Both say why; the default is never taken.
+                    let (why, reason) = claim
+                        .failure(stored.spec.max_attempts, stored.attempt_count + 1)
+                        .unwrap_or_default();
+                    return Some(self.failed_at_claim(task_id, why, &reason));
                 }
                 ClaimOutcome::NotBefore { at } => {
                     let wait = (at - Utc::now())
