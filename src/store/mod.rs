@@ -67,7 +67,8 @@ pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 pub use error::StoreError;
 pub use renewals::LeaseHold;
 pub use rows::{
-    CompletionOutcome, EnsureOutcome, FailOutcome, Release, ReleaseOutcome, RenewOutcome, Taken,
+    CompletionOutcome, EnsureOutcome, FailOutcome, Labelled, Release, ReleaseOutcome, RenewOutcome,
+    Taken,
 };
 pub use sessions::{connect_error, parse_url, session_config, target_of, tls_connector};
 pub use settings::DatabaseSettings;

@@ -91,9 +91,13 @@ pub enum FailOutcome {
     Refused(Refusal),
 }
 
-impl CompletionOutcome {
-    /// Stable label for traces.
-    pub fn label(&self) -> &'static str {
+/// What a write that ends a lease answered, as a stable label for traces.
+pub trait Labelled {
+    fn label(&self) -> &'static str;
+}
+
+impl Labelled for CompletionOutcome {
+    fn label(&self) -> &'static str {
         match self {
             CompletionOutcome::Accepted => "accepted",
             CompletionOutcome::Refused(refusal) => refusal.label(),
@@ -101,9 +105,8 @@ impl CompletionOutcome {
     }
 }
 
-impl ReleaseOutcome {
-    /// Stable label for traces.
-    pub fn label(&self) -> &'static str {
+impl Labelled for ReleaseOutcome {
+    fn label(&self) -> &'static str {
         match self {
             ReleaseOutcome::Released => "released",
             ReleaseOutcome::Refused(refusal) => refusal.label(),
@@ -111,9 +114,8 @@ impl ReleaseOutcome {
     }
 }
 
-impl FailOutcome {
-    /// Stable label for traces.
-    pub fn label(&self) -> &'static str {
+impl Labelled for FailOutcome {
+    fn label(&self) -> &'static str {
         match self {
             FailOutcome::Failed => "failed",
             FailOutcome::Refused(refusal) => refusal.label(),

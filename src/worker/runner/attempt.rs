@@ -143,16 +143,14 @@ impl TaskRunner {
                 );
                 let saving = trace::completion(trace, "save reply");
                 let Some(outcome) = self
-                    .with_retry("complete", cancel, || {
+                    .lease_end("complete", saving, cancel, || {
                         self.store
                             .complete(lease, &generation.text, Some(&generation))
                     })
-                    .instrument(saving.clone())
                     .await
                 else {
                     return AttemptEnd::Cancelled;
                 };
-                saving.record("replyd.outcome", outcome.label());
                 match outcome {
                     CompletionOutcome::Accepted => {
                         telemetry::reply_accepted(&id, lease.version);

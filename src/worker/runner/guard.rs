@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, Span};
+use tracing::Span;
 
 use super::super::parking::{TaskWatch, WakeSource};
 use super::kinds::{AttemptEnd, Guarded, Guarding, TaskRunner};
@@ -173,15 +173,13 @@ impl TaskRunner {
             Action::Fail { reason, outcome } => {
                 let failing = trace::completion(trace, "fail task");
                 let Some(failed) = self
-                    .with_retry("fail", cancel, || {
+                    .lease_end("fail", failing, cancel, || {
                         self.store.fail(lease, &reason, outcome, ran)
                     })
-                    .instrument(failing.clone())
                     .await
                 else {
                     return AttemptEnd::Cancelled;
                 };
-                failing.record("replyd.outcome", failed.label());
                 match failed {
                     FailOutcome::Failed => {
                         telemetry::task_failed(&id, lease.version, &reason);
@@ -206,12 +204,10 @@ impl TaskRunner {
                 };
                 let releasing = trace::completion(trace, "release for retry");
                 let released = self
-                    .with_retry("release", cancel, || self.store.release_as(lease, &release))
-                    .instrument(releasing.clone())
+                    .lease_end("release", releasing, cancel, || {
+                        self.store.release_as(lease, &release)
+                    })
                     .await;
-                if let Some(released) = &released {
-                    releasing.record("replyd.outcome", released.label());
-                }
                 match released {
                     None => AttemptEnd::Cancelled,
                     Some(ReleaseOutcome::Refused(refusal)) => {

@@ -29,7 +29,7 @@ use super::parking::{ParkedTasks, WakeSource};
 use super::store_retry::{pause, with_retry};
 use crate::capacity::Capacity;
 use crate::provider::Provider;
-use crate::store::{EnsureOutcome, Store};
+use crate::store::{EnsureOutcome, Labelled, Store};
 use crate::telemetry::{self, trace};
 use crate::transport::source::WindowSlot;
 use replyd_core::domain::{RecordEnd, TaskId};
@@ -74,6 +74,28 @@ impl TaskRunner {
         Fut: Future<Output = Result<T, crate::store::StoreError>>,
     {
         with_retry(self.settings.io_retry, operation, cancel, op).await
+    }
+
+    /// A write that ends the lease (a completion, a failure, a release), retried as
+    /// [`TaskRunner::with_retry`] retries it, inside `span`, which records what it answered.
+    pub(super) async fn lease_end<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        span: Span,
+        cancel: &CancellationToken,
+        op: F,
+    ) -> Option<T>
+    where
+        T: Labelled,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, crate::store::StoreError>>,
+    {
+        let answer = self
+            .with_retry(operation, cancel, op)
+            .instrument(span.clone())
+            .await?;
+        span.record("replyd.outcome", answer.label());
+        Some(answer)
     }
 
     /// Runs the task until it is terminal, `cancel` fires (`None`: cancelled before a durable
