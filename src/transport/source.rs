@@ -167,19 +167,21 @@ pub struct Opening<M> {
     pub shutdown: CancellationToken,
 }
 
-/// A source's own part of the worker's readiness; the worker adds the database's.
+/// A source's own part of the worker's readiness; the worker adds the database's and the
+/// turning of the source's loop.
 pub trait SourceHealth: Send + Sync + 'static {
-    /// Beaten on every turn of the source's loop.
-    fn heartbeat(&self) -> &Arc<Heartbeat>;
-    /// The loop's name in a readiness answer (`poll`, `receive`).
-    fn loop_name(&self) -> &'static str;
     /// What the source holds, or why it is not ready.
     fn check(&self) -> Result<String, String>;
 }
 
-/// A source checked and ready to run: its health for the readiness probe, and its run, which
-/// ends once `shutdown` fired and its records were drained and settled.
+/// A source checked and ready to run: its health for the readiness probe, its loop's
+/// heartbeat, and its run, which ends once `shutdown` fired and its records were drained and
+/// settled.
 pub struct OpenSource {
     pub health: Arc<dyn SourceHealth>,
+    /// Beaten on every turn of the source's loop.
+    pub heartbeat: Arc<Heartbeat>,
+    /// The loop's name in a readiness answer (`poll`, `receive`).
+    pub loop_name: &'static str,
     pub run: BoxFuture<'static, anyhow::Result<()>>,
 }

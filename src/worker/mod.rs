@@ -21,7 +21,7 @@ use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::capacity::{Capacity, CapacitySettings, Weights};
-use crate::probes::{DatabaseReady, Probes, Readiness};
+use crate::probes::{DatabaseReady, Heartbeat, Probes, Readiness};
 use crate::provider::{ProviderSettings, build_provider};
 use crate::store::{DatabaseSettings, Store};
 use crate::transport::Transports;
@@ -44,7 +44,7 @@ const READY_POLL_SILENCE: std::time::Duration = std::time::Duration::from_secs(1
 /// What every source's readiness asks after its own: its `what` loop turned within
 /// [`READY_POLL_SILENCE`], and the database answers.
 async fn turning_with_the_database(
-    heartbeat: &crate::probes::Heartbeat,
+    heartbeat: &Heartbeat,
     what: &str,
     store: &Store,
 ) -> Result<(), String> {
@@ -62,6 +62,8 @@ async fn turning_with_the_database(
 /// well by its own account, and the database answers.
 struct WorkerReady {
     source: Arc<dyn SourceHealth>,
+    heartbeat: Arc<Heartbeat>,
+    loop_name: &'static str,
     store: Store,
 }
 
@@ -69,12 +71,7 @@ impl Readiness for WorkerReady {
     fn check(&self) -> BoxFuture<'_, Result<String, String>> {
         Box::pin(async move {
             let what = self.source.check()?;
-            turning_with_the_database(
-                self.source.heartbeat(),
-                self.source.loop_name(),
-                &self.store,
-            )
-            .await?;
+            turning_with_the_database(&self.heartbeat, self.loop_name, &self.store).await?;
             Ok(what)
         })
     }
@@ -204,11 +201,13 @@ pub async fn run_worker(
     let source = transports
         .open_source(settings.worker.source, opening)
         .await?;
-    probes.watch("worker", Arc::clone(source.health.heartbeat()));
+    probes.watch("worker", Arc::clone(&source.heartbeat));
     probes.add(
         "worker",
         WorkerReady {
             source: Arc::clone(&source.health),
+            heartbeat: Arc::clone(&source.heartbeat),
+            loop_name: source.loop_name,
             store,
         },
     );

@@ -14,7 +14,6 @@ use super::dead_letter::{DeadLetterError, DeadLetters};
 use super::publish::KafkaPublisher;
 use super::settings::KafkaSettings;
 use crate::connect_retry::retry_connecting;
-use crate::probes::Heartbeat;
 use crate::transport::sink::Sink;
 use crate::transport::source::{MakeHandler, OpenSource, Opening, SourceHealth};
 
@@ -22,14 +21,6 @@ use crate::transport::source::{MakeHandler, OpenSource, Opening, SourceHealth};
 struct ConsumerHealth(Arc<ConsumerStatus>);
 
 impl SourceHealth for ConsumerHealth {
-    fn heartbeat(&self) -> &Arc<Heartbeat> {
-        &self.0.heartbeat
-    }
-
-    fn loop_name(&self) -> &'static str {
-        "poll"
-    }
-
     fn check(&self) -> Result<String, String> {
         if !self.0.polling.load(Ordering::Relaxed) {
             return Err("consumer not polling".into());
@@ -84,6 +75,7 @@ pub async fn open_source<M: MakeHandler>(
     let handler = make_handler.make(dead_letters);
     let status = Arc::new(ConsumerStatus::default());
     let health = Arc::new(ConsumerHealth(Arc::clone(&status)));
+    let heartbeat = Arc::clone(&status.heartbeat);
     let run = async move {
         let runtime = tokio::runtime::Handle::current();
         let consumer = std::thread::Builder::new()
@@ -103,6 +95,8 @@ pub async fn open_source<M: MakeHandler>(
     };
     Ok(OpenSource {
         health,
+        heartbeat,
+        loop_name: "poll",
         run: Box::pin(run),
     })
 }

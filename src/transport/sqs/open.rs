@@ -16,7 +16,6 @@ use super::settings::SqsSettings;
 use super::source::{SourceStatus, run_source};
 use super::{Sqs, SqsError};
 use crate::connect_retry::retry_connecting;
-use crate::probes::Heartbeat;
 use crate::transport::sink::Sink;
 use crate::transport::source::{MakeHandler, OpenSource, Opening, SourceHealth};
 
@@ -24,14 +23,6 @@ use crate::transport::source::{MakeHandler, OpenSource, Opening, SourceHealth};
 struct ReceiverHealth(Arc<SourceStatus>);
 
 impl SourceHealth for ReceiverHealth {
-    fn heartbeat(&self) -> &Arc<Heartbeat> {
-        &self.0.heartbeat
-    }
-
-    fn loop_name(&self) -> &'static str {
-        "receive"
-    }
-
     fn check(&self) -> Result<String, String> {
         if !self.0.receiving.load(Ordering::Relaxed) {
             let why = self
@@ -91,9 +82,12 @@ pub async fn open_source<M: MakeHandler>(
     crate::telemetry::register(crate::telemetry::SQS_METRICS);
     let status = Arc::new(SourceStatus::default());
     let health = Arc::new(ReceiverHealth(Arc::clone(&status)));
+    let heartbeat = Arc::clone(&status.heartbeat);
     let run = run_source(sqs, settings, holding, handler, shutdown, status);
     Ok(OpenSource {
         health,
+        heartbeat,
+        loop_name: "receive",
         run: Box::pin(run),
     })
 }
