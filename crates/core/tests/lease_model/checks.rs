@@ -138,7 +138,7 @@ fn an_insert_that_does_not_consult_the_forgotten_tasks_starts_an_attempt_on_a_fo
             .position(|s| s.presence == Presence::Forgotten),
         states
             .iter()
-            .position(|s| s.history.attempt_after_forgetting),
+            .position(|s| s.history.after_forgetting.attempt),
     ) else {
         panic!("the counterexample forgets the task and claims it: {states:?}");
     };

@@ -8,13 +8,43 @@ use stateright::Property;
 
 use super::protocol::{LeaseProtocol, PartitionTakeover};
 use super::state::{
-    Phase, Presence, Reservation, SavedReply, Settler, State, StopFound, Tokens, reports_usage,
+    AfterEnd, Phase, Presence, Reservation, SavedReply, Settler, State, StopFound, Tokens,
+    reports_usage,
 };
 use super::statements::guarded_update_matches;
 use super::{
     ATTEMPT_AFTER_FORGETTING, RELEASED_AFTER_WORK, SAVED_REPLY_CANCELLED, SETTLED_TWICE,
     ZOMBIE_ACCEPTED,
 };
+
+/// Which of the task's ends the properties of [`nothing_after`] speak of.
+const FORGETTING: bool = false;
+const CANCEL: bool = true;
+
+/// What the workers did after the task was forgotten or, with `AFTER_CANCEL`, cancelled.
+fn after_end<const AFTER_CANCEL: bool>(s: &State) -> AfterEnd {
+    if AFTER_CANCEL {
+        s.history.after_cancel
+    } else {
+        s.history.after_forgetting
+    }
+}
+
+/// That no worker starts an attempt, has a reply accepted, or writes a renewal, release or
+/// failure after the task was forgotten (or, with `AFTER_CANCEL`, cancelled): three properties,
+/// named `names` in that order.
+fn nothing_after<const AFTER_CANCEL: bool>(
+    names: [&'static str; 3],
+) -> [Property<LeaseProtocol>; 3] {
+    let [attempt, reply, write] = names;
+    [
+        Property::always(attempt, |_, s: &State| {
+            !after_end::<AFTER_CANCEL>(s).attempt
+        }),
+        Property::always(reply, |_, s: &State| !after_end::<AFTER_CANCEL>(s).reply),
+        Property::always(write, |_, s: &State| !after_end::<AFTER_CANCEL>(s).write),
+    ]
+}
 
 impl LeaseProtocol {
     // No "eventually the task completes": it is not true of this protocol without fairness
@@ -191,18 +221,12 @@ impl LeaseProtocol {
             ));
         }
         if self.forget_with_budget.is_some() {
+            properties.extend(nothing_after::<FORGETTING>([
+                ATTEMPT_AFTER_FORGETTING,
+                "no reply is accepted after the task is forgotten",
+                "no renewal, release or failure is written after the task is forgotten",
+            ]));
             properties.extend([
-                Property::always(ATTEMPT_AFTER_FORGETTING, |_, s: &State| {
-                    !s.history.attempt_after_forgetting
-                }),
-                Property::always(
-                    "no reply is accepted after the task is forgotten",
-                    |_, s: &State| !s.history.reply_after_forgetting,
-                ),
-                Property::always(
-                    "no renewal, release or failure is written after the task is forgotten",
-                    |_, s: &State| !s.history.write_after_forgetting,
-                ),
                 Property::always(
                     "I8: no reservation is left open once its task is forgotten",
                     |_, s: &State| {
@@ -234,19 +258,12 @@ impl LeaseProtocol {
             ]);
         }
         if self.cancel_with_budget.is_some() {
+            properties.extend(nothing_after::<CANCEL>([
+                "no attempt starts after the task is cancelled",
+                "no reply is accepted after the task is cancelled",
+                "no renewal, release or failure is written after the task is cancelled",
+            ]));
             properties.extend([
-                Property::always(
-                    "no attempt starts after the task is cancelled",
-                    |_, s: &State| !s.history.attempt_after_cancel,
-                ),
-                Property::always(
-                    "no reply is accepted after the task is cancelled",
-                    |_, s: &State| !s.history.reply_after_cancel,
-                ),
-                Property::always(
-                    "no renewal, release or failure is written after the task is cancelled",
-                    |_, s: &State| !s.history.write_after_cancel,
-                ),
                 Property::always("a cancelled task stays cancelled", |_, s: &State| {
                     !s.history.cancelled || s.row.status == TaskStatus::Cancelled
                 }),
