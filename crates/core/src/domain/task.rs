@@ -9,62 +9,21 @@ use serde::Serialize;
 
 use super::record::TaskSpec;
 
-/// Lifecycle of a task row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TaskStatus {
-    Pending,
-    Running,
-    Completed,
-    Failed,
-    /// The user stopped it (`POST /v1/replies/{id}/cancel`, migration V23): no call starts
-    /// after it, a running call's write is fenced, its reservation is released.
-    Cancelled,
+closed_set! {
+    /// Lifecycle of a task row (`reply_tasks.status`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum TaskStatus {
+        Pending => "pending",
+        Running => "running",
+        Completed => "completed",
+        Failed => "failed",
+        /// The user stopped it (`POST /v1/replies/{id}/cancel`, migration V23): no call starts
+        /// after it, a running call's write is fenced, its reservation is released.
+        Cancelled => "cancelled",
+    }
 }
 
 impl TaskStatus {
-    /// Every status, as `reply_tasks.status`'s `CHECK` list holds them (a test holds the two
-    /// together); the match below fails to compile until a new variant is listed here too.
-    pub const ALL: [TaskStatus; 5] = {
-        const fn listed(s: TaskStatus) {
-            match s {
-                TaskStatus::Pending
-                | TaskStatus::Running
-                | TaskStatus::Completed
-                | TaskStatus::Failed
-                | TaskStatus::Cancelled => {}
-            }
-        }
-        listed(TaskStatus::Pending);
-        [
-            TaskStatus::Pending,
-            TaskStatus::Running,
-            TaskStatus::Completed,
-            TaskStatus::Failed,
-            TaskStatus::Cancelled,
-        ]
-    };
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Pending => "pending",
-            TaskStatus::Running => "running",
-            TaskStatus::Completed => "completed",
-            TaskStatus::Failed => "failed",
-            TaskStatus::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "pending" => TaskStatus::Pending,
-            "running" => TaskStatus::Running,
-            "completed" => TaskStatus::Completed,
-            "failed" => TaskStatus::Failed,
-            "cancelled" => TaskStatus::Cancelled,
-            _ => return None,
-        })
-    }
-
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
@@ -92,87 +51,32 @@ impl ProviderRan {
     }
 }
 
-/// The outcome written on an attempt row (`reply_attempts.outcome`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AttemptOutcome {
-    /// This attempt's reply was saved (I1).
-    Accepted,
-    /// This attempt's write was refused: it was no longer the current assignment with a live
-    /// lease (I2).
-    Fenced,
-    /// The provider call failed and may not have run (or was refused).
-    ProviderError,
-    /// The provider call ended without a complete answer: it may have run.
-    Ambiguous,
-    /// The provider's operation had not ended within the longest wait replyd allows: it may
-    /// still finish.
-    Timeout,
-    /// The provider refused the call without doing it (a 429, a 503 that says so, a refused
-    /// connection): the attempt was given back, since it cost nothing (I7).
-    Refused,
-    /// The attempt ended without an outcome of its own: cancelled (revoked, stopping), or its
-    /// lease ran out and the task was taken over. Its worker may still report later.
-    Abandoned,
-    /// The user stopped the task while this attempt held it: the call was cut short and any
-    /// answer is refused.
-    Cancelled,
-}
-
-impl AttemptOutcome {
-    /// Every outcome, as `reply_attempts.outcome`'s `CHECK` list holds them (a test holds the
-    /// two together); the match below fails to compile until a new variant is listed here too.
-    pub const ALL: [AttemptOutcome; 8] = {
-        const fn listed(o: AttemptOutcome) {
-            match o {
-                AttemptOutcome::Accepted
-                | AttemptOutcome::Fenced
-                | AttemptOutcome::ProviderError
-                | AttemptOutcome::Ambiguous
-                | AttemptOutcome::Timeout
-                | AttemptOutcome::Refused
-                | AttemptOutcome::Abandoned
-                | AttemptOutcome::Cancelled => {}
-            }
-        }
-        listed(AttemptOutcome::Accepted);
-        [
-            AttemptOutcome::Accepted,
-            AttemptOutcome::Fenced,
-            AttemptOutcome::ProviderError,
-            AttemptOutcome::Ambiguous,
-            AttemptOutcome::Timeout,
-            AttemptOutcome::Refused,
-            AttemptOutcome::Abandoned,
-            AttemptOutcome::Cancelled,
-        ]
-    };
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttemptOutcome::Accepted => "accepted",
-            AttemptOutcome::Fenced => "fenced",
-            AttemptOutcome::ProviderError => "provider_error",
-            AttemptOutcome::Ambiguous => "ambiguous",
-            AttemptOutcome::Timeout => "timeout",
-            AttemptOutcome::Refused => "refused",
-            AttemptOutcome::Abandoned => "abandoned",
-            AttemptOutcome::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "accepted" => AttemptOutcome::Accepted,
-            "fenced" => AttemptOutcome::Fenced,
-            "provider_error" => AttemptOutcome::ProviderError,
-            "ambiguous" => AttemptOutcome::Ambiguous,
-            "timeout" => AttemptOutcome::Timeout,
-            "refused" => AttemptOutcome::Refused,
-            "abandoned" => AttemptOutcome::Abandoned,
-            "cancelled" => AttemptOutcome::Cancelled,
-            _ => return None,
-        })
+closed_set! {
+    /// The outcome written on an attempt row (`reply_attempts.outcome`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum AttemptOutcome {
+        /// This attempt's reply was saved (I1).
+        Accepted => "accepted",
+        /// This attempt's write was refused: it was no longer the current assignment with a live
+        /// lease (I2).
+        Fenced => "fenced",
+        /// The provider call failed and may not have run (or was refused).
+        ProviderError => "provider_error",
+        /// The provider call ended without a complete answer: it may have run.
+        Ambiguous => "ambiguous",
+        /// The provider's operation had not ended within the longest wait replyd allows: it may
+        /// still finish.
+        Timeout => "timeout",
+        /// The provider refused the call without doing it (a 429, a 503 that says so, a refused
+        /// connection): the attempt was given back, since it cost nothing (I7).
+        Refused => "refused",
+        /// The attempt ended without an outcome of its own: cancelled (revoked, stopping), or its
+        /// lease ran out and the task was taken over. Its worker may still report later.
+        Abandoned => "abandoned",
+        /// The user stopped the task while this attempt held it: the call was cut short and any
+        /// answer is refused.
+        Cancelled => "cancelled",
     }
 }
 

@@ -6,57 +6,19 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// Where a reservation is. `Reserved` is the only state that changes, and only once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReservationState {
-    Reserved,
-    /// The task completed: one generation charged.
-    Charged,
-    /// The task ended without a charge (failed, when failures are not charged).
-    Released,
-    /// The TTL passed and the reconciler found no work that will ever complete.
-    Expired,
-}
-
-impl ReservationState {
-    /// Every state, as `quota_reservations.state`'s `CHECK` list holds them (a test holds the
-    /// two together); the match below fails to compile until a new variant is listed here too.
-    pub const ALL: [ReservationState; 4] = {
-        const fn listed(s: ReservationState) {
-            match s {
-                ReservationState::Reserved
-                | ReservationState::Charged
-                | ReservationState::Released
-                | ReservationState::Expired => {}
-            }
-        }
-        listed(ReservationState::Reserved);
-        [
-            ReservationState::Reserved,
-            ReservationState::Charged,
-            ReservationState::Released,
-            ReservationState::Expired,
-        ]
-    };
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReservationState::Reserved => "reserved",
-            ReservationState::Charged => "charged",
-            ReservationState::Released => "released",
-            ReservationState::Expired => "expired",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "reserved" => ReservationState::Reserved,
-            "charged" => ReservationState::Charged,
-            "released" => ReservationState::Released,
-            "expired" => ReservationState::Expired,
-            _ => return None,
-        })
+closed_set! {
+    /// Where a reservation is (`quota_reservations.state`). `Reserved` is the only state that
+    /// changes, and only once.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum ReservationState {
+        Reserved => "reserved",
+        /// The task completed: one generation charged.
+        Charged => "charged",
+        /// The task ended without a charge (failed, when failures are not charged).
+        Released => "released",
+        /// The TTL passed and the reconciler found no work that will ever complete.
+        Expired => "expired",
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use super::protocol::{CancelCheck, LeaseCheck, LeaseProtocol, PartitionTakeover, TaskInsert};
-use super::state::{Presence, Reservation, Settler, StopFound};
+use super::state::{Presence, Reservation, Settler, State, StopFound};
 use super::{
     ATTEMPT_AFTER_FORGETTING, RELEASED_AFTER_WORK, SAVED_REPLY_CANCELLED, SETTLED_TWICE,
     ZOMBIE_ACCEPTED,
@@ -37,6 +37,30 @@ fn check(model: LeaseProtocol, finish_when: HasDiscoveries) -> impl Checker<Leas
     checker
 }
 
+/// Checks `model` over every reachable state and holds it to every property.
+fn assert_holds(model: LeaseProtocol) -> impl Checker<LeaseProtocol> {
+    // `All` never holds while the `always` properties hold, so this visits every state.
+    let checker = check(model, HasDiscoveries::All);
+    assert!(checker.is_done());
+    checker.assert_properties();
+    checker
+}
+
+/// Checks the broken `model` until `finish_when` holds, and shows and returns the path to the
+/// first state found that breaks `property` (a breadth-first search's shortest), with the
+/// checker for its other discoveries; `found` says what the checker must find.
+fn counterexample(
+    model: LeaseProtocol,
+    finish_when: HasDiscoveries,
+    property: &'static str,
+    found: &str,
+) -> (impl Checker<LeaseProtocol>, Vec<State>) {
+    let checker = check(model, finish_when);
+    let path = checker.discovery(property).expect(found);
+    println!("counterexample:\n{path}");
+    (checker, path.into_states())
+}
+
 fn replyd_protocol() -> LeaseProtocol {
     LeaseProtocol {
         workers: 3,
@@ -64,10 +88,7 @@ const UNIQUE_STATES_FLOOR: usize = 1_100_000;
 
 #[test]
 fn the_lease_protocol_accepts_one_reply_only_from_a_live_current_assignment() {
-    // `All` never holds while the `always` properties hold, so this visits every state.
-    let checker = check(replyd_protocol(), HasDiscoveries::All);
-    assert!(checker.is_done());
-    checker.assert_properties();
+    let checker = assert_holds(replyd_protocol());
     assert!(
         checker.unique_state_count() >= UNIQUE_STATES_FLOOR,
         "only {} unique states were explored",
@@ -90,9 +111,7 @@ fn replyd_protocol_with_failures() -> LeaseProtocol {
 
 #[test]
 fn failed_calls_give_the_lease_back_or_fail_the_task_only_from_a_live_assignment() {
-    let checker = check(replyd_protocol_with_failures(), HasDiscoveries::All);
-    assert!(checker.is_done());
-    checker.assert_properties();
+    assert_holds(replyd_protocol_with_failures());
 }
 
 #[test]
@@ -102,12 +121,13 @@ fn checking_the_lease_with_the_clock_read_before_the_lock_wait_accepts_a_zombie_
         ..replyd_protocol()
     };
     // Stops at the first broken invariant: breadth first, that is a shortest counterexample.
-    let checker = check(broken, HasDiscoveries::AnyFailures);
-    let zombie = checker
-        .discovery(ZOMBIE_ACCEPTED)
-        .expect("the checker finds a zombie reply accepted on a stale clock reading");
-    println!("counterexample:\n{zombie}");
-    let accepted = zombie.last_state().history.accepted[0];
+    let (_, states) = counterexample(
+        broken,
+        HasDiscoveries::AnyFailures,
+        ZOMBIE_ACCEPTED,
+        "the checker finds a zombie reply accepted on a stale clock reading",
+    );
+    let accepted = states.last().expect("a path has states").history.accepted[0];
     assert!(
         accepted
             .lease_until
@@ -123,22 +143,19 @@ fn an_insert_that_does_not_consult_the_forgotten_tasks_starts_an_attempt_on_a_fo
         ..replyd_protocol()
     };
     // Stops soon after the attempt is found: the path leads to it and may go a few steps on.
-    let checker = check(
+    let (_, states) = counterexample(
         broken,
         HasDiscoveries::AnyOf([ATTEMPT_AFTER_FORGETTING].into()),
+        ATTEMPT_AFTER_FORGETTING,
+        "the checker finds an attempt on a task the insert brought back",
     );
-    let attempt = checker
-        .discovery(ATTEMPT_AFTER_FORGETTING)
-        .expect("the checker finds an attempt on a task the insert brought back");
-    println!("counterexample:\n{attempt}");
-    let states = attempt.into_states();
     let (Some(forgotten), Some(claimed)) = (
         states
             .iter()
             .position(|s| s.presence == Presence::Forgotten),
         states
             .iter()
-            .position(|s| s.history.attempt_after_forgetting),
+            .position(|s| s.history.after_forgetting.attempt),
     ) else {
         panic!("the counterexample forgets the task and claims it: {states:?}");
     };
@@ -158,15 +175,12 @@ fn a_stop_that_does_not_check_the_status_cancels_a_saved_reply() {
         cancel: CancelCheck::OverwritesAnyStatus,
         ..replyd_protocol()
     };
-    let checker = check(
+    let (checker, states) = counterexample(
         broken,
         HasDiscoveries::AllOf([SAVED_REPLY_CANCELLED, SETTLED_TWICE].into()),
+        SAVED_REPLY_CANCELLED,
+        "the checker finds a saved reply whose task the Stop cancelled",
     );
-    let cancelled = checker
-        .discovery(SAVED_REPLY_CANCELLED)
-        .expect("the checker finds a saved reply whose task the Stop cancelled");
-    println!("counterexample:\n{cancelled}");
-    let states = cancelled.into_states();
     let [.., before, after] = states.as_slice() else {
         panic!("the counterexample saves a reply, then presses Stop: {states:?}");
     };
@@ -192,12 +206,12 @@ fn a_stop_that_releases_whatever_ran_gives_back_work_the_provider_did() {
         cancel: CancelCheck::ReleasesWhateverRan,
         ..replyd_protocol()
     };
-    let checker = check(broken, HasDiscoveries::AnyOf([RELEASED_AFTER_WORK].into()));
-    let released = checker
-        .discovery(RELEASED_AFTER_WORK)
-        .expect("the checker finds a Stop that releases work the provider did");
-    println!("counterexample:\n{released}");
-    let states = released.into_states();
+    let (_, states) = counterexample(
+        broken,
+        HasDiscoveries::AnyOf([RELEASED_AFTER_WORK].into()),
+        RELEASED_AFTER_WORK,
+        "the checker finds a Stop that releases work the provider did",
+    );
     let last = states.last().expect("a path has states");
     assert!(
         last.row.status == TaskStatus::Cancelled
@@ -222,12 +236,7 @@ fn replyd_protocol_with_partition_takeover() -> LeaseProtocol {
 
 #[test]
 fn taking_over_a_lost_holder_s_live_lease_keeps_one_reply_fenced_and_within_budget() {
-    let checker = check(
-        replyd_protocol_with_partition_takeover(),
-        HasDiscoveries::All,
-    );
-    assert!(checker.is_done());
-    checker.assert_properties();
+    assert_holds(replyd_protocol_with_partition_takeover());
 }
 
 #[test]
@@ -235,18 +244,13 @@ fn taking_over_a_lost_holder_s_live_lease_with_failed_calls_and_deadlines() {
     // One attempt budget, and no forgetting or Stop (both checked with takeovers above): the
     // failures and deadlines multiply the states, and this check is about their meeting with
     // a takeover.
-    let checker = check(
-        LeaseProtocol {
-            takeover: PartitionTakeover::ByPartition,
-            max_attempts: &[2],
-            forget_with_budget: None,
-            cancel_with_budget: None,
-            ..replyd_protocol_with_failures()
-        },
-        HasDiscoveries::All,
-    );
-    assert!(checker.is_done());
-    checker.assert_properties();
+    assert_holds(LeaseProtocol {
+        takeover: PartitionTakeover::ByPartition,
+        max_attempts: &[2],
+        forget_with_budget: None,
+        cancel_with_budget: None,
+        ..replyd_protocol_with_failures()
+    });
 }
 
 #[test]
@@ -256,12 +260,12 @@ fn a_takeover_that_does_not_note_the_holder_s_call_releases_work_the_provider_di
         call_failures: true,
         ..replyd_protocol_with_partition_takeover()
     };
-    let checker = check(broken, HasDiscoveries::AnyOf([RELEASED_AFTER_WORK].into()));
-    let released = checker
-        .discovery(RELEASED_AFTER_WORK)
-        .expect("the checker finds a takeover that lets the work of the old holder be released");
-    println!("counterexample:\n{released}");
-    let states = released.into_states();
+    let (_, states) = counterexample(
+        broken,
+        HasDiscoveries::AnyOf([RELEASED_AFTER_WORK].into()),
+        RELEASED_AFTER_WORK,
+        "the checker finds a takeover that lets the work of the old holder be released",
+    );
     assert!(
         states.iter().any(|s| s.history.took_over_live),
         "the counterexample takes over a live lease: {states:?}"

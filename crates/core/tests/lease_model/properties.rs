@@ -8,13 +8,52 @@ use stateright::Property;
 
 use super::protocol::{LeaseProtocol, PartitionTakeover};
 use super::state::{
-    Phase, Presence, Reservation, SavedReply, Settler, State, StopFound, Tokens, reports_usage,
+    AfterEnd, Phase, Presence, Reservation, SavedReply, Settler, State, StopFound, Tokens,
+    reports_usage,
 };
 use super::statements::guarded_update_matches;
 use super::{
     ATTEMPT_AFTER_FORGETTING, RELEASED_AFTER_WORK, SAVED_REPLY_CANCELLED, SETTLED_TWICE,
     ZOMBIE_ACCEPTED,
 };
+
+/// `sometimes` properties from a table of names, each with the history's flag that the
+/// behaviour it names sets: a property's condition is a plain `fn`, which cannot be made from a
+/// flag chosen at run time.
+macro_rules! reached {
+    ($($name:literal => $flag:ident),+ $(,)?) => {
+        [$(Property::sometimes($name, |_, s: &State| s.history.$flag)),+]
+    };
+}
+
+/// Which of the task's ends the properties of [`nothing_after`] speak of.
+const FORGETTING: bool = false;
+const CANCEL: bool = true;
+
+/// What the workers did after the task was forgotten or, with `AFTER_CANCEL`, cancelled.
+fn after_end<const AFTER_CANCEL: bool>(s: &State) -> AfterEnd {
+    if AFTER_CANCEL {
+        s.history.after_cancel
+    } else {
+        s.history.after_forgetting
+    }
+}
+
+/// That no worker starts an attempt, has a reply accepted, or writes a renewal, release or
+/// failure after the task was forgotten (or, with `AFTER_CANCEL`, cancelled): three properties,
+/// named `names` in that order.
+fn nothing_after<const AFTER_CANCEL: bool>(
+    names: [&'static str; 3],
+) -> [Property<LeaseProtocol>; 3] {
+    let [attempt, reply, write] = names;
+    [
+        Property::always(attempt, |_, s: &State| {
+            !after_end::<AFTER_CANCEL>(s).attempt
+        }),
+        Property::always(reply, |_, s: &State| !after_end::<AFTER_CANCEL>(s).reply),
+        Property::always(write, |_, s: &State| !after_end::<AFTER_CANCEL>(s).write),
+    ]
+}
 
 impl LeaseProtocol {
     // No "eventually the task completes": it is not true of this protocol without fairness
@@ -146,12 +185,6 @@ impl LeaseProtocol {
             Property::sometimes("the task completes", |_, s: &State| {
                 s.row.status == TaskStatus::Completed
             }),
-            Property::sometimes("the task fails on its attempt budget", |_, s: &State| {
-                s.history.failed_on_budget
-            }),
-            Property::sometimes("a lapsed lease is taken over", |_, s: &State| {
-                s.history.taken_over
-            }),
             Property::sometimes(
                 "a stalled worker's lease is lost while it sleeps",
                 |_, s: &State| {
@@ -162,13 +195,6 @@ impl LeaseProtocol {
                         _ => false,
                     })
                 },
-            ),
-            Property::sometimes("a zombie's completion is refused", |_, s: &State| {
-                s.history.zombie_refused
-            }),
-            Property::sometimes(
-                "a retried completion finds its own saved reply",
-                |_, s: &State| s.history.own_write_recognised,
             ),
             Property::sometimes(
                 "a charge counts a reply's reported usage",
@@ -182,27 +208,24 @@ impl LeaseProtocol {
                 },
             ),
         ];
+        properties.extend(reached![
+            "the task fails on its attempt budget" => failed_on_budget,
+            "a lapsed lease is taken over" => taken_over,
+            "a zombie's completion is refused" => zombie_refused,
+            "a retried completion finds its own saved reply" => own_write_recognised,
+        ]);
         // What only some configurations can reach: a `sometimes` that cannot be reached fails
         // the check, which is the point (the behaviour must be explored, not assumed).
         if self.deadlines.iter().any(Option::is_some) {
-            properties.push(Property::sometimes(
-                "the task fails on its deadline",
-                |_, s: &State| s.history.failed_on_deadline,
-            ));
+            properties.extend(reached!["the task fails on its deadline" => failed_on_deadline]);
         }
         if self.forget_with_budget.is_some() {
+            properties.extend(nothing_after::<FORGETTING>([
+                ATTEMPT_AFTER_FORGETTING,
+                "no reply is accepted after the task is forgotten",
+                "no renewal, release or failure is written after the task is forgotten",
+            ]));
             properties.extend([
-                Property::always(ATTEMPT_AFTER_FORGETTING, |_, s: &State| {
-                    !s.history.attempt_after_forgetting
-                }),
-                Property::always(
-                    "no reply is accepted after the task is forgotten",
-                    |_, s: &State| !s.history.reply_after_forgetting,
-                ),
-                Property::always(
-                    "no renewal, release or failure is written after the task is forgotten",
-                    |_, s: &State| !s.history.write_after_forgetting,
-                ),
                 Property::always(
                     "I8: no reservation is left open once its task is forgotten",
                     |_, s: &State| {
@@ -212,41 +235,24 @@ impl LeaseProtocol {
                 Property::always("once forgotten, always forgotten", |_, s: &State| {
                     !s.history.came_back
                 }),
-                Property::sometimes(
-                    "a task is forgotten while a worker holds its lease, and that worker's completion is refused",
-                    |_, s: &State| s.history.leaseholder_found_no_row,
-                ),
-                Property::sometimes(
-                    "a redelivered record finds its task forgotten",
-                    |_, s: &State| s.history.redelivered_found_forgotten,
-                ),
-                Property::sometimes("retention forgets a finished task", |_, s: &State| {
-                    s.history.forgotten_by_retention
-                }),
-                Property::sometimes(
-                    "an erasure charges an open task's reservation",
-                    |_, s: &State| s.history.erasure_charged,
-                ),
-                Property::sometimes(
-                    "an erasure releases the reservation of a task whose provider did nothing",
-                    |_, s: &State| s.history.erasure_released,
-                ),
+            ]);
+            properties.extend(reached![
+                "a task is forgotten while a worker holds its lease, and that worker's completion is refused"
+                    => leaseholder_found_no_row,
+                "a redelivered record finds its task forgotten" => redelivered_found_forgotten,
+                "retention forgets a finished task" => forgotten_by_retention,
+                "an erasure charges an open task's reservation" => erasure_charged,
+                "an erasure releases the reservation of a task whose provider did nothing"
+                    => erasure_released,
             ]);
         }
         if self.cancel_with_budget.is_some() {
+            properties.extend(nothing_after::<CANCEL>([
+                "no attempt starts after the task is cancelled",
+                "no reply is accepted after the task is cancelled",
+                "no renewal, release or failure is written after the task is cancelled",
+            ]));
             properties.extend([
-                Property::always(
-                    "no attempt starts after the task is cancelled",
-                    |_, s: &State| !s.history.attempt_after_cancel,
-                ),
-                Property::always(
-                    "no reply is accepted after the task is cancelled",
-                    |_, s: &State| !s.history.reply_after_cancel,
-                ),
-                Property::always(
-                    "no renewal, release or failure is written after the task is cancelled",
-                    |_, s: &State| !s.history.write_after_cancel,
-                ),
                 Property::always("a cancelled task stays cancelled", |_, s: &State| {
                     !s.history.cancelled || s.row.status == TaskStatus::Cancelled
                 }),
@@ -328,26 +334,18 @@ impl LeaseProtocol {
             ));
         }
         if self.takeover != PartitionTakeover::Off {
-            properties.extend([
-                Property::sometimes(
-                    "a live lease of another holder of the partition is taken over",
-                    |_, s: &State| s.history.took_over_live,
-                ),
-                Property::sometimes(
-                    "a restarted worker takes over its previous incarnation's live lease",
-                    |_, s: &State| s.history.took_over_own_id,
-                ),
+            properties.extend(reached![
+                "a live lease of another holder of the partition is taken over" => took_over_live,
+                "a restarted worker takes over its previous incarnation's live lease"
+                    => took_over_own_id,
             ]);
         }
         if self.call_failures {
-            properties.push(Property::sometimes(
-                "a released task is claimed again after its backoff",
-                |_, s: &State| s.history.claimed_after_release,
-            ));
-            properties.push(Property::sometimes(
-                "a failed task whose work may exist keeps its reservation open",
-                |_, s: &State| s.history.held_unresolved,
-            ));
+            properties.extend(reached![
+                "a released task is claimed again after its backoff" => claimed_after_release,
+                "a failed task whose work may exist keeps its reservation open" => held_unresolved,
+                "the task fails on its refusal budget" => failed_on_refusals,
+            ]);
             properties.push(Property::sometimes(
                 "a failed task whose call surely did nothing is released",
                 |_, s: &State| s.reservation == Reservation::Released,
@@ -359,10 +357,6 @@ impl LeaseProtocol {
                         && s.row.status == TaskStatus::Completed
                         && s.history.paid_calls == s.row.max_attempts
                 },
-            ));
-            properties.push(Property::sometimes(
-                "the task fails on its refusal budget",
-                |_, s: &State| s.history.failed_on_refusals,
             ));
         }
         properties

@@ -203,6 +203,36 @@ impl Acceptance {
     }
 }
 
+/// What a worker does to the task that no worker may do once the task is forgotten or
+/// cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Deed {
+    /// A claim took a lease, and so started an attempt and its call.
+    Attempt,
+    /// A reply was accepted.
+    Reply,
+    /// A renewal, release or failure was accepted.
+    Write,
+}
+
+/// The deeds done after the task reached one of its ends (it was forgotten, or cancelled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub(super) struct AfterEnd {
+    pub(super) attempt: bool,
+    pub(super) reply: bool,
+    pub(super) write: bool,
+}
+
+impl AfterEnd {
+    fn deed(&mut self, deed: Deed) -> &mut bool {
+        match deed {
+            Deed::Attempt => &mut self.attempt,
+            Deed::Reply => &mut self.reply,
+            Deed::Write => &mut self.write,
+        }
+    }
+}
+
 /// What happened so far, for the properties. Kept in the state so that a property can speak
 /// about the past (every acceptance ever, not just the row's one slot).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -247,12 +277,8 @@ pub(super) struct History {
     pub(super) erasure_released: bool,
     /// A forgotten task's row came back.
     pub(super) came_back: bool,
-    /// A claim took a lease (and so started an attempt and its call) after the task was
-    /// forgotten.
-    pub(super) attempt_after_forgetting: bool,
-    /// A reply, or a renewal, release or failure, was accepted after the task was forgotten.
-    pub(super) reply_after_forgetting: bool,
-    pub(super) write_after_forgetting: bool,
+    /// What workers did after the task was forgotten.
+    pub(super) after_forgetting: AfterEnd,
     /// A worker that held the live lease when the task was forgotten had its completion
     /// refused for want of a row.
     pub(super) leaseholder_found_no_row: bool,
@@ -262,11 +288,8 @@ pub(super) struct History {
     pub(super) settled_again: bool,
     /// A Stop wrote `status = 'cancelled'`.
     pub(super) cancelled: bool,
-    /// A claim took a lease, a reply was accepted, or a renewal, release or failure was
-    /// written, after the task was cancelled.
-    pub(super) attempt_after_cancel: bool,
-    pub(super) reply_after_cancel: bool,
-    pub(super) write_after_cancel: bool,
+    /// What workers did after the task was cancelled.
+    pub(super) after_cancel: AfterEnd,
     /// The workers, one bit each, whose completion was refused as cancelled while they held
     /// the assignment the Stop superseded: their call was in flight when the Stop came.
     pub(super) completion_refused_by_cancel: u8,
@@ -291,6 +314,23 @@ pub(super) struct State {
     /// only copy the rest of the run, and remembered for one step it shows the press happened.
     pub(super) stop_answer: Option<StopFound>,
     pub(super) history: History,
+}
+
+impl State {
+    /// Notes that a worker did `deed`, against each end the task has reached by now.
+    pub(super) fn note_deed(&mut self, deed: Deed) {
+        let forgotten = self.presence.ever_forgotten();
+        let history = &mut self.history;
+        *history.after_forgetting.deed(deed) |= forgotten;
+        *history.after_cancel.deed(deed) |= history.cancelled;
+    }
+
+    /// A fenced write by `worker` holding `version`, accepted now as `deed` (on the row as it
+    /// is before the write).
+    pub(super) fn accept(&mut self, deed: Deed, worker: WorkerId, version: u8) -> Acceptance {
+        self.note_deed(deed);
+        Acceptance::of(worker, version, &self.row, self.now)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,8 +8,8 @@ use super::protocol::{
     CancelCheck, LeaseCheck, LeaseProtocol, PARTITION, PartitionTakeover, TaskInsert,
 };
 use super::state::{
-    Acceptance, Phase, Presence, Reservation, SavedReply, Settler, State, StopFound, TaskRow,
-    Tokens, tokens_of,
+    Deed, Phase, Presence, Reservation, SavedReply, Settler, State, StopFound, TaskRow, Tokens,
+    tokens_of,
 };
 use super::{Tick, WorkerId};
 use chrono::{DateTime, Utc};
@@ -180,11 +180,9 @@ impl LeaseProtocol {
                 row.may_have_run |= lapsed_running;
                 state.history.taken_over |= takes_over.is_some();
                 state.history.claimed_after_release |= state.history.released;
-                state.history.attempt_after_forgetting |= state.presence.ever_forgotten();
-                state.history.attempt_after_cancel |= state.history.cancelled;
-                Phase::Calling {
-                    version: row.assignment_version,
-                }
+                let version = row.assignment_version;
+                state.note_deed(Deed::Attempt);
+                Phase::Calling { version }
             }
             ClaimDecision::Fail { outcome, .. } => {
                 match outcome {
@@ -227,8 +225,7 @@ impl LeaseProtocol {
     pub(super) fn renew(&self, state: &mut State, worker: WorkerId, version: u8) {
         let now = state.now;
         if guarded_update_matches(state, version, now) {
-            state.history.write_after_forgetting |= state.presence.ever_forgotten();
-            state.history.write_after_cancel |= state.history.cancelled;
+            state.note_deed(Deed::Write);
             state.row.lease_until = Some(now + self.lease_ticks);
         } else {
             // A refused renewal stops the call; the pipeline loops back to read and claim (and a
@@ -250,12 +247,8 @@ impl LeaseProtocol {
     ) {
         let now = state.now;
         let phase = if guarded_update_matches(state, version, now) {
-            state.history.write_after_forgetting |= state.presence.ever_forgotten();
-            state.history.write_after_cancel |= state.history.cancelled;
-            state
-                .history
-                .gave_up
-                .push(Acceptance::of(worker, version, &state.row, now));
+            let gave_up = state.accept(Deed::Write, worker, version);
+            state.history.gave_up.push(gave_up);
             let refusal_budget = self.refusal_budget;
             let row = &mut state.row;
             // SET provider_may_have_run = provider_may_have_run OR $ran
@@ -313,12 +306,8 @@ impl LeaseProtocol {
             LeaseCheck::WhenStatementStarted => started_at,
         };
         let phase = if guarded_update_matches(state, version, lease_clock) {
-            state.history.reply_after_forgetting |= state.presence.ever_forgotten();
-            state.history.reply_after_cancel |= state.history.cancelled;
-            state
-                .history
-                .accepted
-                .push(Acceptance::of(worker, version, &state.row, now));
+            let accepted = state.accept(Deed::Reply, worker, version);
+            state.history.accepted.push(accepted);
             // UPDATE ... SET saved_response = $3, status = 'completed' (one statement, I4).
             state.row.saved = Some(SavedReply { worker, version });
             state.row.status = TaskStatus::Completed;
