@@ -9,6 +9,7 @@ use anyhow::Context;
 
 use crate::config::Settings;
 use crate::store::Store;
+use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::{AttemptRecord, CapacityWait, StoredTask, TaskId, TokenUsage};
 
 /// Exit code when the task does not exist.

@@ -44,6 +44,7 @@ use super::state::ApiState;
 use crate::store::Store;
 use crate::store::live::LivePiece;
 use crate::telemetry;
+use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::{StoredTask, TaskId, TaskStatus};
 
 /// How often an open stream reads its task (and checks its API key) even without a

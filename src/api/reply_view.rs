@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::{AttemptRecord, StoredTask, TaskId, TaskStatus, TokenUsage};
 
 /// Where a task is in its life.

@@ -16,6 +16,7 @@ use crate::store::{connect_error, session_config, tls_connector};
 use crate::transport::Transport;
 use crate::transport::kafka::dead_letter::headers;
 use crate::transport::sqs::{QueueDepth, Sqs};
+use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::{AttemptOutcome, TaskSpec, TaskStatus};
 
 #[derive(Debug, thiserror::Error)]

@@ -14,6 +14,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
+use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::AttemptOutcome;
 use replyd_core::lease::{Lease, Refusal, classify_refusal};
 

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::store::DatabaseSettings;
 use crate::store::{StoreError, session_config, target_of, tls_connector};
 use crate::telemetry::{self, RepeatedFailure};
+use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::{TaskId, TaskStatus};
 
 /// The channel the trigger notifies.

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::IsolationLevel;
 
 use super::{Store, StoreError};
+use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::{TaskId, TaskStatus};
 use replyd_core::lease::lease_live;
 use replyd_core::quota::{

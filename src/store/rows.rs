@@ -11,6 +11,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{FromSql, Json as PgJson};
 use uuid::Uuid;
 
+use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::{
     AttemptOutcome, ProviderRan, ProviderRequest, StoredTask, TaskId, TaskSpec, TaskStatus,
 };

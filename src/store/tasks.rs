@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio_postgres::types::Json as PgJson;
 use uuid::Uuid;
 
+use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::{
     AttemptOutcome, AttemptRecord, CapacityWait, ProviderRan, RecordSource, StoredTask, StreamEnd,
     TaskId, TaskSpec, TokenUsage,

@@ -1,46 +1,29 @@
-//! Closed sets: enums whose values are kept as text in a column with a `CHECK` list, each value
-//! declared with its text.
+//! Closed sets: enums whose values are kept as text in a column with a `CHECK` list. Each
+//! derives its texts, its list of values and its reading from its variants (strum's
+//! `IntoStaticStr`, `VariantArray` and `EnumString`), so a new value cannot be left out of any
+//! of them; [`ClosedSet`] gives the three one name for every set.
 
-/// Declares an enum whose every value has a text, with `ALL` (every value, in the order
-/// declared), `as_str` and `parse`, all made from the one table of values and texts, so that a
-/// new value cannot be left out of any of them.
-macro_rules! closed_set {
-    (
-        $(#[$meta:meta])*
-        pub enum $name:ident {
-            $(
-                $(#[$variant_meta:meta])*
-                $variant:ident => $text:literal
-            ),+ $(,)?
-        }
-    ) => {
-        $(#[$meta])*
-        pub enum $name {
-            $(
-                $(#[$variant_meta])*
-                $variant,
-            )+
-        }
+use std::str::FromStr;
 
-        impl $name {
-            /// Every value, in the order declared, as its column's `CHECK` list holds them (a
-            /// test holds the two together).
-            pub const ALL: [$name; [$($text),+].len()] = [$($name::$variant),+];
+use strum::VariantArray;
 
-            /// The value's text, as stored.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $text,)+
-                }
-            }
+/// A closed set's values and their texts.
+pub trait ClosedSet: Copy + VariantArray + FromStr + Into<&'static str> {
+    /// Every value, in the order declared, as its column's `CHECK` list holds them (a test
+    /// holds the two together).
+    fn all() -> &'static [Self] {
+        Self::VARIANTS
+    }
 
-            /// The value a stored text names; None for any other text.
-            pub fn parse(text: &str) -> Option<Self> {
-                match text {
-                    $($text => Some($name::$variant),)+
-                    _ => None,
-                }
-            }
-        }
-    };
+    /// The value's text, as stored.
+    fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// The value a stored text names; None for any other text.
+    fn parse(text: &str) -> Option<Self> {
+        text.parse().ok()
+    }
 }
+
+impl<T: Copy + VariantArray + FromStr + Into<&'static str>> ClosedSet for T {}

@@ -5,10 +5,8 @@
 //! is tested here without either, and the ones with a SQL twin are held to it by the service's
 //! store tests.
 
-#[macro_use]
-mod closed_set;
-
 pub mod api_key;
+pub mod closed_set;
 pub mod domain;
 pub mod end_user;
 pub mod fair;

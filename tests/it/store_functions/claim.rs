@@ -10,6 +10,7 @@ use crate::helpers::{TestDb, task_spec};
 use chrono::Utc;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::{RecordSource, TaskStatus};
 use replyd_core::lease::{ClaimDecision, Claimer, LeaseSnapshot, Takeover, decide_claim};
 

@@ -2,6 +2,7 @@
 //! and the labels `replyd_claim` answers with are the claim kinds the store reads back.
 
 use crate::helpers::TestDb;
+use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::TaskStatus;
 
 /// The values a column's `CHECK (col in (...))` constraint allows, as the database holds it.
@@ -40,11 +41,11 @@ async fn each_closed_set_is_its_columns_check_list() {
     };
     assert_eq!(
         check_list(&client, "reply_tasks", "reply_tasks_status_check").await,
-        sorted(TaskStatus::ALL.iter().map(|s| s.as_str()).collect())
+        sorted(TaskStatus::all().iter().map(|s| s.as_str()).collect())
     );
     assert_eq!(
         check_list(&client, "reply_attempts", "reply_attempts_outcome_check").await,
-        sorted(AttemptOutcome::ALL.iter().map(|o| o.as_str()).collect())
+        sorted(AttemptOutcome::all().iter().map(|o| o.as_str()).collect())
     );
     assert_eq!(
         check_list(
@@ -53,16 +54,16 @@ async fn each_closed_set_is_its_columns_check_list() {
             "quota_reservations_state_check"
         )
         .await,
-        sorted(ReservationState::ALL.iter().map(|s| s.as_str()).collect())
+        sorted(ReservationState::all().iter().map(|s| s.as_str()).collect())
     );
     // And each spelling reads back as its value.
-    for status in TaskStatus::ALL {
+    for status in TaskStatus::all().iter().copied() {
         assert_eq!(TaskStatus::parse(status.as_str()), Some(status));
     }
-    for outcome in AttemptOutcome::ALL {
+    for outcome in AttemptOutcome::all().iter().copied() {
         assert_eq!(AttemptOutcome::parse(outcome.as_str()), Some(outcome));
     }
-    for state in ReservationState::ALL {
+    for state in ReservationState::all().iter().copied() {
         assert_eq!(ReservationState::parse(state.as_str()), Some(state));
     }
 }

@@ -1,26 +1,26 @@
 //! A task as it is stored and how its pieces end: the task's lifecycle ([`TaskStatus`]), the
 //! row as read ([`StoredTask`]), one attempt's history row and outcome ([`AttemptRecord`],
-//! [`AttemptOutcome`]), and how a record's processing ended ([`RecordEnd`]). Closed sets are
-//! enums with `as_str()` for SQL and metric labels, so every place that writes or reads them
-//! is kept in step by the compiler.
+//! [`AttemptOutcome`]), and how a record's processing ended ([`RecordEnd`]). Closed sets
+//! ([`ClosedSet`](crate::closed_set::ClosedSet)) are enums with `as_str()` for SQL and metric
+//! labels, so every place that writes or reads them is kept in step by the compiler.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use super::record::TaskSpec;
 
-closed_set! {
-    /// Lifecycle of a task row (`reply_tasks.status`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub enum TaskStatus {
-        Pending => "pending",
-        Running => "running",
-        Completed => "completed",
-        Failed => "failed",
-        /// The user stopped it (`POST /v1/replies/{id}/cancel`, migration V23): no call starts
-        /// after it, a running call's write is fenced, its reservation is released.
-        Cancelled => "cancelled",
-    }
+/// Lifecycle of a task row (`reply_tasks.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum TaskStatus {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+    /// The user stopped it (`POST /v1/replies/{id}/cancel`, migration V23): no call starts
+    /// after it, a running call's write is fenced, its reservation is released.
+    Cancelled,
 }
 
 impl TaskStatus {
@@ -51,33 +51,34 @@ impl ProviderRan {
     }
 }
 
-closed_set! {
-    /// The outcome written on an attempt row (`reply_attempts.outcome`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-    #[serde(rename_all = "snake_case")]
-    pub enum AttemptOutcome {
-        /// This attempt's reply was saved (I1).
-        Accepted => "accepted",
-        /// This attempt's write was refused: it was no longer the current assignment with a live
-        /// lease (I2).
-        Fenced => "fenced",
-        /// The provider call failed and may not have run (or was refused).
-        ProviderError => "provider_error",
-        /// The provider call ended without a complete answer: it may have run.
-        Ambiguous => "ambiguous",
-        /// The provider's operation had not ended within the longest wait replyd allows: it may
-        /// still finish.
-        Timeout => "timeout",
-        /// The provider refused the call without doing it (a 429, a 503 that says so, a refused
-        /// connection): the attempt was given back, since it cost nothing (I7).
-        Refused => "refused",
-        /// The attempt ended without an outcome of its own: cancelled (revoked, stopping), or its
-        /// lease ran out and the task was taken over. Its worker may still report later.
-        Abandoned => "abandoned",
-        /// The user stopped the task while this attempt held it: the call was cut short and any
-        /// answer is refused.
-        Cancelled => "cancelled",
-    }
+/// The outcome written on an attempt row (`reply_attempts.outcome`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, IntoStaticStr, EnumString, VariantArray,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// This attempt's reply was saved (I1).
+    Accepted,
+    /// This attempt's write was refused: it was no longer the current assignment with a live
+    /// lease (I2).
+    Fenced,
+    /// The provider call failed and may not have run (or was refused).
+    ProviderError,
+    /// The provider call ended without a complete answer: it may have run.
+    Ambiguous,
+    /// The provider's operation had not ended within the longest wait replyd allows: it may
+    /// still finish.
+    Timeout,
+    /// The provider refused the call without doing it (a 429, a 503 that says so, a refused
+    /// connection): the attempt was given back, since it cost nothing (I7).
+    Refused,
+    /// The attempt ended without an outcome of its own: cancelled (revoked, stopping), or its
+    /// lease ran out and the task was taken over. Its worker may still report later.
+    Abandoned,
+    /// The user stopped the task while this attempt held it: the call was cut short and any
+    /// answer is refused.
+    Cancelled,
 }
 
 /// How the processing of one record ended with a durable outcome (its offset may then be

@@ -5,21 +5,35 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use strum::{EnumString, IntoStaticStr, VariantArray};
 
-closed_set! {
-    /// Where a reservation is (`quota_reservations.state`). `Reserved` is the only state that
-    /// changes, and only once.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-    #[serde(rename_all = "lowercase")]
-    pub enum ReservationState {
-        Reserved => "reserved",
-        /// The task completed: one generation charged.
-        Charged => "charged",
-        /// The task ended without a charge (failed, when failures are not charged).
-        Released => "released",
-        /// The TTL passed and the reconciler found no work that will ever complete.
-        Expired => "expired",
-    }
+use crate::closed_set::ClosedSet;
+
+/// Where a reservation is (`quota_reservations.state`). `Reserved` is the only state that
+/// changes, and only once.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    IntoStaticStr,
+    EnumString,
+    VariantArray,
+)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum ReservationState {
+    Reserved,
+    /// The task completed: one generation charged.
+    Charged,
+    /// The task ended without a charge (failed, when failures are not charged).
+    Released,
+    /// The TTL passed and the reconciler found no work that will ever complete.
+    Expired,
 }
 
 impl fmt::Display for ReservationState {
