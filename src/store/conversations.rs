@@ -39,7 +39,8 @@ impl Store {
         workspace: &str,
         conversation: &str,
     ) -> Result<bool, StoreError> {
-        Ok(self.row(
+        Ok(self
+            .row(
                 "SELECT EXISTS (SELECT 1 FROM conversations \
                                 WHERE workspace_id = $1 AND conversation_id = $2) \
                      OR EXISTS (SELECT 1 FROM erasures \

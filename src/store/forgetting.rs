@@ -171,7 +171,8 @@ impl Store {
         // selection forgets nothing. The shortest retention of any workspace bounds the scan
         // of the finished tasks' index; each task is then held to its own workspace's.
         let secs = age.map(|a| a.as_secs_f64());
-        let row = self.row(
+        let row = self
+            .row(
                 "WITH shortest AS (SELECT least($1::float8, \
                      (SELECT min(task_retention_seconds)::float8 FROM workspaces)) AS secs) \
                  SELECT * FROM replyd_forget(ARRAY(SELECT t.task_id FROM reply_tasks t \

@@ -111,7 +111,8 @@ impl Store {
     }
 
     pub async fn outbox_lag(&self) -> Result<OutboxLag, StoreError> {
-        let row = self.row(
+        let row = self
+            .row(
                 "SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 \
                  FROM outbox WHERE published_at IS NULL AND refused_at IS NULL",
                 &[],

@@ -323,7 +323,8 @@ impl Store {
         user: &str,
         pending_reserves: bool,
     ) -> Result<Option<EndUserShare>, StoreError> {
-        let row = self.row_opt(
+        let row = self
+            .row_opt(
                 "WITH now AS (SELECT clock_timestamp() AS at), \
                  q AS (SELECT q.*, now.at, replyd_quota_window(q.window_start, q.period_seconds, now.at) AS win \
                        FROM quota_counters q, now WHERE q.workspace_id = $1 \
@@ -487,7 +488,8 @@ impl Store {
         by: &str,
         why: &str,
     ) -> Result<bool, StoreError> {
-        let row = self.row(
+        let row = self
+            .row(
                 "WITH extended AS ( \
                    UPDATE quota_reservations SET expires_at = clock_timestamp() + make_interval(secs => $2), \
                    extensions = extensions + 1 WHERE task_id = $1 AND state = 'reserved' RETURNING task_id), \

@@ -26,16 +26,16 @@ pub trait Delivery: Send + Sync + 'static {
     /// can be read from (an SQS body that is not base64).
     fn payload(&self) -> Result<Option<&[u8]>, RecordError>;
     /// The messaging system, as trace spans name it (`kafka`, `aws_sqs`).
-    fn system(&self) -> &'static str;
+    const SYSTEM: &'static str;
     /// Whether the source can take the record back unacknowledged, to deliver it again later
     /// ([`RecordOutcome::HandedBack`]). A Kafka record cannot leave its partition's order.
-    fn can_hand_back(&self) -> bool;
+    const CAN_HAND_BACK: bool;
     /// Whether the source gives the record's partition to one consumer at a time, and takes it
     /// from a consumer only once that consumer's work for it was drained or cancelled (a Kafka
     /// partition in a consumer group). A live lease taken for a record of such a partition by
     /// another holder is then a lost holder's, and the claim takes it over at once
     /// (`lease::Claimer::may_take_over`). An SQS queue is read by every worker at once: false.
-    fn partition_held_alone(&self) -> bool;
+    const PARTITION_HELD_ALONE: bool;
     /// When its producer wrote it, when the source says.
     fn written_at(&self) -> Option<DateTime<Utc>>;
     /// Where it sits in its source: the partition (a topic's, or a queue's only one) and its

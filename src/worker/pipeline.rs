@@ -66,7 +66,7 @@ impl<L> Pipeline<L> {
         // The record's own span of the task's trace (a new trace when it came without a
         // `traceparent`); the log's span stays the source's `record`.
         let span = trace::process(
-            record.system(),
+            D::SYSTEM,
             &key.topic,
             key.partition,
             offset,
@@ -113,8 +113,8 @@ impl<L> Pipeline<L> {
                 }
             }
         };
-        let record_can_hand_back = record.can_hand_back();
-        let record_held_alone = record.partition_held_alone();
+        let record_can_hand_back = D::CAN_HAND_BACK;
+        let record_held_alone = D::PARTITION_HELD_ALONE;
         let task_id = spec.task_id;
         let id = task_id.to_string();
         tracing::Span::current().record("task_id", id.as_str());

@@ -95,24 +95,16 @@ impl SqsMessage {
 }
 
 impl Delivery for SqsMessage {
+    const SYSTEM: &'static str = "aws_sqs";
+    const CAN_HAND_BACK: bool = true;
+    /// Every worker receives from the queue: a live lease of another worker is its own.
+    const PARTITION_HELD_ALONE: bool = false;
+
     fn payload(&self) -> Result<Option<&[u8]>, RecordError> {
         match &self.record {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) => Err(e.clone()),
         }
-    }
-
-    fn system(&self) -> &'static str {
-        "aws_sqs"
-    }
-
-    fn can_hand_back(&self) -> bool {
-        true
-    }
-
-    /// Every worker receives from the queue: a live lease of another worker is its own.
-    fn partition_held_alone(&self) -> bool {
-        false
     }
 
     fn written_at(&self) -> Option<DateTime<Utc>> {

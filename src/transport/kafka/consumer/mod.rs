@@ -173,22 +173,14 @@ pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
 
 /// A Kafka record, as the pipeline sees it.
 impl Delivery for OwnedMessage {
-    fn payload(&self) -> Result<Option<&[u8]>, replyd_core::domain::RecordError> {
-        Ok(Message::payload(self))
-    }
-
-    fn system(&self) -> &'static str {
-        "kafka"
-    }
-
-    fn can_hand_back(&self) -> bool {
-        false
-    }
-
+    const SYSTEM: &'static str = "kafka";
+    const CAN_HAND_BACK: bool = false;
     /// The group gives a partition to one member at a time, and this consumer drains or
     /// cancels a revoked partition's work before it lets the partition go (`Revoked`).
-    fn partition_held_alone(&self) -> bool {
-        true
+    const PARTITION_HELD_ALONE: bool = true;
+
+    fn payload(&self) -> Result<Option<&[u8]>, replyd_core::domain::RecordError> {
+        Ok(Message::payload(self))
     }
 
     fn written_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
