@@ -110,7 +110,6 @@ fn invalid_query(detail: String) -> Problem {
         (status = 200, description = "A page of the conversation's messages, oldest first, each with its replies", body = MessagePage),
         (status = 400, description = "`after` is not a cursor this API gave, `limit` is not 1 to 100, or the query cannot be read (`invalid_query`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "No such conversation in the caller's workspace, or, for an end user's token, none of its user's (one is made by its first message sent through `POST /v1/replies`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []), ("end_user_token" = []))
 )]

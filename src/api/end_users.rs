@@ -66,11 +66,9 @@ pub struct EndUserToken {
     responses(
         (status = 201, description = "The token: hand it to the user's browser, never the API key", body = EndUserToken),
         (status = 400, description = "The body is not JSON (`malformed_json`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "No API key, or an unknown or revoked one (`unauthorized`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 403, description = "An end user's token: only the workspace's key makes tokens; or end-user tokens are off on this deployment (`api.end_user_token_key` unset) (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 415, description = "The body is not sent as JSON (`unsupported_media_type`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "A bad `user_id`, or `ttl_seconds` outside 1 to `api.end_user_token_max_ttl_seconds` (`invalid_body`; `fields` names it)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
 )]
@@ -176,7 +174,6 @@ pub(super) struct UserIdPath {
     responses(
         (status = 204, description = "Every token of the user issued before this is refused from now on (`401`)"),
         (status = 404, description = "An empty `user_id` (no such route, `not_found`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "No API key, or an unknown or revoked one (`unauthorized`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 403, description = "An end user's token (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "A bad `user_id` (`invalid_body`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 503, description = "The database cannot be reached; revoking again is safe", body = ProblemDetails, content_type = "application/problem+json"),
