@@ -60,6 +60,21 @@ pub(super) struct TaskIdPath {
     task_id: uuid::Uuid,
 }
 
+// The refusals of `task_of`, said once for the routes that name a task. Each doc comment is the
+// answer's description.
+
+/// The task id is not a UUID
+#[derive(utoipa::IntoResponses)]
+#[response(status = 400, content_type = "application/problem+json")]
+#[allow(dead_code)] // documents the answer; `task_of` gives it as a `Problem`
+pub(super) struct BadTaskId(ProblemDetails);
+
+/// No such task in the caller's workspace (for an end user's token, in its user's conversations)
+#[derive(utoipa::IntoResponses)]
+#[response(status = 404, content_type = "application/problem+json")]
+#[allow(dead_code)] // documents the answer; `task_of` gives it as a `Problem`
+pub(super) struct UnknownTask(ProblemDetails);
+
 /// Submit a message for a reply: the message and its reply task are saved in one transaction.
 #[utoipa::path(
     post,
@@ -186,7 +201,7 @@ async fn create_inner(
                 ("Idempotent-Replayed" = String, description = "`true` when this answers an earlier request with the same key")
             )),
         (status = 400, description = "A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such task in the caller's workspace (for an end user's token, in its user's conversations)", body = ProblemDetails, content_type = "application/problem+json"),
+        UnknownTask,
         (status = 410, description = "The task's conversation (or its workspace) was erased while this was asked (`conversation_erased`); nothing was written", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest), or the source's model or output bound is outside the workspace's policy now (`outside_workspace_policy`)", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 429, description = "New work over the workspace's quota of generations or of tokens, or, with an end user's token, over the user's share of it (`end_user_share_percent`; `Retry-After` the window's end) (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
@@ -250,8 +265,8 @@ pub async fn regenerate(
     params(TaskIdPath),
     responses(
         (status = 200, description = "The task is cancelled (by this request or an earlier one): no reply will come, a running call is cut short (its answer, if one still comes, is refused), its reservation is released, and its event stream ends with this status", body = ReplyView),
-        (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such task in the caller's workspace (for an end user's token, in its user's conversations)", body = ProblemDetails, content_type = "application/problem+json"),
+        BadTaskId,
+        UnknownTask,
         (status = 409, description = "The task had already ended: its reply was saved before the cancel arrived, or it had failed (`task_finished`); nothing changed. Read the task for its reply", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 503, description = "The database cannot be reached; cancelling again is safe", body = ProblemDetails, content_type = "application/problem+json"),
     ),
@@ -309,8 +324,8 @@ pub async fn cancel(
     params(TaskIdPath),
     responses(
         (status = 200, description = "The task", body = ReplyView),
-        (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such task in the caller's workspace (for an end user's token, in its user's conversations)", body = ProblemDetails, content_type = "application/problem+json"),
+        BadTaskId,
+        UnknownTask,
     ),
     security(("api_key" = []), ("end_user_token" = []))
 )]
