@@ -163,6 +163,22 @@ pub(super) struct UserIdPath {
     user_id: String,
 }
 
+/// The refusals of a route of one end user (`/v1/end-users/{user_id}`), said once for each.
+/// Each variant's doc comment is the answer's description.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // documents the answers; the handlers give them as a `Problem`
+pub(super) enum UserIdRefusals {
+    /// An end user's token (`forbidden`)
+    #[response(status = 403, content_type = "application/problem+json")]
+    Forbidden(ProblemDetails),
+    /// An empty `user_id` (no such route, `not_found`)
+    #[response(status = 404, content_type = "application/problem+json")]
+    Empty(ProblemDetails),
+    /// A bad `user_id` (`invalid_body`)
+    #[response(status = 422, content_type = "application/problem+json")]
+    Bad(ProblemDetails),
+}
+
 /// Revoke every token of an end user issued so far (the user signed out everywhere, or was
 /// removed). Their open event streams end; tokens asked for afterwards work.
 #[utoipa::path(
@@ -173,9 +189,7 @@ pub(super) struct UserIdPath {
     params(UserIdPath),
     responses(
         (status = 204, description = "Every token of the user issued before this is refused from now on (`401`)"),
-        (status = 404, description = "An empty `user_id` (no such route, `not_found`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 403, description = "An end user's token (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "A bad `user_id` (`invalid_body`)", body = ProblemDetails, content_type = "application/problem+json"),
+        UserIdRefusals,
         (status = 503, description = "The database cannot be reached; revoking again is safe", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
@@ -226,9 +240,7 @@ pub struct ErasedEndUser {
     params(UserIdPath),
     responses(
         (status = 200, description = "Erased (again: nothing more to delete, all counts 0). The user's tokens issued so far are refused; a new token may be asked for and begins afresh", body = ErasedEndUser),
-        (status = 403, description = "An end user's token (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "An empty `user_id` (no such route, `not_found`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "A bad `user_id` (`invalid_body`)", body = ProblemDetails, content_type = "application/problem+json"),
+        UserIdRefusals,
         (status = 503, description = "The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work", body = ProblemDetails, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
