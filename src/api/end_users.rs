@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 
 use super::auth::{KeyCaller, Workspace};
 use super::path::PathParam;
-use super::problem::{Problem, ProblemDetails, ProblemKind};
+use super::problem::{Problem, ProblemKind};
 use super::state::ApiState;
 use crate::store::end_users::SigningKey;
 use replyd_core::end_user;
@@ -65,10 +65,10 @@ pub struct EndUserToken {
     request_body(content = CreateToken, content_type = "application/json"),
     responses(
         (status = 201, description = "The token: hand it to the user's browser, never the API key", body = EndUserToken),
-        (status = 400, description = "The body is not JSON (`malformed_json`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 403, description = "An end user's token: only the workspace's key makes tokens; or end-user tokens are off on this deployment (`api.end_user_token_key` unset) (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not sent as JSON (`unsupported_media_type`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "A bad `user_id`, or `ttl_seconds` outside 1 to `api.end_user_token_max_ttl_seconds` (`invalid_body`; `fields` names it)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 400, description = "The body is not JSON (`malformed_json`)"),
+        (status = 403, description = "An end user's token: only the workspace's key makes tokens; or end-user tokens are off on this deployment (`api.end_user_token_key` unset) (`forbidden`)"),
+        (status = 415, description = "The body is not sent as JSON (`unsupported_media_type`)"),
+        (status = 422, description = "A bad `user_id`, or `ttl_seconds` outside 1 to `api.end_user_token_max_ttl_seconds` (`invalid_body`; `fields` names it)"),
     ),
     security(("api_key" = []))
 )]
@@ -169,14 +169,14 @@ pub(super) struct UserIdPath {
 #[allow(dead_code)] // documents the answers; the handlers give them as a `Problem`
 pub(super) enum UserIdRefusals {
     /// An end user's token (`forbidden`)
-    #[response(status = 403, content_type = "application/problem+json")]
-    Forbidden(ProblemDetails),
+    #[response(status = 403)]
+    Forbidden,
     /// An empty `user_id` (no such route, `not_found`)
-    #[response(status = 404, content_type = "application/problem+json")]
-    Empty(ProblemDetails),
+    #[response(status = 404)]
+    Empty,
     /// A bad `user_id` (`invalid_body`)
-    #[response(status = 422, content_type = "application/problem+json")]
-    Bad(ProblemDetails),
+    #[response(status = 422)]
+    Bad,
 }
 
 /// Revoke every token of an end user issued so far (the user signed out everywhere, or was
@@ -190,7 +190,7 @@ pub(super) enum UserIdRefusals {
     responses(
         (status = 204, description = "Every token of the user issued before this is refused from now on (`401`)"),
         UserIdRefusals,
-        (status = 503, description = "The database cannot be reached; revoking again is safe", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot be reached; revoking again is safe"),
     ),
     security(("api_key" = []))
 )]
@@ -241,7 +241,7 @@ pub struct ErasedEndUser {
     responses(
         (status = 200, description = "Erased (again: nothing more to delete, all counts 0). The user's tokens issued so far are refused; a new token may be asked for and begins afresh", body = ErasedEndUser),
         UserIdRefusals,
-        (status = 503, description = "The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work"),
     ),
     security(("api_key" = []))
 )]

@@ -3,12 +3,13 @@
 //! checked in as `docs/openapi.json` (a test fails when the two differ). The refusals any
 //! route may answer before its handler runs are added to every operation by one modifier
 //! ([`EveryRouteRefusals`]), so no route's list can leave one out; so is the `400` of a bad
-//! path segment, to every operation of a route with a path parameter.
+//! path segment, to every operation of a route with a path parameter. Every refusal's body, a
+//! problem document, is given by one modifier too ([`ProblemBodies`]).
 
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::schema::{Object, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::openapi::{Content, ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::problem::{ProblemDetails, ProblemKind};
@@ -59,7 +60,7 @@ use super::{conversations, end_users, events, quota};
         ProblemDetails,
         ProblemKind
     )),
-    modifiers(&BearerKey, &EveryRouteRefusals, &RateLimitHeaders),
+    modifiers(&BearerKey, &ProblemBodies, &EveryRouteRefusals, &RateLimitHeaders),
     tags(
         (name = "replies", description = "Reply tasks: submit, read, follow, regenerate, cancel"),
         (name = "quota", description = "Generation quotas: every new task reserves one generation, charged once"),
@@ -99,6 +100,40 @@ impl Modify for BearerKey {
             );
         }
     }
+}
+
+/// Every refusal (`4xx`, `5xx`) is a problem document (RFC 9457), so a route's list names a
+/// refusal by its status and description and its body is given here; an answer that names a
+/// body of its own keeps it.
+struct ProblemBodies;
+
+impl Modify for ProblemBodies {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            for operation in operations(item) {
+                for (status, answer) in operation.responses.responses.iter_mut() {
+                    if let RefOr::T(answer) = answer
+                        && answer.content.is_empty()
+                        && (status.starts_with('4') || status.starts_with('5'))
+                    {
+                        answer
+                            .content
+                            .insert(PROBLEM_CONTENT_TYPE.into(), RefOr::T(problem_body()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The media type of a problem document.
+const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+
+/// A problem document's body: a [`ProblemDetails`].
+fn problem_body() -> Content {
+    ContentBuilder::new()
+        .schema(Some(Ref::from_schema_name("ProblemDetails")))
+        .build()
 }
 
 /// The refusals of any route, answered before its handler: by `api::limit_headers` (the
@@ -150,12 +185,7 @@ impl Modify for EveryRouteRefusals {
             RefOr::T(
                 ResponseBuilder::new()
                     .description(description)
-                    .content(
-                        "application/problem+json",
-                        ContentBuilder::new()
-                            .schema(Some(Ref::from_schema_name("ProblemDetails")))
-                            .build(),
-                    )
+                    .content(PROBLEM_CONTENT_TYPE, problem_body())
                     .build(),
             )
         };
@@ -355,6 +385,22 @@ mod tests {
                     !super::NO_CALLER.contains(&status.as_str()),
                     "{method} {path} {status}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn every_refusal_is_a_problem_document() {
+        let doc = parsed();
+        for (path, method, operation) in operations(&doc) {
+            for (status, answer) in operation["responses"].as_object().unwrap() {
+                if status.starts_with('4') || status.starts_with('5') {
+                    assert_eq!(
+                        answer["content"],
+                        serde_json::json!({"application/problem+json": {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}}),
+                        "{method} {path} {status}"
+                    );
+                }
             }
         }
     }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Workspace;
-use super::problem::{Problem, ProblemDetails, ProblemKind};
+use super::problem::{Problem, ProblemKind};
 use super::state::ApiState;
 use crate::store::quota::{EndUserShare, QuotaRefusal, QuotaState};
 use replyd_core::quota::{
@@ -144,7 +144,7 @@ pub fn view(quota: &QuotaState, policy: QuotaPolicy, workspace: &WorkspacePolicy
     tag = "quota",
     responses(
         (status = 200, description = "The caller's quota", body = QuotaView),
-        (status = 403, description = "An end user's token: the quota is read with the workspace's key (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 403, description = "An end user's token: the quota is read with the workspace's key (`forbidden`)"),
     ),
     security(("api_key" = []))
 )]
