@@ -109,18 +109,11 @@ struct ProblemBodies;
 
 impl Modify for ProblemBodies {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        for item in openapi.paths.paths.values_mut() {
-            for operation in operations(item) {
-                for (status, answer) in operation.responses.responses.iter_mut() {
-                    if let RefOr::T(answer) = answer
-                        && answer.content.is_empty()
-                        && (status.starts_with('4') || status.starts_with('5'))
-                    {
-                        answer
-                            .content
-                            .insert(PROBLEM_CONTENT_TYPE.into(), RefOr::T(problem_body()));
-                    }
-                }
+        for (status, answer) in answers(openapi) {
+            if answer.content.is_empty() && (status.starts_with('4') || status.starts_with('5')) {
+                answer
+                    .content
+                    .insert(PROBLEM_CONTENT_TYPE.into(), RefOr::T(problem_body()));
             }
         }
     }
@@ -250,29 +243,41 @@ impl Modify for RateLimitHeaders {
                     .build(),
             )
         };
-        for item in openapi.paths.paths.values_mut() {
-            for operation in operations(item) {
-                for (status, answer) in operation.responses.responses.iter_mut() {
-                    let RefOr::T(answer) = answer else { continue };
-                    if NO_CALLER.contains(&status.as_str()) {
-                        continue;
-                    }
-                    answer.headers.insert(
-                        "RateLimit-Policy".into(),
-                        header(
-                            "The bucket every caller has, `\"caller\";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted",
-                        ),
-                    );
-                    answer.headers.insert(
-                        "RateLimit".into(),
-                        header(
-                            "Where this caller stands, `\"caller\";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy`",
-                        ),
-                    );
-                }
+        for (status, answer) in answers(openapi) {
+            if NO_CALLER.contains(&status.as_str()) {
+                continue;
             }
+            answer.headers.insert(
+                "RateLimit-Policy".into(),
+                header(
+                    "The bucket every caller has, `\"caller\";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted",
+                ),
+            );
+            answer.headers.insert(
+                "RateLimit".into(),
+                header(
+                    "Where this caller stands, `\"caller\";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy`",
+                ),
+            );
         }
     }
+}
+
+/// Every answer of every operation, with its status; an answer given by reference has its
+/// own place in the document and none here.
+fn answers(
+    openapi: &mut utoipa::openapi::OpenApi,
+) -> impl Iterator<Item = (&String, &mut utoipa::openapi::Response)> {
+    openapi
+        .paths
+        .paths
+        .values_mut()
+        .flat_map(operations)
+        .flat_map(|operation| operation.responses.responses.iter_mut())
+        .filter_map(|(status, answer)| match answer {
+            RefOr::T(answer) => Some((status, answer)),
+            RefOr::Ref(_) => None,
+        })
 }
 
 /// The operations of a route, whichever methods it takes.
@@ -327,6 +332,14 @@ mod tests {
             })
     }
 
+    /// Every answer of every operation, with its path, method and status.
+    fn answers(doc: &Value) -> impl Iterator<Item = (&String, &String, &String, &Value)> {
+        operations(doc).flat_map(|(path, method, operation)| {
+            let answers = operation["responses"].as_object().unwrap().iter();
+            answers.map(move |(status, answer)| (path, method, status, answer))
+        })
+    }
+
     #[test]
     fn the_checked_in_document_is_the_generated_one() {
         let checked_in = include_str!("../../docs/openapi.json");
@@ -376,31 +389,24 @@ mod tests {
     #[test]
     fn answers_to_a_known_caller_say_their_rate_limit_headers() {
         let doc = parsed();
-        for (path, method, operation) in operations(&doc) {
-            for (status, answer) in operation["responses"].as_object().unwrap() {
-                let named = answer["headers"].get("RateLimit").is_some()
-                    && answer["headers"].get("RateLimit-Policy").is_some();
-                assert_eq!(
-                    named,
-                    !super::NO_CALLER.contains(&status.as_str()),
-                    "{method} {path} {status}"
-                );
-            }
+        for (path, method, status, answer) in answers(&doc) {
+            let named = answer["headers"].get("RateLimit").is_some()
+                && answer["headers"].get("RateLimit-Policy").is_some();
+            assert_eq!(
+                named,
+                !super::NO_CALLER.contains(&status.as_str()),
+                "{method} {path} {status}"
+            );
         }
     }
 
     #[test]
     fn every_refusal_is_a_problem_document() {
         let doc = parsed();
-        for (path, method, operation) in operations(&doc) {
-            for (status, answer) in operation["responses"].as_object().unwrap() {
-                if status.starts_with('4') || status.starts_with('5') {
-                    assert_eq!(
-                        answer["content"],
-                        serde_json::json!({"application/problem+json": {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}}),
-                        "{method} {path} {status}"
-                    );
-                }
+        let problem = serde_json::json!({"application/problem+json": {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}});
+        for (path, method, status, answer) in answers(&doc) {
+            if status.starts_with('4') || status.starts_with('5') {
+                assert_eq!(answer["content"], problem, "{method} {path} {status}");
             }
         }
     }
