@@ -215,6 +215,16 @@ pub struct ErasedConversation {
     pub ended: u64,
 }
 
+/// The `503` of a route that erases (`crate::erasure`), a conversation's or an end user's. Its
+/// description is given as `description`: a doc comment's line breaks would be kept in it.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 503,
+    description = "The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work"
+)]
+#[allow(dead_code)] // documents the answer; the handlers give it as a `Problem`
+pub(super) struct ErasureUnavailable;
+
 /// Erase a conversation.
 #[utoipa::path(
     delete,
@@ -226,7 +236,7 @@ pub struct ErasedConversation {
         (status = 200, description = "The conversation is erased: its messages, tasks, replies, attempts and idempotency records are deleted, a task still running ends (its reply, when its call returns, is not saved), and a record of it that comes later is refused. Its quota charges stay. New messages to it get `410` (`conversation_erased`). Erasing it again answers `200` with nothing deleted", body = ErasedConversation),
         (status = 403, description = "An end user's token: a conversation is erased with the workspace's key (`forbidden`)"),
         (status = 404, description = "No such conversation in the caller's workspace"),
-        (status = 503, description = "The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work"),
+        ErasureUnavailable,
     ),
     security(("api_key" = []))
 )]

@@ -241,7 +241,7 @@ pub struct ErasedEndUser {
     responses(
         (status = 200, description = "Erased (again: nothing more to delete, all counts 0). The user's tokens issued so far are refused; a new token may be asked for and begins afresh", body = ErasedEndUser),
         UserIdRefusals,
-        (status = 503, description = "The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work"),
+        super::conversations::ErasureUnavailable,
     ),
     security(("api_key" = []))
 )]
