@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 
 use super::auth::{KeyCaller, Workspace};
 use super::path::PathParam;
-use super::problem::{Problem, ProblemKind};
+use super::problem::Problem;
 use super::state::ApiState;
 use crate::store::end_users::SigningKey;
 use replyd_core::end_user;
@@ -83,10 +83,7 @@ pub async fn create_token(
         let asked: CreateToken = super::json_body::parse_json(&state, &headers, body).await?;
         checked_user_id(&asked.user_id)?;
         let Some(sealing) = state.signing.sealing() else {
-            return Err(Problem::new(
-                StatusCode::FORBIDDEN,
-                ProblemKind::Forbidden,
-                "Forbidden",
+            return Err(Problem::forbidden(
                 end_user::TokenError::Disabled.to_string(),
             ));
         };
@@ -110,14 +107,9 @@ pub async fn create_token(
             }
             // The deployment's configuration, not the request: said as it is, not as a 5xx.
             SigningKey::Unopened { version } => {
-                return Err(Problem::new(
-                    StatusCode::FORBIDDEN,
-                    ProblemKind::Forbidden,
-                    "Forbidden",
-                    format!(
-                        "the workspace's signing secret {version} does not open under api.end_user_token_key (the key changed?); an operator runs `replyd end-user-tokens rotate --workspace {workspace}`"
-                    ),
-                ));
+                return Err(Problem::forbidden(format!(
+                    "the workspace's signing secret {version} does not open under api.end_user_token_key (the key changed?); an operator runs `replyd end-user-tokens rotate --workspace {workspace}`"
+                )));
             }
         };
         let generation = state
