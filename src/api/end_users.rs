@@ -155,8 +155,8 @@ pub(super) struct UserIdPath {
     user_id: String,
 }
 
-/// The refusals of a route of one end user (`/v1/end-users/{user_id}`), said once for each.
-/// Each variant's doc comment is the answer's description.
+/// The refusals every route of one end user (`/v1/end-users/{user_id}`) answers. Each
+/// variant's doc comment is the answer's description.
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)] // documents the answers; the handlers give them as a `Problem`
 pub(super) enum UserIdRefusals {

@@ -60,8 +60,8 @@ pub(super) struct TaskIdPath {
     task_id: uuid::Uuid,
 }
 
-// The refusals of `task_of`, said once for the routes that name a task. Each doc comment is the
-// answer's description.
+// The refusals of `task_of`, which every route that names a task answers. Each doc comment is
+// the answer's description.
 
 /// The task id is not a UUID
 #[derive(utoipa::IntoResponses)]
