@@ -40,12 +40,7 @@ fn note_use(state: &ApiState, key_id: &str) {
 }
 
 fn unauthorized(error: AuthError) -> Problem {
-    Problem::new(
-        StatusCode::UNAUTHORIZED,
-        ProblemKind::Unauthorized,
-        "Unauthorized",
-        error.to_string(),
-    )
+    Problem::unauthorized(error.to_string())
 }
 
 /// Who calls: the workspace, with its key, or one of its end users, with a token the
@@ -102,10 +97,7 @@ impl FromRequestParts<ApiState> for KeyCaller {
                 workspace: caller.workspace,
                 key_id: caller.key_id,
             }),
-            Some(_) => Err(Problem::new(
-                StatusCode::FORBIDDEN,
-                ProblemKind::Forbidden,
-                "Forbidden",
+            Some(_) => Err(Problem::forbidden(
                 "an end user's token may create, read, follow and stop replies in its user's conversations; this route takes the workspace's API key",
             )),
         }
@@ -176,14 +168,7 @@ fn bearer_token(header: Option<&[u8]>) -> Option<&str> {
 /// verifies under it, its times hold (`api.end_user_token_max_ttl_seconds`); then its user's
 /// rate limit; then one read: the user's generation and the key that asked for it.
 async fn end_user(state: &ApiState, token: &str, note: Option<&Note>) -> Result<Caller, Problem> {
-    let refused = |e: TokenError| {
-        Problem::new(
-            StatusCode::UNAUTHORIZED,
-            ProblemKind::Unauthorized,
-            "Unauthorized",
-            e.to_string(),
-        )
-    };
+    let refused = |e: TokenError| Problem::unauthorized(e.to_string());
     let unavailable = |e: crate::store::StoreError| {
         Problem::unavailable(format!(
             "cannot check the end-user token now: {}",

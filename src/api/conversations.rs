@@ -19,7 +19,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::auth::{Caller, Workspace};
 use super::echo;
 use super::path::PathParam;
-use super::problem::{Problem, ProblemDetails, ProblemKind};
+use super::problem::{Problem, ProblemKind};
 use super::reply_view::ReplyView;
 use super::state::ApiState;
 
@@ -108,9 +108,8 @@ fn invalid_query(detail: String) -> Problem {
     params(ConversationIdPath, PageQuery),
     responses(
         (status = 200, description = "A page of the conversation's messages, oldest first, each with its replies", body = MessagePage),
-        (status = 400, description = "`after` is not a cursor this API gave, `limit` is not 1 to 100, or the query cannot be read (`invalid_query`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such conversation in the caller's workspace, or, for an end user's token, none of its user's (one is made by its first message sent through `POST /v1/replies`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 400, description = "`after` is not a cursor this API gave, `limit` is not 1 to 100, or the query cannot be read (`invalid_query`)"),
+        (status = 404, description = "No such conversation in the caller's workspace, or, for an end user's token, none of its user's (one is made by its first message sent through `POST /v1/replies`)"),
     ),
     security(("api_key" = []), ("end_user_token" = []))
 )]
@@ -216,6 +215,16 @@ pub struct ErasedConversation {
     pub ended: u64,
 }
 
+/// The `503` of a route that erases (`crate::erasure`), a conversation's or an end user's. Its
+/// description is given as `description`: a doc comment's line breaks would be kept in it.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 503,
+    description = "The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work"
+)]
+#[allow(dead_code)] // documents the answer; the handlers give it as a `Problem`
+pub(super) struct ErasureUnavailable;
+
 /// Erase a conversation.
 #[utoipa::path(
     delete,
@@ -225,9 +234,9 @@ pub struct ErasedConversation {
     params(ConversationIdPath),
     responses(
         (status = 200, description = "The conversation is erased: its messages, tasks, replies, attempts and idempotency records are deleted, a task still running ends (its reply, when its call returns, is not saved), and a record of it that comes later is refused. Its quota charges stay. New messages to it get `410` (`conversation_erased`). Erasing it again answers `200` with nothing deleted", body = ErasedConversation),
-        (status = 403, description = "An end user's token: a conversation is erased with the workspace's key (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such conversation in the caller's workspace", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 403, description = "An end user's token: a conversation is erased with the workspace's key (`forbidden`)"),
+        (status = 404, description = "No such conversation in the caller's workspace"),
+        ErasureUnavailable,
     ),
     security(("api_key" = []))
 )]

@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 
 use super::auth::{KeyCaller, Workspace};
 use super::path::PathParam;
-use super::problem::{Problem, ProblemDetails, ProblemKind};
+use super::problem::Problem;
 use super::state::ApiState;
 use crate::store::end_users::SigningKey;
 use replyd_core::end_user;
@@ -65,12 +65,10 @@ pub struct EndUserToken {
     request_body(content = CreateToken, content_type = "application/json"),
     responses(
         (status = 201, description = "The token: hand it to the user's browser, never the API key", body = EndUserToken),
-        (status = 400, description = "The body is not JSON (`malformed_json`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "No API key, or an unknown or revoked one (`unauthorized`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 403, description = "An end user's token: only the workspace's key makes tokens; or end-user tokens are off on this deployment (`api.end_user_token_key` unset) (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not sent as JSON (`unsupported_media_type`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "A bad `user_id`, or `ttl_seconds` outside 1 to `api.end_user_token_max_ttl_seconds` (`invalid_body`; `fields` names it)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot be reached", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 400, description = "The body is not JSON (`malformed_json`)"),
+        (status = 403, description = "An end user's token: only the workspace's key makes tokens; or end-user tokens are off on this deployment (`api.end_user_token_key` unset) (`forbidden`)"),
+        (status = 415, description = "The body is not sent as JSON (`unsupported_media_type`)"),
+        (status = 422, description = "A bad `user_id`, or `ttl_seconds` outside 1 to `api.end_user_token_max_ttl_seconds` (`invalid_body`; `fields` names it)"),
     ),
     security(("api_key" = []))
 )]
@@ -85,10 +83,7 @@ pub async fn create_token(
         let asked: CreateToken = super::json_body::parse_json(&state, &headers, body).await?;
         checked_user_id(&asked.user_id)?;
         let Some(sealing) = state.signing.sealing() else {
-            return Err(Problem::new(
-                StatusCode::FORBIDDEN,
-                ProblemKind::Forbidden,
-                "Forbidden",
+            return Err(Problem::forbidden(
                 end_user::TokenError::Disabled.to_string(),
             ));
         };
@@ -112,14 +107,9 @@ pub async fn create_token(
             }
             // The deployment's configuration, not the request: said as it is, not as a 5xx.
             SigningKey::Unopened { version } => {
-                return Err(Problem::new(
-                    StatusCode::FORBIDDEN,
-                    ProblemKind::Forbidden,
-                    "Forbidden",
-                    format!(
-                        "the workspace's signing secret {version} does not open under api.end_user_token_key (the key changed?); an operator runs `replyd end-user-tokens rotate --workspace {workspace}`"
-                    ),
-                ));
+                return Err(Problem::forbidden(format!(
+                    "the workspace's signing secret {version} does not open under api.end_user_token_key (the key changed?); an operator runs `replyd end-user-tokens rotate --workspace {workspace}`"
+                )));
             }
         };
         let generation = state
@@ -165,6 +155,22 @@ pub(super) struct UserIdPath {
     user_id: String,
 }
 
+/// The refusals every route of one end user (`/v1/end-users/{user_id}`) answers. Each
+/// variant's doc comment is the answer's description.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // documents the answers; the handlers give them as a `Problem`
+pub(super) enum UserIdRefusals {
+    /// An end user's token (`forbidden`)
+    #[response(status = 403)]
+    Forbidden,
+    /// An empty `user_id` (no such route, `not_found`)
+    #[response(status = 404)]
+    Empty,
+    /// A bad `user_id` (`invalid_body`)
+    #[response(status = 422)]
+    Bad,
+}
+
 /// Revoke every token of an end user issued so far (the user signed out everywhere, or was
 /// removed). Their open event streams end; tokens asked for afterwards work.
 #[utoipa::path(
@@ -175,11 +181,8 @@ pub(super) struct UserIdPath {
     params(UserIdPath),
     responses(
         (status = 204, description = "Every token of the user issued before this is refused from now on (`401`)"),
-        (status = 404, description = "An empty `user_id` (no such route, `not_found`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "No API key, or an unknown or revoked one (`unauthorized`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 403, description = "An end user's token (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "A bad `user_id` (`invalid_body`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot be reached; revoking again is safe", body = ProblemDetails, content_type = "application/problem+json"),
+        UserIdRefusals,
+        (status = 503, description = "The database cannot be reached; revoking again is safe"),
     ),
     security(("api_key" = []))
 )]
@@ -229,10 +232,8 @@ pub struct ErasedEndUser {
     params(UserIdPath),
     responses(
         (status = 200, description = "Erased (again: nothing more to delete, all counts 0). The user's tokens issued so far are refused; a new token may be asked for and begins afresh", body = ErasedEndUser),
-        (status = 403, description = "An end user's token (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "An empty `user_id` (no such route, `not_found`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "A bad `user_id` (`invalid_body`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database, or the erasure log (`database.erasure_log_url`), cannot be reached; nothing is erased until the log is written, and erasing again finishes the work", body = ProblemDetails, content_type = "application/problem+json"),
+        UserIdRefusals,
+        super::conversations::ErasureUnavailable,
     ),
     security(("api_key" = []))
 )]

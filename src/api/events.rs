@@ -38,7 +38,6 @@ use tokio::sync::broadcast;
 use super::auth::{Caller, EndUser};
 use super::changes::{LiveFollow, LiveHint, StatusFollow};
 use super::path::PathParam;
-use super::problem::ProblemDetails;
 use super::reply_view::ReplyView;
 use super::state::ApiState;
 use crate::store::Store;
@@ -436,8 +435,8 @@ pub struct StatusEvent {
     ),
     responses(
         (status = 200, description = "The current state at once, then each change of status or attempt (not every write: a lease renewal is no event); while an attempt runs, its text as the provider writes it (`delta` events: append each `text` to the text of its `assignment_version`), and a `withdrawn` event when that attempt's text will not be saved (then the next attempt's text starts from empty). A completed state carries the saved reply: show it in place of the text. The stream ends after a terminal state, or within 2 s of its API key's revocation (a reconnect then gets 401). Keep-alive comments every 15 s. The schema is that of each event", body = StatusEvent, content_type = "text/event-stream"),
-        (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such task in the caller's workspace (for an end user's token, in its user's conversations)", body = ProblemDetails, content_type = "application/problem+json"),
+        super::replies::BadTaskId,
+        super::replies::UnknownTask,
     ),
     security(("api_key" = []), ("end_user_token" = []))
 )]

@@ -3,12 +3,13 @@
 //! checked in as `docs/openapi.json` (a test fails when the two differ). The refusals any
 //! route may answer before its handler runs are added to every operation by one modifier
 //! ([`EveryRouteRefusals`]), so no route's list can leave one out; so is the `400` of a bad
-//! path segment, to every operation of a route with a path parameter.
+//! path segment, to every operation of a route with a path parameter. Every refusal's body, a
+//! problem document, is given by one modifier too ([`ProblemBodies`]).
 
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::schema::{Object, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::openapi::{Content, ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::problem::{ProblemDetails, ProblemKind};
@@ -59,7 +60,7 @@ use super::{conversations, end_users, events, quota};
         ProblemDetails,
         ProblemKind
     )),
-    modifiers(&BearerKey, &EveryRouteRefusals, &RateLimitHeaders),
+    modifiers(&BearerKey, &ProblemBodies, &EveryRouteRefusals, &RateLimitHeaders),
     tags(
         (name = "replies", description = "Reply tasks: submit, read, follow, regenerate, cancel"),
         (name = "quota", description = "Generation quotas: every new task reserves one generation, charged once"),
@@ -99,6 +100,33 @@ impl Modify for BearerKey {
             );
         }
     }
+}
+
+/// Every refusal (`4xx`, `5xx`) is a problem document (RFC 9457), so a route's list names a
+/// refusal by its status and description and its body is given here; an answer that names a
+/// body of its own keeps it.
+struct ProblemBodies;
+
+impl Modify for ProblemBodies {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (status, answer) in answers(openapi) {
+            if answer.content.is_empty() && (status.starts_with('4') || status.starts_with('5')) {
+                answer
+                    .content
+                    .insert(PROBLEM_CONTENT_TYPE.into(), RefOr::T(problem_body()));
+            }
+        }
+    }
+}
+
+/// The media type of a problem document.
+const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+
+/// A problem document's body: a [`ProblemDetails`].
+fn problem_body() -> Content {
+    ContentBuilder::new()
+        .schema(Some(Ref::from_schema_name("ProblemDetails")))
+        .build()
 }
 
 /// The refusals of any route, answered before its handler: by `api::limit_headers` (the
@@ -150,12 +178,7 @@ impl Modify for EveryRouteRefusals {
             RefOr::T(
                 ResponseBuilder::new()
                     .description(description)
-                    .content(
-                        "application/problem+json",
-                        ContentBuilder::new()
-                            .schema(Some(Ref::from_schema_name("ProblemDetails")))
-                            .build(),
-                    )
+                    .content(PROBLEM_CONTENT_TYPE, problem_body())
                     .build(),
             )
         };
@@ -220,29 +243,41 @@ impl Modify for RateLimitHeaders {
                     .build(),
             )
         };
-        for item in openapi.paths.paths.values_mut() {
-            for operation in operations(item) {
-                for (status, answer) in operation.responses.responses.iter_mut() {
-                    let RefOr::T(answer) = answer else { continue };
-                    if NO_CALLER.contains(&status.as_str()) {
-                        continue;
-                    }
-                    answer.headers.insert(
-                        "RateLimit-Policy".into(),
-                        header(
-                            "The bucket every caller has, `\"caller\";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted",
-                        ),
-                    );
-                    answer.headers.insert(
-                        "RateLimit".into(),
-                        header(
-                            "Where this caller stands, `\"caller\";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy`",
-                        ),
-                    );
-                }
+        for (status, answer) in answers(openapi) {
+            if NO_CALLER.contains(&status.as_str()) {
+                continue;
             }
+            answer.headers.insert(
+                "RateLimit-Policy".into(),
+                header(
+                    "The bucket every caller has, `\"caller\";q=<burst>;w=<seconds an empty bucket takes to fill>`; sent when `api.rate_limit_per_second` is on and the credential was accepted",
+                ),
+            );
+            answer.headers.insert(
+                "RateLimit".into(),
+                header(
+                    "Where this caller stands, `\"caller\";r=<requests it may send at once now>;t=<seconds until its bucket is full, or, refused, until it may ask again>`; sent with `RateLimit-Policy`",
+                ),
+            );
         }
     }
+}
+
+/// Every answer of every operation, with its status; an answer given by reference has its
+/// own place in the document and none here.
+fn answers(
+    openapi: &mut utoipa::openapi::OpenApi,
+) -> impl Iterator<Item = (&String, &mut utoipa::openapi::Response)> {
+    openapi
+        .paths
+        .paths
+        .values_mut()
+        .flat_map(operations)
+        .flat_map(|operation| operation.responses.responses.iter_mut())
+        .filter_map(|(status, answer)| match answer {
+            RefOr::T(answer) => Some((status, answer)),
+            RefOr::Ref(_) => None,
+        })
 }
 
 /// The operations of a route, whichever methods it takes.
@@ -297,6 +332,14 @@ mod tests {
             })
     }
 
+    /// Every answer of every operation, with its path, method and status.
+    fn answers(doc: &Value) -> impl Iterator<Item = (&String, &String, &String, &Value)> {
+        operations(doc).flat_map(|(path, method, operation)| {
+            let answers = operation["responses"].as_object().unwrap().iter();
+            answers.map(move |(status, answer)| (path, method, status, answer))
+        })
+    }
+
     #[test]
     fn the_checked_in_document_is_the_generated_one() {
         let checked_in = include_str!("../../docs/openapi.json");
@@ -346,15 +389,24 @@ mod tests {
     #[test]
     fn answers_to_a_known_caller_say_their_rate_limit_headers() {
         let doc = parsed();
-        for (path, method, operation) in operations(&doc) {
-            for (status, answer) in operation["responses"].as_object().unwrap() {
-                let named = answer["headers"].get("RateLimit").is_some()
-                    && answer["headers"].get("RateLimit-Policy").is_some();
-                assert_eq!(
-                    named,
-                    !super::NO_CALLER.contains(&status.as_str()),
-                    "{method} {path} {status}"
-                );
+        for (path, method, status, answer) in answers(&doc) {
+            let named = answer["headers"].get("RateLimit").is_some()
+                && answer["headers"].get("RateLimit-Policy").is_some();
+            assert_eq!(
+                named,
+                !super::NO_CALLER.contains(&status.as_str()),
+                "{method} {path} {status}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_refusal_is_a_problem_document() {
+        let doc = parsed();
+        let problem = serde_json::json!({"application/problem+json": {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}});
+        for (path, method, status, answer) in answers(&doc) {
+            if status.starts_with('4') || status.starts_with('5') {
+                assert_eq!(answer["content"], problem, "{method} {path} {status}");
             }
         }
     }

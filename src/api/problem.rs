@@ -220,6 +220,26 @@ impl Problem {
         self
     }
 
+    /// A credential that is missing, unknown, revoked or expired (`401 unauthorized`).
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            ProblemKind::Unauthorized,
+            "Unauthorized",
+            detail,
+        )
+    }
+
+    /// A credential that is good but may not do this (`403 forbidden`).
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            ProblemKind::Forbidden,
+            "Forbidden",
+            detail,
+        )
+    }
+
     pub fn not_found(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,

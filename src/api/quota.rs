@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Workspace;
-use super::problem::{Problem, ProblemDetails, ProblemKind};
+use super::problem::{Problem, ProblemKind};
 use super::state::ApiState;
 use crate::store::quota::{EndUserShare, QuotaRefusal, QuotaState};
 use replyd_core::quota::{
@@ -144,7 +144,7 @@ pub fn view(quota: &QuotaState, policy: QuotaPolicy, workspace: &WorkspacePolicy
     tag = "quota",
     responses(
         (status = 200, description = "The caller's quota", body = QuotaView),
-        (status = 403, description = "An end user's token: the quota is read with the workspace's key (`forbidden`)", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 403, description = "An end user's token: the quota is read with the workspace's key (`forbidden`)"),
     ),
     security(("api_key" = []))
 )]
@@ -170,20 +170,14 @@ pub async fn show(State(state): State<ApiState>, Workspace(workspace): Workspace
 /// (`Retry-After`, whole seconds, at least 1; none under a limit of 0, when no time will do)
 /// and, in `detail`, where the quota stands and what that time is based on.
 pub fn over_quota(refusal: &QuotaRefusal, policy: QuotaPolicy) -> Response {
-    crate::telemetry::quota_refused();
     let advice = advise_retry(&refusal.facts(policy), policy, crate::reconcile::INTERVAL);
     let seconds = advice.after().map(super::problem::retry_after_seconds);
-    let problem = Problem::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        ProblemKind::QuotaExceeded,
-        "Quota exceeded",
-        refusal_detail(
-            &refusal.state,
-            refusal.limited_by(policy),
-            advice,
-            seconds.unwrap_or_default(),
-        ),
-    );
+    let problem = refused(refusal_detail(
+        &refusal.state,
+        refusal.limited_by(policy),
+        advice,
+        seconds.unwrap_or_default(),
+    ));
     match seconds {
         Some(seconds) => problem.with_retry_after(seconds),
         None => problem,
@@ -195,7 +189,6 @@ pub fn over_quota(refusal: &QuotaRefusal, policy: QuotaPolicy) -> Response {
 /// frees only as the window ends (a reservation released sooner frees it sooner, but no
 /// estimate of that is offered), so `Retry-After` is the window's end.
 pub fn over_end_user_share(share: &EndUserShare, ceiling: i64) -> Response {
-    crate::telemetry::quota_refused();
     let seconds = super::problem::retry_after_seconds(
         (share.resets_at - share.now).to_std().unwrap_or_default(),
     );
@@ -211,14 +204,18 @@ pub fn over_end_user_share(share: &EndUserShare, ceiling: i64) -> Response {
         share.tokens,
         share.resets_at.to_rfc3339(),
     );
+    refused(detail).with_retry_after(seconds).into_response()
+}
+
+/// The `429 quota_exceeded` of new work the quota refuses, counted as a refusal.
+fn refused(detail: String) -> Problem {
+    crate::telemetry::quota_refused();
     Problem::new(
         StatusCode::TOO_MANY_REQUESTS,
         ProblemKind::QuotaExceeded,
         "Quota exceeded",
         detail,
     )
-    .with_retry_after(seconds)
-    .into_response()
 }
 
 /// The refusal's `detail`: the quota as it stands, then what the wait is based on.

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::auth::Caller;
 use super::path::PathParam;
-use super::problem::{Problem, ProblemDetails, ProblemKind};
+use super::problem::{Problem, ProblemKind};
 use super::reply_history::{history_of, regenerate_inputs};
 use super::reply_input::{check_record_size, parse_body};
 use super::reply_intake::{judge, key_of, policy_of, submit};
@@ -60,6 +60,40 @@ pub(super) struct TaskIdPath {
     task_id: uuid::Uuid,
 }
 
+// The refusals of `task_of`, which every route that names a task answers. Each doc comment is
+// the answer's description.
+
+/// The task id is not a UUID
+#[derive(utoipa::IntoResponses)]
+#[response(status = 400)]
+#[allow(dead_code)] // documents the answer; `task_of` gives it as a `Problem`
+pub(super) struct BadTaskId;
+
+/// No such task in the caller's workspace (for an end user's token, in its user's conversations)
+#[derive(utoipa::IntoResponses)]
+#[response(status = 404)]
+#[allow(dead_code)] // documents the answer; `task_of` gives it as a `Problem`
+pub(super) struct UnknownTask;
+
+/// The refusals of a route that asks for new work (`submit`): its quota's `429` and a `503`
+/// after which the same key may be sent again. Their long descriptions are given as
+/// `description`: a doc comment's line breaks would be kept in them.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // documents the answers; the handlers give them as a `Problem`
+pub(super) enum NewWorkRefusals {
+    #[response(
+        status = 429,
+        description = "New work over the workspace's quota of generations or of tokens, or, with an end user's token, over the user's share of it (`end_user_share_percent`; `Retry-After` the window's end) (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)",
+        headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))
+    )]
+    OverQuota,
+    #[response(
+        status = 503,
+        description = "The database cannot be reached; retry with the same key"
+    )]
+    StoreUnavailable,
+}
+
 /// Submit a message for a reply: the message and its reply task are saved in one transaction.
 #[utoipa::path(
     post,
@@ -79,15 +113,13 @@ pub(super) struct TaskIdPath {
                 ("FollowReply" = (operation_id = "followReply", parameters(("task_id" = "$response.body#/task_id")))),
                 ("RegenerateReply" = (operation_id = "regenerateReply", parameters(("task_id" = "$response.body#/task_id")))),
             )),
-        (status = 400, description = "No `Idempotency-Key`, one that is empty, over 255 bytes or not printable ASCII, or several different ones (`invalid_idempotency_key`); or a body that is not JSON (`malformed_json`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "An end user's token, in a conversation that is not its user's (another user's, or one begun with the workspace's key); nothing was written", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 410, description = "The conversation (or its workspace) was erased: it takes no new messages (`conversation_erased`); nothing was written", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 413, description = "The body is over `api.max_body_bytes` (`body_too_large`); a declared `Content-Length` over it is refused before the body is read (no `100 Continue`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not `application/json`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, a request whose token ceiling is over its whole token quota, `context` from an end user's token where the workspace's `end_user_context` is `deny`, or `message` and `context` over `worker.max_prompt_bytes` with the workspace's system prompt (`outside_workspace_policy`; `fields` names them, `detail` the setting)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 429, description = "New work over the workspace's quota of generations or of tokens, or, with an end user's token, over the user's share of it (`end_user_share_percent`; `Retry-After` the window's end) (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))),
-        (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 400, description = "No `Idempotency-Key`, one that is empty, over 255 bytes or not printable ASCII, or several different ones (`invalid_idempotency_key`); or a body that is not JSON (`malformed_json`)"),
+        (status = 404, description = "An end user's token, in a conversation that is not its user's (another user's, or one begun with the workspace's key); nothing was written"),
+        (status = 410, description = "The conversation (or its workspace) was erased: it takes no new messages (`conversation_erased`); nothing was written"),
+        (status = 413, description = "The body is over `api.max_body_bytes` (`body_too_large`); a declared `Content-Length` over it is refused before the body is read (no `100 Continue`)"),
+        (status = 415, description = "The body is not `application/json`"),
+        (status = 422, description = "The body is not a JSON object or does not match the schema, a field is over its bound (`conversation_id`, `document_version` and `model` 256 bytes each; `message` with `context` `worker.max_prompt_bytes`), or the task's Kafka record would be over `kafka.max_record_bytes` (`invalid_body`; `fields` names the field, for the record its largest), or `kept_replies` names a task that is not a completed reply to an earlier message of the conversation, one twice, or two replies to one message (`invalid_body`; `fields` is `kept_replies`); or the key was used with other inputs (`idempotency_key_reused`; `fields` names them); or new work outside the workspace's policy: a `model` it may not use (an absent one is judged as the default), `max_output_tokens` over its cap, a request whose token ceiling is over its whole token quota, `context` from an end user's token where the workspace's `end_user_context` is `deny`, or `message` and `context` over `worker.max_prompt_bytes` with the workspace's system prompt (`outside_workspace_policy`; `fields` names them, `detail` the setting)"),
+        NewWorkRefusals,
     ),
     security(("api_key" = []), ("end_user_token" = []))
 )]
@@ -185,13 +217,11 @@ async fn create_inner(
                 ("Location" = String, description = "The new task's status URL"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answers an earlier request with the same key")
             )),
-        (status = 400, description = "A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such task in the caller's workspace (for an end user's token, in its user's conversations)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 410, description = "The task's conversation (or its workspace) was erased while this was asked (`conversation_erased`); nothing was written", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest), or the source's model or output bound is outside the workspace's policy now (`outside_workspace_policy`)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 429, description = "New work over the workspace's quota of generations or of tokens, or, with an end user's token, over the user's share of it (`end_user_share_percent`; `Retry-After` the window's end) (`quota_exceeded`; a token quota holds each request's ceiling until its reply's usage is known; nothing was written, and a replay of an admitted key is never refused; `detail` says what the wait is based on: the window's reset, how long recent reservations took to settle, the reconciler's next pass, or a limit of 0, which has no `Retry-After`: capacity returns only when an operator raises the limit), or the API key over its request rate (`rate_limited`, `api.rate_limit_per_second`)", body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Quota: seconds until the earliest time worth trying again (the window's end when charges fill it; when open reservations hold the capacity, an estimate of the first one's settlement from how long recent ones took, or the reconciler's next pass for one past its TTL); absent under a limit of 0. Rate: seconds until the key may ask again"))),
-        (status = 503, description = "The database cannot be reached; retry with the same key", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 400, description = "A bad task id, or a missing or bad `Idempotency-Key`, or several different ones (`invalid_idempotency_key`)"),
+        UnknownTask,
+        (status = 410, description = "The task's conversation (or its workspace) was erased while this was asked (`conversation_erased`); nothing was written"),
+        (status = 422, description = "The key was used with other inputs (`idempotency_key_reused`; `fields` names them), or the new task's Kafka record would be over `kafka.max_record_bytes` (`record_too_large`, for a source task that came from Kafka with longer fields than the API takes; `fields` names the largest), or the source's model or output bound is outside the workspace's policy now (`outside_workspace_policy`)"),
+        NewWorkRefusals,
     ),
     security(("api_key" = []), ("end_user_token" = []))
 )]
@@ -250,10 +280,10 @@ pub async fn regenerate(
     params(TaskIdPath),
     responses(
         (status = 200, description = "The task is cancelled (by this request or an earlier one): no reply will come, a running call is cut short (its answer, if one still comes, is refused), its reservation is released, and its event stream ends with this status", body = ReplyView),
-        (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such task in the caller's workspace (for an end user's token, in its user's conversations)", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 409, description = "The task had already ended: its reply was saved before the cancel arrived, or it had failed (`task_finished`); nothing changed. Read the task for its reply", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot be reached; cancelling again is safe", body = ProblemDetails, content_type = "application/problem+json"),
+        BadTaskId,
+        UnknownTask,
+        (status = 409, description = "The task had already ended: its reply was saved before the cancel arrived, or it had failed (`task_finished`); nothing changed. Read the task for its reply"),
+        (status = 503, description = "The database cannot be reached; cancelling again is safe"),
     ),
     security(("api_key" = []), ("end_user_token" = []))
 )]
@@ -309,8 +339,8 @@ pub async fn cancel(
     params(TaskIdPath),
     responses(
         (status = 200, description = "The task", body = ReplyView),
-        (status = 400, description = "The task id is not a UUID", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "No such task in the caller's workspace (for an end user's token, in its user's conversations)", body = ProblemDetails, content_type = "application/problem+json"),
+        BadTaskId,
+        UnknownTask,
     ),
     security(("api_key" = []), ("end_user_token" = []))
 )]
