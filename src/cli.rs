@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::check::CheckArgs;
+use crate::dead_letters::ReplayArgs;
+use crate::erasure::EraseArgs;
+use crate::retries::RetryArgs;
 
 /// `replyd --version`: the release and the commit it was built from. The commit comes from
 /// `REPLYD_COMMIT` at build time (`make image` passes it to the image's build); a build
@@ -320,29 +323,6 @@ pub enum ConfigCommand {
     Reference,
 }
 
-/// What `replyd erase` erases, and how it reports.
-#[derive(Debug, Args)]
-pub struct EraseArgs {
-    /// The workspace.
-    #[arg(long)]
-    pub workspace: String,
-    /// Only this conversation of it.
-    #[arg(long, required_unless_present_any = ["whole_workspace", "end_user"])]
-    pub conversation: Option<String>,
-    /// Erase the whole workspace (instead of --conversation).
-    #[arg(long, conflicts_with_all = ["conversation", "end_user"])]
-    pub whole_workspace: bool,
-    /// Only the conversations this end user began (their tokens are revoked first).
-    #[arg(long, conflicts_with = "conversation")]
-    pub end_user: Option<String>,
-    /// Count what would be erased; write nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
 /// The restore `replyd after-restore` makes safe, and how it reports.
 #[derive(Debug, Args)]
 pub struct AfterRestoreArgs {
@@ -351,57 +331,6 @@ pub struct AfterRestoreArgs {
     #[arg(long)]
     pub restored_to: chrono::DateTime<chrono::Utc>,
     /// Say what would be done; write nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// The failed tasks `replyd tasks retry` runs again, and how it reports.
-#[derive(Debug, Args)]
-pub struct RetryArgs {
-    /// Only this workspace's.
-    #[arg(long)]
-    pub workspace: Option<String>,
-    /// Only tasks that failed at or after this time (RFC 3339).
-    #[arg(long)]
-    pub since: Option<chrono::DateTime<chrono::Utc>>,
-    /// Only tasks that failed before this time (RFC 3339).
-    #[arg(long)]
-    pub until: Option<chrono::DateTime<chrono::Utc>>,
-    /// Only tasks whose failure reason contains this text (e.g. `status 503`).
-    #[arg(long)]
-    pub reason_contains: Option<String>,
-    /// At most this many, the oldest failure first.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
-    pub limit: i64,
-    /// The new tasks' attempt budget; the failed task's when not given.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_attempts: Option<u32>,
-    /// Count what would be retried; write nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// The dead letters `replyd dead-letters replay` sends back, and how it reports.
-#[derive(Debug, Clone, Default, Args)]
-pub struct ReplayArgs {
-    /// Only copies refused for this kind (`prompt_too_large`, `missing_field`,
-    /// `invalid_field`, `undecodable`, `unknown_schema_version`, `empty_record`);
-    /// repeatable. Every kind when not given.
-    #[arg(long = "kind")]
-    pub kinds: Vec<String>,
-    /// Only copies made at or after this time (RFC 3339, e.g. 2026-12-02T09:00:00Z).
-    #[arg(long)]
-    pub since: Option<chrono::DateTime<chrono::Utc>>,
-    /// A record replayed this often already is left where it is.
-    #[arg(long, default_value_t = 3)]
-    pub max_replays: u32,
-    /// Count what would be replayed; send nothing.
     #[arg(long)]
     pub dry_run: bool,
     /// Print the report as JSON.

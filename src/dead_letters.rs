@@ -23,10 +23,31 @@ use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
-use crate::cli::ReplayArgs;
 use crate::config::Settings;
 use crate::transport::kafka::KafkaLogs;
 use crate::transport::kafka::dead_letter::{copy_of, headers};
+
+/// The dead letters `replyd dead-letters replay` sends back, and how it reports.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ReplayArgs {
+    /// Only copies refused for this kind (`prompt_too_large`, `missing_field`,
+    /// `invalid_field`, `undecodable`, `unknown_schema_version`, `empty_record`);
+    /// repeatable. Every kind when not given.
+    #[arg(long = "kind")]
+    pub kinds: Vec<String>,
+    /// Only copies made at or after this time (RFC 3339, e.g. 2026-12-02T09:00:00Z).
+    #[arg(long)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// A record replayed this often already is left where it is.
+    #[arg(long, default_value_t = 3)]
+    pub max_replays: u32,
+    /// Count what would be replayed; send nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// What one dead-letter copy gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,10 +5,32 @@
 use anyhow::Context as _;
 use serde::Serialize;
 
-use crate::cli::EraseArgs;
 use crate::store::erasure_log::Erasure;
 use crate::store::forgetting::{Erased, ErasurePlan, ErasureScope};
 use crate::store::{DatabaseSettings, Store, StoreError};
+
+/// What `replyd erase` erases, and how it reports.
+#[derive(Debug, clap::Args)]
+pub struct EraseArgs {
+    /// The workspace.
+    #[arg(long)]
+    pub workspace: String,
+    /// Only this conversation of it.
+    #[arg(long, required_unless_present_any = ["whole_workspace", "end_user"])]
+    pub conversation: Option<String>,
+    /// Erase the whole workspace (instead of --conversation).
+    #[arg(long, conflicts_with_all = ["conversation", "end_user"])]
+    pub whole_workspace: bool,
+    /// Only the conversations this end user began (their tokens are revoked first).
+    #[arg(long, conflicts_with = "conversation")]
+    pub end_user: Option<String>,
+    /// Count what would be erased; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// What a run did, or with `dry_run` would do.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]

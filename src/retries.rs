@@ -8,10 +8,38 @@ use std::collections::BTreeMap;
 use anyhow::Context as _;
 use serde::Serialize;
 
-use crate::cli::RetryArgs;
 use crate::config::Settings;
 use crate::store::Store;
 use crate::store::retries::{Retried, RetrySelection};
+
+/// The failed tasks `replyd tasks retry` runs again, and how it reports.
+#[derive(Debug, clap::Args)]
+pub struct RetryArgs {
+    /// Only this workspace's.
+    #[arg(long)]
+    pub workspace: Option<String>,
+    /// Only tasks that failed at or after this time (RFC 3339).
+    #[arg(long)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only tasks that failed before this time (RFC 3339).
+    #[arg(long)]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only tasks whose failure reason contains this text (e.g. `status 503`).
+    #[arg(long)]
+    pub reason_contains: Option<String>,
+    /// At most this many, the oldest failure first.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
+    pub limit: i64,
+    /// The new tasks' attempt budget; the failed task's when not given.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: Option<u32>,
+    /// Count what would be retried; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// What a run did.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
