@@ -13,13 +13,7 @@ use serde_json::{Value, json};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_first_requests_against_a_limit_of_fifty_admit_exactly_fifty() {
     let api = Arc::new(start(policy()).await);
-    assert!(
-        api.db
-            .store
-            .set_quota("acme", Some(50), 86_400)
-            .await
-            .unwrap()
-    );
+    api.daily_quota(50).await;
     // Sample used + reserved while the burst runs: it must never pass the limit.
     let running = Arc::new(AtomicBool::new(true));
     let sampler = {
@@ -82,13 +76,7 @@ async fn two_hundred_first_requests_against_a_limit_of_fifty_admit_exactly_fifty
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_first_requests_with_one_key_make_one_reservation() {
     let api = Arc::new(start(policy()).await);
-    assert!(
-        api.db
-            .store
-            .set_quota("acme", Some(10), 86_400)
-            .await
-            .unwrap()
-    );
+    api.daily_quota(10).await;
     let sends = (0..50).map(|_| {
         let api = Arc::clone(&api);
         async move {
@@ -105,13 +93,7 @@ async fn fifty_concurrent_first_requests_with_one_key_make_one_reservation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_is_answered_whatever_the_quota_says_now_and_new_work_gets_429() {
     let api = start(policy()).await;
-    assert!(
-        api.db
-            .store
-            .set_quota("acme", Some(1), 86_400)
-            .await
-            .unwrap()
-    );
+    api.daily_quota(1).await;
     let first = api.press("press-1", "q").await;
     assert_eq!(first.status(), StatusCode::ACCEPTED);
     let first: Accepted = first.json().await.unwrap();

@@ -32,6 +32,12 @@ async fn start(policy: QuotaPolicy) -> Api {
 }
 
 impl Api {
+    /// `acme`'s quota set to `limit` generations a day (UTC days, as windows are aligned).
+    async fn daily_quota(&self, limit: i64) {
+        let set = self.db.store.set_quota("acme", Some(limit), 86_400).await;
+        assert!(set.unwrap(), "acme has a quota counter");
+    }
+
     async fn quota(&self) -> Value {
         self.client
             .get(format!("{}/v1/quota", self.base))

@@ -34,13 +34,7 @@ async fn refusal(api: &Api, key: &str) -> (Option<u64>, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_returns_when_the_window_ends() {
     let api = start(policy()).await;
-    assert!(
-        api.db
-            .store
-            .set_quota("acme", Some(1), 86_400)
-            .await
-            .unwrap()
-    );
+    api.daily_quota(1).await;
     let first: Accepted = api.press("w-1", "q").await.json().await.unwrap();
     api.finish(first.task_id, true).await;
 
@@ -85,13 +79,7 @@ async fn capacity_returns_when_the_window_ends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quota_held_by_open_reservations_says_when_the_first_is_expected_to_settle() {
     let api = start(policy()).await;
-    assert!(
-        api.db
-            .store
-            .set_quota("acme", Some(1), 86_400)
-            .await
-            .unwrap()
-    );
+    api.daily_quota(1).await;
     let first: Accepted = api.press("first", "q").await.json().await.unwrap();
 
     // Nothing has settled yet: a short default, not the reservation's hour-long TTL.
@@ -117,13 +105,7 @@ async fn a_quota_held_by_open_reservations_says_when_the_first_is_expected_to_se
         )
         .await
         .unwrap();
-    assert!(
-        api.db
-            .store
-            .set_quota("acme", Some(2), 86_400)
-            .await
-            .unwrap()
-    );
+    api.daily_quota(2).await;
     let second: Accepted = api.press("second", "q").await.json().await.unwrap();
     client
         .execute(
@@ -149,13 +131,7 @@ async fn a_refusal_behind_a_reservation_past_its_ttl_waits_for_the_reconcilers_n
         ..policy()
     })
     .await;
-    assert!(
-        api.db
-            .store
-            .set_quota("acme", Some(1), 86_400)
-            .await
-            .unwrap()
-    );
+    api.daily_quota(1).await;
     let open: Accepted = api.press("open", "q").await.json().await.unwrap();
     let client = api.db.raw_client().await;
     crate::helpers::wait_until_sql(
@@ -177,13 +153,7 @@ async fn a_refusal_behind_a_reservation_past_its_ttl_waits_for_the_reconcilers_n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_of_zero_is_refused_without_a_time_to_retry() {
     let api = start(policy()).await;
-    assert!(
-        api.db
-            .store
-            .set_quota("acme", Some(0), 86_400)
-            .await
-            .unwrap()
-    );
+    api.daily_quota(0).await;
     let (retry_after, detail) = refusal(&api, "never").await;
     assert_eq!(retry_after, None, "{detail}");
     assert!(detail.contains("the limit is 0"), "{detail}");
