@@ -8,7 +8,8 @@
 # the last window's worth, over that interval. While the window is the limit, calls start as
 # fast as they finish; start-up, group join, the first wave and the last one's drain are not
 # counted, and waves of exactly one latency give exactly window / latency. Also shown: the most calls the mock saw open
-# at once (the window the worker really kept full) and the worker's CPU time per record.
+# at once (the window the worker really kept full), and the worker's and the mock's CPU time per
+# record (they share the box: what the mock spends, the worker cannot).
 #
 # Usage: deploy/bench-window.sh [latency_ms] [partitions] [runs] [windows...]
 #        (default: 1000 1 3 1 16 64 256 1024). Extra settings: BENCH_WORKER, BENCH_LIBRDKAFKA
@@ -43,8 +44,8 @@ cpu_seconds() {
   awk -v t="$clk_tck" '{ print ($14 + $15) / t }' "/proc/$1/stat"
 }
 
-echo "| window | partitions | tasks | replies/s (median, min–max) | ideal/s | ratio (median, min–max) | mock max open (median) | worker CPU µs/record (median) |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| window | partitions | tasks | replies/s (median, min–max) | ideal/s | ratio (median, min–max) | mock max open (median) | worker CPU µs/record (median) | mock CPU µs/record (median) |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for w in "${windows[@]}"; do
   # Ten waves of the window (at least 32 tasks), so the steady state is most of the run.
   tasks=$(( w * 10 < 32 ? 32 : w * 10 ))
@@ -75,6 +76,7 @@ for w in "${windows[@]}"; do
       sleep 0.5
     done
     cpu=$(cpu_seconds "$worker")
+    mock_cpu=$(cpu_seconds "$mock_pid")
     kill -TERM "$worker"; wait "$worker" || true
     max_open=$(curl -s "$mock_url/stats" | sed -n 's/.*"max_in_flight":\([0-9]*\).*/\1/p')
     kill -TERM "$mock_pid"; wait "$mock_pid" || true
@@ -86,23 +88,24 @@ for w in "${windows[@]}"; do
                         (select max(finished_at) from reply_attempts) as last)
       select $tasks - 2 * $w, extract(epoch from b.z - b.a), extract(epoch from b.last - b.first) from b")
     awk -v w="$w" -v p="$partitions" -v n="$tasks" -v sn="$steady_n" -v ss="$steady_s" \
-        -v ws="$whole_s" -v l="$latency_ms" -v open="${max_open:-0}" -v cpu="$cpu" -v run="$run" 'BEGIN {
+        -v ws="$whole_s" -v l="$latency_ms" -v open="${max_open:-0}" -v cpu="$cpu" -v mcpu="$mock_cpu" -v run="$run" 'BEGIN {
       ideal = w / (l / 1000.0)
       # Too few waves for a steady interval (window 1 at a long latency has one call at a time
       # anyway): the whole run.
       rate = (ss > 0.5 && sn > 0) ? sn / ss : n / ws
-      printf "%f %f %d %f\n", rate, rate / ideal, open, cpu / n * 1e6 > "/dev/stderr"
-      printf "{\"bench\":\"window\",\"window\":%d,\"partitions\":%d,\"latency_ms\":%d,\"run\":%d,\"tasks\":%d,\"replies_per_s\":%.1f,\"ideal_per_s\":%.1f,\"ratio\":%.3f,\"whole_run_ratio\":%.3f,\"mock_max_open\":%d,\"worker_cpu_us_per_record\":%.0f}\n",
-        w, p, l, run, n, rate, ideal, rate / ideal, n / ws / ideal, open, cpu / n * 1e6
+      printf "%f %f %d %f %f\n", rate, rate / ideal, open, cpu / n * 1e6, mcpu / n * 1e6 > "/dev/stderr"
+      printf "{\"bench\":\"window\",\"window\":%d,\"partitions\":%d,\"latency_ms\":%d,\"run\":%d,\"tasks\":%d,\"replies_per_s\":%.1f,\"ideal_per_s\":%.1f,\"ratio\":%.3f,\"whole_run_ratio\":%.3f,\"mock_max_open\":%d,\"worker_cpu_us_per_record\":%.0f,\"mock_cpu_us_per_record\":%.0f}\n",
+        w, p, l, run, n, rate, ideal, rate / ideal, n / ws / ideal, open, cpu / n * 1e6, mcpu / n * 1e6
     }' 2>>"$dir/w$w.runs" >>"$jsonl"
   done
   read -r rate_m rate_lo rate_hi < <(cut -d' ' -f1 "$dir/w$w.runs" | stats)
   read -r ratio_m ratio_lo ratio_hi < <(cut -d' ' -f2 "$dir/w$w.runs" | stats)
   read -r open_m _ _ < <(cut -d' ' -f3 "$dir/w$w.runs" | stats)
   read -r cpu_m _ _ < <(cut -d' ' -f4 "$dir/w$w.runs" | stats)
+  read -r mcpu_m _ _ < <(cut -d' ' -f5 "$dir/w$w.runs" | stats)
   awk -v w="$w" -v p="$partitions" -v n="$tasks" -v l="$latency_ms" -v rm="$rate_m" -v rl="$rate_lo" \
-      -v rh="$rate_hi" -v qm="$ratio_m" -v ql="$ratio_lo" -v qh="$ratio_hi" -v om="$open_m" -v cm="$cpu_m" 'BEGIN {
-    printf "| %d | %d | %d | %.1f (%.1f–%.1f) | %.1f | **%.2f** (%.2f–%.2f) | %d | %.0f |\n",
-      w, p, n, rm, rl, rh, w / (l / 1000.0), qm, ql, qh, om, cm
+      -v rh="$rate_hi" -v qm="$ratio_m" -v ql="$ratio_lo" -v qh="$ratio_hi" -v om="$open_m" -v cm="$cpu_m" -v mm="$mcpu_m" 'BEGIN {
+    printf "| %d | %d | %d | %.1f (%.1f–%.1f) | %.1f | **%.2f** (%.2f–%.2f) | %d | %.0f | %.0f |\n",
+      w, p, n, rm, rl, rh, w / (l / 1000.0), qm, ql, qh, om, cm, mm
   }'
 done

@@ -210,12 +210,12 @@ pub(crate) type MessageStream = ReasonStream<MessageEvents>;
 pub(crate) struct MessageEvents;
 
 impl ReasonEvents for MessageEvents {
-    fn event(
+    fn event<'d>(
         &mut self,
         folded: &mut Folded,
         event: &str,
-        data: &str,
-    ) -> Result<Option<String>, ProviderError> {
+        data: &'d str,
+    ) -> Result<Option<Cow<'d, str>>, ProviderError> {
         let wire: WireStreamEvent =
             serde_json::from_str(data).map_err(|e| stream::malformed("a Messages event", e))?;
         let kind = stream::event_name(&wire.kind, event);
@@ -237,7 +237,7 @@ impl ReasonEvents for MessageEvents {
                     .and_then(|d| d.text)
                     .unwrap_or_default();
                 folded.reply.text.push_str(piece.as_str());
-                Ok(Some(piece.into_owned()))
+                Ok(Some(piece.0))
             }
             "message_delta" => {
                 if let Some(reason) = wire.delta.and_then(|d| d.stop_reason) {

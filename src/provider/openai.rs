@@ -7,6 +7,10 @@
 //! (I7). The one re-send left is hyper's, for a request that was never written to a pooled
 //! connection that had just closed; that request cannot have run, so it is not a second call.
 
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
 use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
@@ -117,12 +121,12 @@ pub(crate) struct ChatEvents {
 }
 
 impl ReasonEvents for ChatEvents {
-    fn event(
+    fn event<'d>(
         &mut self,
         folded: &mut Folded,
         _event: &str,
-        data: &str,
-    ) -> Result<Option<String>, ProviderError> {
+        data: &'d str,
+    ) -> Result<Option<Cow<'d, str>>, ProviderError> {
         if data.trim() == "[DONE]" {
             folded.done = true;
             return Ok(None);
@@ -148,7 +152,7 @@ impl ReasonEvents for ChatEvents {
         if let Some(usage) = chunk.usage {
             folded.reply.usage = Some(token_usage(usage.prompt_tokens, usage.completion_tokens));
         }
-        let Some(choice) = chunk.choices.into_iter().next() else {
+        let Some(choice) = chunk.choices.0 else {
             return Ok(None);
         };
         if let Some(reason) = choice.finish_reason {
@@ -162,7 +166,7 @@ impl ReasonEvents for ChatEvents {
         }
         let piece = delta.content.unwrap_or_default();
         folded.reply.text.push_str(piece.as_str());
-        Ok(Some(piece.into_owned()))
+        Ok(Some(piece.0))
     }
 
     fn refused(&self, folded: &Folded) -> Option<ProviderError> {
@@ -250,9 +254,39 @@ struct WireChunk<'a> {
     #[serde(borrow)]
     model: Option<Text<'a>>,
     #[serde(default, borrow)]
-    choices: Vec<WireChunkChoice<'a>>,
+    choices: FirstChoice<'a>,
     usage: Option<WireUsage>,
     error: Option<ErrorEvent>,
+}
+
+/// A chunk's first choice (replyd asks for one, `n` = 1), read without a list: a stream is many
+/// chunks, and a list would be an allocation each. Any later choice is read past.
+#[derive(Debug, Default)]
+struct FirstChoice<'a>(Option<WireChunkChoice<'a>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for FirstChoice<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct First<'a>(PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for First<'a> {
+            type Value = FirstChoice<'a>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of choices")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let first = seq.next_element()?;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(FirstChoice(first))
+            }
+        }
+
+        deserializer.deserialize_seq(First(PhantomData))
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -488,7 +522,7 @@ mod tests {
         let mut pieces = Vec::new();
         for data in events {
             match stream.event("", data) {
-                Ok(Some(piece)) if !piece.is_empty() => pieces.push(piece),
+                Ok(Some(piece)) if !piece.is_empty() => pieces.push(piece.into_owned()),
                 Ok(_) => {}
                 Err(e) => return (pieces, stream, Some(e)),
             }
@@ -528,6 +562,29 @@ mod tests {
                 rate_signals: RateSignals::default(),
             }
         );
+    }
+
+    #[test]
+    fn a_chunk_is_read_for_its_first_choice_and_its_piece_is_borrowed_unless_escaped() {
+        // Two choices (a server that ignores `n`): the first one's piece, the second read past.
+        let two = r#"{"id":"chatcmpl-9","model":"m-1","choices":[{"index":0,"delta":{"content":"one"},"finish_reason":null},{"index":1,"delta":{"content":"two"},"finish_reason":"stop"}]}"#;
+        let mut stream = ChatStream::new("asked");
+        let piece = stream.event("", two).unwrap();
+        assert!(matches!(piece, Some(Cow::Borrowed("one"))), "{piece:?}");
+        assert_eq!(stream.chars(), 3);
+        let escaped = chunk("a \"quoted\" word");
+        let piece = stream.event("", &escaped).unwrap();
+        assert!(
+            matches!(&piece, Some(Cow::Owned(p)) if p == "a \"quoted\" word"),
+            "{piece:?}"
+        );
+        // No choices, and choices that are not a list.
+        assert_eq!(stream.event("", USAGE).unwrap(), None);
+        let not_a_list = r#"{"id":"chatcmpl-9","choices":{"index":0}}"#;
+        assert!(matches!(
+            stream.event("", not_a_list),
+            Err(ProviderError::MalformedResponse { message }) if message.contains("a list of choices")
+        ));
     }
 
     #[test]

@@ -29,8 +29,13 @@ use replyd_core::provider::{Generation, ProviderError, RateSignals, Usage};
 /// feed it the events the real APIs send.
 pub(crate) trait StreamFold: Send {
     /// One event (its `event:` name, empty when it has none, and its `data:`): the text it
-    /// adds, or the error it reports.
-    fn event(&mut self, event: &str, data: &str) -> Result<Option<String>, ProviderError>;
+    /// adds (borrowed from `data` unless it held escapes: most events are a piece of text, and
+    /// most pieces need no copy of their own), or the error it reports.
+    fn event<'d>(
+        &mut self,
+        event: &str,
+        data: &'d str,
+    ) -> Result<Option<Cow<'d, str>>, ProviderError>;
     /// Whether the provider's final event has arrived: nothing more is read after it.
     fn finished(&self) -> bool;
     /// Whether the answer is whole should the body end cleanly here, before the final event.
@@ -77,12 +82,12 @@ pub(crate) struct Folded {
 /// A dialect's reading of a [`ReasonStream`]'s events.
 pub(crate) trait ReasonEvents: Default + Send {
     /// One event (as [`StreamFold::event`]), what it says kept in `folded`.
-    fn event(
+    fn event<'d>(
         &mut self,
         folded: &mut Folded,
         event: &str,
-        data: &str,
-    ) -> Result<Option<String>, ProviderError>;
+        data: &'d str,
+    ) -> Result<Option<Cow<'d, str>>, ProviderError>;
     /// Why the finished stream's reply is no generation (a refusal, a finish with no text), if
     /// it is none.
     fn refused(&self, folded: &Folded) -> Option<ProviderError>;
@@ -99,7 +104,11 @@ impl<E: ReasonEvents> ReasonStream<E> {
 }
 
 impl<E: ReasonEvents> StreamFold for ReasonStream<E> {
-    fn event(&mut self, event: &str, data: &str) -> Result<Option<String>, ProviderError> {
+    fn event<'d>(
+        &mut self,
+        event: &str,
+        data: &'d str,
+    ) -> Result<Option<Cow<'d, str>>, ProviderError> {
         self.events.event(&mut self.folded, event, data)
     }
 

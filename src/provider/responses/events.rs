@@ -2,6 +2,8 @@
 //! number a broken stream is picked up after, and the final event read as a poll reads the
 //! response object. Apart from the calls so every event is tested without a server.
 
+use std::borrow::Cow;
+
 use reqwest::StatusCode;
 use serde::Deserialize;
 
@@ -54,7 +56,11 @@ impl ResponseStream {
 }
 
 impl StreamFold for ResponseStream {
-    fn event(&mut self, event: &str, data: &str) -> Result<Option<String>, ProviderError> {
+    fn event<'d>(
+        &mut self,
+        event: &str,
+        data: &'d str,
+    ) -> Result<Option<Cow<'d, str>>, ProviderError> {
         let wire: WireStreamEvent = serde_json::from_str(data)
             .map_err(|e| stream::malformed("a response stream event", e))?;
         if let Some(sequence) = wire.sequence_number {
@@ -76,7 +82,7 @@ impl StreamFold for ResponseStream {
             "response.output_text.delta" => {
                 let piece = wire.delta.unwrap_or_default();
                 self.reply.text.push_str(&piece);
-                Ok(Some(piece))
+                Ok(Some(Cow::Owned(piece)))
             }
             "response.completed" | "response.incomplete" | "response.failed" => {
                 let response = wire.response.unwrap_or_default();
