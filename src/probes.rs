@@ -127,10 +127,12 @@ fn prometheus() -> &'static PrometheusHandle {
                 )
                 .expect("the bucket list is not empty");
         }
-        builder
+        let handle = builder
             .install_recorder()
             // Only fails if another recorder was installed first, which nothing in replyd does.
-            .expect("no other metrics recorder is installed")
+            .expect("no other metrics recorder is installed");
+        crate::telemetry::recording();
+        handle
     })
 }
 

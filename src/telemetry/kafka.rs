@@ -1,14 +1,20 @@
 //! Events of the Kafka consumer: records received, finished and dead-lettered, the windows
 //! and lag, the group's rebalances, offset commits, and librdkafka's own logs and errors.
 
-use metrics::{counter, gauge};
+use metrics::{Counter, Gauge, counter, gauge};
 
 use super::catalogue::names::*;
+use super::kept::Kept;
 use super::lines::{chain, once_a_minute, shape_of};
 use replyd_core::offsets::PartitionKey;
 
 pub fn record_received(key: &PartitionKey) {
-    counter!(RECORDS_RECEIVED, "partition" => key.partition.to_string()).increment(1);
+    static KEPT: Kept<i32, Counter> = Kept::new();
+    KEPT.get(
+        &key.partition,
+        || counter!(RECORDS_RECEIVED, "partition" => key.partition.to_string()),
+    )
+    .increment(1);
 }
 
 /// A record is finished; `how` says why.
@@ -19,7 +25,10 @@ pub fn record_done(key: &PartitionKey, offset: i64, how: replyd_core::domain::Re
         how = how.as_str(),
         "record done"
     );
-    counter!(RECORDS_DONE, "how" => how.as_str()).increment(1);
+    static KEPT: Kept<&'static str, Counter> = Kept::new();
+    let how = how.as_str();
+    KEPT.get(&how, || counter!(RECORDS_DONE, "how" => how))
+        .increment(1);
 }
 
 pub fn record_dead_lettered(key: &PartitionKey, offset: i64, kind: &'static str, reason: &str) {
@@ -56,8 +65,11 @@ pub fn back_pressure(paused: &[PartitionKey], resumed: &[PartitionKey]) {
 }
 
 pub fn in_flight(total: usize, paused: usize) {
-    gauge!(IN_FLIGHT).set(total as f64);
-    gauge!(PAUSED_PARTITIONS).set(paused as f64);
+    static KEPT: Kept<(), (Gauge, Gauge)> = Kept::new();
+    let (in_flight, paused_partitions) =
+        KEPT.one(|| (gauge!(IN_FLIGHT), gauge!(PAUSED_PARTITIONS)));
+    in_flight.set(total as f64);
+    paused_partitions.set(paused as f64);
 }
 
 /// How long the oldest record still in flight on `partition` has been running or waiting

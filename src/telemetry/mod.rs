@@ -10,6 +10,7 @@
 pub mod catalogue;
 mod front;
 mod kafka;
+mod kept;
 mod lines;
 pub mod logging;
 mod provider;
@@ -24,6 +25,7 @@ pub use catalogue::{
 };
 pub use front::*;
 pub use kafka::*;
+pub use kept::recording;
 pub use lines::{RepeatedFailure, chain};
 pub use provider::*;
 pub use sqs::*;

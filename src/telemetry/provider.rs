@@ -3,9 +3,12 @@
 
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use std::sync::Arc;
+
+use metrics::{Counter, Histogram, counter, gauge, histogram};
 
 use super::catalogue::names::*;
+use super::kept::Kept;
 use super::lines::once_a_minute;
 
 /// How one provider call ended, for its metric label.
@@ -38,8 +41,15 @@ pub fn provider_call(task_id: &str, version: i64, end: CallEnd<'_>, took: Durati
         took_ms = took.as_millis() as u64,
         "provider call"
     );
-    counter!(PROVIDER_CALLS, "outcome" => end.label()).increment(1);
-    histogram!(PROVIDER_SECONDS).record(took.as_secs_f64());
+    static CALLS: Kept<&'static str, Counter> = Kept::new();
+    static SECONDS: Kept<(), Histogram> = Kept::new();
+    let outcome = end.label();
+    CALLS
+        .get(&outcome, || counter!(PROVIDER_CALLS, "outcome" => outcome))
+        .increment(1);
+    SECONDS
+        .one(|| histogram!(PROVIDER_SECONDS))
+        .record(took.as_secs_f64());
 }
 
 /// How many records of this worker wait for `bucket`'s capacity now.
@@ -51,13 +61,27 @@ pub fn capacity_waiting(bucket: &str, records: usize) {
 /// workspace (bounded, [`workspace_label`]), so a workspace that waits far longer than the
 /// others is seen (I10).
 pub fn capacity_waited(bucket: &str, workspace: &str, waited: Duration) {
-    histogram!(CAPACITY_WAIT_SECONDS, "model" => bucket.to_owned()).record(waited.as_secs_f64());
-    histogram!(
-        CAPACITY_WORKSPACE_WAIT_SECONDS,
-        "model" => bucket.to_owned(),
-        "workspace" => workspace_label(workspace),
-    )
-    .record(waited.as_secs_f64());
+    static BY_MODEL: Kept<String, Histogram> = Kept::new();
+    // By model, then by the workspace's label: at most `WORKSPACE_LABELS` + 1 a model.
+    static BY_WORKSPACE: Kept<String, Arc<Kept<String, Histogram>>> = Kept::new();
+    let seconds = waited.as_secs_f64();
+    BY_MODEL
+        .get(
+            bucket,
+            || histogram!(CAPACITY_WAIT_SECONDS, "model" => bucket.to_owned()),
+        )
+        .record(seconds);
+    let label = workspace_label(workspace);
+    BY_WORKSPACE
+        .get(bucket, || Arc::new(Kept::new()))
+        .get(&label, || {
+            histogram!(
+                CAPACITY_WORKSPACE_WAIT_SECONDS,
+                "model" => bucket.to_owned(),
+                "workspace" => label.clone(),
+            )
+        })
+        .record(seconds);
 }
 
 /// Workspaces a process labels by name; the rest are `other`.
@@ -98,14 +122,25 @@ pub fn capacity_refused(bucket: &str) {
 /// The tokens a provider's answer reported, by the model asked and the kind (`prompt`,
 /// `completion`); an answer that reported none is counted apart, never as 0 tokens.
 pub fn provider_usage(model: &str, usage: Option<(u32, u32)>) {
+    static TOKENS: Kept<String, (Counter, Counter)> = Kept::new();
+    static UNREPORTED: Kept<String, Counter> = Kept::new();
     match usage {
         Some((prompt, completion)) => {
-            counter!(PROVIDER_TOKENS, "model" => model.to_owned(), "kind" => "prompt")
-                .increment(u64::from(prompt));
-            counter!(PROVIDER_TOKENS, "model" => model.to_owned(), "kind" => "completion")
-                .increment(u64::from(completion));
+            let (prompt_tokens, completion_tokens) = TOKENS.get(model, || {
+                (
+                    counter!(PROVIDER_TOKENS, "model" => model.to_owned(), "kind" => "prompt"),
+                    counter!(PROVIDER_TOKENS, "model" => model.to_owned(), "kind" => "completion"),
+                )
+            });
+            prompt_tokens.increment(u64::from(prompt));
+            completion_tokens.increment(u64::from(completion));
         }
-        None => counter!(PROVIDER_USAGE_UNREPORTED, "model" => model.to_owned()).increment(1),
+        None => UNREPORTED
+            .get(
+                model,
+                || counter!(PROVIDER_USAGE_UNREPORTED, "model" => model.to_owned()),
+            )
+            .increment(1),
     }
 }
 
@@ -116,7 +151,9 @@ pub fn capacity_limit(bucket: &str, per_second: f64) {
 
 /// How a streamed provider answer ended: `completed`, `cut`, `error`, `cancelled`, `fenced`.
 pub fn provider_stream_ended(end: &'static str) {
-    counter!(PROVIDER_STREAMS, "end" => end).increment(1);
+    static KEPT: Kept<&'static str, Counter> = Kept::new();
+    KEPT.get(&end, || counter!(PROVIDER_STREAMS, "end" => end))
+        .increment(1);
 }
 
 /// A piece of live text written (`written`), refused because its attempt is no longer the

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use metrics::{counter, gauge};
+use metrics::{Counter, Gauge, counter, gauge};
 
 use super::catalogue::names::*;
+use super::kept::Kept;
 use super::lines::chain;
 
 /// What a claim found (`ClaimOutcome::label` is the metric label).
@@ -16,13 +17,18 @@ pub fn claim(task_id: &str, outcome: &replyd_core::lease::ClaimOutcome) {
         outcome = outcome.label(),
         "claim"
     );
-    counter!(CLAIMS, "outcome" => outcome.label()).increment(1);
+    static KEPT: Kept<&'static str, Counter> = Kept::new();
+    let label = outcome.label();
+    KEPT.get(&label, || counter!(CLAIMS, "outcome" => label))
+        .increment(1);
 }
 
 /// A reply saved by this assignment (refusals are [`write_refused`]).
 pub fn reply_accepted(task_id: &str, version: i64) {
     tracing::debug!(task_id, assignment_version = version, "completion accepted");
-    counter!(COMPLETIONS, "outcome" => "accepted").increment(1);
+    static KEPT: Kept<(), Counter> = Kept::new();
+    KEPT.one(|| counter!(COMPLETIONS, "outcome" => "accepted"))
+        .increment(1);
 }
 
 /// A fenced write was refused: one INFO line with the refusal's class and both versions.
@@ -58,7 +64,8 @@ pub fn task_failed_at_claim(task_id: &str, why: &'static str, reason: &str) {
 }
 
 pub fn watched_tasks(tasks: usize) {
-    gauge!(WATCHED_TASKS).set(tasks as f64);
+    static KEPT: Kept<(), Gauge> = Kept::new();
+    KEPT.one(|| gauge!(WATCHED_TASKS)).set(tasks as f64);
 }
 
 /// `source` is where the wake-up came from (`parking::WakeSource`'s label).
@@ -66,7 +73,9 @@ pub fn wake_up(source: &'static str, records: usize) {
     if records > 0 {
         tracing::debug!(source, records, "parked records woken");
     }
-    counter!(WAKE_UPS, "source" => source).increment(records as u64);
+    static KEPT: Kept<&'static str, Counter> = Kept::new();
+    KEPT.get(&source, || counter!(WAKE_UPS, "source" => source))
+        .increment(records as u64);
 }
 
 pub fn listener_connected() {
