@@ -19,14 +19,9 @@ pub fn record_received(key: &PartitionKey) {
 
 /// A record is finished; `how` says why.
 pub fn record_done(key: &PartitionKey, offset: i64, how: replyd_core::domain::RecordEnd) {
-    tracing::debug!(
-        partition = key.partition,
-        offset,
-        how = how.as_str(),
-        "record done"
-    );
     static KEPT: Kept<&'static str, Counter> = Kept::new();
     let how = how.as_str();
+    tracing::debug!(partition = key.partition, offset, how, "record done");
     KEPT.get(&how, || counter!(RECORDS_DONE, "how" => how))
         .increment(1);
 }

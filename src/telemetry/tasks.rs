@@ -11,14 +11,14 @@ use super::lines::chain;
 
 /// What a claim found (`ClaimOutcome::label` is the metric label).
 pub fn claim(task_id: &str, outcome: &replyd_core::lease::ClaimOutcome) {
+    static KEPT: Kept<&'static str, Counter> = Kept::new();
+    let label = outcome.label();
     tracing::debug!(
         task_id,
         assignment_version = outcome.version(),
-        outcome = outcome.label(),
+        outcome = label,
         "claim"
     );
-    static KEPT: Kept<&'static str, Counter> = Kept::new();
-    let label = outcome.label();
     KEPT.get(&label, || counter!(CLAIMS, "outcome" => label))
         .increment(1);
 }
