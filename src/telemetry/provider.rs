@@ -1,9 +1,8 @@
 //! Events of the provider: each call and how it ended, the tokens answers reported, and the
 //! deployment's shared capacity (waits, refusals, the rate applied).
 
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use metrics::{Counter, Histogram, counter, gauge, histogram};
 
