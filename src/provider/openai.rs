@@ -260,7 +260,8 @@ struct WireChunk<'a> {
 }
 
 /// A chunk's first choice (replyd asks for one, `n` = 1), read without a list: a stream is many
-/// chunks, and a list would be an allocation each. Any later choice is read past.
+/// chunks, and a list would be an allocation each. Any later choice is read past unchecked, as
+/// nothing of it is used.
 #[derive(Debug, Default)]
 struct FirstChoice<'a>(Option<WireChunkChoice<'a>>);
 

@@ -125,6 +125,11 @@ impl ErasurePlan {
     }
 }
 
+/// The counts of a row that selected `tasks, attempts, messages, charged, released` from
+/// `replyd_forget`. The statements name them, never `*`: they are kept prepared per session,
+/// and a later release that adds a column to the function's result would make every kept
+/// `SELECT *` fail ("cached plan must not change result type") while this release still runs
+/// beside it.
 fn counts(row: &tokio_postgres::Row) -> Forgotten {
     let n = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
     Forgotten {
@@ -151,7 +156,11 @@ impl Store {
     /// Forgets `tasks` in one transaction (`replyd_forget`).
     async fn forget(&self, tasks: &[Uuid], reason: &str) -> Result<Forgotten, StoreError> {
         let row = self
-            .row("SELECT * FROM replyd_forget($1, $2)", &[&tasks, &reason])
+            .row(
+                "SELECT tasks, attempts, messages, charged, released \
+                 FROM replyd_forget($1, $2)",
+                &[&tasks, &reason],
+            )
             .await?;
         Ok(counts(&row))
     }
@@ -175,7 +184,7 @@ impl Store {
             .row(
                 "WITH shortest AS (SELECT least($1::float8, \
                      (SELECT min(task_retention_seconds)::float8 FROM workspaces)) AS secs) \
-                 SELECT * FROM replyd_forget(ARRAY(SELECT t.task_id FROM reply_tasks t \
+                 SELECT tasks, attempts, messages, charged, released FROM replyd_forget(ARRAY(SELECT t.task_id FROM reply_tasks t \
                    LEFT JOIN workspaces w ON w.workspace_id = t.workspace_id, shortest \
                    WHERE t.status IN ('completed', 'failed', 'cancelled') \
                      AND t.finished_at < clock_timestamp() - make_interval(secs => shortest.secs) \

@@ -421,6 +421,26 @@ pub struct ExpiredReservation {
     pub operation_id: Option<String>,
 }
 
+/// The statement that runs `$settling` (a settlement function over the terminal task `t`, `$1`
+/// its id, `$2` who, `$3` why) and records the decision it made, in one statement. A macro, so
+/// that each use is one constant text: the statements are kept prepared per session, and a
+/// text made per call would grow each session's cache.
+macro_rules! settle_recorded {
+    ($settling:literal) => {
+        concat!(
+            "WITH settled AS ( \
+               SELECT ",
+            $settling,
+            " AS state \
+               FROM reply_tasks t WHERE t.task_id = $1 AND t.status IN ('completed', 'failed', 'cancelled')), \
+             noted AS ( \
+               INSERT INTO quota_decisions (task_id, decided_by, decision, reason) \
+               SELECT $1, $2, state, $3 FROM settled WHERE state IS NOT NULL RETURNING decision) \
+             SELECT (SELECT decision FROM noted)"
+        )
+    };
+}
+
 impl Store {
     /// How many open reservations are past their TTL now.
     pub async fn overdue_reservations(&self) -> Result<i64, StoreError> {
@@ -512,11 +532,13 @@ impl Store {
         by: &str,
         why: &str,
     ) -> Result<Option<String>, StoreError> {
-        self.settle_recorded(
-            "replyd_settle(t.task_id, t.status, $2, $3, false)",
-            &[&task_id.as_uuid(), &by, &why],
-        )
-        .await
+        let row = self
+            .row(
+                settle_recorded!("replyd_settle(t.task_id, t.status, $2, $3, false)"),
+                &[&task_id.as_uuid(), &by, &why],
+            )
+            .await?;
+        Ok(row.get(0))
     }
 
     /// Settles the open reservation of a task that is already terminal to `settle`, outright
@@ -529,31 +551,10 @@ impl Store {
         by: &str,
         why: &str,
     ) -> Result<Option<String>, StoreError> {
-        self.settle_recorded(
-            "replyd_settle_to(t.task_id, $4, $2, $3)",
-            &[&task_id.as_uuid(), &by, &why, &settle.state().as_str()],
-        )
-        .await
-    }
-
-    /// Runs `settling` (a settlement function over the task `t`, `$1` its id, `$2` who, `$3`
-    /// why) for a terminal task and records the decision it made, in one statement.
-    async fn settle_recorded(
-        &self,
-        settling: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<Option<String>, StoreError> {
-        let row = self.row(
-                &format!(
-                    "WITH settled AS ( \
-                       SELECT {settling} AS state \
-                       FROM reply_tasks t WHERE t.task_id = $1 AND t.status IN ('completed', 'failed', 'cancelled')), \
-                     noted AS ( \
-                       INSERT INTO quota_decisions (task_id, decided_by, decision, reason) \
-                       SELECT $1, $2, state, $3 FROM settled WHERE state IS NOT NULL RETURNING decision) \
-                     SELECT (SELECT decision FROM noted)"
-                ),
-                params,
+        let row = self
+            .row(
+                settle_recorded!("replyd_settle_to(t.task_id, $4, $2, $3)"),
+                &[&task_id.as_uuid(), &by, &why, &settle.state().as_str()],
             )
             .await?;
         Ok(row.get(0))

@@ -56,7 +56,7 @@ impl QuotaSettings {
         vec![(
             "quota.reservation_ttl_ms",
             format!(
-                "{} must be longer than an API task's lifetime plus its redelivery, {least} ms: {api_task_ms} ms (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms) + retry.refusal_budget_ms) + {redelivery_ms} ms ({redelivery_from} + worker.lease_ms + worker.drain_timeout_ms), or a worker's crash could fail work that only waits for the group to hand it on",
+                "{} must be longer than an API task's lifetime plus its redelivery, {least} ms: {api_task_ms} ms (worker.default_max_attempts × (worker.lease_ms + retry.max_delay_ms) + retry.refusal_budget_ms) + {redelivery_ms} ms ({redelivery_from} + worker.lease_ms + worker.drain_timeout_ms), or a worker's crash could fail work that only waits to be handed to another worker",
                 self.reservation_ttl_ms
             ),
         )]
