@@ -532,13 +532,11 @@ impl Store {
         by: &str,
         why: &str,
     ) -> Result<Option<String>, StoreError> {
-        let row = self
-            .row(
-                settle_recorded!("replyd_settle(t.task_id, t.status, $2, $3, false)"),
-                &[&task_id.as_uuid(), &by, &why],
-            )
-            .await?;
-        Ok(row.get(0))
+        self.settled(
+            settle_recorded!("replyd_settle(t.task_id, t.status, $2, $3, false)"),
+            &[&task_id.as_uuid(), &by, &why],
+        )
+        .await
     }
 
     /// Settles the open reservation of a task that is already terminal to `settle`, outright
@@ -551,13 +549,21 @@ impl Store {
         by: &str,
         why: &str,
     ) -> Result<Option<String>, StoreError> {
-        let row = self
-            .row(
-                settle_recorded!("replyd_settle_to(t.task_id, $4, $2, $3)"),
-                &[&task_id.as_uuid(), &by, &why, &settle.state().as_str()],
-            )
-            .await?;
-        Ok(row.get(0))
+        self.settled(
+            settle_recorded!("replyd_settle_to(t.task_id, $4, $2, $3)"),
+            &[&task_id.as_uuid(), &by, &why, &settle.state().as_str()],
+        )
+        .await
+    }
+
+    /// Runs one of `settle_recorded!`'s statements: the state the reservation went to, or
+    /// None. `&'static str`: a constant text, as a statement kept prepared per session must be.
+    async fn settled(
+        &self,
+        statement: &'static str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<String>, StoreError> {
+        Ok(self.row(statement, params).await?.get(0))
     }
 
     /// Records a reconciler decision that changed the task itself (completed from the
