@@ -24,7 +24,7 @@ pub struct Sighting {
     pub readable_end: i64,
     /// The next offset the worker reads: one past the last record the client handed it in
     /// this assignment (control records of transactions included, which the client skips),
-    /// or, before any, the group's committed offset (negative when there is none).
+    /// or, before any, [`first_to_read`]: negative when the worker cannot tell.
     pub next_to_read: i64,
     /// Whether the worker paused the partition (its read-ahead is full): not fetching is then
     /// what it asked for.
@@ -42,6 +42,20 @@ impl Sighting {
             && self.waiting == 0
             && self.next_to_read >= 0
             && self.readable_end > self.next_to_read
+    }
+}
+
+/// Where the worker reads a partition first in an assignment, before the client has handed it
+/// any record: the group's `committed` offset, or, when the group never committed one (a
+/// partition revoked before any of its records was done, then given back), where the reset
+/// policy starts: the log start when `uncommitted_from_start` (`earliest`), offset 0 while the
+/// log start is unknown (a seek below it is reset to it by that same policy). Negative when
+/// the worker cannot tell (`latest` starts wherever the log ends when the client asks).
+pub fn first_to_read(committed: i64, log_start: i64, uncommitted_from_start: bool) -> i64 {
+    if committed >= 0 || !uncommitted_from_start {
+        committed
+    } else {
+        log_start.max(0)
     }
 }
 
@@ -180,6 +194,30 @@ mod tests {
             assert_eq!(watch.observe(&0, starved(5)), Verdict::Watching, "{case:?}");
             watch.forget(&0);
         }
+    }
+
+    #[test]
+    fn a_partition_never_committed_is_read_from_where_the_reset_policy_starts() {
+        const NONE: i64 = -1001;
+        assert_eq!(first_to_read(7, 3, true), 7);
+        assert_eq!(first_to_read(7, 3, false), 7);
+        assert_eq!(first_to_read(NONE, 3, true), 3);
+        assert_eq!(first_to_read(NONE, -1, true), 0, "log start not known yet");
+        assert_eq!(first_to_read(NONE, 3, false), NONE);
+        // Given back with records in it and never fetched: a stall at its start, which a
+        // negative next offset would hide for good.
+        let mut watch = FetchWatch::default();
+        let never_fetched = Sighting {
+            readable_end: 10,
+            next_to_read: first_to_read(NONE, 0, true),
+            paused: false,
+            waiting: 0,
+        };
+        assert_eq!(watch.observe(&1, never_fetched), Verdict::Watching);
+        assert_eq!(
+            watch.observe(&1, never_fetched),
+            Verdict::Stalled { from: 0 }
+        );
     }
 
     #[test]

@@ -18,15 +18,19 @@ use replyd_core::offsets::PartitionKey;
 pub struct WorkerContext {
     shared: Arc<Shared>,
     topic: String,
+    /// Whether a partition without a committed offset is read from its start (see
+    /// `reads_uncommitted_from_start`).
+    uncommitted_from_start: bool,
     /// Partitions whose lag this worker reported, so one it no longer has is set to 0.
     lag_reported: std::sync::Mutex<std::collections::BTreeSet<i32>>,
 }
 
 impl WorkerContext {
-    pub(super) fn new(shared: Arc<Shared>, topic: String) -> Self {
+    pub(super) fn new(shared: Arc<Shared>, topic: String, uncommitted_from_start: bool) -> Self {
         Self {
             shared,
             topic,
+            uncommitted_from_start,
             lag_reported: Default::default(),
         }
     }
@@ -53,6 +57,7 @@ impl ClientContext for WorkerContext {
                 self.shared.watch_fetch(
                     PartitionKey::new(self.topic.as_str(), partition.partition),
                     partition,
+                    self.uncommitted_from_start,
                 );
             }
             let lag = partition

@@ -74,6 +74,16 @@ pub fn consumer_config(kafka: &KafkaSettings) -> ClientConfig {
     config
 }
 
+/// Whether a partition the group never committed is read from its first record: librdkafka's
+/// `auto.offset.reset` as set (ours `earliest`, or the pass-through map's). The fetch watch
+/// then knows where such a partition's reading starts; under `latest` it cannot tell.
+fn reads_uncommitted_from_start(config: &ClientConfig) -> bool {
+    matches!(
+        config.get("auto.offset.reset"),
+        Some("earliest" | "smallest" | "beginning")
+    )
+}
+
 /// How often every partition's commit point is sent again even if it did not move: the result
 /// of an async commit is not reported back (see `commit_callback`), so a failed one is mended
 /// by sending every point again.
@@ -91,8 +101,13 @@ pub fn run_consumer<H: RecordHandler<OwnedMessage>>(
     weights: Weights,
 ) -> Result<(), KafkaError> {
     let shared = Shared::new(holding, status, handler, runtime.clone(), weights);
-    let consumer: BaseConsumer<WorkerContext> = consumer_config(kafka)
-        .create_with_context(WorkerContext::new(Arc::clone(&shared), kafka.topic.clone()))?;
+    let config = consumer_config(kafka);
+    let uncommitted_from_start = reads_uncommitted_from_start(&config);
+    let consumer: BaseConsumer<WorkerContext> = config.create_with_context(WorkerContext::new(
+        Arc::clone(&shared),
+        kafka.topic.clone(),
+        uncommitted_from_start,
+    ))?;
     consumer.subscribe(&[&kafka.topic])?;
     shared.status.polling.store(true, Ordering::Relaxed);
     tracing::info!(topic = %kafka.topic, group = %kafka.group_id, protocol = kafka.group_protocol.as_str(), "consumer started");

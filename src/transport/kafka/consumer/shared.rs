@@ -25,7 +25,7 @@ use crate::capacity::Weights;
 use crate::probes::Heartbeat;
 use crate::telemetry;
 use crate::transport::source::{Holding, RecordHandler, RecordOutcome, WindowSlot};
-use replyd_core::fetch_watch::{FetchWatch, Sighting, Verdict};
+use replyd_core::fetch_watch::{FetchWatch, Sighting, Verdict, first_to_read};
 use replyd_core::offsets::{InFlightOffsets, PartitionKey};
 use replyd_core::windows::{self, Offer, WindowLimits, Windows};
 
@@ -433,7 +433,14 @@ impl Shared {
 
     /// Judges one statistics report of an assigned partition ([`FetchWatch`]): a stalled one is
     /// queued for a fetch restart at the next offset to read.
-    pub(super) fn watch_fetch(&self, key: PartitionKey, report: &rdkafka::statistics::Partition) {
+    /// `uncommitted_from_start`: where the reset policy starts a partition the group never
+    /// committed ([`first_to_read`]).
+    pub(super) fn watch_fetch(
+        &self,
+        key: PartitionKey,
+        report: &rdkafka::statistics::Partition,
+        uncommitted_from_start: bool,
+    ) {
         let mut state = self.lock();
         if state.stopping || !state.windows.is_assigned(&key) {
             return;
@@ -442,7 +449,13 @@ impl Shared {
             .offsets
             .partition(&key)
             .and_then(|p| p.next_to_read())
-            .unwrap_or(report.committed_offset);
+            .unwrap_or_else(|| {
+                first_to_read(
+                    report.committed_offset,
+                    report.lo_offset,
+                    uncommitted_from_start,
+                )
+            });
         let sighting = Sighting {
             readable_end: if report.ls_offset >= 0 {
                 report.ls_offset
