@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live bench-kills bench-triggers bench-fairness chaos fuzz image
+.PHONY: build test build-tests tests infra-up-chaos infra-down-chaos lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live bench-kills bench-triggers bench-fairness chaos fuzz image
 
 build:
 	$(CARGO) build --release
@@ -24,17 +24,41 @@ image:
 ## (`.ci/run` prints them).
 STAGE = bash .ci/stage
 test:
-	$(STAGE) infra-up $(MAKE) --no-print-directory infra-up
+	$(STAGE) infra-up $(MAKE) --no-print-directory infra-up infra-up-chaos
 	$(STAGE) test-tools $(MAKE) --no-print-directory test-tools
 	$(STAGE) lint $(MAKE) --no-print-directory lint
 	$(STAGE) client-test $(MAKE) --no-print-directory client-test
-	$(STAGE) build $(CARGO) test --workspace --all-targets --no-run
-	$(STAGE) tests $(CARGO) test --workspace --all-targets
+	$(STAGE) build $(MAKE) --no-print-directory build-tests
+	$(STAGE) tests $(MAKE) --no-print-directory tests
 	$(STAGE) doc-tests $(CARGO) test --workspace --doc
+
+## build-tests: every test binary, the chaos scenarios' too (`--all-targets` leaves them out,
+## and a `--test` beside it is ignored).
+build-tests:
+	$(CARGO) test --workspace --all-targets --no-run
+	$(CARGO) test --test chaos --no-run
+
+## tests: every test, the chaos scenarios (`test = false`: `--all-targets` leaves them out)
+## beside the rest, on a set of services of their own: they crash PostgreSQL, the broker and
+## ElasticMQ, which the other tests use. Their output follows the rest's, whole.
+CHAOS_INFRA = $(CURDIR)/target/infra-chaos
+tests:
+	@mkdir -p target; REPLYD_INFRA_DIR=$(CHAOS_INFRA) $(CARGO) test --test chaos > target/chaos-tests.log 2>&1 & chaos=$$!; \
+	$(CARGO) test --workspace --all-targets; rest=$$?; \
+	wait $$chaos; scenarios=$$?; \
+	echo "---- the chaos scenarios (target/chaos-tests.log) ----"; cat target/chaos-tests.log; \
+	[ $$rest -eq 0 ] && [ $$scenarios -eq 0 ]
+
+## infra-up-chaos, infra-down-chaos: the chaos scenarios' own services (target/infra-chaos).
+infra-up-chaos:
+	REPLYD_INFRA_DIR=$(CHAOS_INFRA) bash deploy/infra.sh up
+infra-down-chaos:
+	REPLYD_INFRA_DIR=$(CHAOS_INFRA) bash deploy/infra.sh down
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --test chaos -- -D warnings
 
 ## client-test: the TypeScript client (clients/typescript): its packages, its committed build
 ## output against its sources and docs/openapi.json, its unit tests, and the browser tests'
@@ -56,9 +80,11 @@ test-tools:
 
 infra-down:
 	bash deploy/infra.sh down
+	REPLYD_INFRA_DIR=$(CHAOS_INFRA) bash deploy/infra.sh down
 
 infra-clean:
 	bash deploy/infra.sh clean
+	REPLYD_INFRA_DIR=$(CHAOS_INFRA) bash deploy/infra.sh clean
 
 infra-status:
 	bash deploy/infra.sh status

@@ -24,12 +24,14 @@
 #
 # Every step is idempotent: `up` on a running setup only re-checks readiness and rewrites the env
 # file. DATABASE_URL / KAFKA_BOOTSTRAP / SQS_ENDPOINT in the environment replace the local service
-# of that kind.
+# of that kind. REPLYD_INFRA_DIR=<dir> keeps a second set under <dir> instead (see below).
 # Chosen ports are reserved in ${REPLYD_PORTS_DIR:-/tmp/replyd-ports}/<port>: other checkouts skip them.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-infra="$root/target/infra"
+# REPLYD_INFRA_DIR: another set of the same services, on ports of its own, beside this one
+# (`make test` runs the chaos scenarios, which crash them, on such a set).
+infra="${REPLYD_INFRA_DIR:-$root/target/infra}"
 env_file="$infra/env"
 tools_env="$infra/tools.env"
 
@@ -178,7 +180,7 @@ pg_prepare_dir() {
   chown postgres: "$infra/pg" "$(readlink -f "$infra/pg")" 2>/dev/null || true
   if ! pg_run test -w "$infra/pg/"; then
     local outside
-    outside="/var/tmp/replyd-pg-$(echo "$root" | md5sum | cut -c1-12)"
+    outside="/var/tmp/replyd-pg-$(echo "$infra" | md5sum | cut -c1-12)"
     say "postgres cannot reach $infra/pg; keeping the cluster in $outside"
     mkdir -p "$outside" && chown postgres: "$outside" && chmod 700 "$outside"
     rm -rf "$infra/pg" && ln -s "$outside" "$infra/pg"

@@ -1,5 +1,6 @@
 //! Fixtures shared by the integration tests: the real PostgreSQL and Kafka started by
-//! `make infra-up` (addresses in `target/infra/env`, or `DATABASE_URL` / `KAFKA_BOOTSTRAP`),
+//! `make infra-up` (addresses in `target/infra/env`, or `DATABASE_URL` / `KAFKA_BOOTSTRAP`, or
+//! the set under `REPLYD_INFRA_DIR`),
 //! a fresh schema per test, and a random topic and group per test.
 
 pub mod api;
@@ -19,12 +20,22 @@ use replyd_core::domain::{ChatMessage, ProviderRequest, Role, TaskId, TaskSpec};
 /// a suite that silently skips proves nothing.
 pub fn infra(name: &str) -> String {
     infra_opt(name).unwrap_or_else(|| {
-        panic!("{name} missing from {INFRA_ENV} and {TOOLS_ENV}: run `make infra-up test-tools`")
+        panic!(
+            "{name} missing from {} and {TOOLS_ENV}: run `make infra-up test-tools`",
+            infra_env()
+        )
     })
 }
 
-/// The services' addresses (`deploy/infra.sh up`).
-const INFRA_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/infra/env");
+/// The services' addresses (`deploy/infra.sh up`), or those of the set under
+/// `REPLYD_INFRA_DIR` (the chaos scenarios', which crash theirs, in `make test`).
+fn infra_env() -> String {
+    match std::env::var("REPLYD_INFRA_DIR") {
+        Ok(dir) if !dir.is_empty() => format!("{dir}/env"),
+        _ => concat!(env!("CARGO_MANIFEST_DIR"), "/target/infra/env").to_string(),
+    }
+}
+
 /// The test tools' paths (`deploy/infra.sh tools`), which the demo does not need.
 const TOOLS_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/infra/tools.env");
 
@@ -33,8 +44,9 @@ pub fn infra_opt(name: &str) -> Option<String> {
     if let Ok(value) = std::env::var(name) {
         return Some(value);
     }
-    let text = std::fs::read_to_string(INFRA_ENV).unwrap_or_else(|e| {
-        panic!("{name} is not set and {INFRA_ENV} is unreadable ({e}): run `make infra-up`")
+    let path = infra_env();
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!("{name} is not set and {path} is unreadable ({e}): run `make infra-up`")
     });
     // The tools' file is absent until `make test-tools` ran: then only services are known.
     let tools = std::fs::read_to_string(TOOLS_ENV).unwrap_or_default();
