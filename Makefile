@@ -44,7 +44,7 @@ build-tests:
 CHAOS_INFRA = $(CURDIR)/target/infra-chaos
 tests:
 	@mkdir -p target; REPLYD_INFRA_DIR=$(CHAOS_INFRA) $(CARGO) test --test chaos > target/chaos-tests.log 2>&1 & chaos=$$!; \
-	$(CARGO) test --workspace --all-targets; rest=$$?; \
+	$(CARGO) test --workspace --all-targets --no-fail-fast; rest=$$?; \
 	wait $$chaos; scenarios=$$?; \
 	echo "---- the chaos scenarios (target/chaos-tests.log) ----"; cat target/chaos-tests.log; \
 	[ $$rest -eq 0 ] && [ $$scenarios -eq 0 ]
