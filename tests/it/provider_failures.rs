@@ -643,7 +643,10 @@ async fn a_burst_paced_by_the_shared_budget_never_meets_the_providers_limit() {
     let stats = app.mock.stats();
     assert_eq!(stats.refused.total(), 0, "{stats:?}");
     assert!(stats.max_in_progress <= 8, "{stats:?}");
-    assert!(stats.max_admitted_in_a_second <= 18, "{stats:?}");
+    // Paced at 18 a second where they leave the workers; they reach the mock after a delay
+    // that varies on a loaded machine, so one of its clock's seconds may also hold a call paced
+    // in the second before (6 then 19 was seen). Under its 20 a second all the same.
+    assert!(stats.max_admitted_in_a_second < 20, "{stats:?}");
     assert_eq!(report.attempts, 120, "one attempt a task: {report:#?}");
     // The burst took about 7 s of the budget: its later calls waited their turns, and their
     // attempts say so, for `replyd inspect`.
