@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build test build-tests tests infra-up-chaos infra-down-chaos lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live bench-kills bench-triggers bench-fairness chaos fuzz image
+.PHONY: build test build-tests tests infra-up-chaos infra-down-chaos lint unit client-test test-tools infra-up infra-down infra-clean infra-status demo bench bench-recovery bench-duplicates bench-api bench-quota bench-check bench-users bench-capacity bench-sqs bench-live bench-kills bench-triggers bench-idle bench-fairness chaos fuzz image
 
 build:
 	$(CARGO) build --release
@@ -174,6 +174,11 @@ bench-fairness:
 ## PostgreSQL timing every PL/pgSQL function), three rounds of 8 s.
 bench-triggers:
 	bash deploy/bench-triggers.sh 8 3
+
+## bench-idle: what an idle worker costs (nothing to read, 60 s, three runs): its share of a
+## core, and each of its threads'.
+bench-idle:
+	bash deploy/bench-idle.sh 60 3
 
 ## bench-live: P8, live replies: 200 presses of 1,200-character replies (300 ms to the first
 ## token, then about 2 s of text), 8 at once, live text on (every 75 ms) and off, three runs:

@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
+use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseProducer, FutureProducer, FutureRecord, Producer};
+use tokio::sync::OnceCell;
 
 use super::settings::KafkaSettings;
 use replyd_core::domain::RecordError;
@@ -42,50 +44,66 @@ pub enum DeadLetterError {
     Panicked(String),
 }
 
+/// The dead-letter copies' producer, made at the first copy. rdkafka's producers poll on a
+/// thread of their own, 100 ms at a time, and each poll spins out its last millisecond (the
+/// deadline's remainder is rounded down to 0 ms): about 1 % of a core for as long as the
+/// producer lives, on every worker, for copies most workers never make.
 pub struct DeadLetters {
-    producer: FutureProducer<super::KafkaLogs>,
-    /// The producer's context (shared): the last broker error, for a failed check.
+    config: ClientConfig,
+    producer: OnceCell<FutureProducer<super::KafkaLogs>>,
+    /// The producers' context (shared): the last broker error, for a failed check.
     logs: super::KafkaLogs,
     topic: String,
     bootstrap: String,
 }
 
 impl DeadLetters {
+    /// Checks the producer's settings now (a client is made and let go), not at the first copy.
     pub fn new(kafka: &KafkaSettings) -> Result<Self, KafkaError> {
         let logs = super::KafkaLogs::default();
         let mut config = kafka.client_config();
         for (key, value) in &kafka.producer_librdkafka {
             config.set(key, value);
         }
-        let producer = config
+        config
             // Idempotent, fully acknowledged writes: a copy is durable before the source
             // offset is released, and producer retries never duplicate it.
             .set("enable.idempotence", "true")
             .set("acks", "all")
             // Checking for the topic must not create it behind the operator's back.
-            .set("allow.auto.create.topics", "false")
-            .create_with_context(logs.clone())?;
-        Ok(Self {
-            producer,
+            .set("allow.auto.create.topics", "false");
+        let dead_letters = Self {
+            config,
+            producer: OnceCell::new(),
             logs,
             topic: kafka.dead_letter_topic(),
             bootstrap: kafka.bootstrap_servers.clone(),
-        })
+        };
+        dead_letters.probe()?;
+        Ok(dead_letters)
+    }
+
+    /// A client of the producer's settings that polls nowhere: for a metadata request.
+    fn probe(&self) -> Result<BaseProducer<super::KafkaLogs>, KafkaError> {
+        self.config.create_with_context(self.logs.clone())
     }
 
     /// Fails unless the dead-letter topic exists: without it every bad record would be retried
     /// forever and hold its partition's commit point, so a worker refuses to start instead.
     pub fn verify_topic(&self) -> Result<(), DeadLetterError> {
-        let metadata = self
-            .producer
+        let probe = self.probe()?;
+        // Short: start-up retries this, and each try should fit well inside its budget.
+        let metadata = probe
             .client()
-            // Short: start-up retries this, and each try should fit well inside its budget.
-            .fetch_metadata(Some(&self.topic), Duration::from_secs(3))
-            .map_err(|error| DeadLetterError::Unreachable {
-                bootstrap: self.bootstrap.clone(),
-                error: Box::new(error),
-                cause: self.logs.last_error(),
-            })?;
+            .fetch_metadata(Some(&self.topic), Duration::from_secs(3));
+        // The client's logs and the errors its connections met (a refused password: the cause
+        // a failed request does not carry) reach the context only through a poll of its queue.
+        probe.poll(Duration::from_millis(100));
+        let metadata = metadata.map_err(|error| DeadLetterError::Unreachable {
+            bootstrap: self.bootstrap.clone(),
+            error: Box::new(error),
+            cause: self.logs.last_error(),
+        })?;
         let exists = metadata
             .topics()
             .iter()
@@ -121,7 +139,11 @@ impl DeadLetters {
         }
         // Keep the producer's own headers after ours, for tracing.
         let copy = copy_of(record, &self.topic, ours, |_| true);
-        self.producer
+        let producer = self
+            .producer
+            .get_or_try_init(|| async { self.config.create_with_context(self.logs.clone()) })
+            .await?;
+        producer
             .send(copy, Duration::from_secs(30))
             .await
             .map(|_| ())

@@ -47,3 +47,10 @@ impl rdkafka::ClientContext for KafkaLogs {
 /// For the one-shot readers (`replyd dead-letters replay`): their own offsets are never
 /// committed, so the consumer callbacks' defaults do.
 impl rdkafka::consumer::ConsumerContext for KafkaLogs {}
+
+/// For the dead-letter topic's check, a producer that sends nothing: no delivery to report.
+impl rdkafka::producer::ProducerContext for KafkaLogs {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}

@@ -128,6 +128,51 @@ async fn bad_records_of_each_kind_land_in_the_dlq_and_the_partition_keeps_moving
     );
 }
 
+/// The names of process `pid`'s threads (as the kernel keeps them: 15 bytes at most).
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim_end().to_string())
+        .collect()
+}
+
+/// rdkafka's producers poll on a thread of their own, which spins out the last millisecond
+/// of every 100 ms: a worker makes its dead-letter producer at its first bad record, so one
+/// that never meets one never pays for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_letter_producer_is_made_at_the_first_bad_record() {
+    // rdkafka's name for the thread, cut to the kernel's 15 bytes.
+    const POLLING: &str = "producer pollin";
+    let app = TestApp::start(1, key_honouring_mock(20), WorkerConfig::default()).await;
+    app.spawn_worker("w1");
+    let good = demo_tasks(1, 1);
+    app.produce_tasks(&good, 1).await;
+    app.wait_until_terminal(&ids(&good), LIMIT).await;
+    let pid = app.pid("w1");
+    let before = thread_names(pid);
+    assert!(
+        before.iter().any(|name| name.starts_with("rdk:")),
+        "the consumer's threads are seen: {before:?}"
+    );
+    assert!(!before.iter().any(|name| name == POLLING), "{before:?}");
+
+    app.produce_raw(&[("k".to_string(), malformed_record(0).1)])
+        .await;
+    app.wait_until_committed_to_end(LIMIT).await;
+    let (bootstrap, dlq) = (app.bootstrap.clone(), format!("{}.dlq", app.topic));
+    let copies = tokio::task::spawn_blocking(move || dead_letters(&bootstrap, &dlq))
+        .await
+        .unwrap();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let after = thread_names(pid);
+    assert_eq!(
+        after.iter().filter(|name| *name == POLLING).count(),
+        1,
+        "{after:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_judges_records_by_the_workers_own_prompt_limit() {
     let config = WorkerConfig {
