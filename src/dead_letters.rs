@@ -132,9 +132,8 @@ fn header<'a>(message: &'a BorrowedMessage<'_>, name: &str) -> Option<&'a str> {
 pub async fn replay(settings: &Settings, filter: &ReplayArgs) -> anyhow::Result<ReplayReport> {
     let kafka = &settings.kafka;
     let dead_letter_topic = kafka.dead_letter_topic();
-    let base = kafka.client_config();
-    let reader: BaseConsumer<KafkaLogs> = base
-        .clone()
+    let reader: BaseConsumer<KafkaLogs> = kafka
+        .client_config()
         .set("group.id", format!("{}.dead-letter-replay", kafka.group_id))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
@@ -146,13 +145,8 @@ pub async fn replay(settings: &Settings, filter: &ReplayArgs) -> anyhow::Result<
                 kafka.bootstrap_servers
             )
         })?;
-    let mut producer_config = base;
-    for (key, value) in &kafka.producer_librdkafka {
-        producer_config.set(key, value);
-    }
-    let producer: FutureProducer<KafkaLogs> = producer_config
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
+    let producer: FutureProducer<KafkaLogs> = kafka
+        .producer_config()
         .create_with_context(KafkaLogs::default())?;
 
     // Up to the end as it is now: copies made while this runs (a replayed record refused

@@ -61,17 +61,11 @@ impl DeadLetters {
     /// Checks the producer's settings now (a client is made and let go), not at the first copy.
     pub fn new(kafka: &KafkaSettings) -> Result<Self, KafkaError> {
         let logs = super::KafkaLogs::default();
-        let mut config = kafka.client_config();
-        for (key, value) in &kafka.producer_librdkafka {
-            config.set(key, value);
-        }
-        config
-            // Idempotent, fully acknowledged writes: a copy is durable before the source
-            // offset is released, and producer retries never duplicate it.
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            // Checking for the topic must not create it behind the operator's back.
-            .set("allow.auto.create.topics", "false");
+        // Idempotent, fully acknowledged writes: a copy is durable before the source offset
+        // is released, and producer retries never duplicate it.
+        let mut config = kafka.producer_config();
+        // Checking for the topic must not create it behind the operator's back.
+        config.set("allow.auto.create.topics", "false");
         let dead_letters = Self {
             config,
             producer: OnceCell::new(),

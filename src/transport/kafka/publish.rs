@@ -58,13 +58,8 @@ impl Sink for KafkaPublisher {
 /// ends within `publish_timeout` (`relay.publish_timeout_ms`), well inside the open batch
 /// transaction's idle timeout (validated).
 fn producer_config(kafka: &KafkaSettings, publish_timeout: Duration) -> rdkafka::ClientConfig {
-    let mut config = kafka.client_config();
-    for (key, value) in &kafka.producer_librdkafka {
-        config.set(key, value);
-    }
+    let mut config = kafka.producer_config();
     config
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
         .set("message.max.bytes", kafka.max_record_bytes.to_string())
         .set(
             "message.timeout.ms",

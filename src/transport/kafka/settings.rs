@@ -358,6 +358,20 @@ impl KafkaSettings {
         config
     }
 
+    /// What every producer of replyd starts from (the relay's, the dead-letter copies', the
+    /// replay's): [`Self::client_config`], the pass-through producer properties, then
+    /// idempotent writes that all in-sync replicas acknowledged. A record is durable before
+    /// what depends on it moves on (an outbox row marked, an offset committed), and a retried
+    /// send never writes it twice.
+    pub fn producer_config(&self) -> rdkafka::ClientConfig {
+        let mut config = self.client_config();
+        for (key, value) in &self.producer_librdkafka {
+            config.set(key, value);
+        }
+        config.set("enable.idempotence", "true").set("acks", "all");
+        config
+    }
+
     /// The classic protocol's session timeout: the setting, or librdkafka's default.
     pub fn session_timeout_ms(&self) -> u64 {
         self.session_timeout_ms
