@@ -58,23 +58,22 @@ pub struct DeadLetters {
 }
 
 impl DeadLetters {
-    /// Checks the producer's settings now (a client is made and let go), not at the first copy.
-    pub fn new(kafka: &KafkaSettings) -> Result<Self, KafkaError> {
+    /// Makes no client: [`Self::verify_topic`], which start-up runs before anything else, makes
+    /// one of these settings, so settings librdkafka refuses are refused there, at once.
+    pub fn new(kafka: &KafkaSettings) -> Self {
         let logs = super::KafkaLogs::default();
         // Idempotent, fully acknowledged writes: a copy is durable before the source offset
         // is released, and producer retries never duplicate it.
         let mut config = kafka.producer_config();
         // Checking for the topic must not create it behind the operator's back.
         config.set("allow.auto.create.topics", "false");
-        let dead_letters = Self {
+        Self {
             config,
             producer: OnceCell::new(),
             logs,
             topic: kafka.dead_letter_topic(),
             bootstrap: kafka.bootstrap_servers.clone(),
-        };
-        dead_letters.probe()?;
-        Ok(dead_letters)
+        }
     }
 
     /// A client of the producer's settings that polls nowhere: for a metadata request.

@@ -44,7 +44,7 @@ pub async fn open_source<M: MakeHandler>(
         make_handler,
         shutdown,
     } = opening;
-    let dead_letters = Arc::new(DeadLetters::new(&kafka).context("dead-letter producer")?);
+    let dead_letters = Arc::new(DeadLetters::new(&kafka));
     retry_connecting(
         "reaching Kafka",
         startup,
