@@ -131,13 +131,14 @@ pub(crate) type Classify = fn(StatusCode, &HeaderMap, &str, SystemTime) -> Provi
 const MAX_ERROR_BODY_BYTES: usize = 4 * 1024;
 
 /// A client that sends each request once: reqwest's retry policy is off and redirects are not
-/// followed, because re-sending is the caller's decision (I7).
+/// followed, because re-sending is the caller's decision (I7). With no retry allowed, reqwest
+/// also keeps no copy of each request (its headers and extensions) for a retry that cannot come.
 pub(crate) fn build_client(settings: &ProviderSettings) -> Result<Client, reqwest::Error> {
     Client::builder()
         .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
         .timeout(Duration::from_millis(settings.request_timeout_ms))
         .redirect(reqwest::redirect::Policy::none())
-        .retry(reqwest::retry::never())
+        .retry(reqwest::retry::never().max_retries_per_request(0))
         .build()
 }
 

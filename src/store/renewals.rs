@@ -167,7 +167,9 @@ impl LeaseHold {
                 ticks.tick().await; // the first tick is immediate; the claim just set the lease
                 loop {
                     ticks.tick().await;
-                    match renew_one(store, lease, times.extend).await {
+                    // Boxed: inline, the statement's future would make every held lease's
+                    // `lost` (and each guarded call around it) that much larger.
+                    match Box::pin(renew_one(store, lease, times.extend)).await {
                         Ok(RenewOutcome::Renewed { .. }) => {}
                         Ok(RenewOutcome::Refused(refusal)) => return refusal,
                         Err(e) => crate::telemetry::store_error("renew", &e),

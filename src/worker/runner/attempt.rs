@@ -22,6 +22,10 @@ use replyd_core::provider::{
 impl TaskRunner {
     /// One claimed attempt: the provider call raced against cancellation and the lease
     /// renewer, then the fenced write of its result.
+    ///
+    /// The steps few records take (a wait given up, a background operation, a call cut short
+    /// or failed) are boxed where they are awaited: a record's future is as large as its
+    /// largest step, and every record in flight holds one.
     pub(super) async fn attempt(
         &self,
         stored: &StoredTask,
@@ -62,7 +66,7 @@ impl TaskRunner {
         {
             Guarded::Done(Some(permit)) => permit,
             Guarded::Done(None) | Guarded::Cancelled => {
-                return self.gave_up_waiting(lease).await;
+                return Box::pin(self.gave_up_waiting(lease)).await;
             }
             Guarded::Refused(refusal) => {
                 telemetry::lease_renewal_refused(&id, lease.version, &format!("{refusal:?}"));
@@ -87,7 +91,7 @@ impl TaskRunner {
         let live = self.live.start(stored.spec.task_id, lease.version);
         let called = match self.provider.as_background() {
             Some(background) => {
-                self.call_background(background, stored, &request, lease, cancel, &live)
+                Box::pin(self.call_background(background, stored, &request, lease, cancel, &live))
                     .instrument(call_span.clone())
                     .await
             }
@@ -116,7 +120,7 @@ impl TaskRunner {
                     _ => StreamEnd::Fenced,
                 };
                 self.stream_ended(lease, Some(end), received).await;
-                return self.interrupted(&id, lease, other, started).await;
+                return Box::pin(self.interrupted(&id, lease, other, started)).await;
             }
         };
         let end = match &result {
@@ -171,8 +175,7 @@ impl TaskRunner {
                     CallEnd::Failed(&error),
                     started.elapsed(),
                 );
-                self.provider_failed(stored, lease, error, cancel, trace)
-                    .await
+                Box::pin(self.provider_failed(stored, lease, error, cancel, trace)).await
             }
         }
     }

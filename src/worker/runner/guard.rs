@@ -50,8 +50,9 @@ impl TaskRunner {
                 refusal = hold.lost() => refusal,
                 () = changed_or_never(&mut changed) => {
                     // A renewal is the fenced look: refused when the task is no longer this
-                    // assignment's. An error leaves it to the next regular renewal.
-                    match self.store.renew(lease, self.settings.lease).await {
+                    // assignment's. An error leaves it to the next regular renewal. Boxed: it is
+                    // rare, and inline it would make every guarded step's future its size.
+                    match Box::pin(self.store.renew(lease, self.settings.lease)).await {
                         Ok(RenewOutcome::Refused(refusal)) => refusal,
                         _ => continue,
                     }
