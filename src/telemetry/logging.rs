@@ -10,7 +10,7 @@ use std::fmt;
 use std::io::IsTerminal;
 
 use tracing::Subscriber;
-use tracing_subscriber::Layer as _;
+use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, filter_fn};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
@@ -23,46 +23,52 @@ use super::trace::{TARGET, Traces};
 /// Installs the global subscriber; call once, first thing.
 pub fn init(json: bool, traces: Option<&Traces>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let traced = if traces.is_some() { "info" } else { "off" };
+    let traced = traces.is_some();
     let filter = filter.add_directive(
-        format!("{TARGET}={traced}")
+        format!("{TARGET}={}", if traced { "info" } else { "off" })
             .parse()
             .expect("a constant directive parses"),
     );
-    let not_traces = || filter_fn(|meta| meta.target() != TARGET);
+    let ansi = std::io::stderr().is_terminal();
     let fmt = tracing_subscriber::fmt::layer()
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let registry = tracing_subscriber::registry()
         .with(filter)
         .with(traces.map(Traces::layer));
-    let traced = traces.is_some();
     if json {
-        let format = tracing_subscriber::fmt::format().json();
-        registry
-            .with(
-                fmt.json()
-                    .event_format(WithTraceIds {
-                        inner: format,
-                        json: true,
-                        traced,
-                    })
-                    .with_filter(not_traces()),
-            )
-            .init();
+        let lines = fmt.json().event_format(WithTraceIds {
+            inner: tracing_subscriber::fmt::format().json(),
+            json: true,
+            traced,
+        });
+        install(registry, lines, traced);
     } else {
-        let format = tracing_subscriber::fmt::format().with_ansi(std::io::stderr().is_terminal());
-        registry
-            .with(
-                fmt.event_format(WithTraceIds {
-                    inner: format,
-                    json: false,
-                    traced,
-                })
-                .with_filter(not_traces()),
-            )
-            .init();
+        let lines = fmt.event_format(WithTraceIds {
+            inner: tracing_subscriber::fmt::format().with_ansi(ansi),
+            json: false,
+            traced,
+        });
+        install(registry, lines, traced);
     }
+}
+
+/// Puts the log's layer on `registry` and installs the whole. The layer keeps the trace's
+/// spans out by a filter of its own only when traces are on: with them off, the filter above
+/// has turned their target off for every layer already, and a layer's own filter is not free:
+/// the registry then looks up its verdict at every enter and exit of every span, and a
+/// record's span is entered at each of the record's polls.
+fn install<S, L>(registry: S, lines: L, traced: bool)
+where
+    S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync + 'static,
+    L: Layer<S> + Send + Sync + 'static,
+{
+    let lines: Box<dyn Layer<S> + Send + Sync> = if traced {
+        Box::new(lines.with_filter(filter_fn(|meta| meta.target() != TARGET)))
+    } else {
+        Box::new(lines)
+    };
+    registry.with(lines).init();
 }
 
 /// A line's format, with the ids of the trace span it was written in. The log's layer does not
