@@ -38,7 +38,11 @@ pub struct KafkaSettings {
     pub dead_letter_topic: String,
     /// Any other librdkafka consumer property, passed through as is (e.g.
     /// `"fetch.max.bytes" = "1048576"`). Properties replyd sets itself (`enable.auto.commit`,
-    /// `enable.auto.offset.store`, `group.id`, `group.protocol`) are refused here.
+    /// `enable.auto.offset.store`, `group.id`, `group.protocol`) are refused here. Its
+    /// defaults may be set here: `auto.offset.reset` (`earliest`), `statistics.interval.ms`
+    /// (5000), with the classic protocol `partition.assignment.strategy` (`cooperative-sticky`),
+    /// and `queued.min.messages` (four times `worker.read_ahead`, at least 8192, where
+    /// librdkafka's own default of 100000 a partition holds up to 64 MiB of fetched records).
     pub librdkafka: BTreeMap<String, String>,
     /// librdkafka properties for the producers (dead-letter copies, the relay, `replyd-lab
     /// produce`). `bootstrap.servers`, `enable.idempotence` and `acks` are set by replyd.
