@@ -18,7 +18,9 @@
 #        database.batch_completions and database.batch_claims (BENCH_BATCH_CLAIMS sets the
 #        latter apart; unset: the binary's defaults). BENCH_WORKER: extra settings for the
 #        worker, as `section.key=value` pairs separated by spaces or newlines (e.g.
-#        BENCH_WORKER=worker.live_text_interval_ms=0). BENCH_LISTENERS=N keeps N idle sessions
+#        BENCH_WORKER='worker.live_text_interval_ms=0 provider.stream=true' for what live text
+#        costs: streamed answers, nothing forwarded; without `provider.stream=true` the worker
+#        asks for whole answers when live text is off). BENCH_LISTENERS=N keeps N idle sessions
 #        listening on channels nobody notifies for the whole run (every listening session of a
 #        database slows every notifying commit); BENCH_NOTIFICATIONS=true adds one session that
 #        listens on replyd's channels and counts what it hears (notifications per task; it is

@@ -43,7 +43,7 @@ pub(crate) struct ApiClient {
     /// `provider.default_model`.
     pub default_model: String,
     pub request_timeout: Duration,
-    /// `provider.stream`.
+    /// `provider.stream`, as the worker decided it.
     pub stream: bool,
     pub stream_idle: Duration,
 }
@@ -60,7 +60,7 @@ impl ApiClient {
             extra_headers: extra_headers(settings)?,
             default_model: settings.default_model.clone(),
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
-            stream: settings.stream,
+            stream: settings.streamed(),
             stream_idle: Duration::from_millis(settings.stream_idle_timeout_ms),
         })
     }

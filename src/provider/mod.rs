@@ -49,7 +49,7 @@ pub use anthropic::AnthropicMessagesProvider;
 pub use http::AdapterBuildError;
 pub use openai::OpenAiChatProvider;
 pub use responses::OpenAiResponsesProvider;
-pub use settings::{ProviderApi, ProviderSettings};
+pub use settings::{ProviderApi, ProviderSettings, Streaming};
 
 /// The adapter `settings.api` names, behind the one trait the caller holds.
 pub fn build_provider(settings: &ProviderSettings) -> Result<Arc<dyn Provider>, AdapterBuildError> {

@@ -126,7 +126,11 @@ pub async fn run_worker(
             settings.worker.lease_check(),
         );
     }
-    let provider = build_provider(&settings.provider).context("provider settings")?;
+    // Asked for streamed only where live text forwards it, unless `provider.stream` says
+    // otherwise: a streamed answer read as events costs more CPU than one JSON body.
+    let live_text = settings.worker.live_text_interval();
+    let provider_settings = settings.provider.streaming(live_text.is_some());
+    let provider = build_provider(&provider_settings).context("provider settings")?;
     // Whether an ambiguous call can be recovered without a second generation.
     let recoverable = match provider.recovery() {
         Recovery::OperationId => true,
@@ -161,10 +165,7 @@ pub async fn run_worker(
         // Text is forwarded only from streamed answers.
         LiveWriter::new(
             store.clone(),
-            settings
-                .worker
-                .live_text_interval()
-                .filter(|_| settings.provider.stream),
+            live_text.filter(|_| provider_settings.streamed()),
             shutdown.clone(),
         ),
         RunnerSettings {
@@ -177,7 +178,7 @@ pub async fn run_worker(
             chars_per_token: settings.capacity.chars_per_token,
             retry: settings.retry.clone(),
             recoverable,
-            stream: settings.provider.stream,
+            stream: provider_settings.streamed(),
         },
     );
     let pipeline_settings = PipelineSettings {

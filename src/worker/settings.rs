@@ -73,8 +73,8 @@ pub struct WorkerSettings {
     /// How long a streamed answer's text gathers before the worker writes it for the task's
     /// followers (one statement and one notification each time): the followers see the text
     /// grow in steps of this, and a reply costs about its duration divided by this in
-    /// statements. 0 forwards nothing (the answer is still streamed when `provider.stream`
-    /// is on, and saved whole). Between 20 and 1000 when set. Default 75.
+    /// statements. 0 forwards nothing: answers are then asked for whole, unless
+    /// `provider.stream` is `true`. Between 20 and 1000 when set. Default 75.
     pub live_text_interval_ms: u64,
 }
 

@@ -301,6 +301,39 @@ async fn two_followers_see_the_same_pieces_once_each_in_order_then_the_saved_rep
     assert_one_reply(&app).await;
 }
 
+/// Without live text a streamed answer's text reaches no one: `provider.stream` left at
+/// `"auto"` asks for whole answers then, and `true` streams all the same. Either way the
+/// follower sees no piece, and the saved reply is the whole one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_live_text_the_worker_asks_for_whole_answers_unless_told_to_stream() {
+    for (stream, streams) in [(None, 0), (Some(true), 1)] {
+        let config = WorkerConfig {
+            live_text_interval_ms: 0,
+            stream,
+            ..WorkerConfig::default()
+        };
+        let app = TestApp::start(2, streaming_mock(), config).await;
+        let front = front(&app).await;
+        app.spawn_relay("relay");
+        app.spawn_worker("w1");
+        let task = front.send(&long_question(600)).await;
+        let seen = Follower::open(&front, &task, None)
+            .await
+            .read_to_end()
+            .await;
+        assert!(seen.deltas().is_empty(), "stream {stream:?}: {seen:#?}");
+        let reply = saved_reply(seen.last());
+        assert_eq!(reply.chars().count(), 600, "{reply:?}");
+        let stats = app.mock.stats();
+        assert_eq!(
+            (stats.generations, stats.streams_started),
+            (1, streams),
+            "stream {stream:?}: one generation, streamed only when told: {stats:?}"
+        );
+        assert_one_reply(&app).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_reconnects_with_last_event_id_misses_nothing_and_repeats_nothing() {
     let app = TestApp::start(2, streaming_mock(), WorkerConfig::default()).await;

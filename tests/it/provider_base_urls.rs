@@ -9,7 +9,7 @@ use crate::helpers::provider::{request, start_mock, stats};
 use replyd::config::Secret;
 use replyd::provider::{
     AnthropicMessagesProvider, OpenAiChatProvider, OpenAiResponsesProvider, Provider, ProviderApi,
-    ProviderSettings,
+    ProviderSettings, Streaming,
 };
 use replyd_lab::mock_provider::{MockProfile, MockSettings};
 
@@ -21,7 +21,7 @@ fn settings(base_url: String, api: ProviderApi) -> ProviderSettings {
         connect_timeout_ms: 2_000,
         default_model: "mock-model".into(),
         poll_interval_ms: 20,
-        stream: false,
+        stream: Streaming::Never,
         api,
         ..ProviderSettings::default()
     }

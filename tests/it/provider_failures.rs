@@ -476,7 +476,7 @@ async fn a_lost_answer_is_recovered_by_operation_id_with_one_generation() {
     // Polled, not streamed: the answers lost here are the polls' (a streamed wait's broken
     // stream is picked up after its last event: `live::a_background_stream_…`).
     let config = WorkerConfig {
-        stream: false,
+        stream: Some(false),
         ..background()
     };
     let app = TestApp::start(1, mock(500, true), config).await;

@@ -12,7 +12,7 @@ async fn a_zombie_stopped_past_its_lease_and_session_is_fenced_when_it_returns()
     // answer is still being read when its renewal is refused, which ends the call before it
     // can try (`live::a_zombie_whose_stream_resumes_…`).
     let config = WorkerConfig {
-        stream: false,
+        stream: Some(false),
         lease_ms: 2_000,
         renew_interval_ms: 500,
         drain_timeout_ms: 1_000,

@@ -64,9 +64,11 @@ pub struct WorkerConfig {
     pub static_membership: bool,
     /// `sqs.visibility_timeout_seconds` of a test on SQS ([`TestApp::start_on_sqs`]).
     pub sqs_visibility_seconds: u32,
-    /// `provider.stream`: streamed answers (the default), or whole ones for a test about how
-    /// a whole answer is waited for.
-    pub stream: bool,
+    /// `provider.stream`: unset is `"auto"` (streamed while live text is on, the default),
+    /// `Some(false)` whole answers for a test about how a whole answer is waited for.
+    pub stream: Option<bool>,
+    /// `worker.live_text_interval_ms`; 0 forwards no live text.
+    pub live_text_interval_ms: u64,
 }
 
 impl Default for WorkerConfig {
@@ -95,7 +97,8 @@ impl Default for WorkerConfig {
             extra_toml: String::new(),
             static_membership: false,
             sqs_visibility_seconds: 6,
-            stream: true,
+            stream: None,
+            live_text_interval_ms: 75,
         }
     }
 }

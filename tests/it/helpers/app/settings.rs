@@ -70,14 +70,14 @@ commit_interval_ms = {commit}
 io_retry_ms = 100
 default_max_attempts = {attempts}
 max_prompt_bytes = {max_prompt}
+live_text_interval_ms = {live_text}
 
 [provider]
 base_url = "{mock}"
 request_timeout_ms = {timeout}
 api = "{api}"
 poll_interval_ms = 100
-stream = {stream}
-
+{stream}
 [retry]
 base_delay_ms = {retry_base}
 max_delay_ms = 5000
@@ -105,7 +105,12 @@ end_user_token_key = "{token_key}"
                 ""
             },
             sqs = self.sqs_toml(),
-            stream = c.stream,
+            // Unset: `"auto"`, as shipped.
+            stream = c
+                .stream
+                .map(|stream| format!("stream = {stream}\n"))
+                .unwrap_or_default(),
+            live_text = c.live_text_interval_ms,
             token_key = crate::helpers::api::TOKEN_KEY,
             url = self.worker_database_url(),
             commit = c.commit_interval_ms,
