@@ -165,8 +165,9 @@ pub struct ProviderSettings {
     /// responses streamed from their first event), so the worker can forward the text to the
     /// task's followers as it is written: `true`, `false`, or `"auto"`, streamed when the
     /// worker forwards live text (`worker.live_text_interval_ms` above 0) and whole when it
-    /// does not, since a streamed answer's text then reaches no one and reading it as events
-    /// costs the worker about three fifths more CPU per reply than one JSON body. The saved
+    /// does not, since a streamed answer's text then reaches no one and reading it event by
+    /// event costs the worker about 1.4 times the CPU of one JSON body (docs/BENCHMARKS.md,
+    /// P3). The saved
     /// reply is the same either way: the whole text, once the provider's final event says it
     /// is whole (`[DONE]`, `message_stop`), or, as the SDKs take it, once the body ends cleanly
     /// after a finish reason (`finish_reason`, `stop_reason`); a stream cut, stalled or ended
