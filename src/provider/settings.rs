@@ -167,11 +167,10 @@ pub struct ProviderSettings {
     /// worker forwards live text (`worker.live_text_interval_ms` above 0) and whole when it
     /// does not, since a streamed answer's text then reaches no one and reading it event by
     /// event costs the worker about 1.4 times the CPU of one JSON body (docs/BENCHMARKS.md,
-    /// P3). The saved
-    /// reply is the same either way: the whole text, once the provider's final event says it
-    /// is whole (`[DONE]`, `message_stop`), or, as the SDKs take it, once the body ends cleanly
-    /// after a finish reason (`finish_reason`, `stop_reason`); a stream cut, stalled or ended
-    /// before that is an ambiguous call. `true` keeps streaming without live text, for
+    /// P3). The saved reply is the same either way: the whole text, once the provider's final
+    /// event says it is whole (`[DONE]`, `message_stop`), or, as the SDKs take it, once the
+    /// body ends cleanly after a finish reason (`finish_reason`, `stop_reason`); a stream cut,
+    /// stalled or ended before that is an ambiguous call. `true` keeps streaming without live text, for
     /// `stream_idle_timeout_ms` to cut a stalled answer before `request_timeout_ms`. Default
     /// `"auto"`.
     pub stream: Streaming,
