@@ -1,23 +1,18 @@
 //! The durable state read into plain values: PostgreSQL (tasks, attempts, the intake's tables,
-//! the quota ledger), the topic and its dead-letter twin, the group's committed offsets, and
-//! the mock provider's counters. Every figure is read back; the verdict judges them.
+//! the quota ledger), the source's records as its transport reads them
+//! (`Transports::read_records`: a topic with its dead-letter twin and the group's committed
+//! offsets, or a queue's depth), and the mock provider's counters. Every figure is read back; the verdict judges them.
 
-use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use uuid::Uuid;
-
-use super::records::{QueueFacts, RecordFacts, RecordTallies};
 use crate::config::Settings;
 use crate::store::{connect_error, session_config, tls_connector};
 use crate::transport::Transport;
-use crate::transport::kafka::dead_letter::headers;
-use crate::transport::sqs::{QueueDepth, Sqs};
+use crate::transport::records::ReadError;
+use crate::transport::sqs::Sqs;
 use replyd_core::closed_set::ClosedSet;
-use replyd_core::domain::{AttemptOutcome, TaskSpec, TaskStatus};
+use replyd_core::domain::{AttemptOutcome, TaskStatus};
+use replyd_core::tally::RecordTallies;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
@@ -38,176 +33,18 @@ pub enum CheckError {
     Other(String),
 }
 
-impl From<rdkafka::error::KafkaError> for CheckError {
-    fn from(error: rdkafka::error::KafkaError) -> Self {
-        CheckError::Kafka {
-            bootstrap: String::new(),
-            error,
+impl CheckError {
+    /// A source's read failing, named with the brokers it asked where they were Kafka's.
+    fn of_read(error: ReadError, bootstrap: &str) -> Self {
+        match error {
+            ReadError::Database(e) => CheckError::Database(e),
+            ReadError::Kafka(error) => CheckError::Kafka {
+                bootstrap: bootstrap.to_owned(),
+                error,
+            },
+            ReadError::Sqs(e) => CheckError::Sqs(e),
+            ReadError::Other(why) => CheckError::Other(why),
         }
-    }
-}
-
-fn consumer(base: &ClientConfig, group: &str) -> Result<BaseConsumer, CheckError> {
-    Ok(base
-        .clone()
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        // librdkafka fetches ahead into a queue of up to 64 MiB by default; the checker reads
-        // as fast as it judges, so a small queue keeps its memory flat at no cost in time.
-        .set("queued.max.messages.kbytes", "4096")
-        .create()?)
-}
-
-/// The offsets `group` has committed on `partitions` of `topic` (partitions without one are
-/// left out). Blocking: call it off the runtime's threads.
-pub fn committed_offsets(
-    bootstrap: &str,
-    group: &str,
-    topic: &str,
-    partitions: impl IntoIterator<Item = i32>,
-) -> Result<HashMap<i32, i64>, CheckError> {
-    let mut base = ClientConfig::new();
-    base.set("bootstrap.servers", bootstrap);
-    committed_offsets_with(&base, group, topic, partitions)
-}
-
-/// [`committed_offsets`] through `base` (the brokers and how to reach them).
-pub fn committed_offsets_with(
-    base: &ClientConfig,
-    group: &str,
-    topic: &str,
-    partitions: impl IntoIterator<Item = i32>,
-) -> Result<HashMap<i32, i64>, CheckError> {
-    let mut list = TopicPartitionList::new();
-    for p in partitions {
-        list.add_partition(topic, p);
-    }
-    if list.count() == 0 {
-        return Ok(HashMap::new());
-    }
-    Ok(consumer(base, group)?
-        .committed_offsets(list, Duration::from_secs(10))?
-        .elements()
-        .iter()
-        .filter_map(|e| match e.offset() {
-            Offset::Offset(o) => Some((e.partition(), o)),
-            _ => None,
-        })
-        .collect())
-}
-
-/// Records read per batch: what the checker holds of a topic at once (a batch being judged,
-/// one in the channel, one being read), whatever the topic's length.
-const BATCH: usize = 5_000;
-
-/// A read that gets no record for this long while records remain is given up.
-const STALL: Duration = Duration::from_secs(60);
-
-/// The partitions of `topic` (none when it does not exist).
-fn partitions_of(reader: &BaseConsumer, topic: &str) -> Result<Vec<i32>, CheckError> {
-    let metadata = reader.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    Ok(metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-        .unwrap_or_default())
-}
-
-/// Reads every record of `topic` from the beginning up to the high watermarks seen at start,
-/// and sends what `each` makes of them in batches of [`BATCH`]. Blocking: run it off the
-/// runtime's threads. The channel is bounded, so a slow receiver slows the read, and a
-/// receiver that is gone ends it.
-fn stream_topic<T: Send + 'static>(
-    base: &ClientConfig,
-    topic: &str,
-    mut each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> T,
-    out: &tokio::sync::mpsc::Sender<Vec<T>>,
-) -> Result<(), CheckError> {
-    let reader = consumer(base, "replyd-check-reader")?;
-    let mut assignment = TopicPartitionList::new();
-    let mut remaining: HashMap<i32, i64> = HashMap::new();
-    for partition in partitions_of(&reader, topic)? {
-        let (low, high) = reader.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
-        if high > low {
-            remaining.insert(partition, high);
-            assignment.add_partition_offset(topic, partition, Offset::Offset(low))?;
-        }
-    }
-    if remaining.is_empty() {
-        return Ok(());
-    }
-    reader.assign(&assignment)?;
-    let mut batch = Vec::with_capacity(BATCH);
-    let mut progressed = Instant::now();
-    while !remaining.is_empty() {
-        if progressed.elapsed() > STALL {
-            return Err(CheckError::Other(format!(
-                "reading {topic}: no record for {} s while {} partition(s) were not read to their end",
-                STALL.as_secs(),
-                remaining.len()
-            )));
-        }
-        match reader.poll(Duration::from_millis(200)) {
-            Some(Ok(message)) => {
-                progressed = Instant::now();
-                let partition = message.partition();
-                if let Some(&high) = remaining.get(&partition) {
-                    if message.offset() < high {
-                        batch.push(each(&message));
-                    }
-                    if message.offset() + 1 >= high {
-                        remaining.remove(&partition);
-                    }
-                }
-                if batch.len() >= BATCH
-                    && out
-                        .blocking_send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
-                        .is_err()
-                {
-                    return Ok(());
-                }
-            }
-            Some(Err(e)) => return Err(e.into()),
-            None => {}
-        }
-    }
-    if !batch.is_empty() {
-        let _ = out.blocking_send(batch);
-    }
-    Ok(())
-}
-
-/// A topic read on a blocking thread: its batches, and the read's own result once they end.
-struct BatchRead<T> {
-    batches: tokio::sync::mpsc::Receiver<Vec<T>>,
-    reader: tokio::task::JoinHandle<Result<(), CheckError>>,
-}
-
-impl<T: Send + 'static> BatchRead<T> {
-    /// Starts [`stream_topic`] on a blocking thread.
-    fn start(
-        base: ClientConfig,
-        topic: String,
-        each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> T + Send + 'static,
-    ) -> Self {
-        let (tx, batches) = tokio::sync::mpsc::channel(1);
-        let reader = tokio::task::spawn_blocking(move || stream_topic(&base, &topic, each, &tx));
-        Self { batches, reader }
-    }
-
-    /// The next batch; `None` once the read ended (then [`BatchRead::finish`] says how).
-    async fn next(&mut self) -> Option<Vec<T>> {
-        self.batches.recv().await
-    }
-
-    /// How the read ended. Called early (a batch could not be judged), it stops the read.
-    async fn finish(self) -> Result<(), CheckError> {
-        drop(self.batches);
-        self.reader
-            .await
-            .map_err(|e| CheckError::Other(format!("kafka reader: {e}")))?
     }
 }
 
@@ -296,25 +133,17 @@ pub async fn read_facts(
         .await
         .map_err(|e| connect_error(&settings.database, &e))?;
     tokio::spawn(connection);
-    let bootstrap = settings.kafka.bootstrap_servers.clone();
-    let named = move |e: CheckError| match e {
-        CheckError::Kafka { error, .. } => CheckError::Kafka {
-            bootstrap: bootstrap.clone(),
-            error,
-        },
-        other => other,
-    };
-    let (records, dead_lettered) = match settings.worker.source {
-        Transport::Kafka => read_records(settings, &client).await.map_err(named)?,
-        Transport::Sqs => {
-            let sqs = match sqs {
-                Some(sqs) => sqs,
-                None => Sqs::connect(&settings.sqs).await?,
-            };
-            let queue = read_queue(settings, &sqs, &client).await?;
-            (queue.tallies(), queue.dead_letters)
-        }
-    };
+    let source = settings
+        .transports()
+        .read_records(
+            settings.worker.source,
+            settings.worker.record_rules(),
+            &client,
+            sqs,
+        )
+        .await
+        .map_err(|e| CheckError::of_read(e, &settings.kafka.bootstrap_servers))?;
+    let (records, dead_lettered) = (source.tallies, source.dead_lettered);
     let statuses = client
         .query_one(
             "SELECT count(*), \
@@ -512,177 +341,4 @@ pub async fn read_facts(
         replies_by_worker,
         mock,
     })
-}
-
-/// Reads the dead-letter topic into a session table, then the source topic batch by batch,
-/// judging each record against the committed offsets, that table and the task it carries.
-/// Memory holds a few batches, whatever the topics' lengths.
-/// An SQS source's state: its queue's and dead-letter queue's depth, and the open tasks
-/// handed to it (a producer's, which have no outbox row, and the API's whose row the relay
-/// published).
-async fn read_queue(
-    settings: &Settings,
-    sqs: &Sqs,
-    client: &tokio_postgres::Client,
-) -> Result<QueueFacts, CheckError> {
-    let attributes = sqs.attributes(&settings.sqs.queue_url).await?;
-    let in_queue = QueueDepth::of(&attributes).total();
-    let dead_letter_url = sqs.dead_letter_queue(&settings.sqs, &attributes).await?;
-    let dead_letters = sqs.depth(&dead_letter_url).await?.total();
-    let open_handed: i64 = client
-        .query_one(
-            "SELECT count(*) FROM reply_tasks t \
-             WHERE t.status IN ($1, $2) \
-               AND NOT EXISTS (SELECT 1 FROM outbox o \
-                               WHERE o.task_id = t.task_id AND o.published_at IS NULL)",
-            &[&TaskStatus::Pending.as_str(), &TaskStatus::Running.as_str()],
-        )
-        .await?
-        .get(0);
-    Ok(QueueFacts {
-        in_queue: in_queue as i64,
-        dead_letters: dead_letters as i64,
-        open_handed,
-    })
-}
-
-async fn read_records(
-    settings: &Settings,
-    client: &tokio_postgres::Client,
-) -> Result<(RecordTallies, i64), CheckError> {
-    let kafka = &settings.kafka;
-    let base = kafka.client_config();
-    // The committed offsets of every partition of the topic (a handful of numbers).
-    let committed = {
-        let (base, group, topic) = (base.clone(), kafka.group_id.clone(), kafka.topic.clone());
-        tokio::task::spawn_blocking(move || {
-            let reader = consumer(&base, "replyd-check-reader")?;
-            let partitions = partitions_of(&reader, &topic)?;
-            committed_offsets_with(&base, &group, &topic, partitions)
-        })
-        .await
-        .map_err(|e| CheckError::Other(format!("kafka reader: {e}")))??
-    };
-    // Each dead-letter copy names its source record in its headers.
-    client
-        .batch_execute(
-            "CREATE TEMPORARY TABLE IF NOT EXISTS check_dead \
-               (partition int, \"offset\" bigint, PRIMARY KEY (partition, \"offset\")); \
-             TRUNCATE check_dead",
-        )
-        .await?;
-    let mut dead = BatchRead::start(base.clone(), kafka.dead_letter_topic(), |m| {
-        let mut partition: Option<i32> = None;
-        let mut offset: Option<i64> = None;
-        if let Some(hs) = m.headers() {
-            for h in hs.iter() {
-                let value = h.value.and_then(|v| std::str::from_utf8(v).ok());
-                match h.key {
-                    headers::SOURCE_PARTITION => partition = value.and_then(|v| v.parse().ok()),
-                    headers::SOURCE_OFFSET => offset = value.and_then(|v| v.parse().ok()),
-                    _ => {}
-                }
-            }
-        }
-        partition.zip(offset)
-    });
-    while let Some(batch) = dead.next().await {
-        let (partitions, offsets): (Vec<i32>, Vec<i64>) = batch.into_iter().flatten().unzip();
-        let inserted = client
-            .execute(
-                "INSERT INTO check_dead SELECT * FROM unnest($1::int[], $2::bigint[]) \
-                 ON CONFLICT DO NOTHING",
-                &[&partitions, &offsets],
-            )
-            .await;
-        if let Err(e) = inserted {
-            dead.finish().await?;
-            return Err(e.into());
-        }
-    }
-    dead.finish().await?;
-    let dead_lettered: i64 = client
-        .query_one("SELECT count(*) FROM check_dead", &[])
-        .await?
-        .get(0);
-
-    let rules = settings.worker.record_rules();
-    let mut tallies = RecordTallies::default();
-    let mut source = BatchRead::start(base, kafka.topic.clone(), move |m| {
-        (
-            m.partition(),
-            m.offset(),
-            // The worker's own rules, the record's own timestamp: a record is a task here
-            // exactly when the worker would have made one of it.
-            TaskSpec::from_record(
-                m.payload(),
-                m.timestamp()
-                    .to_millis()
-                    .and_then(chrono::DateTime::from_timestamp_millis),
-                &rules,
-            )
-            .ok()
-            .map(|t| t.task_id.as_uuid()),
-        )
-    });
-    while let Some(batch) = source.next().await {
-        match judge(client, &batch).await {
-            Ok(judged) => {
-                for ((partition, offset, task), (terminal, dead_lettered)) in
-                    batch.iter().zip(judged)
-                {
-                    tallies.add(RecordFacts {
-                        has_task: task.is_some(),
-                        below_commit: committed.get(partition).is_some_and(|c| offset < c),
-                        dead_lettered,
-                        terminal,
-                    });
-                }
-            }
-            Err(e) => {
-                source.finish().await?;
-                return Err(e);
-            }
-        }
-    }
-    source.finish().await?;
-    Ok((tallies, dead_lettered))
-}
-
-/// For each record of `batch` (partition, offset, task), in order: whether its task is
-/// terminal (completed, failed or cancelled; or forgotten: deleted by retention or an erasure, done for good), and whether a
-/// dead-letter copy of it exists.
-async fn judge(
-    client: &tokio_postgres::Client,
-    batch: &[(i32, i64, Option<Uuid>)],
-) -> Result<Vec<(bool, bool)>, CheckError> {
-    let partitions: Vec<i32> = batch.iter().map(|r| r.0).collect();
-    let offsets: Vec<i64> = batch.iter().map(|r| r.1).collect();
-    let tasks: Vec<Option<Uuid>> = batch.iter().map(|r| r.2).collect();
-    let rows = client
-        .query(
-            "SELECT coalesce(t.status IN ($4, $5, $6), false) \
-                 OR EXISTS (SELECT 1 FROM forgotten_tasks f WHERE f.task_id = s.task), \
-               EXISTS (SELECT 1 FROM check_dead d WHERE d.partition = s.p AND d.\"offset\" = s.o) \
-             FROM unnest($1::int[], $2::bigint[], $3::uuid[]) WITH ORDINALITY AS s(p, o, task, i) \
-             LEFT JOIN reply_tasks t ON t.task_id = s.task \
-             ORDER BY s.i",
-            &[
-                &partitions,
-                &offsets,
-                &tasks,
-                &TaskStatus::Completed.as_str(),
-                &TaskStatus::Failed.as_str(),
-                &TaskStatus::Cancelled.as_str(),
-            ],
-        )
-        .await?;
-    if rows.len() != batch.len() {
-        return Err(CheckError::Other(format!(
-            "{} records judged, {} asked",
-            rows.len(),
-            batch.len()
-        )));
-    }
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }

@@ -4,12 +4,13 @@
 //! meant to do. Every rule comes from the same settings as the worker's (`--config`), so a
 //! record the worker refuses is a bad record here too.
 //!
-//! Four rooms: [`facts`] does the I/O ([`read_facts`]: plain values, judged by nothing);
-//! [`records`] is the pure rule each source record is judged by as it is read, and the counts
-//! they fold into; [`verdict`] is pure and judges the counts; [`report`] renders what it
-//! found. Memory does not grow with the data: the topics are read in batches (the dead-letter
-//! copies into a session table, the source records judged against it and the tasks batch by
-//! batch), and the tasks and attempts are counted by PostgreSQL. It judges:
+//! Three rooms: [`facts`] does the I/O ([`read_facts`]: plain values, judged by nothing), the
+//! source's records read by their transport's room (`Transports::read_records`,
+//! `transport::kafka::records` and `transport::sqs::records`), each judged as it is read by
+//! I3's pure rule (`replyd_core::tally`); [`verdict`] is pure and judges the counts; [`report`]
+//! renders what it found. Memory does not grow with the data: a topic is read in batches (the
+//! dead-letter copies into a session table, the source records judged against it and the tasks
+//! batch by batch), and the tasks and attempts are counted by PostgreSQL. It judges:
 //! - I1: `duplicate_replies` counts tasks with more than one accepted attempt in the history
 //!   (the schema's constraints make a second saved reply impossible; the history is the
 //!   independent witness).
@@ -24,7 +25,6 @@
 //!   may have cost money (attempt rows other than `refused`; a refusal gives its attempt back).
 
 mod facts;
-mod records;
 mod report;
 mod verdict;
 
@@ -35,10 +35,8 @@ use clap::Args;
 use crate::config::Settings;
 
 pub use facts::{
-    AttemptStats, CheckError, Facts, MockCounts, QuotaFacts, StatusCounts, committed_offsets,
-    committed_offsets_with, read_facts,
+    AttemptStats, CheckError, Facts, MockCounts, QuotaFacts, StatusCounts, read_facts,
 };
-pub use records::{QueueFacts, RecordFacts, RecordTallies};
 pub use report::{Percentiles, Report};
 pub use verdict::{percentile, verdict};
 

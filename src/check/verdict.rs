@@ -14,7 +14,7 @@ pub fn percentile(sorted: &[i64], p: f64) -> i64 {
 }
 
 /// Judges the facts. Pure. The records were judged one by one as they were read
-/// ([`super::records::RecordTallies::add`]); this judges the counts.
+/// (`replyd_core::tally::RecordTallies::add`, by the source's transport); this judges the counts.
 pub fn verdict(facts: Facts) -> Report {
     let tasks = facts.statuses.tasks;
     let mut report = Report {
@@ -108,8 +108,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::super::facts::{AttemptStats, MockCounts, QuotaFacts, StatusCounts};
-    use super::super::records::RecordTallies;
     use super::*;
+    use replyd_core::tally::RecordTallies;
 
     #[test]
     fn a_record_committed_past_without_an_outcome_breaks_i3() {
@@ -145,7 +145,7 @@ mod tests {
 
     #[test]
     fn on_sqs_an_open_task_without_its_message_breaks_i3_in_the_queue_s_words() {
-        use super::super::records::QueueFacts;
+        use replyd_core::tally::QueueFacts;
         let queue = QueueFacts {
             in_queue: 0,
             dead_letters: 1,

@@ -9,12 +9,14 @@
 //!   queue). Each has an `open` file: how a worker opens its source and a relay its sink.
 //! - [`Transports`] makes the choice: it opens the source or the sink a setting names, and
 //!   answers what differs between transports for the rest of the service (how soon a vanished
-//!   worker's records come back, whether records can be read again after a restore).
+//!   worker's records come back, whether records can be read again after a restore, what
+//!   `replyd check` reads of the source's records: [`records`]).
 //!
 //! A new transport is a new room here, a variant of [`Transport`], its settings in the tree,
 //! and the arms of [`Transports`]' matches.
 
 pub mod kafka;
+pub mod records;
 pub mod settings;
 pub mod sink;
 pub mod source;
@@ -23,12 +25,14 @@ pub mod sqs;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use replyd_core::domain::RecordRules;
 use tokio_util::sync::CancellationToken;
 
 pub use settings::Transport;
 
 use kafka::rewind::Rewound;
 use kafka::settings::{GroupProtocol, KafkaSettings};
+use records::{ReadError, SourceRecords};
 use sink::Sink;
 use source::{MakeHandler, OpenSource, Opening};
 use sqs::settings::SqsSettings;
@@ -170,6 +174,29 @@ impl Transports<'_> {
                 Ok(Some(rewound))
             }
             Transport::Sqs => Ok(None),
+        }
+    }
+
+    /// What `replyd check` reads of `source` for I3: its records judged against the tasks
+    /// (`client`, the checker's session), the task a record carries made by `rules` (the
+    /// worker's), and its dead-letter place's count. `sqs` is a client of the caller's for a
+    /// queue (a tool's own credentials); without one, the AWS chain's.
+    pub async fn read_records(
+        self,
+        source: Transport,
+        rules: RecordRules,
+        client: &tokio_postgres::Client,
+        sqs: Option<sqs::Sqs>,
+    ) -> Result<SourceRecords, ReadError> {
+        match source {
+            Transport::Kafka => kafka::records::read(self.kafka, rules, client).await,
+            Transport::Sqs => {
+                let sqs = match sqs {
+                    Some(sqs) => sqs,
+                    None => sqs::Sqs::connect(self.sqs).await?,
+                };
+                sqs::records::read(self.sqs, &sqs, client).await
+            }
         }
     }
 }

@@ -24,5 +24,6 @@ pub mod retry;
 pub mod schema;
 pub mod sealed;
 pub mod secret;
+pub mod tally;
 pub mod windows;
 pub mod workspace_policy;

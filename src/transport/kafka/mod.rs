@@ -7,6 +7,7 @@ pub mod consumer;
 pub mod dead_letter;
 pub mod open;
 pub mod publish;
+pub mod records;
 pub mod rewind;
 pub mod settings;
 

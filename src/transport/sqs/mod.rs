@@ -17,6 +17,7 @@ pub mod inflight;
 pub mod message;
 pub mod open;
 pub mod publish;
+pub mod records;
 pub mod settings;
 pub mod source;
 

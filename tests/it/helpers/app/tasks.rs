@@ -105,8 +105,15 @@ impl TestApp {
             self.partitions,
         );
         tokio::task::spawn_blocking(move || {
-            replyd::check::committed_offsets(&bootstrap, &group, &topic, 0..partitions)
-                .expect("the group's committed offsets")
+            let mut base = rdkafka::ClientConfig::new();
+            base.set("bootstrap.servers", &bootstrap);
+            replyd::transport::kafka::records::committed_offsets(
+                &base,
+                &group,
+                &topic,
+                0..partitions,
+            )
+            .expect("the group's committed offsets")
         })
         .await
         .unwrap()

@@ -1,6 +1,7 @@
-//! The rule each source record is judged by (I3), and the tallies the records fold into, so
-//! the checker reads a topic of any length in batches and keeps only the counts; and what an
-//! SQS queue's state says of the same rule. Pure.
+//! I3's rule for the source's records, kept pure: what each record must have left behind once
+//! its consumer committed past it, and the tallies the records fold into, so `replyd check`
+//! reads a topic of any length in batches and keeps only the counts; and what an SQS queue's
+//! state says of the same rule, a queue keeping no history of what it delivered.
 
 /// What the checker learned about one record of the source topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
