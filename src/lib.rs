@@ -1,6 +1,6 @@
-//! replyd: turns reply-task records on a Kafka topic into at most one saved LLM reply per task
-//! in PostgreSQL. See `docs/ARCHITECTURE.md` for the map of modules and the invariants
-//! (I1..I8) each one keeps. The rules themselves, pure, are `replyd_core`; this crate does the
+//! replyd: turns reply-task records on a Kafka topic or an SQS queue into at most one saved LLM
+//! reply per task in PostgreSQL. See `docs/ARCHITECTURE.md` for the map of modules and the
+//! invariants (I1..I10) each one keeps. The rules themselves, pure, are `replyd_core`; this crate does the
 //! I/O around them.
 
 pub mod api;

@@ -1,7 +1,8 @@
 //! The operator's commands for tenants: `replyd workspace create`, `replyd api-key create`,
-//! `replyd api-key revoke`, `replyd quota set`, `replyd quota show`, `replyd workspace policy`
-//! (models, output cap, system prompt, end users' `context`), `replyd workspace share` (its
-//! weight in the fair order, I10). A new key is printed once, to
+//! `replyd api-key list`, `replyd api-key revoke`, `replyd quota set`, `replyd quota show`,
+//! `replyd workspace policy` (models, output cap, system prompt, end users' `context`),
+//! `replyd workspace retention`, `replyd workspace share` (its weight in the fair order, I10),
+//! `replyd end-user-tokens rotate`. A new key is printed once, to
 //! standard output, and never again: only its hash is stored.
 
 use std::process::ExitCode;

@@ -1,4 +1,5 @@
-//! The `replyd-lab` binary: the mock provider, the simulated browsers and the producer, one
+//! The `replyd-lab` binary: the mock provider, the simulated browsers, the producer, a
+//! product's own server (the demo page signing its users in) and an SQS queue's set-up, one
 //! subcommand each, for the demo, the benchmarks and the chaos harness. Nothing else lives here.
 
 use std::path::PathBuf;

@@ -2,7 +2,8 @@
 //! an `Idempotency-Key`; one transaction saves it with its reply task and the outbox row that
 //! hands the task to Kafka (I6); the caller follows the task by its id.
 //!
-//! One file per route group: [`replies`], [`events`], [`quota`]; [`demo`] is the demo chat
+//! One file per route group: [`replies`], [`events`], [`quota`], [`conversations`],
+//! [`end_users`]; [`demo`] is the demo chat
 //! page, served only when `api.demo_page` is on. [`auth`] turns the bearer key (or an end
 //! user's token, checked against [`signing`]'s secrets) into the caller; [`path`] reads every
 //! route's path parameter; [`problem`] renders every error as problem+json. Unknown routes and

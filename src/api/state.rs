@@ -1,6 +1,6 @@
 //! What every handler reads ([`ApiState`]): the store, the API's settings, the bounds of new
 //! work ([`IntakeLimits`]), the status changes the event streams follow, the quota policy and
-//! the per-key rate limiter.
+//! the rate limiter, a bucket per caller (API key or end user).
 
 use replyd_core::quota::{QuotaPolicy, QuotaSettings};
 
@@ -63,7 +63,7 @@ pub struct ApiState {
     pub changes: TaskChanges,
     /// The quota policy (`[quota]`) new work is admitted under.
     pub quota: QuotaPolicy,
-    /// The request rate per API key (`api.rate_limit_*`).
+    /// The request rate per caller, API key or end user (`api.rate_limit_*`).
     pub limiter: std::sync::Arc<KeyLimiter>,
     /// The end users' token signing secrets (`api.end_user_token_key`).
     pub signing: std::sync::Arc<SigningKeys>,

@@ -1,5 +1,6 @@
-//! The fenced write (I2), written once: every guarded change of a task row (renew, complete
-//! alone, fail, release) goes through [`write`].
+//! The fenced write (I2), written once: every guarded change of a task row that is not a
+//! claim or a completion (renew, fail, release, record an operation's id) goes through
+//! [`write`]; a lone completion is one call of `replyd_complete` (V9), on the same predicate.
 //!
 //! It runs the seed's order inside one short transaction: lock the row (`SELECT ... FOR
 //! UPDATE`), then run the guarded UPDATE whose predicate reads `clock_timestamp()` *after* the
@@ -31,10 +32,11 @@ pub(super) const SNAPSHOT: &str = "SELECT status, assignment_version, lease_owne
      FROM reply_tasks WHERE task_id = $1";
 
 /// One fenced write: lock the row, run `update` under [`FENCE`] (whose `$1` is the task id
-/// and `$2` the assignment version), and on success record `on_success` as the attempt's outcome.
-/// When the update matches no row, read the row under the same lock and say why; the
-/// refusal is recorded on this assignment's attempt row unless it already has a final
-/// outcome.
+/// and `$2` the assignment version), and on success record `records`' outcome on the attempt's
+/// row when it is [`AttemptWrite::Outcome`]. When the update matches no row, read the row
+/// under the same lock and say why; for an `Outcome` write, the refusal is recorded on this
+/// assignment's attempt row unless the row already has a final outcome or the refusal is this
+/// assignment's own earlier write ([`is_own_earlier_write`]).
 ///
 /// `prelude`, when given, runs once the row is locked (a `SET LOCAL` the task table's
 /// triggers read).

@@ -22,6 +22,11 @@
 //! - [`forgetting`]: retention and erasure, and the forgotten tasks' ids (V21).
 //! - [`conversations`]: a conversation's messages in order, with their tasks (V22).
 //! - [`cancels`]: Stop, an open task ended `cancelled` (V23).
+//! - [`capacity`]: the capacity budget's SQL (I9; V16, V31, V34).
+//! - [`end_users`]: end users' signing secrets, token generations and conversations' owners
+//!   (V24, V27).
+//! - [`live`]: the pieces of running attempts' text, for followers (V26, V30).
+//! - [`retries`]: failed tasks run again as new tasks (`replyd tasks retry`).
 //! - [`erasure_log`]: every erasure asked for, in a database apart, for after a restore
 //!   (its sessions are `log_sessions`').
 

@@ -1,6 +1,6 @@
 //! The outbox's SQL: a batch of unpublished rows taken with `FOR UPDATE SKIP LOCKED` (so many
 //! relays share the table without publishing one row twice at once), marked published in the
-//! same transaction once Kafka has acknowledged them, and published rows deleted after their
+//! same transaction once the sink (Kafka or SQS) has acknowledged them, and published rows deleted after their
 //! retention in bounded batches. A relay that dies between the publish and the commit leaves
 //! its rows unpublished: the next relay publishes them again, and the worker absorbs the
 //! duplicate record (the task's id is its identity).

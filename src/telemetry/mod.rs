@@ -1,6 +1,7 @@
 //! Telemetry: every metric and every notable event. Each event function writes its log line
-//! and bumps its counter together, in the room of what it reports on ([`kafka`], [`tasks`],
-//! [`provider`], [`front`]); the names of all metrics live in [`catalogue`], how a line is
+//! and bumps its counter together, in the room of what it reports on (`kafka`, `sqs`, `tasks`,
+//! `provider`, `front`; the handles the per-record updates keep, in `kept`); the names of all
+//! metrics live in [`catalogue`], how a line is
 //! written in [`lines`], traces in [`trace`] and the log set-up in [`logging`]. The probe
 //! server that exposes them is `crate::probes`.
 //!

@@ -4,7 +4,8 @@
 //!
 //! The worker's rooms: [`pipeline`] (one record: decode, dead-letter, then the runner), [`runner`] (the
 //! lease state machine of one task), [`parking`] (records waiting on a task leased elsewhere,
-//! woken by the database's notifications), `store_retry` (a store call run again until it
+//! woken by the database's notifications), `live` (the running attempts' text forwarded to
+//! their followers in rounds), `store_retry` (a store call run again until it
 //! succeeds or the record is cancelled).
 
 mod live;

@@ -365,7 +365,7 @@ impl Refusal {
     /// The `reply_attempts.outcome` that records this refusal. Every refusal of a write is a
     /// fencing: only the current assignment with a live lease may write, and a reply saved by
     /// another assignment means this one is not current. (A repeat of this assignment's own
-    /// accepted write is not recorded at all; see `tasks::fenced_write`.)
+    /// accepted write is not recorded at all; see the store's `fence::is_own_earlier_write`.)
     pub fn attempt_outcome(&self) -> AttemptOutcome {
         AttemptOutcome::Fenced
     }
