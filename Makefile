@@ -55,10 +55,13 @@ infra-up-chaos:
 infra-down-chaos:
 	REPLYD_INFRA_DIR=$(CHAOS_INFRA) bash deploy/infra.sh down
 
+## lint: formatting, clippy (warnings denied), and the doc comments' links to items (a
+## renamed or removed name fails).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --test chaos -- -D warnings
+	RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" $(CARGO) doc --quiet --no-deps --document-private-items -p replyd -p replyd-core -p replyd-lab
 
 ## client-test: the TypeScript client (clients/typescript): its packages, its committed build
 ## output against its sources and docs/openapi.json, its unit tests, and the browser tests'

@@ -5,7 +5,7 @@
 //! A claimed task waits here for a [`Permit`] before its call, with its lease held (and
 //! renewed) and no attempt spent: a wait that ends without a call gives the attempt back. Only
 //! a task this worker holds waits, so a duplicate, or a task backing off, takes no permit. A
-//! permit is a send time (calls are paced, [`pacing`](replyd_core::pacing)) and, under a concurrency limit, a slot,
+//! permit is a send time (calls are paced, [`pacing`]) and, under a concurrency limit, a slot,
 //! released when the call ends.
 //!
 //! The budget is kept in PostgreSQL ([`crate::store::capacity`]): one refill loop per model in
@@ -19,7 +19,7 @@
 //! Where nothing is configured for a model and `capacity.adaptive` is on, the budget is the
 //! provider's own: a limit it reports (its rate-limit headers) is the rate; a refusal
 //! ([`Capacity::refused`]) pauses every worker for its `Retry-After` (unless a limit was
-//! reported) and cuts a learned rate ([`pacing::Learned`](replyd_core::pacing::Learned)) to
+//! reported) and cuts a learned rate ([`pacing::Learned`]) to
 //! what got through in the last second, at most once a second; each second without a refusal
 //! takes it back there, then probes higher. While nothing is learned and nothing paused, a
 //! worker lets its calls go freely and asks the database only once a second; it counts the

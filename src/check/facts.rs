@@ -61,7 +61,7 @@ pub struct Facts {
     /// Where the workers take their records from: a topic, or an SQS queue.
     pub source: Transport,
     /// The source topic's records, judged one by one and counted (on SQS: the queue's and its
-    /// dead-letter queue's messages, [`QueueFacts::tallies`]).
+    /// dead-letter queue's messages, [`QueueFacts::tallies`](replyd_core::tally::QueueFacts::tallies)).
     pub records: RecordTallies,
     /// Source records with a dead-letter copy.
     pub dead_lettered: i64,

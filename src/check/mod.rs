@@ -7,7 +7,7 @@
 //! Three rooms: [`facts`] does the I/O ([`read_facts`]: plain values, judged by nothing), the
 //! source's records read by their transport's room (`Transports::read_records`,
 //! `transport::kafka::records` and `transport::sqs::records`), each judged as it is read by
-//! I3's pure rule (`replyd_core::tally`); [`verdict`] is pure and judges the counts; [`report`]
+//! I3's pure rule (`replyd_core::tally`); [`verdict`](mod@verdict) is pure and judges the counts; [`report`]
 //! renders what it found. Memory does not grow with the data: a topic is read in batches (the
 //! dead-letter copies into a session table, the source records judged against it and the tasks
 //! batch by batch), and the tasks and attempts are counted by PostgreSQL. It judges:

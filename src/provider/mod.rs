@@ -1,13 +1,13 @@
 //! The provider boundary: one LLM call, and a typed error that tells the caller what it may do
-//! next. The vocabulary (the request, the generation, [`ProviderError`] and what an answer's
+//! next. The vocabulary (the request, the generation, [`ProviderError`](replyd_core::provider::ProviderError) and what an answer's
 //! status and headers mean) is `replyd_core::provider`; the adapters that speak HTTP are here.
 //!
 //! A [`Provider`] makes exactly one HTTP request per [`Provider::generate`] call and never
 //! retries: retries, their budget (I7) and the recovery of ambiguous calls belong to the caller,
 //! which is the only place that knows how many attempts a task has left. What the caller needs to
-//! decide is whether the provider may have done (and billed) the work, so [`ProviderError`] is
-//! split along that line: [`ProviderError::NotSent`] surely did nothing,
-//! [`ProviderError::MaybeExecuted`] and [`ProviderError::Ambiguous`] may have. Every request
+//! decide is whether the provider may have done (and billed) the work, so [`ProviderError`](replyd_core::provider::ProviderError) is
+//! split along that line: [`ProviderError::NotSent`](replyd_core::provider::ProviderError::NotSent) surely did nothing,
+//! [`ProviderError::MaybeExecuted`](replyd_core::provider::ProviderError::MaybeExecuted) and [`ProviderError::Ambiguous`](replyd_core::provider::ProviderError::Ambiguous) may have. Every request
 //! carries the task id as its idempotency key, so a provider that honours the key answers a
 //! retried call with the first call's reply instead of generating (and billing) a second (I6).
 //!
@@ -16,7 +16,7 @@
 //!
 //! Some providers can do better than an idempotency key after an ambiguous call: a
 //! [`BackgroundProvider`] splits the call into [`BackgroundProvider::start`], which returns an
-//! [`OperationId`] as soon as the provider has accepted the work, and
+//! [`OperationId`](replyd_core::provider::OperationId) as soon as the provider has accepted the work, and
 //! [`BackgroundProvider::wait`], which can be called again, by any process, with the stored id
 //! instead of generating a second time (I6). [`Provider::recovery`] says which of these an
 //! adapter offers, and [`Provider::as_background`] hands out the capability, so the caller can

@@ -1,6 +1,6 @@
 //! The fenced write (I2), written once: every guarded change of a task row that is not a
 //! claim or a completion (renew, fail, release, record an operation's id) goes through
-//! [`write`]; a lone completion is one call of `replyd_complete` (V9), on the same predicate.
+//! [`write`](fn@write); a lone completion is one call of `replyd_complete` (V9), on the same predicate.
 //!
 //! It runs the seed's order inside one short transaction: lock the row (`SELECT ... FOR
 //! UPDATE`), then run the guarded UPDATE whose predicate reads `clock_timestamp()` *after* the

@@ -106,7 +106,7 @@ impl Store {
     }
 
     /// This store, with its completions gathered into batches of at most `max_rows` (see
-    /// [`batch`]). Starts the batch writer on the current runtime.
+    /// `completions` and `gather`). Starts the batch writer on the current runtime.
     pub fn batching_completions(mut self, max_rows: usize) -> Self {
         let writer = self.writer();
         self.batcher = Some(std::sync::Arc::new(completions::CompletionBatcher::start(

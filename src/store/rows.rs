@@ -60,7 +60,7 @@ pub enum RenewOutcome {
     Refused(Refusal),
 }
 
-/// How an attempt that gives its lease back ended (see [`Store::release_as`]).
+/// How an attempt that gives its lease back ended (see [`Store::release_as`](super::Store::release_as)).
 #[derive(Debug, Clone, Copy)]
 pub struct Release<'a> {
     pub outcome: AttemptOutcome,

@@ -104,7 +104,7 @@ pub enum RecordOutcome {
     /// acknowledge it, so it is delivered again.
     Cancelled,
     /// Another worker holds the record's task: the source keeps it unacknowledged and
-    /// delivers it again after this (only from a delivery that [`Delivery::can_hand_back`]).
+    /// delivers it again after this (only from a delivery that [`Delivery::CAN_HAND_BACK`]).
     HandedBack { after: std::time::Duration },
 }
 

@@ -29,7 +29,7 @@ pub(crate) fn parse_created(bytes: &[u8]) -> Result<OperationId, ProviderError> 
 }
 
 /// Reads a polled response object into "not yet", a generation, or the error its status means
-/// (see [`BackgroundProvider`] for the classes). `http_status` is the poll's status, carried by
+/// (see [`crate::provider::BackgroundProvider`] for the classes). `http_status` is the poll's status, carried by
 /// the errors of the operation's own failure. Pure.
 pub(crate) fn parse_response(
     http_status: StatusCode,

@@ -63,7 +63,7 @@ pub(super) const CREATE_RESENDS: u32 = 2;
 #[derive(Debug, Clone)]
 pub struct RunnerSettings {
     /// The lease owner of this process: `<worker_id>#<incarnation>`
-    /// ([`super::settings::WorkerSettings::lease_owner`]), written by its claims and compared
+    /// ([`crate::worker::settings::WorkerSettings::lease_owner`]), written by its claims and compared
     /// by them: a live lease of this owner is never taken over by this process.
     pub lease_owner: String,
     pub lease: Duration,

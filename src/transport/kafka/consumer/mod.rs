@@ -1,11 +1,11 @@
-//! The Kafka source (see [`super::source`]): the consumer-group loop. It polls on a dedicated thread, runs many records of one partition at
+//! The Kafka source (see [`crate::transport::source`]): the consumer-group loop. It polls on a dedicated thread, runs many records of one partition at
 //! once on the tokio runtime, pauses partitions when their window is full, and commits each
 //! partition's done prefix — periodically, and confirmed (within a bound) when partitions are
 //! revoked and at shutdown.
 //!
 //! Keeps I3: an offset is committed only past records whose handler said `Done` (their outcome
-//! is durable); the commit point comes from [`InFlightOffsets`]. Which records run, wait or
-//! pause their partition is decided by [`Windows`] (pure, in the core); this room does what
+//! is durable); the commit point comes from [`InFlightOffsets`](replyd_core::offsets::InFlightOffsets). Which records run, wait or
+//! pause their partition is decided by [`Windows`](replyd_core::windows::Windows) (pure, in the core); this room does what
 //! it says with librdkafka and the runtime. Revocation and shutdown share
 //! one drain path ([`Shared::release`]): stop taking records of those partitions, let in-flight
 //! work finish up to the drain timeout, cancel the rest, commit, let go. Work that leaks past a
