@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::transport::Transport;
+
 /// Percentiles of attempts (claims, each one provider call at most) per task.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct Percentiles {
@@ -15,8 +17,10 @@ pub struct Percentiles {
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Report {
-    /// Where the records came from: `kafka` (a topic) or `sqs` (a queue).
-    pub source: String,
+    /// Where the records came from: `kafka` (a topic) or `sqs` (a queue). The table's rows of
+    /// the records and of I3 are the transport's words, matched here so a new transport must
+    /// say its own.
+    pub source: Transport,
     pub tasks: i64,
     pub completed: i64,
     pub failed: i64,
@@ -132,44 +136,46 @@ impl Report {
         row("  failed", self.failed.to_string(), "");
         row("  cancelled", self.cancelled.to_string(), "");
         row("  pending or running", self.pending.to_string(), "");
-        let sqs = self.source == "sqs";
-        if sqs {
-            // A queue keeps no history: what it and its dead-letter queue still hold.
-            row(
-                "messages held",
-                self.records.to_string(),
-                "the queue's and its dead-letter queue's",
-            );
-            row("  dead-lettered", self.dead_lettered.to_string(), "");
-            row(
-                "  in the queue",
-                self.uncommitted_records.to_string(),
-                "not deleted yet",
-            );
-        } else {
-            row("records in the topic", self.records.to_string(), "");
-            row("  bad records", self.bad_records.to_string(), "");
-            row("  dead-lettered", self.dead_lettered.to_string(), "");
-            row(
-                "  not yet committed past",
-                self.uncommitted_records.to_string(),
-                "",
-            );
-        }
+        let lost = match self.source {
+            Transport::Kafka => {
+                row("records in the topic", self.records.to_string(), "");
+                row("  bad records", self.bad_records.to_string(), "");
+                row("  dead-lettered", self.dead_lettered.to_string(), "");
+                row(
+                    "  not yet committed past",
+                    self.uncommitted_records.to_string(),
+                    "",
+                );
+                (
+                    "lost records",
+                    "I3: committed past without an outcome; must be 0",
+                )
+            }
+            Transport::Sqs => {
+                // A queue keeps no history: what it and its dead-letter queue still hold.
+                row(
+                    "messages held",
+                    self.records.to_string(),
+                    "the queue's and its dead-letter queue's",
+                );
+                row("  dead-lettered", self.dead_lettered.to_string(), "");
+                row(
+                    "  in the queue",
+                    self.uncommitted_records.to_string(),
+                    "not deleted yet",
+                );
+                (
+                    "lost tasks",
+                    "I3: open, with no message left in the queue; must be 0",
+                )
+            }
+        };
         row(
             "duplicate replies",
             self.duplicate_replies.to_string(),
             "I1: must be 0",
         );
-        row(
-            if sqs { "lost tasks" } else { "lost records" },
-            self.lost.to_string(),
-            if sqs {
-                "I3: open, with no message left in the queue; must be 0"
-            } else {
-                "I3: committed past without an outcome; must be 0"
-            },
-        );
+        row(lost.0, self.lost.to_string(), lost.1);
         row(
             "fenced rejections",
             self.fenced_rejections.to_string(),

@@ -18,7 +18,7 @@ pub fn percentile(sorted: &[i64], p: f64) -> i64 {
 pub fn verdict(facts: Facts) -> Report {
     let tasks = facts.statuses.tasks;
     let mut report = Report {
-        source: facts.source.as_str().to_owned(),
+        source: facts.source,
         tasks,
         completed: facts.statuses.completed,
         failed: facts.statuses.failed,
@@ -157,7 +157,7 @@ mod tests {
             dead_lettered: queue.dead_letters,
             ..Facts::default()
         });
-        assert_eq!(report.source, "sqs");
+        assert_eq!(report.source, Transport::Sqs);
         assert_eq!(report.lost, 1);
         assert!(report.violations[0].starts_with("I3") && report.violations[0].contains("queue"));
         let table = report.render_table();
