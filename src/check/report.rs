@@ -136,40 +136,44 @@ impl Report {
         row("  failed", self.failed.to_string(), "");
         row("  cancelled", self.cancelled.to_string(), "");
         row("  pending or running", self.pending.to_string(), "");
-        let lost = match self.source {
-            Transport::Kafka => {
-                row("records in the topic", self.records.to_string(), "");
-                row("  bad records", self.bad_records.to_string(), "");
-                row("  dead-lettered", self.dead_lettered.to_string(), "");
-                row(
-                    "  not yet committed past",
-                    self.uncommitted_records.to_string(),
-                    "",
-                );
+        // The records' rows and I3's, in the transport's words: a queue keeps no history, so
+        // its rows are what it and its dead-letter queue still hold.
+        let (records, lost) = match self.source {
+            Transport::Kafka => (
+                vec![
+                    ("records in the topic", self.records, ""),
+                    ("  bad records", self.bad_records, ""),
+                    ("  dead-lettered", self.dead_lettered, ""),
+                    ("  not yet committed past", self.uncommitted_records, ""),
+                ],
                 (
                     "lost records",
                     "I3: committed past without an outcome; must be 0",
-                )
-            }
-            Transport::Sqs => {
-                // A queue keeps no history: what it and its dead-letter queue still hold.
-                row(
-                    "messages held",
-                    self.records.to_string(),
-                    "the queue's and its dead-letter queue's",
-                );
-                row("  dead-lettered", self.dead_lettered.to_string(), "");
-                row(
-                    "  in the queue",
-                    self.uncommitted_records.to_string(),
-                    "not deleted yet",
-                );
+                ),
+            ),
+            Transport::Sqs => (
+                vec![
+                    (
+                        "messages held",
+                        self.records,
+                        "the queue's and its dead-letter queue's",
+                    ),
+                    ("  dead-lettered", self.dead_lettered, ""),
+                    (
+                        "  in the queue",
+                        self.uncommitted_records,
+                        "not deleted yet",
+                    ),
+                ],
                 (
                     "lost tasks",
                     "I3: open, with no message left in the queue; must be 0",
-                )
-            }
+                ),
+            ),
         };
+        for (name, value, note) in records {
+            row(name, value.to_string(), note);
+        }
         row(
             "duplicate replies",
             self.duplicate_replies.to_string(),
