@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use crate::config::Settings;
 use crate::store::{connect_error, session_config, tls_connector};
 use crate::transport::Transport;
-use crate::transport::records::ReadError;
+use crate::transport::records::{ReadError, SourceRecords};
 use crate::transport::sqs::Sqs;
 use replyd_core::closed_set::ClosedSet;
 use replyd_core::domain::{AttemptOutcome, TaskStatus};
@@ -133,7 +133,10 @@ pub async fn read_facts(
         .await
         .map_err(|e| connect_error(&settings.database, &e))?;
     tokio::spawn(connection);
-    let source = settings
+    let SourceRecords {
+        tallies: records,
+        dead_lettered,
+    } = settings
         .transports()
         .read_records(
             settings.worker.source,
@@ -143,7 +146,6 @@ pub async fn read_facts(
         )
         .await
         .map_err(|e| CheckError::of_read(e, &settings.kafka.bootstrap_servers))?;
-    let (records, dead_lettered) = (source.tallies, source.dead_lettered);
     let statuses = client
         .query_one(
             "SELECT count(*), \
